@@ -1,0 +1,75 @@
+"""The memory spec: a comma list of flags, the same in the API and on the command line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: Known flags: name -> (allowed values or None for a bare flag, one-line description).
+FLAGS: dict[str, tuple[tuple[str, ...] | None, str]] = {
+    "none": (None, "network-wide allocation: every feature and gradient map lives all iteration"),
+}
+
+#: Presets: name -> the spec they expand to.
+PRESETS: dict[str, str] = {}
+
+
+def valid_flags_text() -> str:
+    parts = []
+    for name, (values, _) in FLAGS.items():
+        parts.append(f"{name}={'|'.join(values)}" if values else name)
+    parts.extend(f"{p} (preset: {s})" for p, s in PRESETS.items())
+    return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """A parsed memory spec. ``flags`` maps each flag to its value ('' for bare flags)."""
+
+    flags: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, spec: str | MemoryConfig | None) -> MemoryConfig:
+        """Parse ``"reuse,inplace,swap=conv"``-style specs; unknown flags raise ``ValueError``
+        listing the valid ones."""
+        if isinstance(spec, MemoryConfig):
+            return spec
+        if spec is None or not str(spec).strip():
+            spec = "none"
+        flags: dict[str, str] = {}
+        for raw in str(spec).split(","):
+            item = raw.strip().lower()
+            if not item:
+                continue
+            if item in PRESETS:
+                for k, v in cls.parse(PRESETS[item]).flags.items():
+                    flags.setdefault(k, v)
+                continue
+            name, _, value = item.partition("=")
+            if name not in FLAGS:
+                raise ValueError(f"unknown memory flag {name!r}; valid: {valid_flags_text()}")
+            values, _ = FLAGS[name]
+            if values is None and value:
+                raise ValueError(f"memory flag {name!r} takes no value (got {value!r})")
+            if values is not None and value not in values:
+                raise ValueError(
+                    f"memory flag {name!r} needs a value in {'|'.join(values)} (got {value!r})"
+                )
+            flags[name] = value
+        if len(flags) > 1:
+            flags.pop("none", None)
+        if not flags:
+            flags["none"] = ""
+        return cls(flags)
+
+    def has(self, name: str) -> bool:
+        return name in self.flags
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        return self.flags.get(name, default)
+
+    @property
+    def spec(self) -> str:
+        return ",".join(f"{k}={v}" if v else k for k, v in self.flags.items())
+
+    def __str__(self) -> str:
+        return self.spec

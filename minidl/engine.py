@@ -1,0 +1,162 @@
+"""The engine: a network, a loss, an optimizer and a memory spec on one device's pool.
+
+It allocates the persistent state (parameters, gradients, optimizer state) once, lowers the
+network per input shape into a program, asks the memory planner for a plan (cached per shape),
+and runs it with the executor. The same engine on the meta device is the dry run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .executor import Executor
+from .graph import Network
+from .layers.base import Layer
+from .lowering import Lowered, lower
+from .memory.config import MemoryConfig
+from .memory.plan import Plan
+from .memory.planner import make_plan
+from .memory.program import aligned
+
+
+@dataclass
+class Compiled:
+    lowered: Lowered
+    plan: Plan
+    executor: Executor
+
+
+@dataclass
+class PeakInfo:
+    """Where one iteration's allocated peak happened and what was live there."""
+
+    bytes: int
+    position: int
+    step: str
+    phase: str
+    by_category: dict[str, int]
+    live: list[tuple[str, str, int]]  # (tensor, category, bytes), largest first
+
+
+class Engine:
+    """Shared core of :class:`~minidl.Trainer` and the dry run (see module docstring)."""
+
+    def __init__(
+        self,
+        net: Network,
+        pool: Any,
+        memory: str | MemoryConfig = "none",
+        loss: Layer | None = None,
+        optimizer: Any = None,
+        bind: bool = True,
+    ) -> None:
+        self.net = net
+        self.pool = pool
+        self.config = MemoryConfig.parse(memory)
+        self.loss = loss
+        self.optimizer = optimizer
+        self.compute = bool(getattr(pool.device, "has_storage", True))
+        self.persistent_blocks: list[Any] = []
+        self.opt_state_specs: list[tuple[str, tuple[int, ...], str]] = []
+        self._cache: dict[tuple, Compiled] = {}
+        self.bound = False
+        self._allocate_persistent(bind)
+
+    # ------------------------------------------------------------------ persistent state
+    def _alloc(self, name: str, shape: tuple[int, ...], dtype: Any, category: str) -> Any:
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        blk = self.pool.allocate(aligned(nbytes), tag=name, category=category)
+        self.persistent_blocks.append(blk)
+        return blk.view(tuple(shape), np.dtype(dtype))
+
+    def _allocate_persistent(self, bind: bool) -> None:
+        """Parameters and buffers, then gradients, then optimizer state, in layer order."""
+        try:
+            params = [p for _, p in self.net.named_parameters(include_buffers=True)]
+            views = []
+            for p in params:
+                views.append(self._alloc(p.name, p.shape, p.dtype, "parameter"))
+            grads = []
+            if self.loss is not None:
+                for p in params:
+                    if p.trainable:
+                        grads.append((p, self._alloc(p.name + ".grad", p.shape, p.dtype,
+                                                     "gradient")))
+            if bind and self.compute:
+                self.bound = True
+                for p, v in zip(params, views):
+                    v[...] = p.data
+                    p.data = v
+                for p, g in grads:
+                    g[...] = 0
+                    p.grad = g
+            if self.optimizer is not None and self.loss is not None:
+
+                def alloc_state(name: str, shape: tuple[int, ...], dtype: Any) -> Any:
+                    arr = self._alloc(name, shape, dtype, "optimizer_state")
+                    if self.compute:
+                        arr[...] = 0
+                    self.opt_state_specs.append((name, tuple(shape), np.dtype(dtype).name))
+                    return arr
+
+                self.optimizer.init_state(alloc_state)
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        """Return every persistent block to the pool; bound parameters move back to host arrays
+        first, so the network stays usable."""
+        if self.bound:
+            for _, p in self.net.named_parameters(include_buffers=True):
+                p.data = np.array(p.data, copy=True)
+                if p.grad is not None:
+                    p.grad = np.array(p.grad, copy=True)
+            self.bound = False
+        for blk in self.persistent_blocks:
+            if not blk.freed:
+                self.pool.free(blk)
+        self.persistent_blocks.clear()
+        self._cache.clear()
+
+    # ------------------------------------------------------------------ compile
+    def compiled(self, batch_shapes: list[tuple[int, ...]], label_shape: tuple[int, ...] | None,
+                 training: bool, label_dtype: str = "int64") -> Compiled:
+        key = (tuple(map(tuple, batch_shapes)), label_shape, training, label_dtype)
+        c = self._cache.get(key)
+        if c is None:
+            lowered = lower(self.net, list(batch_shapes), loss=self.loss, label_shape=label_shape,
+                            label_dtype=label_dtype, training=training,
+                            opt_state=self.opt_state_specs)
+            plan = make_plan(lowered.program, self.config if training else MemoryConfig.parse(
+                "none"))
+            c = Compiled(lowered, plan, Executor(lowered, plan, self.pool, compute=self.compute))
+            self._cache[key] = c
+        return c
+
+    # ------------------------------------------------------------------ reports
+    def peak_info(self, c: Compiled) -> PeakInfo:
+        """Where the last run of ``c`` peaked, with the bytes live there by category."""
+        rt = c.executor.last_runtime
+        prog = c.lowered.program
+        if rt is None:
+            raise RuntimeError("no iteration has run yet")
+        by_cat: dict[str, int] = {}
+        live: list[tuple[str, str, int]] = []
+        tids = [t.id for t in prog.persistent] + [t for t in rt.peak_live if t not in c.plan.aliases]
+        for tid in tids:
+            t = prog.tensors[tid]
+            size = aligned(t.nbytes)
+            by_cat[t.category] = by_cat.get(t.category, 0) + size
+            live.append((t.name, t.category, size))
+        live.sort(key=lambda r: -r[2])
+        pos = rt.peak_position
+        if 0 <= pos < len(prog.steps):
+            st = prog.steps[pos]
+            step, phase = st.layer, st.phase
+        else:
+            step, phase = ("(start)", "setup") if pos < 0 else ("(end)", "end")
+        return PeakInfo(rt.peak_bytes, pos, step, phase, by_cat, live)

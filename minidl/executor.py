@@ -1,0 +1,142 @@
+"""The executor: walks a plan, memory actions through the runtime, compute through the layers."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from .layers.base import Context
+from .lowering import ExecStep, Lowered
+from .memory.plan import Plan
+from .memory.runtime import MemoryRuntime
+
+
+class NonFiniteError(FloatingPointError):
+    """NaN or inf appeared in a layer's output or in the loss."""
+
+
+def step_seed(seed: int, iteration: int, node: int) -> int:
+    """The reproducible per-(layer, iteration) seed handed to layers (dropout masks)."""
+    return int(np.random.SeedSequence([seed, iteration, node]).generate_state(1, np.uint64)[0])
+
+
+class Executor:
+    """Runs one lowered program under one plan on a pool.
+
+    With ``compute=False`` (the meta device) only the memory actions run: the pool places every
+    block exactly as in a real run, so the dry-run peak equals the real-run peak.
+    """
+
+    def __init__(self, lowered: Lowered, plan: Plan, pool: Any, compute: bool = True) -> None:
+        self.lowered = lowered
+        self.plan = plan
+        self.pool = pool
+        self.compute = compute
+        self.last_runtime: MemoryRuntime | None = None
+        self.step_times = np.zeros(len(lowered.steps))
+
+    def run(
+        self,
+        feeds: list[np.ndarray],
+        training: bool = True,
+        seed: int = 0,
+        iteration: int = 0,
+        fetch_outputs: bool = False,
+        check_finite: bool = False,
+        recomputing: bool = False,
+    ) -> tuple[float | None, list[np.ndarray]]:
+        """Run every step. Returns the loss (if the program has one) and, if asked, copies of
+        the network outputs. On any error every block of the iteration is freed."""
+        prog = self.lowered.program
+        rt = MemoryRuntime(self.pool, prog, self.plan)
+        self.last_runtime = rt
+        loss_value: float | None = None
+        outputs: list[np.ndarray] = []
+        plan_steps = self.plan.steps
+        compute = self.compute
+        try:
+            for a in self.plan.begin:
+                rt.apply(a)
+            if compute:
+                for tid, x in zip(prog.inputs, feeds):
+                    np.copyto(rt.array(tid), x, casting="same_kind")
+            for i, ex in enumerate(self.lowered.steps):
+                rt.position = i
+                sp = plan_steps[i]
+                for a in sp.before:
+                    rt.apply(a)
+                if compute:
+                    t0 = time.perf_counter()
+                    ctx = Context(training=training, seed=step_seed(seed, iteration, ex.node),
+                                  recomputing=recomputing)
+                    if ex.phase == "forward":
+                        self._forward(ex, rt, ctx)
+                        if check_finite:
+                            self._check(ex, rt)
+                        if fetch_outputs:
+                            outputs += [np.array(rt.array(t)) for t in ex.outputs
+                                        if t in self.lowered.output_tensors]
+                        if prog.loss >= 0 and ex.outputs[0] == prog.loss:
+                            loss_value = float(rt.array(prog.loss))
+                    else:
+                        self._backward(ex, rt, ctx)
+                    self.step_times[i] = time.perf_counter() - t0
+                for a in sp.after:
+                    rt.apply(a)
+            rt.position = len(plan_steps)
+            for a in self.plan.end:
+                rt.apply(a)
+        except BaseException:
+            rt.release_all()
+            raise
+        return loss_value, outputs
+
+    @staticmethod
+    def _forward(ex: ExecStep, rt: MemoryRuntime, ctx: Context) -> None:
+        arr = rt.array
+        params = {k: p.data for k, p in ex.params.items()}
+        ex.layer.forward(
+            ctx,
+            [arr(t) for t in ex.inputs],
+            [arr(t) for t in ex.outputs],
+            params,
+            {k: arr(t) for k, t in ex.stash.items()},
+            arr(ex.workspace) if ex.workspace >= 0 else None,
+        )
+
+    @staticmethod
+    def _backward(ex: ExecStep, rt: MemoryRuntime, ctx: Context) -> None:
+        arr = rt.array
+        layer = ex.layer
+        g_out = []
+        for t in ex.grad_outputs:
+            g = arr(t)
+            if rt.program.tensors[t].role == "seed":
+                g.fill(1.0)
+            g_out.append(g)
+        inputs = [arr(t) if j in layer.retain_inputs else None for j, t in enumerate(ex.inputs)]
+        outputs = [arr(t) if j in layer.retain_outputs else None for j, t in enumerate(ex.outputs)]
+        g_in = [None if g is None else arr(g[0]) for g in ex.grad_inputs]
+        layer.backward(
+            ctx, g_out, g_in, inputs, outputs,
+            {k: p.data for k, p in ex.params.items()},
+            {k: ex.params[k].grad for k in ex.grad_params},
+            {k: arr(t) for k, t in ex.stash.items()},
+            arr(ex.workspace) if ex.workspace >= 0 else None,
+        )
+        for g in ex.grad_inputs:
+            if g is not None and g[1] >= 0:
+                target = arr(g[1])
+                np.add(target, arr(g[0]), out=target)
+
+    @staticmethod
+    def _check(ex: ExecStep, rt: MemoryRuntime) -> None:
+        for t in ex.outputs:
+            a = rt.array(t)
+            if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
+                raise NonFiniteError(
+                    f"non-finite values (NaN or inf) first appear in the output of layer "
+                    f"{ex.name} ({ex.layer.describe()})"
+                )

@@ -1,0 +1,270 @@
+"""Network definition: ``Input``, the functional ``Network`` and ``Sequential``.
+
+A network is a DAG of layer nodes over values (its inputs and the layers' outputs). Shapes are
+inferred for a given batch input shape before any compute (:meth:`Network.infer`); parameters
+are created once, at construction, from each layer's declared specs, with PyTorch's names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .layers.base import Layer, ShapeError, Symbol
+from .parameter import Parameter
+
+Shape = tuple[int, ...]
+
+
+def Input(shape: Sequence[int] | None, dtype: str = "float32", name: str | None = None) -> Symbol:
+    """A network input of per-sample ``shape`` (no batch dimension), e.g. ``Input((1, 28, 28))``.
+
+    Integer inputs (token indices for an Embedding) use ``dtype="int64"``.
+    """
+    if shape is not None:
+        shape = tuple(int(s) for s in shape)
+        if any(s <= 0 for s in shape):
+            raise ValueError(f"input shape must be positive, got {shape}")
+    return Symbol(None, (), 0, shape=shape, dtype=np.dtype(dtype), name=name)
+
+
+@dataclass
+class Node:
+    """One layer application: the values it reads and writes (indices into ``Network.values``)."""
+
+    index: int
+    name: str
+    layer: Layer
+    in_values: list[int]
+    out_values: list[int]
+
+
+@dataclass
+class Value:
+    name: str
+    producer: int  # node index, or -1 for a network input
+    output_index: int = 0
+
+
+class Network:
+    """A functional graph from ``inputs`` to ``outputs`` (one symbol or a list of them).
+
+    ``seed`` makes parameter initialisation reproducible.
+    """
+
+    def __init__(
+        self,
+        inputs: Symbol | Sequence[Symbol],
+        outputs: Symbol | Sequence[Symbol],
+        name: str = "network",
+        seed: int = 0,
+    ) -> None:
+        self.name = name
+        self.inputs = [inputs] if isinstance(inputs, Symbol) else list(inputs)
+        self.outputs = [outputs] if isinstance(outputs, Symbol) else list(outputs)
+        for s in self.inputs:
+            if s.layer is not None:
+                raise ValueError("Network inputs must come from minidl.Input(...)")
+        self._build_graph()
+        self._create_parameters(seed)
+
+    # ------------------------------------------------------------------ structure
+    def _build_graph(self, names: Sequence[str] | None = None) -> None:
+        sym_value: dict[int, int] = {}
+        self.values: list[Value] = []
+        self.nodes: list[Node] = []
+        for k, s in enumerate(self.inputs):
+            sym_value[id(s)] = len(self.values)
+            self.values.append(Value(s.name or f"input{k if len(self.inputs) > 1 else ''}", -1))
+        layer_node: dict[int, Node] = {}
+        counters: dict[str, int] = {}
+        used_names: set[str] = set()
+        visiting: set[int] = set()
+
+        def visit(s: Symbol) -> int:
+            if id(s) in sym_value:
+                return sym_value[id(s)]
+            if s.layer is None:
+                raise ValueError(
+                    f"the graph reads input {s!r} that is not among the Network's inputs"
+                )
+            layer = s.layer
+            node = layer_node.get(id(layer))
+            if node is None:
+                if id(layer) in visiting:
+                    raise ValueError(f"cycle through layer {layer!r}")
+                visiting.add(id(layer))
+                in_values = [visit(p) for p in s.inputs]
+                visiting.discard(id(layer))
+                node = layer_node.get(id(layer))
+            if node is None:
+                idx = len(self.nodes)
+                if names is not None:
+                    name = names[idx]
+                elif layer.name:
+                    name = layer.name
+                else:
+                    base = type(layer).__name__.lower()
+                    counters[base] = counters.get(base, 0) + 1
+                    name = f"{base}{counters[base]}"
+                if name in used_names:
+                    raise ValueError(f"two layers are named {name!r}")
+                used_names.add(name)
+                layer.name = name
+                outs = []
+                for j in range(layer.num_outputs):
+                    outs.append(len(self.values))
+                    suffix = "" if layer.num_outputs == 1 else f".{j}"
+                    self.values.append(Value(f"{name}{suffix}", idx, j))
+                node = Node(idx, name, layer, in_values, outs)
+                self.nodes.append(node)
+                layer_node[id(layer)] = node
+                # register every output symbol of this application
+            elif [sym_value.get(id(p)) for p in s.inputs] != node.in_values:
+                raise ValueError(
+                    f"layer {node.name} is applied twice; shared layers are not supported "
+                    "(create a second layer)"
+                )
+            sym_value[id(s)] = node.out_values[s.index]
+            return sym_value[id(s)]
+
+        self.output_values = [visit(s) for s in self.outputs]
+
+    def _create_parameters(self, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        self._params: dict[str, dict[str, Parameter]] = {}
+        for node in self.nodes:
+            specs = node.layer.param_specs()
+            self._params[node.name] = {
+                pname: Parameter(
+                    f"{node.name}.{pname}", spec.initial_value(rng), trainable=spec.trainable
+                )
+                for pname, spec in specs.items()
+            }
+
+    # ------------------------------------------------------------------ parameters
+    def layer_params(self, node_name: str) -> dict[str, Parameter]:
+        return self._params[node_name]
+
+    def named_parameters(self, include_buffers: bool = False) -> Iterator[tuple[str, Parameter]]:
+        """(name, parameter) pairs in layer order, PyTorch names (``conv1.weight``)."""
+        for node in self.nodes:
+            for p in self._params[node.name].values():
+                if p.trainable or include_buffers:
+                    yield p.name, p
+
+    def parameters(self) -> list[Parameter]:
+        return [p for _, p in self.named_parameters()]
+
+    def buffers(self) -> list[Parameter]:
+        return [p for _, p in self.named_parameters(True) if not p.trainable]
+
+    def num_parameters(self) -> int:
+        return sum(int(np.prod(p.shape)) for p in self.parameters())
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Copies of every parameter and buffer as NumPy arrays."""
+        return {n: np.array(p.data, copy=True) for n, p in self.named_parameters(True)}
+
+    def load_state_dict(self, state: dict[str, np.ndarray], strict: bool = True) -> None:
+        """Copy arrays into the parameters in place (shapes must match)."""
+        own = dict(self.named_parameters(True))
+        if strict:
+            missing = sorted(set(own) - set(state))
+            unexpected = sorted(set(state) - set(own))
+            if missing or unexpected:
+                raise KeyError(f"state_dict mismatch: missing {missing}, unexpected {unexpected}")
+        for name, value in state.items():
+            if name not in own:
+                continue
+            p = own[name]
+            value = np.asarray(value)
+            if tuple(value.shape) != p.shape:
+                raise ValueError(f"{name}: expected shape {p.shape}, got {tuple(value.shape)}")
+            p.data[...] = value.astype(p.dtype, copy=False)
+
+    # ------------------------------------------------------------------ shapes
+    @property
+    def input_shapes(self) -> list[Shape | None]:
+        return [s.shape for s in self.inputs]
+
+    def infer(self, batch_shapes: Sequence[Shape]) -> tuple[list[Shape], list[np.dtype]]:
+        """Shapes and dtypes of every value for full (batch-first) input shapes.
+
+        Raises :class:`ShapeError` naming the input or layer and both shapes on a mismatch.
+        """
+        if len(batch_shapes) != len(self.inputs):
+            raise ShapeError(f"{self.name} takes {len(self.inputs)} input(s), got {len(batch_shapes)}")
+        shapes: list[Shape | None] = [None] * len(self.values)
+        dtypes: list[np.dtype | None] = [None] * len(self.values)
+        for k, (sym, shp) in enumerate(zip(self.inputs, batch_shapes)):
+            shp = tuple(int(d) for d in shp)
+            if sym.shape is not None and tuple(shp[1:]) != tuple(sym.shape):
+                raise ShapeError(
+                    f"input {self.values[k].name!r} of {self.name} expects per-sample shape "
+                    f"{tuple(sym.shape)}, got {tuple(shp[1:])} (batch shape {shp})"
+                )
+            if len(shp) < 1 or shp[0] <= 0:
+                raise ShapeError(f"input {self.values[k].name!r}: empty batch (shape {shp})")
+            shapes[k] = shp
+            dtypes[k] = np.dtype(sym.dtype)
+        for node in self.nodes:
+            in_shapes = [shapes[v] for v in node.in_values]
+            try:
+                outs = node.layer.output_shapes(in_shapes)
+            except ShapeError:
+                raise
+            except (ValueError, IndexError, TypeError) as e:
+                raise ShapeError(f"layer {node.name} ({node.layer.describe()}): {e}") from e
+            odt = node.layer.output_dtypes([dtypes[v] for v in node.in_values])
+            for v, s, d in zip(node.out_values, outs, odt):
+                shapes[v] = tuple(int(x) for x in s)
+                dtypes[v] = np.dtype(d)
+        return shapes, dtypes  # type: ignore[return-value]
+
+    def summary(self, batch_shapes: Sequence[Shape] | None = None) -> str:
+        """One line per layer: name, layer, output shape, parameter count."""
+        shapes = None
+        if batch_shapes is not None:
+            shapes, _ = self.infer(batch_shapes)
+        lines = [f"{'layer':<16}{'type':<36}{'output':<22}{'params':>10}"]
+        for node in self.nodes:
+            n = sum(int(np.prod(p.shape)) for p in self._params[node.name].values() if p.trainable)
+            out = str(shapes[node.out_values[0]]) if shapes else ""
+            lines.append(f"{node.name:<16}{node.layer.describe():<36}{out:<22}{n:>10,}")
+        lines.append(f"total trainable parameters: {self.num_parameters():,}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, {len(self.nodes)} layers)"
+
+
+class Sequential(Network):
+    """A chain of layers. Layers are named ``"0"``, ``"1"``, ... as in PyTorch's Sequential, so
+    ``state_dict`` keys match ``torch.nn.Sequential``'s. ``input_shape`` (per sample) may be
+    given now or inferred from the first batch."""
+
+    def __init__(
+        self,
+        layers: Iterable[Layer],
+        input_shape: Sequence[int] | None = None,
+        name: str = "sequential",
+        seed: int = 0,
+        input_dtype: str = "float32",
+    ) -> None:
+        self.layers = list(layers)
+        if not self.layers:
+            raise ValueError("Sequential needs at least one layer")
+        x = Input(input_shape, dtype=input_dtype, name="input")
+        y = x
+        for layer in self.layers:
+            if not isinstance(layer, Layer):
+                raise TypeError(f"Sequential takes layers, got {type(layer).__name__}")
+            y = layer(y)
+        self.name = name
+        self.inputs = [x]
+        self.outputs = [y]
+        self._build_graph(names=[str(i) for i in range(len(self.layers))])
+        self._create_parameters(seed)

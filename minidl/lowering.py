@@ -1,0 +1,251 @@
+"""Lowering: a network bound to input shapes becomes a program of forward and backward steps.
+
+The program (plain data, :mod:`minidl.memory.program`) is what memory policies see; the
+:class:`ExecStep` list beside it tells the executor which layer to call with which tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .graph import Network
+from .layers.base import Layer
+from .memory.program import Program, StepSpec, TensorSpec
+from .parameter import Parameter
+
+
+@dataclass
+class ExecStep:
+    """How to run one step: the layer and the tensor ids of its arguments."""
+
+    phase: str
+    name: str
+    layer: Layer
+    node: int
+    inputs: list[int]
+    outputs: list[int]
+    stash: dict[str, int]
+    params: dict[str, Parameter]
+    workspace: int = -1
+    # backward only
+    grad_outputs: list[int] = field(default_factory=list)
+    # per input: (tensor the layer writes, tensor to add it into or -1), or None
+    grad_inputs: list[tuple[int, int] | None] = field(default_factory=list)
+    grad_params: dict[str, int] = field(default_factory=dict)
+    in_shapes: list[tuple[int, ...]] = field(default_factory=list)
+
+
+@dataclass
+class Lowered:
+    program: Program
+    steps: list[ExecStep]
+    value_tensors: list[int]  # network value index -> tensor id
+    output_tensors: list[int]  # the network outputs' tensor ids
+    param_tensors: dict[str, int]  # parameter name -> tensor id
+    grad_param_tensors: dict[str, int]
+
+
+def _float(dt: np.dtype) -> bool:
+    return np.issubdtype(dt, np.floating)
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.tensors: list[TensorSpec] = []
+
+    def add(self, name, shape, dtype, category, role, layer="", of=-1, persistent=False) -> int:
+        tid = len(self.tensors)
+        self.tensors.append(
+            TensorSpec(tid, name, tuple(int(s) for s in shape), np.dtype(dtype).name, category,
+                       role, layer, of, persistent)
+        )
+        return tid
+
+
+def lower(
+    net: Network,
+    batch_shapes: list[tuple[int, ...]],
+    loss: Layer | None = None,
+    label_shape: tuple[int, ...] | None = None,
+    label_dtype: str = "int64",
+    training: bool = True,
+    opt_state: list[tuple[str, tuple[int, ...], str]] | None = None,
+) -> Lowered:
+    """Lower ``net`` for ``batch_shapes``. With ``loss`` (taking the network's first output and
+    the labels), a training program: forward, loss, then backward in reverse layer order."""
+    shapes, dtypes = net.infer(batch_shapes)
+    b = _Builder()
+    n_vals = len(net.values)
+
+    # persistent state first: parameters, their gradients, optimizer state
+    param_t: dict[str, int] = {}
+    grad_t: dict[str, int] = {}
+    for node in net.nodes:
+        for pname, p in net.layer_params(node.name).items():
+            param_t[p.name] = b.add(p.name, p.shape, p.dtype, "parameter", "param", node.name,
+                                    persistent=True)
+    if training:
+        for node in net.nodes:
+            for p in net.layer_params(node.name).values():
+                if p.trainable:
+                    grad_t[p.name] = b.add(p.name + ".grad", p.shape, p.dtype, "gradient",
+                                           "param_grad", node.name, persistent=True)
+        for name, shape, dt in opt_state or []:
+            b.add(name, shape, dt, "optimizer_state", "opt_state", persistent=True)
+
+    # values: network inputs, then layer outputs as they are produced
+    val_t = [-1] * n_vals
+    inputs: list[int] = []
+    for k in range(len(net.inputs)):
+        val_t[k] = b.add(net.values[k].name, shapes[k], dtypes[k], "input", "value")
+        inputs.append(val_t[k])
+
+    nodes = list(net.nodes)
+    node_in = [list(nd.in_values) for nd in nodes]
+    node_out = [list(nd.out_values) for nd in nodes]
+    node_names = [nd.name for nd in nodes]
+    node_params = [net.layer_params(nd.name) for nd in nodes]
+    label_v = loss_v = -1
+    if loss is not None:
+        label_v, loss_v = n_vals, n_vals + 1
+        shapes = list(shapes) + [tuple(label_shape or (batch_shapes[0][0],)), None]
+        dtypes = list(dtypes) + [np.dtype(label_dtype), None]
+        out_v = net.output_values[0]
+        lshape = loss.output_shapes([shapes[out_v], shapes[label_v]])[0]
+        shapes[loss_v] = tuple(lshape)
+        dtypes[loss_v] = loss.output_dtypes([dtypes[out_v], dtypes[label_v]])[0]
+        loss.name = loss.name or "loss"
+        nodes.append(None)  # type: ignore[arg-type]
+        node_in.append([out_v, label_v])
+        node_out.append([loss_v])
+        node_names.append(loss.name)
+        node_params.append({})
+        val_t.extend([-1, -1])
+        val_t[label_v] = b.add("labels", shapes[label_v], dtypes[label_v], "input", "value")
+        inputs.append(val_t[label_v])
+
+    layers = [nd.layer for nd in net.nodes] + ([loss] if loss is not None else [])
+
+    # which values carry a gradient: float, downstream of a trainable parameter, upstream of loss
+    needs = [False] * len(shapes)
+    for i, layer in enumerate(layers):
+        has_params = any(p.trainable for p in node_params[i].values())
+        src = has_params or any(
+            needs[v] for j, v in enumerate(node_in[i]) if j not in layer.nondiff_inputs
+        )
+        for v in node_out[i]:
+            needs[v] = src and _float(dtypes[v])
+    reaches = [False] * len(shapes)
+    if loss is not None and training:
+        reaches[loss_v] = True
+        for i in range(len(layers) - 1, -1, -1):
+            if any(reaches[v] for v in node_out[i]):
+                for v in node_in[i]:
+                    reaches[v] = True
+    has_grad = [needs[v] and reaches[v] for v in range(len(shapes))]
+
+    steps: list[StepSpec] = []
+    execs: list[ExecStep] = []
+
+    def push(spec_kwargs: dict, ex: ExecStep) -> None:
+        steps.append(StepSpec(index=len(steps), **spec_kwargs))
+        execs.append(ex)
+
+    dtype0 = next((d for d in dtypes if d is not None and _float(d)), np.dtype("float32"))
+    stash_t: list[dict[str, int]] = []
+    for i, layer in enumerate(layers):
+        name = node_names[i]
+        in_shapes = [shapes[v] for v in node_in[i]]
+        fdt = next((dtypes[v] for v in node_in[i] if _float(dtypes[v])), dtype0)
+        for v in node_out[i]:
+            val_t[v] = b.add(name if len(node_out[i]) == 1 else f"{name}.{node_out[i].index(v)}",
+                             shapes[v], dtypes[v], "feature_map", "value", name)
+        st = {
+            sname: b.add(f"{name}.{sname}", sshape, sdt, "stash", "stash", name)
+            for sname, (sshape, sdt) in layer.stash_specs(in_shapes, fdt).items()
+        }
+        stash_t.append(st)
+        ws_bytes = layer.forward_workspace_bytes(in_shapes, fdt)
+        ws = b.add(f"{name}.fwd_ws", (ws_bytes,), "uint8", "workspace", "workspace", name) \
+            if ws_bytes > 0 else -1
+        pt = [param_t[p.name] for p in node_params[i].values()]
+        reads = tuple(val_t[v] for v in node_in[i]) + tuple(pt)
+        writes = tuple(val_t[v] for v in node_out[i]) + tuple(st.values())
+        push(dict(phase="forward", layer=name, kind=layer.kind, node=i, reads=reads,
+                  writes=writes, workspace=ws, flops=int(layer.flops(in_shapes))),
+             ExecStep("forward", name, layer, i, [val_t[v] for v in node_in[i]],
+                      [val_t[v] for v in node_out[i]], st, node_params[i], ws,
+                      in_shapes=in_shapes))
+
+    grad_of: dict[int, int] = {}
+    if loss is not None and training:
+        seed = b.add("loss.grad", shapes[loss_v], dtypes[loss_v], "gradient_map", "seed", loss.name)
+        grad_of[loss_v] = seed
+        for i in range(len(layers) - 1, -1, -1):
+            layer = layers[i]
+            name = node_names[i]
+            if not any(has_grad[v] for v in node_out[i]):
+                continue
+            trainable = {k: p for k, p in node_params[i].items() if p.trainable}
+            wants_in = [has_grad[v] and j not in layer.nondiff_inputs
+                        for j, v in enumerate(node_in[i])]
+            if not trainable and not any(wants_in):
+                continue
+            in_shapes = [shapes[v] for v in node_in[i]]
+            fdt = next((dtypes[v] for v in node_in[i] if _float(dtypes[v])), dtype0)
+            g_out = []
+            for v in node_out[i]:
+                if v not in grad_of:
+                    raise NotImplementedError(
+                        f"layer {name}: an output without gradient is not supported yet"
+                    )
+                g_out.append(grad_of[v])
+            g_in: list[tuple[int, int] | None] = []
+            writes: list[int] = []
+            for j, v in enumerate(node_in[i]):
+                if not wants_in[j]:
+                    g_in.append(None)
+                    continue
+                if v not in grad_of:
+                    grad_of[v] = b.add(f"{net_value_name(net, v, node_names, label_v)}.grad",
+                                       shapes[v], dtypes[v], "gradient_map", "grad", name,
+                                       of=val_t[v])
+                    g_in.append((grad_of[v], -1))
+                    writes.append(grad_of[v])
+                else:
+                    part = b.add(f"{name}.grad_in{j}", shapes[v], dtypes[v], "gradient_map",
+                                 "grad_partial", name, of=grad_of[v])
+                    g_in.append((part, grad_of[v]))
+                    writes += [part, grad_of[v]]
+            gp = {k: grad_t[p.name] for k, p in trainable.items()}
+            writes += list(gp.values())
+            reads = list(g_out)
+            reads += [val_t[node_in[i][j]] for j in layer.retain_inputs]
+            reads += [val_t[node_out[i][j]] for j in layer.retain_outputs]
+            reads += list(stash_t[i].values())
+            reads += [param_t[p.name] for p in node_params[i].values()]
+            ws_bytes = layer.backward_workspace_bytes(in_shapes, fdt)
+            ws = b.add(f"{name}.bwd_ws", (ws_bytes,), "uint8", "workspace", "workspace", name) \
+                if ws_bytes > 0 else -1
+            push(dict(phase="backward", layer=name, kind=layer.kind, node=i,
+                      reads=tuple(dict.fromkeys(reads)), writes=tuple(dict.fromkeys(writes)),
+                      workspace=ws, flops=2 * int(layer.flops(in_shapes))),
+                 ExecStep("backward", name, layer, i, [val_t[v] for v in node_in[i]],
+                          [val_t[v] for v in node_out[i]], stash_t[i], node_params[i], ws,
+                          grad_outputs=g_out, grad_inputs=g_in, grad_params=gp,
+                          in_shapes=in_shapes))
+
+    program = Program(
+        tensors=b.tensors, steps=steps, inputs=inputs,
+        loss=val_t[loss_v] if loss is not None else -1, training=training and loss is not None,
+    )
+    return Lowered(program, execs, val_t[:n_vals], [val_t[v] for v in net.output_values],
+                   param_t, grad_t)
+
+
+def net_value_name(net: Network, v: int, node_names: list[str], label_v: int) -> str:
+    if v < len(net.values):
+        return net.values[v].name
+    return "labels" if v == label_v else "loss"

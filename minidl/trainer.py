@@ -1,0 +1,284 @@
+"""The Trainer: one network, optimizer, loss and memory spec on one device."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .engine import Compiled, Engine, PeakInfo
+from .executor import NonFiniteError
+from .graph import Network
+from .layers.base import Layer
+from .memory.config import MemoryConfig
+from .memory.device import make_device
+from .memory.pool import Pool
+from .memory.units import format_size
+
+
+def _softmax_ce():
+    from .layers import SoftmaxCrossEntropy
+
+    return SoftmaxCrossEntropy()
+
+
+def _default_optimizer(net: Network):
+    from .optim import SGD
+
+    return SGD(net.parameters(), lr=0.01, momentum=0.9)
+
+
+@dataclass
+class History:
+    """What :meth:`Trainer.fit` measured."""
+
+    losses: list[float] = field(default_factory=list)
+    train_accuracy: list[float] = field(default_factory=list)
+    step_times: list[float] = field(default_factory=list)
+    test_loss: float | None = None
+    test_accuracy: float | None = None
+    wall_time_s: float = 0.0
+
+
+class Trainer:
+    """Train ``net`` with ``optimizer`` under the memory spec ``memory`` on ``device``.
+
+    ``device`` is ``"cpu"`` (default; its arena holds ``device_memory`` bytes), ``"cuda"``,
+    ``"meta"`` (dry run, no compute) or a device object. ``loss`` defaults to softmax
+    cross-entropy over integer labels. ``debug=True`` fills freed blocks with NaN.
+    """
+
+    def __init__(
+        self,
+        net: Network,
+        optimizer: Any = None,
+        memory: str | MemoryConfig = "none",
+        device: Any = "cpu",
+        device_memory: int | str = "1GiB",
+        loss: Layer | None = None,
+        seed: int = 0,
+        debug: bool = False,
+        clip_grad_norm: float | None = None,
+        scheduler: Any = None,
+    ) -> None:
+        self.net = net
+        self.config = MemoryConfig.parse(memory)
+        self.device = make_device(device, device_memory) if isinstance(device, str) else device
+        self.pool = Pool(self.device, debug=debug)
+        self.loss_layer = loss if loss is not None else _softmax_ce()
+        self.optimizer = optimizer if optimizer is not None else _default_optimizer(net)
+        self.scheduler = scheduler
+        self.clip_grad_norm = clip_grad_norm
+        self.seed = int(seed)
+        self.iteration = 0
+        self.engine = Engine(net, self.pool, self.config, self.loss_layer, self.optimizer)
+        self.peak: PeakInfo | None = None
+        self.step_times: list[float] = []
+
+    # ------------------------------------------------------------------ input checks
+    def _check_inputs(self, x: Any, y: Any | None) -> tuple[np.ndarray, np.ndarray | None]:
+        sym = self.net.inputs[0]
+        want = np.dtype(sym.dtype)
+        x = np.asarray(x)
+        if np.issubdtype(want, np.floating):
+            if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)) \
+                    or x.dtype == np.bool_:
+                raise TypeError(f"input must be a float array, got dtype {x.dtype}")
+            if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
+                bad = int(np.size(x) - np.isfinite(x).sum())
+                raise ValueError(f"input contains {bad} NaN or inf value(s)")
+            x = np.ascontiguousarray(x, dtype=want)
+        elif np.issubdtype(want, np.integer):
+            if not np.issubdtype(x.dtype, np.integer):
+                raise TypeError(f"input must be an integer array of indices, got dtype {x.dtype}")
+            x = np.ascontiguousarray(x, dtype=want)
+        if y is not None:
+            y = np.asarray(y)
+            if np.issubdtype(y.dtype, np.integer):
+                y = np.ascontiguousarray(y, dtype=np.int64)
+            else:
+                y = np.ascontiguousarray(y, dtype=x.dtype if x.dtype.kind == "f" else np.float32)
+            if y.shape[0] != x.shape[0]:
+                raise ValueError(f"{x.shape[0]} inputs but {y.shape[0]} labels")
+        return x, y
+
+    def _compiled(self, x: np.ndarray, y: np.ndarray | None, training: bool) -> Compiled:
+        return self.engine.compiled([x.shape], None if y is None else tuple(y.shape), training,
+                                    label_dtype="int64" if y is None else y.dtype.name)
+
+    # ------------------------------------------------------------------ training
+    def step(self, x: Any, y: Any) -> float:
+        """One training step on a batch; returns the loss. Afterwards every parameter's
+        ``.grad`` holds its gradient and the optimizer has updated ``.data``."""
+        x, y = self._check_inputs(x, y)
+        c = self._compiled(x, y, training=True)
+        t0 = time.perf_counter()
+        loss, _ = c.executor.run([x, y], training=True, seed=self.seed, iteration=self.iteration)
+        if loss is None or not np.isfinite(loss):
+            self._diagnose(c, x, y)
+            raise NonFiniteError(f"the loss is {loss} at iteration {self.iteration}")
+        if self.clip_grad_norm is not None:
+            from .optim import clip_grad_norm_
+
+            norm = clip_grad_norm_(self.net.parameters(), self.clip_grad_norm)
+            if not np.isfinite(norm):
+                raise NonFiniteError(f"gradient norm is {norm} at iteration {self.iteration}")
+        self.optimizer.step()
+        self.step_times.append(time.perf_counter() - t0)
+        info = self.engine.peak_info(c)
+        if self.peak is None or info.bytes > self.peak.bytes:
+            self.peak = info
+        self.iteration += 1
+        return loss
+
+    def _diagnose(self, c: Compiled, x: np.ndarray, y: np.ndarray) -> None:
+        """Re-run the forward pass checking each layer's output; raises naming the first layer
+        whose output is not finite. Buffers (BN running stats) are left untouched."""
+        if not self.engine.compute:
+            return
+        c.executor.run([x, y], training=True, seed=self.seed, iteration=self.iteration,
+                       check_finite=True, recomputing=True)
+
+    def predict(self, x: Any, batch_size: int = 256) -> np.ndarray:
+        """Network outputs (eval mode) for ``x``, in batches."""
+        outs = []
+        x, _ = self._check_inputs(x, None)
+        for i in range(0, len(x), batch_size):
+            xb = x[i:i + batch_size]
+            outs.append(self._forward_eval(xb, None)[1])
+        return np.concatenate(outs)
+
+    def _forward_eval(self, xb: np.ndarray, yb: np.ndarray | None):
+        if yb is None:
+            yb = np.zeros(len(xb), dtype=np.int64)
+        c = self._compiled(xb, yb, training=False)
+        loss, outs = c.executor.run([xb, yb], training=False, seed=self.seed,
+                                    iteration=self.iteration, fetch_outputs=True)
+        return loss, outs[0]
+
+    def evaluate(self, x: Any, y: Any, batch_size: int = 256) -> tuple[float, float]:
+        """Mean loss and accuracy (argmax over the last axis) in eval mode."""
+        x, y = self._check_inputs(x, y)
+        total_loss, correct, n = 0.0, 0, 0
+        for i in range(0, len(x), batch_size):
+            xb, yb = x[i:i + batch_size], y[i:i + batch_size]
+            loss, logits = self._forward_eval(xb, yb)
+            total_loss += float(loss) * len(xb)
+            if np.issubdtype(yb.dtype, np.integer):
+                correct += int((logits.argmax(axis=-1) == yb).sum())
+            n += len(xb)
+        return total_loss / max(n, 1), correct / max(n, 1)
+
+    def fit(
+        self,
+        data: Any,
+        epochs: int = 1,
+        batch_size: int = 64,
+        max_steps: int | None = None,
+        progress: bool = True,
+        evaluate: bool = True,
+        shuffle: bool = True,
+    ) -> History:
+        """Train on ``data`` (a :class:`~minidl.data.Dataset` or ``(x, y)``) for ``epochs``
+        (or ``max_steps``), showing a progress bar; evaluates on the test split at the end."""
+        from tqdm.auto import tqdm
+
+        from .data import batches
+
+        if isinstance(data, tuple):
+            x_train, y_train = data
+            x_test = y_test = None
+        else:
+            x_train, y_train, x_test, y_test = data.x_train, data.y_train, data.x_test, data.y_test
+        hist = History()
+        t_start = time.perf_counter()
+        steps_per_epoch = -(-len(x_train) // batch_size)
+        total = steps_per_epoch * epochs if max_steps is None else min(
+            max_steps, steps_per_epoch * epochs)
+        bar = tqdm(total=total, disable=not progress, unit="step", dynamic_ncols=True)
+        done = 0
+        try:
+            for epoch in range(epochs):
+                for xb, yb in batches(x_train, y_train, batch_size, shuffle=shuffle,
+                                      seed=self.seed, epoch=epoch):
+                    if max_steps is not None and done >= max_steps:
+                        break
+                    t0 = time.perf_counter()
+                    loss = self.step(xb, yb)
+                    dt = time.perf_counter() - t0
+                    hist.losses.append(loss)
+                    hist.step_times.append(dt)
+                    done += 1
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{loss:.4f}", samples_s=f"{len(xb) / dt:,.0f}",
+                                    peak=format_size(self.peak.bytes if self.peak else 0))
+                if self.scheduler is not None:
+                    self.scheduler.step()
+                if max_steps is not None and done >= max_steps:
+                    break
+        finally:
+            bar.close()
+        if evaluate and x_test is not None and len(x_test):
+            hist.test_loss, hist.test_accuracy = self.evaluate(x_test, y_test, batch_size)
+        hist.wall_time_s = time.perf_counter() - t_start
+        return hist
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, path: str | os.PathLike) -> None:
+        """Parameters, buffers, optimizer state and the iteration counter to ``.npz``,
+        written atomically (a temporary file renamed into place)."""
+        path = os.fspath(path)
+        arrays: dict[str, Any] = {f"param/{k}": v for k, v in self.net.state_dict().items()}
+        for k, v in self.optimizer.state_dict().items():
+            arrays[f"optim/{k}"] = np.asarray(v)
+        arrays["trainer/iteration"] = np.asarray(self.iteration)
+        arrays["trainer/seed"] = np.asarray(self.seed)
+        folder = os.path.dirname(os.path.abspath(path))
+        fd, tmp = tempfile.mkstemp(suffix=".npz", dir=folder)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, **arrays)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    def load(self, path: str | os.PathLike) -> None:
+        """Restore what :meth:`save` wrote (shapes must match this network)."""
+        with np.load(os.fspath(path), allow_pickle=False) as z:
+            params = {k[6:]: z[k] for k in z.files if k.startswith("param/")}
+            optim = {k[6:]: z[k] for k in z.files if k.startswith("optim/")}
+            self.net.load_state_dict(params)
+            self.optimizer.load_state_dict(
+                {k: (v.item() if v.ndim == 0 else v) for k, v in optim.items()})
+            self.iteration = int(z["trainer/iteration"])
+
+    # ------------------------------------------------------------------ reports
+    def memory_report(self) -> dict[str, Any]:
+        """Peak allocated and reserved bytes, bytes by category at the peak, and where."""
+        s = self.pool.stats()
+        rep: dict[str, Any] = {
+            "device": self.device.name,
+            "capacity_bytes": s["capacity"],
+            "memory": self.config.spec,
+            "peak_allocated_bytes": s["allocated_bytes.peak"],
+            "peak_reserved_bytes": s["reserved_bytes.peak"],
+            "num_ooms": s["num_ooms"],
+        }
+        if self.peak is not None:
+            rep["iteration_peak_bytes"] = self.peak.bytes
+            rep["peak_step"] = {"layer": self.peak.step, "phase": self.peak.phase,
+                                "index": self.peak.position}
+            rep["breakdown"] = dict(sorted(self.peak.by_category.items(), key=lambda kv: -kv[1]))
+            rep["largest_live"] = [
+                {"tensor": n, "category": c, "bytes": b} for n, c, b in self.peak.live[:5]]
+        return rep
+
+    def close(self) -> None:
+        """Move parameters back to host memory and free the device pool's blocks."""
+        self.engine.release()
