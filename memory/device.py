@@ -1,0 +1,493 @@
+"""Devices: where the pool's arena lives and how bytes move between device and host.
+
+* :class:`CpuDevice` — device memory is one preallocated, 512-byte-aligned NumPy byte arena;
+  host memory is ordinary NumPy memory; copies run on a :class:`CopyEngine` worker thread.
+* :class:`MetaDevice` — no storage at all: views are :class:`MetaArray` (shape, dtype, nbytes)
+  and copies complete at once. The pool places blocks exactly as on a real device.
+* ``CudaDevice`` lives in :mod:`.cuda_device` (the only module that knows CuPy).
+
+Every device offers the same small surface (see :class:`Device`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import queue
+import threading
+import time
+import weakref
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from .units import format_size, parse_size
+
+__all__ = [
+    "ARENA_ALIGNMENT",
+    "CopyEngine",
+    "CopyEvent",
+    "CpuDevice",
+    "Device",
+    "DEVICE_NAMES",
+    "ImmediateCopyEngine",
+    "MetaArray",
+    "MetaDevice",
+    "available_host_memory",
+    "make_device",
+]
+
+#: Base-address alignment of the CPU arena, in bytes.
+ARENA_ALIGNMENT = 512
+#: Names accepted by :func:`make_device`.
+DEVICE_NAMES = ("cpu", "meta", "cuda")
+_NAN32 = 0x7FC00000  # float32 quiet NaN bit pattern
+
+
+def _as_shape(shape: int | tuple[int, ...] | list[int]) -> tuple[int, ...]:
+    if type(shape) is tuple:
+        return shape
+    if isinstance(shape, (int, np.integer)):
+        return (int(shape),)
+    return tuple(map(int, shape))
+
+
+def _check_view(device: Any, offset: int, nbytes: int, shape: tuple[int, ...],
+                dtype: np.dtype) -> None:
+    if shape and min(shape) < 0:
+        raise ValueError(f"negative dimension in shape {shape}")
+    need = math.prod(shape) * dtype.itemsize
+    if need > nbytes:
+        raise ValueError(f"view of shape {shape} and dtype {dtype} needs {need} bytes, "
+                         f"more than the {nbytes} bytes given")
+    if offset < 0 or offset + nbytes > device.capacity:
+        raise ValueError(f"bytes [{offset}, {offset + nbytes}) lie outside the "
+                         f"{device.capacity}-byte arena of the {device.name} device")
+
+
+@runtime_checkable
+class Device(Protocol):
+    """What the pool and the runtime need from a device."""
+
+    name: str
+    capacity: int
+    has_storage: bool
+    xp: Any
+
+    def view(self, offset: int, nbytes: int, shape: Any, dtype: Any = np.float32) -> Any: ...
+    def host_empty(self, shape: Any, dtype: Any = np.float32) -> Any: ...
+    def fill(self, offset: int, nbytes: int, value: int | float) -> None: ...
+    @property
+    def copy_engine(self) -> Any: ...
+    def close(self) -> None: ...
+
+
+def available_host_memory() -> int:
+    """Bytes of host memory available now (``MemAvailable`` of /proc/meminfo, else sysconf)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62  # unknown: do not refuse
+
+
+# --------------------------------------------------------------------------- copies
+
+
+class CopyEvent:
+    """Completion of one asynchronous copy: ``wait()``, ``done()``, ``elapsed_s``, ``nbytes``."""
+
+    __slots__ = ("nbytes", "_event", "_error", "_elapsed")
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self._event = threading.Event()
+        self._error: BaseException | None = None
+        self._elapsed: float | None = None
+
+    def _finish(self, elapsed: float, error: BaseException | None = None) -> None:
+        self._elapsed = elapsed
+        self._error = error
+        self._event.set()
+
+    def done(self) -> bool:
+        """True once the copy has finished (successfully or not)."""
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the copy has finished; re-raise its error; ``TimeoutError`` on timeout."""
+        if not self._event.wait(timeout):
+            raise TimeoutError(f"copy of {self.nbytes} bytes not finished after {timeout} s")
+        if self._error is not None:
+            raise self._error
+
+    @property
+    def elapsed_s(self) -> float | None:
+        """Seconds the copy took (``None`` until it has finished)."""
+        return self._elapsed
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "pending"
+        return f"CopyEvent({format_size(self.nbytes)}, {state})"
+
+
+class _EngineStats:
+    __slots__ = ("total_bytes", "busy_s", "num_copies", "error")
+
+    def __init__(self) -> None:
+        self.total_bytes = 0
+        self.busy_s = 0.0
+        self.num_copies = 0
+        self.error: BaseException | None = None
+
+
+def _copy_worker(q: queue.Queue, stats: _EngineStats) -> None:
+    # Holds no reference to the engine, so an unreferenced engine can be collected and closed.
+    while True:
+        item = q.get()
+        try:
+            if item is None:
+                return
+            event, dst, src = item
+            t0 = time.perf_counter()
+            try:
+                np.copyto(dst, src, casting="no")
+                error = None
+            except BaseException as e:  # reported through the event
+                error = e
+            dt = time.perf_counter() - t0
+            stats.busy_s += dt
+            stats.num_copies += 1
+            if error is None:
+                stats.total_bytes += event.nbytes
+            elif stats.error is None:
+                stats.error = error
+            event._finish(dt, error)
+        finally:
+            q.task_done()
+
+
+def _check_copy(dst: Any, src: Any) -> int:
+    if dst.shape != src.shape or dst.dtype != src.dtype:
+        raise ValueError(f"copy needs arrays of the same shape and dtype, got dst {dst.shape} "
+                         f"{dst.dtype} and src {src.shape} {src.dtype}")
+    return int(dst.nbytes)
+
+
+class CopyEngine:
+    """One worker thread copying arrays in FIFO order (``np.copyto`` releases the GIL).
+
+    The thread is started on the first copy and stopped by :meth:`close` (or when the engine is
+    garbage collected). Not meant to be shared between threads that submit copies concurrently
+    with :meth:`close`.
+    """
+
+    def __init__(self, name: str = "copy") -> None:
+        self.name = name
+        self._queue: queue.Queue = queue.Queue()
+        self._stats = _EngineStats()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._finalizer: weakref.finalize | None = None
+
+    def _start(self) -> None:
+        self._thread = threading.Thread(target=_copy_worker, args=(self._queue, self._stats),
+                                        name=f"minidl-{self.name}", daemon=True)
+        self._thread.start()
+        self._finalizer = weakref.finalize(self, self._queue.put, None)
+
+    def copy_async(self, dst: np.ndarray, src: np.ndarray) -> CopyEvent:
+        """Queue ``dst[...] = src`` (same shape and dtype); return its :class:`CopyEvent`.
+
+        Neither array may be written (``src``) or read (``dst``) until the event is done.
+        """
+        if self._closed:
+            raise RuntimeError(f"copy engine {self.name!r} is closed")
+        event = CopyEvent(_check_copy(dst, src))
+        if self._thread is None:
+            self._start()
+        self._queue.put((event, dst, src))
+        return event
+
+    def synchronize(self) -> None:
+        """Wait for every queued copy; re-raise the first copy error since the last call."""
+        if self._thread is not None:
+            self._queue.join()
+        error, self._stats.error = self._stats.error, None
+        if error is not None:
+            raise error
+
+    def close(self) -> None:
+        """Finish the queued copies and stop the thread. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            if self._finalizer is not None:
+                self._finalizer.detach()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes copied successfully so far."""
+        return self._stats.total_bytes
+
+    @property
+    def busy_s(self) -> float:
+        """Seconds the worker spent copying."""
+        return self._stats.busy_s
+
+    @property
+    def num_copies(self) -> int:
+        return self._stats.num_copies
+
+    def __enter__(self) -> CopyEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ImmediateCopyEngine:
+    """The meta device's copy engine: nothing to copy, every event is done at once."""
+
+    def __init__(self, name: str = "meta-copy") -> None:
+        self.name = name
+        self.total_bytes = 0
+        self.busy_s = 0.0
+        self.num_copies = 0
+        self._closed = False
+
+    def copy_async(self, dst: Any, src: Any) -> CopyEvent:
+        """Check shapes and dtypes, count the bytes, and return a completed event."""
+        if self._closed:
+            raise RuntimeError(f"copy engine {self.name!r} is closed")
+        event = CopyEvent(_check_copy(dst, src))
+        event._finish(0.0)
+        self.total_bytes += event.nbytes
+        self.num_copies += 1
+        return event
+
+    def synchronize(self) -> None:
+        """Nothing is ever pending."""
+
+    def close(self) -> None:
+        self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> ImmediateCopyEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------- devices
+
+
+class CpuDevice:
+    """Device memory as one preallocated NumPy byte arena of ``capacity`` bytes.
+
+    The arena is ``np.empty`` (pages are touched only when used) with a 512-byte-aligned base.
+    A capacity larger than the host's available memory is refused.
+    """
+
+    name = "cpu"
+    has_storage = True
+    xp = np
+
+    def __init__(self, capacity: int | str = "256MiB") -> None:
+        self.capacity = parse_size(capacity)
+        avail = available_host_memory()
+        if self.capacity > avail:
+            raise ValueError(
+                f"cpu device capacity {format_size(self.capacity)} ({self.capacity} bytes) is "
+                f"larger than the host's available memory {format_size(avail)} ({avail} bytes); "
+                "choose a smaller device memory")
+        raw = np.empty(self.capacity + ARENA_ALIGNMENT, dtype=np.uint8)
+        shift = (-raw.ctypes.data) % ARENA_ALIGNMENT
+        self._arena: np.ndarray | None = raw[shift:shift + self.capacity]
+        self._copy_engine: CopyEngine | None = None
+
+    @property
+    def arena(self) -> np.ndarray:
+        """The whole arena as a 1-D ``uint8`` array."""
+        if self._arena is None:
+            raise RuntimeError("cpu device is closed")
+        return self._arena
+
+    def view(self, offset: int, nbytes: int, shape: Any, dtype: Any = np.float32) -> np.ndarray:
+        """A ``dtype`` array of ``shape`` over arena bytes ``[offset, offset + nbytes)``."""
+        arena = self._arena
+        if arena is None:
+            raise RuntimeError("cpu device is closed")
+        dtype = np.dtype(dtype)
+        shape = _as_shape(shape)
+        _check_view(self, offset, nbytes, shape, dtype)
+        return np.ndarray(shape, dtype, buffer=arena, offset=offset)
+
+    def host_empty(self, shape: Any, dtype: Any = np.float32) -> np.ndarray:
+        """Ordinary (host) NumPy memory."""
+        return np.empty(_as_shape(shape), dtype)
+
+    def fill(self, offset: int, nbytes: int, value: int | float) -> None:
+        """Fill arena bytes with a byte value (0..255) or, for ``float('nan')``, float32 NaNs."""
+        raw = self.arena[offset:offset + nbytes]
+        if isinstance(value, float) and math.isnan(value):
+            n4 = nbytes // 4
+            raw[:n4 * 4].view(np.uint32)[...] = _NAN32
+            raw[n4 * 4:] = 0xFF
+        else:
+            raw[...] = int(value)
+
+    @property
+    def copy_engine(self) -> CopyEngine:
+        """The device's copy engine (created on first use)."""
+        if self._copy_engine is None:
+            if self._arena is None:
+                raise RuntimeError("cpu device is closed")
+            self._copy_engine = CopyEngine("cpu-copy")
+        return self._copy_engine
+
+    def close(self) -> None:
+        """Stop the copy engine and release the arena. Idempotent."""
+        if self._copy_engine is not None:
+            self._copy_engine.close()
+        self._arena = None
+
+    def __enter__(self) -> CpuDevice:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"CpuDevice(capacity={format_size(self.capacity)!r})"
+
+
+class MetaArray:
+    """A shape without data: what a meta device hands out instead of an array."""
+
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, shape: Any, dtype: Any = np.float32) -> None:
+        self.shape = _as_shape(shape)
+        self.dtype = np.dtype(dtype)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def reshape(self, *shape: Any) -> MetaArray:
+        """Same data-less array with another shape of the same size (one ``-1`` allowed)."""
+        new = _as_shape(shape[0] if len(shape) == 1 else shape)
+        if -1 in new:
+            rest = math.prod(d for d in new if d != -1)
+            new = tuple(self.size // rest if d == -1 and rest else d for d in new)
+        if math.prod(new) != self.size:
+            raise ValueError(f"cannot reshape MetaArray of shape {self.shape} into {new}")
+        return MetaArray(new, self.dtype)
+
+    def __repr__(self) -> str:
+        return f"MetaArray(shape={self.shape}, dtype={self.dtype})"
+
+
+class MetaDevice:
+    """A device with no storage: blocks are placed, views are :class:`MetaArray`.
+
+    ``capacity`` defaults to unlimited (``1 << 62``); placement never depends on it.
+    """
+
+    name = "meta"
+    has_storage = False
+    xp = np
+    UNLIMITED = 1 << 62
+
+    def __init__(self, capacity: int | str | None = None) -> None:
+        self.capacity = self.UNLIMITED if capacity is None else parse_size(capacity)
+        self._copy_engine: ImmediateCopyEngine | None = None
+
+    def view(self, offset: int, nbytes: int, shape: Any, dtype: Any = np.float32) -> MetaArray:
+        """A :class:`MetaArray` of ``shape`` and ``dtype`` (bounds checked as on a real device)."""
+        dtype = np.dtype(dtype)
+        shape = _as_shape(shape)
+        _check_view(self, offset, nbytes, shape, dtype)
+        return MetaArray(shape, dtype)
+
+    def host_empty(self, shape: Any, dtype: Any = np.float32) -> MetaArray:
+        """Host memory on a meta device has no data either."""
+        return MetaArray(shape, dtype)
+
+    def fill(self, offset: int, nbytes: int, value: int | float) -> None:
+        """Nothing to fill."""
+
+    @property
+    def copy_engine(self) -> ImmediateCopyEngine:
+        if self._copy_engine is None:
+            self._copy_engine = ImmediateCopyEngine()
+        return self._copy_engine
+
+    def close(self) -> None:
+        if self._copy_engine is not None:
+            self._copy_engine.close()
+
+    def __enter__(self) -> MetaDevice:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        cap = "unlimited" if self.capacity == self.UNLIMITED else format_size(self.capacity)
+        return f"MetaDevice(capacity={cap!r})"
+
+
+def make_device(name: str, capacity: int | str | None = None, **kwargs: Any) -> Any:
+    """Build a device by name: ``"cpu"``, ``"meta"``, ``"cuda"`` or ``"cuda:<id>"``.
+
+    ``capacity`` defaults to 256 MiB for cpu, unlimited for meta; cuda needs one.
+    """
+    key = name.strip().lower() if isinstance(name, str) else name
+    if key == "cpu":
+        return CpuDevice("256MiB" if capacity is None else capacity, **kwargs)
+    if key == "meta":
+        return MetaDevice(capacity, **kwargs)
+    if isinstance(key, str) and (key == "cuda" or key.startswith("cuda:")):
+        from .cuda_device import CudaDevice
+
+        if capacity is None:
+            raise ValueError("the cuda device needs a capacity, e.g. make_device('cuda', '4GiB')")
+        if key != "cuda":
+            ident = key.split(":", 1)[1]
+            if not ident.isdigit():
+                raise ValueError(f"invalid device {name!r}: expected 'cuda:<integer id>'")
+            kwargs.setdefault("device_id", int(ident))
+        return CudaDevice(capacity, **kwargs)
+    raise ValueError(f"unknown device {name!r}; valid devices: {', '.join(DEVICE_NAMES)} "
+                     "(or 'cuda:<id>')")
