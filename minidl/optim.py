@@ -1,0 +1,434 @@
+"""Optimizers, learning-rate schedules and gradient clipping.
+
+Optimizer state (momentum, Adam moments, scratch buffers) lives wherever the trainer puts it:
+:meth:`Optimizer.init_state` takes an allocator ``alloc(name, shape, dtype) -> zeroed array``
+(e.g. views into the device pool); :meth:`Optimizer.state_spec` lists what it will ask for, so
+a planner can count the bytes before anything is allocated. Without ``init_state`` the first
+:meth:`Optimizer.step` allocates with ``np.zeros``.
+
+Updates follow PyTorch's single-tensor (CPU) formulas in the same order of operations, with
+scalars cast to the parameter's dtype as PyTorch does; results agree with ``torch.optim`` to
+float32 rounding (PyTorch's fused multiply-adds can differ in the last bit). Steps run in
+place (ufuncs with ``out=``) and allocate nothing per step: temporaries use at most two
+scratch buffers per dtype, each the size of the largest parameter, shared by all parameters.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+from minidl.parameter import Parameter
+
+Alloc = Callable[[str, tuple[int, ...], np.dtype], Any]
+StateSpec = list[tuple[str, tuple[int, ...], np.dtype]]
+
+
+def _zeros(name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    return np.zeros(shape, dtype=dtype)
+
+
+def _to_numpy(a: Any) -> np.ndarray:
+    """Host copy of a NumPy or CuPy array."""
+    return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.array(a)
+
+
+def _check_nonneg(**values: float) -> None:
+    for key, value in values.items():
+        if not value >= 0.0:  # also rejects NaN
+            raise ValueError(f"invalid {key}: {value} (must be >= 0)")
+
+
+class Optimizer:
+    """Base class: keeps the trainable parameters, their state, the step count and ``lr``.
+
+    Subclasses declare ``slots`` (per-parameter state arrays, named ``f"{param.name}.{slot}"``),
+    ``_num_scratch()`` and ``_update(p, state, scratch, step)``.
+    """
+
+    slots: tuple[str, ...] = ()
+
+    def __init__(self, params: Iterable[Parameter], lr: float) -> None:
+        unique: dict[int, Parameter] = {}
+        for p in params:
+            if not isinstance(p, Parameter):
+                raise TypeError(f"optimizer params must be Parameters, got {type(p).__name__}")
+            if p.trainable:
+                unique.setdefault(id(p), p)
+        self.params: list[Parameter] = list(unique.values())
+        names = [p.name for p in self.params]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"parameter names must be unique, repeated: {', '.join(dupes)}")
+        self.lr = lr
+        self.step_count = 0
+        self.param_steps: dict[str, int] = {p.name: 0 for p in self.params}
+        self._state: dict[str, Any] | None = None
+
+    @property
+    def lr(self) -> float:
+        return self._lr
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        _check_nonneg(lr=value)
+        self._lr = float(value)
+
+    # ----------------------------------------------------------------- state
+
+    def _num_scratch(self) -> int:
+        return 1
+
+    def state_spec(self) -> StateSpec:
+        """``(name, shape, dtype)`` of every array :meth:`init_state` will allocate."""
+        spec: StateSpec = [(f"{p.name}.{slot}", p.shape, p.dtype)
+                           for p in self.params for slot in self.slots]
+        biggest: dict[np.dtype, int] = {}
+        for p in self.params:
+            biggest[p.dtype] = max(biggest.get(p.dtype, 0), int(np.prod(p.shape)))
+        prefix = type(self).__name__.lower()
+        for dtype, size in biggest.items():
+            tag = f".{dtype.name}" if len(biggest) > 1 else ""
+            spec += [(f"{prefix}.scratch{i}{tag}", (size,), dtype)
+                     for i in range(self._num_scratch())]
+        return spec
+
+    def state_bytes(self) -> int:
+        """Total bytes of optimizer state, scratch included (allocated or not yet)."""
+        return sum(int(np.prod(shape)) * dtype.itemsize for _, shape, dtype in self.state_spec())
+
+    def init_state(self, alloc: Alloc) -> None:
+        """Allocate all state through ``alloc(name, shape, dtype)``, which returns zeroed arrays.
+
+        Calling it again moves existing state into the new arrays (values are kept).
+        """
+        new: dict[str, Any] = {}
+        for name, shape, dtype in self.state_spec():
+            arr = alloc(name, shape, dtype)
+            if tuple(arr.shape) != tuple(shape) or np.dtype(arr.dtype) != dtype:
+                raise ValueError(f"alloc({name!r}) returned {tuple(arr.shape)} {arr.dtype}, "
+                                 f"expected {tuple(shape)} {dtype}")
+            if self._state is not None and ".scratch" not in name:
+                arr[...] = self._state[name]
+            new[name] = arr
+        self._state = new
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """Name -> state array (allocated with ``np.zeros`` on first access if needed)."""
+        if self._state is None:
+            self.init_state(_zeros)
+        assert self._state is not None
+        return self._state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Host copies of the state: ``step``, ``lr``, ``{param}.step`` and state arrays."""
+        d: dict[str, Any] = {"step": self.step_count, "lr": self.lr}
+        for p in self.params:
+            d[f"{p.name}.step"] = self.param_steps[p.name]
+            for slot in self.slots:
+                d[f"{p.name}.{slot}"] = _to_numpy(self.state[f"{p.name}.{slot}"])
+        return d
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        """Copy a :meth:`state_dict` into the existing state arrays (keys and shapes checked)."""
+        expected = set(self.state_dict_keys())
+        missing, unexpected = expected - set(d), set(d) - expected
+        if missing or unexpected:
+            raise KeyError(f"state dict mismatch: missing {sorted(missing)}, "
+                           f"unexpected {sorted(unexpected)}")
+        for p in self.params:
+            for slot in self.slots:
+                key = f"{p.name}.{slot}"
+                if tuple(np.shape(d[key])) != p.shape:
+                    raise ValueError(f"state {key!r} has shape {tuple(np.shape(d[key]))}, "
+                                     f"expected {p.shape}")
+        for p in self.params:
+            for slot in self.slots:
+                key = f"{p.name}.{slot}"
+                self.state[key][...] = np.asarray(d[key], dtype=p.dtype)
+            self.param_steps[p.name] = int(d[f"{p.name}.step"])
+        self.step_count = int(d["step"])
+        self.lr = float(d["lr"])
+
+    def state_dict_keys(self) -> list[str]:
+        keys = ["step", "lr"]
+        for p in self.params:
+            keys += [f"{p.name}.step"] + [f"{p.name}.{slot}" for slot in self.slots]
+        return keys
+
+    # ----------------------------------------------------------------- stepping
+
+    def zero_grad(self) -> None:
+        """Fill every existing gradient with zeros (in place)."""
+        for p in self.params:
+            if p.grad is not None:
+                p.grad[...] = 0
+
+    def step(self) -> None:
+        """Update every parameter that has a gradient, in place."""
+        state = self.state
+        scratch = {name: arr for name, arr in state.items() if ".scratch" in name}
+        prefix = type(self).__name__.lower()
+        multi = len({p.dtype for p in self.params}) > 1
+        self.step_count += 1
+        for p in self.params:
+            if p.grad is None:
+                continue
+            self.param_steps[p.name] += 1
+            n, tag = int(np.prod(p.shape)), (f".{p.dtype.name}" if multi else "")
+            views = [scratch[f"{prefix}.scratch{i}{tag}"][:n].reshape(p.shape)
+                     for i in range(self._num_scratch())]
+            slots = [state[f"{p.name}.{slot}"] for slot in self.slots]
+            self._update(p, slots, views, self.param_steps[p.name])
+
+    def _update(self, p: Parameter, slots: list[Any], scratch: list[Any], step: int) -> None:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(lr={self.lr}, params={len(self.params)})"
+
+
+class SGD(Optimizer):
+    """SGD with optional momentum, dampening, L2 weight decay and Nesterov (as torch.optim.SGD).
+
+    State: ``{name}.momentum`` per parameter when ``momentum > 0``.
+    """
+
+    def __init__(self, params: Iterable[Parameter], lr: float, momentum: float = 0.0,
+                 dampening: float = 0.0, weight_decay: float = 0.0,
+                 nesterov: bool = False) -> None:
+        _check_nonneg(momentum=momentum, weight_decay=weight_decay)
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+        self.momentum, self.dampening = float(momentum), float(dampening)
+        self.weight_decay, self.nesterov = float(weight_decay), bool(nesterov)
+        self.slots = ("momentum",) if momentum != 0 else ()
+        super().__init__(params, lr)
+
+    def _num_scratch(self) -> int:
+        return 2 if self.weight_decay != 0 and self.nesterov else 1
+
+    def _update(self, p: Parameter, slots: list[Any], scratch: list[Any], step: int) -> None:
+        f = p.dtype.type
+        s0 = scratch[0]
+        d = p.grad
+        if self.weight_decay != 0:  # grad + wd * param
+            np.multiply(p.data, f(self.weight_decay), out=s0)
+            np.add(p.grad, s0, out=s0)
+            d = s0
+        if self.momentum != 0:
+            buf = slots[0]
+            if step == 1:
+                buf[...] = d
+            else:  # buf * momentum + (1 - dampening) * d
+                np.multiply(buf, f(self.momentum), out=buf)
+                if self.dampening == 0:
+                    np.add(buf, d, out=buf)
+                else:  # d may be s0 (weight decay): it is not needed afterwards
+                    np.multiply(d, f(1 - self.dampening), out=s0)
+                    np.add(buf, s0, out=buf)
+            if self.nesterov:  # d + momentum * buf
+                out = scratch[1] if d is s0 else s0
+                np.multiply(buf, f(self.momentum), out=out)
+                np.add(d, out, out=out)
+                d = out
+            else:
+                d = buf
+        step_out = d if any(d is s for s in scratch) else s0
+        np.multiply(d, f(-self.lr), out=step_out)
+        np.add(p.data, step_out, out=p.data)
+
+
+class Adam(Optimizer):
+    """Adam (Kingma & Ba) as torch.optim.Adam: ``weight_decay`` is L2 added to the gradient.
+
+    State: ``{name}.exp_avg`` and ``{name}.exp_avg_sq`` per parameter; bias correction uses
+    each parameter's own step count.
+    """
+
+    slots = ("exp_avg", "exp_avg_sq")
+    decoupled = False
+
+    def __init__(self, params: Iterable[Parameter], lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0) -> None:
+        _check_nonneg(eps=eps, weight_decay=weight_decay)
+        for i, beta in enumerate(betas):
+            if not 0.0 <= beta < 1.0:
+                raise ValueError(f"invalid beta parameter at index {i}: {beta}")
+        self.betas = (float(betas[0]), float(betas[1]))
+        self.eps, self.weight_decay = float(eps), float(weight_decay)
+        super().__init__(params, lr)
+
+    def _num_scratch(self) -> int:
+        return 2
+
+    def _update(self, p: Parameter, slots: list[Any], scratch: list[Any], step: int) -> None:
+        f = p.dtype.type
+        m, v = slots
+        s0, s1 = scratch
+        beta1, beta2 = self.betas
+        g = p.grad
+        if self.weight_decay != 0:
+            if self.decoupled:  # param * (1 - lr * wd)
+                np.multiply(p.data, f(1 - self.lr * self.weight_decay), out=p.data)
+            else:  # grad + wd * param
+                np.multiply(p.data, f(self.weight_decay), out=s0)
+                np.add(g, s0, out=s0)
+                g = s0
+        t = s1 if g is s0 else s0
+        # m.lerp_(g, 1 - beta1)
+        w = 1 - beta1
+        np.subtract(g, m, out=t)
+        if w < 0.5:
+            np.multiply(t, f(w), out=t)
+            np.add(m, t, out=m)
+        else:  # end - (end - start) * (1 - weight)
+            np.multiply(t, f(1 - f(w)), out=t)
+            np.subtract(g, t, out=m)
+        # v = v * beta2 + (1 - beta2) * g * g
+        np.multiply(g, f(1 - beta2), out=t)
+        np.multiply(t, g, out=t)
+        np.multiply(v, f(beta2), out=v)
+        np.add(v, t, out=v)
+        # param += (-step_size * m) / (sqrt(v) / sqrt(bias_correction2) + eps)
+        bias_correction1 = 1 - beta1**step
+        bias_correction2 = 1 - beta2**step
+        step_size = self.lr / bias_correction1
+        denom, num = s0, s1
+        np.sqrt(v, out=denom)
+        np.divide(denom, f(bias_correction2**0.5), out=denom)
+        np.add(denom, f(self.eps), out=denom)
+        np.multiply(m, f(-step_size), out=num)
+        np.divide(num, denom, out=num)
+        np.add(p.data, num, out=p.data)
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay (Loshchilov & Hutter), as torch.optim.AdamW."""
+
+    decoupled = True
+
+    def __init__(self, params: Iterable[Parameter], lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2) -> None:
+        super().__init__(params, lr, betas, eps, weight_decay)
+
+
+# --------------------------------------------------------------------------- gradient clipping
+
+
+def clip_grad_norm_(params: Iterable[Parameter], max_norm: float) -> float:
+    """Scale gradients in place so their global L2 norm is at most ``max_norm``.
+
+    Returns the total norm before clipping. As in PyTorch, grads are multiplied by
+    ``max_norm / (total_norm + 1e-6)`` when that is below 1. A NaN or infinite total norm is
+    returned as is and nothing is scaled: the caller decides (the trainer raises).
+    """
+    _check_nonneg(max_norm=max_norm)
+    grads = [p.grad for p in params if p.grad is not None]
+    total = 0.0
+    for g in grads:
+        flat = g.reshape(-1)
+        total += float(np.dot(flat, flat))
+    total_norm = math.sqrt(total)
+    if not math.isfinite(total_norm):
+        return total_norm
+    clip_coef = max_norm / (total_norm + 1e-6)
+    if clip_coef < 1.0:
+        for g in grads:
+            np.multiply(g, g.dtype.type(clip_coef), out=g)
+    return total_norm
+
+
+# --------------------------------------------------------------------------- schedules
+
+
+class LRScheduler:
+    """Sets ``optimizer.lr`` from a closed-form schedule of the step counter ``last_epoch``.
+
+    Call :meth:`step` once per epoch or once per iteration, as you mean ``t``; construction sets
+    the lr for ``t = 0``. ``warmup_steps = w > 0`` multiplies the schedule by
+    ``min(1, (t + 1) / (w + 1))``: a linear ramp from ``lr / (w + 1)`` reaching the schedule's
+    value at ``t = w``.
+    """
+
+    def __init__(self, optimizer: Optimizer, warmup_steps: int = 0) -> None:
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        self.optimizer = optimizer
+        self.base_lr = optimizer.lr
+        self.warmup_steps = int(warmup_steps)
+        self.last_epoch = 0
+        self.optimizer.lr = self.lr_at(0)
+
+    def schedule_lr(self, t: int) -> float:
+        """The schedule's lr at step ``t``, before warmup."""
+        raise NotImplementedError
+
+    def lr_at(self, t: int) -> float:
+        """The lr at step ``t``, warmup included."""
+        lr = self.schedule_lr(t)
+        if t < self.warmup_steps:
+            lr *= (t + 1) / (self.warmup_steps + 1)
+        return lr
+
+    def step(self) -> None:
+        self.last_epoch += 1
+        self.optimizer.lr = self.lr_at(self.last_epoch)
+
+    def get_last_lr(self) -> float:
+        return self.optimizer.lr
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"last_epoch": self.last_epoch, "base_lr": self.base_lr}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.last_epoch, self.base_lr = int(d["last_epoch"]), float(d["base_lr"])
+        self.optimizer.lr = self.lr_at(self.last_epoch)
+
+
+class LambdaLR(LRScheduler):
+    """``lr = base_lr * lr_lambda(t)`` (with optional warmup)."""
+
+    def __init__(self, optimizer: Optimizer, lr_lambda: Callable[[int], float],
+                 warmup_steps: int = 0) -> None:
+        self.lr_lambda = lr_lambda
+        super().__init__(optimizer, warmup_steps)
+
+    def schedule_lr(self, t: int) -> float:
+        return self.base_lr * float(self.lr_lambda(t))
+
+
+class StepLR(LRScheduler):
+    """``lr = base_lr * gamma ** (t // step_size)``."""
+
+    def __init__(self, optimizer: Optimizer, step_size: int, gamma: float = 0.1,
+                 warmup_steps: int = 0) -> None:
+        if step_size < 1:
+            raise ValueError(f"step_size must be >= 1, got {step_size}")
+        self.step_size, self.gamma = int(step_size), float(gamma)
+        super().__init__(optimizer, warmup_steps)
+
+    def schedule_lr(self, t: int) -> float:
+        return self.base_lr * self.gamma ** (t // self.step_size)
+
+
+class CosineAnnealingLR(LRScheduler):
+    """``lr = eta_min + (base_lr - eta_min) * (1 + cos(pi * t / T_max)) / 2`` (periodic past
+    ``T_max``, like PyTorch's)."""
+
+    def __init__(self, optimizer: Optimizer, T_max: int, eta_min: float = 0.0,
+                 warmup_steps: int = 0) -> None:
+        if T_max < 1:
+            raise ValueError(f"T_max must be >= 1, got {T_max}")
+        self.T_max, self.eta_min = int(T_max), float(eta_min)
+        super().__init__(optimizer, warmup_steps)
+
+    def schedule_lr(self, t: int) -> float:
+        cos = (1 + math.cos(math.pi * t / self.T_max)) / 2
+        return self.eta_min + (self.base_lr - self.eta_min) * cos
