@@ -1,1 +1,62 @@
-"""minidl.memory: devices, the heap pool, plans, and memory policies. Never imports minidl or layers."""
+"""minidl.memory: devices, the heap pool, plans, and memory policies.
+
+Never imports minidl or layers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .device import (
+    CopyEngine,
+    CopyEvent,
+    CpuDevice,
+    ImmediateCopyEngine,
+    MetaArray,
+    MetaDevice,
+    make_device,
+)
+from .pool import (
+    CATEGORIES,
+    Block,
+    DeviceOutOfMemory,
+    DoubleFreeError,
+    ForeignBlockError,
+    PlacementError,
+    Pool,
+    PoolError,
+    UseAfterFreeError,
+)
+from .units import format_size, parse_size
+
+__all__ = [
+    "CATEGORIES",
+    "Block",
+    "CopyEngine",
+    "CopyEvent",
+    "CpuDevice",
+    "CudaDevice",
+    "DeviceOutOfMemory",
+    "DoubleFreeError",
+    "ForeignBlockError",
+    "ImmediateCopyEngine",
+    "MetaArray",
+    "MetaDevice",
+    "PlacementError",
+    "Pool",
+    "PoolError",
+    "UseAfterFreeError",
+    "format_size",
+    "make_device",
+    "parse_size",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # CudaDevice is imported on first use so that importing minidl.memory never imports cupy
+    # (cuda_device itself imports cupy only when a CudaDevice is built).
+    if name == "CudaDevice":
+        from .cuda_device import CudaDevice
+
+        return CudaDevice
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
