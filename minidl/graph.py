@@ -51,7 +51,7 @@ class Value:
 class Network:
     """A functional graph from ``inputs`` to ``outputs`` (one symbol or a list of them).
 
-    ``seed`` makes parameter initialisation reproducible.
+    ``seed`` makes parameter initialisation reproducible; ``dtype`` is the parameters' dtype.
     """
 
     def __init__(
@@ -60,6 +60,7 @@ class Network:
         outputs: Symbol | Sequence[Symbol],
         name: str = "network",
         seed: int = 0,
+        dtype: str = "float32",
     ) -> None:
         self.name = name
         self.inputs = [inputs] if isinstance(inputs, Symbol) else list(inputs)
@@ -68,7 +69,7 @@ class Network:
             if s.layer is not None:
                 raise ValueError("Network inputs must come from minidl.Input(...)")
         self._build_graph()
-        self._create_parameters(seed)
+        self._create_parameters(seed, dtype)
 
     # ------------------------------------------------------------------ structure
     def _build_graph(self, names: Sequence[str] | None = None) -> None:
@@ -132,14 +133,15 @@ class Network:
 
         self.output_values = [visit(s) for s in self.outputs]
 
-    def _create_parameters(self, seed: int) -> None:
+    def _create_parameters(self, seed: int, dtype: str = "float32") -> None:
         rng = np.random.default_rng(seed)
+        self.dtype = np.dtype(dtype)
         self._params: dict[str, dict[str, Parameter]] = {}
         for node in self.nodes:
             specs = node.layer.param_specs()
             self._params[node.name] = {
                 pname: Parameter(
-                    f"{node.name}.{pname}", spec.initial_value(rng), trainable=spec.trainable
+                    f"{node.name}.{pname}", spec.initial_value(rng, self.dtype), trainable=spec.trainable
                 )
                 for pname, spec in specs.items()
             }
@@ -252,12 +254,13 @@ class Sequential(Network):
         input_shape: Sequence[int] | None = None,
         name: str = "sequential",
         seed: int = 0,
-        input_dtype: str = "float32",
+        dtype: str = "float32",
+        input_dtype: str | None = None,
     ) -> None:
         self.layers = list(layers)
         if not self.layers:
             raise ValueError("Sequential needs at least one layer")
-        x = Input(input_shape, dtype=input_dtype, name="input")
+        x = Input(input_shape, dtype=input_dtype or dtype, name="input")
         y = x
         for layer in self.layers:
             if not isinstance(layer, Layer):
@@ -267,4 +270,4 @@ class Sequential(Network):
         self.inputs = [x]
         self.outputs = [y]
         self._build_graph(names=[str(i) for i in range(len(self.layers))])
-        self._create_parameters(seed)
+        self._create_parameters(seed, dtype)

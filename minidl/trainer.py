@@ -111,16 +111,27 @@ class Trainer:
                                     label_dtype="int64" if y is None else y.dtype.name)
 
     # ------------------------------------------------------------------ training
+    def compute_gradients(self, x: Any, y: Any) -> float:
+        """Forward and backward on a batch without updating: returns the loss, and every
+        parameter's ``.grad`` holds its gradient. The iteration counter does not advance."""
+        x, y = self._check_inputs(x, y)
+        c = self._compiled(x, y, training=True)
+        loss, _ = c.executor.run([x, y], training=True, seed=self.seed, iteration=self.iteration)
+        if self.engine.compute and (loss is None or not np.isfinite(loss)):
+            self._diagnose(c, x, y)
+            raise NonFiniteError(
+                f"the loss is {loss} at iteration {self.iteration} although every layer's "
+                "output is finite")
+        info = self.engine.peak_info(c)
+        if self.peak is None or info.bytes > self.peak.bytes:
+            self.peak = info
+        return float(loss) if loss is not None else float("nan")
+
     def step(self, x: Any, y: Any) -> float:
         """One training step on a batch; returns the loss. Afterwards every parameter's
         ``.grad`` holds its gradient and the optimizer has updated ``.data``."""
-        x, y = self._check_inputs(x, y)
-        c = self._compiled(x, y, training=True)
         t0 = time.perf_counter()
-        loss, _ = c.executor.run([x, y], training=True, seed=self.seed, iteration=self.iteration)
-        if loss is None or not np.isfinite(loss):
-            self._diagnose(c, x, y)
-            raise NonFiniteError(f"the loss is {loss} at iteration {self.iteration}")
+        loss = self.compute_gradients(x, y)
         if self.clip_grad_norm is not None:
             from .optim import clip_grad_norm_
 
@@ -129,9 +140,6 @@ class Trainer:
                 raise NonFiniteError(f"gradient norm is {norm} at iteration {self.iteration}")
         self.optimizer.step()
         self.step_times.append(time.perf_counter() - t0)
-        info = self.engine.peak_info(c)
-        if self.peak is None or info.bytes > self.peak.bytes:
-            self.peak = info
         self.iteration += 1
         return loss
 

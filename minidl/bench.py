@@ -1,0 +1,119 @@
+"""``minidl bench``: median step time and peak memory per memory spec, optionally beside PyTorch.
+
+All runs are interleaved step by step (one step of each configuration per round) so that the
+machine's noise hits them alike; figures are medians over the measured rounds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+
+def synthetic_batch(shape: tuple[int, ...], batch_size: int, num_classes: int, seed: int):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch_size, *shape)).astype(np.float32)
+    y = rng.integers(0, num_classes, size=batch_size).astype(np.int64)
+    return x, y
+
+
+def run_bench(
+    make_net: Callable[[], Any],
+    shape: tuple[int, ...],
+    batch_size: int,
+    specs: list[Any],
+    steps: int = 20,
+    warmup: int = 3,
+    compare_torch: bool = False,
+    seed: int = 0,
+    progress: bool = True,
+    lr: float = 0.01,
+) -> dict[str, Any]:
+    """Train ``steps`` (+ ``warmup``) steps per spec on one synthetic batch, interleaved."""
+    from tqdm.auto import tqdm
+
+    from .cli import auto_device_memory
+    from .optim import SGD
+    from .trainer import Trainer
+
+    runners: list[tuple[str, Callable[[], float]]] = []
+    trainers = []
+    num_classes = None
+    for spec in specs:
+        net = make_net()
+        num_classes = num_classes or _num_classes(net, shape, batch_size)
+        cap = auto_device_memory(net, batch_size, spec, "sgd", shape)
+        tr = Trainer(net, SGD(net.parameters(), lr=lr, momentum=0.9), memory=spec,
+                     device_memory=cap, seed=seed)
+        trainers.append(tr)
+    x, y = synthetic_batch(shape, batch_size, num_classes, seed)
+    for spec, tr in zip(specs, trainers):
+        runners.append((spec.spec, lambda tr=tr: tr.step(x, y)))
+    torch_ok = False
+    if compare_torch:
+        try:
+            import torch  # noqa: F401
+
+            torch_ok = True
+        except ImportError:
+            print("torch is not installed: --compare-torch skipped")
+    if torch_ok:
+        runners.append(("torch", _torch_runner(make_net(), x, y, lr)))
+    times: dict[str, list[float]] = {name: [] for name, _ in runners}
+    total = warmup + steps
+    for r in tqdm(range(total), disable=not progress, desc="bench", unit="round"):
+        for name, fn in runners:
+            t0 = time.perf_counter()
+            fn()
+            dt = time.perf_counter() - t0
+            if r >= warmup:
+                times[name].append(dt)
+    results = []
+    base = None
+    for spec, tr in zip(specs, trainers):
+        med = float(np.median(times[spec.spec]))
+        base = base or med
+        rep = tr.memory_report()
+        results.append({
+            "spec": spec.spec,
+            "peak_allocated_bytes": rep["peak_allocated_bytes"],
+            "peak_reserved_bytes": rep["peak_reserved_bytes"],
+            "step_time_median_s": med,
+            "time_ratio": med / base,
+        })
+    out: dict[str, Any] = {"batch_size": batch_size, "input": list(shape), "steps": steps,
+                           "results": results}
+    if torch_ok:
+        med = float(np.median(times["torch"]))
+        out["torch"] = {"step_time_median_s": med, "time_ratio": results[0]["step_time_median_s"]
+                        / med}
+    return out
+
+
+def _num_classes(net: Any, shape: tuple[int, ...], batch_size: int) -> int:
+    shapes, _ = net.infer([(batch_size, *shape)])
+    return int(shapes[net.output_values[0]][-1])
+
+
+def _torch_runner(net: Any, x: np.ndarray, y: np.ndarray, lr: float) -> Callable[[], float]:
+    import torch
+
+    from .torch_bridge import to_torch
+
+    model = to_torch(net)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step() -> float:
+        opt.zero_grad(set_to_none=False)
+        loss = loss_fn(model(xt), yt)
+        loss.backward()
+        opt.step()
+        return float(loss)
+
+    return step

@@ -1,0 +1,279 @@
+"""The ``minidl`` command: ``train``, ``plan`` and ``bench``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+EXIT_USAGE = 2
+EXIT_OOM = 1
+
+
+class UsageError(Exception):
+    """A bad name or value on the command line (exit code 2)."""
+
+
+def parse_chw(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        dims = tuple(int(p) for p in text.lower().replace("×", "x").split("x"))
+    except ValueError:
+        raise UsageError(f"--input must look like CxHxW (e.g. 3x32x32), got {text!r}") from None
+    if not dims or any(d <= 0 for d in dims):
+        raise UsageError(f"--input dimensions must be positive, got {text!r}")
+    return dims
+
+
+def _model(name: str, input_shape, num_classes: int, width: int | None = None):
+    from .models import get_model
+
+    try:
+        return get_model(name, input_shape=input_shape, num_classes=num_classes, width=width)
+    except ValueError as e:
+        if "unknown model" in str(e) or "no ResNet" in str(e):
+            raise UsageError(str(e)) from None
+        raise
+
+
+def _memory(spec: str):
+    from .memory.config import MemoryConfig
+
+    try:
+        return MemoryConfig.parse(spec)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def _fmt(n: int) -> str:
+    from .memory.units import format_size
+
+    return f"{format_size(n)} ({n:,} B)"
+
+
+def auto_device_memory(net, batch_size: int, spec, optimizer: str, input_shape) -> int:
+    """Device bytes a run needs: the larger reserved peak of a training and an evaluation
+    iteration (dry runs), rounded up to a MiB, plus one MiB of headroom."""
+    from .dryrun import dry_run
+
+    train = dry_run(net, batch_size, spec, optimizer, input_shape=input_shape)
+    evaluate = dry_run(net, batch_size, spec, optimizer, input_shape=input_shape, training=False)
+    need = max(train["peak_reserved_bytes"], evaluate["peak_reserved_bytes"])
+    mib = 1 << 20
+    return (math.ceil(need / mib) + 1) * mib
+
+
+def print_memory_report(rep: dict[str, Any], out=sys.stdout) -> None:
+    print(f"memory report ({rep.get('device', 'meta')} device, memory spec "
+          f"{rep.get('memory')!r})", file=out)
+    if "capacity_bytes" in rep:
+        print(f"  device memory:         {_fmt(rep['capacity_bytes'])}", file=out)
+    print(f"  peak allocated:        {_fmt(rep['peak_allocated_bytes'])}", file=out)
+    print(f"  peak reserved:         {_fmt(rep['peak_reserved_bytes'])}", file=out)
+    if "lower_bound_bytes" in rep:
+        print(f"  lower bound:           {_fmt(rep['lower_bound_bytes'])}", file=out)
+    if "peak_step" in rep:
+        ps = rep["peak_step"]
+        print(f"  peak reached at:       {ps['layer']} ({ps['phase']}, step {ps['index']})",
+              file=out)
+    if rep.get("breakdown"):
+        print("  bytes by category at the peak:", file=out)
+        total = sum(rep["breakdown"].values()) or 1
+        for cat, b in rep["breakdown"].items():
+            print(f"    {cat:<17} {_fmt(b):>32}  {100 * b / total:5.1f}%", file=out)
+    live = rep.get("live_at_peak") or rep.get("largest_live")
+    if live:
+        print("  largest tensors live at the peak:", file=out)
+        for r in live[:5]:
+            print(f"    {r['tensor']:<28} {r['category']:<14} {_fmt(r['bytes'])}", file=out)
+    for note in rep.get("notes", []):
+        print(f"  note: {note}", file=out)
+
+
+# ------------------------------------------------------------------------------ train
+def cmd_train(args: argparse.Namespace) -> int:
+    from . import data as D
+    from .dryrun import make_optimizer
+    from .trainer import Trainer
+
+    spec = _memory(args.memory)
+    if args.dataset not in D.DATASETS:
+        raise UsageError(f"unknown dataset {args.dataset!r}; valid: {', '.join(D.DATASETS)}")
+    input_shape = parse_chw(args.input)
+    if args.dataset == "synthetic" and input_shape is None:
+        from .models import default_input_shape
+
+        input_shape = default_input_shape(args.model)
+    ds = D.load_dataset(args.dataset, data_dir=args.data_dir, input_shape=input_shape,
+                        seed=args.seed)
+    net = _model(args.model, ds.input_shape, ds.num_classes, args.width)
+    try:
+        opt = make_optimizer(args.optimizer, net.parameters(), args.lr)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    device_memory = args.device_memory
+    if device_memory == "auto":
+        device_memory = auto_device_memory(net, args.batch_size, spec, args.optimizer,
+                                           ds.input_shape)
+    trainer = Trainer(net, opt, memory=spec, device=args.device, device_memory=device_memory,
+                      seed=args.seed)
+    if not args.json:
+        print(f"training {net.name} ({net.num_parameters():,} parameters) on {ds.name}: "
+              f"{len(ds.x_train)} train / {len(ds.x_test)} test samples, input "
+              f"{'x'.join(map(str, ds.input_shape))}, batch {args.batch_size}, memory "
+              f"{spec.spec!r}, {trainer.device.name} device with {_fmt(trainer.device.capacity)}",
+              file=sys.stderr)
+    t0 = time.perf_counter()
+    hist = trainer.fit(ds, epochs=args.epochs, batch_size=args.batch_size,
+                       max_steps=args.max_steps, progress=not args.no_progress)
+    wall = time.perf_counter() - t0
+    if args.save:
+        trainer.save(args.save)
+    rep = trainer.memory_report()
+    result = {
+        "model": args.model,
+        "dataset": ds.name,
+        "memory": spec.spec,
+        "losses": hist.losses,
+        "final_loss": hist.losses[-1] if hist.losses else None,
+        "test_loss": hist.test_loss,
+        "test_accuracy": hist.test_accuracy,
+        "peak_allocated_bytes": rep["peak_allocated_bytes"],
+        "peak_reserved_bytes": rep["peak_reserved_bytes"],
+        "step_time_median_s": float(np.median(hist.step_times)) if hist.step_times else None,
+        "wall_time_s": wall,
+        "steps": len(hist.losses),
+        "memory_report": rep,
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"steps: {len(hist.losses)}, final training loss {result['final_loss']:.4f}, "
+              f"median step {1000 * (result['step_time_median_s'] or 0):.1f} ms, "
+              f"wall time {wall:.1f} s")
+        if hist.test_accuracy is not None:
+            print(f"test loss {hist.test_loss:.4f}, test accuracy {100 * hist.test_accuracy:.2f}%")
+        print_memory_report(rep)
+    return 0
+
+
+# ------------------------------------------------------------------------------ plan
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .dryrun import dry_run
+
+    spec = _memory(args.memory)
+    shape = parse_chw(args.input)
+    net = _model(args.model, shape, args.classes, args.width)
+    rep = dry_run(net, args.batch_size, spec, args.optimizer,
+                  input_shape=shape or net.input_shapes[0])
+    if args.json:
+        print(json.dumps(rep))
+    else:
+        print(f"{net.name}, batch {args.batch_size}, input "
+              f"{'x'.join(map(str, rep['input']))}, {args.classes} classes: "
+              f"{rep['num_steps']} steps, {rep['num_tensors']} tensors")
+        print_memory_report(rep)
+    return 0
+
+
+# ------------------------------------------------------------------------------ bench
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import run_bench
+
+    specs = [_memory(s) for s in args.memory]
+    shape = parse_chw(args.input)
+    net0 = _model(args.model, shape, args.classes, args.width)
+    shape = shape or net0.input_shapes[0]
+    result = run_bench(
+        lambda: _model(args.model, shape, args.classes, args.width), shape, args.batch_size,
+        specs, steps=args.steps, warmup=args.warmup, compare_torch=args.compare_torch,
+        seed=args.seed, progress=not args.json,
+    )
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{args.model}, input {'x'.join(map(str, shape))}, batch {args.batch_size}, "
+              f"{args.steps} steps per spec (median)")
+        print(f"{'memory spec':<36}{'peak allocated':>18}{'step (ms)':>12}{'ratio':>8}")
+        for r in result["results"]:
+            print(f"{r['spec']:<36}{r['peak_allocated_bytes']:>18,}"
+                  f"{1000 * r['step_time_median_s']:>12.2f}{r['time_ratio']:>8.3f}")
+        if "torch" in result:
+            t = result["torch"]
+            print(f"{'pytorch (cpu)':<36}{'':>18}{1000 * t['step_time_median_s']:>12.2f}"
+                  f"{t['time_ratio']:>8.3f}   (minidl/torch with {result['results'][0]['spec']})")
+    return 0
+
+
+# ------------------------------------------------------------------------------ main
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="minidl", description=(
+        "minidl: train networks larger than device memory, and see where every byte went."))
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp, batch_default: int) -> None:
+        sp.add_argument("model", help="smallcnn, lenet5, alexnet, vgg11, vgg16, resnet<N>")
+        sp.add_argument("--input", help="per-sample input shape CxHxW (e.g. 3x32x32)")
+        sp.add_argument("--batch-size", type=int, default=batch_default)
+        sp.add_argument("--width", type=int, default=None, help="first-stage width of the model")
+        sp.add_argument("--json", action="store_true", help="print one JSON object")
+
+    t = sub.add_parser("train", help="train a model with progress bars and a memory report")
+    common(t, 64)
+    t.add_argument("--dataset", default="digits",
+                   help="digits, mnist, fashion-mnist, idx, synthetic")
+    t.add_argument("--data-dir", default=None)
+    t.add_argument("--epochs", type=int, default=15)
+    t.add_argument("--max-steps", type=int, default=None)
+    t.add_argument("--lr", type=float, default=None)
+    t.add_argument("--optimizer", default="sgd", choices=["sgd", "adam", "adamw"])
+    t.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    t.add_argument("--device-memory", default="auto",
+                   help="device arena size (e.g. 256MiB) or 'auto' (what a dry run needs)")
+    t.add_argument("--memory", default="none", help="memory spec, e.g. reuse,inplace")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--save", default=None, help="checkpoint path (.npz), written atomically")
+    t.add_argument("--no-progress", action="store_true")
+    t.set_defaults(func=cmd_train)
+
+    pl = sub.add_parser("plan", help="dry run on the meta device: the exact peak, no compute")
+    common(pl, 64)
+    pl.add_argument("--classes", type=int, default=10)
+    pl.add_argument("--memory", default="none")
+    pl.add_argument("--optimizer", default="sgd", choices=["sgd", "adam", "adamw"])
+    pl.set_defaults(func=cmd_plan)
+
+    b = sub.add_parser("bench", help="median step time and peak per memory spec")
+    common(b, 64)
+    b.add_argument("--classes", type=int, default=10)
+    b.add_argument("--memory", nargs="+", default=["none"])
+    b.add_argument("--steps", type=int, default=20)
+    b.add_argument("--warmup", type=int, default=3)
+    b.add_argument("--compare-torch", action="store_true")
+    b.add_argument("--seed", type=int, default=0)
+    b.set_defaults(func=cmd_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .memory.pool import DeviceOutOfMemory
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except UsageError as e:
+        print(f"minidl: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except DeviceOutOfMemory as e:
+        print(f"minidl: device out of memory\n{e}", file=sys.stderr)
+        return EXIT_OOM
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""An equivalent PyTorch module for a minidl network (benchmarks and reference tests only).
+
+PyTorch is never a dependency of minidl: this module imports it lazily and is used by
+``minidl bench --compare-torch`` and by tests that compare against PyTorch when it is installed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .graph import Network
+
+
+def _module_for(layer: Any, torch: Any) -> Any:
+    nn = torch.nn
+    kind = type(layer).__name__
+    g = lambda name, default=None: getattr(layer, name, default)  # noqa: E731
+    if kind == "Conv2d":
+        return nn.Conv2d(g("in_channels"), g("out_channels"), g("kernel_size"), g("stride"),
+                         g("padding"), g("dilation"), g("groups"), bias=bool(g("has_bias", g("bias"))))
+    if kind == "Linear":
+        return nn.Linear(g("in_features"), g("out_features"), bias=bool(g("bias")))
+    if kind in ("BatchNorm1d", "BatchNorm2d"):
+        return getattr(nn, kind)(g("num_features"), eps=g("eps"), momentum=g("momentum"),
+                                 affine=g("affine"), track_running_stats=g("track_running_stats"))
+    if kind == "MaxPool2d":
+        return nn.MaxPool2d(g("kernel_size"), g("stride"), g("padding"))
+    if kind == "AvgPool2d":
+        return nn.AvgPool2d(g("kernel_size"), g("stride"), g("padding"))
+    if kind == "ReLU":
+        return nn.ReLU()
+    if kind == "LeakyReLU":
+        return nn.LeakyReLU(g("negative_slope"))
+    if kind == "Sigmoid":
+        return nn.Sigmoid()
+    if kind == "Tanh":
+        return nn.Tanh()
+    if kind == "Dropout":
+        return nn.Dropout(g("p"))
+    if kind == "Flatten":
+        return nn.Flatten(g("start_dim", 1), g("end_dim", -1))
+    if kind == "Embedding":
+        return nn.Embedding(g("num_embeddings"), g("embedding_dim"))
+    if kind in ("Add", "Concat", "GlobalAvgPool2d"):
+        return None
+    raise NotImplementedError(f"no PyTorch equivalent for layer {kind}")
+
+
+def to_torch(net: Network) -> Any:
+    """A ``torch.nn.Module`` computing the same function as ``net``, with its weights copied."""
+    import torch
+
+    class GraphModule(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mods = torch.nn.ModuleDict()
+            self.plan: list[tuple[str, str, Any, list[int], int]] = []
+            for node in net.nodes:
+                key = node.name.replace(".", "_")
+                m = _module_for(node.layer, torch)
+                if m is not None:
+                    self.mods[key] = m
+                    with torch.no_grad():
+                        for pname, p in net.layer_params(node.name).items():
+                            getattr(m, pname).copy_(torch.from_numpy(np.asarray(p.data)))
+                self.plan.append((key, type(node.layer).__name__, node.layer, node.in_values,
+                                  node.out_values[0]))
+            self.n_values = len(net.values)
+            self.out_values = list(net.output_values)
+
+        def forward(self, *xs: Any) -> Any:
+            vals: list[Any] = [None] * self.n_values
+            for i, x in enumerate(xs):
+                vals[i] = x
+            for key, kind, layer, ins, out in self.plan:
+                args = [vals[v] for v in ins]
+                if kind == "Add":
+                    y = args[0]
+                    for a in args[1:]:
+                        y = y + a
+                elif kind == "Concat":
+                    y = torch.cat(args, dim=layer.axis)
+                elif kind == "GlobalAvgPool2d":
+                    y = args[0].mean(dim=(2, 3))
+                else:
+                    y = self.mods[key](*args)
+                vals[out] = y
+            outs = [vals[v] for v in self.out_values]
+            return outs[0] if len(outs) == 1 else tuple(outs)
+
+    return GraphModule()

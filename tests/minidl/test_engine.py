@@ -1,0 +1,214 @@
+"""The engine end to end: graph building, lowering, execution, dry runs, checkpoints, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import minidl
+from minidl import layers as L
+from minidl.optim import SGD
+
+
+def _residual_concat_net(dtype="float64", seed=0):
+    """Two inputs, fan-out, add and concat; smooth activations so finite differences are exact."""
+    x = minidl.Input((6,), dtype=dtype, name="x")
+    z = minidl.Input((3,), dtype=dtype, name="z")
+    a = L.Linear(6, 5)(x)
+    b = L.Tanh()(a)
+    c = L.Linear(5, 5)(b)
+    s = L.Add()(b, c)  # b fans out to c, s and d
+    d = L.Concat(axis=1)(s, b, z)
+    e = L.Sigmoid()(L.Linear(13, 4)(d))
+    out = L.Linear(4, 3)(e)
+    return minidl.Network([x, z], out, seed=seed, dtype=dtype)
+
+
+def _finite_difference_check(trainer, feeds, y, eps=1e-6, tol=1e-6):
+    loss = trainer.compute_gradients(feeds, y)
+    assert np.isfinite(loss)
+    for name, p in trainer.net.named_parameters():
+        analytic = np.array(p.grad, copy=True)
+        numeric = np.zeros_like(analytic)
+        flat = p.data.reshape(-1)
+        for i in range(flat.size):
+            old = flat[i]
+            flat[i] = old + eps
+            lp = trainer.compute_gradients(feeds, y)
+            flat[i] = old - eps
+            lm = trainer.compute_gradients(feeds, y)
+            flat[i] = old
+            numeric.reshape(-1)[i] = (lp - lm) / (2 * eps)
+        np.testing.assert_allclose(analytic, numeric, rtol=tol, atol=tol, err_msg=name)
+
+
+class _MultiInputTrainer(minidl.Trainer):
+    """Feeds several network inputs (the Trainer API takes one input array)."""
+
+    def compute_gradients(self, feeds, y):
+        c = self.engine.compiled([f.shape for f in feeds], tuple(y.shape), True)
+        loss, _ = c.executor.run([*feeds, y], training=True, seed=self.seed)
+        return loss
+
+
+def test_whole_network_gradient_check_with_fanout_add_concat_and_two_inputs():
+    net = _residual_concat_net()
+    tr = _MultiInputTrainer(net, SGD(net.parameters(), lr=0.0), device_memory="4MiB")
+    rng = np.random.default_rng(1)
+    feeds = [rng.standard_normal((4, 6)), rng.standard_normal((4, 3))]
+    y = rng.integers(0, 3, 4)
+    _finite_difference_check(tr, feeds, y)
+
+
+def test_parameters_use_pytorch_names_and_layouts():
+    net = minidl.Sequential([L.Flatten(), L.Linear(64, 16), L.ReLU(), L.Linear(16, 10)],
+                            input_shape=(1, 8, 8))
+    names = [n for n, _ in net.named_parameters()]
+    assert names == ["1.weight", "1.bias", "3.weight", "3.bias"]
+    assert dict(net.named_parameters())["1.weight"].shape == (16, 64)
+    sd = net.state_dict()
+    sd["1.bias"] = np.full(16, 0.5, np.float32)
+    net.load_state_dict(sd)
+    assert np.all(dict(net.named_parameters())["1.bias"].data == 0.5)
+    with pytest.raises(ValueError, match="1.weight"):
+        net.load_state_dict({**sd, "1.weight": np.zeros((3, 3), np.float32)})
+    with pytest.raises(KeyError, match="missing"):
+        net.load_state_dict({"1.weight": sd["1.weight"]})
+
+
+def test_shape_mismatch_names_layer_and_shapes():
+    net = minidl.Sequential([L.Flatten(), L.Linear(10, 5)])
+    with pytest.raises(minidl.ShapeError, match=r"1.*10.*64|1.*64.*10"):
+        net.infer([(2, 1, 8, 8)])
+    net2 = minidl.Sequential([L.Flatten(), L.Linear(64, 5)], input_shape=(1, 8, 8))
+    with pytest.raises(minidl.ShapeError, match=r"\(1, 8, 8\).*\(1, 9, 9\)"):
+        net2.infer([(2, 1, 9, 9)])
+
+
+def _mlp(seed=0):
+    return minidl.Sequential(
+        [L.Flatten(), L.Linear(64, 32), L.ReLU(), L.Dropout(0.2), L.Linear(32, 10)],
+        input_shape=(1, 8, 8), seed=seed)
+
+
+def _data(n=64, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((n, 1, 8, 8)).astype(np.float32), rng.integers(0, 10, n)
+
+
+def test_same_seed_same_losses_and_loss_decreases():
+    x, y = _data()
+    runs = []
+    for _ in range(2):
+        net = _mlp()
+        tr = minidl.Trainer(net, SGD(net.parameters(), lr=0.1, momentum=0.9),
+                            device_memory="8MiB")
+        runs.append([tr.step(x, y) for _ in range(15)])
+    assert runs[0] == runs[1]
+    assert runs[0][-1] < 0.5 * runs[0][0]
+
+
+def test_save_load_continue_is_bit_identical(tmp_path):
+    x, y = _data()
+    net = _mlp()
+    tr = minidl.Trainer(net, SGD(net.parameters(), lr=0.05, momentum=0.9), device_memory="8MiB")
+    straight = [tr.step(x, y) for _ in range(6)]
+
+    net = _mlp()
+    tr = minidl.Trainer(net, SGD(net.parameters(), lr=0.05, momentum=0.9), device_memory="8MiB")
+    first = [tr.step(x, y) for _ in range(3)]
+    path = tmp_path / "ckpt.npz"
+    tr.save(path)
+    net2 = _mlp(seed=123)  # different init: everything must come from the checkpoint
+    tr2 = minidl.Trainer(net2, SGD(net2.parameters(), lr=0.05, momentum=0.9),
+                         device_memory="8MiB")
+    tr2.load(path)
+    resumed = first + [tr2.step(x, y) for _ in range(3)]
+    assert resumed == straight
+
+
+def test_dry_run_peak_equals_real_run_peak():
+    from minidl.models import lenet5
+
+    x, y = _data(32)
+    for make, shape in [(_mlp, (1, 8, 8)), (lambda: lenet5((1, 8, 8)), (1, 8, 8))]:
+        rep = minidl.dry_run(make(), 32, "none", input_shape=shape)
+        net = make()
+        tr = minidl.Trainer(net, SGD(net.parameters(), lr=0.01, momentum=0.9),
+                            device_memory="16MiB")
+        tr.step(x, y)
+        assert tr.memory_report()["peak_allocated_bytes"] == rep["peak_allocated_bytes"]
+        assert tr.memory_report()["peak_reserved_bytes"] == rep["peak_reserved_bytes"]
+        assert rep["lower_bound_bytes"] <= rep["peak_allocated_bytes"]
+
+
+def test_bad_inputs_raise_clear_errors():
+    net = _mlp()
+    tr = minidl.Trainer(net, device_memory="8MiB")
+    x, y = _data(8)
+    with pytest.raises(minidl.ShapeError, match="per-sample shape"):
+        tr.step(np.zeros((8, 1, 9, 9), np.float32), y)
+    with pytest.raises(TypeError, match="float"):
+        tr.step(x.astype(bool), y)
+    bad = x.copy()
+    bad[0, 0, 0, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        tr.step(bad, y)
+    with pytest.raises(ValueError, match="labels"):
+        tr.step(x, y[:4])
+    with pytest.raises(IndexError):
+        tr.step(x, np.full(8, 11))
+
+
+def test_non_finite_loss_names_the_layer():
+    net = _mlp()
+    w = dict(net.named_parameters())["1.weight"]
+    w.data[...] = 3e38
+    tr = minidl.Trainer(net, device_memory="8MiB")
+    x, y = _data(8)
+    with pytest.raises(minidl.NonFiniteError, match=r"layer 1 \(Linear"):
+        tr.step(np.abs(x) + 1, y)
+
+
+def test_device_memory_too_small_raises_and_leaves_pool_clean():
+    net = _mlp()
+    tr = minidl.Trainer(net, device_memory="40KiB")
+    before = tr.pool.stats()["allocated_bytes.current"]
+    x, y = _data(64)
+    with pytest.raises(minidl.DeviceOutOfMemory) as err:
+        tr.step(x, y)
+    assert "cannot allocate" in str(err.value) and "capacity" in str(err.value)
+    assert tr.pool.stats()["allocated_bytes.current"] == before
+    assert tr.pool.stats()["num_ooms"] == 1
+    tr.pool.check_invariants()
+
+
+def test_unknown_memory_flag_lists_valid_flags():
+    with pytest.raises(ValueError, match="valid: .*none"):
+        minidl.MemoryConfig.parse("reuse,bogus")
+
+
+def test_eval_mode_is_deterministic_and_does_not_touch_running_stats():
+    net = minidl.Sequential([L.Flatten(), L.Linear(64, 16), L.BatchNorm1d(16), L.ReLU(),
+                             L.Dropout(0.5), L.Linear(16, 10)], input_shape=(1, 8, 8))
+    tr = minidl.Trainer(net, device_memory="8MiB")
+    x, y = _data(32)
+    tr.step(x, y)
+    rm = np.array(dict(net.named_parameters(True))["2.running_mean"].data)
+    a = tr.predict(x)
+    b = tr.predict(x)
+    assert np.array_equal(a, b)
+    np.testing.assert_array_equal(dict(net.named_parameters(True))["2.running_mean"].data, rm)
+    loss, acc = tr.evaluate(x, y)
+    assert np.isfinite(loss) and 0 <= acc <= 1
+
+
+def test_close_moves_parameters_back_to_host():
+    net = _mlp()
+    tr = minidl.Trainer(net, device_memory="8MiB")
+    x, y = _data(8)
+    tr.step(x, y)
+    w = np.array(net.parameters()[0].data)
+    tr.close()
+    assert tr.pool.stats()["allocated_bytes.current"] == 0
+    np.testing.assert_array_equal(net.parameters()[0].data, w)
