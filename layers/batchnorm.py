@@ -1,0 +1,173 @@
+"""BatchNorm1d / BatchNorm2d with PyTorch's parameters, buffers and running-statistics rules."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..kernels import batchnorm as bnk
+from .base import Layer, ParamSpec
+
+
+class _BatchNorm(Layer):
+    """Normalises each channel (axis 1) over the batch and all trailing axes.
+
+    Training (or ``track_running_stats=False``): batch mean and biased variance normalise;
+    running stats are updated as PyTorch (``(1 - momentum) * running + momentum * batch``,
+    unbiased variance) unless ``ctx.recomputing``. Eval: the running statistics.
+
+    Stash: ``mean`` and ``invstd`` (C,) in the compute dtype, of whichever statistics forward
+    used. Backward retains only the input and rebuilds x_hat from it. ``inplace_forward`` is
+    False because training needs the input; in eval mode in-place would be valid (the flag is
+    static). ``inplace_backward`` is True: the gradient kernel reads dy before writing dx.
+    ``momentum=None`` (cumulative average) and the ``num_batches_tracked`` buffer are not
+    supported.
+    """
+
+    kind = "bn"
+    retain_inputs = (0,)
+    inplace_backward = True
+    _ranks: tuple[int, ...] = ()
+    _layout = ""
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1,
+                 affine: bool = True, track_running_stats: bool = True) -> None:
+        super().__init__()
+        if num_features < 1:
+            raise ValueError(f"num_features must be positive, got {num_features}")
+        if momentum is None or not 0.0 <= momentum <= 1.0:
+            raise ValueError(f"momentum must be a number in [0, 1], got {momentum}")
+        self.num_features = int(num_features)
+        self.eps = float(eps)
+        self.momentum = float(momentum)
+        self.affine = bool(affine)
+        self.track_running_stats = bool(track_running_stats)
+
+    # ----------------------------------------------------------------- declarations
+    def output_shapes(self, in_shapes):
+        (s,) = in_shapes
+        s = tuple(s)
+        if len(s) not in self._ranks or s[1] != self.num_features:
+            raise self.shape_error(self._layout.format(C=self.num_features), s)
+        return [s]
+
+    def param_specs(self):
+        c = (self.num_features,)
+        specs = {}
+        if self.affine:
+            specs["weight"] = ParamSpec(c, "ones")
+            specs["bias"] = ParamSpec(c, "zeros")
+        if self.track_running_stats:
+            specs["running_mean"] = ParamSpec(c, "zeros", trainable=False)
+            specs["running_var"] = ParamSpec(c, "ones", trainable=False)
+        return specs
+
+    def stash_specs(self, in_shapes, dtype):
+        c = (self.num_features,)
+        return {"mean": (c, np.dtype(dtype)), "invstd": (c, np.dtype(dtype))}
+
+    def flops(self, in_shapes):
+        return 4 * math.prod(in_shapes[0])  # stats (2 passes) + normalise and scale-shift
+
+    # ----------------------------------------------------------------- compute
+    @staticmethod
+    def _view3(a: np.ndarray) -> np.ndarray:
+        """(N, C, ...) as (N, C, S); a view for contiguous arrays (the pool's are)."""
+        v = a.reshape(a.shape[0], a.shape[1], -1)
+        if not np.may_share_memory(v, a) and a.size:
+            raise ValueError("BatchNorm needs C-contiguous arrays")
+        return v
+
+    def _batch_stats(self, ctx) -> bool:
+        return ctx.training or not self.track_running_stats
+
+    def _scale_shift(self, params, invstd, dtype):
+        if self.affine:
+            return params["weight"] * invstd, params["bias"]
+        return invstd, np.zeros(self.num_features, dtype)
+
+    def forward(self, ctx, inputs, outputs, params, stash, workspace) -> None:
+        x = self._view3(inputs[0])
+        y = self._view3(outputs[0])
+        dt = x.dtype
+        mean, invstd = stash["mean"], stash["invstd"]
+        if self._batch_stats(ctx):
+            count = x.shape[0] * x.shape[2]
+            if ctx.training and count < 2:
+                raise ValueError(
+                    f"layer {self.name or type(self).__name__} ({self.describe()}): expected "
+                    f"more than 1 value per channel when training, got input {inputs[0].shape}"
+                )
+            m64 = np.empty(self.num_features)
+            v64 = np.empty(self.num_features)
+            bnk.stats(x, m64, v64)
+            mean[...] = m64
+            invstd[...] = 1.0 / np.sqrt(v64 + self.eps)
+            if ctx.training and self.track_running_stats and not ctx.recomputing:
+                mom = self.momentum
+                rm, rv = params["running_mean"], params["running_var"]
+                rm[...] = (1.0 - mom) * rm + mom * m64
+                rv[...] = (1.0 - mom) * rv + mom * v64 * (count / (count - 1))
+        else:
+            mean[...] = params["running_mean"]
+            invstd[...] = 1.0 / np.sqrt(params["running_var"].astype(np.float64) + self.eps)
+        scale, shift = self._scale_shift(params, invstd, dt)
+        bnk.apply(x, mean, scale.astype(dt, copy=False), shift.astype(dt, copy=False), y)
+
+    def backward(self, ctx, grad_outputs, grad_inputs, inputs, outputs, params, grad_params,
+                 stash, workspace) -> None:
+        x = self._view3(inputs[0])
+        dy = self._view3(grad_outputs[0])
+        dt = x.dtype
+        mean, invstd = stash["mean"], stash["invstd"]
+        c = self.num_features
+        sum_dy = np.empty(c)
+        sum_dy_xmu = np.empty(c)
+        bnk.reduce(dy, x, mean, sum_dy, sum_dy_xmu)
+        inv64 = invstd.astype(np.float64)
+        dgamma = sum_dy_xmu * inv64
+        if self.affine:
+            if "weight" in grad_params:
+                grad_params["weight"][...] = dgamma
+            if "bias" in grad_params:
+                grad_params["bias"][...] = sum_dy
+        if grad_inputs[0] is None:
+            return
+        dx = self._view3(grad_inputs[0])
+        gamma = params["weight"].astype(np.float64) if self.affine else 1.0
+        k = gamma * inv64
+        if self._batch_stats(ctx):
+            count = x.shape[0] * x.shape[2]
+            shift = sum_dy / count
+            coef = inv64 * dgamma / count
+        else:  # running statistics are constants: dx = gamma * invstd * dy
+            shift = np.zeros(c)
+            coef = np.zeros(c)
+        bnk.backward_apply(dy, x, mean, np.asarray(k, dt), shift.astype(dt), coef.astype(dt), dx)
+
+    def describe(self) -> str:
+        extra = ""
+        if self.eps != 1e-5:
+            extra += f", eps={self.eps:g}"
+        if self.momentum != 0.1:
+            extra += f", momentum={self.momentum:g}"
+        if not self.affine:
+            extra += ", affine=False"
+        if not self.track_running_stats:
+            extra += ", track_running_stats=False"
+        return f"{type(self).__name__}({self.num_features}{extra})"
+
+
+class BatchNorm1d(_BatchNorm):
+    """Batch normalisation over (N, C) or (N, C, L) inputs."""
+
+    _ranks = (2, 3)
+    _layout = "(N, {C}) or (N, {C}, L)"
+
+
+class BatchNorm2d(_BatchNorm):
+    """Batch normalisation over (N, C, H, W) inputs."""
+
+    _ranks = (4,)
+    _layout = "(N, {C}, H, W)"
