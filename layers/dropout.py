@@ -1,0 +1,86 @@
+"""Dropout: inverted dropout with a reproducible mask derived only from ``ctx.seed``."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .base import Layer
+
+#: Uniform draws per chunk (bounds the forward workspace).
+_CHUNK = 1 << 16
+
+
+class Dropout(Layer):
+    """Training: y = x * mask / (1 - p), mask ~ Bernoulli(1 - p) drawn from
+    ``np.random.default_rng(ctx.seed)``, so a recomputed forward with the same seed replays the
+    same mask (the mask depends on the seed and the shape only, not on the dtype).
+    Eval: identity. ``p`` in [0, 1]; p = 1 zeroes everything (as PyTorch).
+
+    The mask is stashed as uint8 of the input's shape (always declared; written in eval too).
+    The forward workspace (``min(size, 65536)`` float64, provided by the engine) holds the
+    uniform draws chunk by chunk. Runs in place; retains no tensors.
+    """
+
+    kind = "dropout"
+    inplace_forward = True
+    inplace_backward = True
+
+    def __init__(self, p: float = 0.5) -> None:
+        super().__init__()
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+        self.p = float(p)
+
+    def stash_specs(self, in_shapes, dtype):
+        return {"mask": (tuple(in_shapes[0]), np.uint8)}
+
+    def forward_workspace_bytes(self, in_shapes, dtype):
+        return min(math.prod(in_shapes[0]), _CHUNK) * 8  # float64 draws
+
+    def forward(self, ctx, inputs, outputs, params, stash, workspace) -> None:
+        x, y, mask = inputs[0], outputs[0], stash["mask"]
+        p = self.p
+        if not ctx.training or p == 0.0:
+            mask.fill(1)
+            if not np.may_share_memory(x, y):
+                np.copyto(y, x)
+            return
+        if p == 1.0:
+            mask.fill(0)
+            y.fill(0)
+            return
+        if not (y.flags.c_contiguous and mask.flags.c_contiguous):
+            raise ValueError("Dropout writes C-contiguous output and mask arrays only")
+        rng = np.random.default_rng(ctx.seed)
+        xf, yf, mf = x.reshape(-1), y.reshape(-1), mask.reshape(-1)
+        n = xf.size
+        chunk = min(n, _CHUNK)
+        buf = workspace[: chunk * 8].view(np.float64) if n else None
+        scale = x.dtype.type(1.0 / (1.0 - p))
+        for lo in range(0, n, chunk):
+            hi = min(lo + chunk, n)
+            u = buf[: hi - lo]
+            rng.random(out=u)
+            np.greater_equal(u, p, out=mf[lo:hi])
+            np.multiply(xf[lo:hi], mf[lo:hi], out=yf[lo:hi])
+            yf[lo:hi] *= scale
+
+    def backward(self, ctx, grad_outputs, grad_inputs, inputs, outputs, params, grad_params,
+                 stash, workspace) -> None:
+        dy, dx = grad_outputs[0], grad_inputs[0]
+        if dx is None:
+            return
+        p = self.p
+        if not ctx.training or p == 0.0:
+            if dx is not dy:
+                np.copyto(dx, dy)
+        elif p == 1.0:
+            dx.fill(0)
+        else:
+            np.multiply(dy, stash["mask"], out=dx)
+            dx *= dx.dtype.type(1.0 / (1.0 - p))
+
+    def describe(self) -> str:
+        return f"Dropout(p={self.p:g})"
