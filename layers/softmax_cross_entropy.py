@@ -1,0 +1,125 @@
+"""SoftmaxCrossEntropy: mean cross-entropy of softmax(logits) against integer class targets."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .base import Layer
+
+#: Elements per chunk of the forward pass (bounds its workspace).
+_CHUNK = 1 << 16
+
+
+class SoftmaxCrossEntropy(Layer):
+    """Inputs: logits (N, K) or (N, ..., K) (classes on the *last* axis) and integer targets
+    of the leading shape (N,) or (N, ...); output: the scalar mean loss over all N*... rows.
+    ``label_smoothing`` as PyTorch: the target distribution is (1 - eps) * onehot + eps / K.
+
+    Memory: backward retains the logits and targets (no stashed probabilities): the forward
+    computes log-sum-exp chunk by chunk in a workspace of about 65536 elements (provided by the
+    engine) and backward rebuilds the softmax directly in the gradient array, so the layer
+    never holds a second logits-sized array.
+    """
+
+    kind = "loss"
+    num_inputs = 2
+    retain_inputs = (0, 1)
+    nondiff_inputs = (1,)
+
+    def __init__(self, label_smoothing: float = 0.0) -> None:
+        super().__init__()
+        if not 0.0 <= label_smoothing <= 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+        self.label_smoothing = float(label_smoothing)
+
+    def output_shapes(self, in_shapes):
+        logits, target = (tuple(s) for s in in_shapes)
+        if len(logits) < 2 or logits[-1] < 1:
+            raise self.shape_error("logits (N, ..., K)", logits)
+        if target != logits[:-1]:
+            raise self.shape_error(f"targets of shape {logits[:-1]} for logits {logits}", target)
+        return [()]
+
+    def output_dtypes(self, in_dtypes):
+        t = np.dtype(in_dtypes[1])
+        if t.kind not in "iu":
+            raise TypeError(
+                f"layer {self.name or 'SoftmaxCrossEntropy'} takes integer class targets, "
+                f"got dtype {t}"
+            )
+        return [np.dtype(in_dtypes[0])]
+
+    def flops(self, in_shapes):
+        return 5 * math.prod(in_shapes[0])
+
+    def _rows_per_chunk(self, in_shapes) -> int:
+        k = in_shapes[0][-1]
+        rows = math.prod(in_shapes[0][:-1])
+        return max(1, min(rows, _CHUNK // k))
+
+    def forward_workspace_bytes(self, in_shapes, dtype):
+        return self._rows_per_chunk(in_shapes) * in_shapes[0][-1] * np.dtype(dtype).itemsize
+
+    def _check_targets(self, t: np.ndarray, k: int) -> None:
+        if t.dtype.kind not in "iu":
+            raise TypeError(f"{self.describe()} takes integer class targets, got {t.dtype}")
+        if t.size == 0:
+            return
+        lo, hi = int(t.min()), int(t.max())
+        if lo < 0 or hi >= k:
+            raise IndexError(
+                f"layer {self.name or 'SoftmaxCrossEntropy'} ({self.describe()}): target "
+                f"{lo if lo < 0 else hi} out of range for {k} classes"
+            )
+
+    def forward(self, ctx, inputs, outputs, params, stash, workspace) -> None:
+        k = inputs[0].shape[-1]
+        x = inputs[0].reshape(-1, k)
+        t = inputs[1].reshape(-1)
+        self._check_targets(t, k)
+        m = x.shape[0]
+        eps = self.label_smoothing
+        rows = self._rows_per_chunk([inputs[0].shape])
+        buf = workspace[: rows * k * x.dtype.itemsize].view(x.dtype).reshape(rows, k)
+        total = 0.0
+        for lo in range(0, m, rows):
+            xc, tc = x[lo:lo + rows], t[lo:lo + rows]
+            b = buf[: xc.shape[0]]
+            mx = xc.max(axis=1)
+            np.subtract(xc, mx[:, None], out=b)
+            np.exp(b, out=b)
+            lse = np.log(b.sum(axis=1)) + mx
+            nll = lse - xc[np.arange(xc.shape[0]), tc]
+            if eps:
+                nll = (1.0 - eps) * nll + eps * (lse - xc.mean(axis=1))
+            total += float(nll.sum(dtype=np.float64))
+        outputs[0][...] = total / m if m else np.nan
+
+    def backward(self, ctx, grad_outputs, grad_inputs, inputs, outputs, params, grad_params,
+                 stash, workspace) -> None:
+        dx = grad_inputs[0]
+        if dx is None:
+            return
+        k = inputs[0].shape[-1]
+        x = inputs[0].reshape(-1, k)
+        t = inputs[1].reshape(-1)
+        d = dx.reshape(-1, k)
+        if not np.may_share_memory(d, dx):
+            raise ValueError("SoftmaxCrossEntropy writes a C-contiguous gradient array only")
+        m = x.shape[0]
+        eps = self.label_smoothing
+        scale = grad_outputs[0] * (1.0 / max(m, 1))  # 0-d, in the logits dtype
+        # softmax rebuilt in place in d: exp(x - max) / sum, times the upstream scale
+        np.subtract(x, x.max(axis=1)[:, None], out=d)
+        np.exp(d, out=d)
+        d *= (scale / d.sum(axis=1))[:, None]
+        if eps:
+            d -= scale * (eps / k)
+        d[np.arange(m), t] -= scale * (1.0 - eps)
+
+    def describe(self) -> str:
+        if self.label_smoothing:
+            return f"SoftmaxCrossEntropy(label_smoothing={self.label_smoothing:g})"
+        return "SoftmaxCrossEntropy()"
