@@ -7,10 +7,17 @@ from dataclasses import dataclass, field
 #: Known flags: name -> (allowed values or None for a bare flag, one-line description).
 FLAGS: dict[str, tuple[tuple[str, ...] | None, str]] = {
     "none": (None, "network-wide allocation: every feature and gradient map lives all iteration"),
+    "reuse": (None, "liveness: free each tensor after its last use; input gradients over "
+                    "output gradients within a layer (Layrub)"),
+    "inplace": (None, "outputs written over dead inputs where the op allows (ReLU, Add, ...)"),
+    "static": (None, "offsets planned ahead from lifetimes: no run-time search, no "
+                     "fragmentation"),
 }
 
 #: Presets: name -> the spec they expand to.
-PRESETS: dict[str, str] = {}
+PRESETS: dict[str, str] = {
+    "layrub": "reuse,inplace",
+}
 
 
 def valid_flags_text() -> str:

@@ -46,6 +46,9 @@ class Plan:
     aliases: dict[int, int] = field(default_factory=dict)
     spec: str = "none"
     notes: list[str] = field(default_factory=list)
+    #: For static plans: bytes of the planned arena above ``static_base`` (else -1).
+    static_arena: int = -1
+    static_base: int = -1
 
     def actions(self):
         """Every action in execution order, as (position, action); position -1 is ``begin``,

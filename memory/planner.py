@@ -1,15 +1,32 @@
-"""From a program and a memory spec to a plan: each flag's module rewrites the plan in turn."""
+"""From a program and a memory spec to a plan: each flag's module contributes in turn."""
 
 from __future__ import annotations
 
 from .config import MemoryConfig
-from .network_wide import network_wide_plan
+from .inplace import inplace_aliases
+from .liveness import liveness_plan
+from .network_wide import network_wide_keep
 from .plan import Plan
 from .program import Program
+from .reuse import intra_layer_aliases
+from .static_plan import static_plan
 
 
 def make_plan(program: Program, config: MemoryConfig) -> Plan:
-    """The plan for ``program`` under ``config`` (a pure function of both)."""
-    plan = network_wide_plan(program)
+    """The plan for ``program`` under ``config`` (a pure function of both).
+
+    ``none`` keeps every tensor to the end of the iteration; ``reuse`` frees each after its
+    last use and shares gradient blocks within layers; ``inplace`` shares forward outputs with
+    dead inputs; ``static`` fixes every block's offset ahead of time.
+    """
+    keep = None if config.has("reuse") else network_wide_keep(program)
+    aliases: dict[int, int] = {}
+    if config.has("inplace"):
+        aliases = inplace_aliases(program, aliases)
+    if config.has("reuse"):
+        aliases = intra_layer_aliases(program, aliases)
+    plan = liveness_plan(program, aliases, keep)
+    if config.has("static"):
+        plan = static_plan(plan, base=program.persistent_bytes())
     plan.spec = config.spec
     return plan

@@ -61,6 +61,9 @@ class StepSpec:
     writes: tuple[int, ...]
     workspace: int = -1  # tensor id of this step's workspace, or -1
     flops: int = 0
+    #: (written, read) tensor pairs the op allows to share one block: an in-place forward
+    #: (output over input) or an in-place backward (input gradient over output gradient).
+    shares: tuple[tuple[int, int], ...] = ()
 
     @property
     def label(self) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from .plan import Action, Plan
+from .pool import PlacementError
 from .program import Program, aligned
 
 
@@ -32,6 +33,7 @@ class MemoryRuntime:
         self.peak_bytes = -1
         self.peak_position = -1
         self.peak_live: list[int] = []
+        self.fallbacks: list[str] = []
 
     # ------------------------------------------------------------------ actions
     def apply(self, action: Action) -> None:
@@ -50,8 +52,17 @@ class MemoryRuntime:
             blk = self.blocks[root]
             self.arrays[tid] = blk.view(t.shape, np.dtype(t.dtype))
             return
-        kwargs = {"offset": offset} if offset >= 0 else {}
-        blk = self.pool.allocate(aligned(t.nbytes), tag=t.name, category=t.category, **kwargs)
+        if offset >= 0:
+            try:
+                blk = self.pool.allocate(aligned(t.nbytes), tag=t.name, category=t.category,
+                                         offset=offset)
+            except PlacementError as e:
+                # the planned offset is taken (something else lives in the pool): say so once
+                # and fall back to the pool's own placement for this block
+                self.fallbacks.append(f"{t.name}: {e}")
+                blk = self.pool.allocate(aligned(t.nbytes), tag=t.name, category=t.category)
+        else:
+            blk = self.pool.allocate(aligned(t.nbytes), tag=t.name, category=t.category)
         self.blocks[tid] = blk
         self.arrays[tid] = blk.view(t.shape, np.dtype(t.dtype))
         current = self.pool.allocated_bytes

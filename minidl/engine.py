@@ -131,8 +131,9 @@ class Engine:
             lowered = lower(self.net, list(batch_shapes), loss=self.loss, label_shape=label_shape,
                             label_dtype=label_dtype, training=training,
                             opt_state=self.opt_state_specs)
-            plan = make_plan(lowered.program, self.config if training else MemoryConfig.parse(
-                "none"))
+            # inference has no backward: free every tensor after its last use
+            plan = make_plan(lowered.program,
+                             self.config if training else MemoryConfig.parse("reuse,inplace"))
             c = Compiled(lowered, plan, Executor(lowered, plan, self.pool, compute=self.compute))
             self._cache[key] = c
         return c
@@ -146,7 +147,8 @@ class Engine:
             raise RuntimeError("no iteration has run yet")
         by_cat: dict[str, int] = {}
         live: list[tuple[str, str, int]] = []
-        tids = [t.id for t in prog.persistent] + [t for t in rt.peak_live if t not in c.plan.aliases]
+        tids = [t.id for t in prog.persistent]
+        tids += [t for t in rt.peak_live if t not in c.plan.aliases]
         for tid in tids:
             t = prog.tensors[tid]
             size = aligned(t.nbytes)

@@ -198,7 +198,8 @@ class Network:
         Raises :class:`ShapeError` naming the input or layer and both shapes on a mismatch.
         """
         if len(batch_shapes) != len(self.inputs):
-            raise ShapeError(f"{self.name} takes {len(self.inputs)} input(s), got {len(batch_shapes)}")
+            raise ShapeError(
+                f"{self.name} takes {len(self.inputs)} input(s), got {len(batch_shapes)}")
         shapes: list[Shape | None] = [None] * len(self.values)
         dtypes: list[np.dtype | None] = [None] * len(self.values)
         for k, (sym, shp) in enumerate(zip(self.inputs, batch_shapes)):
@@ -233,7 +234,8 @@ class Network:
             shapes, _ = self.infer(batch_shapes)
         lines = [f"{'layer':<16}{'type':<36}{'output':<22}{'params':>10}"]
         for node in self.nodes:
-            n = sum(int(np.prod(p.shape)) for p in self._params[node.name].values() if p.trainable)
+            params = self._params[node.name].values()
+            n = sum(int(np.prod(p.shape)) for p in params if p.trainable)
             out = str(shapes[node.out_values[0]]) if shapes else ""
             lines.append(f"{node.name:<16}{node.layer.describe():<36}{out:<22}{n:>10,}")
         lines.append(f"total trainable parameters: {self.num_parameters():,}")

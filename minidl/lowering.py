@@ -83,7 +83,7 @@ def lower(
     param_t: dict[str, int] = {}
     grad_t: dict[str, int] = {}
     for node in net.nodes:
-        for pname, p in net.layer_params(node.name).items():
+        for p in net.layer_params(node.name).values():
             param_t[p.name] = b.add(p.name, p.shape, p.dtype, "parameter", "param", node.name,
                                     persistent=True)
     if training:
@@ -173,8 +173,10 @@ def lower(
         pt = [param_t[p.name] for p in node_params[i].values()]
         reads = tuple(val_t[v] for v in node_in[i]) + tuple(pt)
         writes = tuple(val_t[v] for v in node_out[i]) + tuple(st.values())
+        shares = ((val_t[node_out[i][0]], val_t[node_in[i][0]]),) if layer.inplace_forward \
+            else ()
         push(dict(phase="forward", layer=name, kind=layer.kind, node=i, reads=reads,
-                  writes=writes, workspace=ws, flops=int(layer.flops(in_shapes))),
+                  writes=writes, workspace=ws, flops=int(layer.flops(in_shapes)), shares=shares),
              ExecStep("forward", name, layer, i, [val_t[v] for v in node_in[i]],
                       [val_t[v] for v in node_out[i]], st, node_params[i], ws,
                       in_shapes=in_shapes))
@@ -229,9 +231,12 @@ def lower(
             ws_bytes = layer.backward_workspace_bytes(in_shapes, fdt)
             ws = b.add(f"{name}.bwd_ws", (ws_bytes,), "uint8", "workspace", "workspace", name) \
                 if ws_bytes > 0 else -1
+            shares = ()
+            if layer.inplace_backward and g_in and g_in[0] is not None and g_in[0][1] < 0:
+                shares = ((g_in[0][0], g_out[0]),)
             push(dict(phase="backward", layer=name, kind=layer.kind, node=i,
                       reads=tuple(dict.fromkeys(reads)), writes=tuple(dict.fromkeys(writes)),
-                      workspace=ws, flops=2 * int(layer.flops(in_shapes))),
+                      workspace=ws, flops=2 * int(layer.flops(in_shapes)), shares=shares),
                  ExecStep("backward", name, layer, i, [val_t[v] for v in node_in[i]],
                           [val_t[v] for v in node_out[i]], stash_t[i], node_params[i], ws,
                           grad_outputs=g_out, grad_inputs=g_in, grad_params=gp,

@@ -19,7 +19,8 @@ def _module_for(layer: Any, torch: Any) -> Any:
     g = lambda name, default=None: getattr(layer, name, default)  # noqa: E731
     if kind == "Conv2d":
         return nn.Conv2d(g("in_channels"), g("out_channels"), g("kernel_size"), g("stride"),
-                         g("padding"), g("dilation"), g("groups"), bias=bool(g("has_bias", g("bias"))))
+                         g("padding"), g("dilation"), g("groups"),
+                         bias=bool(g("has_bias", g("bias"))))
     if kind == "Linear":
         return nn.Linear(g("in_features"), g("out_features"), bias=bool(g("bias")))
     if kind in ("BatchNorm1d", "BatchNorm2d"):

@@ -1,0 +1,86 @@
+"""Liveness: for every tensor of a program, where it is defined and where it is last used.
+
+This is the analysis of Chen et al.'s memory sharing, Layrub's layer-wise reuse and
+SuperNeurons' liveness lists. It also builds the plan that frees each tensor (or group of
+tensors sharing one block, see ``aliases``) right after its last use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .plan import Action, Plan, StepPlan
+from .program import Program
+
+
+@dataclass(frozen=True)
+class Lifetime:
+    """``first`` and ``last`` are step indices (-1 for fed tensors, allocated before step 0).
+    ``backward_use`` is true when a backward step reads the tensor."""
+
+    tensor: int
+    first: int
+    last: int
+    backward_use: bool
+
+
+def lifetimes(program: Program) -> dict[int, Lifetime]:
+    """Lifetimes of every non-persistent tensor the program touches."""
+    first: dict[int, int] = {t: -1 for t in program.inputs}
+    last: dict[int, int] = {t: -1 for t in program.inputs}
+    bwd: set[int] = set()
+    for st in program.steps:
+        ids = list(st.reads) + list(st.writes)
+        if st.workspace >= 0:
+            ids.append(st.workspace)
+        for t in ids:
+            if program.tensors[t].persistent:
+                continue
+            first.setdefault(t, st.index)
+            last[t] = st.index
+            if st.phase == "backward" and t in st.reads:
+                bwd.add(t)
+    return {t: Lifetime(t, first[t], last[t], t in bwd) for t in first}
+
+
+def root_of(aliases: dict[int, int], t: int) -> int:
+    while t in aliases:
+        t = aliases[t]
+    return t
+
+
+def liveness_plan(program: Program, aliases: dict[int, int] | None = None,
+                  keep: set[int] | None = None) -> Plan:
+    """Allocate each block at its group's first use and free it after the group's last use.
+
+    ``aliases`` maps a tensor to the tensor whose memory it shares (in-place outputs and
+    gradients): the group lives from its first member's definition to its last member's use.
+    Tensors in ``keep`` live until the end of the iteration (as in the ``none`` baseline).
+    """
+    aliases = dict(aliases or {})
+    keep = keep or set()
+    life = lifetimes(program)
+    span: dict[int, list[int]] = {}
+    for t, lt in life.items():
+        r = root_of(aliases, t)
+        last = len(program.steps) if (t in keep or r in keep) else lt.last
+        if r in span:
+            span[r][0] = min(span[r][0], lt.first)
+            span[r][1] = max(span[r][1], last)
+        else:
+            span[r] = [lt.first, last]
+    steps = [StepPlan() for _ in program.steps]
+    begin: list[Action] = []
+    end: list[Action] = []
+    for r, (first, last) in sorted(span.items(), key=lambda kv: (kv[1][0], kv[0])):
+        (begin if first < 0 else steps[first].before).append(Action("alloc", r))
+        (end if last >= len(program.steps) or last < 0 else steps[last].after).append(
+            Action("free", r))
+    # aliased tensors get views at their own first use and drop them after their last use
+    for t in sorted(aliases):
+        lt = life.get(t)
+        if lt is None:
+            continue
+        steps[lt.first].before.append(Action("alloc", t))
+        steps[lt.last].after.insert(0, Action("free", t))
+    return Plan(program=program, steps=steps, begin=begin, end=end, aliases=aliases)
