@@ -1,6 +1,23 @@
 """minidl.layers: pure math with declared needs (one layer per file). Imports no framework code."""
 
+from .add import Add
 from .base import Context, Layer, ParamSpec, ShapeError, Symbol
+from .batchnorm import BatchNorm1d, BatchNorm2d
+from .concat import Concat
+from .dropout import Dropout
+from .embedding import Embedding
+from .flatten import Flatten
+from .global_avg_pool import GlobalAvgPool2d
+from .leaky_relu import LeakyReLU
+from .linear import Linear
+from .mse_loss import MSELoss
 from .relu import ReLU
+from .sigmoid import Sigmoid
+from .softmax_cross_entropy import SoftmaxCrossEntropy
+from .tanh import Tanh
 
-__all__ = ["Context", "Layer", "ParamSpec", "ShapeError", "Symbol", "ReLU"]
+__all__ = [
+    "Add", "BatchNorm1d", "BatchNorm2d", "Concat", "Context", "Dropout", "Embedding", "Flatten",
+    "GlobalAvgPool2d", "Layer", "LeakyReLU", "Linear", "MSELoss", "ParamSpec", "ReLU",
+    "ShapeError", "Sigmoid", "SoftmaxCrossEntropy", "Symbol", "Tanh",
+]

@@ -141,7 +141,8 @@ class Network:
             specs = node.layer.param_specs()
             self._params[node.name] = {
                 pname: Parameter(
-                    f"{node.name}.{pname}", spec.initial_value(rng, self.dtype), trainable=spec.trainable
+                    f"{node.name}.{pname}", spec.initial_value(rng, self.dtype),
+                    trainable=spec.trainable,
                 )
                 for pname, spec in specs.items()
             }
