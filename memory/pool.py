@@ -79,6 +79,10 @@ class DeviceOutOfMemory(MemoryError):
                  capacity: int, allocated: int, free: int, largest_free_block: int,
                  fragmentation: float, num_live: int,
                  largest_live: list[tuple[str, str, int]], offset: int | None = None) -> None:
+        self._kwargs = dict(requested=requested, nbytes=nbytes, tag=tag, category=category,
+                            device=device, capacity=capacity, allocated=allocated, free=free,
+                            largest_free_block=largest_free_block, fragmentation=fragmentation,
+                            num_live=num_live, largest_live=largest_live, offset=offset)
         self.requested = requested
         self.nbytes = nbytes
         self.tag = tag
@@ -111,6 +115,13 @@ class DeviceOutOfMemory(MemoryError):
         lines.append("  raise the device memory, lower the batch size, or enable a memory "
                      "strategy (reuse, swap, recompute, ...)")
         super().__init__("\n".join(lines))
+
+    def __reduce__(self) -> tuple:
+        return _rebuild_oom, (self._kwargs,)
+
+
+def _rebuild_oom(kwargs: dict[str, Any]) -> DeviceOutOfMemory:
+    return DeviceOutOfMemory(**kwargs)
 
 
 class Block:
@@ -418,7 +429,7 @@ class Pool:
         }
 
     def stats(self) -> dict[str, Any]:
-        """A flat dict of counters (PyTorch-style names); see the README of the pool for terms.
+        """A flat dict of counters with PyTorch-style names.
 
         ``allocated`` counts rounded sizes of live blocks; ``reserved`` is the highest end of
         any live block (the arena span the live blocks need); ``fragmentation`` is

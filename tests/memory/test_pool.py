@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import pickle
 
 import numpy as np
 import pytest
@@ -192,6 +193,8 @@ def test_oom_message_and_state_unchanged():
     assert err.fragmentation == pytest.approx(1 - 8 / 20)
     assert err.largest_live[0] == ("conv9.ws", "workspace", 12 * KiB)
     assert len(err.largest_live) == 5 and err.tag == "fc6.out" and err.category == "feature_map"
+    clone = pickle.loads(pickle.dumps(err))
+    assert str(clone) == msg and clone.largest_live == err.largest_live
     after = pool.stats()
     assert after.pop("num_ooms") == before_stats.pop("num_ooms") + 1
     assert after == before_stats
