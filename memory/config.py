@@ -12,11 +12,17 @@ FLAGS: dict[str, tuple[tuple[str, ...] | None, str]] = {
     "inplace": (None, "outputs written over dead inputs where the op allows (ReLU, Add, ...)"),
     "static": (None, "offsets planned ahead from lifetimes: no run-time search, no "
                      "fragmentation"),
+    "swap": (("conv", "all", "auto"), "offload feature maps to host in forward, prefetch them "
+                                      "ahead of use in backward (vDNN, Capuchin)"),
+    "cache": (None, "offloaded tensors stay on device while memory allows, LRU eviction "
+                    "(SuperNeurons)"),
 }
 
 #: Presets: name -> the spec they expand to.
 PRESETS: dict[str, str] = {
     "layrub": "reuse,inplace",
+    "vdnn": "reuse,swap=conv",
+    "vdnn-all": "reuse,swap=all",
 }
 
 

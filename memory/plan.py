@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 
 from .program import Program
 
-#: Memory actions the runtime understands. Later strategies add their own.
-ACTIONS = ("alloc", "free")
+#: Memory actions the runtime understands. ``offload`` / ``release`` / ``prefetch`` /
+#: ``await`` move a block to host memory and back (see :mod:`.swap`).
+ACTIONS = ("alloc", "free", "offload", "release", "prefetch", "await")
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,11 @@ class Plan:
     #: For static plans: bytes of the planned arena above ``static_base`` (else -1).
     static_arena: int = -1
     static_base: int = -1
+    #: Blocks the plan swaps to host, and whether released blocks stay cached on device.
+    swapped: list[int] = field(default_factory=list)
+    cache: bool = False
+    #: True once the plan was made from measured step times (``swap=auto``).
+    measured: bool = False
 
     def actions(self):
         """Every action in execution order, as (position, action); position -1 is ``begin``,
@@ -68,6 +74,7 @@ class Plan:
         prog = self.program
         live: set[int] = set()
         freed: set[int] = set()
+        away: set[int] = set()
 
         def root(t: int) -> int:
             while t in self.aliases:
@@ -84,6 +91,16 @@ class Plan:
                     raise AssertionError(f"{where}: tensor {a.tensor} freed while not live")
                 live.discard(a.tensor)
                 freed.add(a.tensor)
+            elif a.op == "offload":
+                if a.tensor not in live:
+                    raise AssertionError(f"{where}: offload of {a.tensor} while not live")
+                live.discard(a.tensor)
+                away.add(a.tensor)
+            elif a.op == "await":
+                if a.tensor not in away:
+                    raise AssertionError(f"{where}: await of {a.tensor} never offloaded")
+                away.discard(a.tensor)
+                live.add(a.tensor)
 
         for a in self.begin:
             apply(a, "begin")

@@ -16,18 +16,27 @@ from .plan import Action, Plan
 from .program import aligned
 
 
-def block_intervals(plan: Plan) -> dict[int, tuple[int, int, int]]:
-    """tensor -> (alloc time, free time, aligned size) over the plan's action sequence."""
-    start: dict[int, int] = {}
-    out: dict[int, tuple[int, int, int]] = {}
+#: Actions that put a block on the device, and those that take it off.
+_STARTS = ("alloc", "prefetch")
+_ENDS = ("free", "release")
+
+
+def block_intervals(plan: Plan) -> dict[tuple[int, int], tuple[int, int, int]]:
+    """(tensor, occurrence) -> (start time, end time, aligned size) over the plan's action
+    sequence. A swapped tensor has two occurrences: allocation to release, prefetch to free."""
+    start: dict[int, tuple[int, int]] = {}
+    count: dict[int, int] = {}
+    out: dict[tuple[int, int], tuple[int, int, int]] = {}
     for t, (_, a) in enumerate(plan.actions()):
         if a.tensor in plan.aliases:
             continue
-        if a.op == "alloc":
-            start[a.tensor] = t
-        elif a.op == "free":
-            size = aligned(plan.program.tensors[a.tensor].nbytes)
-            out[a.tensor] = (start.pop(a.tensor), t, size)
+        if a.op in _STARTS:
+            k = count.get(a.tensor, 0)
+            count[a.tensor] = k + 1
+            start[a.tensor] = (k, t)
+        elif a.op in _ENDS and a.tensor in start:
+            k, s = start.pop(a.tensor)
+            out[(a.tensor, k)] = (s, t, aligned(plan.program.tensors[a.tensor].nbytes))
     return out
 
 
@@ -63,6 +72,10 @@ def max_live_bytes(intervals: dict[int, tuple[int, int, int]]) -> int:
 def static_plan(plan: Plan, base: int) -> Plan:
     """A copy of ``plan`` whose allocations carry offsets (``Action.arg``), starting at
     ``base`` (the bytes of persistent state allocated below the iteration's blocks)."""
+    if plan.cache:
+        plan.notes.append("static: not applied with cache (what stays resident depends on "
+                          "memory pressure at run time): the pool places blocks itself")
+        return plan
     iv = block_intervals(plan)
     orders = [
         sorted(iv, key=lambda t: (-iv[t][2], iv[t][0])),
@@ -70,16 +83,25 @@ def static_plan(plan: Plan, base: int) -> Plan:
     ]
     offsets, top = min((_greedy(iv, o) for o in orders), key=lambda r: r[1])
 
-    def place(actions: list[Action]) -> list[Action]:
-        return [replace(a, arg=base + offsets[a.tensor]) if a.op == "alloc" and a.tensor in offsets
-                else a for a in actions]
+    seen: dict[int, int] = {}
 
-    steps = [replace(sp, before=place(sp.before), after=list(sp.after)) for sp in plan.steps]
+    def place(actions: list[Action]) -> list[Action]:
+        out = []
+        for a in actions:
+            if a.op in _STARTS and a.tensor not in plan.aliases:
+                k = seen.get(a.tensor, 0)
+                seen[a.tensor] = k + 1
+                a = replace(a, arg=base + offsets[(a.tensor, k)])
+            out.append(a)
+        return out
+
+    begin = place(plan.begin)
+    steps = [replace(sp, before=place(sp.before), after=place(sp.after)) for sp in plan.steps]
     best = max_live_bytes(iv)
     notes = plan.notes + [
         f"static: {len(offsets)} blocks at planned offsets, arena {top:,} B for iteration "
         f"tensors; the largest sum live at once is {best:,} B ({top / max(best, 1):.4f}x)"
     ]
-    return replace(plan, begin=place(plan.begin), steps=steps, end=list(plan.end), notes=notes,
+    return replace(plan, begin=begin, steps=steps, end=list(plan.end), notes=notes,
                    static_arena=top, static_base=base)
 

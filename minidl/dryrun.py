@@ -58,6 +58,8 @@ def dry_run(
     c = engine.compiled([batch], label_shape or (int(batch_size),), training=training)
     c.executor.run([None, None], training=training)
     info = engine.peak_info(c)
+    swap = c.executor.last_runtime.swap_stats.as_dict()
+    swap["host_peak_bytes"] = engine.host_pool.peak_bytes
     stats = pool.stats()
     prog = c.lowered.program
     return {
@@ -74,5 +76,7 @@ def dry_run(
         "live_at_peak": [{"tensor": n, "category": c_, "bytes": b} for n, c_, b in info.live[:top]],
         "num_steps": len(prog.steps),
         "num_tensors": len(prog.tensors),
+        "host_peak_bytes": engine.host_pool.peak_bytes,
+        "swap": swap if c.plan.swapped else {},
         "notes": list(c.plan.notes),
     }

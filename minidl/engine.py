@@ -17,6 +17,7 @@ from .graph import Network
 from .layers.base import Layer
 from .lowering import Lowered, lower
 from .memory.config import MemoryConfig
+from .memory.host_pool import HostPool
 from .memory.plan import Plan
 from .memory.planner import make_plan
 from .memory.program import aligned
@@ -52,9 +53,11 @@ class Engine:
         loss: Layer | None = None,
         optimizer: Any = None,
         bind: bool = True,
+        host_memory: int | None = None,
     ) -> None:
         self.net = net
         self.pool = pool
+        self.host_pool = HostPool(pool.device, host_memory)
         self.config = MemoryConfig.parse(memory)
         self.loss = loss
         self.optimizer = optimizer
@@ -134,9 +137,27 @@ class Engine:
             # inference has no backward: free every tensor after its last use
             plan = make_plan(lowered.program,
                              self.config if training else MemoryConfig.parse("reuse,inplace"))
-            c = Compiled(lowered, plan, Executor(lowered, plan, self.pool, compute=self.compute))
+            c = Compiled(lowered, plan, Executor(lowered, plan, self.pool, compute=self.compute,
+                                                 host_pool=self.host_pool,
+                                                 debug=getattr(self.pool, "debug", False)))
             self._cache[key] = c
         return c
+
+    def refine(self, c: Compiled) -> Compiled:
+        """After a measured iteration, re-plan what depends on measured step times
+        (``swap=auto``: Capuchin's choice of the tensors whose transfer hides under compute)."""
+        if self.config.get("swap") != "auto" or c.plan.measured:
+            return c
+        times = list(c.executor.step_times)
+        plan = make_plan(c.lowered.program, self.config, step_times=times)
+        plan.measured = True
+        new = Compiled(c.lowered, plan, Executor(c.lowered, plan, self.pool,
+                                                 compute=self.compute, host_pool=self.host_pool,
+                                                 debug=getattr(self.pool, "debug", False)))
+        for k, v in self._cache.items():
+            if v is c:
+                self._cache[k] = new
+        return new
 
     # ------------------------------------------------------------------ reports
     def peak_info(self, c: Compiled) -> PeakInfo:

@@ -29,10 +29,13 @@ class Executor:
     block exactly as in a real run, so the dry-run peak equals the real-run peak.
     """
 
-    def __init__(self, lowered: Lowered, plan: Plan, pool: Any, compute: bool = True) -> None:
+    def __init__(self, lowered: Lowered, plan: Plan, pool: Any, compute: bool = True,
+                 host_pool: Any = None, debug: bool = False) -> None:
         self.lowered = lowered
         self.plan = plan
         self.pool = pool
+        self.host_pool = host_pool
+        self.debug = debug
         self.compute = compute
         self.last_runtime: MemoryRuntime | None = None
         self.step_times = np.zeros(len(lowered.steps))
@@ -50,7 +53,8 @@ class Executor:
         """Run every step. Returns the loss (if the program has one) and, if asked, copies of
         the network outputs. On any error every block of the iteration is freed."""
         prog = self.lowered.program
-        rt = MemoryRuntime(self.pool, prog, self.plan)
+        rt = MemoryRuntime(self.pool, prog, self.plan, self.host_pool,
+                           poison_offloaded=self.debug)
         self.last_runtime = rt
         loss_value: float | None = None
         outputs: list[np.ndarray] = []

@@ -17,7 +17,7 @@ from .layers.base import Layer
 from .memory.config import MemoryConfig
 from .memory.device import make_device
 from .memory.pool import Pool
-from .memory.units import format_size
+from .memory.units import format_size, parse_size
 
 
 def _softmax_ce():
@@ -64,6 +64,7 @@ class Trainer:
         debug: bool = False,
         clip_grad_norm: float | None = None,
         scheduler: Any = None,
+        host_memory: int | str | None = None,
     ) -> None:
         self.net = net
         self.config = MemoryConfig.parse(memory)
@@ -75,7 +76,9 @@ class Trainer:
         self.clip_grad_norm = clip_grad_norm
         self.seed = int(seed)
         self.iteration = 0
-        self.engine = Engine(net, self.pool, self.config, self.loss_layer, self.optimizer)
+        self.engine = Engine(net, self.pool, self.config, self.loss_layer, self.optimizer,
+                             host_memory=None if host_memory is None else parse_size(host_memory))
+        self.swap_stats: dict[str, Any] = {}
         self.peak: PeakInfo | None = None
         self.step_times: list[float] = []
 
@@ -125,6 +128,11 @@ class Trainer:
         info = self.engine.peak_info(c)
         if self.peak is None or info.bytes > self.peak.bytes:
             self.peak = info
+        rt = c.executor.last_runtime
+        if c.plan.swapped:
+            self.swap_stats = rt.swap_stats.as_dict()
+            self.swap_stats["host_peak_bytes"] = self.engine.host_pool.peak_bytes
+        self.engine.refine(c)
         return float(loss) if loss is not None else float("nan")
 
     def step(self, x: Any, y: Any) -> float:
@@ -285,6 +293,8 @@ class Trainer:
             rep["breakdown"] = dict(sorted(self.peak.by_category.items(), key=lambda kv: -kv[1]))
             rep["largest_live"] = [
                 {"tensor": n, "category": c, "bytes": b} for n, c, b in self.peak.live[:5]]
+        if self.swap_stats:
+            rep["swap"] = dict(self.swap_stats)
         return rep
 
     def close(self) -> None:

@@ -1,0 +1,113 @@
+"""``swap=conv|all|auto``: offload feature maps to host during forward, prefetch them back ahead
+of their use in backward (vDNN, vDNN++, Capuchin).
+
+The pass rewrites a liveness plan. For each swapped block (a tensor with everything sharing its
+memory), with ``i`` its last forward use and ``j`` its first backward use:
+
+* ``offload`` after step ``i``: an asynchronous device→host copy on the copy engine;
+* ``release`` after step ``i + lag``: waits for that copy only then (it has usually finished
+  while step ``i + 1`` computed) and frees the device block — no barrier per layer, the
+  synchronisation vDNN++ removed; with ``cache`` the block stays resident until memory is
+  needed (SuperNeurons' tensor cache);
+* ``prefetch`` before step ``max(i + lag + 1, j - lookahead)``: allocate and start the
+  host→device copy;
+* ``await`` before step ``j``: compute waits only if the copy is not done (stall time).
+
+The release point is fixed by the plan, so the peak is deterministic and a meta dry run
+reaches exactly the peak of a real run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .liveness import lifetimes, root_of
+from .plan import Action, Plan
+from .program import Program
+
+#: Default bandwidth assumed for transfers before any is measured (bytes/s).
+DEFAULT_BANDWIDTH = 4e9
+
+
+@dataclass(frozen=True)
+class SwapCandidate:
+    root: int
+    last_forward: int
+    first_backward: int
+    nbytes: int
+
+
+def swap_candidates(program: Program, aliases: dict[int, int], mode: str) -> list[SwapCandidate]:
+    """Blocks holding feature maps that backward needs, with their forward/backward use.
+
+    ``mode`` ``conv``: only blocks read by a convolution's forward (vDNN_conv); ``all`` (and
+    ``auto``, which filters later): every such block (vDNN_all).
+    """
+    members: dict[int, list[int]] = {}
+    for t in lifetimes(program):
+        members.setdefault(root_of(aliases, t), []).append(t)
+    fwd_last: dict[int, int] = {}
+    bwd_first: dict[int, int] = {}
+    conv_input: set[int] = set()
+    for st in program.steps:
+        touched = set(st.reads) | set(st.writes)
+        for t in touched:
+            if program.tensors[t].persistent:
+                continue
+            r = root_of(aliases, t)
+            if st.phase == "forward":
+                fwd_last[r] = st.index
+                if st.kind == "conv" and t in st.reads:
+                    conv_input.add(r)
+            elif st.phase == "backward" and t in st.reads and r not in bwd_first:
+                bwd_first[r] = st.index
+    out = []
+    for r, ms in members.items():
+        spec = program.tensors[r]
+        if spec.role != "value" or spec.category not in ("feature_map", "input"):
+            continue
+        if r not in fwd_last or r not in bwd_first:
+            continue
+        if mode == "conv" and r not in conv_input:
+            continue
+        out.append(SwapCandidate(r, fwd_last[r], bwd_first[r], spec.nbytes))
+    return sorted(out, key=lambda c: c.last_forward)
+
+
+def hides_transfer(c: SwapCandidate, step_times: list[float], bandwidth: float) -> bool:
+    """Capuchin's rule: swap when the idle time between the tensor's forward and backward use
+    hides both transfers."""
+    idle = sum(step_times[c.last_forward + 1:c.first_backward])
+    return idle >= 2.0 * c.nbytes / bandwidth
+
+
+def swap_plan(plan: Plan, mode: str, lookahead: int = 2, lag: int = 1,
+              step_times: list[float] | None = None,
+              bandwidth: float = DEFAULT_BANDWIDTH) -> Plan:
+    """Insert offload / release / prefetch / await actions into ``plan`` (in place)."""
+    program = plan.program
+    chosen = []
+    measured = step_times is not None and len(step_times) == len(program.steps) \
+        and sum(step_times) > 0
+    base_mode = "conv" if mode == "auto" and not measured else mode
+    for c in swap_candidates(program, plan.aliases, "all" if base_mode == "auto" else base_mode):
+        if c.first_backward - c.last_forward < lag + 2:
+            continue  # no idle time to hide anything
+        if base_mode == "auto" and not hides_transfer(c, step_times, bandwidth):
+            continue
+        chosen.append(c)
+    for c in chosen:
+        release_at = c.last_forward + lag
+        fetch_at = max(release_at + 1, c.first_backward - lookahead)
+        plan.steps[c.last_forward].after.append(Action("offload", c.root))
+        plan.steps[release_at].after.append(Action("release", c.root))
+        plan.steps[fetch_at].before.append(Action("prefetch", c.root))
+        plan.steps[c.first_backward].before.append(Action("await", c.root))
+    swapped = sum(c.nbytes for c in chosen)
+    how = "measured step times" if measured else (
+        "no measurement yet: behaving as swap=conv" if mode == "auto" else f"swap={mode}")
+    plan.notes.append(
+        f"swap: {len(chosen)} feature maps offloaded ({swapped:,} B per iteration), "
+        f"prefetch lookahead {lookahead} steps ({how})")
+    plan.swapped = [c.root for c in chosen]
+    return plan
