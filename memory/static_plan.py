@@ -15,7 +15,6 @@ from dataclasses import replace
 from .plan import Action, Plan
 from .program import aligned
 
-
 #: Actions that put a block on the device, and those that take it off.
 _STARTS = ("alloc", "prefetch")
 _ENDS = ("free", "release")

@@ -62,7 +62,7 @@ def swap_candidates(program: Program, aliases: dict[int, int], mode: str) -> lis
             elif st.phase == "backward" and t in st.reads and r not in bwd_first:
                 bwd_first[r] = st.index
     out = []
-    for r, ms in members.items():
+    for r in members:
         spec = program.tensors[r]
         if spec.role != "value" or spec.category not in ("feature_map", "input"):
             continue
