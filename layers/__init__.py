@@ -4,6 +4,7 @@ from .add import Add
 from .base import Context, Layer, ParamSpec, ShapeError, Symbol
 from .batchnorm import BatchNorm1d, BatchNorm2d
 from .concat import Concat
+from .conv2d import Conv2d
 from .dropout import Dropout
 from .embedding import Embedding
 from .flatten import Flatten
@@ -11,13 +12,14 @@ from .global_avg_pool import GlobalAvgPool2d
 from .leaky_relu import LeakyReLU
 from .linear import Linear
 from .mse_loss import MSELoss
+from .pool import AvgPool2d, MaxPool2d
 from .relu import ReLU
 from .sigmoid import Sigmoid
 from .softmax_cross_entropy import SoftmaxCrossEntropy
 from .tanh import Tanh
 
 __all__ = [
-    "Add", "BatchNorm1d", "BatchNorm2d", "Concat", "Context", "Dropout", "Embedding", "Flatten",
-    "GlobalAvgPool2d", "Layer", "LeakyReLU", "Linear", "MSELoss", "ParamSpec", "ReLU",
+    "Add", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Concat", "Context", "Conv2d", "Dropout", "Embedding", "Flatten",
+    "GlobalAvgPool2d", "Layer", "LeakyReLU", "Linear", "MaxPool2d", "MSELoss", "ParamSpec", "ReLU",
     "ShapeError", "Sigmoid", "SoftmaxCrossEntropy", "Symbol", "Tanh",
 ]

@@ -25,6 +25,7 @@ def share_blocks(program: Program, life: dict[int, Lifetime], phases: set[str],
         r = root_of(aliases, t)
         group_last[r] = max(group_last.get(r, -1), lt.last)
     fed = set(program.inputs)
+    heads = {root_of(aliases, t) for t in aliases}
     for st in program.steps:
         if st.phase not in phases:
             continue
@@ -39,8 +40,9 @@ def share_blocks(program: Program, life: dict[int, Lifetime], phases: set[str],
                 continue
             if group_last.get(r, -2) != st.index:
                 continue
-            if written in group_last:  # the written tensor heads a group of its own already
+            if written in heads:  # the written tensor heads a group of its own already
                 continue
             aliases[written] = read
-            group_last[r] = max(group_last[r], life[written].last)
+            heads.add(r)
+            group_last[r] = max(group_last[r], group_last.pop(written, life[written].last))
     return aliases
