@@ -16,6 +16,9 @@ FLAGS: dict[str, tuple[tuple[str, ...] | None, str]] = {
                                       "ahead of use in backward (vDNN, Capuchin)"),
     "cache": (None, "offloaded tensors stay on device while memory allows, LRU eviction "
                     "(SuperNeurons)"),
+    "recompute": (("sqrt", "speed", "memory", "cost"),
+                  "drop feature maps in forward, recompute them from checkpoints in backward "
+                  "(Chen et al., SuperNeurons); implies reuse"),
 }
 
 #: Presets: name -> the spec they expand to.
@@ -23,6 +26,7 @@ PRESETS: dict[str, str] = {
     "layrub": "reuse,inplace",
     "vdnn": "reuse,swap=conv",
     "vdnn-all": "reuse,swap=all",
+    "superneurons": "reuse,inplace,swap=conv,cache,recompute=cost",
 }
 
 

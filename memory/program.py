@@ -80,6 +80,10 @@ class Program:
     loss: int = -1  # the loss value tensor, -1 for inference programs
     training: bool = True
     meta: dict = field(default_factory=dict)
+    #: For programs rewritten by a pass (recomputation): per step, the index of the lowered
+    #: program's step it runs, and the tensor substitutions (original id -> new id) it runs with.
+    origins: list[int] | None = None
+    remaps: list[dict[int, int]] | None = None
 
     def tensor(self, tid: int) -> TensorSpec:
         return self.tensors[tid]

@@ -59,7 +59,7 @@ def swap_candidates(program: Program, aliases: dict[int, int], mode: str) -> lis
                 fwd_last[r] = st.index
                 if st.kind == "conv" and t in st.reads:
                     conv_input.add(r)
-            elif st.phase == "backward" and t in st.reads and r not in bwd_first:
+            elif st.phase in ("backward", "recompute") and t in st.reads and r not in bwd_first:
                 bwd_first[r] = st.index
     out = []
     for r in members:

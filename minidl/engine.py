@@ -163,7 +163,7 @@ class Engine:
     def peak_info(self, c: Compiled) -> PeakInfo:
         """Where the last run of ``c`` peaked, with the bytes live there by category."""
         rt = c.executor.last_runtime
-        prog = c.lowered.program
+        prog = c.plan.program
         if rt is None:
             raise RuntimeError("no iteration has run yet")
         by_cat: dict[str, int] = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -11,6 +12,31 @@ from .layers.base import Context
 from .lowering import ExecStep, Lowered
 from .memory.plan import Plan
 from .memory.runtime import MemoryRuntime
+
+
+def plan_exec_steps(lowered: Lowered, plan: Plan) -> list[ExecStep]:
+    """The executor's steps for ``plan.program``: the lowered steps, or, for a program a pass
+    rewrote (recomputation), each step's original with its tensor substitutions applied."""
+    prog = plan.program
+    if prog.origins is None:
+        return list(lowered.steps)
+    out = []
+    for st, origin, remap in zip(prog.steps, prog.origins, prog.remaps):
+        ex = lowered.steps[origin]
+        if not remap and st.phase == ex.phase:
+            out.append(ex)
+            continue
+        g = remap.get
+        out.append(replace(
+            ex, phase=st.phase,
+            inputs=[g(t, t) for t in ex.inputs], outputs=[g(t, t) for t in ex.outputs],
+            stash={k: g(t, t) for k, t in ex.stash.items()},
+            workspace=g(ex.workspace, ex.workspace) if ex.workspace >= 0 else -1,
+            grad_outputs=[g(t, t) for t in ex.grad_outputs],
+            grad_inputs=[None if p is None else (g(p[0], p[0]), g(p[1], p[1]) if p[1] >= 0
+                                                   else -1) for p in ex.grad_inputs],
+        ))
+    return out
 
 
 class NonFiniteError(FloatingPointError):
@@ -38,7 +64,8 @@ class Executor:
         self.debug = debug
         self.compute = compute
         self.last_runtime: MemoryRuntime | None = None
-        self.step_times = np.zeros(len(lowered.steps))
+        self.steps = plan_exec_steps(lowered, plan)
+        self.step_times = np.zeros(len(self.steps))
 
     def run(
         self,
@@ -52,7 +79,7 @@ class Executor:
     ) -> tuple[float | None, list[np.ndarray]]:
         """Run every step. Returns the loss (if the program has one) and, if asked, copies of
         the network outputs. On any error every block of the iteration is freed."""
-        prog = self.lowered.program
+        prog = self.plan.program
         rt = MemoryRuntime(self.pool, prog, self.plan, self.host_pool,
                            poison_offloaded=self.debug)
         self.last_runtime = rt
@@ -66,7 +93,7 @@ class Executor:
             if compute:
                 for tid, x in zip(prog.inputs, feeds):
                     np.copyto(rt.array(tid), x, casting="same_kind")
-            for i, ex in enumerate(self.lowered.steps):
+            for i, ex in enumerate(self.steps):
                 rt.position = i
                 sp = plan_steps[i]
                 for a in sp.before:
@@ -74,8 +101,10 @@ class Executor:
                 if compute:
                     t0 = time.perf_counter()
                     ctx = Context(training=training, seed=step_seed(seed, iteration, ex.node),
-                                  recomputing=recomputing)
-                    if ex.phase == "forward":
+                                  recomputing=recomputing or ex.phase == "recompute")
+                    if ex.phase == "recompute":
+                        self._forward(ex, rt, ctx)
+                    elif ex.phase == "forward":
                         self._forward(ex, rt, ctx)
                         if check_finite:
                             self._check(ex, rt)
