@@ -32,7 +32,7 @@ import math
 from dataclasses import replace
 
 from .liveness import lifetimes
-from .program import Program, StepSpec, TensorSpec
+from .program import Program, StepSpec
 
 EXPENSIVE = ("conv", "linear", "embedding", "add", "concat")
 POLICIES = ("sqrt", "speed", "memory", "cost")
@@ -73,8 +73,6 @@ def articulation_values(program: Program) -> list[int]:
         if open_ <= {outs[0]}:
             out.append(outs[0])
     return out
-
-
 
 
 def choose_checkpoints(program: Program, policy: str) -> set[int]:
