@@ -96,10 +96,13 @@ class Program:
         return sum(aligned(t.nbytes) for t in self.persistent)
 
     def step_footprint(self, step: StepSpec) -> int:
-        """Aligned bytes of the non-persistent tensors one step touches, workspace included."""
+        """Aligned bytes of the non-persistent tensors one step touches, workspace included;
+        an output the op may write over an operand (``shares``) is counted once."""
         ids = set(step.reads) | set(step.writes)
         if step.workspace >= 0:
             ids.add(step.workspace)
+        ids -= {w for w, r in step.shares if r in ids
+                and self.tensors[w].nbytes == self.tensors[r].nbytes}
         return sum(aligned(self.tensors[i].nbytes) for i in ids if not self.tensors[i].persistent)
 
     def lower_bound_bytes(self) -> int:
