@@ -82,24 +82,12 @@ class Network:
         layer_node: dict[int, Node] = {}
         counters: dict[str, int] = {}
         used_names: set[str] = set()
-        visiting: set[int] = set()
 
-        def visit(s: Symbol) -> int:
-            if id(s) in sym_value:
-                return sym_value[id(s)]
-            if s.layer is None:
-                raise ValueError(
-                    f"the graph reads input {s!r} that is not among the Network's inputs"
-                )
+        def add_node(s: Symbol) -> None:
+            """Create (or find) the node of symbol ``s`` whose inputs all have values."""
             layer = s.layer
+            in_values = [sym_value[id(p)] for p in s.inputs]
             node = layer_node.get(id(layer))
-            if node is None:
-                if id(layer) in visiting:
-                    raise ValueError(f"cycle through layer {layer!r}")
-                visiting.add(id(layer))
-                in_values = [visit(p) for p in s.inputs]
-                visiting.discard(id(layer))
-                node = layer_node.get(id(layer))
             if node is None:
                 idx = len(self.nodes)
                 if names is not None:
@@ -122,14 +110,37 @@ class Network:
                 node = Node(idx, name, layer, in_values, outs)
                 self.nodes.append(node)
                 layer_node[id(layer)] = node
-                # register every output symbol of this application
-            elif [sym_value.get(id(p)) for p in s.inputs] != node.in_values:
+            elif in_values != node.in_values:
                 raise ValueError(
                     f"layer {node.name} is applied twice; shared layers are not supported "
                     "(create a second layer)"
                 )
             sym_value[id(s)] = node.out_values[s.index]
-            return sym_value[id(s)]
+
+        def visit(root: Symbol) -> int:
+            """Post-order over the symbols ``root`` depends on, iteratively (deep ResNets)."""
+            stack: list[tuple[Symbol, bool]] = [(root, False)]
+            on_path: set[int] = set()
+            while stack:
+                s, expanded = stack.pop()
+                if id(s) in sym_value:
+                    continue
+                if s.layer is None:
+                    raise ValueError(
+                        f"the graph reads input {s!r} that is not among the Network's inputs"
+                    )
+                if expanded:
+                    on_path.discard(id(s))
+                    add_node(s)
+                    continue
+                if id(s) in on_path:
+                    raise ValueError(f"cycle through layer {s.layer!r}")
+                on_path.add(id(s))
+                stack.append((s, True))
+                for p in reversed(s.inputs):
+                    if id(p) not in sym_value:
+                        stack.append((p, False))
+            return sym_value[id(root)]
 
         self.output_values = [visit(s) for s in self.outputs]
 
