@@ -114,15 +114,22 @@ def cmd_train(args: argparse.Namespace) -> int:
                         seed=args.seed)
     net = _model(args.model, ds.input_shape, ds.num_classes, args.width)
     try:
-        opt = make_optimizer(args.optimizer, net.parameters(), args.lr)
+        opt = make_optimizer(args.optimizer, net.parameters(), args.lr, args.weight_decay)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    from .optim import CosineAnnealingLR, StepLR
+
+    scheduler = None
+    if args.schedule == "cosine":
+        scheduler = CosineAnnealingLR(opt, T_max=args.epochs)
+    elif args.schedule == "step":
+        scheduler = StepLR(opt, step_size=max(1, args.epochs // 3))
     device_memory = args.device_memory
     if device_memory == "auto":
         device_memory = auto_device_memory(net, args.batch_size, spec, args.optimizer,
                                            ds.input_shape)
     trainer = Trainer(net, opt, memory=spec, device=args.device, device_memory=device_memory,
-                      seed=args.seed)
+                      seed=args.seed, scheduler=scheduler, host_memory=args.host_memory)
     if not args.json:
         print(f"training {net.name} ({net.num_parameters():,} parameters) on {ds.name}: "
               f"{len(ds.x_train)} train / {len(ds.x_test)} test samples, input "
@@ -229,9 +236,15 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--dataset", default="digits",
                    help="digits, mnist, fashion-mnist, idx, synthetic")
     t.add_argument("--data-dir", default=None)
-    t.add_argument("--epochs", type=int, default=15)
+    t.add_argument("--epochs", type=int, default=30)
     t.add_argument("--max-steps", type=int, default=None)
-    t.add_argument("--lr", type=float, default=None)
+    t.add_argument("--lr", type=float, default=None,
+                   help="learning rate (default 0.05 for sgd, 1e-3 for adam/adamw)")
+    t.add_argument("--weight-decay", type=float, default=5e-4)
+    t.add_argument("--schedule", default="cosine", choices=["cosine", "step", "none"],
+                   help="learning-rate schedule over the epochs")
+    t.add_argument("--host-memory", default=None,
+                   help="bound on host memory holding swapped tensors (e.g. 2GiB)")
     t.add_argument("--optimizer", default="sgd", choices=["sgd", "adam", "adamw"])
     t.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     t.add_argument("--device-memory", default="auto",

@@ -12,17 +12,20 @@ from .memory.device import MetaDevice
 from .memory.pool import Pool
 
 
-def make_optimizer(name: str, params: list, lr: float | None = None) -> Any:
-    """An optimizer by CLI name: ``sgd`` (momentum 0.9), ``adam``, ``adamw``."""
+def make_optimizer(name: str, params: list, lr: float | None = None,
+                   weight_decay: float = 0.0) -> Any:
+    """An optimizer by CLI name: ``sgd`` (momentum 0.9, default lr 0.05), ``adam`` and
+    ``adamw`` (default lr 1e-3)."""
     from . import optim
 
     name = name.lower()
     if name == "sgd":
-        return optim.SGD(params, lr=0.01 if lr is None else lr, momentum=0.9)
+        return optim.SGD(params, lr=0.05 if lr is None else lr, momentum=0.9,
+                         weight_decay=weight_decay)
     if name == "adam":
-        return optim.Adam(params, lr=1e-3 if lr is None else lr)
+        return optim.Adam(params, lr=1e-3 if lr is None else lr, weight_decay=weight_decay)
     if name == "adamw":
-        return optim.AdamW(params, lr=1e-3 if lr is None else lr)
+        return optim.AdamW(params, lr=1e-3 if lr is None else lr, weight_decay=weight_decay)
     raise ValueError(f"unknown optimizer {name!r}; valid: sgd, adam, adamw")
 
 

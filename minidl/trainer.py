@@ -231,7 +231,8 @@ class Trainer:
                     done += 1
                     bar.update(1)
                     bar.set_postfix(loss=f"{loss:.4f}", samples_s=f"{len(xb) / dt:,.0f}",
-                                    peak=format_size(self.peak.bytes if self.peak else 0))
+                                    peak=format_size(self.peak.bytes if self.peak else 0),
+                                    refresh=False)
                 if self.scheduler is not None:
                     self.scheduler.step()
                 if max_steps is not None and done >= max_steps:
