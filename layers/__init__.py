@@ -17,9 +17,12 @@ from .relu import ReLU
 from .sigmoid import Sigmoid
 from .softmax_cross_entropy import SoftmaxCrossEntropy
 from .tanh import Tanh
+from .time_stack import TimeStack
+from .zero_state import ZeroState
 
 __all__ = [
-    "Add", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Concat", "Context", "Conv2d", "Dropout", "Embedding", "Flatten",
-    "GlobalAvgPool2d", "Layer", "LeakyReLU", "Linear", "MaxPool2d", "MSELoss", "ParamSpec", "ReLU",
-    "ShapeError", "Sigmoid", "SoftmaxCrossEntropy", "Symbol", "Tanh",
+    "Add", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Concat", "Context", "Conv2d", "Dropout",
+    "Embedding", "Flatten", "GlobalAvgPool2d", "Layer", "LeakyReLU", "Linear", "MaxPool2d",
+    "MSELoss", "ParamSpec", "ReLU", "ShapeError", "Sigmoid", "SoftmaxCrossEntropy", "Symbol",
+    "Tanh", "TimeStack", "ZeroState",
 ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from .program import Program
 
 #: Roles freed right after the step that uses them, in every policy.
-SCRATCH_ROLES = ("workspace", "grad_partial")
+SCRATCH_ROLES = ("workspace", "grad_partial", "zeros")
 
 
 def network_wide_keep(program: Program) -> set[int]:

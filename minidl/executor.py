@@ -33,6 +33,7 @@ def plan_exec_steps(lowered: Lowered, plan: Plan) -> list[ExecStep]:
             stash={k: g(t, t) for k, t in ex.stash.items()},
             workspace=g(ex.workspace, ex.workspace) if ex.workspace >= 0 else -1,
             grad_outputs=[g(t, t) for t in ex.grad_outputs],
+            param_partials={k: g(t, t) for k, t in ex.param_partials.items()},
             grad_inputs=[None if p is None else (g(p[0], p[0]), g(p[1], p[1]) if p[1] >= 0
                                                    else -1) for p in ex.grad_inputs],
         ))
@@ -146,8 +147,11 @@ class Executor:
         g_out = []
         for t in ex.grad_outputs:
             g = arr(t)
-            if rt.program.tensors[t].role == "seed":
+            role = rt.program.tensors[t].role
+            if role == "seed":
                 g.fill(1.0)
+            elif role == "zeros":
+                g.fill(0.0)
             g_out.append(g)
         inputs = [arr(t) if j in layer.retain_inputs else None for j, t in enumerate(ex.inputs)]
         outputs = [arr(t) if j in layer.retain_outputs else None for j, t in enumerate(ex.outputs)]
@@ -155,7 +159,8 @@ class Executor:
         layer.backward(
             ctx, g_out, g_in, inputs, outputs,
             {k: p.data for k, p in ex.params.items()},
-            {k: ex.params[k].grad for k in ex.grad_params},
+            {k: arr(ex.param_partials[k]) if k in ex.param_partials else ex.params[k].grad
+             for k in ex.grad_params},
             {k: arr(t) for k, t in ex.stash.items()},
             arr(ex.workspace) if ex.workspace >= 0 else None,
         )
@@ -163,6 +168,9 @@ class Executor:
             if g is not None and g[1] >= 0:
                 target = arr(g[1])
                 np.add(target, arr(g[0]), out=target)
+        for k, t in ex.param_partials.items():
+            grad = ex.params[k].grad
+            np.add(grad, arr(t), out=grad)
 
     @staticmethod
     def _check(ex: ExecStep, rt: MemoryRuntime) -> None:

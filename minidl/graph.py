@@ -150,6 +150,19 @@ class Network:
         self._params: dict[str, dict[str, Parameter]] = {}
         for node in self.nodes:
             specs = node.layer.param_specs()
+            bound = getattr(node.layer, "bound_params", None)
+            if bound is not None:
+                # parameters shared with other nodes (an unrolled RNN's steps): same objects
+                missing = sorted(set(specs) - set(bound))
+                if missing:
+                    raise ValueError(f"layer {node.name}: no bound parameter for {missing}")
+                for pname, spec in specs.items():
+                    if bound[pname].shape != tuple(spec.shape):
+                        raise ValueError(
+                            f"layer {node.name}: bound parameter {bound[pname].name} has shape "
+                            f"{bound[pname].shape}, the layer declares {tuple(spec.shape)}")
+                self._params[node.name] = {k: bound[k] for k in specs}
+                continue
             self._params[node.name] = {
                 pname: Parameter(
                     f"{node.name}.{pname}", spec.initial_value(rng, self.dtype),
@@ -163,10 +176,13 @@ class Network:
         return self._params[node_name]
 
     def named_parameters(self, include_buffers: bool = False) -> Iterator[tuple[str, Parameter]]:
-        """(name, parameter) pairs in layer order, PyTorch names (``conv1.weight``)."""
+        """(name, parameter) pairs in layer order, PyTorch names (``conv1.weight``); a
+        parameter shared by several layers appears once."""
+        seen: set[int] = set()
         for node in self.nodes:
             for p in self._params[node.name].values():
-                if p.trainable or include_buffers:
+                if (p.trainable or include_buffers) and id(p) not in seen:
+                    seen.add(id(p))
                     yield p.name, p
 
     def parameters(self) -> list[Parameter]:
@@ -246,7 +262,8 @@ class Network:
             shapes, _ = self.infer(batch_shapes)
         lines = [f"{'layer':<16}{'type':<36}{'output':<22}{'params':>10}"]
         for node in self.nodes:
-            params = self._params[node.name].values()
+            params = [p for p in self._params[node.name].values()
+                      if getattr(node.layer, "bound_params", None) is None]
             n = sum(int(np.prod(p.shape)) for p in params if p.trainable)
             out = str(shapes[node.out_values[0]]) if shapes else ""
             lines.append(f"{node.name:<16}{node.layer.describe():<36}{out:<22}{n:>10,}")

@@ -34,6 +34,8 @@ class ExecStep:
     # per input: (tensor the layer writes, tensor to add it into or -1), or None
     grad_inputs: list[tuple[int, int] | None] = field(default_factory=list)
     grad_params: dict[str, int] = field(default_factory=dict)
+    # shared parameters whose gradient this step adds (name -> partial tensor)
+    param_partials: dict[str, int] = field(default_factory=dict)
     in_shapes: list[tuple[int, ...]] = field(default_factory=list)
 
 
@@ -84,12 +86,13 @@ def lower(
     grad_t: dict[str, int] = {}
     for node in net.nodes:
         for p in net.layer_params(node.name).values():
-            param_t[p.name] = b.add(p.name, p.shape, p.dtype, "parameter", "param", node.name,
-                                    persistent=True)
+            if p.name not in param_t:
+                param_t[p.name] = b.add(p.name, p.shape, p.dtype, "parameter", "param",
+                                        node.name, persistent=True)
     if training:
         for node in net.nodes:
             for p in net.layer_params(node.name).values():
-                if p.trainable:
+                if p.trainable and p.name not in grad_t:
                     grad_t[p.name] = b.add(p.name + ".grad", p.shape, p.dtype, "gradient",
                                            "param_grad", node.name, persistent=True)
         for name, shape, dt in opt_state or []:
@@ -182,6 +185,7 @@ def lower(
                       in_shapes=in_shapes))
 
     grad_of: dict[int, int] = {}
+    params_written: set[str] = set()
     if loss is not None and training:
         seed = b.add("loss.grad", shapes[loss_v], dtypes[loss_v], "gradient_map", "seed", loss.name)
         grad_of[loss_v] = seed
@@ -198,12 +202,14 @@ def lower(
             in_shapes = [shapes[v] for v in node_in[i]]
             fdt = next((dtypes[v] for v in node_in[i] if _float(dtypes[v])), dtype0)
             g_out = []
-            for v in node_out[i]:
+            for j, v in enumerate(node_out[i]):
                 if v not in grad_of:
-                    raise NotImplementedError(
-                        f"layer {name}: an output without gradient is not supported yet"
-                    )
-                g_out.append(grad_of[v])
+                    # an output nothing downstream differentiates (an RNN's last cell state):
+                    # its gradient is zeros, made right before this step
+                    g_out.append(b.add(f"{name}.zero_grad{j}", shapes[v], dtypes[v],
+                                       "gradient_map", "zeros", name))
+                else:
+                    g_out.append(grad_of[v])
             g_in: list[tuple[int, int] | None] = []
             writes: list[int] = []
             for j, v in enumerate(node_in[i]):
@@ -222,7 +228,13 @@ def lower(
                     g_in.append((part, grad_of[v]))
                     writes += [part, grad_of[v]]
             gp = {k: grad_t[p.name] for k, p in trainable.items()}
-            writes += list(gp.values())
+            gpart: dict[str, int] = {}
+            for k, p in trainable.items():
+                if p.name in params_written:  # shared parameter: accumulate a partial
+                    gpart[k] = b.add(f"{name}.{k}.grad_part", p.shape, p.dtype, "gradient",
+                                     "grad_partial", name)
+                params_written.add(p.name)
+            writes += list(gp.values()) + list(gpart.values())
             reads = list(g_out)
             reads += [val_t[node_in[i][j]] for j in layer.retain_inputs]
             reads += [val_t[node_out[i][j]] for j in layer.retain_outputs]
@@ -240,7 +252,7 @@ def lower(
                  ExecStep("backward", name, layer, i, [val_t[v] for v in node_in[i]],
                           [val_t[v] for v in node_out[i]], stash_t[i], node_params[i], ws,
                           grad_outputs=g_out, grad_inputs=g_in, grad_params=gp,
-                          in_shapes=in_shapes))
+                          param_partials=gpart, in_shapes=in_shapes))
 
     program = Program(
         tensors=b.tensors, steps=steps, inputs=inputs,
