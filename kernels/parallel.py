@@ -1,12 +1,15 @@
-"""Batch splitting over a few threads that run serial, GIL-free Numba kernels.
+"""Thread policy of the CPU kernels: one pool (Numba's), single-threaded BLAS under it.
 
-Measured on 2-core machines (see PERFORMANCE-NOTES): one pool at a time is fastest. The conv
-and pool kernels therefore never use ``parallel=True`` nor a multi-threaded BLAS: the caller
-cuts the batch into ``num_threads()`` contiguous chunks, runs chunk 0 on its own thread and
-the others on a small worker pool, each chunk being one ``@njit(nogil=True)`` call whose matrix
-products go through Numba's ``np.dot`` (SciPy's BLAS, set to one thread here; NumPy's own BLAS,
-used by other layers, is left alone). Chunking depends only on the batch size and the thread
-count, so results are deterministic.
+Measured on 2-core machines (see PERFORMANCE-NOTES): two thread pools on the same cores
+(Numba's and a multi-threaded OpenBLAS, whose idle threads keep spinning) made a smallcnn step
+3x slower (61 ms against 20 ms). The conv and pool kernels therefore cut the batch into
+:func:`num_threads` contiguous chunks and run one serial ``@njit`` kernel per chunk inside a
+``prange`` (Numba's OpenMP pool wakes in microseconds; a Python thread pool took ~130 us per
+call after idling); their matrix products are Numba's ``np.dot`` on one thread.
+
+:func:`configure_blas` puts NumPy's and SciPy's OpenBLAS on one thread. The kernels call it
+once on first use unless ``MINIDL_BLAS_THREADS`` is set (then that count is used instead).
+Chunking depends only on the batch size and the thread count, so results are deterministic.
 """
 
 from __future__ import annotations
@@ -15,28 +18,17 @@ import ctypes
 import glob
 import importlib.util
 import os
-import threading
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
 
-_MAX_THREADS = 8
-_lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
-_pool_size = 0
+import numba
+
 _blas_configured = False
 
 
 def num_threads() -> int:
-    """Threads the kernels split a batch over: ``MINIDL_NUM_THREADS`` or the usable cores."""
+    """Threads the kernels split work over: ``MINIDL_NUM_THREADS`` or Numba's thread count."""
     env = os.environ.get("MINIDL_NUM_THREADS")
-    if env:
-        return max(1, int(env))
-    try:
-        n = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        n = os.cpu_count() or 1
-    return max(1, min(n, _MAX_THREADS))
+    n = int(env) if env else numba.get_num_threads()
+    return max(1, n)
 
 
 def chunks(n: int, parts: int) -> list[tuple[int, int]]:
@@ -51,60 +43,55 @@ def chunks(n: int, parts: int) -> list[tuple[int, int]]:
     return out
 
 
-def _executor(workers: int) -> ThreadPoolExecutor:
-    global _pool, _pool_size
-    with _lock:
-        if _pool is None or _pool_size < workers:
-            if _pool is not None:
-                _pool.shutdown(wait=True)
-            _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="minidl-kernel")
-            _pool_size = workers
-        return _pool
+def _openblas_libraries() -> list[str]:
+    """Paths of the OpenBLAS builds bundled with the NumPy and SciPy wheels (Linux, macOS)."""
+    paths: list[str] = []
+    for pkg in ("numpy", "scipy"):
+        spec = importlib.util.find_spec(pkg)
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        pkg_dir = list(spec.submodule_search_locations)[0]
+        root = os.path.dirname(pkg_dir)
+        paths += glob.glob(os.path.join(root, f"{pkg}.libs", "*openblas*"))
+        paths += glob.glob(os.path.join(pkg_dir, ".dylibs", "*openblas*"))
+    return paths
 
 
-def run_chunks(fn: Callable[..., Any], args_per_chunk: Sequence[tuple]) -> None:
-    """Call ``fn(*args)`` for every tuple, the first on this thread, the rest on workers.
+def configure_blas(threads: int = 1) -> None:
+    """Set the thread count of NumPy's and SciPy's BLAS (process-wide).
 
-    ``fn`` must release the GIL (``@njit(nogil=True)``) for the calls to overlap.
+    Uses ``threadpoolctl`` when installed (any BLAS vendor), else the bundled OpenBLAS
+    libraries directly; silently does nothing where neither applies.
     """
-    single_thread_numba_blas()
-    if len(args_per_chunk) == 1:
-        fn(*args_per_chunk[0])
-        return
-    pool = _executor(len(args_per_chunk) - 1)
-    futures: list[Future] = [pool.submit(fn, *a) for a in args_per_chunk[1:]]
     try:
-        fn(*args_per_chunk[0])
-    finally:
-        for f in futures:
-            f.result()
+        from threadpoolctl import ThreadpoolController
 
-
-def single_thread_numba_blas() -> None:
-    """Set the BLAS behind Numba's ``np.dot`` (SciPy's bundled OpenBLAS) to one thread.
-
-    Several kernel threads call it at once; a multi-threaded BLAS under them oversubscribes
-    the cores (measured 1.7x slower). NumPy's BLAS is a different library and is not touched;
-    when SciPy's BLAS cannot be found (other builds) nothing changes.
-    """
-    global _blas_configured
-    if _blas_configured:
+        ThreadpoolController().select(user_api="blas").limit(limits=threads)
         return
-    _blas_configured = True
-    spec = importlib.util.find_spec("scipy")
-    if spec is None or not spec.submodule_search_locations:
-        return
-    root = os.path.dirname(list(spec.submodule_search_locations)[0])
-    paths = glob.glob(os.path.join(root, "scipy.libs", "*openblas*")) + glob.glob(
-        os.path.join(root, "scipy", ".dylibs", "*openblas*")
-    )
-    for path in paths:
+    except Exception:  # pragma: no cover - threadpoolctl missing or failing
+        pass
+    for path in _openblas_libraries():  # pragma: no cover - exercised without threadpoolctl
         try:
             lib = ctypes.CDLL(path)
         except OSError:
             continue
-        for name in ("scipy_openblas_set_num_threads", "openblas_set_num_threads"):
+        for name in ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+                     "openblas_set_num_threads64_", "openblas_set_num_threads"):
             setter = getattr(lib, name, None)
             if setter is not None:
-                setter(ctypes.c_int(1))
+                setter(ctypes.c_int(threads))
                 break
+
+
+def ensure_blas_policy() -> None:
+    """Apply :func:`configure_blas` once per process (``MINIDL_BLAS_THREADS`` overrides 1)."""
+    global _blas_configured
+    if _blas_configured:
+        return
+    _blas_configured = True
+    # Numba's np.dot binds SciPy's BLAS: load it now so that it is configured too.
+    try:
+        import scipy.linalg.cython_blas  # noqa: F401
+    except ImportError:  # pragma: no cover
+        pass
+    configure_blas(int(os.environ.get("MINIDL_BLAS_THREADS", "1")))

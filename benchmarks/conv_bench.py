@@ -1,0 +1,274 @@
+"""smallcnn forward+backward: minidl's Conv2d / ReLU / MaxPool2d against PyTorch CPU.
+
+conv3x3(1->32, pad 1) -> ReLU -> MaxPool2 -> conv3x3(32->64, pad 1) -> ReLU -> MaxPool2 ->
+Flatten -> Linear(3136->10) -> softmax cross-entropy, batch 64, 1x28x28, float32.
+
+The minidl side calls the layers' ``forward`` / ``backward`` directly on preallocated
+buffers, as the engine does (no engine, no optimizer); Flatten, Linear and the loss are plain
+NumPy here. Both networks start from the same weights and the gradients are compared. Runs
+are interleaved step by step (one minidl step, one torch step per round); figures are medians.
+Per-layer times come from a second interleaved loop timing each layer call (torch: the aten
+ops its autograd would call).
+
+    python benchmarks/conv_bench.py [--rounds 100] [--batch-size 64] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+
+def build_minidl(batch: int, rng: np.random.Generator):
+    from minidl.layers.base import Context
+    from minidl.layers.conv2d import Conv2d
+    from minidl.layers.pool import MaxPool2d
+    from minidl.layers.relu import ReLU
+
+    layers = [("conv1", Conv2d(1, 32, 3, padding=1)), ("relu1", ReLU()),
+              ("pool1", MaxPool2d(2)), ("conv2", Conv2d(32, 64, 3, padding=1)),
+              ("relu2", ReLU()), ("pool2", MaxPool2d(2))]
+    shape = (batch, 1, 28, 28)
+    dt = np.dtype(np.float32)
+    net = []
+    for name, layer in layers:
+        layer.name = name
+        out_shape = layer.output_shapes([shape])[0]
+        params = {k: s.initial_value(rng, dt) for k, s in layer.param_specs().items()}
+        ws = max(layer.forward_workspace_bytes([shape], dt),
+                 layer.backward_workspace_bytes([shape], dt))
+        net.append({
+            "name": name, "layer": layer, "in_shape": shape, "out": np.empty(out_shape, dt),
+            "grad_in": np.empty(shape, dt), "params": params,
+            "grads": {k: np.empty_like(v) for k, v in params.items()},
+            "stash": {k: np.empty(s, d) for k, (s, d) in layer.stash_specs([shape], dt).items()},
+            "ws": np.empty(ws, np.uint8) if ws else None,
+        })
+        shape = out_shape
+    fan_in = int(np.prod(shape[1:]))
+    lin_w = rng.uniform(-1, 1, (10, fan_in)).astype(dt) / np.float32(np.sqrt(fan_in))
+    lin_b = np.zeros(10, dt)
+    return net, Context(), {"weight": lin_w, "bias": lin_b}
+
+
+def minidl_step_fn(net, ctx, lin, x: np.ndarray, y: np.ndarray,
+                   timer: dict[str, list[float]] | None = None) -> Callable[[], float]:
+    n = x.shape[0]
+    flat_dim = lin["weight"].shape[1]
+    logits = np.empty((n, 10), np.float32)
+    dlogits = np.empty_like(logits)
+    dflat = np.empty((n, flat_dim), np.float32)
+    lin["grad_weight"] = np.empty_like(lin["weight"])
+    lin["grad_bias"] = np.empty_like(lin["bias"])
+    onehot = np.zeros((n, 10), np.float32)
+    onehot[np.arange(n), y] = 1
+
+    def tick(name: str, t0: float) -> float:
+        t1 = time.perf_counter()
+        if timer is not None:
+            timer.setdefault(name, []).append(t1 - t0)
+        return t1
+
+    def step() -> float:
+        t = time.perf_counter()
+        h = x
+        for e in net:
+            e["layer"].forward(ctx, [h], [e["out"]], e["params"], e["stash"], e["ws"])
+            h = e["out"]
+            t = tick(e["name"] + ".fwd", t)
+        flat = h.reshape(n, flat_dim)
+        np.matmul(flat, lin["weight"].T, out=logits)
+        np.add(logits, lin["bias"], out=logits)
+        m = logits.max(axis=1, keepdims=True)
+        np.subtract(logits, m, out=dlogits)
+        np.exp(dlogits, out=dlogits)
+        s = dlogits.sum(axis=1, keepdims=True)
+        loss = float(np.mean(np.log(s[:, 0]) + m[:, 0] - logits[np.arange(n), y]))
+        np.divide(dlogits, s, out=dlogits)
+        np.subtract(dlogits, onehot, out=dlogits)
+        np.multiply(dlogits, np.float32(1.0 / n), out=dlogits)
+        np.matmul(dlogits.T, flat, out=lin["grad_weight"])
+        dlogits.sum(axis=0, out=lin["grad_bias"])
+        np.matmul(dlogits, lin["weight"], out=dflat)
+        t = tick("linear+loss", t)
+        g = dflat.reshape(h.shape)
+        for i in range(len(net) - 1, -1, -1):
+            e = net[i]
+            keep = e["layer"]
+            inputs = [x if i == 0 else net[i - 1]["out"]] if keep.retain_inputs else [None]
+            outputs = [e["out"]] if keep.retain_outputs else [None]
+            gin = None if i == 0 else e["grad_in"]
+            keep.backward(ctx, [g], [gin], inputs, outputs, e["params"], e["grads"],
+                          e["stash"], e["ws"])
+            g = gin
+            t = tick(e["name"] + ".bwd", t)
+        return loss
+
+    return step
+
+
+def torch_net(net, lin):
+    import torch
+
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(), torch.nn.Linear(lin["weight"].shape[1], 10))
+    with torch.no_grad():
+        for idx, e in ((0, net[0]), (3, net[3])):
+            model[idx].weight.copy_(torch.from_numpy(e["params"]["weight"]))
+            model[idx].bias.copy_(torch.from_numpy(e["params"]["bias"]))
+        model[7].weight.copy_(torch.from_numpy(lin["weight"]))
+        model[7].bias.copy_(torch.from_numpy(lin["bias"]))
+    return model
+
+
+def torch_step_fn(model, x: np.ndarray, y: np.ndarray) -> Callable[[], float]:
+    import torch
+
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step() -> float:
+        model.zero_grad(set_to_none=False)
+        loss = loss_fn(model(xt), yt)
+        loss.backward()
+        return float(loss)
+
+    return step
+
+
+def torch_layer_fns(model, x: np.ndarray) -> dict[str, Callable[[], object]]:
+    """The aten calls of one torch training step, one per layer and direction."""
+    import torch
+
+    aten = torch.ops.aten
+    c1, c2 = model[0], model[3]
+    with torch.no_grad():
+        a0 = torch.from_numpy(x)
+        a1 = torch.nn.functional.conv2d(a0, c1.weight, c1.bias, padding=1)
+        a2 = torch.relu(a1)
+        a3, i3 = aten.max_pool2d_with_indices(a2, [2, 2], [2, 2])
+        a4 = torch.nn.functional.conv2d(a3, c2.weight, c2.bias, padding=1)
+        a5 = torch.relu(a4)
+        a6, i6 = aten.max_pool2d_with_indices(a5, [2, 2], [2, 2])
+        g6, g4, g1 = torch.randn_like(a6), torch.randn_like(a4), torch.randn_like(a1)
+
+    def conv_b(g, a, c, mask):
+        return lambda: aten.convolution_backward(g, a, c.weight, [c.out_channels], [1, 1],
+                                                 [1, 1], [1, 1], False, [0, 0], 1, mask)
+
+    fns = {
+        "conv1.fwd": lambda: torch.nn.functional.conv2d(a0, c1.weight, c1.bias, padding=1),
+        "relu1.fwd": lambda: torch.relu(a1),
+        "pool1.fwd": lambda: aten.max_pool2d_with_indices(a2, [2, 2], [2, 2]),
+        "conv2.fwd": lambda: torch.nn.functional.conv2d(a3, c2.weight, c2.bias, padding=1),
+        "relu2.fwd": lambda: torch.relu(a4),
+        "pool2.fwd": lambda: aten.max_pool2d_with_indices(a5, [2, 2], [2, 2]),
+        "pool2.bwd": lambda: aten.max_pool2d_with_indices_backward(
+            g6, a5, [2, 2], [2, 2], [0, 0], [1, 1], False, i6),
+        "relu2.bwd": lambda: aten.threshold_backward(g4, a5, 0),
+        "conv2.bwd": conv_b(g4, a3, c2, [True, True, True]),
+        "pool1.bwd": lambda: aten.max_pool2d_with_indices_backward(
+            a3, a2, [2, 2], [2, 2], [0, 0], [1, 1], False, i3),
+        "relu1.bwd": lambda: aten.threshold_backward(g1, a2, 0),
+        "conv1.bwd": conv_b(g1, a0, c1, [False, True, True]),
+    }
+    with torch.no_grad():
+        return {k: (lambda f=f: _no_grad(f)) for k, f in fns.items()}
+
+
+def _no_grad(f):
+    import torch
+
+    with torch.no_grad():
+        return f()
+
+
+def compare_grads(net, lin, model, step_minidl, step_torch) -> float:
+    step_minidl()
+    step_torch()
+    pairs = [(net[0]["grads"]["weight"], model[0].weight.grad),
+             (net[0]["grads"]["bias"], model[0].bias.grad),
+             (net[3]["grads"]["weight"], model[3].weight.grad),
+             (net[3]["grads"]["bias"], model[3].bias.grad),
+             (lin["grad_weight"], model[7].weight.grad)]
+    return max(float(np.abs(a - b.numpy()).max() / (np.abs(b.numpy()).max() + 1e-30))
+               for a, b in pairs)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=100)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=None, help="MINIDL_NUM_THREADS")
+    ap.add_argument("--no-layers", action="store_true", help="skip the per-layer table")
+    args = ap.parse_args(argv)
+    if args.threads:
+        os.environ["MINIDL_NUM_THREADS"] = str(args.threads)
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((args.batch_size, 1, 28, 28)).astype(np.float32)
+    y = rng.integers(0, 10, args.batch_size)
+    net, ctx, lin = build_minidl(args.batch_size, rng)
+    step_m = minidl_step_fn(net, ctx, lin, x, y)
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    runners = {"minidl": step_m}
+    if torch is not None:
+        model = torch_net(net, lin)
+        step_t = torch_step_fn(model, x, y)
+        runners["torch"] = step_t
+        err = compare_grads(net, lin, model, step_m, step_t)
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; "
+              f"max relative gradient difference {err:.2e}")
+    times: dict[str, list[float]] = {k: [] for k in runners}
+    for r in range(args.warmup + args.rounds):
+        for name, fn in runners.items():
+            t0 = time.perf_counter()
+            fn()
+            if r >= args.warmup:
+                times[name].append(time.perf_counter() - t0)
+    med = {k: float(np.median(v)) * 1e3 for k, v in times.items()}
+    print(f"step (batch {args.batch_size}, median of {args.rounds} interleaved rounds):")
+    for k, v in med.items():
+        q1, q3 = np.percentile(times[k], [25, 75]) * 1e3
+        print(f"  {k:7s} {v:7.2f} ms   (IQR {q1:.2f}-{q3:.2f})")
+    if torch is not None:
+        print(f"  ratio minidl/torch: {med['minidl'] / med['torch']:.2f}x")
+    if args.no_layers:
+        return
+
+    lt: dict[str, list[float]] = {}
+    step_timed = minidl_step_fn(net, ctx, lin, x, y, timer=lt)
+    tfns = torch_layer_fns(model, x) if torch is not None else {}
+    tt: dict[str, list[float]] = {k: [] for k in tfns}
+    for r in range(args.warmup + args.rounds):
+        if r == args.warmup:
+            lt.clear()
+        step_timed()
+        for k, f in tfns.items():
+            t0 = time.perf_counter()
+            f()
+            if r >= args.warmup:
+                tt[k].append(time.perf_counter() - t0)
+    print("per layer (median ms):      minidl    torch")
+    tot_m = tot_t = 0.0
+    for k, v in lt.items():
+        m = float(np.median(v)) * 1e3
+        tv = float(np.median(tt[k])) * 1e3 if k in tt else float("nan")
+        tot_m += m
+        tot_t += 0 if np.isnan(tv) else tv
+        print(f"  {k:22s} {m:8.2f} {tv:8.2f}")
+    print(f"  {'sum':22s} {tot_m:8.2f} {tot_t:8.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,301 @@
+"""2-D max and average pooling (NCHW): NumPy references and Numba CPU kernels.
+
+Max pooling keeps, per output element, only the index ``i * kw + j`` of the winning element
+inside its window (``uint8`` for windows up to 256 elements): backward scatters the output
+gradient there and needs neither the input nor the output. Semantics follow PyTorch: padding
+counts as ``-inf``, the first maximum wins, NaN propagates; average pooling divides by
+``kh * kw`` (``count_include_pad=True``). Kernels split the ``N * C`` planes over threads.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .parallel import chunks, ensure_blas_policy, num_threads
+
+Pair = tuple[int, int]
+
+
+def pool_output_hw(hw: Pair, kernel: Pair, stride: Pair, padding: Pair) -> Pair:
+    """Output height and width (floor mode)."""
+    return tuple(  # type: ignore[return-value]
+        (hw[a] + 2 * padding[a] - kernel[a]) // stride[a] + 1 for a in range(2)
+    )
+
+
+def argmax_dtype(kernel: Pair) -> np.dtype:
+    """Smallest unsigned type holding a window index."""
+    k = kernel[0] * kernel[1]
+    return np.dtype(np.uint8 if k <= 256 else np.uint16 if k <= 65536 else np.uint32)
+
+
+# ----------------------------------------------------------------------------- reference
+def _windows(x: np.ndarray, kernel: Pair, stride: Pair, padding: Pair, fill: float):
+    """``(N, C, Ho, Wo, kh*kw)`` view of the padded windows."""
+    n, c, h, w = x.shape
+    ho, wo = pool_output_hw((h, w), kernel, stride, padding)
+    xp = np.pad(x, ((0, 0), (0, 0), (padding[0],) * 2, (padding[1],) * 2), constant_values=fill)
+    v = np.lib.stride_tricks.sliding_window_view(xp, kernel, axis=(2, 3))
+    return v[:, :, : (ho - 1) * stride[0] + 1: stride[0], : (wo - 1) * stride[1] + 1: stride[1]
+             ].reshape(n, c, ho, wo, kernel[0] * kernel[1])
+
+
+def maxpool2d_forward_ref(x: np.ndarray, kernel: Pair, stride: Pair, padding: Pair = (0, 0)
+                          ) -> tuple[np.ndarray, np.ndarray]:
+    """NumPy reference: ``(y, argmax)`` with ``argmax`` the window index of the first maximum
+    (of the last NaN if any, as PyTorch's CPU kernel)."""
+    win = _windows(x, kernel, stride, padding, -np.inf)
+    nan = np.isnan(win)
+    last_nan = win.shape[-1] - 1 - nan[..., ::-1].argmax(-1)
+    idx = np.where(nan.any(-1), last_nan, win.argmax(-1))
+    y = np.take_along_axis(win, idx[..., None], -1)[..., 0]
+    return np.ascontiguousarray(y), idx.astype(argmax_dtype(kernel))
+
+
+def maxpool2d_backward_ref(dy: np.ndarray, idx: np.ndarray, x_shape: tuple[int, ...],
+                           kernel: Pair, stride: Pair, padding: Pair = (0, 0)) -> np.ndarray:
+    """NumPy reference: gradient of :func:`maxpool2d_forward_ref` w.r.t. ``x``."""
+    n, c, h, w = x_shape
+    ho, wo = dy.shape[2:]
+    dxp = np.zeros((n, c, h + 2 * padding[0], w + 2 * padding[1]), dy.dtype)
+    i, j = np.divmod(idx.astype(np.int64), kernel[1])
+    rows = np.arange(ho)[:, None] * stride[0] + i
+    cols = np.arange(wo)[None, :] * stride[1] + j
+    nn, cc = np.meshgrid(np.arange(n), np.arange(c), indexing="ij")
+    np.add.at(dxp, (nn[..., None, None], cc[..., None, None], rows, cols), dy)
+    return np.ascontiguousarray(dxp[:, :, padding[0]: padding[0] + h, padding[1]: padding[1] + w])
+
+
+def avgpool2d_forward_ref(x: np.ndarray, kernel: Pair, stride: Pair, padding: Pair = (0, 0)
+                          ) -> np.ndarray:
+    """NumPy reference of average pooling with ``count_include_pad=True``."""
+    return np.ascontiguousarray(_windows(x, kernel, stride, padding, 0.0).mean(-1))
+
+
+def avgpool2d_backward_ref(dy: np.ndarray, x_shape: tuple[int, ...], kernel: Pair,
+                           stride: Pair, padding: Pair = (0, 0)) -> np.ndarray:
+    """NumPy reference: gradient of :func:`avgpool2d_forward_ref` w.r.t. ``x``."""
+    n, c, h, w = x_shape
+    ho, wo = dy.shape[2:]
+    dxp = np.zeros((n, c, h + 2 * padding[0], w + 2 * padding[1]), dy.dtype)
+    g = dy / (kernel[0] * kernel[1])
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            dxp[:, :, i: i + (ho - 1) * stride[0] + 1: stride[0],
+                j: j + (wo - 1) * stride[1] + 1: stride[1]] += g
+    return np.ascontiguousarray(dxp[:, :, padding[0]: padding[0] + h, padding[1]: padding[1] + w])
+
+
+# ----------------------------------------------------------------------------- numba
+@njit(nogil=True, cache=True, inline="always")
+def _maxpool_plane(x, y, idx, p, kh, kw, sh, sw, ph, pw):
+    """Generic window loop of one plane (any kernel, stride, padding; NaN-aware)."""
+    h, w = x.shape[1], x.shape[2]
+    ho, wo = y.shape[1], y.shape[2]
+    for oh in range(ho):
+        h0 = oh * sh - ph
+        i_lo, i_hi = max(0, -h0), min(kh, h - h0)
+        for ow in range(wo):
+            w0 = ow * sw - pw
+            j_lo, j_hi = max(0, -w0), min(kw, w - w0)
+            m = -np.inf
+            k = i_lo * kw + j_lo
+            for i in range(i_lo, i_hi):
+                for j in range(j_lo, j_hi):
+                    v = x[p, h0 + i, w0 + j]
+                    if v > m or v != v:
+                        m = v
+                        k = i * kw + j
+            y[p, oh, ow] = m
+            idx[p, oh, ow] = k
+
+
+@njit(nogil=True, cache=True)
+def _maxpool_fwd(x, y, idx, p0, p1, kh, kw, sh, sw, ph, pw):
+    """Planes ``p0:p1`` of ``x`` (P, H, W) into ``y`` and ``idx`` (P, Ho, Wo)."""
+    ho, wo = y.shape[1], y.shape[2]
+    fast = kh == 2 and kw == 2 and sh == 2 and sw == 2 and ph == 0 and pw == 0
+    for p in range(p0, p1):
+        if not fast:
+            _maxpool_plane(x, y, idx, p, kh, kw, sh, sw, ph, pw)
+            continue
+        # 2x2/2: branch-free, vectorised; a NaN anywhere in the plane redoes it NaN-aware.
+        bad = False
+        for oh in range(ho):
+            for ow in range(wo):
+                m = x[p, 2 * oh, 2 * ow]
+                bad |= m != m
+                k = np.uint8(0)
+                v = x[p, 2 * oh, 2 * ow + 1]
+                bad |= v != v
+                c = v > m
+                m = v if c else m
+                k = np.uint8(1) if c else k
+                v = x[p, 2 * oh + 1, 2 * ow]
+                bad |= v != v
+                c = v > m
+                m = v if c else m
+                k = np.uint8(2) if c else k
+                v = x[p, 2 * oh + 1, 2 * ow + 1]
+                bad |= v != v
+                c = v > m
+                m = v if c else m
+                k = np.uint8(3) if c else k
+                y[p, oh, ow] = m
+                idx[p, oh, ow] = k
+        if bad:
+            _maxpool_plane(x, y, idx, p, kh, kw, sh, sw, ph, pw)
+
+
+@njit(nogil=True, cache=True)
+def _maxpool_bwd(dy, idx, dx, p0, p1, kh, kw, sh, sw, ph, pw):
+    """Planes ``p0:p1``: ``dx`` (P, H, W) = ``dy`` (P, Ho, Wo) scattered to the argmax."""
+    h, w = dx.shape[1], dx.shape[2]
+    ho, wo = dy.shape[1], dy.shape[2]
+    tiled = kh == 2 and kw == 2 and sh == 2 and sw == 2 and ph == 0 and pw == 0 \
+        and h == 2 * ho and w == 2 * wo
+    z = dx.dtype.type(0)
+    for p in range(p0, p1):
+        if tiled:
+            # Windows tile the plane: every element written once, no zeroing pass.
+            for oh in range(ho):
+                for ow in range(wo):
+                    g = dy[p, oh, ow]
+                    k = idx[p, oh, ow]
+                    dx[p, 2 * oh, 2 * ow] = g if k == 0 else z
+                    dx[p, 2 * oh, 2 * ow + 1] = g if k == 1 else z
+                    dx[p, 2 * oh + 1, 2 * ow] = g if k == 2 else z
+                    dx[p, 2 * oh + 1, 2 * ow + 1] = g if k == 3 else z
+            continue
+        dx[p] = 0
+        for oh in range(ho):
+            for ow in range(wo):
+                k = np.intp(idx[p, oh, ow])
+                i = k // kw
+                dx[p, oh * sh - ph + i, ow * sw - pw + k - i * kw] += dy[p, oh, ow]
+
+
+@njit(nogil=True, cache=True)
+def _avgpool_fwd(x, y, p0, p1, kh, kw, sh, sw, ph, pw):
+    h, w = x.shape[1], x.shape[2]
+    ho, wo = y.shape[1], y.shape[2]
+    inv = 1.0 / (kh * kw)
+    for p in range(p0, p1):
+        for oh in range(ho):
+            h0 = oh * sh - ph
+            i_lo, i_hi = max(0, -h0), min(kh, h - h0)
+            for ow in range(wo):
+                w0 = ow * sw - pw
+                j_lo, j_hi = max(0, -w0), min(kw, w - w0)
+                s = 0.0
+                for i in range(i_lo, i_hi):
+                    for j in range(j_lo, j_hi):
+                        s += x[p, h0 + i, w0 + j]
+                y[p, oh, ow] = s * inv
+
+
+@njit(nogil=True, cache=True)
+def _avgpool_bwd(dy, dx, p0, p1, kh, kw, sh, sw, ph, pw):
+    h, w = dx.shape[1], dx.shape[2]
+    ho, wo = dy.shape[1], dy.shape[2]
+    inv = 1.0 / (kh * kw)
+    for p in range(p0, p1):
+        dx[p] = 0
+        for oh in range(ho):
+            h0 = oh * sh - ph
+            i_lo, i_hi = max(0, -h0), min(kh, h - h0)
+            for ow in range(wo):
+                w0 = ow * sw - pw
+                j_lo, j_hi = max(0, -w0), min(kw, w - w0)
+                g = dy[p, oh, ow] * inv
+                for i in range(i_lo, i_hi):
+                    for j in range(j_lo, j_hi):
+                        dx[p, h0 + i, w0 + j] += g
+
+
+# ----------------------------------------------------------------------------- parallel
+# One prange iteration per thread, each a serial kernel on a contiguous range of planes.
+@njit(nogil=True, cache=True, parallel=True)
+def _maxpool_fwd_par(x, y, idx, bounds, kh, kw, sh, sw, ph, pw):
+    for t in prange(bounds.size - 1):
+        _maxpool_fwd(x, y, idx, bounds[t], bounds[t + 1], kh, kw, sh, sw, ph, pw)
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def _maxpool_bwd_par(dy, idx, dx, bounds, kh, kw, sh, sw, ph, pw):
+    for t in prange(bounds.size - 1):
+        _maxpool_bwd(dy, idx, dx, bounds[t], bounds[t + 1], kh, kw, sh, sw, ph, pw)
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def _avgpool_fwd_par(x, y, bounds, kh, kw, sh, sw, ph, pw):
+    for t in prange(bounds.size - 1):
+        _avgpool_fwd(x, y, bounds[t], bounds[t + 1], kh, kw, sh, sw, ph, pw)
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def _avgpool_bwd_par(dy, dx, bounds, kh, kw, sh, sw, ph, pw):
+    for t in prange(bounds.size - 1):
+        _avgpool_bwd(dy, dx, bounds[t], bounds[t + 1], kh, kw, sh, sw, ph, pw)
+
+
+# ----------------------------------------------------------------------------- drivers
+def _planes(a: np.ndarray) -> np.ndarray:
+    a = a if a.flags.c_contiguous else np.ascontiguousarray(a)
+    return a.reshape(-1, a.shape[2], a.shape[3])
+
+
+def _bounds(nplanes: int, threads: int | None) -> np.ndarray:
+    return np.array([0] + [b for _, b in chunks(max(nplanes, 1), threads or num_threads())],
+                    np.int64)
+
+
+def _writable(out: np.ndarray) -> np.ndarray:
+    return out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
+
+
+def maxpool2d_forward(x: np.ndarray, y: np.ndarray, idx: np.ndarray, kernel: Pair,
+                      stride: Pair, padding: Pair = (0, 0), threads: int | None = None) -> None:
+    """Write the max pooling of ``x`` into ``y`` and the argmax window index into ``idx``."""
+    ensure_blas_policy()
+    yt, it = _writable(y), _writable(idx)
+    b = _bounds(x.shape[0] * x.shape[1], threads)
+    _maxpool_fwd_par(_planes(x), _planes(yt), _planes(it), b, *kernel, *stride, *padding)
+    if yt is not y:
+        y[...] = yt
+    if it is not idx:
+        idx[...] = it
+
+
+def maxpool2d_backward(dy: np.ndarray, idx: np.ndarray, dx: np.ndarray, kernel: Pair,
+                       stride: Pair, padding: Pair = (0, 0), threads: int | None = None) -> None:
+    """Overwrite ``dx`` with ``dy`` scattered to the argmax of each window."""
+    ensure_blas_policy()
+    t = _writable(dx)
+    b = _bounds(dx.shape[0] * dx.shape[1], threads)
+    _maxpool_bwd_par(_planes(dy), _planes(idx), _planes(t), b, *kernel, *stride, *padding)
+    if t is not dx:
+        dx[...] = t
+
+
+def avgpool2d_forward(x: np.ndarray, y: np.ndarray, kernel: Pair, stride: Pair,
+                      padding: Pair = (0, 0), threads: int | None = None) -> None:
+    """Write the average pooling of ``x`` (padding counted) into ``y``."""
+    ensure_blas_policy()
+    t = _writable(y)
+    b = _bounds(x.shape[0] * x.shape[1], threads)
+    _avgpool_fwd_par(_planes(x), _planes(t), b, *kernel, *stride, *padding)
+    if t is not y:
+        y[...] = t
+
+
+def avgpool2d_backward(dy: np.ndarray, dx: np.ndarray, kernel: Pair, stride: Pair,
+                       padding: Pair = (0, 0), threads: int | None = None) -> None:
+    """Overwrite ``dx`` with the gradient of average pooling."""
+    ensure_blas_policy()
+    t = _writable(dx)
+    b = _bounds(dx.shape[0] * dx.shape[1], threads)
+    _avgpool_bwd_par(_planes(dy), _planes(t), b, *kernel, *stride, *padding)
+    if t is not dx:
+        dx[...] = t

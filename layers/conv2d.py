@@ -1,0 +1,127 @@
+"""Conv2d: 2-D convolution over NCHW activations with PyTorch's weight layout and init."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels.conv import conv2d_backward, conv2d_forward, conv2d_workspace_bytes, conv_output_hw
+from .base import Layer, ParamSpec, Shape
+
+
+def _pair(v: int | tuple[int, int], name: str, minimum: int) -> tuple[int, int]:
+    p = (v, v) if isinstance(v, (int, np.integer)) else tuple(v)
+    if len(p) != 2 or not all(isinstance(a, (int, np.integer)) for a in p):
+        raise ValueError(f"{name} must be an int or a pair of ints, got {v!r}")
+    if min(p) < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {v!r}")
+    return int(p[0]), int(p[1])
+
+
+class Conv2d(Layer):
+    """``y = conv2d(x, weight) + bias`` like ``torch.nn.Conv2d`` (zero padding, NCHW).
+
+    ``weight`` is ``(out_channels, in_channels // groups, kh, kw)``, ``bias`` ``(out_channels,)``,
+    both initialised U(-1/sqrt(fan_in), 1/sqrt(fan_in)) as in PyTorch. Backward keeps only
+    the input; the im2col buffers live in the declared workspace.
+    """
+
+    kind = "conv"
+    retain_inputs = (0,)
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | tuple[int, int],
+        stride: int | tuple[int, int] = 1,
+        padding: int | tuple[int, int] = 0,
+        dilation: int | tuple[int, int] = 1,
+        groups: int = 1,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        if in_channels < 1 or out_channels < 1 or groups < 1:
+            raise ValueError("in_channels, out_channels and groups must be positive")
+        if in_channels % groups or out_channels % groups:
+            raise ValueError(
+                f"in_channels ({in_channels}) and out_channels ({out_channels}) must be "
+                f"divisible by groups ({groups})"
+            )
+        self.in_channels = int(in_channels)
+        self.out_channels = int(out_channels)
+        self.kernel_size = _pair(kernel_size, "kernel_size", 1)
+        self.stride = _pair(stride, "stride", 1)
+        self.padding = _pair(padding, "padding", 0)
+        self.dilation = _pair(dilation, "dilation", 1)
+        self.groups = int(groups)
+        self.bias = bool(bias)
+
+    def describe(self) -> str:
+        s = (f"Conv2d({self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+             f"stride={self.stride}")
+        if self.padding != (0, 0):
+            s += f", padding={self.padding}"
+        if self.dilation != (1, 1):
+            s += f", dilation={self.dilation}"
+        if self.groups != 1:
+            s += f", groups={self.groups}"
+        if not self.bias:
+            s += ", bias=False"
+        return s + ")"
+
+    # ----------------------------------------------------------------- declarations
+    def _fan_in(self) -> int:
+        return self.in_channels // self.groups * self.kernel_size[0] * self.kernel_size[1]
+
+    def output_shapes(self, in_shapes: list[Shape]) -> list[Shape]:
+        s = tuple(in_shapes[0])
+        expected = f"(N, {self.in_channels}, H, W)"
+        if len(s) != 4 or s[1] != self.in_channels:
+            raise self.shape_error(expected, s)
+        ho, wo = conv_output_hw(s[2:], self.kernel_size, self.stride, self.padding, self.dilation)
+        if ho < 1 or wo < 1:
+            raise self.shape_error(
+                f"{expected} with H, W large enough for a positive output (got output "
+                f"{ho}x{wo})", s)
+        return [(s[0], self.out_channels, ho, wo)]
+
+    def param_specs(self) -> dict[str, ParamSpec]:
+        kh, kw = self.kernel_size
+        fan_in = self._fan_in()
+        specs = {"weight": ParamSpec(
+            (self.out_channels, self.in_channels // self.groups, kh, kw), "uniform", fan_in)}
+        if self.bias:
+            specs["bias"] = ParamSpec((self.out_channels,), "uniform", fan_in)
+        return specs
+
+    def _workspace(self, in_shapes: list[Shape], dtype: np.dtype, backward: bool) -> int:
+        self.output_shapes(in_shapes)
+        return conv2d_workspace_bytes(
+            tuple(in_shapes[0]), self.out_channels, self.kernel_size, self.stride,
+            self.padding, self.dilation, self.groups, dtype, backward)
+
+    def forward_workspace_bytes(self, in_shapes: list[Shape], dtype: np.dtype) -> int:
+        return self._workspace(in_shapes, dtype, backward=False)
+
+    def backward_workspace_bytes(self, in_shapes: list[Shape], dtype: np.dtype) -> int:
+        return self._workspace(in_shapes, dtype, backward=True)
+
+    def flops(self, in_shapes: list[Shape]) -> int:
+        n, cout, ho, wo = self.output_shapes(in_shapes)[0]
+        return 2 * n * cout * ho * wo * self._fan_in()
+
+    # ----------------------------------------------------------------- compute
+    def forward(self, ctx, inputs, outputs, params, stash, workspace) -> None:
+        conv2d_forward(
+            inputs[0], params["weight"], params.get("bias"), outputs[0], self.stride,
+            self.padding, self.dilation, self.groups, workspace)
+
+    def backward(self, ctx, grad_outputs, grad_inputs, inputs, outputs, params, grad_params,
+                 stash, workspace) -> None:
+        conv2d_backward(
+            inputs[0], params["weight"], grad_outputs[0], grad_inputs[0],
+            grad_params["weight"], grad_params.get("bias"), self.stride, self.padding,
+            self.dilation, self.groups, workspace)
+
+
+__all__ = ["Conv2d"]

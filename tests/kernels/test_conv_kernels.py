@@ -1,0 +1,148 @@
+"""Conv kernels: Numba im2col / col2im and both CPU algorithms against the NumPy references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from minidl.kernels import conv as K
+
+SETTINGS = settings(max_examples=25, deadline=None)
+
+
+@st.composite
+def conv_cases(draw, max_k: int = 3):
+    groups = draw(st.integers(1, 3))
+    cin, cout = groups * draw(st.integers(1, 3)), groups * draw(st.integers(1, 3))
+    kernel = (draw(st.integers(1, max_k)), draw(st.integers(1, max_k)))
+    stride = (draw(st.integers(1, 2)), draw(st.integers(1, 3)))
+    padding = (draw(st.integers(0, 2)), draw(st.integers(0, 2)))
+    dilation = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    hw = (draw(st.integers(1, 8)), draw(st.integers(1, 8)))
+    ho, wo = K.conv_output_hw(hw, kernel, stride, padding, dilation)
+    assume(ho >= 1 and wo >= 1)
+    n = draw(st.integers(1, 4))
+    return dict(x_shape=(n, cin, *hw), cout=cout, kernel=kernel, stride=stride,
+                padding=padding, dilation=dilation, groups=groups,
+                bias=draw(st.booleans()), threads=draw(st.integers(1, 3)),
+                seed=draw(st.integers(0, 2**31)))
+
+
+def _run(case, dtype=np.float64, need_dx=True, workspace_pad=0):
+    rng = np.random.default_rng(case["seed"])
+    n, cin, h, w = case["x_shape"]
+    cout, g = case["cout"], case["groups"]
+    x = rng.standard_normal(case["x_shape"]).astype(dtype)
+    wt = rng.standard_normal((cout, cin // g, *case["kernel"])).astype(dtype)
+    b = rng.standard_normal(cout).astype(dtype) if case["bias"] else None
+    geom = (case["stride"], case["padding"], case["dilation"], g)
+    y_ref = K.conv2d_forward_ref(x, wt, b, *geom)
+    dy = rng.standard_normal(y_ref.shape).astype(dtype)
+    dx_ref, dw_ref, db_ref = K.conv2d_backward_ref(x, wt, dy, *geom)
+
+    t = case["threads"]
+    y = np.full(y_ref.shape, np.nan, dtype)
+    nb = K.conv2d_workspace_bytes(x.shape, cout, case["kernel"], *geom, dtype, False, t)
+    ws = np.full(nb + workspace_pad, 0xA5, np.uint8)
+    K.conv2d_forward(x, wt, b, y, *geom, workspace=ws, threads=t)
+    dx = np.full(x.shape, np.nan, dtype) if need_dx else None
+    dw = np.full(wt.shape, np.nan, dtype)
+    db = np.full(cout, np.nan, dtype) if case["bias"] else None
+    nb = K.conv2d_workspace_bytes(x.shape, cout, case["kernel"], *geom, dtype, True, t)
+    ws = np.full(nb + workspace_pad, 0xA5, np.uint8)
+    K.conv2d_backward(x, wt, dy, dx, dw, db, *geom, workspace=ws, threads=t)
+    return (y, dx, dw, db), (y_ref, dx_ref, dw_ref, db_ref)
+
+
+def _close(got, want, dtype):
+    tol = 1e-10 if dtype == np.float64 else 2e-4
+    for a, b in zip(got, want):
+        if a is not None:
+            np.testing.assert_allclose(a, b, rtol=tol, atol=tol * max(1.0, np.abs(b).max()))
+
+
+@SETTINGS
+@given(case=conv_cases(), need_dx=st.booleans())
+def test_matches_reference(case, need_dx):
+    got, want = _run(case, need_dx=need_dx)
+    _close(got, want, np.float64)
+    if not need_dx:
+        assert got[1] is None
+
+
+def test_float32_and_threads():
+    case = dict(x_shape=(5, 4, 9, 7), cout=6, kernel=(3, 3), stride=(1, 1), padding=(1, 1),
+                dilation=(1, 1), groups=2, bias=True, threads=2, seed=3)
+    got, want = _run(case, np.float32, workspace_pad=100)
+    assert all(a.dtype == np.float32 for a in got)
+    _close(got, want, np.float32)
+    one, _ = _run(dict(case, threads=1), np.float32)
+    np.testing.assert_array_equal(one[0], got[0])  # forward: per image, independent of chunks
+    np.testing.assert_array_equal(one[1], got[1])
+    again, _ = _run(case, np.float32)
+    for a, b in zip(again, got):
+        np.testing.assert_array_equal(a, b)  # deterministic
+
+
+def test_smallcnn_shapes_float32():
+    for x_shape, cout in (((8, 1, 28, 28), 32), ((8, 32, 14, 14), 64)):
+        case = dict(x_shape=x_shape, cout=cout, kernel=(3, 3), stride=(1, 1), padding=(1, 1),
+                    dilation=(1, 1), groups=1, bias=True, threads=2, seed=0)
+        got, want = _run(case, np.float32)
+        _close(got, want, np.float32)
+
+
+def test_workspace_too_small_raises_and_fewer_threads_fit():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 3, 6, 6))
+    w = rng.standard_normal((5, 3, 3, 3))
+    y = np.empty((4, 5, 4, 4))
+    one = K.conv2d_workspace_bytes(x.shape, 5, (3, 3), (1, 1), (0, 0), (1, 1), 1, x.dtype,
+                                   False, threads=1)
+    with pytest.raises(ValueError, match="workspace"):
+        K.conv2d_forward(x, w, None, y, workspace=np.empty(one - 1, np.uint8), threads=2)
+    K.conv2d_forward(x, w, None, y, workspace=np.empty(one, np.uint8), threads=2)
+    np.testing.assert_allclose(y, K.conv2d_forward_ref(x, w, None), rtol=1e-12)
+    two = K.conv2d_workspace_bytes(x.shape, 5, (3, 3), (1, 1), (0, 0), (1, 1), 1, x.dtype,
+                                   False, threads=2)
+    assert two == 2 * one
+
+
+def test_non_contiguous_arrays():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 6, 5, 4)).transpose(0, 1, 3, 2)  # (3, 6, 4, 5), not C-order
+    w = rng.standard_normal((4, 6, 2, 2))[:, :, ::-1]
+    y = np.empty((3, 4, 4, 6, 2))[..., 0]  # (3, 4, 4, 6), strided output
+    with pytest.raises(ValueError, match="y has shape"):
+        K.conv2d_forward(x, w, None, y[:, :, :3], padding=(1, 1), dilation=(2, 1))
+    K.conv2d_forward(x, w, None, y, padding=(1, 1), dilation=(2, 1))
+    np.testing.assert_allclose(y, K.conv2d_forward_ref(x, w, None, (1, 1), (1, 1), (2, 1)),
+                               rtol=1e-12, atol=1e-12)
+    dy = rng.standard_normal((3, 4, 4, 6))
+    dx, dw = np.empty((3, 6, 4, 5, 2))[..., 1], np.empty((4, 6, 2, 2, 2))[..., 0]
+    K.conv2d_backward(x, w, dy, dx, dw, None, padding=(1, 1), dilation=(2, 1))
+    dx_r, dw_r, _ = K.conv2d_backward_ref(x, w, dy, (1, 1), (1, 1), (2, 1))
+    np.testing.assert_allclose(dx, dx_r, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(dw, dw_r, rtol=1e-12, atol=1e-12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(c=st.integers(1, 3), h=st.integers(1, 7), w=st.integers(1, 7), kh=st.integers(1, 3),
+       kw=st.integers(1, 3), sh=st.integers(1, 3), sw=st.integers(1, 3), ph=st.integers(0, 2),
+       pw=st.integers(0, 2), dh=st.integers(1, 2), dw=st.integers(1, 2))
+def test_im2col_col2im_match_reference(c, h, w, kh, kw, sh, sw, ph, pw, dh, dw):
+    ho, wo = K.conv_output_hw((h, w), (kh, kw), (sh, sw), (ph, pw), (dh, dw))
+    assume(ho >= 1 and wo >= 1)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, c, h, w))
+    col = np.full(c * kh * kw * ho * wo, np.nan)
+    K.im2col(x.reshape(-1), c * h * w, col, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo)
+    want = K.im2col_ref(x[1], (kh, kw), (sh, sw), (ph, pw), (dh, dw))
+    np.testing.assert_array_equal(col.reshape(want.shape), want)
+    # col2im is the adjoint of im2col: <im2col(x), c> == <x, col2im(c)>
+    cvec = rng.standard_normal(col.size)
+    dx = np.full(2 * c * h * w, np.nan)
+    K.col2im(cvec, dx, c * h * w, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo)
+    np.testing.assert_allclose(np.dot(col, cvec), np.dot(x[1].reshape(-1), dx[c * h * w:]),
+                               rtol=1e-10, atol=1e-10)

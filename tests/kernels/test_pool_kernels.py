@@ -1,0 +1,126 @@
+"""Pool kernels: Numba max / average pooling against the NumPy references (and PyTorch)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from minidl.kernels import pool as P
+
+
+@st.composite
+def pool_cases(draw):
+    kernel = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    padding = (draw(st.integers(0, kernel[0] // 2)), draw(st.integers(0, kernel[1] // 2)))
+    hw = (draw(st.integers(1, 9)), draw(st.integers(1, 9)))
+    ho, wo = P.pool_output_hw(hw, kernel, stride, padding)
+    assume(ho >= 1 and wo >= 1)
+    shape = (draw(st.integers(1, 3)), draw(st.integers(1, 3)), *hw)
+    return dict(shape=shape, kernel=kernel, stride=stride, padding=padding,
+                threads=draw(st.integers(1, 3)), seed=draw(st.integers(0, 2**31)),
+                ties=draw(st.booleans()))
+
+
+def _input(case, dtype=np.float64):
+    rng = np.random.default_rng(case["seed"])
+    x = rng.standard_normal(case["shape"])
+    if case["ties"]:
+        x = np.round(x)  # many equal values: the first maximum must win
+    return x.astype(dtype)
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=pool_cases())
+def test_maxpool_matches_reference(case):
+    x = _input(case)
+    geom = (case["kernel"], case["stride"], case["padding"])
+    y_ref, i_ref = P.maxpool2d_forward_ref(x, *geom)
+    y = np.full(y_ref.shape, np.nan)
+    idx = np.full(y_ref.shape, 255, P.argmax_dtype(case["kernel"]))
+    P.maxpool2d_forward(x, y, idx, *geom, threads=case["threads"])
+    np.testing.assert_array_equal(y, y_ref)
+    np.testing.assert_array_equal(idx, i_ref)
+    dy = np.random.default_rng(1).standard_normal(y.shape)
+    dx = np.full(x.shape, np.nan)
+    P.maxpool2d_backward(dy, idx, dx, *geom, threads=case["threads"])
+    np.testing.assert_allclose(dx, P.maxpool2d_backward_ref(dy, i_ref, x.shape, *geom),
+                               rtol=1e-15, atol=0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(case=pool_cases())
+def test_avgpool_matches_reference(case):
+    x = _input(case)
+    geom = (case["kernel"], case["stride"], case["padding"])
+    y_ref = P.avgpool2d_forward_ref(x, *geom)
+    y = np.full(y_ref.shape, np.nan)
+    P.avgpool2d_forward(x, y, *geom, threads=case["threads"])
+    np.testing.assert_allclose(y, y_ref, rtol=1e-12, atol=1e-14)
+    dy = np.random.default_rng(1).standard_normal(y.shape)
+    dx = np.full(x.shape, np.nan)
+    P.avgpool2d_backward(dy, dx, *geom, threads=case["threads"])
+    np.testing.assert_allclose(dx, P.avgpool2d_backward_ref(dy, x.shape, *geom),
+                               rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 8, 8), (2, 3, 9, 7)])
+def test_maxpool_2x2_fast_path_nan_and_float32(shape):
+    """The vectorised 2x2/2 path: float32, NaN propagation (last NaN wins, as PyTorch)."""
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    x[0, 0, 1, 1] = np.nan
+    x[1, 2, 2:4, 2:4] = np.nan
+    x[1, 1, 4, 4] = -np.inf
+    y_ref, i_ref = P.maxpool2d_forward_ref(x, (2, 2), (2, 2))
+    y = np.empty_like(y_ref)
+    idx = np.empty(y.shape, np.uint8)
+    P.maxpool2d_forward(x, y, idx, (2, 2), (2, 2))
+    assert y.dtype == np.float32
+    np.testing.assert_array_equal(y, y_ref)
+    np.testing.assert_array_equal(idx, i_ref)
+    assert idx[1, 2, 1, 1] == 3
+    dy = np.ones_like(y)
+    dx = np.full(x.shape, np.nan, np.float32)
+    P.maxpool2d_backward(dy, idx, dx, (2, 2), (2, 2))
+    np.testing.assert_array_equal(dx, P.maxpool2d_backward_ref(dy, idx, x.shape, (2, 2), (2, 2)))
+
+
+def test_argmax_dtype():
+    assert P.argmax_dtype((2, 2)) == np.uint8
+    assert P.argmax_dtype((16, 16)) == np.uint8
+    assert P.argmax_dtype((16, 17)) == np.uint16
+
+
+def test_non_contiguous_outputs():
+    x = np.random.default_rng(0).standard_normal((2, 3, 6, 6))
+    y = np.empty((2, 3, 3, 3, 2))[..., 0]
+    idx = np.empty((2, 3, 3, 3, 2), np.uint8)[..., 1]
+    P.maxpool2d_forward(x.transpose(0, 1, 3, 2), y, idx, (2, 2), (2, 2))
+    y_ref, i_ref = P.maxpool2d_forward_ref(x.transpose(0, 1, 3, 2), (2, 2), (2, 2))
+    np.testing.assert_array_equal(y, y_ref)
+    np.testing.assert_array_equal(idx, i_ref)
+    dx = np.empty((2, 3, 6, 6, 2))[..., 0]
+    P.maxpool2d_backward(y, idx, dx, (2, 2), (2, 2))
+    np.testing.assert_array_equal(dx, P.maxpool2d_backward_ref(y, i_ref, x.shape, (2, 2), (2, 2)))
+
+
+@pytest.mark.parametrize("kernel,stride,padding", [((2, 2), (2, 2), (0, 0)),
+                                                   ((3, 3), (2, 2), (1, 1)),
+                                                   ((3, 2), (1, 2), (1, 0))])
+def test_reference_matches_torch(kernel, stride, padding):
+    torch = pytest.importorskip("torch")
+    x = np.random.default_rng(0).standard_normal((2, 3, 9, 8))
+    yt, it = torch.nn.functional.max_pool2d(torch.from_numpy(x), kernel, stride, padding,
+                                            return_indices=True)
+    y, idx = P.maxpool2d_forward_ref(x, kernel, stride, padding)
+    np.testing.assert_array_equal(y, yt.numpy())
+    # torch's index is flat in the unpadded input; rebuild ours
+    ho, wo = y.shape[2:]
+    i, j = np.divmod(idx.astype(np.int64), kernel[1])
+    rows = np.arange(ho)[:, None] * stride[0] - padding[0] + i
+    cols = np.arange(wo)[None, :] * stride[1] - padding[1] + j
+    np.testing.assert_array_equal(rows * x.shape[3] + cols, it.numpy())
+    ya = torch.nn.functional.avg_pool2d(torch.from_numpy(x), kernel, stride, padding)
+    np.testing.assert_allclose(P.avgpool2d_forward_ref(x, kernel, stride, padding), ya.numpy(),
+                               rtol=1e-12)
