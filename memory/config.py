@@ -19,6 +19,9 @@ FLAGS: dict[str, tuple[tuple[str, ...] | None, str]] = {
     "recompute": (("sqrt", "speed", "memory", "cost"),
                   "drop feature maps in forward, recompute them from checkpoints in backward "
                   "(Chen et al., SuperNeurons); implies reuse"),
+    "auto": (None, "choose keep / swap / recompute per feature map to fit budget=SIZE at the "
+                   "least estimated time (Capuchin, moDNN)"),
+    "budget": (("<size>",), "device bytes the auto planner must fit, e.g. budget=2GiB"),
 }
 
 #: Presets: name -> the spec they expand to.
@@ -67,11 +70,20 @@ class MemoryConfig:
             values, _ = FLAGS[name]
             if values is None and value:
                 raise ValueError(f"memory flag {name!r} takes no value (got {value!r})")
-            if values is not None and value not in values:
+            if values == ("<size>",):
+                from .units import parse_size
+
+                try:
+                    value = str(parse_size(value))
+                except ValueError as e:
+                    raise ValueError(f"memory flag {name!r}: {e}") from None
+            elif values is not None and value not in values:
                 raise ValueError(
                     f"memory flag {name!r} needs a value in {'|'.join(values)} (got {value!r})"
                 )
             flags[name] = value
+        if "budget" in flags and "auto" not in flags:
+            raise ValueError("budget=SIZE is for the auto planner: add 'auto' to the spec")
         if len(flags) > 1:
             flags.pop("none", None)
         if not flags:
@@ -83,6 +95,12 @@ class MemoryConfig:
 
     def get(self, name: str, default: str | None = None) -> str | None:
         return self.flags.get(name, default)
+
+    @property
+    def budget(self) -> int | None:
+        """The auto planner's budget in bytes, if given."""
+        b = self.flags.get("budget")
+        return int(b) if b else None
 
     @property
     def spec(self) -> str:

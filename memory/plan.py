@@ -53,8 +53,10 @@ class Plan:
     #: Blocks the plan swaps to host, and whether released blocks stay cached on device.
     swapped: list[int] = field(default_factory=list)
     cache: bool = False
-    #: True once the plan was made from measured step times (``swap=auto``).
+    #: True once the plan was made from measured step times (``swap=auto``, ``auto``).
     measured: bool = False
+    #: The auto planner's decisions (:class:`~minidl.memory.auto.AutoChoice`), if any.
+    auto: object = None
 
     def actions(self):
         """Every action in execution order, as (position, action); position -1 is ``begin``,

@@ -2,32 +2,16 @@
 
 from __future__ import annotations
 
+from .auto import auto_plan
+from .base_plan import base_plan, iteration_peak
 from .config import MemoryConfig
-from .inplace import inplace_aliases
-from .liveness import liveness_plan
-from .network_wide import network_wide_keep
 from .plan import Plan
 from .program import Program
 from .recompute import policy_program
-from .reuse import intra_layer_aliases
-from .static_plan import block_intervals, max_live_bytes, static_plan
+from .static_plan import static_plan
 from .swap import swap_plan
 
-
-def _liveness_plan(program: Program, config: MemoryConfig) -> Plan:
-    frees_early = config.has("reuse") or config.has("recompute")
-    keep = None if frees_early else network_wide_keep(program)
-    aliases: dict[int, int] = {}
-    if config.has("inplace"):
-        aliases = inplace_aliases(program, aliases)
-    if frees_early:
-        aliases = intra_layer_aliases(program, aliases)
-    return liveness_plan(program, aliases, keep)
-
-
-def iteration_peak(program: Program, config: MemoryConfig) -> int:
-    """Peak bytes of one iteration's non-persistent tensors under ``config``'s sharing."""
-    return max_live_bytes(block_intervals(_liveness_plan(program, config)))
+__all__ = ["iteration_peak", "make_plan"]
 
 
 def make_plan(program: Program, config: MemoryConfig,
@@ -41,10 +25,14 @@ def make_plan(program: Program, config: MemoryConfig,
     (``step_times`` measured in a first iteration drive ``swap=auto``); ``cache`` keeps
     released blocks while memory allows; ``static`` fixes every block's offset ahead of time.
     """
+    if config.has("auto") and program.training:
+        plan = auto_plan(program, config.budget, step_times)
+        plan.spec = config.spec
+        return plan
     if config.has("recompute") and program.training:
         program = policy_program(program, config.get("recompute"),
                                  peak_of=lambda p: iteration_peak(p, config))
-    plan = _liveness_plan(program, config)
+    plan = base_plan(program, config)
     if config.has("recompute") and program.training:
         m = program.meta
         plan.notes.append(

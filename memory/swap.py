@@ -83,8 +83,11 @@ def hides_transfer(c: SwapCandidate, step_times: list[float], bandwidth: float) 
 
 def swap_plan(plan: Plan, mode: str, lookahead: int = 2, lag: int = 1,
               step_times: list[float] | None = None,
-              bandwidth: float = DEFAULT_BANDWIDTH) -> Plan:
-    """Insert offload / release / prefetch / await actions into ``plan`` (in place)."""
+              bandwidth: float = DEFAULT_BANDWIDTH, only: set[int] | None = None) -> Plan:
+    """Insert offload / release / prefetch / await actions into ``plan`` (in place).
+
+    ``only`` restricts swapping to the blocks holding these tensors (the auto planner's
+    choice); ``mode`` then only names the candidates considered."""
     program = plan.program
     chosen = []
     measured = step_times is not None and len(step_times) == len(program.steps) \
@@ -94,6 +97,8 @@ def swap_plan(plan: Plan, mode: str, lookahead: int = 2, lag: int = 1,
         if c.first_backward - c.last_forward < lag + 2:
             continue  # no idle time to hide anything
         if base_mode == "auto" and not hides_transfer(c, step_times, bandwidth):
+            continue
+        if only is not None and c.root not in only:
             continue
         chosen.append(c)
     for c in chosen:

@@ -146,7 +146,8 @@ class Engine:
     def refine(self, c: Compiled) -> Compiled:
         """After a measured iteration, re-plan what depends on measured step times
         (``swap=auto``: Capuchin's choice of the tensors whose transfer hides under compute)."""
-        if self.config.get("swap") != "auto" or c.plan.measured:
+        if (self.config.get("swap") != "auto" and not self.config.has("auto")) \
+                or c.plan.measured:
             return c
         times = list(c.executor.step_times)
         plan = make_plan(c.lowered.program, self.config, step_times=times)

@@ -1,0 +1,202 @@
+"""``auto`` with a budget: for every feature map kept for backward, choose keep / swap /
+recompute so the iteration fits the budget at the least estimated time (Capuchin, moDNN, DTR).
+
+The planner walks a greedy path from the plain ``reuse,inplace`` plan. At each point it looks
+at the tensors live at the plan's peak and tries, for each, to swap it (extra time: the part of
+its two transfers that its idle time between forward and backward does not hide — Capuchin's
+rule) or to recompute the layer that made it (extra time: the forward steps recomputed).
+It takes the action with the most peak reduction per second of extra time, and only actions
+that lower the peak, so the peak falls strictly along the path. A budget stops the walk at the
+first plan that fits; a smaller budget walks further, so the peak never rises as the budget
+falls. Costs come from measured step times when there are any, else from FLOPs at an assumed
+throughput. Offsets are then planned statically (no fragmentation: the budget is the arena).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .base_plan import base_plan, plan_peak
+from .config import MemoryConfig
+from .liveness import root_of
+from .plan import Plan
+from .program import Program
+from .recompute import recompute_program
+from .static_plan import block_intervals, static_plan
+from .swap import DEFAULT_BANDWIDTH, swap_candidates, swap_plan
+
+#: FLOP/s assumed for compute before any step is measured (this class of CPU, float32 GEMM).
+DEFAULT_FLOPS_PER_S = 2.0e10
+_BASE = MemoryConfig.parse("reuse,inplace")
+
+
+class BudgetTooSmall(MemoryError):
+    """No plan fits the budget; the message gives the smallest peak reached and its parts."""
+
+
+@dataclass
+class AutoChoice:
+    """What the auto planner decided: original value tensors swapped, forward steps dropped
+    (recomputed in backward), and the resulting estimated overhead."""
+
+    swapped: set[int] = field(default_factory=set)
+    dropped: set[int] = field(default_factory=set)
+    extra_time_s: float = 0.0
+    peak: int = 0
+    path: list[tuple[str, str, int, float]] = field(default_factory=list)
+
+
+def step_costs(program: Program, step_times: list[float] | None,
+               flops_per_s: float = DEFAULT_FLOPS_PER_S) -> list[float]:
+    """Seconds per step of ``program``: measured when given (and of the right length), else
+    from FLOPs at ``flops_per_s``."""
+    if step_times is not None and len(step_times) == len(program.steps) and sum(step_times) > 0:
+        return [float(t) for t in step_times]
+    return [max(s.flops, 1) / flops_per_s for s in program.steps]
+
+
+def _values(program: Program) -> list[int]:
+    return [t for st in program.steps if st.phase == "forward" for t in st.writes
+            if program.tensors[t].role == "value"]
+
+
+def build(program: Program, choice: AutoChoice) -> Plan:
+    """The plan for a choice: recompute rewrite, sharing and liveness, then swapping."""
+    prog = program
+    if choice.dropped:
+        producer_of = {t: st.index for st in program.steps if st.phase == "forward"
+                       for t in st.writes}
+        keep = {t for t in _values(program) if producer_of.get(t) not in choice.dropped}
+        fwd_of_node = {s.node: s.index for s in program.steps if s.phase == "forward"}
+        # one recomputation per run of consecutive dropped layers (speed-centric)
+        seg, s = {}, 0
+        for st in program.steps:
+            if st.phase == "forward":
+                seg[st.index] = s
+                if st.index not in choice.dropped:
+                    s += 1
+        groups = {st.index: seg.get(fwd_of_node.get(st.node, -1), -1 - st.index)
+                  for st in program.steps if st.phase == "backward"}
+        prog = recompute_program(program, keep, groups)
+    plan = base_plan(prog, _BASE)
+    if choice.swapped:
+        roots = {root_of(plan.aliases, t) for t in choice.swapped}
+        plan = swap_plan(plan, "all", only=roots)
+    return plan
+
+
+def _live_at_peak(plan: Plan) -> list[int]:
+    """Original tensors (clones mapped back) whose blocks are live at the plan's peak."""
+    iv = block_intervals(plan)
+    events = sorted([(s, size, k) for k, (s, _, size) in iv.items()]
+                    + [(e, -size, k) for k, (_, e, size) in iv.items()])
+    live, best, best_t = 0, -1, 0
+    for t, d, _ in events:
+        live += d
+        if live > best:
+            best, best_t = live, t
+    tensors = plan.program.tensors
+    roots = {tid for (tid, _), (s, e, _) in iv.items() if s <= best_t < e}
+    members = roots | {t for t in plan.aliases if root_of(plan.aliases, t) in roots}
+    out = []
+    for tid in sorted(members):
+        t = tensors[tid]
+        out.append(t.of if t.of >= 0 and t.role == "value" else tid)
+    return out
+
+
+def auto_choose(program: Program, budget: int | None, step_times: list[float] | None = None,
+                bandwidth: float = DEFAULT_BANDWIDTH,
+                flops_per_s: float = DEFAULT_FLOPS_PER_S, max_moves: int = 400) -> AutoChoice:
+    """Walk the greedy path until the total peak (persistent + iteration) fits ``budget``
+    (``None``: walk to the end, the smallest peak this planner reaches)."""
+    persistent = program.persistent_bytes()
+    costs = step_costs(program, step_times, flops_per_s)
+    producer = {t: st for st in program.steps if st.phase == "forward" for t in st.writes}
+    loss_step = producer.get(program.loss)
+    cands = {c.root: c for c in swap_candidates(program, {}, "all")
+             if c.first_backward - c.last_forward >= 3}
+    choice = AutoChoice()
+    plan = build(program, choice)
+    choice.peak = persistent + plan_peak(plan)
+    for _ in range(max_moves):
+        if budget is not None and choice.peak <= budget:
+            break
+        best = None
+        for t in dict.fromkeys(_live_at_peak(plan)):
+            spec = program.tensors[t]
+            if spec.role != "value" or spec.category not in ("feature_map", "input"):
+                continue
+            options = []
+            if t in cands and t not in choice.swapped:
+                c = cands[t]
+                idle = sum(costs[c.last_forward + 1:c.first_backward])
+                extra = max(0.0, 2.0 * c.nbytes / bandwidth - idle)
+                options.append(("swap", extra))
+            st = producer.get(t)
+            if st is not None and st is not loss_step and spec.category == "feature_map" \
+                    and st.index not in choice.dropped:
+                options.append(("recompute", costs[st.index]))
+            for kind, extra in options:
+                trial = AutoChoice(set(choice.swapped), set(choice.dropped))
+                if kind == "swap":
+                    trial.swapped.add(t)
+                else:
+                    trial.dropped.add(producer[t].index)
+                tplan = build(program, trial)
+                peak = persistent + plan_peak(tplan)
+                if peak >= choice.peak:
+                    continue
+                if kind == "recompute":
+                    extra = max(0.0, _recompute_time(tplan, costs) - _recompute_time(plan, costs))
+                score = (choice.peak - peak) / (extra + 1e-9)
+                if best is None or score > best[0]:
+                    best = (score, kind, t, extra, trial, tplan, peak)
+        if best is None:
+            break
+        _, kind, t, extra, trial, tplan, peak = best
+        trial.extra_time_s = choice.extra_time_s + extra
+        trial.peak = peak
+        trial.path = choice.path + [(kind, program.tensors[t].name, peak, extra)]
+        choice, plan = trial, tplan
+    return choice
+
+
+def _recompute_time(plan: Plan, costs: list[float]) -> float:
+    prog = plan.program
+    if prog.origins is None:
+        return 0.0
+    return sum(costs[o] for o, s in zip(prog.origins, prog.steps) if s.phase == "recompute")
+
+
+def auto_plan(program: Program, budget: int | None, step_times: list[float] | None = None,
+              **kwargs) -> Plan:
+    """The auto plan for ``budget`` (static offsets, notes saying what was chosen).
+
+    Raises :class:`BudgetTooSmall` when even the end of the path does not fit."""
+    choice = auto_choose(program, budget, step_times, **kwargs) if budget is not None \
+        else AutoChoice(peak=program.persistent_bytes() + plan_peak(build(program, AutoChoice())))
+    plan = build(program, choice)
+    measured = step_times is not None and len(step_times) == len(program.steps)
+    if budget is not None and choice.peak > budget:
+        smallest = choice  # the walk ended without fitting: this is the smallest peak
+        by_cat: dict[str, int] = {"persistent": program.persistent_bytes()}
+        raise BudgetTooSmall(
+            f"no plan fits the budget of {budget:,} B: the smallest peak the auto planner "
+            f"reaches is {smallest.peak:,} B ({smallest.peak / 2**20:.1f} MiB: "
+            f"{by_cat['persistent']:,} B of parameters, gradients and optimizer state, "
+            f"{smallest.peak - by_cat['persistent']:,} B of feature maps, gradient maps and "
+            f"workspace after swapping {len(smallest.swapped)} and recomputing "
+            f"{len(smallest.dropped)} feature maps); a larger budget, a smaller batch or "
+            f"batch splitting (split=K) would fit"
+            )
+    plan = static_plan(plan, base=program.persistent_bytes())
+    how = "measured step times" if measured else "cost model: FLOPs at an assumed rate"
+    plan.notes.insert(0, (
+        f"auto: budget {budget:,} B; {len(choice.swapped)} feature maps swapped, "
+        f"{len(choice.dropped)} layers recomputed; estimated overhead "
+        f"{1000 * choice.extra_time_s:.1f} ms per iteration ({how})"
+        if budget is not None else "auto without a budget: reuse,inplace,static"))
+    plan.measured = measured
+    plan.auto = choice
+    return plan

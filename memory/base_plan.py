@@ -1,0 +1,37 @@
+"""The liveness plan every spec starts from: which tensors are kept to the end (``none``) or
+freed after their last use (``reuse``, ``recompute``), and which blocks are shared (``inplace``
+forward, ``reuse``'s intra-layer backward)."""
+
+from __future__ import annotations
+
+from .config import MemoryConfig
+from .inplace import inplace_aliases
+from .liveness import liveness_plan
+from .network_wide import network_wide_keep
+from .plan import Plan
+from .program import Program
+from .reuse import intra_layer_aliases
+from .static_plan import block_intervals, max_live_bytes
+
+
+def base_plan(program: Program, config: MemoryConfig) -> Plan:
+    """Liveness plan of ``program`` with the sharing ``config`` asks for."""
+    frees_early = config.has("reuse") or config.has("recompute") or config.has("auto")
+    keep = None if frees_early else network_wide_keep(program)
+    aliases: dict[int, int] = {}
+    if config.has("inplace") or config.has("auto"):
+        aliases = inplace_aliases(program, aliases)
+    if frees_early:
+        aliases = intra_layer_aliases(program, aliases)
+    return liveness_plan(program, aliases, keep)
+
+
+def plan_peak(plan: Plan) -> int:
+    """Peak bytes of the plan's non-persistent blocks (what the pool allocates on top of the
+    persistent state, fragmentation aside)."""
+    return max_live_bytes(block_intervals(plan))
+
+
+def iteration_peak(program: Program, config: MemoryConfig) -> int:
+    """Peak bytes of one iteration's non-persistent tensors under ``config``'s sharing."""
+    return plan_peak(base_plan(program, config))
