@@ -1,0 +1,256 @@
+"""1-bit masks of ReLU outputs: pack the sign, unpack it, ReLU backward from the packed mask.
+
+Layout, the same for every implementation: element ``i`` of the flattened (C-order) array is
+bit ``i % 8`` (least significant bit first) of byte ``i // 8``, and the bit is ``x > 0``: +0.0,
+-0.0, negatives and NaN give 0, +inf gives 1. That is exactly
+``np.packbits(x.ravel() > 0, bitorder="little")``: ``packed_nbytes(n) = ceil(n / 8)`` bytes,
+the unused high bits of the last byte are 0. The sign of a ReLU's output equals that of its
+input, so either can be packed.
+
+Each op has a NumPy reference (``impl="numpy"``), a Numba CPU version (``"numba"``, parallel
+over chunks) and a Numba CUDA version (``"cuda"``, grid-stride loops, launched on ``stream``);
+``impl="auto"`` picks CUDA for device arrays and Numba for NumPy arrays. Packed outputs go
+into ``out`` when given: any C-contiguous buffer with enough bytes (a byte block from the
+pool will do); the function returns the ``uint8`` view of the bytes it wrote.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+from numba import njit, prange
+
+from . import _cuda
+
+cuda: Any = None  # numba.cuda, set by _cuda.bind on first CUDA use
+_CHUNK = 1 << 15  # mask bytes per parallel task (256 Ki elements)
+
+
+def packed_nbytes(n: int) -> int:
+    """Bytes of the packed mask of ``n`` elements: ``ceil(n / 8)``."""
+    return (int(n) + 7) // 8
+
+
+def _shape(shape: int | tuple[int, ...]) -> tuple[int, ...]:
+    return (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
+
+
+def into(out: np.ndarray, fn: Callable[[np.ndarray], None]) -> np.ndarray:
+    """Run ``fn(flat)`` on a flat view of ``out`` (via a copy if ``out`` is not contiguous)."""
+    if out.flags.c_contiguous:
+        fn(out.reshape(-1))
+    else:
+        tmp = np.empty(out.size, out.dtype)
+        fn(tmp)
+        out[...] = tmp.reshape(out.shape)
+    return out
+
+
+# ----------------------------------------------------------------------------- Numba CPU
+@njit(cache=True)
+def _pack_body(x, out):
+    for j in range(out.size):
+        b = np.uint8(0)
+        for k in range(8):
+            b |= np.uint8(x[8 * j + k] > 0) << k
+        out[j] = b
+
+
+@njit(cache=True, parallel=True)
+def _pack_nb(x, out):
+    n = x.size
+    nfull = n // 8
+    for t in prange((nfull + _CHUNK - 1) // _CHUNK):
+        lo = t * _CHUNK
+        hi = min(nfull, lo + _CHUNK)
+        _pack_body(x[8 * lo: 8 * hi], out[lo:hi])
+    if nfull * 8 < n:
+        b = np.uint8(0)
+        for k in range(n - 8 * nfull):
+            b |= np.uint8(x[8 * nfull + k] > 0) << k
+        out[nfull] = b
+
+
+@njit(cache=True)
+def _unpack_body(packed, out):
+    for j in range(packed.size):
+        b = packed[j]
+        for k in range(8):
+            out[8 * j + k] = (b >> k) & 1
+
+
+@njit(cache=True, parallel=True)
+def _unpack_nb(packed, out):
+    n = out.size
+    nfull = n // 8
+    for t in prange((nfull + _CHUNK - 1) // _CHUNK):
+        lo = t * _CHUNK
+        hi = min(nfull, lo + _CHUNK)
+        _unpack_body(packed[lo:hi], out[8 * lo: 8 * hi])
+    if nfull * 8 < n:
+        b = packed[nfull]
+        for k in range(n - 8 * nfull):
+            out[8 * nfull + k] = (b >> k) & 1
+
+
+@njit(cache=True)
+def _relu_bwd_body(dy, packed, out, zero):
+    for j in range(packed.size):
+        b = packed[j]
+        for k in range(8):
+            out[8 * j + k] = dy[8 * j + k] if (b >> k) & 1 else zero
+
+
+@njit(cache=True, parallel=True)
+def _relu_bwd_nb(dy, packed, out, zero):
+    n = out.size
+    nfull = n // 8
+    for t in prange((nfull + _CHUNK - 1) // _CHUNK):
+        lo = t * _CHUNK
+        hi = min(nfull, lo + _CHUNK)
+        _relu_bwd_body(dy[8 * lo: 8 * hi], packed[lo:hi], out[8 * lo: 8 * hi], zero)
+    if nfull * 8 < n:
+        b = packed[nfull]
+        for k in range(n - 8 * nfull):
+            out[8 * nfull + k] = dy[8 * nfull + k] if (b >> k) & 1 else zero
+
+
+@njit(cache=True)
+def _relu_bwd_inplace_body(a, packed, zero):
+    for j in range(packed.size):
+        b = packed[j]
+        for k in range(8):
+            a[8 * j + k] = a[8 * j + k] if (b >> k) & 1 else zero
+
+
+@njit(cache=True, parallel=True)
+def _relu_bwd_inplace_nb(a, packed, zero):
+    """``a`` is both ``dy`` and ``out``: one array, so the loop vectorises (no alias check)."""
+    n = a.size
+    nfull = n // 8
+    for t in prange((nfull + _CHUNK - 1) // _CHUNK):
+        lo = t * _CHUNK
+        hi = min(nfull, lo + _CHUNK)
+        _relu_bwd_inplace_body(a[8 * lo: 8 * hi], packed[lo:hi], zero)
+    if nfull * 8 < n:
+        b = packed[nfull]
+        for k in range(n - 8 * nfull):
+            a[8 * nfull + k] = a[8 * nfull + k] if (b >> k) & 1 else zero
+
+
+# ----------------------------------------------------------------------------- CUDA
+def _k_pack(x, out, n):
+    for j in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        b = 0
+        for k in range(8):
+            i = 8 * j + k
+            if i < n and x[i] > 0:
+                b |= 1 << k
+        out[j] = b
+
+
+def _k_unpack(packed, out, n):
+    for i in range(cuda.grid(1), n, cuda.gridsize(1)):
+        out[i] = (packed[i >> 3] >> (i & 7)) & 1
+
+
+def _k_relu_bwd(dy, packed, out, n, zero):
+    for i in range(cuda.grid(1), n, cuda.gridsize(1)):
+        out[i] = dy[i] if (packed[i >> 3] >> (i & 7)) & 1 else zero
+
+
+@functools.cache
+def _kernels() -> SimpleNamespace:
+    return _cuda.bind(globals(), ["_k_pack", "_k_unpack", "_k_relu_bwd"])
+
+
+def _device_flat(a: Any, what: str) -> Any:
+    if not a.flags["C_CONTIGUOUS"]:
+        raise ValueError(f"{what} must be a C-contiguous device array")
+    return a.reshape(-1)
+
+
+# ----------------------------------------------------------------------------- public API
+def pack_sign(x: Any, out: Any = None, *, impl: str = "auto", stream: Any = 0) -> Any:
+    """Pack ``x > 0`` (flattened, C order) into ``packed_nbytes(x.size)`` bytes.
+
+    Works for any real dtype (float32, float64, bool, ints). Returns the ``uint8`` bytes written
+    (a view of ``out`` when given, else a new array).
+    """
+    impl = _cuda.choose(impl, x, out)
+    n = x.size
+    nb = packed_nbytes(n)
+    if impl == "cuda":
+        o = _cuda.empty(x, nb, np.uint8) if out is None else _cuda.byte_view(out, nb)
+        _cuda.launch(_kernels().k_pack, nb, _device_flat(x, "x"), o, n, stream=stream)
+        return o
+    o = np.empty(nb, np.uint8) if out is None else _cuda.byte_view(out, nb)
+    xf = np.ravel(x)
+    if impl == "numpy":
+        o[:] = np.packbits(xf > 0, bitorder="little")
+    elif n:
+        _pack_nb(xf, o)
+    return o
+
+
+def unpack_sign(packed: Any, shape: int | tuple[int, ...], out: Any = None,
+                dtype: Any = np.float32, *, impl: str = "auto", stream: Any = 0) -> Any:
+    """Unpack a mask made by :func:`pack_sign` into 0/1 values (or False/True) of ``shape``.
+
+    ``dtype`` (float32, float64, bool, ...) is used when ``out`` is not given; ``out`` must have
+    ``prod(shape)`` elements. Returns the unpacked array shaped ``shape``.
+    """
+    impl = _cuda.choose(impl, packed, out)
+    shape = _shape(shape)
+    n = int(np.prod(shape))
+    pk = _cuda.byte_view(packed, packed_nbytes(n), "packed")
+    if impl == "cuda":
+        o = _cuda.empty(packed, n, dtype) if out is None else _device_flat(out, "out")
+        _cuda.launch(_kernels().k_unpack, n, pk, o, n, stream=stream)
+        return o.reshape(shape)
+    o = np.empty(shape, dtype) if out is None else out.reshape(shape)
+    if impl == "numpy":
+        o[...] = np.unpackbits(pk, count=n, bitorder="little").reshape(shape)
+    elif n:
+        into(o, lambda f: _unpack_nb(pk, f))
+    return o
+
+
+def relu_backward_packed(dy: Any, packed: Any, out: Any = None, *, impl: str = "auto",
+                         stream: Any = 0) -> Any:
+    """ReLU backward from a packed mask: ``out = dy`` where the bit is set, else ``+0.0``.
+
+    No full-size mask is built. ``out`` (default: a new array like ``dy``) may be ``dy`` itself
+    (in place). NaN or inf in ``dy`` pass through where the bit is set and become 0 elsewhere.
+    """
+    impl = _cuda.choose(impl, dy, packed, out)
+    n = dy.size
+    pk = _cuda.byte_view(packed, packed_nbytes(n), "packed")
+    if impl == "cuda":
+        o = _cuda.empty(dy, n, dy.dtype) if out is None else _device_flat(out, "out")
+        _cuda.launch(_kernels().k_relu_bwd, n, _device_flat(dy, "dy"), pk, o, n,
+                     o.dtype.type(0), stream=stream)
+        return o.reshape(dy.shape)
+    o = np.empty(dy.shape, dy.dtype) if out is None else out
+    if o.size != n:
+        raise ValueError(f"out has {o.size} elements, dy has {n}")
+    if impl == "numpy":
+        mask = np.unpackbits(pk, count=n, bitorder="little").view(bool).reshape(dy.shape)
+        np.copyto(o, np.where(mask, dy, o.dtype.type(0)).reshape(o.shape))
+    elif n:
+        into(o, lambda f: _relu_bwd_flat(np.ravel(dy), pk, f))
+    return o
+
+
+def _relu_bwd_flat(dy: np.ndarray, pk: np.ndarray, out: np.ndarray) -> None:
+    zero = out.dtype.type(0)
+    if dy.dtype == out.dtype and dy.ctypes.data == out.ctypes.data:
+        _relu_bwd_inplace_nb(out, pk, zero)
+        return
+    if np.may_share_memory(dy, out):
+        dy = dy.copy()
+    _relu_bwd_nb(dy, pk, out, zero)
