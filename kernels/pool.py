@@ -88,7 +88,7 @@ def avgpool2d_backward_ref(dy: np.ndarray, x_shape: tuple[int, ...], kernel: Pai
 
 
 # ----------------------------------------------------------------------------- numba
-@njit(nogil=True, cache=True, inline="always")
+@njit(nogil=True, cache=True)
 def _maxpool_plane(x, y, idx, p, kh, kw, sh, sw, ph, pw):
     """Generic window loop of one plane (any kernel, stride, padding; NaN-aware)."""
     h, w = x.shape[1], x.shape[2]

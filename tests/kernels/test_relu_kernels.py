@@ -1,0 +1,43 @@
+"""ReLU kernels: the multi-threaded Numba loops against the NumPy references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from minidl.kernels import relu as R
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(0,), (7,), (3, 5, 1000), (64, 32, 28, 28)])
+def test_matches_reference_and_in_place(dtype, shape):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape).astype(dtype)
+    if x.size > 3:
+        x.flat[:3] = [np.nan, 0.0, -0.0]
+    want = np.empty_like(x)
+    R.relu_forward_ref(x, want)
+    got = np.full_like(x, 7)
+    R.relu_forward(x, got)
+    np.testing.assert_array_equal(got, want)
+    y = x.copy()
+    R.relu_forward(y, y)
+    np.testing.assert_array_equal(y, want)
+
+    dy = rng.standard_normal(shape).astype(dtype)
+    want_dx = np.empty_like(dy)
+    R.relu_backward_ref(dy, want, want_dx)
+    dx = np.full_like(dy, 7)
+    R.relu_backward(dy, want, dx)
+    np.testing.assert_array_equal(dx, want_dx)
+    R.relu_backward(dy, want, dy)
+    np.testing.assert_array_equal(dy, want_dx)
+
+
+def test_non_contiguous_uses_reference():
+    x = np.random.default_rng(1).standard_normal((6, 8))[:, ::2]
+    out = np.empty((6, 4))
+    R.relu_forward(x, out)
+    np.testing.assert_array_equal(out, np.maximum(x, 0))
+    dx = np.empty((6, 8))[:, 1::2]
+    R.relu_backward(x, out, dx)
+    np.testing.assert_array_equal(dx, np.where(out > 0, x, 0))
