@@ -22,6 +22,8 @@ FLAGS: dict[str, tuple[tuple[str, ...] | None, str]] = {
     "auto": (None, "choose keep / swap / recompute per feature map to fit budget=SIZE at the "
                    "least estimated time (Capuchin, moDNN)"),
     "budget": (("<size>",), "device bytes the auto planner must fit, e.g. budget=2GiB"),
+    "split": (("<int>",), "run each batch as K micro-batches, accumulating weight gradients "
+                          "(moDNN's batch splitting; auto picks K when nothing else fits)"),
 }
 
 #: Presets: name -> the spec they expand to.
@@ -77,11 +79,17 @@ class MemoryConfig:
                     value = str(parse_size(value))
                 except ValueError as e:
                     raise ValueError(f"memory flag {name!r}: {e}") from None
+            elif values == ("<int>",):
+                if not value.isdigit() or int(value) < 1:
+                    raise ValueError(f"memory flag {name!r} needs a positive integer, got "
+                                     f"{value!r}")
             elif values is not None and value not in values:
                 raise ValueError(
                     f"memory flag {name!r} needs a value in {'|'.join(values)} (got {value!r})"
                 )
             flags[name] = value
+        if "split" in flags and not flags["split"]:
+            raise ValueError("memory flag 'split' needs a value: split=K")
         if "budget" in flags and "auto" not in flags:
             raise ValueError("budget=SIZE is for the auto planner: add 'auto' to the spec")
         if len(flags) > 1:
@@ -95,6 +103,12 @@ class MemoryConfig:
 
     def get(self, name: str, default: str | None = None) -> str | None:
         return self.flags.get(name, default)
+
+    @property
+    def split(self) -> int | None:
+        """Micro-batches per batch when ``split=K`` is given."""
+        s = self.flags.get("split")
+        return int(s) if s else None
 
     @property
     def budget(self) -> int | None:

@@ -102,7 +102,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .dryrun import make_optimizer
     from .trainer import Trainer
 
-    spec = _memory(args.memory)
+    spec = _memory(_with_budget(args.memory, args.budget))
     if args.dataset not in D.DATASETS:
         raise UsageError(f"unknown dataset {args.dataset!r}; valid: {', '.join(D.DATASETS)}")
     input_shape = parse_chw(args.input)
@@ -125,7 +125,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     elif args.schedule == "step":
         scheduler = StepLR(opt, step_size=max(1, args.epochs // 3))
     device_memory = args.device_memory
-    if device_memory == "auto":
+    if device_memory == "auto" and spec.budget is not None:
+        device_memory = spec.budget
+    elif device_memory == "auto":
         device_memory = auto_device_memory(net, args.batch_size, spec, args.optimizer,
                                            ds.input_shape)
     trainer = Trainer(net, opt, memory=spec, device=args.device, device_memory=device_memory,
@@ -171,14 +173,52 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------------------ plan
-def cmd_plan(args: argparse.Namespace) -> int:
-    from .dryrun import dry_run
+def _with_budget(spec_text: str, budget: str | None) -> str:
+    """The spec with ``budget=`` for the auto planner (other specs take --budget only as the
+    limit a dry run is compared with)."""
+    if budget is None or "auto" not in spec_text.split(","):
+        return spec_text
+    from .memory.units import parse_size
 
-    spec = _memory(args.memory)
+    try:
+        return f"{spec_text},budget={parse_size(budget)}"
+    except ValueError as e:
+        raise UsageError(f"--budget: {e}") from None
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .dryrun import dry_run, max_batch_size
+    from .memory.auto import BudgetTooSmall
+    from .memory.units import parse_size
+
+    spec = _memory(_with_budget(args.memory, args.budget))
     shape = parse_chw(args.input)
     net = _model(args.model, shape, args.classes, args.width)
-    rep = dry_run(net, args.batch_size, spec, args.optimizer,
-                  input_shape=shape or net.input_shapes[0])
+    shape = shape or net.input_shapes[0]
+    if args.max_batch:
+        if args.budget is None:
+            raise UsageError("--max-batch needs --budget SIZE")
+        found = max_batch_size(lambda: _model(args.model, shape, args.classes, args.width),
+                               shape, spec, parse_size(args.budget), args.optimizer,
+                               progress=not args.json)
+        out = {"model": net.name, "memory": spec.spec, "budget_bytes": parse_size(args.budget),
+               "max_batch_size": found["max_batch_size"],
+               "limit_reached": found.get("limit_reached", False),
+               "report": found["report"]}
+        if args.json:
+            print(json.dumps(out))
+        else:
+            print(f"largest batch of {net.name} ({'x'.join(map(str, shape))}) that fits "
+                  f"{_fmt(out['budget_bytes'])} with memory {spec.spec!r}: "
+                  f"{out['max_batch_size']}")
+            if found["report"]:
+                print_memory_report(found["report"])
+        return 0
+    try:
+        rep = dry_run(net, args.batch_size, spec, args.optimizer, input_shape=shape)
+    except BudgetTooSmall as e:
+        print(f"minidl: {e}", file=sys.stderr)
+        return EXIT_OOM
     if args.json:
         print(json.dumps(rep))
     else:
@@ -243,6 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--weight-decay", type=float, default=5e-4)
     t.add_argument("--schedule", default="cosine", choices=["cosine", "step", "none"],
                    help="learning-rate schedule over the epochs")
+    t.add_argument("--budget", default=None,
+                   help="device bytes the auto planner must fit (with --memory auto)")
     t.add_argument("--host-memory", default=None,
                    help="bound on host memory holding swapped tensors (e.g. 2GiB)")
     t.add_argument("--optimizer", default="sgd", choices=["sgd", "adam", "adamw"])
@@ -260,6 +302,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--classes", type=int, default=10)
     pl.add_argument("--memory", default="none")
     pl.add_argument("--optimizer", default="sgd", choices=["sgd", "adam", "adamw"])
+    pl.add_argument("--budget", default=None,
+                    help="device bytes the auto planner must fit (with --memory auto)")
+    pl.add_argument("--max-batch", action="store_true",
+                    help="find the largest batch that fits --budget (dry runs)")
     pl.set_defaults(func=cmd_plan)
 
     b = sub.add_parser("bench", help="median step time and peak per memory spec")

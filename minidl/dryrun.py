@@ -58,7 +58,15 @@ def dry_run(
     opt = make_optimizer(optimizer, net.parameters()) if training else None
     engine = Engine(net, pool, config, loss if training else None, opt, bind=False)
     batch = (int(batch_size), *shape)
-    c = engine.compiled([batch], label_shape or (int(batch_size),), training=training)
+    labels = tuple(label_shape or (int(batch_size),))
+    split = engine.split_for([batch], labels) if training else 1
+    if split > 1:
+        from .engine import micro_shapes
+
+        shapes, labels = micro_shapes([batch], labels, -(-int(batch_size) // split))
+        c = engine.compiled(shapes, labels, training=True, accumulate=True)
+    else:
+        c = engine.compiled([batch], labels, training=training)
     c.executor.run([None, None], training=training)
     info = engine.peak_info(c)
     swap = c.executor.last_runtime.swap_stats.as_dict()
@@ -80,6 +88,44 @@ def dry_run(
         "num_steps": len(prog.steps),
         "num_tensors": len(prog.tensors),
         "host_peak_bytes": engine.host_pool.peak_bytes,
+        "split": split,
         "swap": swap if c.plan.swapped else {},
         "notes": list(c.plan.notes),
     }
+
+
+def max_batch_size(make_net, input_shape: tuple[int, ...], memory: str | MemoryConfig,
+                   budget: int, optimizer: str = "sgd", limit: int = 1 << 16,
+                   progress: bool = False) -> dict[str, Any]:
+    """The largest batch whose dry run fits ``budget`` bytes (reserved peak), by doubling then
+    bisecting. With ``auto`` in the spec, the planner may also split batches (up to 64
+    micro-batches). Returns ``max_batch_size`` (0 if even batch 1 does not fit) and the report
+    of that batch's dry run."""
+    from .memory.auto import BudgetTooSmall
+
+    reports: dict[int, dict[str, Any] | None] = {}
+
+    def fits(b: int) -> bool:
+        if b not in reports:
+            try:
+                rep = dry_run(make_net(), b, memory, optimizer, input_shape=input_shape)
+                reports[b] = rep if rep["peak_reserved_bytes"] <= budget else None
+            except BudgetTooSmall:
+                reports[b] = None
+            if progress:
+                print(f"  batch {b}: {'fits' if reports[b] else 'does not fit'}", flush=True)
+        return reports[b] is not None
+
+    if not fits(1):
+        return {"max_batch_size": 0, "report": None}
+    lo = 1
+    while lo * 2 <= limit and fits(lo * 2):
+        lo *= 2
+    hi = min(lo * 2, limit + 1)  # lo fits, hi does not (or is past the limit)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return {"max_batch_size": lo, "report": reports[lo], "limit_reached": lo >= limit}

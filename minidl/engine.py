@@ -23,6 +23,13 @@ from .memory.planner import make_plan
 from .memory.program import aligned
 
 
+def micro_shapes(batch_shapes: list[tuple[int, ...]], label_shape: tuple[int, ...] | None,
+                 micro: int) -> tuple[list[tuple[int, ...]], tuple[int, ...] | None]:
+    """The same shapes with the batch dimension set to ``micro``."""
+    shapes = [(micro, *s[1:]) for s in batch_shapes]
+    return shapes, None if label_shape is None else (micro, *label_shape[1:])
+
+
 @dataclass
 class Compiled:
     lowered: Lowered
@@ -127,13 +134,14 @@ class Engine:
 
     # ------------------------------------------------------------------ compile
     def compiled(self, batch_shapes: list[tuple[int, ...]], label_shape: tuple[int, ...] | None,
-                 training: bool, label_dtype: str = "int64") -> Compiled:
-        key = (tuple(map(tuple, batch_shapes)), label_shape, training, label_dtype)
+                 training: bool, label_dtype: str = "int64",
+                 accumulate: bool = False) -> Compiled:
+        key = (tuple(map(tuple, batch_shapes)), label_shape, training, label_dtype, accumulate)
         c = self._cache.get(key)
         if c is None:
             lowered = lower(self.net, list(batch_shapes), loss=self.loss, label_shape=label_shape,
                             label_dtype=label_dtype, training=training,
-                            opt_state=self.opt_state_specs)
+                            opt_state=self.opt_state_specs, accumulate_grads=accumulate)
             # inference has no backward: free every tensor after its last use
             plan = make_plan(lowered.program,
                              self.config if training else MemoryConfig.parse("reuse,inplace"))
@@ -142,6 +150,27 @@ class Engine:
                                                  debug=getattr(self.pool, "debug", False)))
             self._cache[key] = c
         return c
+
+    def split_for(self, batch_shapes: list[tuple[int, ...]], label_shape: tuple[int, ...] | None,
+                  label_dtype: str = "int64", max_split: int = 64) -> int:
+        """Micro-batches per batch: ``split=K`` when given; with ``auto``, the fewest (1, 2, 4,
+        ...) whose plan fits the budget (moDNN's batch splitting)."""
+        k = self.config.split
+        if k is not None or not self.config.has("auto"):
+            return k or 1
+        from .memory.auto import BudgetTooSmall
+
+        batch = batch_shapes[0][0]
+        k, last = 1, None
+        while k <= min(max_split, batch):
+            try:
+                self.compiled(*micro_shapes(batch_shapes, label_shape, -(-batch // k)),
+                              True, label_dtype, accumulate=k > 1)
+                return k
+            except BudgetTooSmall as e:
+                last = e
+                k *= 2
+        raise last
 
     def refine(self, c: Compiled) -> Compiled:
         """After a measured iteration, re-plan what depends on measured step times

@@ -77,6 +77,7 @@ class Executor:
         fetch_outputs: bool = False,
         check_finite: bool = False,
         recomputing: bool = False,
+        loss_scale: float = 1.0,
     ) -> tuple[float | None, list[np.ndarray]]:
         """Run every step. Returns the loss (if the program has one) and, if asked, copies of
         the network outputs. On any error every block of the iteration is freed."""
@@ -115,7 +116,7 @@ class Executor:
                         if prog.loss >= 0 and ex.outputs[0] == prog.loss:
                             loss_value = float(rt.array(prog.loss))
                     else:
-                        self._backward(ex, rt, ctx)
+                        self._backward(ex, rt, ctx, loss_scale)
                     self.step_times[i] = time.perf_counter() - t0
                 for a in sp.after:
                     rt.apply(a)
@@ -141,7 +142,7 @@ class Executor:
         )
 
     @staticmethod
-    def _backward(ex: ExecStep, rt: MemoryRuntime, ctx: Context) -> None:
+    def _backward(ex: ExecStep, rt: MemoryRuntime, ctx: Context, loss_scale: float = 1.0) -> None:
         arr = rt.array
         layer = ex.layer
         g_out = []
@@ -149,7 +150,7 @@ class Executor:
             g = arr(t)
             role = rt.program.tensors[t].role
             if role == "seed":
-                g.fill(1.0)
+                g.fill(loss_scale)
             elif role == "zeros":
                 g.fill(0.0)
             g_out.append(g)

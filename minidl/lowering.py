@@ -74,9 +74,11 @@ def lower(
     label_dtype: str = "int64",
     training: bool = True,
     opt_state: list[tuple[str, tuple[int, ...], str]] | None = None,
+    accumulate_grads: bool = False,
 ) -> Lowered:
     """Lower ``net`` for ``batch_shapes``. With ``loss`` (taking the network's first output and
-    the labels), a training program: forward, loss, then backward in reverse layer order."""
+    the labels), a training program: forward, loss, then backward in reverse layer order.
+    ``accumulate_grads`` adds every parameter gradient into ``.grad`` (micro-batching)."""
     shapes, dtypes = net.infer(batch_shapes)
     b = _Builder()
     n_vals = len(net.values)
@@ -185,7 +187,8 @@ def lower(
                       in_shapes=in_shapes))
 
     grad_of: dict[int, int] = {}
-    params_written: set[str] = set()
+    # with accumulate_grads (micro-batches), every parameter gradient is added, never written
+    params_written: set[str] = set(grad_t) if accumulate_grads else set()
     if loss is not None and training:
         seed = b.add("loss.grad", shapes[loss_v], dtypes[loss_v], "gradient_map", "seed", loss.name)
         grad_of[loss_v] = seed

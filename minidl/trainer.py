@@ -79,6 +79,7 @@ class Trainer:
         self.engine = Engine(net, self.pool, self.config, self.loss_layer, self.optimizer,
                              host_memory=None if host_memory is None else parse_size(host_memory))
         self.swap_stats: dict[str, Any] = {}
+        self.last_split = 1
         self.peak: PeakInfo | None = None
         self.step_times: list[float] = []
 
@@ -118,6 +119,9 @@ class Trainer:
         """Forward and backward on a batch without updating: returns the loss, and every
         parameter's ``.grad`` holds its gradient. The iteration counter does not advance."""
         x, y = self._check_inputs(x, y)
+        k = self.engine.split_for([x.shape], tuple(y.shape), y.dtype.name)
+        if k > 1:
+            return self._compute_gradients_split(x, y, k)
         c = self._compiled(x, y, training=True)
         loss, _ = c.executor.run([x, y], training=True, seed=self.seed, iteration=self.iteration)
         if self.engine.compute and (loss is None or not np.isfinite(loss)):
@@ -134,6 +138,36 @@ class Trainer:
             self.swap_stats["host_peak_bytes"] = self.engine.host_pool.peak_bytes
         self.engine.refine(c)
         return float(loss) if loss is not None else float("nan")
+
+    def _compute_gradients_split(self, x: np.ndarray, y: np.ndarray, k: int) -> float:
+        """The batch as ``k`` micro-batches; weight gradients accumulate in ``.grad``, each
+        micro-batch's loss gradient scaled by its share of the batch (equal to the full batch's
+        gradients up to float summation order)."""
+        if self.net.buffers():
+            raise ValueError(
+                "batch splitting with BatchNorm would normalise with micro-batch statistics, "
+                "not the batch's: use a larger budget or device memory, or a smaller batch")
+        for p in self.net.parameters():
+            if p.grad is not None:
+                p.grad.fill(0)
+        n = len(x)
+        micro = -(-n // k)
+        total = 0.0
+        for i in range(0, n, micro):
+            xb, yb = x[i:i + micro], y[i:i + micro]
+            c = self.engine.compiled([xb.shape], tuple(yb.shape), True, yb.dtype.name,
+                                     accumulate=True)
+            share = len(xb) / n
+            loss, _ = c.executor.run([xb, yb], training=True, seed=self.seed,
+                                     iteration=self.iteration, loss_scale=share)
+            if self.engine.compute and (loss is None or not np.isfinite(loss)):
+                raise NonFiniteError(f"the loss is {loss} at iteration {self.iteration}")
+            total += (loss or 0.0) * share
+            info = self.engine.peak_info(c)
+            if self.peak is None or info.bytes > self.peak.bytes:
+                self.peak = info
+        self.last_split = k
+        return total
 
     def step(self, x: Any, y: Any) -> float:
         """One training step on a batch; returns the loss. Afterwards every parameter's
@@ -296,6 +330,8 @@ class Trainer:
                 {"tensor": n, "category": c, "bytes": b} for n, c, b in self.peak.live[:5]]
         if self.swap_stats:
             rep["swap"] = dict(self.swap_stats)
+        if self.last_split > 1:
+            rep["split"] = self.last_split
         return rep
 
     def close(self) -> None:
