@@ -28,6 +28,7 @@ from . import _cuda
 
 cuda: Any = None  # numba.cuda, set by _cuda.bind on first CUDA use
 _CHUNK = 1 << 15  # mask bytes per parallel task (256 Ki elements)
+_SERIAL = 1 << 16  # elements up to which the serial body runs (see run())
 
 
 def packed_nbytes(n: int) -> int:
@@ -39,7 +40,7 @@ def _shape(shape: int | tuple[int, ...]) -> tuple[int, ...]:
     return (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
 
 
-def into(out: np.ndarray, fn: Callable[[np.ndarray], None]) -> np.ndarray:
+def _into(out: np.ndarray, fn: Callable[[np.ndarray], None]) -> np.ndarray:
     """Run ``fn(flat)`` on a flat view of ``out`` (via a copy if ``out`` is not contiguous)."""
     if out.flags.c_contiguous:
         fn(out.reshape(-1))
@@ -51,95 +52,105 @@ def into(out: np.ndarray, fn: Callable[[np.ndarray], None]) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- Numba CPU
+# Each op is a serial body (any length, vectorised main loop, scalar tail) and a parallel
+# driver running the body on chunks of _CHUNK mask bytes. Inputs up to _SERIAL elements call
+# the body directly: a parallel launch costs microseconds on an idle machine but can stall for
+# milliseconds when the cores are busy.
+def _run(parallel: Callable, serial: Callable, n: int, *args: Any) -> None:
+    """``serial(*args)`` for small inputs (``n <= _SERIAL``), else ``parallel(*args)``."""
+    if n:
+        (serial if n <= _SERIAL else parallel)(*args)
+
+
 @njit(cache=True)
 def _pack_body(x, out):
-    for j in range(out.size):
+    nfull = x.size // 8
+    for j in range(nfull):
         b = np.uint8(0)
         for k in range(8):
             b |= np.uint8(x[8 * j + k] > 0) << k
         out[j] = b
-
-
-@njit(cache=True, parallel=True)
-def _pack_nb(x, out):
-    n = x.size
-    nfull = n // 8
-    for t in prange((nfull + _CHUNK - 1) // _CHUNK):
-        lo = t * _CHUNK
-        hi = min(nfull, lo + _CHUNK)
-        _pack_body(x[8 * lo: 8 * hi], out[lo:hi])
-    if nfull * 8 < n:
+    if nfull < out.size:
         b = np.uint8(0)
-        for k in range(n - 8 * nfull):
+        for k in range(x.size - 8 * nfull):
             b |= np.uint8(x[8 * nfull + k] > 0) << k
         out[nfull] = b
 
 
+@njit(cache=True, parallel=True)
+def _pack_nb(x, out):
+    for t in prange((out.size + _CHUNK - 1) // _CHUNK):
+        lo = t * _CHUNK
+        hi = min(out.size, lo + _CHUNK)
+        _pack_body(x[8 * lo: min(x.size, 8 * hi)], out[lo:hi])
+
+
 @njit(cache=True)
 def _unpack_body(packed, out):
-    for j in range(packed.size):
+    nfull = out.size // 8
+    for j in range(nfull):
         b = packed[j]
         for k in range(8):
             out[8 * j + k] = (b >> k) & 1
+    if nfull * 8 < out.size:
+        b = packed[nfull]
+        for k in range(out.size - 8 * nfull):
+            out[8 * nfull + k] = (b >> k) & 1
 
 
 @njit(cache=True, parallel=True)
 def _unpack_nb(packed, out):
-    n = out.size
-    nfull = n // 8
-    for t in prange((nfull + _CHUNK - 1) // _CHUNK):
+    nb = (out.size + 7) // 8
+    for t in prange((nb + _CHUNK - 1) // _CHUNK):
         lo = t * _CHUNK
-        hi = min(nfull, lo + _CHUNK)
-        _unpack_body(packed[lo:hi], out[8 * lo: 8 * hi])
-    if nfull * 8 < n:
-        b = packed[nfull]
-        for k in range(n - 8 * nfull):
-            out[8 * nfull + k] = (b >> k) & 1
+        hi = min(nb, lo + _CHUNK)
+        _unpack_body(packed[lo:hi], out[8 * lo: min(out.size, 8 * hi)])
 
 
 @njit(cache=True)
 def _relu_bwd_body(dy, packed, out, zero):
-    for j in range(packed.size):
+    nfull = out.size // 8
+    for j in range(nfull):
         b = packed[j]
         for k in range(8):
             out[8 * j + k] = dy[8 * j + k] if (b >> k) & 1 else zero
+    if nfull * 8 < out.size:
+        b = packed[nfull]
+        for k in range(out.size - 8 * nfull):
+            out[8 * nfull + k] = dy[8 * nfull + k] if (b >> k) & 1 else zero
 
 
 @njit(cache=True, parallel=True)
 def _relu_bwd_nb(dy, packed, out, zero):
-    n = out.size
-    nfull = n // 8
-    for t in prange((nfull + _CHUNK - 1) // _CHUNK):
+    nb = (out.size + 7) // 8
+    for t in prange((nb + _CHUNK - 1) // _CHUNK):
         lo = t * _CHUNK
-        hi = min(nfull, lo + _CHUNK)
-        _relu_bwd_body(dy[8 * lo: 8 * hi], packed[lo:hi], out[8 * lo: 8 * hi], zero)
-    if nfull * 8 < n:
-        b = packed[nfull]
-        for k in range(n - 8 * nfull):
-            out[8 * nfull + k] = dy[8 * nfull + k] if (b >> k) & 1 else zero
+        hi = min(nb, lo + _CHUNK)
+        e = min(out.size, 8 * hi)
+        _relu_bwd_body(dy[8 * lo: e], packed[lo:hi], out[8 * lo: e], zero)
 
 
 @njit(cache=True)
 def _relu_bwd_inplace_body(a, packed, zero):
-    for j in range(packed.size):
+    """``a`` is both ``dy`` and ``out``: one array, so the loop vectorises (no alias check)."""
+    nfull = a.size // 8
+    for j in range(nfull):
         b = packed[j]
         for k in range(8):
             a[8 * j + k] = a[8 * j + k] if (b >> k) & 1 else zero
+    if nfull * 8 < a.size:
+        b = packed[nfull]
+        for k in range(a.size - 8 * nfull):
+            a[8 * nfull + k] = a[8 * nfull + k] if (b >> k) & 1 else zero
 
 
 @njit(cache=True, parallel=True)
 def _relu_bwd_inplace_nb(a, packed, zero):
-    """``a`` is both ``dy`` and ``out``: one array, so the loop vectorises (no alias check)."""
-    n = a.size
-    nfull = n // 8
-    for t in prange((nfull + _CHUNK - 1) // _CHUNK):
+    nb = (a.size + 7) // 8
+    for t in prange((nb + _CHUNK - 1) // _CHUNK):
         lo = t * _CHUNK
-        hi = min(nfull, lo + _CHUNK)
-        _relu_bwd_inplace_body(a[8 * lo: 8 * hi], packed[lo:hi], zero)
-    if nfull * 8 < n:
-        b = packed[nfull]
-        for k in range(n - 8 * nfull):
-            a[8 * nfull + k] = a[8 * nfull + k] if (b >> k) & 1 else zero
+        hi = min(nb, lo + _CHUNK)
+        _relu_bwd_inplace_body(a[8 * lo: min(a.size, 8 * hi)], packed[lo:hi], zero)
 
 
 # ----------------------------------------------------------------------------- CUDA
@@ -192,8 +203,8 @@ def pack_sign(x: Any, out: Any = None, *, impl: str = "auto", stream: Any = 0) -
     xf = np.ravel(x)
     if impl == "numpy":
         o[:] = np.packbits(xf > 0, bitorder="little")
-    elif n:
-        _pack_nb(xf, o)
+    else:
+        _run(_pack_nb, _pack_body, n, xf, o)
     return o
 
 
@@ -216,7 +227,7 @@ def unpack_sign(packed: Any, shape: int | tuple[int, ...], out: Any = None,
     if impl == "numpy":
         o[...] = np.unpackbits(pk, count=n, bitorder="little").reshape(shape)
     elif n:
-        into(o, lambda f: _unpack_nb(pk, f))
+        _into(o, lambda f: _run(_unpack_nb, _unpack_body, n, pk, f))
     return o
 
 
@@ -242,15 +253,15 @@ def relu_backward_packed(dy: Any, packed: Any, out: Any = None, *, impl: str = "
         mask = np.unpackbits(pk, count=n, bitorder="little").view(bool).reshape(dy.shape)
         np.copyto(o, np.where(mask, dy, o.dtype.type(0)).reshape(o.shape))
     elif n:
-        into(o, lambda f: _relu_bwd_flat(np.ravel(dy), pk, f))
+        _into(o, lambda f: _relu_bwd_flat(np.ravel(dy), pk, f))
     return o
 
 
 def _relu_bwd_flat(dy: np.ndarray, pk: np.ndarray, out: np.ndarray) -> None:
     zero = out.dtype.type(0)
     if dy.dtype == out.dtype and dy.ctypes.data == out.ctypes.data:
-        _relu_bwd_inplace_nb(out, pk, zero)
+        _run(_relu_bwd_inplace_nb, _relu_bwd_inplace_body, out.size, out, pk, zero)
         return
     if np.may_share_memory(dy, out):
         dy = dy.copy()
-    _relu_bwd_nb(dy, pk, out, zero)
+    _run(_relu_bwd_nb, _relu_bwd_body, out.size, dy, pk, out, zero)

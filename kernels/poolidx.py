@@ -28,7 +28,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import _cuda
-from .bitpack import _shape, into
+from .bitpack import _into, _run, _shape
 
 cuda: Any = None  # numba.cuda, set by _cuda.bind on first CUDA use
 _CHUNK = 1 << 15  # packed bytes per parallel task
@@ -58,56 +58,60 @@ def _pair(v: int | tuple[int, int]) -> Pair:
 
 
 # ----------------------------------------------------------------------------- Numba CPU
+# Serial bodies and parallel drivers as in bitpack (small inputs run the body directly).
 @njit(cache=True)
 def _pack_body(idx, out, bits):
     per = 8 // bits
     m = (1 << bits) - 1
-    for j in range(out.size):
+    nfull = idx.size // per
+    for j in range(nfull):
         b = 0
         for k in range(per):
             b |= (np.intp(idx[per * j + k]) & m) << (k * bits)
         out[j] = b
-
-
-@njit(cache=True, parallel=True)
-def _pack_nb(idx, out, bits):
-    n = idx.size
-    per = 8 // bits
-    nfull = n // per
-    for t in prange((nfull + _CHUNK - 1) // _CHUNK):
-        lo = t * _CHUNK
-        hi = min(nfull, lo + _CHUNK)
-        _pack_body(idx[per * lo: per * hi], out[lo:hi], bits)
-    if nfull * per < n:
-        m = (1 << bits) - 1
+    if nfull < out.size:
         b = 0
-        for k in range(n - per * nfull):
+        for k in range(idx.size - per * nfull):
             b |= (np.intp(idx[per * nfull + k]) & m) << (k * bits)
         out[nfull] = b
 
 
 @njit(cache=True, parallel=True)
-def _unpack_nb(packed, out, bits):
-    n = out.size
+def _pack_nb(idx, out, bits):
+    per = 8 // bits
+    for t in prange((out.size + _CHUNK - 1) // _CHUNK):
+        lo = t * _CHUNK
+        hi = min(out.size, lo + _CHUNK)
+        _pack_body(idx[per * lo: min(idx.size, per * hi)], out[lo:hi], bits)
+
+
+@njit(cache=True)
+def _unpack_body(packed, out, bits):
     m = (1 << bits) - 1
-    for t in prange((n + 8 * _CHUNK - 1) // (8 * _CHUNK)):
-        lo = t * 8 * _CHUNK
-        hi = min(n, lo + 8 * _CHUNK)
-        for i in range(lo, hi):
-            s = i * bits
-            out[i] = (packed[s >> 3] >> (s & 7)) & m
+    for i in range(out.size):
+        s = i * bits
+        out[i] = (packed[s >> 3] >> (s & 7)) & m
 
 
 @njit(cache=True, parallel=True)
-def _maxpool_bwd_nb(dy, packed, dx, bits, kh, kw, sh, sw, ph, pw):
-    """``dy`` (P, Ho, Wo), ``dx`` (P, H, W): zero ``dx``, scatter-add ``dy`` to the argmax."""
-    npl, ho, wo = dy.shape
+def _unpack_nb(packed, out, bits):
+    step = 8 * _CHUNK  # elements per task: a whole number of bytes for any bits
+    for t in prange((out.size + step - 1) // step):
+        lo = t * step
+        _unpack_body(packed[lo * bits // 8:], out[lo: min(out.size, lo + step)], bits)
+
+
+@njit(cache=True)
+def _maxpool_bwd_planes(dy, packed, dx, p0, p1, bits, kh, kw, sh, sw, ph, pw):
+    """Planes ``p0:p1`` of ``dy`` (P, Ho, Wo) and ``dx`` (P, H, W): zero ``dx``, then add
+    each ``dy`` at its argmax, outputs in row-major order."""
+    ho, wo = dy.shape[1], dy.shape[2]
     h, w = dx.shape[1], dx.shape[2]
     m = (1 << bits) - 1
     tiled = (kh == 2 and kw == 2 and sh == 2 and sw == 2 and ph == 0 and pw == 0
              and h == 2 * ho and w == 2 * wo)
     z = dx.dtype.type(0)
-    for p in prange(npl):
+    for p in range(p0, p1):
         if tiled:  # windows tile the plane: each element written once, no zeroing pass
             for oh in range(ho):
                 for ow in range(wo):
@@ -129,6 +133,12 @@ def _maxpool_bwd_nb(dy, packed, dx, bits, kh, kw, sh, sw, ph, pw):
                 c = ow * sw - pw + k - di * kw
                 if 0 <= r < h and 0 <= c < w:
                     dx[p, r, c] += dy[p, oh, ow]
+
+
+@njit(cache=True, parallel=True)
+def _maxpool_bwd_nb(dy, packed, dx, p0, p1, bits, kh, kw, sh, sw, ph, pw):
+    for p in prange(p0, p1):
+        _maxpool_bwd_planes(dy, packed, dx, p, p + 1, bits, kh, kw, sh, sw, ph, pw)
 
 
 # ----------------------------------------------------------------------------- CUDA
@@ -199,8 +209,8 @@ def pack_indices(idx: Any, bits: int, out: Any = None, *, impl: str = "auto",
         v[:n] = flat.astype(np.intp) & ((1 << bits) - 1)
         shifts = (np.arange(per, dtype=np.uint8) * bits).astype(np.uint8)
         o[:] = np.bitwise_or.reduce(v.reshape(nb, per) << shifts, axis=1)
-    elif n:
-        _pack_nb(flat, o, bits)
+    else:
+        _run(_pack_nb, _pack_body, n, flat, o, bits)
     return o
 
 
@@ -223,7 +233,7 @@ def unpack_indices(packed: Any, bits: int, shape: int | tuple[int, ...], out: An
         v = (pk[:, None] >> shifts) & np.uint8((1 << bits) - 1)
         o[...] = v.reshape(-1)[:n].reshape(shape)
     elif n:
-        into(o, lambda f: _unpack_nb(pk, f, bits))
+        _into(o, lambda f: _run(_unpack_nb, _unpack_body, n, pk, f, bits))
     return o
 
 
@@ -269,6 +279,6 @@ def maxpool_backward_packed(dy: Any, packed: Any, x_shape: tuple[int, int, int, 
         o[...] = dxp[:, :, ph: ph + h, pw: pw + w]
     elif o.size:
         dy3 = np.ascontiguousarray(dy).reshape(n * c, ho, wo)
-        into(o, lambda f: _maxpool_bwd_nb(dy3, pk, f.reshape(n * c, h, w), bits, kh, kw, sh,
-                                          sw, ph, pw))
+        _into(o, lambda f: _run(_maxpool_bwd_nb, _maxpool_bwd_planes, o.size, dy3, pk,
+                                f.reshape(n * c, h, w), 0, n * c, bits, kh, kw, sh, sw, ph, pw))
     return o

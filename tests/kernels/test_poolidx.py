@@ -96,7 +96,7 @@ def test_maxpool_backward_from_packed(dtype, case, seed, ints):
 @pytest.mark.parametrize("hw", [(8, 8), (9, 7), (64, 66)])
 def test_tiled_2x2_and_kernel_pool_convention(hw):
     rng = np.random.default_rng(1)
-    x = rng.standard_normal((3, 4) + hw).astype(np.float32)
+    x = rng.standard_normal((6, 4) + hw).astype(np.float32)  # (64, 66): parallel driver
     idx = argmax_ref(x, (2, 2), (2, 2), (0, 0))
     dy = rng.standard_normal(idx.shape).astype(np.float32)
     dx = np.full(x.shape, np.nan, np.float32)  # overwritten, not accumulated
