@@ -1,0 +1,588 @@
+"""Sparse encodings of (mostly zero) ReLU outputs into one byte buffer, and decoding back.
+
+Two formats, after Gist's SSDC and cDMA's zero-value compression: ``"csr"`` (the flattened array
+cut into rows of ``row_width`` elements; values, narrow column indices, row pointers) and
+``"zvc"`` (a 1-bit non-zero mask plus the non-zero values). ``"dense"`` is the raw bytes.
+
+"Zero" means all bits zero (+0.0): -0.0 and NaN count as non-zero and values are copied as raw
+bit patterns, so decoding is bit-exact for any input. Any dtype of itemsize 1, 2, 4 or 8 works
+(float32 and float64 in practice).
+
+Planner workflow: ``nnz = count_nonzero(x)``; ``e = choose_encoding(x.size, nnz, itemsize)``
+(never larger than dense); allocate ``e.nbytes`` bytes; ``encode(x, buf, e.fmt, e.row_width)``
+returns that same count; later ``decode(buf, out)``. ``encoded_nbytes`` sizes a block ahead.
+
+Buffer layout (little-endian; offsets in bytes from the start of ``buf``, which should be
+8-byte aligned, as pool blocks are):
+
+* header, 32 bytes (``HEADER_DTYPE``): ``0`` magic ``b"SZ"``; ``2`` u8 format (1 csr, 2 zvc);
+  ``3`` u8 value itemsize; ``4`` u8 column index bytes (csr: 1 if ``row_width <= 256`` else 2;
+  zvc: 0); ``5`` u8 row pointer bytes (csr: 4 if ``n < 2**31`` else 8; zvc: 0); ``6`` u16 0;
+  ``8`` u32 row width (zvc: 0); ``12`` u32 0; ``16`` u64 ``n``; ``24`` u64 ``nnz``.
+* zvc: values (``nnz * itemsize``) at 32, then the mask (``ceil(n / 8)`` bytes, bit ``i % 8`` of
+  byte ``i // 8`` is 1 where element ``i`` is non-zero, as in :mod:`bitpack`).
+  Total ``32 + nnz * itemsize + ceil(n / 8)``.
+* csr: ``rows = ceil(n / W)`` (the last row may be short). Row pointers (``rows + 1`` of
+  ``pb`` bytes; ``rowptr[r]`` = index of row ``r``'s first value, ``rowptr[rows] = nnz``) at
+  32; values at ``V = align8(32 + (rows + 1) * pb)``; column indices (position in the row,
+  ``cb`` bytes each) at ``V + nnz * itemsize``. Total ``V + nnz * (itemsize + cb)``.
+* dense: the ``n * itemsize`` raw bytes, no header (decode with ``fmt="dense"``).
+
+``impl`` and ``stream`` as in :mod:`bitpack`. The Numba CPU kernels run two passes over the
+input (per-chunk counts, then the writes); CUDA kernels give one chunk or row per thread.
+"""
+
+from __future__ import annotations
+
+import functools
+from types import SimpleNamespace
+from typing import Any, NamedTuple
+
+import numpy as np
+from numba import njit, prange
+
+from . import _cuda
+
+cuda: Any = None  # numba.cuda, set by _cuda.bind on first CUDA use
+FORMATS = ("dense", "csr", "zvc")
+_CODES = {"csr": 1, "zvc": 2}
+HEADER_NBYTES = 32
+HEADER_DTYPE = np.dtype([
+    ("magic", "S2"), ("fmt", "u1"), ("itemsize", "u1"), ("col_bytes", "u1"),
+    ("ptr_bytes", "u1"), ("_r0", "<u2"), ("row_width", "<u4"), ("_r1", "<u4"),
+    ("n", "<u8"), ("nnz", "<u8")])
+_MAGIC = b"SZ"
+_C = 1 << 16  # elements per CPU task (multiple of 8)
+_CC = 256  # elements per CUDA thread (zvc; multiple of 8)
+
+
+class Encoding(NamedTuple):
+    """What :func:`choose_encoding` picked: format, exact encoded bytes, CSR row width (or 0)."""
+    fmt: str
+    nbytes: int
+    row_width: int
+
+
+class Header(NamedTuple):
+    """The decoded header of an encoded buffer (``nbytes`` = total encoded size)."""
+    fmt: str
+    n: int
+    nnz: int
+    itemsize: int
+    row_width: int
+    col_bytes: int
+    ptr_bytes: int
+    nbytes: int
+
+
+class _Layout(NamedTuple):
+    total: int
+    vals: int  # offset of the values
+    meta: int  # offset of the mask (zvc) or of the row pointers (csr)
+    cols: int  # offset of the column indices (csr)
+    rows: int
+    col_bytes: int
+    ptr_bytes: int
+
+
+def _layout(n: int, nnz: int, fmt: str, itemsize: int, row_width: int) -> _Layout:
+    if fmt == "zvc":
+        return _Layout(32 + nnz * itemsize + (n + 7) // 8, 32, 32 + nnz * itemsize, 0, 0, 0, 0)
+    if fmt != "csr":
+        raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
+    if not 1 <= row_width <= 65536:
+        raise ValueError(f"row_width must be in [1, 65536], got {row_width}")
+    rows = (n + row_width - 1) // row_width
+    cb = 1 if row_width <= 256 else 2
+    pb = 4 if n < 2**31 else 8
+    vals = (32 + (rows + 1) * pb + 7) // 8 * 8
+    return _Layout(vals + nnz * (itemsize + cb), vals, 32, vals + nnz * itemsize, rows, cb, pb)
+
+
+def encoded_nbytes(n: int, nnz: int, fmt: str, itemsize: int = 4, row_width: int = 256) -> int:
+    """Exact size in bytes of ``n`` elements with ``nnz`` non-zeros encoded as ``fmt``."""
+    n, nnz = int(n), int(nnz)
+    if not 0 <= nnz <= n:
+        raise ValueError(f"nnz={nnz} not in [0, n={n}]")
+    if fmt == "dense":
+        return n * itemsize
+    return _layout(n, nnz, fmt, itemsize, row_width).total
+
+
+def choose_encoding(n: int, nnz: int, itemsize: int = 4,
+                    row_widths: tuple[int, ...] = (256, 65536)) -> Encoding:
+    """Smallest of dense, zvc and csr (each row width in ``row_widths``); never expands:
+    dense unless an encoding is strictly smaller than ``n * itemsize``."""
+    best = Encoding("dense", int(n) * itemsize, 0)
+    cands = [("zvc", 0)] + [("csr", w) for w in row_widths]
+    for fmt, w in cands:
+        nb = encoded_nbytes(n, nnz, fmt, itemsize, w or 256)
+        if nb < best.nbytes:
+            best = Encoding(fmt, nb, w)
+    return best
+
+
+def read_header(buf: Any) -> Header:
+    """Parse the 32-byte header of a csr / zvc buffer (host or device)."""
+    raw = _cuda.byte_view(buf, HEADER_NBYTES, "buf")
+    if _cuda.is_device_array(raw):
+        raw = _cuda.to_host(raw)
+    h = np.asarray(raw).view(HEADER_DTYPE)[0]
+    if h["magic"] != _MAGIC or int(h["fmt"]) not in (1, 2):
+        raise ValueError("not a csr/zvc buffer (bad magic or format); dense needs fmt='dense'")
+    fmt = "csr" if int(h["fmt"]) == 1 else "zvc"
+    n, nnz, isz, w = int(h["n"]), int(h["nnz"]), int(h["itemsize"]), int(h["row_width"])
+    lay = _layout(n, nnz, fmt, isz, w or 256)
+    return Header(fmt, n, nnz, isz, w, lay.col_bytes, lay.ptr_bytes, lay.total)
+
+
+def _header_bytes(fmt: str, n: int, nnz: int, itemsize: int, row_width: int,
+                  lay: _Layout) -> np.ndarray:
+    h = np.zeros(1, HEADER_DTYPE)
+    h["magic"], h["fmt"], h["itemsize"] = _MAGIC, _CODES[fmt], itemsize
+    h["col_bytes"], h["ptr_bytes"] = lay.col_bytes, lay.ptr_bytes
+    h["row_width"] = row_width if fmt == "csr" else 0
+    h["n"], h["nnz"] = n, nnz
+    return h.view(np.uint8)
+
+
+def _csr_arrays(b: Any, lay: _Layout) -> tuple[Any, Any]:
+    """Row pointers and column indices of a csr buffer ``b`` (flat bytes)."""
+    ptr = b[lay.meta: lay.meta + (lay.rows + 1) * lay.ptr_bytes]
+    return (ptr.view(np.dtype(f"<i{lay.ptr_bytes}")),
+            b[lay.cols: lay.total].view(np.dtype(f"<u{lay.col_bytes}")))
+
+
+def _bits(a: Any) -> Any:
+    """Flat view of ``a`` as unsigned integers of its itemsize."""
+    if a.dtype.itemsize not in (1, 2, 4, 8):
+        raise TypeError(f"itemsize {a.dtype.itemsize} not supported")
+    return a.reshape(-1).view(np.dtype(f"u{a.dtype.itemsize}"))
+
+
+# ----------------------------------------------------------------------------- Numba CPU
+@njit(cache=True)
+def _count_body(v, zero):
+    s = 0
+    for i in range(v.size):
+        s += np.intp(v[i] != zero)
+    return s
+
+
+@njit(cache=True, parallel=True)
+def _count_nb(xb, zero):
+    n = xb.size
+    total = 0
+    for t in prange((n + _C - 1) // _C):
+        total += _count_body(xb[t * _C: min(n, t * _C + _C)], zero)
+    return total
+
+
+@njit(cache=True)
+def _counts_body(xb, counts, size, zero):
+    """``counts[r]`` = non-zeros of ``xb[r * size:(r + 1) * size]`` (chunks or csr rows)."""
+    for r in range(counts.size):
+        counts[r] = _count_body(xb[r * size: min(xb.size, r * size + size)], zero)
+
+
+@njit(cache=True, parallel=True)
+def _counts_nb(xb, counts, size, zero):
+    per = max(1, _C // size)
+    for t in prange((counts.size + per - 1) // per):
+        r0 = t * per
+        r1 = min(counts.size, r0 + per)
+        _counts_body(xb[r0 * size: min(xb.size, r1 * size)], counts[r0:r1], size, zero)
+
+
+@njit(cache=True)
+def _last_nonzero(xs, zero):
+    """Index of the last non-zero of ``xs`` (-1 if none)."""
+    i = xs.size - 1
+    while i >= 0 and xs[i] == zero:
+        i -= 1
+    return i
+
+
+@njit(cache=True)
+def _zvc_body(xs, mask, vals, zero):
+    """One chunk; ``vals`` is exactly the chunk's non-zeros. The compaction is branch-free: a
+    zero written at ``pos`` is overwritten by the next non-zero, and it stops at the last
+    non-zero so nothing is written past ``vals``."""
+    m = xs.size
+    nfull = m // 8
+    for j in range(nfull):
+        b = 0
+        for k in range(8):
+            b |= np.intp(xs[8 * j + k] != zero) << k
+        mask[j] = b
+    if nfull * 8 < m:
+        b = 0
+        for k in range(m - 8 * nfull):
+            b |= np.intp(xs[8 * nfull + k] != zero) << k
+        mask[nfull] = b
+    pos = np.uint64(0)
+    for i in range(_last_nonzero(xs, zero) + 1):
+        v = xs[i]
+        vals[pos] = v
+        pos += np.uint64(v != zero)
+
+
+@njit(cache=True, parallel=True)
+def _zvc_encode_nb(xb, mask, vals, offsets, zero):
+    n = xb.size
+    for t in prange(offsets.size - 1):
+        lo = t * _C
+        hi = min(n, lo + _C)
+        _zvc_body(xb[lo:hi], mask[lo // 8: (hi + 7) // 8], vals[offsets[t]: offsets[t + 1]],
+                  zero)
+
+
+@njit(cache=True)
+def _popcount8(b):
+    b = b - ((b >> 1) & 0x55)
+    b = (b & 0x33) + ((b >> 2) & 0x33)
+    return (b + (b >> 4)) & 0x0F
+
+
+@njit(cache=True, parallel=True)
+def _mask_counts_nb(mask, counts):
+    nb = mask.size
+    per = _C // 8
+    for t in prange(counts.size):
+        s = 0
+        for j in range(t * per, min(nb, t * per + per)):
+            s += _popcount8(np.intp(mask[j]))
+        counts[t] = s
+
+
+@njit(cache=True)
+def _zvc_dec_body(mask, vals, out, zero):
+    """One chunk. Branch-free up to the last set bit (``vals[pos] * bit``; never reads past
+    ``vals``), then zeros."""
+    m = out.size
+    j = mask.size - 1
+    while j >= 0 and mask[j] == 0:
+        j -= 1
+    last = -1
+    if j >= 0:
+        k = 7
+        while (mask[j] >> k) & 1 == 0:
+            k -= 1
+        last = 8 * j + k
+    pos = np.uint64(0)
+    for jj in range(max(0, j)):
+        b = np.uint64(mask[jj])
+        for k in range(8):
+            bit = (b >> np.uint64(k)) & np.uint64(1)
+            out[8 * jj + k] = vals[pos] * bit
+            pos += bit
+    for i in range(8 * max(0, j), last + 1):
+        bit = np.uint64((mask[i >> 3] >> (i & 7)) & 1)
+        out[i] = vals[pos] * bit
+        pos += bit
+    for i in range(last + 1, m):
+        out[i] = zero
+
+
+@njit(cache=True, parallel=True)
+def _zvc_decode_nb(mask, vals, offsets, out, zero):
+    n = out.size
+    for t in prange(offsets.size - 1):
+        lo = t * _C
+        hi = min(n, lo + _C)
+        _zvc_dec_body(mask[lo // 8: (hi + 7) // 8], vals[offsets[t]: offsets[t + 1]],
+                      out[lo:hi], zero)
+
+
+@njit(cache=True)
+def _csr_encode_rows(xb, w, rowptr, vals, cols, r0, r1, zero):
+    """Rows ``r0:r1``: branch-free compaction (as in ``_zvc_body``) up to their last non-zero;
+    the position carries over from row to row."""
+    end = r0 * w + _last_nonzero(xb[r0 * w: min(xb.size, r1 * w)], zero) + 1
+    pos = np.uint64(rowptr[r0])
+    for r in range(r0, r1):
+        lo = r * w
+        for i in range(lo, min(lo + w, end)):
+            v = xb[i]
+            vals[pos] = v
+            cols[pos] = i - lo
+            pos += np.uint64(v != zero)
+
+
+@njit(cache=True, parallel=True)
+def _csr_encode_nb(xb, w, rowptr, vals, cols, r0, r1, zero):
+    per = max(1, _C // w)
+    for t in prange((r1 - r0 + per - 1) // per):
+        a = r0 + t * per
+        _csr_encode_rows(xb, w, rowptr, vals, cols, a, min(r1, a + per), zero)
+
+
+@njit(cache=True)
+def _csr_decode_rows(vals, cols, rowptr, out, w, r0, r1, zero):
+    for r in range(r0, r1):
+        lo = r * w
+        for c in range(min(w, out.size - lo)):
+            out[lo + c] = zero
+        for p in range(rowptr[r], rowptr[r + 1]):
+            out[lo + np.intp(cols[p])] = vals[p]
+
+
+@njit(cache=True, parallel=True)
+def _csr_decode_nb(vals, cols, rowptr, out, w, r0, r1, zero):
+    per = max(1, _C // w)
+    for t in prange((r1 - r0 + per - 1) // per):
+        a = r0 + t * per
+        _csr_decode_rows(vals, cols, rowptr, out, w, a, min(r1, a + per), zero)
+
+
+# ----------------------------------------------------------------------------- CUDA
+def _k_counts(xb, counts, n, size, zero):
+    for t in range(cuda.grid(1), counts.size, cuda.gridsize(1)):
+        s = 0
+        hi = t * size + size if t * size + size < n else n
+        for i in range(t * size, hi):
+            if xb[i] != zero:
+                s += 1
+        counts[t] = s
+
+
+def _k_zvc_encode(xb, mask, vals, offsets, n, size, zero):
+    for t in range(cuda.grid(1), offsets.size - 1, cuda.gridsize(1)):
+        lo = t * size
+        hi = lo + size if lo + size < n else n
+        pos = offsets[t]
+        for j in range(lo // 8, (hi + 7) // 8):
+            b = 0
+            for k in range(8):
+                i = 8 * j + k
+                if i < hi and xb[i] != zero:
+                    vals[pos] = xb[i]
+                    pos += 1
+                    b |= 1 << k
+            mask[j] = b
+
+
+def _k_mask_counts(mask, counts, size_bytes):
+    for t in range(cuda.grid(1), counts.size, cuda.gridsize(1)):
+        s = 0
+        lo = t * size_bytes
+        hi = lo + size_bytes if lo + size_bytes < mask.size else mask.size
+        for j in range(lo, hi):
+            s += cuda.popc(np.uint32(mask[j]))
+        counts[t] = s
+
+
+def _k_zvc_decode(mask, vals, offsets, out, n, size, zero):
+    for t in range(cuda.grid(1), offsets.size - 1, cuda.gridsize(1)):
+        pos = offsets[t]
+        hi = t * size + size if t * size + size < n else n
+        for i in range(t * size, hi):
+            if (mask[i >> 3] >> (i & 7)) & 1:
+                out[i] = vals[pos]
+                pos += 1
+            else:
+                out[i] = zero
+
+
+def _k_csr_encode(xb, rowptr, vals, cols, n, w, zero):
+    for r in range(cuda.grid(1), rowptr.size - 1, cuda.gridsize(1)):
+        pos = rowptr[r]
+        hi = r * w + w if r * w + w < n else n
+        for i in range(r * w, hi):
+            if xb[i] != zero:
+                vals[pos] = xb[i]
+                cols[pos] = i - r * w
+                pos += 1
+
+
+def _k_csr_decode(vals, cols, rowptr, out, n, w, zero):
+    for r in range(cuda.grid(1), rowptr.size - 1, cuda.gridsize(1)):
+        lo = r * w
+        hi = lo + w if lo + w < n else n
+        for i in range(lo, hi):
+            out[i] = zero
+        for p in range(rowptr[r], rowptr[r + 1]):
+            out[lo + int(cols[p])] = vals[p]
+
+
+@functools.cache
+def _kernels() -> SimpleNamespace:
+    return _cuda.bind(globals(), ["_k_counts", "_k_zvc_encode", "_k_mask_counts",
+                                  "_k_zvc_decode", "_k_csr_encode", "_k_csr_decode"])
+
+
+def _cuda_scan(like: Any, counts: Any, offsets: Any = None, stream: Any = 0) -> tuple[Any, int]:
+    """Exclusive scan of device ``counts`` into ``offsets`` (new int64 if None); the total."""
+    if offsets is None:
+        offsets = _cuda.empty(like, counts.size + 1, np.int64)
+    _cuda.exclusive_scan(counts, offsets, stream)
+    return offsets, int(_cuda.to_host(offsets[counts.size:])[0])
+
+
+# ----------------------------------------------------------------------------- public API
+def count_nonzero(x: Any, *, impl: str = "auto", stream: Any = 0) -> int:
+    """Number of elements whose bits are not all zero (-0.0 and NaN count; +0.0 does not)."""
+    impl = _cuda.choose(impl, x)
+    xb = _bits(x if _cuda.is_device_array(x) else np.ascontiguousarray(x))
+    zero = xb.dtype.type(0)
+    if impl == "numpy":
+        return int(np.count_nonzero(xb))
+    if impl == "numba":
+        return int((_count_body if xb.size <= _C else _count_nb)(xb, zero))
+    k = _kernels()
+    counts = _cuda.empty(x, (xb.size + _CC - 1) // _CC, np.int64)
+    _cuda.launch(k.k_counts, counts.size, xb, counts, xb.size, _CC, zero, stream=stream)
+    return _cuda_scan(x, counts, stream=stream)[1]
+
+
+def encode(x: Any, buf: Any, fmt: str = "zvc", row_width: int = 256, *, impl: str = "auto",
+           stream: Any = 0) -> int:
+    """Encode ``x`` (flattened, C order) into the bytes of ``buf``; return the bytes used.
+
+    ``buf``: any C-contiguous host or device buffer of at least
+    ``encoded_nbytes(x.size, count_nonzero(x), fmt, x.dtype.itemsize, row_width)`` bytes
+    (``ValueError`` before anything is written if it is smaller). ``row_width`` is for csr.
+    """
+    impl = _cuda.choose(impl, x, buf)
+    dev = impl == "cuda"
+    xb = _bits(x if dev else np.ascontiguousarray(x))
+    n, isz, zero = xb.size, xb.dtype.itemsize, xb.dtype.type(0)
+    if fmt == "dense":
+        b = _cuda.byte_view(buf, n * isz, "buf")
+        if dev:
+            _cuda.copy(b, xb.view(np.uint8))
+        else:
+            b[:] = xb.view(np.uint8)
+        return n * isz
+    _layout(n, 0, fmt, isz, row_width)  # validates fmt and row_width
+    if impl == "numpy":
+        return _encode_numpy(xb, buf, fmt, row_width)
+    size = _C if fmt == "zvc" and not dev else _CC if fmt == "zvc" else row_width
+    nch = (n + size - 1) // size
+    if dev:
+        k = _kernels()
+        counts = _cuda.empty(x, nch, np.int64)
+        _cuda.launch(k.k_counts, nch, xb, counts, n, size, zero, stream=stream)
+        offsets, nnz = _cuda_scan(x, counts, stream=stream)
+    else:
+        counts = np.empty(nch, np.int64)
+        (_counts_body if n <= _C else _counts_nb)(xb, counts, size, zero)
+        offsets = np.zeros(nch + 1, np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        nnz = int(offsets[-1])
+    lay = _layout(n, nnz, fmt, isz, row_width)
+    b = _cuda.byte_view(buf, lay.total, "buf")
+    hdr = _header_bytes(fmt, n, nnz, isz, row_width, lay)
+    vals = b[lay.vals: lay.vals + nnz * isz].view(xb.dtype)
+    if fmt == "zvc":
+        mask = b[lay.meta: lay.meta + (n + 7) // 8]
+        if dev:
+            _cuda.from_host(b[:HEADER_NBYTES], hdr)
+            _cuda.launch(k.k_zvc_encode, nch, xb, mask, vals, offsets, n, size, zero,
+                         stream=stream)
+        else:
+            b[:HEADER_NBYTES] = hdr
+            if nch == 1:
+                _zvc_body(xb, mask, vals, zero)
+            elif nch:
+                _zvc_encode_nb(xb, mask, vals, offsets, zero)
+        return lay.total
+    ptr, cols = _csr_arrays(b, lay)
+    if dev:
+        _cuda.from_host(b[:HEADER_NBYTES], hdr)
+        _cuda.exclusive_scan(counts, ptr, stream)
+        _cuda.launch(k.k_csr_encode, lay.rows, xb, ptr, vals, cols, n, row_width, zero,
+                     stream=stream)
+    else:
+        b[:HEADER_NBYTES] = hdr
+        ptr[:] = offsets
+        if nch:
+            (_csr_encode_rows if n <= _C else _csr_encode_nb)(xb, row_width, offsets, vals, cols,
+                                                               0, nch, zero)
+    return lay.total
+
+
+def _encode_numpy(xb: np.ndarray, buf: Any, fmt: str, row_width: int) -> int:
+    n, isz = xb.size, xb.dtype.itemsize
+    nzm = xb != 0
+    nnz = int(np.count_nonzero(nzm))
+    lay = _layout(n, nnz, fmt, isz, row_width)
+    b = _cuda.byte_view(buf, lay.total, "buf")
+    b[:HEADER_NBYTES] = _header_bytes(fmt, n, nnz, isz, row_width, lay)
+    b[lay.vals: lay.vals + nnz * isz] = xb[nzm].view(np.uint8)
+    if fmt == "zvc":
+        b[lay.meta: lay.total] = np.packbits(nzm, bitorder="little")
+        return lay.total
+    idx = np.flatnonzero(nzm)
+    ptr = np.zeros(lay.rows + 1, np.int64)
+    np.cumsum(np.bincount(idx // row_width, minlength=lay.rows), out=ptr[1:])
+    b[lay.meta: lay.meta + ptr.size * lay.ptr_bytes] = ptr.astype(f"<i{lay.ptr_bytes}").view(
+        np.uint8)
+    b[lay.cols: lay.total] = (idx % row_width).astype(f"<u{lay.col_bytes}").view(np.uint8)
+    return lay.total
+
+
+def decode(buf: Any, out: Any, fmt: str | None = None, *, impl: str = "auto",
+           stream: Any = 0) -> Any:
+    """Decode ``buf`` into ``out`` (C-contiguous, ``n`` elements of the encoded itemsize);
+    the format comes from the header, or ``fmt="dense"`` for raw bytes. Returns ``out``."""
+    impl = _cuda.choose(impl, buf, out)
+    dev = impl == "cuda"
+    if not out.flags["C_CONTIGUOUS"]:
+        raise ValueError("out must be C-contiguous")
+    ob = _bits(out)
+    zero = ob.dtype.type(0)
+    if fmt == "dense":
+        src = _cuda.byte_view(buf, out.nbytes, "buf")
+        if dev:
+            _cuda.copy(ob.view(np.uint8), src)
+        else:
+            ob.view(np.uint8)[:] = src
+        return out
+    h = read_header(buf)
+    if fmt not in (None, h.fmt):
+        raise ValueError(f"buffer holds {h.fmt}, fmt={fmt!r} given")
+    if h.n != ob.size or h.itemsize != ob.dtype.itemsize:
+        raise ValueError(f"buffer holds {h.n} items of {h.itemsize} bytes; out has {ob.size} "
+                         f"of {ob.dtype.itemsize}")
+    lay = _layout(h.n, h.nnz, h.fmt, h.itemsize, h.row_width or 256)
+    b = _cuda.byte_view(buf, lay.total, "buf")
+    vals = b[lay.vals: lay.vals + h.nnz * h.itemsize].view(ob.dtype)
+    n = h.n
+    if h.fmt == "zvc":
+        mask = b[lay.meta: lay.total]
+        if impl == "numpy":
+            nzm = np.unpackbits(mask, count=n, bitorder="little").view(bool)
+            ob[:] = 0
+            ob[nzm] = vals
+        elif dev:
+            k = _kernels()
+            nch = (n + _CC - 1) // _CC
+            counts = _cuda.empty(out, nch, np.int64)
+            offsets = _cuda.empty(out, nch + 1, np.int64)
+            _cuda.launch(k.k_mask_counts, nch, mask, counts, _CC // 8, stream=stream)
+            _cuda.exclusive_scan(counts, offsets, stream)
+            _cuda.launch(k.k_zvc_decode, nch, mask, vals, offsets, ob, n, _CC, zero,
+                         stream=stream)
+        elif 0 < n <= _C:
+            _zvc_dec_body(mask, vals, ob, zero)
+        elif n:
+            counts = np.empty((n + _C - 1) // _C, np.int64)
+            _mask_counts_nb(mask, counts)
+            offsets = np.zeros(counts.size + 1, np.int64)
+            np.cumsum(counts, out=offsets[1:])
+            _zvc_decode_nb(mask, vals, offsets, ob, zero)
+        return out
+    w = h.row_width
+    ptr, cols = _csr_arrays(b, lay)
+    if impl == "numpy":
+        rows = np.repeat(np.arange(lay.rows), np.diff(ptr.astype(np.int64)))
+        ob[:] = 0
+        ob[rows * w + cols] = vals
+    elif dev:
+        _cuda.launch(_kernels().k_csr_decode, lay.rows, vals, cols, ptr, ob, n, w, zero,
+                     stream=stream)
+    elif n:
+        (_csr_decode_rows if n <= _C else _csr_decode_nb)(vals, cols, ptr.astype(np.int64), ob,
+                                                          w, 0, lay.rows, zero)
+    return out
