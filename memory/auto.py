@@ -85,6 +85,14 @@ def build(program: Program, choice: AutoChoice) -> Plan:
     return plan
 
 
+def _pressure(plan: Plan) -> tuple[int, int]:
+    """(peak bytes, byte-steps): the peak, and the area under the live-bytes curve that breaks
+    ties on a plateau (several steps at the peak)."""
+    iv = block_intervals(plan)
+    area = sum(size * (e - s) for s, e, size in iv.values())
+    return plan_peak(plan), area
+
+
 def _live_at_peak(plan: Plan) -> list[int]:
     """Original tensors (clones mapped back) whose blocks are live at the plan's peak."""
     iv = block_intervals(plan)
@@ -118,7 +126,8 @@ def auto_choose(program: Program, budget: int | None, step_times: list[float] | 
              if c.first_backward - c.last_forward >= 3}
     choice = AutoChoice()
     plan = build(program, choice)
-    choice.peak = persistent + plan_peak(plan)
+    peak0, area = _pressure(plan)
+    choice.peak = persistent + peak0
     for _ in range(max_moves):
         if budget is not None and choice.peak <= budget:
             break
@@ -144,17 +153,19 @@ def auto_choose(program: Program, budget: int | None, step_times: list[float] | 
                 else:
                     trial.dropped.add(producer[t].index)
                 tplan = build(program, trial)
-                peak = persistent + plan_peak(tplan)
-                if peak >= choice.peak:
-                    continue
+                tpeak, tarea = _pressure(tplan)
+                peak = persistent + tpeak
+                if peak > choice.peak or (peak == choice.peak and tarea >= area):
+                    continue  # the peak never rises; on a plateau the area must fall
                 if kind == "recompute":
                     extra = max(0.0, _recompute_time(tplan, costs) - _recompute_time(plan, costs))
-                score = (choice.peak - peak) / (extra + 1e-9)
+                # peak reductions first; area reductions only break ties on a plateau
+                score = ((choice.peak - peak) / (extra + 1e-9), (area - tarea) / (extra + 1e-9))
                 if best is None or score > best[0]:
-                    best = (score, kind, t, extra, trial, tplan, peak)
+                    best = (score, kind, t, extra, trial, tplan, peak, tarea)
         if best is None:
             break
-        _, kind, t, extra, trial, tplan, peak = best
+        _, kind, t, extra, trial, tplan, peak, area = best
         trial.extra_time_s = choice.extra_time_s + extra
         trial.peak = peak
         trial.path = choice.path + [(kind, program.tensors[t].name, peak, extra)]
@@ -187,9 +198,9 @@ def auto_plan(program: Program, budget: int | None, step_times: list[float] | No
             f"{by_cat['persistent']:,} B of parameters, gradients and optimizer state, "
             f"{smallest.peak - by_cat['persistent']:,} B of feature maps, gradient maps and "
             f"workspace after swapping {len(smallest.swapped)} and recomputing "
-            f"{len(smallest.dropped)} feature maps); a larger budget, a smaller batch or "
-            f"batch splitting (split=K) would fit"
-            )
+            f"{len(smallest.dropped)} feature maps); "
+            + ("the persistent state alone exceeds the budget" if by_cat["persistent"] >= budget
+               else "a larger budget, a smaller batch or batch splitting (split=K) would fit"))
     plan = static_plan(plan, base=program.persistent_bytes())
     how = "measured step times" if measured else "cost model: FLOPs at an assumed rate"
     plan.notes.insert(0, (

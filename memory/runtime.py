@@ -74,6 +74,8 @@ class MemoryRuntime:
         self.peak_live: list[int] = []
         self.fallbacks: list[str] = []
         self.swap_stats = SwapStats()
+        #: With ``record=True``: (time, step, op, category, byte delta, tensor) per block event.
+        self.events: list[tuple] | None = None
 
     # ------------------------------------------------------------------ actions
     def apply(self, action: Action) -> None:
@@ -113,6 +115,13 @@ class MemoryRuntime:
                     raise
                 self._evict(next(iter(self.cached)))
 
+    def _record(self, op: str, blk: Any, tid: int) -> None:
+        if self.events is not None:
+            t = self.program.tensors[tid]
+            delta = blk.size if op == "alloc" else -blk.size
+            self.events.append((time.perf_counter(), self.position, op, t.category, delta,
+                                t.name))
+
     def _note_peak(self) -> None:
         current = self.pool.allocated_bytes
         if current > self.peak_bytes:
@@ -130,6 +139,7 @@ class MemoryRuntime:
             self.arrays[tid] = self.blocks[root].view(t.shape, np.dtype(t.dtype))
             return
         blk = self._allocate(tid, offset)
+        self._record("alloc", blk, tid)
         self.blocks[tid] = blk
         self.arrays[tid] = blk.view(t.shape, np.dtype(t.dtype))
         self._note_peak()
@@ -148,6 +158,7 @@ class MemoryRuntime:
             if sw is not None:
                 return
             raise TensorNotResident(f"free of {self.program.tensors[tid].name}: not allocated")
+        self._record("free", blk, tid)
         self.pool.free(blk)
 
     # ------------------------------------------------------------------ swapping
@@ -192,6 +203,7 @@ class MemoryRuntime:
         blk = self.blocks.pop(root)
         if self.poison_offloaded and getattr(self.pool.device, "has_storage", False):
             self.pool.device.fill(blk.offset, blk.size, float("nan"))
+        self._record("free", blk, root)
         self.pool.free(blk)
 
     def _evict(self, root: int) -> None:
@@ -212,6 +224,7 @@ class MemoryRuntime:
         if self.plan.cache:
             self.swap_stats.cache_misses += 1
         blk = self._allocate(root, offset)
+        self._record("alloc", blk, root)
         self.blocks[root] = blk
         self._note_peak()
         nbytes = aligned(self.program.tensors[root].nbytes)

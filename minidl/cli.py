@@ -215,7 +215,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 print_memory_report(found["report"])
         return 0
     try:
-        rep = dry_run(net, args.batch_size, spec, args.optimizer, input_shape=shape)
+        rep = dry_run(net, args.batch_size, spec, args.optimizer, input_shape=shape,
+                      plot=args.plot, trace=args.trace)
     except BudgetTooSmall as e:
         print(f"minidl: {e}", file=sys.stderr)
         return EXIT_OOM
@@ -226,6 +227,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
               f"{'x'.join(map(str, rep['input']))}, {args.classes} classes: "
               f"{rep['num_steps']} steps, {rep['num_tensors']} tensors")
         print_memory_report(rep)
+        if args.layers:
+            from .report import format_layer_table
+
+            print(format_layer_table(rep["layers"]))
+        for what, path in (("timeline", args.plot), ("trace", args.trace)):
+            if path:
+                print(f"{what} saved to {path}")
     return 0
 
 
@@ -304,6 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--optimizer", default="sgd", choices=["sgd", "adam", "adamw"])
     pl.add_argument("--budget", default=None,
                     help="device bytes the auto planner must fit (with --memory auto)")
+    pl.add_argument("--plot", default=None, help="save the timeline of device bytes (PNG)")
+    pl.add_argument("--trace", default=None, help="save a Chrome/Perfetto trace (JSON)")
+    pl.add_argument("--layers", action="store_true", help="print the per-layer table")
     pl.add_argument("--max-batch", action="store_true",
                     help="find the largest batch that fits --budget (dry runs)")
     pl.set_defaults(func=cmd_plan)

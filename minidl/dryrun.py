@@ -39,6 +39,8 @@ def dry_run(
     input_shape: tuple[int, ...] | None = None,
     top: int = 10,
     training: bool = True,
+    plot: str | None = None,
+    trace: str | None = None,
 ) -> dict[str, Any]:
     """Run one training iteration of ``net`` on the meta device and report its memory.
 
@@ -67,8 +69,14 @@ def dry_run(
         c = engine.compiled(shapes, labels, training=True, accumulate=True)
     else:
         c = engine.compiled([batch], labels, training=training)
-    c.executor.run([None, None], training=training)
+    c.executor.run([None, None], training=training, record=True)
     info = engine.peak_info(c)
+    from .report import layer_table, plot_timeline, save_trace, timeline
+
+    if plot:
+        plot_timeline(timeline(c), plot, f"{net.name}, batch {batch_size}, {config.spec}")
+    if trace:
+        save_trace(c, trace, measured=False)
     swap = c.executor.last_runtime.swap_stats.as_dict()
     swap["host_peak_bytes"] = engine.host_pool.peak_bytes
     stats = pool.stats()
@@ -91,6 +99,7 @@ def dry_run(
         "split": split,
         "swap": swap if c.plan.swapped else {},
         "notes": list(c.plan.notes),
+        "layers": layer_table(c),
     }
 
 

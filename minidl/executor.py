@@ -78,6 +78,7 @@ class Executor:
         check_finite: bool = False,
         recomputing: bool = False,
         loss_scale: float = 1.0,
+        record: bool = False,
     ) -> tuple[float | None, list[np.ndarray]]:
         """Run every step. Returns the loss (if the program has one) and, if asked, copies of
         the network outputs. On any error every block of the iteration is freed."""
@@ -85,6 +86,8 @@ class Executor:
         rt = MemoryRuntime(self.pool, prog, self.plan, self.host_pool,
                            poison_offloaded=self.debug)
         self.last_runtime = rt
+        if record:
+            rt.events = []
         loss_value: float | None = None
         outputs: list[np.ndarray] = []
         plan_steps = self.plan.steps
