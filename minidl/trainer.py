@@ -16,7 +16,7 @@ from .graph import Network
 from .layers.base import Layer
 from .memory.config import MemoryConfig
 from .memory.device import make_device
-from .memory.pool import Pool
+from .memory.pool import DeviceOutOfMemory, Pool
 from .memory.units import format_size, parse_size
 
 
@@ -80,6 +80,7 @@ class Trainer:
                              host_memory=None if host_memory is None else parse_size(host_memory))
         self.swap_stats: dict[str, Any] = {}
         self.last_split = 1
+        self.cache_fallbacks = 0
         self.peak: PeakInfo | None = None
         self.step_times: list[float] = []
 
@@ -123,7 +124,20 @@ class Trainer:
         if k > 1:
             return self._compute_gradients_split(x, y, k)
         c = self._compiled(x, y, training=True)
-        loss, _ = c.executor.run([x, y], training=True, seed=self.seed, iteration=self.iteration)
+        try:
+            loss, _ = c.executor.run([x, y], training=True, seed=self.seed,
+                                     iteration=self.iteration)
+        except DeviceOutOfMemory:
+            if not c.plan.cache:
+                raise
+            # the tensor cache kept swapped tensors resident until even evicting all of them
+            # left memory too fragmented: from now on release them at once (plain swapping)
+            c.plan.cache = False
+            c.plan.notes.append("cache: turned off after an out-of-memory that evicting every "
+                                "cached tensor could not resolve (fragmentation)")
+            self.cache_fallbacks += 1
+            loss, _ = c.executor.run([x, y], training=True, seed=self.seed,
+                                     iteration=self.iteration)
         if self.engine.compute and (loss is None or not np.isfinite(loss)):
             self._diagnose(c, x, y)
             raise NonFiniteError(
@@ -330,6 +344,7 @@ class Trainer:
                 {"tensor": n, "category": c, "bytes": b} for n, c, b in self.peak.live[:5]]
         if self.swap_stats:
             rep["swap"] = dict(self.swap_stats)
+            rep["swap"]["cache_fallbacks"] = self.cache_fallbacks
         if self.last_split > 1:
             rep["split"] = self.last_split
         return rep
