@@ -249,6 +249,8 @@ MODELS: dict[str, Callable[..., Network]] = {
     "alexnet": alexnet,
     "vgg11": lambda **kw: vgg(11, **kw),
     "vgg16": lambda **kw: vgg(16, **kw),
+    "vgg11_bn": lambda **kw: vgg(11, batch_norm=True, **kw),
+    "vgg16_bn": lambda **kw: vgg(16, batch_norm=True, **kw),
     "resnet18": lambda **kw: resnet(18, **kw),
     "resnet34": lambda **kw: resnet(34, **kw),
     "resnet50": lambda **kw: resnet(50, **kw),
