@@ -9,11 +9,14 @@ from .dropout import Dropout
 from .embedding import Embedding
 from .flatten import Flatten
 from .global_avg_pool import GlobalAvgPool2d
+from .gru import GRUCell
 from .leaky_relu import LeakyReLU
 from .linear import Linear
+from .lstm import LSTMCell
 from .mse_loss import MSELoss
 from .pool import AvgPool2d, MaxPool2d
 from .relu import ReLU
+from .rnn_projection import RNNInputProjection
 from .sigmoid import Sigmoid
 from .softmax_cross_entropy import SoftmaxCrossEntropy
 from .tanh import Tanh
@@ -21,6 +24,7 @@ from .time_stack import TimeStack
 from .zero_state import ZeroState
 
 __all__ = [
+    "GRUCell", "LSTMCell", "RNNInputProjection",
     "Add", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Concat", "Context", "Conv2d", "Dropout",
     "Embedding", "Flatten", "GlobalAvgPool2d", "Layer", "LeakyReLU", "Linear", "MaxPool2d",
     "MSELoss", "ParamSpec", "ReLU", "ShapeError", "Sigmoid", "SoftmaxCrossEntropy", "Symbol",

@@ -13,10 +13,20 @@ from typing import Any
 import numpy as np
 
 
-def synthetic_batch(shape: tuple[int, ...], batch_size: int, num_classes: int, seed: int):
+def synthetic_batch(net: Any, shape: tuple[int, ...], batch_size: int, seed: int):
+    """One seeded batch for ``net``: Gaussian images (or random tokens for integer inputs)
+    and random labels shaped like the output without its class axis."""
+    from .dryrun import default_label_shape
+
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((batch_size, *shape)).astype(np.float32)
-    y = rng.integers(0, num_classes, size=batch_size).astype(np.int64)
+    batch = (batch_size, *shape)
+    num_classes = _num_classes(net, shape, batch_size)
+    if np.issubdtype(net.inputs[0].dtype, np.integer):
+        vocab = getattr(net, "vocab_size", None) or num_classes
+        x = rng.integers(0, vocab, size=batch).astype(np.int64)
+    else:
+        x = rng.standard_normal(batch).astype(np.float32)
+    y = rng.integers(0, num_classes, size=default_label_shape(net, batch)).astype(np.int64)
     return x, y
 
 
@@ -41,15 +51,13 @@ def run_bench(
 
     runners: list[tuple[str, Callable[[], float]]] = []
     trainers = []
-    num_classes = None
     for spec in specs:
         net = make_net()
-        num_classes = num_classes or _num_classes(net, shape, batch_size)
         cap = auto_device_memory(net, batch_size, spec, "sgd", shape)
         tr = Trainer(net, SGD(net.parameters(), lr=lr, momentum=0.9), memory=spec,
                      device_memory=cap, seed=seed)
         trainers.append(tr)
-    x, y = synthetic_batch(shape, batch_size, num_classes, seed)
+    x, y = synthetic_batch(trainers[0].net, shape, batch_size, seed)
     for spec, tr in zip(specs, trainers):
         runners.append((spec.spec, lambda tr=tr: tr.step(x, y)))
     torch_ok = False
@@ -94,8 +102,9 @@ def run_bench(
 
 
 def _num_classes(net: Any, shape: tuple[int, ...], batch_size: int) -> int:
-    shapes, _ = net.infer([(batch_size, *shape)])
-    return int(shapes[net.output_values[0]][-1])
+    unrolled = net.for_shapes([(batch_size, *shape)])
+    shapes, _ = unrolled.infer([(batch_size, *shape)])
+    return int(shapes[unrolled.output_values[0]][-1])
 
 
 def _torch_runner(net: Any, x: np.ndarray, y: np.ndarray, lr: float) -> Callable[[], float]:
@@ -111,7 +120,8 @@ def _torch_runner(net: Any, x: np.ndarray, y: np.ndarray, lr: float) -> Callable
 
     def step() -> float:
         opt.zero_grad(set_to_none=False)
-        loss = loss_fn(model(xt), yt)
+        out = model(xt)
+        loss = loss_fn(out.reshape(-1, out.shape[-1]), yt.reshape(-1))
         loss.backward()
         opt.step()
         return float(loss)

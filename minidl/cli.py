@@ -42,6 +42,18 @@ def _model(name: str, input_shape, num_classes: int, width: int | None = None):
         raise
 
 
+def _shape_and_classes(args: argparse.Namespace) -> tuple[tuple[int, ...] | None, int]:
+    """Per-sample input shape and output classes: images take --input and --classes; the
+    character models take --seq-len and --vocab."""
+    from .models import TEXT_MODELS
+
+    if args.model in TEXT_MODELS:
+        if args.seq_len < 1:
+            raise UsageError(f"--seq-len must be positive, got {args.seq_len}")
+        return (args.seq_len,), args.vocab
+    return parse_chw(args.input), args.classes
+
+
 def _memory(spec: str):
     from .memory.config import MemoryConfig
 
@@ -97,12 +109,64 @@ def print_memory_report(rep: dict[str, Any], out=sys.stdout) -> None:
 
 
 # ------------------------------------------------------------------------------ train
+def cmd_train_text(args: argparse.Namespace, spec) -> int:
+    """Character-level language model on Shakespeare (or synthetic text)."""
+    from .dryrun import make_optimizer
+    from .rnn import train_language_model
+    from .text import TEXT_DATASETS, load_text_dataset
+    from .trainer import Trainer
+
+    name = "synthetic-text" if args.dataset == "synthetic" else args.dataset
+    if name not in TEXT_DATASETS:
+        raise UsageError(f"unknown dataset {args.dataset!r} for {args.model}; valid: "
+                         f"{', '.join(TEXT_DATASETS)}")
+    ds = load_text_dataset(name)
+    net = _model(args.model, (args.seq_len,), ds.vocab_size, args.width)
+    opt = make_optimizer(args.optimizer, net.parameters(), args.lr, 0.0)
+    device_memory = args.device_memory
+    if device_memory == "auto":
+        device_memory = spec.budget or auto_device_memory(net, args.batch_size, spec,
+                                                          args.optimizer, (args.seq_len,))
+    trainer = Trainer(net, opt, memory=spec, device=args.device, device_memory=device_memory,
+                      seed=args.seed, clip_grad_norm=5.0, host_memory=args.host_memory)
+    steps = args.max_steps or max(1, args.epochs) * 100
+    if not args.json:
+        print(f"training {net.name} ({net.num_parameters():,} parameters) on {ds.name}: "
+              f"{len(ds.train):,} train / {len(ds.val):,} validation characters, vocabulary "
+              f"{ds.vocab_size}, seq-len {args.seq_len}, batch {args.batch_size}, {steps} steps, "
+              f"memory {spec.spec!r}", file=sys.stderr)
+    res = train_language_model(trainer, ds, args.batch_size, args.seq_len, steps,
+                               progress=not args.no_progress, seed=args.seed)
+    if args.save:
+        trainer.save(args.save)
+    rep = trainer.memory_report()
+    result = {"model": args.model, "dataset": ds.name, "memory": spec.spec,
+              "losses": res["losses"], "final_loss": res["losses"][-1],
+              "val_loss": res["val_loss"], "val_perplexity": res["val_perplexity"],
+              "peak_allocated_bytes": rep["peak_allocated_bytes"],
+              "peak_reserved_bytes": rep["peak_reserved_bytes"],
+              "step_time_median_s": float(np.median(res["step_times"])),
+              "wall_time_s": res["wall_time_s"], "steps": steps, "memory_report": rep}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"steps: {steps}, final training loss {result['final_loss']:.4f}, median step "
+              f"{1000 * result['step_time_median_s']:.1f} ms, wall time {res['wall_time_s']:.1f} s")
+        print(f"validation loss {res['val_loss']:.4f} nats/char, perplexity "
+              f"{res['val_perplexity']:.2f}")
+        print_memory_report(rep)
+    return 0
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from . import data as D
     from .dryrun import make_optimizer
+    from .models import TEXT_MODELS
     from .trainer import Trainer
 
     spec = _memory(_with_budget(args.memory, args.budget))
+    if args.model in TEXT_MODELS:
+        return cmd_train_text(args, spec)
     if args.dataset not in D.DATASETS:
         raise UsageError(f"unknown dataset {args.dataset!r}; valid: {', '.join(D.DATASETS)}")
     input_shape = parse_chw(args.input)
@@ -192,13 +256,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from .memory.units import parse_size
 
     spec = _memory(_with_budget(args.memory, args.budget))
-    shape = parse_chw(args.input)
-    net = _model(args.model, shape, args.classes, args.width)
+    shape, classes = _shape_and_classes(args)
+    net = _model(args.model, shape, classes, args.width)
     shape = shape or net.input_shapes[0]
     if args.max_batch:
         if args.budget is None:
             raise UsageError("--max-batch needs --budget SIZE")
-        found = max_batch_size(lambda: _model(args.model, shape, args.classes, args.width),
+        found = max_batch_size(lambda: _model(args.model, shape, classes, args.width),
                                shape, spec, parse_size(args.budget), args.optimizer,
                                progress=not args.json)
         out = {"model": net.name, "memory": spec.spec, "budget_bytes": parse_size(args.budget),
@@ -224,7 +288,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(json.dumps(rep))
     else:
         print(f"{net.name}, batch {args.batch_size}, input "
-              f"{'x'.join(map(str, rep['input']))}, {args.classes} classes: "
+              f"{'x'.join(map(str, rep['input']))}, {classes} classes: "
               f"{rep['num_steps']} steps, {rep['num_tensors']} tensors")
         print_memory_report(rep)
         if args.layers:
@@ -242,11 +306,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import run_bench
 
     specs = [_memory(s) for s in args.memory]
-    shape = parse_chw(args.input)
-    net0 = _model(args.model, shape, args.classes, args.width)
+    shape, classes = _shape_and_classes(args)
+    net0 = _model(args.model, shape, classes, args.width)
     shape = shape or net0.input_shapes[0]
     result = run_bench(
-        lambda: _model(args.model, shape, args.classes, args.width), shape, args.batch_size,
+        lambda: _model(args.model, shape, classes, args.width), shape, args.batch_size,
         specs, steps=args.steps, warmup=args.warmup, compare_torch=args.compare_torch,
         seed=args.seed, progress=not args.json,
     )
@@ -278,6 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--batch-size", type=int, default=batch_default)
         sp.add_argument("--width", type=int, default=None, help="first-stage width of the model")
         sp.add_argument("--json", action="store_true", help="print one JSON object")
+        sp.add_argument("--seq-len", type=int, default=64, help="sequence length (char models)")
 
     t = sub.add_parser("train", help="train a model with progress bars and a memory report")
     common(t, 64)
@@ -308,6 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plan", help="dry run on the meta device: the exact peak, no compute")
     common(pl, 64)
     pl.add_argument("--classes", type=int, default=10)
+    pl.add_argument("--vocab", type=int, default=65, help="vocabulary size (char models)")
     pl.add_argument("--memory", default="none")
     pl.add_argument("--optimizer", default="sgd", choices=["sgd", "adam", "adamw"])
     pl.add_argument("--budget", default=None,
@@ -322,6 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="median step time and peak per memory spec")
     common(b, 64)
     b.add_argument("--classes", type=int, default=10)
+    b.add_argument("--vocab", type=int, default=65, help="vocabulary size (char models)")
     b.add_argument("--memory", nargs="+", default=["none"])
     b.add_argument("--steps", type=int, default=20)
     b.add_argument("--warmup", type=int, default=3)

@@ -29,6 +29,14 @@ def make_optimizer(name: str, params: list, lr: float | None = None,
     raise ValueError(f"unknown optimizer {name!r}; valid: sgd, adam, adamw")
 
 
+def default_label_shape(net: Network, batch: tuple[int, ...]) -> tuple[int, ...]:
+    """Integer class labels for the network's output: its shape without the class axis
+    ((N,) for (N, K) logits, (N, T) for a sequence model's (N, T, V))."""
+    unrolled = net.for_shapes([batch])
+    shapes, _ = unrolled.infer([batch])
+    return tuple(shapes[unrolled.output_values[0]][:-1])
+
+
 def dry_run(
     net: Network,
     batch_size: int,
@@ -60,7 +68,7 @@ def dry_run(
     opt = make_optimizer(optimizer, net.parameters()) if training else None
     engine = Engine(net, pool, config, loss if training else None, opt, bind=False)
     batch = (int(batch_size), *shape)
-    labels = tuple(label_shape or (int(batch_size),))
+    labels = tuple(label_shape or default_label_shape(net, batch))
     split = engine.split_for([batch], labels) if training else 1
     if split > 1:
         from .engine import micro_shapes

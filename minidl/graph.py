@@ -255,6 +255,11 @@ class Network:
                 dtypes[v] = np.dtype(d)
         return shapes, dtypes  # type: ignore[return-value]
 
+    def for_shapes(self, batch_shapes: Sequence[Shape]) -> Network:
+        """The network to run for these input shapes: itself, except for models that unroll
+        per sequence length (:class:`~minidl.rnn.SequenceModel`)."""
+        return self
+
     def summary(self, batch_shapes: Sequence[Shape] | None = None) -> str:
         """One line per layer: name, layer, output shape, parameter count."""
         shapes = None

@@ -256,7 +256,8 @@ MODELS: dict[str, Callable[..., Network]] = {
     "resnet50": lambda **kw: resnet(50, **kw),
 }
 
-MODEL_NAMES = tuple(MODELS) + ("resnet<N>",)
+TEXT_MODELS = ("char-lstm", "char-gru")
+MODEL_NAMES = tuple(MODELS) + ("resnet<N>",) + TEXT_MODELS
 
 
 def default_input_shape(name: str) -> Shape:
@@ -267,8 +268,14 @@ def default_input_shape(name: str) -> Shape:
 def get_model(name: str, input_shape: Shape | None = None, num_classes: int = 10,
               **kwargs) -> Network:
     """Build a reference model by name (``resnet<N>`` for any valid depth N)."""
-    shape = tuple(input_shape) if input_shape is not None else default_input_shape(name)
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    if name in TEXT_MODELS:
+        from .rnn import char_rnn
+
+        steps = int(input_shape[0]) if input_shape is not None else 64
+        hidden = kwargs.get("width", 256)
+        return char_rnn(num_classes, hidden, hidden, 2, steps=steps, cell=name.split("-")[1])
+    shape = tuple(input_shape) if input_shape is not None else default_input_shape(name)
     if name in MODELS:
         return MODELS[name](input_shape=shape, num_classes=num_classes, **kwargs)
     m = re.fullmatch(r"resnet(\d+)", name)

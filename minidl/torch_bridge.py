@@ -49,9 +49,40 @@ def _module_for(layer: Any, torch: Any) -> Any:
     raise NotImplementedError(f"no PyTorch equivalent for layer {kind}")
 
 
+def _char_rnn_to_torch(net: Any) -> Any:
+    """Embedding → nn.LSTM/nn.GRU (batch first) → Linear, with the model's weights (the
+    parameter names are PyTorch's, so the state dict loads as is)."""
+    import torch
+
+    state = net.state_dict()
+    cell = "lstm" if "lstm.weight_ih_l0" in state else "gru"
+    vocab, emb = state["embedding.weight"].shape
+    hidden = state[f"{cell}.weight_hh_l0"].shape[1]
+    layers = sum(1 for k in state if k.startswith(f"{cell}.weight_ih_l"))
+
+    class CharRNN(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embedding = torch.nn.Embedding(vocab, emb)
+            rnn = torch.nn.LSTM if cell == "lstm" else torch.nn.GRU
+            setattr(self, cell, rnn(emb, hidden, layers, batch_first=True))
+            self.fc = torch.nn.Linear(hidden, state["fc.weight"].shape[0])
+
+        def forward(self, x: Any) -> Any:
+            y, _ = getattr(self, cell)(self.embedding(x))
+            return self.fc(y)
+
+    m = CharRNN()
+    m.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in state.items()})
+    return m
+
+
 def to_torch(net: Network) -> Any:
     """A ``torch.nn.Module`` computing the same function as ``net``, with its weights copied."""
     import torch
+
+    if hasattr(net, "for_shapes") and type(net).__name__ == "SequenceModel":
+        return _char_rnn_to_torch(net)
 
     class GraphModule(torch.nn.Module):
         def __init__(self) -> None:

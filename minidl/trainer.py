@@ -227,7 +227,7 @@ class Trainer:
     def evaluate(self, x: Any, y: Any, batch_size: int = 256) -> tuple[float, float]:
         """Mean loss and accuracy (argmax over the last axis) in eval mode."""
         x, y = self._check_inputs(x, y)
-        total_loss, correct, n = 0.0, 0, 0
+        total_loss, correct, n, n_labels = 0.0, 0, 0, 0
         for i in range(0, len(x), batch_size):
             xb, yb = x[i:i + batch_size], y[i:i + batch_size]
             loss, logits = self._forward_eval(xb, yb)
@@ -235,7 +235,8 @@ class Trainer:
             if np.issubdtype(yb.dtype, np.integer):
                 correct += int((logits.argmax(axis=-1) == yb).sum())
             n += len(xb)
-        return total_loss / max(n, 1), correct / max(n, 1)
+            n_labels += yb.size
+        return total_loss / max(n, 1), correct / max(n_labels, 1)
 
     def fit(
         self,

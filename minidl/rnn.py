@@ -1,0 +1,185 @@
+"""Recurrent networks unrolled per time step, and the character-level language models.
+
+An LSTM or GRU layer becomes, for a sequence of T steps, one input-projection node (all steps'
+``x W_ih^T + b_ih`` in one GEMM) and T cell nodes sharing ``weight_hh`` / ``bias_hh``, so that
+liveness, swapping and recomputation act per time step. A :class:`SequenceModel` builds the
+unrolled network for each sequence length it meets (cached), every unrolling sharing the same
+parameter objects, with PyTorch's names (``lstm.weight_ih_l0``, ...) and layouts.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import layers as L
+from .graph import Input, Network
+from .layers.base import Layer, Symbol
+from .parameter import Parameter
+
+
+class ParameterStore:
+    """Creates each named parameter once (from the first layer that declares it) and binds the
+    same objects into every layer that uses it."""
+
+    def __init__(self, seed: int = 0, dtype: str = "float32") -> None:
+        self.rng = np.random.default_rng(seed)
+        self.dtype = np.dtype(dtype)
+        self.params: dict[str, Parameter] = {}
+
+    def bind(self, layer: Layer, names: dict[str, str]) -> Layer:
+        """Give ``layer`` the parameters ``names`` maps its local names to (created on first
+        use from the layer's specs)."""
+        specs = layer.param_specs()
+        bound = {}
+        for local, spec in specs.items():
+            full = names[local]
+            if full not in self.params:
+                self.params[full] = Parameter(full, spec.initial_value(self.rng, self.dtype),
+                                              trainable=spec.trainable)
+            bound[local] = self.params[full]
+        layer.bound_params = bound
+        return layer
+
+
+def recurrent(store: ParameterStore, x: Symbol, cell: str, input_size: int, hidden_size: int,
+              num_layers: int, steps: int, name: str = "lstm") -> list[Symbol]:
+    """Unroll a ``cell`` ("lstm" or "gru") stack over ``steps``; ``x`` is (N, T, input_size).
+    Returns the last layer's per-step outputs h_0 .. h_{T-1}, each (N, hidden_size)."""
+    gates = {"lstm": 4, "gru": 3}[cell] * hidden_size
+    hs: list[Symbol] = []
+    for k in range(num_layers):
+        proj = RNNProjection(input_size if k == 0 else hidden_size, gates, steps,
+                             step_inputs=k > 0, hidden_size=hidden_size)
+        proj.name = f"{name}.l{k}.proj"
+        store.bind(proj, {"weight": f"{name}.weight_ih_l{k}", "bias": f"{name}.bias_ih_l{k}"})
+        gx = proj(x) if k == 0 else proj(*hs)
+        gx = list(gx) if isinstance(gx, tuple) else [gx]
+        h = _named(L.ZeroState(hidden_size), f"{name}.l{k}.h0")(x)
+        c = _named(L.ZeroState(hidden_size), f"{name}.l{k}.c0")(x) if cell == "lstm" else None
+        hs = []
+        for t in range(steps):
+            layer = L.LSTMCell(hidden_size) if cell == "lstm" else L.GRUCell(hidden_size)
+            layer.name = f"{name}.l{k}.t{t}"
+            store.bind(layer, {"weight_hh": f"{name}.weight_hh_l{k}",
+                               "bias_hh": f"{name}.bias_hh_l{k}"})
+            if cell == "lstm":
+                h, c = layer(gx[t], h, c)
+            else:
+                h = layer(gx[t], h)
+            hs.append(h)
+    return hs
+
+
+RNNProjection = L.RNNInputProjection
+
+
+def _named(layer: Layer, name: str) -> Layer:
+    layer.name = name
+    return layer
+
+
+class SequenceModel(Network):
+    """A network over token sequences whose unrolling depends on the sequence length.
+
+    ``build(store, T)`` returns (inputs, outputs) of the network unrolled for T steps, binding
+    every parameterised layer through ``store``. The model itself is the unrolling for
+    ``default_steps``; :meth:`for_shapes` returns (and caches) the one for other lengths.
+    """
+
+    def __init__(self, build: Callable[[ParameterStore, int], tuple[Any, Any]],
+                 default_steps: int, name: str, seed: int = 0, dtype: str = "float32",
+                 vocab_size: int | None = None) -> None:
+        self._build_fn = build
+        self._store = ParameterStore(seed, dtype)
+        self.vocab_size = vocab_size
+        self._unrolled: dict[int, Network] = {}
+        inputs, outputs = build(self._store, default_steps)
+        super().__init__(inputs, outputs, name=name, seed=seed, dtype=dtype)
+        self._unrolled[default_steps] = self
+        self.default_steps = default_steps
+
+    def for_shapes(self, batch_shapes: Sequence[tuple[int, ...]]) -> Network:
+        """The unrolling for the sequence length of ``batch_shapes`` (cached)."""
+        shape = tuple(batch_shapes[0])
+        if len(shape) < 2 or shape[1] < 1:
+            raise ValueError(f"{self.name} takes (batch, time) token arrays; got shape {shape} "
+                             "(an empty sequence has nothing to learn from)")
+        steps = shape[1]
+        if steps not in self._unrolled:
+            inputs, outputs = self._build_fn(self._store, steps)
+            self._unrolled[steps] = Network(inputs, outputs, name=f"{self.name}[T={steps}]",
+                                            dtype=self.dtype.name)
+        return self._unrolled[steps]
+
+
+def char_rnn(vocab_size: int = 65, embedding_dim: int = 256, hidden_size: int = 256,
+             num_layers: int = 2, steps: int = 64, cell: str = "lstm", seed: int = 0,
+             dtype: str = "float32") -> SequenceModel:
+    """Embedding → ``num_layers``-layer LSTM/GRU → Linear over the vocabulary, per time step."""
+
+    def build(store: ParameterStore, T: int):
+        x = Input((T,), dtype="int64", name="tokens")
+        emb = store.bind(_named(L.Embedding(vocab_size, embedding_dim, dtype=dtype),
+                                "embedding"), {"weight": "embedding.weight"})
+        e = emb(x)
+        hs = recurrent(store, e, cell, embedding_dim, hidden_size, num_layers, T, name=cell)
+        y = _named(L.TimeStack(), "stack")(*hs) if T > 1 else hs[0]
+        fc = store.bind(_named(L.Linear(hidden_size, vocab_size), "fc"),
+                        {"weight": "fc.weight", "bias": "fc.bias"})
+        return x, fc(y)
+
+    return SequenceModel(build, steps, name=f"char-{cell}", seed=seed, dtype=dtype,
+                         vocab_size=vocab_size)
+
+
+def sequence_classifier(vocab_size: int, num_classes: int, embedding_dim: int = 64,
+                        hidden_size: int = 128, num_layers: int = 1, steps: int = 32,
+                        cell: str = "lstm", seed: int = 0) -> SequenceModel:
+    """Embedding → LSTM/GRU → Linear on the last step's hidden state: one label per sequence."""
+
+    def build(store: ParameterStore, T: int):
+        x = Input((T,), dtype="int64", name="tokens")
+        emb = store.bind(_named(L.Embedding(vocab_size, embedding_dim), "embedding"),
+                         {"weight": "embedding.weight"})
+        hs = recurrent(store, emb(x), cell, embedding_dim, hidden_size, num_layers, T, cell)
+        fc = store.bind(_named(L.Linear(hidden_size, num_classes), "fc"),
+                        {"weight": "fc.weight", "bias": "fc.bias"})
+        return x, fc(hs[-1])
+
+    return SequenceModel(build, steps, name=f"{cell}-classifier", seed=seed)
+
+
+def train_language_model(trainer: Any, data: Any, batch_size: int, seq_len: int,
+                         steps: int, eval_batches: int = 20, progress: bool = True,
+                         seed: int = 0) -> dict[str, Any]:
+    """Train on random windows of ``data.train`` for ``steps`` steps, then report validation
+    loss (nats per character) and perplexity on ``eval_batches`` fixed windows of ``data.val``."""
+    from tqdm.auto import tqdm
+
+    from .text import sequence_batches
+
+    losses, times = [], []
+    t0 = time.perf_counter()
+    bar = tqdm(total=steps, disable=not progress, unit="step", dynamic_ncols=True)
+    try:
+        for xb, yb in sequence_batches(data.train, batch_size, seq_len, seed=seed,
+                                       num_batches=steps):
+            ts = time.perf_counter()
+            loss = trainer.step(xb, yb)
+            times.append(time.perf_counter() - ts)
+            losses.append(loss)
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}", chars_s=f"{xb.size / times[-1]:,.0f}",
+                            refresh=False)
+    finally:
+        bar.close()
+    val = [trainer.evaluate(xb, yb, batch_size)[0] for xb, yb in sequence_batches(
+        data.val, batch_size, seq_len, seed=seed + 1, num_batches=eval_batches)]
+    val_loss = float(np.mean(val))
+    return {"losses": losses, "step_times": times, "val_loss": val_loss,
+            "val_perplexity": math.exp(val_loss), "wall_time_s": time.perf_counter() - t0}
