@@ -7,8 +7,8 @@ The minidl side calls the layers' ``forward`` / ``backward`` directly on preallo
 buffers, as the engine does (no engine, no optimizer); Flatten, Linear and the loss are plain
 NumPy here. Both networks start from the same weights and the gradients are compared. Runs
 are interleaved step by step (one minidl step, one torch step per round); figures are medians.
-Per-layer times come from a second interleaved loop timing each layer call (torch: the aten
-ops its autograd would call).
+Per-layer times come from a second loop, alternating blocks of timed minidl steps and of
+torch's aten calls (the ones its autograd makes).
 
     python benchmarks/conv_bench.py [--rounds 100] [--batch-size 64] [--threads N]
 """
@@ -137,7 +137,7 @@ def torch_step_fn(model, x: np.ndarray, y: np.ndarray) -> Callable[[], float]:
         model.zero_grad(set_to_none=False)
         loss = loss_fn(model(xt), yt)
         loss.backward()
-        return float(loss)
+        return float(loss.detach())
 
     return step
 
@@ -246,19 +246,24 @@ def main(argv: list[str] | None = None) -> None:
     if args.no_layers:
         return
 
+    # Per layer: blocks of rounds (not layer by layer), so that one library's idle threads
+    # spinning after its call do not land inside the other's timings more than in a step.
     lt: dict[str, list[float]] = {}
     step_timed = minidl_step_fn(net, ctx, lin, x, y, timer=lt)
     tfns = torch_layer_fns(model, x) if torch is not None else {}
     tt: dict[str, list[float]] = {k: [] for k in tfns}
-    for r in range(args.warmup + args.rounds):
-        if r == args.warmup:
+    block = 10
+    for b in range(-(-(args.warmup + args.rounds) // block)):
+        for _ in range(block):
+            step_timed()
+        if b * block < args.warmup:
             lt.clear()
-        step_timed()
-        for k, f in tfns.items():
-            t0 = time.perf_counter()
-            f()
-            if r >= args.warmup:
-                tt[k].append(time.perf_counter() - t0)
+        for _ in range(block):
+            for k, f in tfns.items():
+                t0 = time.perf_counter()
+                f()
+                if b * block >= args.warmup:
+                    tt[k].append(time.perf_counter() - t0)
     print("per layer (median ms):      minidl    torch")
     tot_m = tot_t = 0.0
     for k, v in lt.items():

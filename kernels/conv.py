@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 from numba import njit, prange, uintp
 
-from .parallel import chunks, ensure_blas_policy, num_threads
+from . import winograd
+from .parallel import ensure_blas_policy, num_threads, split
 
 Pair = tuple[int, int]
 
@@ -36,11 +37,33 @@ def conv_output_hw(hw: Pair, kernel: Pair, stride: Pair, padding: Pair, dilation
     )
 
 
+#: Smallest ``Cin`` for which 3x3 stride-1 convolutions use Winograd F(2x2, 3x3).
+WINOGRAD_MIN_CIN = 8
+
+
+def choose_algo(x_shape: tuple[int, ...], kernel: Pair, stride: Pair, dilation: Pair,
+                groups: int) -> str:
+    """``"winograd"`` for 3x3 / stride 1 / dilation 1 / one group with at least
+    :data:`WINOGRAD_MIN_CIN` input channels, else ``"gemm"`` (im2col)."""
+    if (kernel == (3, 3) and stride == (1, 1) and dilation == (1, 1) and groups == 1
+            and x_shape[1] >= WINOGRAD_MIN_CIN):
+        return "winograd"
+    return "gemm"
+
+
+def _winograd_nb(x_shape, cout, padding, itemsize) -> int:
+    ho, wo = x_shape[2] + 2 * padding[0] - 2, x_shape[3] + 2 * padding[1] - 2
+    return min(max(1, x_shape[0]), winograd.images_per_block(x_shape[1], cout, ho, wo, itemsize))
+
+
 def _slab_elems(
     x_shape: tuple[int, ...], cout: int, kernel: Pair, stride: Pair, padding: Pair,
-    dilation: Pair, groups: int, backward: bool,
+    dilation: Pair, groups: int, backward: bool, algo: str, itemsize: int,
 ) -> list[int]:
     """Element counts of one thread's buffers, in the order the kernels take them."""
+    if algo == "winograd":
+        nb = _winograd_nb(x_shape, cout, padding, itemsize)
+        return winograd.slab_elems(x_shape, cout, padding, nb, backward)
     _, c, h, w = x_shape
     ho, wo = conv_output_hw((h, w), kernel, stride, padding, dilation)
     k = c // groups * kernel[0] * kernel[1]
@@ -56,9 +79,12 @@ def _slab_bytes(elems: list[int], itemsize: int) -> int:
 def conv2d_workspace_bytes(
     x_shape: tuple[int, ...], cout: int, kernel: Pair, stride: Pair, padding: Pair,
     dilation: Pair, groups: int, dtype: Any, backward: bool, threads: int | None = None,
+    algo: str | None = None,
 ) -> int:
     """Workspace bytes of :func:`conv2d_forward` / :func:`conv2d_backward` (all threads)."""
-    elems = _slab_elems(x_shape, cout, kernel, stride, padding, dilation, groups, backward)
+    algo = algo or choose_algo(x_shape, kernel, stride, dilation, groups)
+    elems = _slab_elems(x_shape, cout, kernel, stride, padding, dilation, groups, backward,
+                        algo, np.dtype(dtype).itemsize)
     t = min(threads or num_threads(), max(1, x_shape[0]))
     return t * _slab_bytes(elems, np.dtype(dtype).itemsize)
 
@@ -251,7 +277,9 @@ def _add_row_sums(a, out):
 
 
 @njit(nogil=True, cache=True)
-def _fwd_gemm(x, w3, b, has_bias, y, colbuf, n0, n1, kh, kw, sh, sw, ph, pw, dh, dw):
+def _fwd_gemm(x, w3, b, has_bias, y, s, offs, n0, n1, kh, kw, sh, sw, ph, pw, dh, dw):
+    """Images ``n0:n1``; ``s`` is this thread's workspace row (buffers at ``offs``)."""
+    colbuf = s[offs[0]:]
     _, c, h, wd = x.shape
     groups, og, k = w3.shape
     cout, ho, wo = y.shape[1], y.shape[2], y.shape[3]
@@ -273,8 +301,10 @@ def _fwd_gemm(x, w3, b, has_bias, y, colbuf, n0, n1, kh, kw, sh, sw, ph, pw, dh,
 
 
 @njit(nogil=True, cache=True)
-def _bwd_gemm(x, w3, dy, dx, need_dx, colbuf, dcolbuf, tmpbuf, dwbuf, dbbuf, n0, n1,
-              kh, kw, sh, sw, ph, pw, dh, dw):
+def _bwd_gemm(x, w3, dy, dx, need_dx, s, offs, n0, n1, kh, kw, sh, sw, ph, pw, dh, dw):
+    """Images ``n0:n1``: partial ``dW``, ``db`` into this thread's row ``s``, ``dx`` rows."""
+    colbuf, dcolbuf, tmpbuf = s[offs[0]:offs[1]], s[offs[1]:offs[2]], s[offs[2]:offs[3]]
+    dwbuf, dbbuf = s[offs[3]:offs[4]], s[offs[4]:]
     _, c, h, wd = x.shape
     groups, og, k = w3.shape
     cout, ho, wo = dy.shape[1], dy.shape[2], dy.shape[3]
@@ -308,16 +338,14 @@ def _bwd_gemm(x, w3, dy, dx, need_dx, colbuf, dcolbuf, tmpbuf, dwbuf, dbbuf, n0,
 @njit(nogil=True, cache=True, parallel=True)
 def _fwd_gemm_par(x, w3, b, has_bias, y, slabs, offs, bounds, kh, kw, sh, sw, ph, pw, dh, dw):
     for t in prange(bounds.size - 1):
-        _fwd_gemm(x, w3, b, has_bias, y, slabs[t], bounds[t], bounds[t + 1],
+        _fwd_gemm(x, w3, b, has_bias, y, slabs[t], offs, bounds[t], bounds[t + 1],
                   kh, kw, sh, sw, ph, pw, dh, dw)
 
 
 @njit(nogil=True, cache=True, parallel=True)
 def _bwd_gemm_par(x, w3, dy, dx, need_dx, slabs, offs, bounds, kh, kw, sh, sw, ph, pw, dh, dw):
     for t in prange(bounds.size - 1):
-        s = slabs[t]
-        _bwd_gemm(x, w3, dy, dx, need_dx, s[offs[0]:offs[1]], s[offs[1]:offs[2]],
-                  s[offs[2]:offs[3]], s[offs[3]:offs[4]], s[offs[4]:], bounds[t], bounds[t + 1],
+        _bwd_gemm(x, w3, dy, dx, need_dx, slabs[t], offs, bounds[t], bounds[t + 1],
                   kh, kw, sh, sw, ph, pw, dh, dw)
 
 
@@ -326,8 +354,12 @@ def _c(a: np.ndarray) -> np.ndarray:
     return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
-def _bounds(n: int, parts: int) -> np.ndarray:
-    return np.array([0] + [b for _, b in chunks(n, parts)], np.int64)
+#: Multiply-adds below which a call runs on the calling thread alone (~20-50 us of work).
+SERIAL_MACS = 1 << 20
+
+
+def _split(n: int, slabs: int, macs: int, threads: int | None) -> np.ndarray | None:
+    return split(n, slabs, macs, SERIAL_MACS, force=threads is not None)
 
 
 def _check(x, w, groups, stride, padding, dilation, **arrays) -> None:
@@ -347,24 +379,37 @@ def _check(x, w, groups, stride, padding, dilation, **arrays) -> None:
 def conv2d_forward(
     x: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.ndarray, stride: Pair = (1, 1),
     padding: Pair = (0, 0), dilation: Pair = (1, 1), groups: int = 1,
-    workspace: np.ndarray | None = None, threads: int | None = None,
+    workspace: np.ndarray | None = None, threads: int | None = None, algo: str | None = None,
 ) -> None:
     """Write ``conv2d(x, w) + b`` into ``y`` (NCHW). ``workspace``: ``uint8`` of at least
-    :func:`conv2d_workspace_bytes` (``backward=False``); ``None`` allocates one."""
+    :func:`conv2d_workspace_bytes` (``backward=False``); ``None`` allocates one. ``algo``
+    (``"gemm"`` / ``"winograd"``) overrides :func:`choose_algo`."""
     ensure_blas_policy()
     _check(x, w, groups, stride, padding, dilation, y=y, b=b)
     n = x.shape[0]
     cout, cg, kh, kw = w.shape
-    elems = _slab_elems(x.shape, cout, (kh, kw), stride, padding, dilation, groups, False)
+    algo = algo or choose_algo(x.shape, (kh, kw), stride, dilation, groups)
+    elems = _slab_elems(x.shape, cout, (kh, kw), stride, padding, dilation, groups, False, algo,
+                        x.dtype.itemsize)
     slabs, offs = _slabs(workspace, elems, x.dtype, n, threads)
     x, w = _c(x), _c(w)
     out = y if y.flags.c_contiguous else np.empty(y.shape, y.dtype)
     has_bias = b is not None
     bb = _c(b) if has_bias else np.zeros(0, x.dtype)
-    bounds = _bounds(n, slabs.shape[0])
-    w3 = w.reshape(groups, cout // groups, cg * kh * kw)
-    _fwd_gemm_par(x, w3, bb, has_bias, out, slabs, offs, bounds, kh, kw, *stride, *padding,
-                  *dilation)
+    bounds = _split(n, slabs.shape[0], out.size * cg * kh * kw, threads)
+    if algo == "winograd":
+        nb = _winograd_nb(x.shape, cout, padding, x.dtype.itemsize)
+        if bounds is None:
+            winograd.fwd_chunk(x, w, bb, has_bias, out, slabs[0], offs, 0, n, nb, *padding)
+        else:
+            winograd.forward_par(x, w, bb, has_bias, out, slabs, offs, bounds, nb, *padding)
+    else:
+        w3 = w.reshape(groups, cout // groups, cg * kh * kw)
+        geom = (kh, kw, *stride, *padding, *dilation)
+        if bounds is None:
+            _fwd_gemm(x, w3, bb, has_bias, out, slabs[0], offs, 0, n, *geom)
+        else:
+            _fwd_gemm_par(x, w3, bb, has_bias, out, slabs, offs, bounds, *geom)
     if out is not y:
         y[...] = out
 
@@ -373,7 +418,7 @@ def conv2d_backward(
     x: np.ndarray, w: np.ndarray, dy: np.ndarray, dx: np.ndarray | None, dw: np.ndarray,
     db: np.ndarray | None, stride: Pair = (1, 1), padding: Pair = (0, 0),
     dilation: Pair = (1, 1), groups: int = 1, workspace: np.ndarray | None = None,
-    threads: int | None = None,
+    threads: int | None = None, algo: str | None = None,
 ) -> None:
     """Overwrite ``dw``, ``db`` (if given) and ``dx`` (if given) with the gradients of
     :func:`conv2d_forward`. ``workspace``: :func:`conv2d_workspace_bytes`, ``backward=True``."""
@@ -381,23 +426,37 @@ def conv2d_backward(
     _check(x, w, groups, stride, padding, dilation, dy=dy, dx=dx, dw=dw, db=db)
     n = x.shape[0]
     cout, cg, kh, kw = w.shape
-    elems = _slab_elems(x.shape, cout, (kh, kw), stride, padding, dilation, groups, True)
+    algo = algo or choose_algo(x.shape, (kh, kw), stride, dilation, groups)
+    elems = _slab_elems(x.shape, cout, (kh, kw), stride, padding, dilation, groups, True, algo,
+                        x.dtype.itemsize)
     slabs, offs = _slabs(workspace, elems, x.dtype, n, threads)
     x, w, dy = _c(x), _c(w), _c(dy)
     need_dx = dx is not None
     dxo = (dx if dx.flags.c_contiguous else np.empty(dx.shape, dx.dtype)) if need_dx else \
         np.zeros((0, 0, 0, 0), x.dtype)
-    bounds = _bounds(n, slabs.shape[0])
-    w3 = w.reshape(groups, cout // groups, cg * kh * kw)
-    _bwd_gemm_par(x, w3, dy, dxo, need_dx, slabs, offs, bounds, kh, kw, *stride, *padding,
-                  *dilation)
-    k = cg * kh * kw
-    parts_w = slabs[:, offs[3]: offs[3] + cout * k]
-    if dw.flags.c_contiguous:
-        np.sum(parts_w, axis=0, out=dw.reshape(cout * k))
+    bounds = _split(n, slabs.shape[0], dy.size * cg * kh * kw, threads)
+    used = 1 if bounds is None else bounds.size - 1
+    dwo = dw if dw.flags.c_contiguous else np.empty(dw.shape, dw.dtype)
+    if algo == "winograd":
+        nb = _winograd_nb(x.shape, cout, padding, x.dtype.itemsize)
+        dbo = db if db is not None else np.zeros(cout, x.dtype)
+        if bounds is None:
+            winograd.bwd_chunk(x, w, dy, dxo, need_dx, slabs[0], offs, 0, n, nb, *padding)
+        else:
+            winograd.backward_par(x, w, dy, dxo, need_dx, slabs, offs, bounds, nb, *padding)
+        winograd.finish_grads(slabs, offs, used, dwo, dbo)
     else:
-        np.copyto(dw, parts_w.sum(axis=0).reshape(w.shape))
-    if db is not None:
-        np.sum(slabs[:, offs[4]: offs[4] + cout], axis=0, out=db)
+        w3 = w.reshape(groups, cout // groups, cg * kh * kw)
+        geom = (kh, kw, *stride, *padding, *dilation)
+        if bounds is None:
+            _bwd_gemm(x, w3, dy, dxo, need_dx, slabs[0], offs, 0, n, *geom)
+        else:
+            _bwd_gemm_par(x, w3, dy, dxo, need_dx, slabs, offs, bounds, *geom)
+        k = cg * kh * kw
+        np.sum(slabs[:used, offs[3]: offs[3] + cout * k], axis=0, out=dwo.reshape(cout * k))
+        if db is not None:
+            np.sum(slabs[:used, offs[4]: offs[4] + cout], axis=0, out=db)
+    if dwo is not dw:
+        dw[...] = dwo
     if need_dx and dxo is not dx:
         dx[...] = dxo

@@ -20,6 +20,7 @@ import importlib.util
 import os
 
 import numba
+import numpy as np
 
 _blas_configured = False
 
@@ -41,6 +42,20 @@ def chunks(n: int, parts: int) -> list[tuple[int, int]]:
         out.append((start, stop))
         start = stop
     return out
+
+
+def split(n_items: int, parts: int, work: int, serial_below: int, force: bool = False
+          ) -> np.ndarray | None:
+    """Bounds (``int64``, ``chunks + 1`` entries) cutting ``n_items`` into up to ``parts``
+    chunks for a parallel launch, or ``None``: run serially on the calling thread.
+
+    Serial when ``parts`` is 1 or ``work`` is below ``serial_below``, unless ``force``: a
+    launch costs microseconds on idle cores but stalls for milliseconds when another process
+    holds one of them, which small calls (gradient checks, tiny layers) cannot amortise.
+    """
+    if not force and (parts <= 1 or work < serial_below):
+        return None
+    return np.array([0] + [b for _, b in chunks(max(n_items, 1), parts)], np.int64)
 
 
 def _openblas_libraries() -> list[str]:

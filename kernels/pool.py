@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .parallel import chunks, ensure_blas_policy, num_threads
+from .parallel import ensure_blas_policy, num_threads, split
 
 Pair = tuple[int, int]
 
@@ -246,9 +246,17 @@ def _planes(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1, a.shape[2], a.shape[3])
 
 
-def _bounds(nplanes: int, threads: int | None) -> np.ndarray:
-    return np.array([0] + [b for _, b in chunks(max(nplanes, 1), threads or num_threads())],
-                    np.int64)
+#: Input elements below which a call runs on the calling thread alone.
+SERIAL_ELEMS = 1 << 16
+
+
+def _run(serial, par, arrays: tuple, nplanes: int, work: int, geom: tuple,
+         threads: int | None) -> None:
+    bounds = split(nplanes, threads or num_threads(), work, SERIAL_ELEMS, threads is not None)
+    if bounds is None:
+        serial(*arrays, 0, nplanes, *geom)
+    else:
+        par(*arrays, bounds, *geom)
 
 
 def _writable(out: np.ndarray) -> np.ndarray:
@@ -260,8 +268,8 @@ def maxpool2d_forward(x: np.ndarray, y: np.ndarray, idx: np.ndarray, kernel: Pai
     """Write the max pooling of ``x`` into ``y`` and the argmax window index into ``idx``."""
     ensure_blas_policy()
     yt, it = _writable(y), _writable(idx)
-    b = _bounds(x.shape[0] * x.shape[1], threads)
-    _maxpool_fwd_par(_planes(x), _planes(yt), _planes(it), b, *kernel, *stride, *padding)
+    _run(_maxpool_fwd, _maxpool_fwd_par, (_planes(x), _planes(yt), _planes(it)),
+         x.shape[0] * x.shape[1], x.size, (*kernel, *stride, *padding), threads)
     if yt is not y:
         y[...] = yt
     if it is not idx:
@@ -273,8 +281,8 @@ def maxpool2d_backward(dy: np.ndarray, idx: np.ndarray, dx: np.ndarray, kernel: 
     """Overwrite ``dx`` with ``dy`` scattered to the argmax of each window."""
     ensure_blas_policy()
     t = _writable(dx)
-    b = _bounds(dx.shape[0] * dx.shape[1], threads)
-    _maxpool_bwd_par(_planes(dy), _planes(idx), _planes(t), b, *kernel, *stride, *padding)
+    _run(_maxpool_bwd, _maxpool_bwd_par, (_planes(dy), _planes(idx), _planes(t)),
+         dx.shape[0] * dx.shape[1], dx.size, (*kernel, *stride, *padding), threads)
     if t is not dx:
         dx[...] = t
 
@@ -284,8 +292,8 @@ def avgpool2d_forward(x: np.ndarray, y: np.ndarray, kernel: Pair, stride: Pair,
     """Write the average pooling of ``x`` (padding counted) into ``y``."""
     ensure_blas_policy()
     t = _writable(y)
-    b = _bounds(x.shape[0] * x.shape[1], threads)
-    _avgpool_fwd_par(_planes(x), _planes(t), b, *kernel, *stride, *padding)
+    _run(_avgpool_fwd, _avgpool_fwd_par, (_planes(x), _planes(t)), x.shape[0] * x.shape[1],
+         x.size, (*kernel, *stride, *padding), threads)
     if t is not y:
         y[...] = t
 
@@ -295,7 +303,7 @@ def avgpool2d_backward(dy: np.ndarray, dx: np.ndarray, kernel: Pair, stride: Pai
     """Overwrite ``dx`` with the gradient of average pooling."""
     ensure_blas_policy()
     t = _writable(dx)
-    b = _bounds(dx.shape[0] * dx.shape[1], threads)
-    _avgpool_bwd_par(_planes(dy), _planes(t), b, *kernel, *stride, *padding)
+    _run(_avgpool_bwd, _avgpool_bwd_par, (_planes(dy), _planes(t)), dx.shape[0] * dx.shape[1],
+         dx.size, (*kernel, *stride, *padding), threads)
     if t is not dx:
         dx[...] = t

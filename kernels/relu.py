@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .parallel import chunks, ensure_blas_policy, num_threads
+from .parallel import ensure_blas_policy, num_threads, split
 
 
 def relu_forward_ref(x: np.ndarray, out: np.ndarray) -> None:
@@ -23,27 +23,46 @@ def relu_backward_ref(dy: np.ndarray, y: np.ndarray, out: np.ndarray) -> None:
     np.copyto(out, np.where(y > 0, dy, 0).astype(out.dtype, copy=False))
 
 
-@njit(nogil=True, cache=True, parallel=True)
-def _relu_fwd(x, out, bounds):
-    for t in prange(bounds.size - 1):
-        z = x.dtype.type(0)
-        for i in range(bounds[t], bounds[t + 1]):
-            v = x[i]
-            out[i] = v if (v > z or v != v) else z
+@njit(nogil=True, cache=True)
+def _relu_fwd(x, out, i0, i1):
+    z = x.dtype.type(0)
+    for i in range(i0, i1):
+        v = x[i]
+        out[i] = v if (v > z or v != v) else z
+
+
+@njit(nogil=True, cache=True)
+def _relu_bwd(dy, y, out, i0, i1):
+    z = dy.dtype.type(0)
+    for i in range(i0, i1):
+        out[i] = dy[i] if y[i] > z else z
 
 
 @njit(nogil=True, cache=True, parallel=True)
-def _relu_bwd(dy, y, out, bounds):
+def _relu_fwd_par(x, out, bounds):
     for t in prange(bounds.size - 1):
-        z = dy.dtype.type(0)
-        for i in range(bounds[t], bounds[t + 1]):
-            out[i] = dy[i] if y[i] > z else z
+        _relu_fwd(x, out, bounds[t], bounds[t + 1])
 
 
-def _bounds(n: int) -> np.ndarray:
-    # Chunks of whole 4 KiB pages per thread, so threads never share a cache line.
-    parts = min(num_threads(), max(1, n // 1024))
-    return np.array([0] + [b for _, b in chunks(max(n, 1), parts)], np.int64)
+@njit(nogil=True, cache=True, parallel=True)
+def _relu_bwd_par(dy, y, out, bounds):
+    for t in prange(bounds.size - 1):
+        _relu_bwd(dy, y, out, bounds[t], bounds[t + 1])
+
+
+#: Elements below which a call runs on the calling thread alone.
+SERIAL_ELEMS = 1 << 16
+
+
+def _run(serial, par, arrays: tuple, n: int) -> None:
+    # Whole 4 KiB pages per thread, so that threads never share a cache line.
+    bounds = split(n // 1024, num_threads(), n, SERIAL_ELEMS)
+    if bounds is None:
+        serial(*arrays, 0, n)
+    else:
+        bounds *= 1024
+        bounds[-1] = n
+        par(*arrays, bounds)
 
 
 def _fast(*arrays: np.ndarray) -> bool:
@@ -55,7 +74,7 @@ def relu_forward(x: np.ndarray, out: np.ndarray) -> None:
     if not _fast(x, out) or x.dtype != out.dtype:
         return relu_forward_ref(x, out)
     ensure_blas_policy()
-    _relu_fwd(x.reshape(-1), out.reshape(-1), _bounds(x.size))
+    _run(_relu_fwd, _relu_fwd_par, (x.reshape(-1), out.reshape(-1)), x.size)
 
 
 def relu_backward(dy: np.ndarray, y: np.ndarray, out: np.ndarray) -> None:
@@ -63,4 +82,4 @@ def relu_backward(dy: np.ndarray, y: np.ndarray, out: np.ndarray) -> None:
     if not _fast(dy, y, out) or dy.dtype != out.dtype:
         return relu_backward_ref(dy, y, out)
     ensure_blas_policy()
-    _relu_bwd(dy.reshape(-1), y.reshape(-1), out.reshape(-1), _bounds(dy.size))
+    _run(_relu_bwd, _relu_bwd_par, (dy.reshape(-1), y.reshape(-1), out.reshape(-1)), dy.size)

@@ -25,11 +25,11 @@ def conv_cases(draw, max_k: int = 3):
     n = draw(st.integers(1, 4))
     return dict(x_shape=(n, cin, *hw), cout=cout, kernel=kernel, stride=stride,
                 padding=padding, dilation=dilation, groups=groups,
-                bias=draw(st.booleans()), threads=draw(st.integers(1, 3)),
+                bias=draw(st.booleans()), threads=None,
                 seed=draw(st.integers(0, 2**31)))
 
 
-def _run(case, dtype=np.float64, need_dx=True, workspace_pad=0):
+def _run(case, dtype=np.float64, need_dx=True, workspace_pad=0, algo=None):
     rng = np.random.default_rng(case["seed"])
     n, cin, h, w = case["x_shape"]
     cout, g = case["cout"], case["groups"]
@@ -43,15 +43,15 @@ def _run(case, dtype=np.float64, need_dx=True, workspace_pad=0):
 
     t = case["threads"]
     y = np.full(y_ref.shape, np.nan, dtype)
-    nb = K.conv2d_workspace_bytes(x.shape, cout, case["kernel"], *geom, dtype, False, t)
+    nb = K.conv2d_workspace_bytes(x.shape, cout, case["kernel"], *geom, dtype, False, t, algo)
     ws = np.full(nb + workspace_pad, 0xA5, np.uint8)
-    K.conv2d_forward(x, wt, b, y, *geom, workspace=ws, threads=t)
+    K.conv2d_forward(x, wt, b, y, *geom, workspace=ws, threads=t, algo=algo)
     dx = np.full(x.shape, np.nan, dtype) if need_dx else None
     dw = np.full(wt.shape, np.nan, dtype)
     db = np.full(cout, np.nan, dtype) if case["bias"] else None
-    nb = K.conv2d_workspace_bytes(x.shape, cout, case["kernel"], *geom, dtype, True, t)
+    nb = K.conv2d_workspace_bytes(x.shape, cout, case["kernel"], *geom, dtype, True, t, algo)
     ws = np.full(nb + workspace_pad, 0xA5, np.uint8)
-    K.conv2d_backward(x, wt, dy, dx, dw, db, *geom, workspace=ws, threads=t)
+    K.conv2d_backward(x, wt, dy, dx, dw, db, *geom, workspace=ws, threads=t, algo=algo)
     return (y, dx, dw, db), (y_ref, dx_ref, dw_ref, db_ref)
 
 
@@ -71,16 +71,37 @@ def test_matches_reference(case, need_dx):
         assert got[1] is None
 
 
-def test_float32_and_threads():
+@SETTINGS
+@given(case=conv_cases(), need_dx=st.booleans())
+def test_winograd_matches_reference(case, need_dx):
+    case = dict(case, kernel=(3, 3), stride=(1, 1), dilation=(1, 1), groups=1,
+                cout=case["cout"] // case["groups"])
+    case["x_shape"] = (case["x_shape"][0], case["x_shape"][1] // case["groups"],
+                       *case["x_shape"][2:])
+    ho, wo = K.conv_output_hw(case["x_shape"][2:], (3, 3), (1, 1), case["padding"], (1, 1))
+    assume(ho >= 1 and wo >= 1)
+    got, want = _run(case, need_dx=need_dx, algo="winograd")
+    _close(got, want, np.float64)
+
+
+def test_choose_algo():
+    assert K.choose_algo((64, 32, 14, 14), (3, 3), (1, 1), (1, 1), 1) == "winograd"
+    assert K.choose_algo((64, 1, 28, 28), (3, 3), (1, 1), (1, 1), 1) == "gemm"
+    assert K.choose_algo((64, 32, 14, 14), (3, 3), (2, 2), (1, 1), 1) == "gemm"
+    assert K.choose_algo((64, 32, 14, 14), (3, 3), (1, 1), (1, 1), 2) == "gemm"
+
+
+@pytest.mark.parametrize("algo", ["gemm", "winograd"])
+def test_float32_and_threads(algo):
     case = dict(x_shape=(5, 4, 9, 7), cout=6, kernel=(3, 3), stride=(1, 1), padding=(1, 1),
-                dilation=(1, 1), groups=2, bias=True, threads=2, seed=3)
-    got, want = _run(case, np.float32, workspace_pad=100)
+                dilation=(1, 1), groups=1, bias=True, threads=2, seed=3)
+    got, want = _run(case, np.float32, workspace_pad=100, algo=algo)
     assert all(a.dtype == np.float32 for a in got)
     _close(got, want, np.float32)
-    one, _ = _run(dict(case, threads=1), np.float32)
+    one, _ = _run(dict(case, threads=1), np.float32, algo=algo)
     np.testing.assert_array_equal(one[0], got[0])  # forward: per image, independent of chunks
     np.testing.assert_array_equal(one[1], got[1])
-    again, _ = _run(case, np.float32)
+    again, _ = _run(case, np.float32, algo=algo)
     for a, b in zip(again, got):
         np.testing.assert_array_equal(a, b)  # deterministic
 

@@ -7,8 +7,10 @@ import pytest
 from minidl.kernels import relu as R
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("shape", [(0,), (7,), (3, 5, 1000), (64, 32, 28, 28)])
+@pytest.mark.parametrize("dtype,shape", [
+    (np.float64, (0,)), (np.float64, (7,)), (np.float64, (3, 5, 1000)),
+    (np.float32, (3, 5, 1000)), (np.float32, (64, 32, 28, 28)), (np.float32, (70001,)),
+])
 def test_matches_reference_and_in_place(dtype, shape):
     rng = np.random.default_rng(0)
     x = rng.standard_normal(shape).astype(dtype)
