@@ -19,6 +19,12 @@ FLAGS: dict[str, tuple[tuple[str, ...] | None, str]] = {
     "recompute": (("sqrt", "speed", "memory", "cost"),
                   "drop feature maps in forward, recompute them from checkpoints in backward "
                   "(Chen et al., SuperNeurons); implies reuse"),
+    "binarize": (None, "ReLU→Pool: 1-bit ReLU masks and packed pool indices instead of 32-bit "
+                       "maps (Gist)"),
+    "sparse": (None, "ReLU→Conv: conv inputs kept sparse (CSR / zero-value compression) "
+                     "between forward and backward (Gist SSDC)"),
+    "dpr": (("fp16", "bf16", "fp8"), "other stashed feature maps kept at reduced precision "
+                                     "(lossy, opt-in; Gist DPR)"),
     "auto": (None, "choose keep / swap / recompute per feature map to fit budget=SIZE at the "
                    "least estimated time (Capuchin, moDNN)"),
     "budget": (("<size>",), "device bytes the auto planner must fit, e.g. budget=2GiB"),
@@ -32,6 +38,8 @@ PRESETS: dict[str, str] = {
     "vdnn": "reuse,swap=conv",
     "vdnn-all": "reuse,swap=all",
     "superneurons": "reuse,inplace,swap=conv,cache,recompute=cost",
+    "gist": "reuse,inplace,binarize,sparse",
+    "all": "reuse,inplace,binarize,sparse,swap=conv,recompute=cost",
 }
 
 

@@ -55,6 +55,8 @@ class Plan:
     cache: bool = False
     #: True once the plan was made from measured step times (``swap=auto``, ``auto``).
     measured: bool = False
+    #: False while sparse block sizes rest on an assumed density (see :mod:`.compress`).
+    densities_measured: bool = True
     #: The auto planner's decisions (:class:`~minidl.memory.auto.AutoChoice`), if any.
     auto: object = None
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .auto import auto_plan
 from .base_plan import base_plan, iteration_peak
+from .compress import ASSUMED_DENSITY, compress_program
 from .config import MemoryConfig
 from .plan import Plan
 from .program import Program
@@ -15,7 +16,8 @@ __all__ = ["iteration_peak", "make_plan"]
 
 
 def make_plan(program: Program, config: MemoryConfig,
-              step_times: list[float] | None = None) -> Plan:
+              step_times: list[float] | None = None,
+              densities: dict[str, float] | None = None) -> Plan:
     """The plan for ``program`` under ``config`` (a pure function of both).
 
     ``recompute`` first rewrites the program (dropped feature maps are recomputed from
@@ -32,7 +34,24 @@ def make_plan(program: Program, config: MemoryConfig,
     if config.has("recompute") and program.training:
         program = policy_program(program, config.get("recompute"),
                                  peak_of=lambda p: iteration_peak(p, config))
+    compressing = config.has("binarize") or config.has("sparse") or config.has("dpr")
+    if compressing and program.training:
+        program = compress_program(program, config.has("binarize"), config.has("sparse"),
+                                   config.get("dpr") or None, densities)
     plan = base_plan(program, config)
+    if compressing and program.training:
+        enc = program.meta.get("encoded", {})
+        dens = program.meta.get("sparse_densities", {})
+        measured = [n for n, d in dens.items() if d is not None]
+        plan.notes.append(
+            f"compression: {len(enc)} stashes encoded ("
+            + ", ".join(f"{c} {sum(1 for v in enc.values() if v == c)}"
+                        for c in sorted(set(enc.values()))) + ")"
+            + (f"; sparse sizes from measured densities ({len(measured)} tensors)"
+               if measured else
+               f"; sparse sizes assume {ASSUMED_DENSITY:.0%} non-zeros until measured"
+               if dens else ""))
+        plan.densities_measured = bool(measured) or not dens
     if config.has("recompute") and program.training:
         m = program.meta
         plan.notes.append(

@@ -42,7 +42,7 @@ __all__ = [
 #: What a block holds; every allocation names one (stats are kept per category).
 CATEGORIES: tuple[str, ...] = (
     "parameter", "gradient", "optimizer_state", "feature_map", "gradient_map", "workspace",
-    "stash", "input",
+    "stash", "input", "encoded",
 )
 POLICIES = ("best_fit", "first_fit")
 

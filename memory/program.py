@@ -64,6 +64,9 @@ class StepSpec:
     #: (written, read) tensor pairs the op allows to share one block: an in-place forward
     #: (output over input) or an in-place backward (input gradient over output gradient).
     shares: tuple[tuple[int, int], ...] = ()
+    #: Plain facts a pass needs about the op (a max-pool's window, stride and padding; an
+    #: encode step's codec) — never arrays or objects.
+    attrs: dict = field(default_factory=dict)
 
     @property
     def label(self) -> str:

@@ -73,6 +73,8 @@ class MemoryRuntime:
         self.peak_position = -1
         self.peak_live: list[int] = []
         self.fallbacks: list[str] = []
+        self.reallocs = 0
+        self.kept_for_backward: dict[str, int] = {}
         self.swap_stats = SwapStats()
         #: With ``record=True``: (time, step, op, category, byte delta, tensor) per block event.
         self.events: list[tuple] | None = None
@@ -122,6 +124,17 @@ class MemoryRuntime:
             self.events.append((time.perf_counter(), self.position, op, t.category, delta,
                                 t.name))
 
+    def note_kept_for_backward(self) -> None:
+        """Record what is on device as the backward pass begins, by category (the feature
+        maps, stashes and encoded forms kept for backward)."""
+        kept: dict[str, int] = {}
+        for tid, blk in self.blocks.items():
+            if tid in self.swapped and self.swapped[tid].state != "cached":
+                continue
+            cat = self.program.tensors[tid].category
+            kept[cat] = kept.get(cat, 0) + blk.size
+        self.kept_for_backward = kept
+
     def _note_peak(self) -> None:
         current = self.pool.allocated_bytes
         if current > self.peak_bytes:
@@ -142,6 +155,20 @@ class MemoryRuntime:
         self._record("alloc", blk, tid)
         self.blocks[tid] = blk
         self.arrays[tid] = blk.view(t.shape, np.dtype(t.dtype))
+        self._note_peak()
+
+    def realloc(self, tid: int, nbytes: int) -> None:
+        """Replace ``tid``'s block by one of ``nbytes`` (an encoded stash larger than planned);
+        the contents are not kept."""
+        old = self.blocks.pop(tid)
+        self._record("free", old, tid)
+        self.pool.free(old)
+        blk = self.pool.allocate(aligned(nbytes), tag=self.program.tensors[tid].name,
+                                 category=self.program.tensors[tid].category)
+        self._record("alloc", blk, tid)
+        self.blocks[tid] = blk
+        self.arrays[tid] = blk.view((int(nbytes),), np.uint8)
+        self.reallocs += 1
         self._note_peak()
 
     def free(self, tid: int) -> None:

@@ -105,6 +105,8 @@ def dry_run(
         "num_tensors": len(prog.tensors),
         "host_peak_bytes": engine.host_pool.peak_bytes,
         "split": split,
+        "kept_for_backward_bytes": sum(c.executor.last_runtime.kept_for_backward.values()),
+        "kept_for_backward": dict(c.executor.last_runtime.kept_for_backward),
         "swap": swap if c.plan.swapped else {},
         "notes": list(c.plan.notes),
         "layers": layer_table(c),

@@ -174,17 +174,23 @@ class Engine:
         raise last
 
     def refine(self, c: Compiled) -> Compiled:
-        """After a measured iteration, re-plan what depends on measured step times
-        (``swap=auto``: Capuchin's choice of the tensors whose transfer hides under compute)."""
-        if (self.config.get("swap") != "auto" and not self.config.has("auto")) \
-                or c.plan.measured:
+        """After a measured iteration, re-plan what depends on measurements: the tensors whose
+        transfer hides under compute (``swap=auto``, ``auto``: Capuchin) and the sizes of
+        sparse stashes (from the densities seen, with a 10% margin)."""
+        need_times = (self.config.get("swap") == "auto" or self.config.has("auto")) \
+            and not c.plan.measured
+        need_dens = self.config.has("sparse") and not c.plan.densities_measured \
+            and bool(c.executor.densities)
+        if not (need_times or need_dens):
             return c
-        times = list(c.executor.step_times)
-        plan = make_plan(c.lowered.program, self.config, step_times=times)
-        plan.measured = True
+        times = list(c.executor.step_times) if need_times else None
+        dens = {k: min(1.0, 1.1 * v + 1e-3) for k, v in c.executor.densities.items()}
+        plan = make_plan(c.lowered.program, self.config, step_times=times, densities=dens)
+        plan.measured = plan.measured or need_times
         new = Compiled(c.lowered, plan, Executor(c.lowered, plan, self.pool,
                                                  compute=self.compute, host_pool=self.host_pool,
                                                  debug=getattr(self.pool, "debug", False)))
+        new.executor.densities = dict(c.executor.densities)
         for k, v in self._cache.items():
             if v is c:
                 self._cache[k] = new

@@ -10,6 +10,7 @@ import numpy as np
 
 from .layers.base import Context
 from .lowering import ExecStep, Lowered
+from .memory import codecs
 from .memory.plan import Plan
 from .memory.runtime import MemoryRuntime
 
@@ -22,8 +23,12 @@ def plan_exec_steps(lowered: Lowered, plan: Plan) -> list[ExecStep]:
         return list(lowered.steps)
     out = []
     for st, origin, remap in zip(prog.steps, prog.origins, prog.remaps):
+        if origin < 0:  # a step a pass added: encode or decode a stash
+            out.append(ExecStep(st.phase, st.layer, None, -1, list(st.reads), list(st.writes),
+                                {}, {}, attrs=dict(st.attrs)))
+            continue
         ex = lowered.steps[origin]
-        if not remap and st.phase == ex.phase:
+        if not remap and st.phase == ex.phase and not st.attrs.get("codec_backward"):
             out.append(ex)
             continue
         g = remap.get
@@ -34,6 +39,7 @@ def plan_exec_steps(lowered: Lowered, plan: Plan) -> list[ExecStep]:
             workspace=g(ex.workspace, ex.workspace) if ex.workspace >= 0 else -1,
             grad_outputs=[g(t, t) for t in ex.grad_outputs],
             param_partials={k: g(t, t) for k, t in ex.param_partials.items()},
+            attrs={**ex.attrs, **st.attrs},
             grad_inputs=[None if p is None else (g(p[0], p[0]), g(p[1], p[1]) if p[1] >= 0
                                                    else -1) for p in ex.grad_inputs],
         ))
@@ -66,6 +72,9 @@ class Executor:
         self.compute = compute
         self.last_runtime: MemoryRuntime | None = None
         self.steps = plan_exec_steps(lowered, plan)
+        self.codec_state: dict[int, dict] = {}
+        #: Largest fraction of non-zeros seen per sparse-encoded tensor (for re-planning).
+        self.densities: dict[str, float] = {}
         self.step_times = np.zeros(len(self.steps))
 
     def run(
@@ -98,16 +107,27 @@ class Executor:
             if compute:
                 for tid, x in zip(prog.inputs, feeds):
                     np.copyto(rt.array(tid), x, casting="same_kind")
+            forward_done = False
             for i, ex in enumerate(self.steps):
                 rt.position = i
                 sp = plan_steps[i]
+                if not forward_done and ex.phase in ("backward", "recompute"):
+                    forward_done = True
+                    rt.note_kept_for_backward()
                 for a in sp.before:
                     rt.apply(a)
                 if compute:
                     t0 = time.perf_counter()
-                    ctx = Context(training=training, seed=step_seed(seed, iteration, ex.node),
-                                  recomputing=recomputing or ex.phase == "recompute")
-                    if ex.phase == "recompute":
+                    ctx = None if ex.node < 0 else Context(
+                        training=training, seed=step_seed(seed, iteration, ex.node),
+                        recomputing=recomputing or ex.phase == "recompute")
+                    if ex.phase == "encode":
+                        self._encode(ex, rt)
+                    elif ex.phase == "decode":
+                        src = ex.attrs["source"]
+                        codecs.decode(ex.attrs["codec"], rt.array(ex.inputs[0]),
+                                      rt.array(ex.outputs[0]), self.codec_state.get(src, {}))
+                    elif ex.phase == "recompute":
                         self._forward(ex, rt, ctx)
                     elif ex.phase == "forward":
                         self._forward(ex, rt, ctx)
@@ -131,6 +151,20 @@ class Executor:
             raise
         return loss_value, outputs
 
+    def _encode(self, ex: ExecStep, rt: MemoryRuntime) -> None:
+        codec, src = ex.attrs["codec"], ex.attrs["source"]
+        x = rt.array(src)
+        state = self.codec_state.setdefault(src, dict(ex.attrs))
+        if codec == "sparse":
+            name = rt.program.tensors[src].name
+            self.densities[name] = max(self.densities.get(name, 0.0), codecs.density(x))
+        need = codecs.encode(codec, x, rt.array(ex.outputs[0]), state)
+        if need > rt.array(ex.outputs[0]).size:
+            # denser than planned: a larger block for this iteration (the plan is refined
+            # from the measured densities after the first iteration)
+            rt.realloc(ex.outputs[0], need)
+            codecs.encode(codec, x, rt.array(ex.outputs[0]), state)
+
     @staticmethod
     def _forward(ex: ExecStep, rt: MemoryRuntime, ctx: Context) -> None:
         arr = rt.array
@@ -148,6 +182,18 @@ class Executor:
     def _backward(ex: ExecStep, rt: MemoryRuntime, ctx: Context, loss_scale: float = 1.0) -> None:
         arr = rt.array
         layer = ex.layer
+        codec = ex.attrs.get("codec_backward")
+        if codec is not None:
+            g = ex.grad_inputs[0]
+            if g is not None:
+                dy, dx, buf = arr(ex.grad_outputs[0]), arr(g[0]), arr(ex.attrs["encoded"])
+                if codec == "sign":
+                    codecs.relu_backward(buf, dy, dx)
+                else:
+                    codecs.maxpool_backward(buf, dy, dx, ex.attrs)
+                if g[1] >= 0:
+                    np.add(arr(g[1]), dx, out=arr(g[1]))
+            return
         g_out = []
         for t in ex.grad_outputs:
             g = arr(t)

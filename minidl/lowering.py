@@ -36,6 +36,8 @@ class ExecStep:
     grad_params: dict[str, int] = field(default_factory=dict)
     # shared parameters whose gradient this step adds (name -> partial tensor)
     param_partials: dict[str, int] = field(default_factory=dict)
+    # codec facts: encode/decode steps, and backward steps reading an encoded stash
+    attrs: dict = field(default_factory=dict)
     in_shapes: list[tuple[int, ...]] = field(default_factory=list)
 
 
@@ -180,8 +182,10 @@ def lower(
         writes = tuple(val_t[v] for v in node_out[i]) + tuple(st.values())
         shares = ((val_t[node_out[i][0]], val_t[node_in[i][0]]),) if layer.inplace_forward \
             else ()
+        attrs = op_attrs(layer)
         push(dict(phase="forward", layer=name, kind=layer.kind, node=i, reads=reads,
-                  writes=writes, workspace=ws, flops=int(layer.flops(in_shapes)), shares=shares),
+                  writes=writes, workspace=ws, flops=int(layer.flops(in_shapes)), shares=shares,
+                  attrs=attrs),
              ExecStep("forward", name, layer, i, [val_t[v] for v in node_in[i]],
                       [val_t[v] for v in node_out[i]], st, node_params[i], ws,
                       in_shapes=in_shapes))
@@ -251,7 +255,8 @@ def lower(
                 shares = ((g_in[0][0], g_out[0]),)
             push(dict(phase="backward", layer=name, kind=layer.kind, node=i,
                       reads=tuple(dict.fromkeys(reads)), writes=tuple(dict.fromkeys(writes)),
-                      workspace=ws, flops=2 * int(layer.flops(in_shapes)), shares=shares),
+                      workspace=ws, flops=2 * int(layer.flops(in_shapes)), shares=shares,
+                      attrs=op_attrs(layer)),
                  ExecStep("backward", name, layer, i, [val_t[v] for v in node_in[i]],
                           [val_t[v] for v in node_out[i]], stash_t[i], node_params[i], ws,
                           grad_outputs=g_out, grad_inputs=g_in, grad_params=gp,
@@ -263,6 +268,16 @@ def lower(
     )
     return Lowered(program, execs, val_t[:n_vals], [val_t[v] for v in net.output_values],
                    param_t, grad_t)
+
+
+def op_attrs(layer: Layer) -> dict:
+    """Plain facts about an op that memory passes use (a max-pool's geometry for packing its
+    argmax)."""
+    if type(layer).__name__ == "MaxPool2d":
+        kh, kw = layer.kernel_size
+        return {"op": "max", "window": kh * kw, "kernel": tuple(layer.kernel_size),
+                "stride": tuple(layer.stride), "padding": tuple(layer.padding)}
+    return {}
 
 
 def net_value_name(net: Network, v: int, node_names: list[str], label_v: int) -> str:

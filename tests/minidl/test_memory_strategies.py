@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import minidl
 from minidl import layers as L
-from minidl.models import lenet5, resnet, smallcnn
+from minidl.models import lenet5, resnet, smallcnn, vgg
 from minidl.optim import SGD
 
 LOSSLESS_SPECS = [
@@ -24,7 +24,16 @@ LOSSLESS_SPECS = [
     "reuse,recompute=sqrt", "reuse,recompute=speed", "reuse,recompute=memory",
     "reuse,recompute=cost", "reuse,inplace,recompute=sqrt,static",
     "reuse,inplace,recompute=cost,swap=all", "superneurons",
+    "reuse,inplace,binarize", "reuse,sparse", "gist", "gist,swap=all,static",
+    "gist,recompute=sqrt", "all",
 ]
+#: Specs whose block sizes depend on the data (sparse stashes): a dry run assumes a density,
+#: so its peak equals a real run's only once densities are measured.
+DATA_DEPENDENT = ("sparse", "gist", "all")
+
+
+def _exact_dry_run(spec):
+    return not any(flag in spec.split(",") for flag in DATA_DEPENDENT)
 
 
 def _train(make_net, x, y, spec, steps=3, debug=True):
@@ -64,8 +73,9 @@ def test_reference_models_bit_identical_and_dry_run_exact(model):
         _assert_identical(run, base, spec)
         rep = minidl.dry_run(make(), 6, spec, input_shape=shape)
         real = run[3].memory_report()
-        assert real["peak_allocated_bytes"] == rep["peak_allocated_bytes"], spec
-        assert real["peak_reserved_bytes"] == rep["peak_reserved_bytes"], spec
+        if _exact_dry_run(spec):
+            assert real["peak_allocated_bytes"] == rep["peak_allocated_bytes"], spec
+            assert real["peak_reserved_bytes"] == rep["peak_reserved_bytes"], spec
         peaks[spec] = real["peak_allocated_bytes"]
     assert peaks["reuse"] < peaks["none"]
     assert peaks["reuse,inplace"] <= peaks["reuse"]
@@ -143,7 +153,8 @@ def test_random_networks_bit_identical(netdef, spec):
     run = _train(make, x, y, spec, steps=2)
     _assert_identical(run, base, spec)
     rep = minidl.dry_run(make(), 4, spec, input_shape=(c0, hw, hw))
-    assert run[3].memory_report()["peak_allocated_bytes"] == rep["peak_allocated_bytes"]
+    if _exact_dry_run(spec):
+        assert run[3].memory_report()["peak_allocated_bytes"] == rep["peak_allocated_bytes"]
 
 
 def test_static_reserved_peak_is_close_to_max_live():
@@ -270,3 +281,33 @@ def test_offloaded_tensors_are_not_readable():
     with pytest.raises(TensorNotResident, match="swapped out"):
         tr.compute_gradients(x, y)
     assert tr.pool.allocated_bytes == before
+
+
+def test_reduced_precision_stays_close_and_binarize_shrinks_what_backward_keeps():
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((8, 3, 16, 16)).astype(np.float32)
+    y = rng.integers(0, 10, 8)
+
+    def make():
+        return vgg(11, (3, 16, 16), 10, width=8)
+
+    base = _train(make, x, y, "reuse,inplace", steps=3)
+    for fmt, tol in (("fp16", 2e-3), ("bf16", 2e-2)):
+        run = _train(make, x, y, f"reuse,inplace,dpr={fmt}", steps=3)
+        np.testing.assert_allclose(run[0], base[0], rtol=tol)
+    kept = minidl.dry_run(make(), 8, "reuse,inplace", input_shape=(3, 16, 16))
+    packed = minidl.dry_run(make(), 8, "reuse,inplace,binarize", input_shape=(3, 16, 16))
+    assert packed["kept_for_backward_bytes"] < 0.8 * kept["kept_for_backward_bytes"]
+    assert packed["kept_for_backward"].get("encoded", 0) > 0
+
+
+def test_sparse_plan_uses_measured_densities_after_the_first_iteration():
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((8, 3, 16, 16)).astype(np.float32)
+    y = rng.integers(0, 10, 8)
+    net = vgg(11, (3, 16, 16), 10, width=8)
+    tr = minidl.Trainer(net, memory="reuse,sparse", device_memory="64MiB")
+    tr.step(x, y)
+    c = tr.engine.compiled([x.shape], y.shape, True)
+    assert c.plan.densities_measured
+    assert any("measured densities" in n for n in c.plan.notes)

@@ -1,0 +1,66 @@
+"""Carrying out encode / decode steps and the backward steps that read encoded stashes, with
+the kernels of :mod:`minidl.kernels` (NumPy / Numba CPU, Numba CUDA by array type)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..kernels import bitpack, poolidx, precision, sparse
+
+
+def encode(codec: str, x: Any, out: Any, attrs: dict) -> int:
+    """Encode ``x`` into the byte buffer ``out``; returns the bytes needed. When the data needs
+    more than ``out`` holds (a sparse tensor denser than planned), nothing is written and the
+    caller must provide a larger buffer."""
+    if codec == "sign":
+        bitpack.pack_sign(x.reshape(-1), out=out[:bitpack.packed_nbytes(x.size)])
+        return bitpack.packed_nbytes(x.size)
+    if codec == "poolidx":
+        bits = poolidx.index_bits(attrs["window"])
+        nb = poolidx.packed_index_nbytes(x.size, bits)
+        poolidx.pack_indices(x.reshape(-1), bits, out=out[:nb])
+        return nb
+    if codec == "sparse":
+        nnz = sparse.count_nonzero(x)
+        enc = sparse.choose_encoding(x.size, nnz, x.dtype.itemsize)
+        if enc.nbytes > out.size:
+            return enc.nbytes
+        if enc.fmt == "dense":
+            out[:enc.nbytes] = x.reshape(-1).view(np.uint8)
+        else:
+            sparse.encode(x, out[:enc.nbytes], enc.fmt, enc.row_width or 256)
+        attrs["_fmt"] = enc.fmt
+        return enc.nbytes
+    codes = precision.code_dtype(codec)
+    precision.encode(x.reshape(-1), codec, out=out.view(codes)[:x.size])
+    return x.size * codes.itemsize
+
+
+def decode(codec: str, buf: Any, out: Any, attrs: dict) -> None:
+    """Decode the byte buffer ``buf`` into the dense array ``out``."""
+    if codec == "sparse":
+        if attrs.get("_fmt") == "dense":
+            out.reshape(-1).view(np.uint8)[...] = buf[:out.nbytes]
+        else:
+            sparse.decode(buf, out)
+        return
+    codes = precision.code_dtype(codec)
+    precision.decode(buf.view(codes)[:out.size], codec, out=out.reshape(-1), dtype=out.dtype)
+
+
+def density(x: Any) -> float:
+    """Fraction of non-zero elements."""
+    return sparse.count_nonzero(x) / max(int(x.size), 1)
+
+
+def relu_backward(buf: Any, dy: Any, dx: Any) -> None:
+    """ReLU backward straight from a 1-bit sign mask."""
+    bitpack.relu_backward_packed(dy, buf[:bitpack.packed_nbytes(dy.size)], out=dx)
+
+
+def maxpool_backward(buf: Any, dy: Any, dx: Any, attrs: dict) -> None:
+    """Max-pool backward straight from packed argmax indices."""
+    poolidx.maxpool_backward_packed(dy, buf, tuple(dx.shape), attrs["kernel"],
+                                    attrs["stride"], attrs["padding"], out=dx)
