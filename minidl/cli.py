@@ -161,6 +161,7 @@ def cmd_train_text(args: argparse.Namespace, spec) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from . import data as D
     from .dryrun import make_optimizer
+    from .memory.pool import DeviceOutOfMemory
     from .models import TEXT_MODELS
     from .trainer import Trainer
 
@@ -203,8 +204,17 @@ def cmd_train(args: argparse.Namespace) -> int:
               f"{spec.spec!r}, {trainer.device.name} device with {_fmt(trainer.device.capacity)}",
               file=sys.stderr)
     t0 = time.perf_counter()
-    hist = trainer.fit(ds, epochs=args.epochs, batch_size=args.batch_size,
-                       max_steps=args.max_steps, progress=not args.no_progress)
+    try:
+        hist = trainer.fit(ds, epochs=args.epochs, batch_size=args.batch_size,
+                           max_steps=args.max_steps, progress=not args.no_progress)
+    except DeviceOutOfMemory as e:
+        from .dryrun import suggest_specs
+
+        fits = suggest_specs(lambda: _model(args.model, ds.input_shape, ds.num_classes,
+                                            args.width), args.batch_size, ds.input_shape,
+                             trainer.device.capacity, args.optimizer)
+        e.suggestions = fits
+        raise
     wall = time.perf_counter() - t0
     if args.save:
         trainer.save(args.save)
@@ -409,6 +419,16 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except DeviceOutOfMemory as e:
         print(f"minidl: device out of memory\n{e}", file=sys.stderr)
+        fits = getattr(e, "suggestions", None)
+        if fits:
+            print("memory specs whose dry run fits this device memory:", file=sys.stderr)
+            for f in fits:
+                print(f"  --memory {f['memory']:<48} peak {_fmt(f['peak_reserved_bytes'])}"
+                      + (f", {f['split']} micro-batches" if f["split"] > 1 else ""),
+                      file=sys.stderr)
+        elif fits is not None:
+            print("no memory spec fits this device memory at this batch size: lower the "
+                  "batch size or raise --device-memory", file=sys.stderr)
         return EXIT_OOM
 
 

@@ -148,3 +148,26 @@ def max_batch_size(make_net, input_shape: tuple[int, ...], memory: str | MemoryC
         else:
             hi = mid
     return {"max_batch_size": lo, "report": reports[lo], "limit_reached": lo >= limit}
+
+
+#: Specs tried when suggesting what would fit (cheapest in time first).
+SUGGESTIONS = ("reuse,inplace", "reuse,inplace,static", "gist,static", "vdnn-all",
+               "reuse,inplace,recompute=cost", "reuse,inplace,recompute=sqrt,swap=all,static")
+
+
+def suggest_specs(make_net, batch_size: int, input_shape: tuple[int, ...], capacity: int,
+                  optimizer: str = "sgd") -> list[dict[str, Any]]:
+    """Memory specs whose dry-run reserved peak fits ``capacity`` bytes, with their peaks, and
+    the auto planner's plan for that budget if it finds one."""
+    from .memory.auto import BudgetTooSmall
+
+    out = []
+    for spec in (*SUGGESTIONS, f"auto,budget={capacity}"):
+        try:
+            rep = dry_run(make_net(), batch_size, spec, optimizer, input_shape=input_shape)
+        except BudgetTooSmall:
+            continue
+        if rep["peak_reserved_bytes"] <= capacity:
+            out.append({"memory": spec, "peak_reserved_bytes": rep["peak_reserved_bytes"],
+                        "split": rep["split"]})
+    return out
