@@ -22,7 +22,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from . import _cuda
 
@@ -60,6 +63,28 @@ def _run(parallel: Callable, serial: Callable, n: int, *args: Any) -> None:
     """``serial(*args)`` for small inputs (``n <= _SERIAL``), else ``parallel(*args)``."""
     if n:
         (serial if n <= _SERIAL else parallel)(*args)
+
+
+@intrinsic
+def _prefetch(typingctx, arr, idx):
+    """Software prefetch of the cache line holding ``arr[idx]`` (a hint: it never faults, also
+    past the end). Compute-bound streaming loops need it here: measured on this class of
+    machine, such a loop over 64 MiB ran 3-6x slower than over the same data in cache without
+    it, and at in-cache speed with it (the hardware prefetcher does not keep up)."""
+    if not isinstance(arr, types.Array) or not isinstance(idx, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+            "llvm.prefetch.p0i8")
+        ptr = builder.bitcast(builder.gep(ary.data, [args[1]]), i8p)  # no inbounds: any index
+        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(arr, idx), codegen
 
 
 @njit(cache=True)

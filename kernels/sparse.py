@@ -42,6 +42,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import _cuda
+from .bitpack import _prefetch
 
 cuda: Any = None  # numba.cuda, set by _cuda.bind on first CUDA use
 FORMATS = ("dense", "csr", "zvc")
@@ -54,6 +55,7 @@ HEADER_DTYPE = np.dtype([
 _MAGIC = b"SZ"
 _C = 1 << 16  # elements per CPU task (multiple of 8)
 _CC = 256  # elements per CUDA thread (zvc; multiple of 8)
+_AHEAD = 1024  # prefetch distance in elements of the compaction loops
 
 
 class Encoding(NamedTuple):
@@ -205,26 +207,40 @@ def _last_nonzero(xs, zero):
 
 @njit(cache=True)
 def _zvc_body(xs, mask, vals, zero):
-    """One chunk; ``vals`` is exactly the chunk's non-zeros. The compaction is branch-free: a
-    zero written at ``pos`` is overwritten by the next non-zero, and it stops at the last
-    non-zero so nothing is written past ``vals``."""
+    """One chunk, one pass: mask bytes and compaction. ``vals`` is exactly the chunk's non-zeros.
+    Groups of 8 up to the last non-zero are branch-free: each value is written at ``pos`` and a
+    zero is overwritten by the next non-zero, which exists, so nothing lands past ``vals``."""
     m = xs.size
-    nfull = m // 8
-    for j in range(nfull):
-        b = 0
-        for k in range(8):
-            b |= np.intp(xs[8 * j + k] != zero) << k
-        mask[j] = b
-    if nfull * 8 < m:
-        b = 0
-        for k in range(m - 8 * nfull):
-            b |= np.intp(xs[8 * nfull + k] != zero) << k
-        mask[nfull] = b
+    last = _last_nonzero(xs, zero)
     pos = np.uint64(0)
-    for i in range(_last_nonzero(xs, zero) + 1):
-        v = xs[i]
-        vals[pos] = v
-        pos += np.uint64(v != zero)
+    for j in range(m // 8):
+        if j & 1 == 0:
+            _prefetch(xs, 8 * j + _AHEAD)
+        b = 0
+        if 8 * j + 7 <= last:
+            for k in range(8):
+                v = xs[8 * j + k]
+                nz = v != zero
+                vals[pos] = v
+                pos += np.uint64(nz)
+                b |= np.intp(nz) << k
+        else:
+            for k in range(8):
+                v = xs[8 * j + k]
+                if v != zero:
+                    vals[pos] = v
+                    pos += np.uint64(1)
+                    b |= 1 << k
+        mask[j] = b
+    if m % 8:
+        b = 0
+        for i in range(m - m % 8, m):
+            v = xs[i]
+            if v != zero:
+                vals[pos] = v
+                pos += np.uint64(1)
+                b |= 1 << (i % 8)
+        mask[m // 8] = b
 
 
 @njit(cache=True, parallel=True)
@@ -302,11 +318,14 @@ def _csr_encode_rows(xb, w, rowptr, vals, cols, r0, r1, zero):
     pos = np.uint64(rowptr[r0])
     for r in range(r0, r1):
         lo = r * w
-        for i in range(lo, min(lo + w, end)):
-            v = xb[i]
-            vals[pos] = v
-            cols[pos] = i - lo
-            pos += np.uint64(v != zero)
+        hi = min(lo + w, end)
+        for s in range(lo, hi, 16):
+            _prefetch(xb, s + _AHEAD)
+            for i in range(s, min(s + 16, hi)):
+                v = xb[i]
+                vals[pos] = v
+                cols[pos] = i - lo
+                pos += np.uint64(v != zero)
 
 
 @njit(cache=True, parallel=True)
