@@ -69,7 +69,7 @@ def test_rounding_and_zero_bytes():
 
 def test_categories():
     assert set(CATEGORIES) == {"parameter", "gradient", "optimizer_state", "feature_map",
-                               "gradient_map", "workspace", "stash", "input"}
+                               "gradient_map", "workspace", "stash", "input", "encoded"}
     pool = Pool(MetaDevice())
     with pytest.raises(ValueError) as e:
         pool.allocate(10, category="activations")
