@@ -31,7 +31,7 @@ from . import _cuda
 
 cuda: Any = None  # numba.cuda, set by _cuda.bind on first CUDA use
 _CHUNK = 1 << 15  # mask bytes per parallel task (256 Ki elements)
-_SERIAL = 1 << 16  # elements up to which the serial body runs (see run())
+_SERIAL = 1 << 16  # elements up to which the serial body runs (see _run)
 
 
 def packed_nbytes(n: int) -> int:
@@ -41,6 +41,12 @@ def packed_nbytes(n: int) -> int:
 
 def _shape(shape: int | tuple[int, ...]) -> tuple[int, ...]:
     return (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
+
+
+def _check_size(out: Any, n: int) -> Any:
+    if out.size != n:
+        raise ValueError(f"out has {out.size} elements, {n} expected")
+    return out
 
 
 def _into(out: np.ndarray, fn: Callable[[np.ndarray], None]) -> np.ndarray:
@@ -238,7 +244,8 @@ def unpack_sign(packed: Any, shape: int | tuple[int, ...], out: Any = None,
     """Unpack a mask made by :func:`pack_sign` into 0/1 values (or False/True) of ``shape``.
 
     ``dtype`` (float32, float64, bool, ...) is used when ``out`` is not given; ``out`` must have
-    ``prod(shape)`` elements. Returns the unpacked array shaped ``shape``.
+    ``prod(shape)`` elements (any shape, any layout). Returns ``out``, or a new array shaped
+    ``shape``.
     """
     impl = _cuda.choose(impl, packed, out)
     shape = _shape(shape)
@@ -248,9 +255,9 @@ def unpack_sign(packed: Any, shape: int | tuple[int, ...], out: Any = None,
         o = _cuda.empty(packed, n, dtype) if out is None else _device_flat(out, "out")
         _cuda.launch(_kernels().k_unpack, n, pk, o, n, stream=stream)
         return o.reshape(shape)
-    o = np.empty(shape, dtype) if out is None else out.reshape(shape)
+    o = np.empty(shape, dtype) if out is None else _check_size(out, n)
     if impl == "numpy":
-        o[...] = np.unpackbits(pk, count=n, bitorder="little").reshape(shape)
+        o[...] = np.unpackbits(pk, count=n, bitorder="little").reshape(o.shape)
     elif n:
         _into(o, lambda f: _run(_unpack_nb, _unpack_body, n, pk, f))
     return o
@@ -271,9 +278,7 @@ def relu_backward_packed(dy: Any, packed: Any, out: Any = None, *, impl: str = "
         _cuda.launch(_kernels().k_relu_bwd, n, _device_flat(dy, "dy"), pk, o, n,
                      o.dtype.type(0), stream=stream)
         return o.reshape(dy.shape)
-    o = np.empty(dy.shape, dy.dtype) if out is None else out
-    if o.size != n:
-        raise ValueError(f"out has {o.size} elements, dy has {n}")
+    o = np.empty(dy.shape, dy.dtype) if out is None else _check_size(out, n)
     if impl == "numpy":
         mask = np.unpackbits(pk, count=n, bitorder="little").view(bool).reshape(dy.shape)
         np.copyto(o, np.where(mask, dy, o.dtype.type(0)).reshape(o.shape))

@@ -28,7 +28,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import _cuda
-from .bitpack import _into, _run, _shape
+from .bitpack import _check_size, _into, _run, _shape
 
 cuda: Any = None  # numba.cuda, set by _cuda.bind on first CUDA use
 _CHUNK = 1 << 15  # packed bytes per parallel task
@@ -216,8 +216,8 @@ def pack_indices(idx: Any, bits: int, out: Any = None, *, impl: str = "auto",
 
 def unpack_indices(packed: Any, bits: int, shape: int | tuple[int, ...], out: Any = None,
                    dtype: Any = np.uint8, *, impl: str = "auto", stream: Any = 0) -> Any:
-    """Unpack indices made by :func:`pack_indices` into an array of ``shape`` (``dtype`` when
-    ``out`` is not given)."""
+    """Unpack indices made by :func:`pack_indices`: into ``out`` (``prod(shape)`` elements, any
+    layout) and return it, or into a new array of ``shape`` and ``dtype``."""
     impl = _cuda.choose(impl, packed, out)
     shape = _shape(shape)
     n = int(np.prod(shape))
@@ -226,12 +226,12 @@ def unpack_indices(packed: Any, bits: int, shape: int | tuple[int, ...], out: An
         o = _cuda.empty(packed, n, dtype) if out is None else out.reshape(-1)
         _cuda.launch(_kernels().k_unpack, n, pk, o, n, bits, stream=stream)
         return o.reshape(shape)
-    o = np.empty(shape, dtype) if out is None else out.reshape(shape)
+    o = np.empty(shape, dtype) if out is None else _check_size(out, n)
     if impl == "numpy":
         per = 8 // bits
         shifts = (np.arange(per, dtype=np.uint8) * bits).astype(np.uint8)
         v = (pk[:, None] >> shifts) & np.uint8((1 << bits) - 1)
-        o[...] = v.reshape(-1)[:n].reshape(shape)
+        o[...] = v.reshape(-1)[:n].reshape(o.shape)
     elif n:
         _into(o, lambda f: _run(_unpack_nb, _unpack_body, n, pk, f, bits))
     return o

@@ -85,8 +85,11 @@ def test_bool_input_shapes_and_buffers():
     np.testing.assert_array_equal(pk, bp.pack_sign(x.transpose(2, 0, 1).copy().transpose(1, 2, 0)))
     np.testing.assert_array_equal(bp.unpack_sign(pk, x.shape, dtype=bool), x > 0)
     out = np.empty((7, 3, 5), np.float64).transpose(1, 2, 0)  # non-contiguous out
-    bp.unpack_sign(pk, x.shape, out=out)
+    assert bp.unpack_sign(pk, x.shape, out=out) is out
     np.testing.assert_array_equal(out, x > 0)
+    flat = np.empty(105, np.float32)  # another shape, same size
+    assert bp.unpack_sign(pk, x.shape, out=flat) is flat
+    np.testing.assert_array_equal(flat, (x > 0).reshape(-1))
     dy = rng.standard_normal((3, 5, 7)).astype(np.float32)
     dx = np.empty((7, 5, 3), np.float32).transpose(2, 1, 0)
     bp.relu_backward_packed(dy, pk, out=dx)
