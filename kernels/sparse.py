@@ -319,13 +319,20 @@ def _csr_encode_rows(xb, w, rowptr, vals, cols, r0, r1, zero):
     for r in range(r0, r1):
         lo = r * w
         hi = min(lo + w, end)
-        for s in range(lo, hi, 16):
-            _prefetch(xb, s + _AHEAD)
-            for i in range(s, min(s + 16, hi)):
-                v = xb[i]
+        i = lo
+        while i + 16 <= hi:  # whole cache lines: fixed trip count, one prefetch each
+            _prefetch(xb, i + _AHEAD)
+            for k in range(16):
+                v = xb[i + k]
                 vals[pos] = v
-                cols[pos] = i - lo
+                cols[pos] = i + k - lo
                 pos += np.uint64(v != zero)
+            i += 16
+        for j in range(i, hi):
+            v = xb[j]
+            vals[pos] = v
+            cols[pos] = j - lo
+            pos += np.uint64(v != zero)
 
 
 @njit(cache=True, parallel=True)
