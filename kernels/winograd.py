@@ -42,9 +42,10 @@ def slab_elems(x_shape: tuple[int, ...], cout: int, padding: tuple[int, int], nb
     xp = cin * (2 * th + 2) * (2 * tw + 2)
     u = 16 * cout * cin
     if not backward:
-        return [u, xp, 16 * cin * p, 16 * cout * p]  # U, padded image, V, M
-    # U, padded image, V, DY, dD (V's size), dW partial (16 positions), tmp, db partial
-    return [u, xp, 16 * cin * p, 16 * cout * p, 16 * cin * p, u, cout * cin, cout]
+        return [u, xp, 16 * cin * p, 16 * cout * p, 4 * p]  # U, padded image, V, M, out tiles
+    # U, padded image, V, DY, dD (V's size), dW partial (16 positions), tmp, db partial,
+    # gathered dy tiles
+    return [u, xp, 16 * cin * p, 16 * cout * p, 16 * cin * p, u, cout * cin, cout, 4 * p]
 
 
 # ----------------------------------------------------------------------------- transforms
@@ -137,73 +138,91 @@ def _input_transform(xp, v, p0, th, tw):
 
 
 @njit(nogil=True, cache=True)
-def _output_transform(m, y, n, p0, th, tw, b, has_bias):
-    """``y[n, co, 2a:2a+2, 2b:2b+2] = A^T m A (+ bias)``, clipped to the output size."""
+def _output_transform(m, o, y, n0, n1, th, tw, b, has_bias):
+    """``y[n, co, 2a:2a+2, 2b:2b+2] = A^T m A (+ bias)`` for images ``n0:n1`` (clipped to the
+    output size). The transform runs over all tiles of a channel at once (vectorised), into
+    ``o`` (4, tiles), then scatters."""
     cout, ho, wo = y.shape[1], y.shape[2], y.shape[3]
+    ntile = (n1 - n0) * th * tw
     for co in range(cout):
+        for p in range(ntile):
+            k0 = _at(m[0, co, p], m[4, co, p], m[8, co, p], m[12, co, p])
+            k1 = _at(m[1, co, p], m[5, co, p], m[9, co, p], m[13, co, p])
+            k2 = _at(m[2, co, p], m[6, co, p], m[10, co, p], m[14, co, p])
+            k3 = _at(m[3, co, p], m[7, co, p], m[11, co, p], m[15, co, p])
+            t0 = _at(k0[0], k1[0], k2[0], k3[0])
+            t1 = _at(k0[1], k1[1], k2[1], k3[1])
+            o[0, p] = t0[0]
+            o[1, p] = t0[1]
+            o[2, p] = t1[0]
+            o[3, p] = t1[1]
         bias = b[co] if has_bias else y.dtype.type(0)
-        for a in range(th):
-            r = 2 * a
-            for bb in range(tw):
-                p = p0 + a * tw + bb
-                q = 2 * bb
-                k0 = _at(m[0, co, p], m[4, co, p], m[8, co, p], m[12, co, p])
-                k1 = _at(m[1, co, p], m[5, co, p], m[9, co, p], m[13, co, p])
-                k2 = _at(m[2, co, p], m[6, co, p], m[10, co, p], m[14, co, p])
-                k3 = _at(m[3, co, p], m[7, co, p], m[11, co, p], m[15, co, p])
+        for n in range(n0, n1):
+            for a in range(th):
+                pb = ((n - n0) * th + a) * tw
                 for i in range(2):
-                    if r + i < ho:
-                        t = _at(k0[i], k1[i], k2[i], k3[i])
-                        y[n, co, r + i, q] = t[0] + bias
-                        if q + 1 < wo:
-                            y[n, co, r + i, q + 1] = t[1] + bias
+                    r = 2 * a + i
+                    if r < ho:
+                        for q in range(wo):
+                            y[n, co, r, q] = o[2 * i + (q & 1), pb + (q >> 1)] + bias
 
 
 @njit(nogil=True, cache=True)
-def _grad_output_transform(dy, n, g, p0, th, tw):
-    """``g[xi, co, p0 + tile] = (A e A^T)[xi]`` for every 2x2 tile ``e`` of ``dy[n]``
-    (zero past the output edge)."""
+def _grad_output_transform(dy, e, g, n0, n1, th, tw):
+    """``g[xi, co, tile] = (A e A^T)[xi]`` for every 2x2 tile ``e`` of ``dy[n0:n1]`` (zero
+    past the output edge): gather the tiles of a channel into ``e`` (4, tiles), then
+    transform them all at once (vectorised)."""
     cout, ho, wo = dy.shape[1], dy.shape[2], dy.shape[3]
-    z = dy.dtype.type(0)
+    ntile = (n1 - n0) * th * tw
     for co in range(cout):
-        for a in range(th):
-            r = 2 * a
-            for bb in range(tw):
-                p = p0 + a * tw + bb
-                q = 2 * bb
-                e00 = dy[n, co, r, q]
-                e01 = dy[n, co, r, q + 1] if q + 1 < wo else z
-                e10 = dy[n, co, r + 1, q] if r + 1 < ho else z
-                e11 = dy[n, co, r + 1, q + 1] if (r + 1 < ho and q + 1 < wo) else z
-                k0 = _a(e00, e10)
-                k1 = _a(e01, e11)
-                for i in range(4):
-                    t = _a(k0[i], k1[i])
-                    for j in range(4):
-                        g[4 * i + j, co, p] = t[j]
+        if ho % 2 or wo % 2:
+            for k in range(4):
+                for p in range(ntile):
+                    e[k, p] = 0
+        for n in range(n0, n1):
+            for a in range(th):
+                pb = ((n - n0) * th + a) * tw
+                for i in range(2):
+                    r = 2 * a + i
+                    if r < ho:
+                        for q in range(wo):
+                            e[2 * i + (q & 1), pb + (q >> 1)] = dy[n, co, r, q]
+        for p in range(ntile):
+            k0 = _a(e[0, p], e[2, p])
+            k1 = _a(e[1, p], e[3, p])
+            for i in range(4):
+                t = _a(k0[i], k1[i])
+                g[4 * i + 0, co, p] = t[0]
+                g[4 * i + 1, co, p] = t[1]
+                g[4 * i + 2, co, p] = t[2]
+                g[4 * i + 3, co, p] = t[3]
 
 
 @njit(nogil=True, cache=True)
-def _input_grad_transform(dd, dxp, p0, th, tw):
-    """Overwrite ``dxp`` with the sum of ``B dd B^T`` over the (overlapping) tiles."""
+def _input_grad_transform(dd, dxp, n, p0, th, tw):
+    """Add ``B dd B^T`` of the tiles of image ``n`` (from ``p0``) into the zeroed, padded input
+    gradient ``dxp``; ``dd`` is transformed in place first (vectorised over tiles)."""
     for c in range(dxp.shape[0]):
+        for p in range(p0, p0 + th * tw):
+            k0 = _b(dd[0, c, p], dd[4, c, p], dd[8, c, p], dd[12, c, p])
+            k1 = _b(dd[1, c, p], dd[5, c, p], dd[9, c, p], dd[13, c, p])
+            k2 = _b(dd[2, c, p], dd[6, c, p], dd[10, c, p], dd[14, c, p])
+            k3 = _b(dd[3, c, p], dd[7, c, p], dd[11, c, p], dd[15, c, p])
+            for i in range(4):
+                t = _b(k0[i], k1[i], k2[i], k3[i])
+                dd[4 * i + 0, c, p] = t[0]
+                dd[4 * i + 1, c, p] = t[1]
+                dd[4 * i + 2, c, p] = t[2]
+                dd[4 * i + 3, c, p] = t[3]
         for r in range(dxp.shape[1]):
             for q in range(dxp.shape[2]):
                 dxp[c, r, q] = 0
-    for c in range(dxp.shape[0]):
         for a in range(th):
-            r = 2 * a
             for bb in range(tw):
                 p = p0 + a * tw + bb
-                q = 2 * bb
-                k0 = _b(dd[0, c, p], dd[4, c, p], dd[8, c, p], dd[12, c, p])
-                k1 = _b(dd[1, c, p], dd[5, c, p], dd[9, c, p], dd[13, c, p])
-                k2 = _b(dd[2, c, p], dd[6, c, p], dd[10, c, p], dd[14, c, p])
-                k3 = _b(dd[3, c, p], dd[7, c, p], dd[11, c, p], dd[15, c, p])
                 for i in range(4):
-                    t = _b(k0[i], k1[i], k2[i], k3[i])
                     for j in range(4):
-                        dxp[c, r + i, q + j] += t[j]
+                        dxp[c, 2 * a + i, 2 * bb + j] += dd[4 * i + j, c, p]
 
 
 # ----------------------------------------------------------------------------- chunks
@@ -226,8 +245,8 @@ def fwd_chunk(x, w, b, has_bias, y, s, offs, n0, n1, nb, ph, pw):
             _input_transform(xp, v, (n - s0) * th * tw, th, tw)
         for xi in range(16):
             np.dot(u[xi], v[xi], m[xi])
-        for n in range(s0, s1):
-            _output_transform(m, y, n, (n - s0) * th * tw, th, tw, b, has_bias)
+        o = s[offs[4]: offs[4] + 4 * p].reshape((4, p))
+        _output_transform(m, o, y, s0, s1, th, tw, b, has_bias)
 
 
 @njit(nogil=True, cache=True)
@@ -253,10 +272,11 @@ def bwd_chunk(x, w, dy, dx, need_dx, s, offs, n0, n1, nb, ph, pw):
         v = s[offs[2]: offs[2] + 16 * cin * p].reshape((16, cin, p))
         g = s[offs[3]: offs[3] + 16 * cout * p].reshape((16, cout, p))
         dd = s[offs[4]: offs[4] + 16 * cin * p].reshape((16, cin, p))
+        e = s[offs[8]: offs[8] + 4 * p].reshape((4, p))
+        _grad_output_transform(dy, e, g, s0, s1, th, tw)
         for n in range(s0, s1):
             _pad(x, n, xp, ph, pw)
             _input_transform(xp, v, (n - s0) * th * tw, th, tw)
-            _grad_output_transform(dy, n, g, (n - s0) * th * tw, th, tw)
             for co in range(cout):
                 acc = dy.dtype.type(0)
                 for r in range(dy.shape[2]):
@@ -272,7 +292,7 @@ def bwd_chunk(x, w, dy, dx, need_dx, s, offs, n0, n1, nb, ph, pw):
                 np.dot(u[xi].T, g[xi], dd[xi])
         if need_dx:
             for n in range(s0, s1):
-                _input_grad_transform(dd, xp, (n - s0) * th * tw, th, tw)
+                _input_grad_transform(dd, xp, n, (n - s0) * th * tw, th, tw)
                 for c in range(cin):
                     for r in range(h):
                         for q in range(wd):
