@@ -1,6 +1,7 @@
 """Optimizers, learning-rate schedules and gradient clipping.
 
-Optimizer state (momentum, Adam moments, scratch buffers) lives wherever the trainer puts it:
+Optimizer state (SGD's momentum buffer, Adam's moments: exactly PyTorch's state, nothing
+else) lives wherever the trainer puts it:
 :meth:`Optimizer.init_state` takes an allocator ``alloc(name, shape, dtype) -> zeroed array``
 (e.g. views into the device pool); :meth:`Optimizer.state_spec` lists what it will ask for, so
 a planner can count the bytes before anything is allocated. Without ``init_state`` the first
@@ -8,9 +9,16 @@ a planner can count the bytes before anything is allocated. Without ``init_state
 
 Updates follow PyTorch's single-tensor (CPU) formulas in the same order of operations, with
 scalars cast to the parameter's dtype as PyTorch does; results agree with ``torch.optim`` to
-float32 rounding (PyTorch's fused multiply-adds can differ in the last bit). Steps run in
-place (ufuncs with ``out=``) and allocate nothing per step: temporaries use at most two
-scratch buffers per dtype, each the size of the largest parameter, shared by all parameters.
+float32 rounding (PyTorch's fused multiply-adds can differ in the last bit). Each parameter is
+updated in place by one fused kernel of :mod:`minidl.kernels.optim`:
+
+- NumPy arrays (C-contiguous, float32 or float64): a Numba loop, one pass over memory, no
+  temporaries, nothing allocated per step; bit-identical to the ufunc reference.
+- Anything else (CuPy arrays of the ``cuda`` device, non-contiguous or other-dtype arrays): the
+  NumPy-ufunc reference, whose temporaries (at most two of the parameter's size, freed at the
+  end of that parameter's update) are allocated by the array library itself; for CuPy that is
+  CuPy's allocator, which the ``cuda`` device routes into its pool. They are transient, not
+  optimizer state, and are not in :meth:`Optimizer.state_spec`.
 """
 
 from __future__ import annotations
@@ -22,6 +30,8 @@ from typing import Any
 import numpy as np
 
 from minidl.parameter import Parameter
+
+from .kernels.optim import adam_update, sgd_update
 
 Alloc = Callable[[str, tuple[int, ...], np.dtype], Any]
 StateSpec = list[tuple[str, tuple[int, ...], np.dtype]]
@@ -45,8 +55,8 @@ def _check_nonneg(**values: float) -> None:
 class Optimizer:
     """Base class: keeps the trainable parameters, their state, the step count and ``lr``.
 
-    Subclasses declare ``slots`` (per-parameter state arrays, named ``f"{param.name}.{slot}"``),
-    ``_num_scratch()`` and ``_update(p, state, scratch, step)``.
+    Subclasses declare ``slots`` (per-parameter state arrays, named ``f"{param.name}.{slot}"``)
+    and ``_update(p, slots, step)``.
     """
 
     slots: tuple[str, ...] = ()
@@ -79,25 +89,13 @@ class Optimizer:
 
     # ----------------------------------------------------------------- state
 
-    def _num_scratch(self) -> int:
-        return 1
-
     def state_spec(self) -> StateSpec:
-        """``(name, shape, dtype)`` of every array :meth:`init_state` will allocate."""
-        spec: StateSpec = [(f"{p.name}.{slot}", p.shape, p.dtype)
-                           for p in self.params for slot in self.slots]
-        biggest: dict[np.dtype, int] = {}
-        for p in self.params:
-            biggest[p.dtype] = max(biggest.get(p.dtype, 0), int(np.prod(p.shape)))
-        prefix = type(self).__name__.lower()
-        for dtype, size in biggest.items():
-            tag = f".{dtype.name}" if len(biggest) > 1 else ""
-            spec += [(f"{prefix}.scratch{i}{tag}", (size,), dtype)
-                     for i in range(self._num_scratch())]
-        return spec
+        """``(name, shape, dtype)`` of every array :meth:`init_state` will allocate: one per
+        parameter and slot, nothing else (the updates need no scratch)."""
+        return [(f"{p.name}.{slot}", p.shape, p.dtype) for p in self.params for slot in self.slots]
 
     def state_bytes(self) -> int:
-        """Total bytes of optimizer state, scratch included (allocated or not yet)."""
+        """Total bytes of optimizer state (allocated or not yet)."""
         return sum(int(np.prod(shape)) * dtype.itemsize for _, shape, dtype in self.state_spec())
 
     def init_state(self, alloc: Alloc) -> None:
@@ -111,7 +109,7 @@ class Optimizer:
             if tuple(arr.shape) != tuple(shape) or np.dtype(arr.dtype) != dtype:
                 raise ValueError(f"alloc({name!r}) returned {tuple(arr.shape)} {arr.dtype}, "
                                  f"expected {tuple(shape)} {dtype}")
-            if self._state is not None and ".scratch" not in name:
+            if self._state is not None:
                 arr[...] = self._state[name]
             new[name] = arr
         self._state = new
@@ -171,21 +169,17 @@ class Optimizer:
     def step(self) -> None:
         """Update every parameter that has a gradient, in place."""
         state = self.state
-        scratch = {name: arr for name, arr in state.items() if ".scratch" in name}
-        prefix = type(self).__name__.lower()
-        multi = len({p.dtype for p in self.params}) > 1
         self.step_count += 1
         for p in self.params:
             if p.grad is None:
                 continue
             self.param_steps[p.name] += 1
-            n, tag = int(np.prod(p.shape)), (f".{p.dtype.name}" if multi else "")
-            views = [scratch[f"{prefix}.scratch{i}{tag}"][:n].reshape(p.shape)
-                     for i in range(self._num_scratch())]
             slots = [state[f"{p.name}.{slot}"] for slot in self.slots]
-            self._update(p, slots, views, self.param_steps[p.name])
+            self._update(p, slots, self.param_steps[p.name])
 
-    def _update(self, p: Parameter, slots: list[Any], scratch: list[Any], step: int) -> None:
+    def _update(self, p: Parameter, slots: list[Any], step: int) -> None:
+        """Update ``p.data`` in place from ``p.grad`` and its state ``slots``; ``step`` is the
+        parameter's own step count, 1 on its first update."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -209,38 +203,9 @@ class SGD(Optimizer):
         self.slots = ("momentum",) if momentum != 0 else ()
         super().__init__(params, lr)
 
-    def _num_scratch(self) -> int:
-        return 2 if self.weight_decay != 0 and self.nesterov else 1
-
-    def _update(self, p: Parameter, slots: list[Any], scratch: list[Any], step: int) -> None:
-        f = p.dtype.type
-        s0 = scratch[0]
-        d = p.grad
-        if self.weight_decay != 0:  # grad + wd * param
-            np.multiply(p.data, f(self.weight_decay), out=s0)
-            np.add(p.grad, s0, out=s0)
-            d = s0
-        if self.momentum != 0:
-            buf = slots[0]
-            if step == 1:
-                buf[...] = d
-            else:  # buf * momentum + (1 - dampening) * d
-                np.multiply(buf, f(self.momentum), out=buf)
-                if self.dampening == 0:
-                    np.add(buf, d, out=buf)
-                else:  # d may be s0 (weight decay): it is not needed afterwards
-                    np.multiply(d, f(1 - self.dampening), out=s0)
-                    np.add(buf, s0, out=buf)
-            if self.nesterov:  # d + momentum * buf
-                out = scratch[1] if d is s0 else s0
-                np.multiply(buf, f(self.momentum), out=out)
-                np.add(d, out, out=out)
-                d = out
-            else:
-                d = buf
-        step_out = d if any(d is s for s in scratch) else s0
-        np.multiply(d, f(-self.lr), out=step_out)
-        np.add(p.data, step_out, out=p.data)
+    def _update(self, p: Parameter, slots: list[Any], step: int) -> None:
+        sgd_update(p.data, p.grad, slots[0] if slots else None, self.lr, self.momentum,
+                   self.dampening, self.weight_decay, self.nesterov, first_step=step == 1)
 
 
 class Adam(Optimizer):
@@ -264,48 +229,10 @@ class Adam(Optimizer):
         self.eps, self.weight_decay = float(eps), float(weight_decay)
         super().__init__(params, lr)
 
-    def _num_scratch(self) -> int:
-        return 2
-
-    def _update(self, p: Parameter, slots: list[Any], scratch: list[Any], step: int) -> None:
-        f = p.dtype.type
+    def _update(self, p: Parameter, slots: list[Any], step: int) -> None:
         m, v = slots
-        s0, s1 = scratch
-        beta1, beta2 = self.betas
-        g = p.grad
-        if self.weight_decay != 0:
-            if self.decoupled:  # param * (1 - lr * wd)
-                np.multiply(p.data, f(1 - self.lr * self.weight_decay), out=p.data)
-            else:  # grad + wd * param
-                np.multiply(p.data, f(self.weight_decay), out=s0)
-                np.add(g, s0, out=s0)
-                g = s0
-        t = s1 if g is s0 else s0
-        # m.lerp_(g, 1 - beta1)
-        w = 1 - beta1
-        np.subtract(g, m, out=t)
-        if w < 0.5:
-            np.multiply(t, f(w), out=t)
-            np.add(m, t, out=m)
-        else:  # end - (end - start) * (1 - weight)
-            np.multiply(t, f(1 - f(w)), out=t)
-            np.subtract(g, t, out=m)
-        # v = v * beta2 + (1 - beta2) * g * g
-        np.multiply(g, f(1 - beta2), out=t)
-        np.multiply(t, g, out=t)
-        np.multiply(v, f(beta2), out=v)
-        np.add(v, t, out=v)
-        # param += (-step_size * m) / (sqrt(v) / sqrt(bias_correction2) + eps)
-        bias_correction1 = 1 - beta1**step
-        bias_correction2 = 1 - beta2**step
-        step_size = self.lr / bias_correction1
-        denom, num = s0, s1
-        np.sqrt(v, out=denom)
-        np.divide(denom, f(bias_correction2**0.5), out=denom)
-        np.add(denom, f(self.eps), out=denom)
-        np.multiply(m, f(-step_size), out=num)
-        np.divide(num, denom, out=num)
-        np.add(p.data, num, out=p.data)
+        adam_update(p.data, p.grad, m, v, self.lr, self.betas[0], self.betas[1], self.eps,
+                    self.weight_decay, step, self.decoupled)
 
 
 class AdamW(Adam):
