@@ -1,16 +1,21 @@
 """2-D convolution (NCHW, PyTorch weight layout): NumPy reference and Numba CPU kernels.
 
-Per image (and group), so that every buffer stays in cache: im2col into a
-``(Cin/g*kh*kw, Ho*Wo)`` buffer, then one matrix product with the weight written straight into
-the NCHW output (Numba's ``np.dot``, i.e. BLAS sgemm/dgemm). Backward recomputes the im2col
-(only the input is retained), accumulates ``dW += dY_n @ col.T`` and, when the input gradient
-is wanted, scatters ``dcol = W.T @ dY_n`` back with col2im.
+Two CPU algorithms (:func:`choose_algo`), both working image by image so that buffers stay
+in cache:
+
+* ``gemm`` (any geometry): im2col of one image (and group) into a ``(Cin/g*kh*kw, Ho*Wo)``
+  buffer, then one matrix product with the weight written straight into the NCHW output
+  (Numba's ``np.dot``, i.e. BLAS). Backward recomputes the im2col (only the input is
+  retained), accumulates ``dW += dY_n @ col.T`` and, when the input gradient is wanted,
+  scatters ``dcol = W.T @ dY_n`` back with col2im.
+* ``winograd`` (3x3, stride 1, one group, enough channels): F(2x2, 3x3), see
+  :mod:`minidl.kernels.winograd`; 2.25x fewer multiplications.
 
 The batch is split over :func:`~minidl.kernels.parallel.num_threads` threads (one ``prange``
-iteration each), every thread running the serial kernel on its own row of the workspace;
-weight-gradient partials are summed once at the end. A direct (no im2col) kernel for
-one-input-channel layers was measured slower than this path (conv1 of smallcnn: 0.73 / 1.6 ms
-against 0.47 / 0.51 ms forward / backward) and was dropped.
+iteration each, each thread on its own row of the workspace); weight-gradient partials are
+summed once at the end. Small calls run on the calling thread. A direct (no im2col) kernel
+for one-input-channel layers was measured slower than im2col + GEMM (conv1 of smallcnn:
+0.73 / 1.6 ms against 0.47 / 0.51 ms forward / backward) and was dropped.
 """
 
 from __future__ import annotations
