@@ -144,18 +144,18 @@ def sigmoid_nb(x, out):
 # vectorise. Loops run over range(hid) with the offset in the index (range(lo, hi) does not
 # vectorise either). Each pass works on one row, which stays in L1.
 @njit(**_JIT)
-def _lstm_fwd_nb(gates, gx, bias, c_prev, h, c):
+def _lstm_fwd_nb(hw_t, gx, bias, c_prev, gates, h, c):
     n_rows, hid = h.shape
     for n in range(n_rows):
         gr, gxr, cr, hr, cpr = gates[n], gx[n], c[n], h[n], c_prev[n]
+        for j in range(4 * hid):  # pre-activations; strided reads of hw_t
+            gr[j] = hw_t[j, n] + gxr[j] + bias[j]
         for j in range(2 * hid):  # i, f
-            gr[j] = act_sigmoid(gr[j] + gxr[j] + bias[j])
+            gr[j] = act_sigmoid(gr[j])
         for j in range(hid):  # g
-            k = 2 * hid + j
-            gr[k] = act_tanh(gr[k] + gxr[k] + bias[k])
+            gr[2 * hid + j] = act_tanh(gr[2 * hid + j])
         for j in range(hid):  # o
-            k = 3 * hid + j
-            gr[k] = act_sigmoid(gr[k] + gxr[k] + bias[k])
+            gr[3 * hid + j] = act_sigmoid(gr[3 * hid + j])
         for j in range(hid):
             cr[j] = gr[hid + j] * cpr[j] + gr[j] * gr[2 * hid + j]
         for j in range(hid):
@@ -194,14 +194,16 @@ def _lstm_bwd_nb(dh, dc, gates, c, c_prev, one, dgates, dc_prev, write_dc_prev, 
 
 
 @njit(**_JIT)
-def _gru_fwd_nb(gx, gh, bias, h_prev, stash, h):
+def _gru_fwd_nb(gx, hw_t, bias, h_prev, stash, h):
     n_rows, hid = h.shape
     for n in range(n_rows):
-        gxr, ghr, st, hr, hpr = gx[n], gh[n], stash[n], h[n], h_prev[n]
-        for j in range(2 * hid):  # r, z
-            st[j] = act_sigmoid(gxr[j] + ghr[j] + bias[j])
+        gxr, st, hr, hpr = gx[n], stash[n], h[n], h_prev[n]
+        for j in range(2 * hid):  # strided reads of hw_t
+            st[j] = hw_t[j, n] + bias[j]
         for j in range(hid):  # W_hn h_prev + b_hn
-            st[3 * hid + j] = ghr[2 * hid + j] + bias[2 * hid + j]
+            st[3 * hid + j] = hw_t[2 * hid + j, n] + bias[2 * hid + j]
+        for j in range(2 * hid):  # r, z
+            st[j] = act_sigmoid(gxr[j] + st[j])
         for j in range(hid):  # n, kept in h for now
             hr[j] = act_tanh(gxr[2 * hid + j] + st[j] * st[3 * hid + j])
         for j in range(hid):
@@ -254,9 +256,9 @@ def _sigmoid_ref(x):
         return 1 / (1 + np.exp(-x))
 
 
-def lstm_forward_ref(gates, gx, bias, c_prev, h, c) -> None:
+def lstm_forward_ref(hw_t, gx, bias, c_prev, gates, h, c) -> None:
     hid = h.shape[1]
-    pre = gates + gx + bias
+    pre = hw_t.T + gx + bias
     i_, f_, o_ = (_sigmoid_ref(pre[:, k * hid:(k + 1) * hid]) for k in (0, 1, 3))
     g_ = np.tanh(pre[:, 2 * hid:3 * hid])
     cc = f_ * c_prev + i_ * g_
@@ -278,9 +280,9 @@ def lstm_backward_ref(dh, dc, gates, c, c_prev, dgates, dc_prev, dbias) -> None:
         dc_prev[...] = dct * f_
 
 
-def gru_forward_ref(gx, gh, bias, h_prev, stash, h) -> None:
+def gru_forward_ref(gx, hw_t, bias, h_prev, stash, h) -> None:
     hid = h.shape[1]
-    pre = gh + bias
+    pre = hw_t.T + bias
     r = _sigmoid_ref(gx[:, :hid] + pre[:, :hid])
     z = _sigmoid_ref(gx[:, hid:2 * hid] + pre[:, hid:2 * hid])
     ghn = pre[:, 2 * hid:]
@@ -331,17 +333,18 @@ def _numba_ok(*arrays) -> bool:
     return all(type(a) is np.ndarray for a in arrays)
 
 
-def lstm_cell_forward(gates, gx, bias, c_prev, h, c) -> None:
-    """LSTM gate math of one step, in place in ``gates``.
+def lstm_cell_forward(hw_t, gx, bias, c_prev, gates, h, c) -> None:
+    """LSTM gate math of one step.
 
-    On entry ``gates`` (N, 4H) holds ``h_prev @ W_hh.T``; on exit the activated gates
-    ``[i, f, g, o]``. ``gx`` (N, 4H) is the input projection (with ``b_ih``), ``bias`` (4H,)
-    is ``b_hh``. Writes ``c`` = f*c_prev + i*g and ``h`` = o*tanh(c), both (N, H).
+    ``hw_t`` (4H, N) is the recurrent product ``W_hh @ h_prev.T``, gate-major (OpenBLAS
+    computes it ~1.6x faster than ``h_prev @ W_hh.T`` for N = 32), ``gx`` (N, 4H) the input
+    projection (with ``b_ih``), ``bias`` (4H,) is ``b_hh``. Writes the activated gates
+    ``[i, f, g, o]`` to ``gates`` (N, 4H), ``c`` = f*c_prev + i*g and ``h`` = o*tanh(c).
     """
-    if _numba_ok(gates, gx, bias, c_prev, h, c):
-        _lstm_fwd_nb(gates, gx, bias, c_prev, h, c)
+    if _numba_ok(hw_t, gx, bias, c_prev, gates, h, c):
+        _lstm_fwd_nb(hw_t, gx, bias, c_prev, gates, h, c)
     else:
-        lstm_forward_ref(gates, gx, bias, c_prev, h, c)
+        lstm_forward_ref(hw_t, gx, bias, c_prev, gates, h, c)
 
 
 def lstm_cell_backward(dh, dc, gates, c, c_prev, dgates, dc_prev, dbias) -> None:
@@ -361,17 +364,18 @@ def lstm_cell_backward(dh, dc, gates, c, c_prev, dgates, dc_prev, dbias) -> None
         lstm_backward_ref(dh, dc, gates, c, c_prev, dgates, dc_prev, dbias)
 
 
-def gru_cell_forward(gx, gh, bias, h_prev, stash, h) -> None:
+def gru_cell_forward(gx, hw_t, bias, h_prev, stash, h) -> None:
     """GRU gate math of one step.
 
-    ``gx`` (N, 3H) is the input projection (with ``b_ih``), ``gh`` (N, 3H) = ``h_prev @
-    W_hh.T`` (no bias), ``bias`` (3H,) = ``b_hh``. Writes ``h`` (N, H) and ``stash`` (N, 4H)
-    = ``[r, z, n, W_hn h_prev + b_hn]``, all backward needs besides ``h_prev``.
+    ``gx`` (N, 3H) is the input projection (with ``b_ih``), ``hw_t`` (3H, N) the recurrent
+    product ``W_hh @ h_prev.T`` (gate-major, no bias), ``bias`` (3H,) = ``b_hh``. Writes ``h``
+    (N, H) and ``stash`` (N, 4H) = ``[r, z, n, W_hn h_prev + b_hn]``, all backward needs
+    besides ``h_prev``.
     """
-    if _numba_ok(gx, gh, bias, h_prev, stash, h):
-        _gru_fwd_nb(gx, gh, bias, h_prev, stash, h)
+    if _numba_ok(gx, hw_t, bias, h_prev, stash, h):
+        _gru_fwd_nb(gx, hw_t, bias, h_prev, stash, h)
     else:
-        gru_forward_ref(gx, gh, bias, h_prev, stash, h)
+        gru_forward_ref(gx, hw_t, bias, h_prev, stash, h)
 
 
 def gru_cell_backward(dh, stash, h_prev, dgx, dgh, dbias) -> None:

@@ -27,7 +27,9 @@ class LSTMCell(Layer):
     Kept for backward: the stash ``gates`` (N, 4H), the activated ``[i, f, g, o]``; the
     inputs ``h_prev`` (for dW_hh) and ``c_prev`` (for df); the output ``c_t`` (tanh(c_t) is
     recomputed). c_t is the next step's retained ``c_prev`` anyway, so the cell states cost
-    one (N, H) per step in all, and the stash 4H instead of 5H with tanh(c_t).
+    one (N, H) per step in all, and the stash 4H instead of 5H with tanh(c_t). Workspace:
+    forward (4H, N) for ``W_hh @ h_prev.T``; backward (N, 4H) for the gate gradients when the
+    gradient of gx is not wanted.
     """
 
     kind = "rnn"
@@ -67,9 +69,13 @@ class LSTMCell(Layer):
     def stash_specs(self, in_shapes, dtype):
         return {"gates": ((self._batch(in_shapes), 4 * self.hidden_size), dtype)}
 
+    def _fwd_ws_shapes(self, n: int) -> list[Shape]:
+        # the recurrent product, gate-major (4H, N); zeros for the missing bias
+        g = 4 * self.hidden_size
+        return [(g, n)] if self.bias else [(g, n), (g,)]
+
     def forward_workspace_bytes(self, in_shapes, dtype):
-        self._batch(in_shapes)
-        return 0 if self.bias else workspace_bytes(dtype, (4 * self.hidden_size,))
+        return workspace_bytes(dtype, *self._fwd_ws_shapes(self._batch(in_shapes)))
 
     def _bwd_ws_shapes(self, n: int) -> list[Shape]:
         # dgates when grad of gx is not wanted; the bias gradient when there is no bias
@@ -86,13 +92,15 @@ class LSTMCell(Layer):
         gx, h_prev, c_prev = inputs
         h, c = outputs
         gates = stash["gates"]
+        hw_t, *zero_b = workspace_views(workspace, gates.dtype,
+                                        *self._fwd_ws_shapes(gates.shape[0]))
         if self.bias:
             b = params["bias_hh"]
         else:
-            (b,) = workspace_views(workspace, gates.dtype, (4 * self.hidden_size,))
+            b = zero_b[0]
             b.fill(0)
-        np.matmul(h_prev, params["weight_hh"].T, out=gates)
-        lstm_cell_forward(gates, gx, b, c_prev, h, c)
+        np.matmul(params["weight_hh"], h_prev.T, out=hw_t)
+        lstm_cell_forward(hw_t, gx, b, c_prev, gates, h, c)
 
     def backward(self, ctx, grad_outputs, grad_inputs, inputs, outputs, params, grad_params,
                  stash, workspace) -> None:

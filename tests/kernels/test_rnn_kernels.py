@@ -82,13 +82,13 @@ def _arrays(rng, dtype, *shapes):
 def test_lstm_kernels_match_reference(dtype, n, hid, seed, write_dc):
     rng = np.random.default_rng(seed)
     g = 4 * hid
-    pre, gx, c_prev = _arrays(rng, dtype, (n, g), (n, g), (n, hid))
+    hw_t, gx, c_prev = _arrays(rng, dtype, (g, n), (n, g), (n, hid))
     (bias,) = _arrays(rng, dtype, (g,))
     res = []
     for fwd in (rk._lstm_fwd_nb, rk.lstm_forward_ref):
-        gates = pre.copy()
+        gates = np.full((n, g), np.nan, dtype)
         h, c = np.full((n, hid), np.nan, dtype), np.full((n, hid), np.nan, dtype)
-        fwd(gates, gx, bias, c_prev, h, c)
+        fwd(hw_t, gx, bias, c_prev, gates, h, c)
         res.append((gates, h, c))
     for a, b in zip(*res):
         assert a.dtype == dtype
@@ -117,12 +117,12 @@ def test_lstm_kernels_match_reference(dtype, n, hid, seed, write_dc):
 def test_gru_kernels_match_reference(dtype, n, hid, seed):
     rng = np.random.default_rng(seed)
     g = 3 * hid
-    gx, gh, h_prev = _arrays(rng, dtype, (n, g), (n, g), (n, hid))
+    gx, hw_t, h_prev = _arrays(rng, dtype, (n, g), (g, n), (n, hid))
     (bias,) = _arrays(rng, dtype, (g,))
     res = []
     for fwd in (rk._gru_fwd_nb, rk.gru_forward_ref):
         stash, h = np.full((n, 4 * hid), np.nan, dtype), np.full((n, hid), np.nan, dtype)
-        fwd(gx, gh, bias, h_prev, stash, h)
+        fwd(gx, hw_t, bias, h_prev, stash, h)
         res.append((stash, h))
     for a, b in zip(*res):
         np.testing.assert_allclose(a, b, rtol=TOL[dtype], atol=TOL[dtype])
@@ -151,13 +151,14 @@ def test_kernels_accept_strided_views():
     rng = np.random.default_rng(3)
     n, hid = 3, 5
     big = rng.standard_normal((n, 2, 8 * hid)).astype(np.float32)
-    pre, gx = big[:, 0, :4 * hid], big[:, 1, 4 * hid:]
+    gx = big[:, 1, 4 * hid:]
+    hw_t = rng.standard_normal((n, 4 * hid)).astype(np.float32).T
     bias = rng.standard_normal(4 * hid).astype(np.float32)
     c_prev = rng.standard_normal((hid, n)).astype(np.float32).T
-    want = [pre.copy(), np.empty((n, hid), np.float32), np.empty((n, hid), np.float32)]
-    rk.lstm_cell_forward(want[0], gx.copy(), bias, c_prev.copy(), want[1], want[2])
-    got = [pre.copy(), np.empty((hid, n), np.float32).T, np.empty((n, hid), np.float32)]
-    rk.lstm_cell_forward(got[0], gx, bias, c_prev, got[1], got[2])
+    want = [np.empty(s, np.float32) for s in ((n, 4 * hid), (n, hid), (n, hid))]
+    rk.lstm_cell_forward(hw_t.copy(), gx.copy(), bias, c_prev.copy(), *want)
+    got = [big[:, 0, :4 * hid], np.empty((hid, n), np.float32).T, np.empty((n, hid), np.float32)]
+    rk.lstm_cell_forward(hw_t, gx, bias, c_prev, *got)
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a, b)
 
