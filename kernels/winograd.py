@@ -44,8 +44,9 @@ def slab_elems(x_shape: tuple[int, ...], cout: int, padding: tuple[int, int], nb
     if not backward:
         return [u, xp, 16 * cin * p, 16 * cout * p, 4 * p]  # U, padded image, V, M, out tiles
     # U, padded image, V, DY, dD (V's size), dW partial (16 positions), tmp, db partial,
-    # gathered dy tiles
-    return [u, xp, 16 * cin * p, 16 * cout * p, 16 * cin * p, u, cout * cin, cout, 4 * p]
+    # gathered dy tiles, input-gradient tiles of one image (transformed, half-transformed)
+    return [u, xp, 16 * cin * p, 16 * cout * p, 16 * cin * p, u, cout * cin, cout, 4 * p,
+            16 * th * tw, 16 * th * tw]
 
 
 # ----------------------------------------------------------------------------- transforms
@@ -187,42 +188,56 @@ def _grad_output_transform(dy, e, g, n0, n1, th, tw):
                     if r < ho:
                         for q in range(wo):
                             e[2 * i + (q & 1), pb + (q >> 1)] = dy[n, co, r, q]
-        for p in range(ntile):
-            k0 = _a(e[0, p], e[2, p])
-            k1 = _a(e[1, p], e[3, p])
-            for i in range(4):
-                t = _a(k0[i], k1[i])
-                g[4 * i + 0, co, p] = t[0]
-                g[4 * i + 1, co, p] = t[1]
-                g[4 * i + 2, co, p] = t[2]
-                g[4 * i + 3, co, p] = t[3]
+        # One row of the 4x4 result per loop: few store streams keep LLVM's overlap checks
+        # below its limit, so the loop vectorises (3x faster than all 16 at once).
+        e0, e1, e2, e3 = e[0], e[1], e[2], e[3]
+        for i in range(4):
+            ga, gb, gc, gd = g[4 * i, co], g[4 * i + 1, co], g[4 * i + 2, co], g[4 * i + 3, co]
+            for p in range(ntile):
+                a = _a(e0[p], e2[p])[i]
+                c = _a(e1[p], e3[p])[i]
+                ga[p] = a
+                gb[p] = a + c
+                gc[p] = a - c
+                gd[p] = -c
 
 
 @njit(nogil=True, cache=True)
-def _input_grad_transform(dd, dxp, n, p0, th, tw):
-    """Add ``B dd B^T`` of the tiles of image ``n`` (from ``p0``) into the zeroed, padded input
-    gradient ``dxp``; ``dd`` is transformed in place first (vectorised over tiles)."""
+def _input_grad_transform(dd, kb, t16, dxp, p0, th, tw):
+    """Overwrite the padded input gradient ``dxp`` with the sum of ``B dd B^T`` over the
+    (overlapping) tiles of one image (tiles ``p0:p0 + th*tw`` of ``dd``).
+
+    Per channel, ``B`` is applied to the columns of all tiles at once (into ``kb``), then to
+    the rows (into ``t16``), each loop touching 4 + 4 arrays: few enough for LLVM to check
+    their overlap at run time and vectorise (3x faster than one 16-stream loop); the
+    overlap-add of the 4x4 tiles is a scalar pass.
+    """
+    nt = th * tw
     for c in range(dxp.shape[0]):
-        for p in range(p0, p0 + th * tw):
-            k0 = _b(dd[0, c, p], dd[4, c, p], dd[8, c, p], dd[12, c, p])
-            k1 = _b(dd[1, c, p], dd[5, c, p], dd[9, c, p], dd[13, c, p])
-            k2 = _b(dd[2, c, p], dd[6, c, p], dd[10, c, p], dd[14, c, p])
-            k3 = _b(dd[3, c, p], dd[7, c, p], dd[11, c, p], dd[15, c, p])
-            for i in range(4):
-                t = _b(k0[i], k1[i], k2[i], k3[i])
-                dd[4 * i + 0, c, p] = t[0]
-                dd[4 * i + 1, c, p] = t[1]
-                dd[4 * i + 2, c, p] = t[2]
-                dd[4 * i + 3, c, p] = t[3]
+        for j in range(4):
+            a, b, cc, d = dd[j, c, p0:], dd[4 + j, c, p0:], dd[8 + j, c, p0:], dd[12 + j, c, p0:]
+            k0, k1, k2, k3 = kb[4 * j], kb[4 * j + 1], kb[4 * j + 2], kb[4 * j + 3]
+            for p in range(nt):
+                t = _b(a[p], b[p], cc[p], d[p])
+                k0[p], k1[p], k2[p], k3[p] = t[0], t[1], t[2], t[3]
+        for i in range(4):
+            a, b, cc, d = kb[i], kb[4 + i], kb[8 + i], kb[12 + i]
+            t0, t1, t2, t3 = t16[4 * i], t16[4 * i + 1], t16[4 * i + 2], t16[4 * i + 3]
+            for p in range(nt):
+                t = _b(a[p], b[p], cc[p], d[p])
+                t0[p], t1[p], t2[p], t3[p] = t[0], t[1], t[2], t[3]
         for r in range(dxp.shape[1]):
             for q in range(dxp.shape[2]):
                 dxp[c, r, q] = 0
         for a in range(th):
-            for bb in range(tw):
-                p = p0 + a * tw + bb
-                for i in range(4):
-                    for j in range(4):
-                        dxp[c, 2 * a + i, 2 * bb + j] += dd[4 * i + j, c, p]
+            for i in range(4):
+                t0, t1, t2, t3 = t16[4 * i], t16[4 * i + 1], t16[4 * i + 2], t16[4 * i + 3]
+                for bb in range(tw):
+                    p = a * tw + bb
+                    dxp[c, 2 * a + i, 2 * bb] += t0[p]
+                    dxp[c, 2 * a + i, 2 * bb + 1] += t1[p]
+                    dxp[c, 2 * a + i, 2 * bb + 2] += t2[p]
+                    dxp[c, 2 * a + i, 2 * bb + 3] += t3[p]
 
 
 # ----------------------------------------------------------------------------- chunks
@@ -273,6 +288,8 @@ def bwd_chunk(x, w, dy, dx, need_dx, s, offs, n0, n1, nb, ph, pw):
         g = s[offs[3]: offs[3] + 16 * cout * p].reshape((16, cout, p))
         dd = s[offs[4]: offs[4] + 16 * cin * p].reshape((16, cin, p))
         e = s[offs[8]: offs[8] + 4 * p].reshape((4, p))
+        t16 = s[offs[9]: offs[9] + 16 * th * tw].reshape((16, th * tw))
+        kb = s[offs[10]: offs[10] + 16 * th * tw].reshape((16, th * tw))
         _grad_output_transform(dy, e, g, s0, s1, th, tw)
         for n in range(s0, s1):
             _pad(x, n, xp, ph, pw)
@@ -292,7 +309,7 @@ def bwd_chunk(x, w, dy, dx, need_dx, s, offs, n0, n1, nb, ph, pw):
                 np.dot(u[xi].T, g[xi], dd[xi])
         if need_dx:
             for n in range(s0, s1):
-                _input_grad_transform(dd, xp, n, (n - s0) * th * tw, th, tw)
+                _input_grad_transform(dd, kb, t16, xp, (n - s0) * th * tw, th, tw)
                 for c in range(cin):
                     for r in range(h):
                         for q in range(wd):
