@@ -10,7 +10,13 @@ are interleaved step by step (one minidl step, one torch step per round); figure
 Per-layer times come from a second loop, alternating blocks of timed minidl steps and of
 torch's aten calls (the ones its autograd makes).
 
+The first minidl kernel call puts NumPy's BLAS on one thread (see
+``minidl.kernels.parallel``), so the NumPy Linear here runs single-threaded, as it would in
+the engine. The machine must be otherwise idle: a busy core stalls every parallel launch of
+both libraries for milliseconds.
+
     python benchmarks/conv_bench.py [--rounds 100] [--batch-size 64] [--threads N]
+    python benchmarks/conv_bench.py --relu-kernel   # ReLU through minidl.kernels.relu
 """
 
 from __future__ import annotations
@@ -201,6 +207,23 @@ def compare_grads(net, lin, model, step_minidl, step_torch) -> float:
                for a, b in pairs)
 
 
+def _use_relu_kernel() -> None:
+    """Patch ReLU's forward/backward to the one-pass threaded kernels (what layers/relu.py
+    would do once it adopts them)."""
+    from minidl.kernels.relu import relu_backward, relu_forward
+    from minidl.layers.relu import ReLU
+
+    def forward(self, ctx, inputs, outputs, params, stash, workspace):
+        relu_forward(inputs[0], outputs[0])
+
+    def backward(self, ctx, grad_outputs, grad_inputs, inputs, outputs, params, grad_params,
+                 stash, workspace):
+        if grad_inputs[0] is not None:
+            relu_backward(grad_outputs[0], outputs[0], grad_inputs[0])
+
+    ReLU.forward, ReLU.backward = forward, backward
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=100)
@@ -208,9 +231,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--threads", type=int, default=None, help="MINIDL_NUM_THREADS")
     ap.add_argument("--no-layers", action="store_true", help="skip the per-layer table")
+    ap.add_argument("--relu-kernel", action="store_true",
+                    help="run ReLU through minidl.kernels.relu instead of layers/relu.py's NumPy")
     args = ap.parse_args(argv)
     if args.threads:
         os.environ["MINIDL_NUM_THREADS"] = str(args.threads)
+    if args.relu_kernel:
+        _use_relu_kernel()
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((args.batch_size, 1, 28, 28)).astype(np.float32)
