@@ -9,10 +9,13 @@ gradient and workspace buffers. Embedding, Linear and the loss are plain NumPy. 
 will add is timed apart as ``glue``: summing the shared ``weight_hh`` / ``bias_hh`` gradients
 of the steps, summing the two gradients of each h_t (next step and layer above), stacking the
 top layer's h_t for the Linear. Python call overhead of the 256 layer calls is included.
-Both sides start from the same weights; their gradients are compared. Steps are interleaved
-(one minidl step, one torch step per round); figures are medians.
+Both sides start from the same weights; their gradients are compared. The two run in
+alternating blocks of ``--block`` steps, the first step of each block discarded: stepwise
+alternation would time each library with the other's idle BLAS / OpenMP threads still spinning
+on the 2 cores (it made torch look ~1.4x slower than alone). Figures are medians.
 
-    python benchmarks/rnn_bench.py [--rounds 40] [--batch-size 32] [--seq-len 64] [--threads N]
+    python benchmarks/rnn_bench.py [--rounds 8] [--block 6] [--batch-size 32] [--seq-len 64]
+                                   [--threads N]
 
 ``--threads N`` limits NumPy's BLAS (through threadpoolctl) and torch to N threads each.
 """
@@ -243,8 +246,8 @@ class TorchCharLSTM:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=40)
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=8, help="blocks per library")
+    ap.add_argument("--block", type=int, default=6, help="steps per block (first discarded)")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--threads", type=int, default=None, help="BLAS and torch threads")
@@ -281,18 +284,22 @@ def main(argv: list[str] | None = None) -> None:
 
     timers = {k: Timer() for k in runners}
     times: dict[str, list[float]] = {k: [] for k in runners}
-    for r in range(args.warmup + args.rounds):
+    for _ in range(args.rounds):
         for name, runner in runners.items():
-            t0 = time.perf_counter()
-            runner.step(tokens, targets, timers[name])
-            if r >= args.warmup:
-                times[name].append(time.perf_counter() - t0)
-            else:
-                timers[name].laps.clear()
+            for i in range(args.block):
+                t0 = time.perf_counter()
+                runner.step(tokens, targets, timers[name])
+                dt = time.perf_counter() - t0
+                if i == 0:  # warm-up after the switch: drop its time and parts
+                    for v in timers[name].laps.values():
+                        v.pop()
+                else:
+                    times[name].append(dt)
     med = {k: float(np.median(v)) * 1e3 for k, v in times.items()}
     load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
-    print(f"step (batch {args.batch_size}, seq {args.seq_len}, median of {args.rounds} "
-          f"interleaved rounds; load average {load}):")
+    kept = args.rounds * (args.block - 1)
+    print(f"step (batch {args.batch_size}, seq {args.seq_len}, median of {kept} steps in "
+          f"{args.rounds} alternating blocks; load average {load}):")
     for k, v in med.items():
         q1, q3 = np.percentile(times[k], [25, 75]) * 1e3
         print(f"  {k:7s} {v:7.2f} ms   (IQR {q1:.2f}-{q3:.2f})")
@@ -303,8 +310,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name} parts (median ms): " + ", ".join(f"{k} {v:.2f}" for k, v in
                                                         parts.items()))
         if name == "minidl":
-            layer_math = sum(v for k, v in parts.items() if k != "glue")
-            print(f"  minidl layer math without glue: {layer_math:.2f} ms")
+            rnn = sum(v for k, v in parts.items() if k.startswith(("proj", "lstm")))
+            print(f"  minidl RNN layer calls (proj + lstm, fwd + bwd): {rnn:.2f} ms")
 
 
 if __name__ == "__main__":
