@@ -4,15 +4,24 @@ Max pooling keeps, per output element, only the index ``i * kw + j`` of the winn
 inside its window (``uint8`` for windows up to 256 elements): backward scatters the output
 gradient there and needs neither the input nor the output. Semantics follow PyTorch: padding
 counts as ``-inf``, the first maximum wins, NaN propagates; average pooling divides by
-``kh * kw`` (``count_include_pad=True``). Kernels split the ``N * C`` planes over threads.
+``kh * kw`` (``count_include_pad=True``). CPU kernels split the ``N * C`` planes over threads;
+max pooling also has Numba CUDA kernels (grid-stride loops, chosen for device arrays such as
+CuPy's; backward gathers per input element, so it needs no atomics and is deterministic).
 """
 
 from __future__ import annotations
 
+import functools
+from types import SimpleNamespace
+from typing import Any
+
 import numpy as np
 from numba import njit, prange
 
+from . import _cuda
 from .parallel import ensure_blas_policy, num_threads, split
+
+cuda: Any = None  # numba.cuda, set by _cuda.bind on first CUDA use
 
 Pair = tuple[int, int]
 
@@ -263,9 +272,80 @@ def _writable(out: np.ndarray) -> np.ndarray:
     return out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
 
 
+# ----------------------------------------------------------------------------- CUDA
+def _k_maxpool_fwd(x, y, idx, npl, h, w, ho, wo, kh, kw, sh, sw, ph, pw, lowest):
+    """One output element per grid-stride step (same NaN / tie rules as the CPU kernel)."""
+    for e in range(cuda.grid(1), npl * ho * wo, cuda.gridsize(1)):
+        p = e // (ho * wo)
+        r = e - p * ho * wo
+        oh = r // wo
+        ow = r - oh * wo
+        h0 = oh * sh - ph
+        w0 = ow * sw - pw
+        i0 = -h0 if h0 < 0 else 0
+        i1 = h - h0 if h - h0 < kh else kh
+        j0 = -w0 if w0 < 0 else 0
+        j1 = w - w0 if w - w0 < kw else kw
+        m = lowest
+        k = i0 * kw + j0
+        for i in range(i0, i1):
+            for j in range(j0, j1):
+                v = x[(p * h + h0 + i) * w + w0 + j]
+                if v > m or v != v:
+                    m = v
+                    k = i * kw + j
+        y[e] = m
+        idx[e] = k
+
+
+def _k_maxpool_bwd(dy, idx, dx, npl, h, w, ho, wo, kh, kw, sh, sw, ph, pw, zero):
+    """Gather: each ``dx`` element sums, in row-major order, the outputs whose argmax it is."""
+    for t in range(cuda.grid(1), npl * h * w, cuda.gridsize(1)):
+        p = t // (h * w)
+        r = t - p * h * w
+        hp = r // w + ph
+        wp = r - (r // w) * w + pw
+        oh0 = (hp - kh + sh) // sh if hp >= kh else 0
+        oh1 = hp // sh if hp // sh < ho else ho - 1
+        ow0 = (wp - kw + sw) // sw if wp >= kw else 0
+        ow1 = wp // sw if wp // sw < wo else wo - 1
+        acc = zero
+        for oh in range(oh0, oh1 + 1):
+            for ow in range(ow0, ow1 + 1):
+                e = (p * ho + oh) * wo + ow
+                if idx[e] == (hp - oh * sh) * kw + (wp - ow * sw):
+                    acc += dy[e]
+        dx[t] = acc
+
+
+@functools.cache
+def _kernels() -> SimpleNamespace:
+    return _cuda.bind(globals(), ["_k_maxpool_fwd", "_k_maxpool_bwd"])
+
+
+def _flat(a: Any, what: str) -> Any:
+    if not a.flags["C_CONTIGUOUS"]:
+        raise ValueError(f"{what} must be C-contiguous on the device")
+    return a.reshape(-1)
+
+
+def _geom(x_shape, y_shape, kernel, stride, padding) -> tuple:
+    n, c, h, w = x_shape
+    return (n * c, h, w, y_shape[2], y_shape[3], *kernel, *stride, *padding)
+
+
+# ----------------------------------------------------------------------------- public API
 def maxpool2d_forward(x: np.ndarray, y: np.ndarray, idx: np.ndarray, kernel: Pair,
-                      stride: Pair, padding: Pair = (0, 0), threads: int | None = None) -> None:
-    """Write the max pooling of ``x`` into ``y`` and the argmax window index into ``idx``."""
+                      stride: Pair, padding: Pair = (0, 0), threads: int | None = None,
+                      stream: Any = 0) -> None:
+    """Write the max pooling of ``x`` into ``y`` and the argmax window index into ``idx``
+    (NumPy arrays: Numba CPU kernels; device arrays: CUDA on ``stream``)."""
+    if _cuda.choose("auto", x, y, idx) == "cuda":
+        low = np.array(-np.inf, dtype=y.dtype)[()]
+        _cuda.launch(_kernels().k_maxpool_fwd, y.size, _flat(x, "x"), _flat(y, "y"),
+                     _flat(idx, "idx"), *_geom(x.shape, y.shape, kernel, stride, padding), low,
+                     stream=stream)
+        return
     ensure_blas_policy()
     yt, it = _writable(y), _writable(idx)
     _run(_maxpool_fwd, _maxpool_fwd_par, (_planes(x), _planes(yt), _planes(it)),
@@ -277,8 +357,16 @@ def maxpool2d_forward(x: np.ndarray, y: np.ndarray, idx: np.ndarray, kernel: Pai
 
 
 def maxpool2d_backward(dy: np.ndarray, idx: np.ndarray, dx: np.ndarray, kernel: Pair,
-                       stride: Pair, padding: Pair = (0, 0), threads: int | None = None) -> None:
-    """Overwrite ``dx`` with ``dy`` scattered to the argmax of each window."""
+                       stride: Pair, padding: Pair = (0, 0), threads: int | None = None,
+                       stream: Any = 0) -> None:
+    """Overwrite ``dx`` with ``dy`` scattered to the argmax of each window (device arrays:
+    CUDA on ``stream``)."""
+    if _cuda.choose("auto", dy, idx, dx) == "cuda":
+        zero = np.zeros((), dtype=dx.dtype)[()]
+        _cuda.launch(_kernels().k_maxpool_bwd, dx.size, _flat(dy, "dy"), _flat(idx, "idx"),
+                     _flat(dx, "dx"), *_geom(dx.shape, dy.shape, kernel, stride, padding), zero,
+                     stream=stream)
+        return
     ensure_blas_policy()
     t = _writable(dx)
     _run(_maxpool_bwd, _maxpool_bwd_par, (_planes(dy), _planes(idx), _planes(t)),

@@ -148,3 +148,83 @@ def test_reference_matches_torch(kernel, stride, padding):
     ya = torch.nn.functional.avg_pool2d(torch.from_numpy(x), kernel, stride, padding)
     np.testing.assert_allclose(P.avgpool2d_forward_ref(x, kernel, stride, padding), ya.numpy(),
                                rtol=1e-12)
+
+
+CUDA_SIM_SCRIPT = """
+import numpy as np
+from numba import config, cuda
+from minidl.kernels import pool as P
+assert config.ENABLE_CUDASIM
+rng = np.random.default_rng(0)
+for dt in (np.float32, np.float64):
+    for k, s, pad, hw in [((2, 2), (2, 2), (0, 0), (6, 7)), ((3, 3), (2, 2), (1, 1), (7, 6)),
+                          ((3, 2), (1, 2), (1, 0), (5, 6))]:
+        x = np.round(rng.standard_normal((2, 2, *hw)) * 2).astype(dt)  # ties
+        x[0, 0, 1, 1] = np.nan
+        y_ref, i_ref = P.maxpool2d_forward_ref(x, k, s, pad)
+        y = cuda.device_array(y_ref.shape, dt)
+        idx = cuda.device_array(y_ref.shape, np.uint8)
+        P.maxpool2d_forward(cuda.to_device(x), y, idx, k, s, pad)
+        assert np.array_equal(y.copy_to_host(), y_ref, equal_nan=True)
+        assert np.array_equal(idx.copy_to_host(), i_ref)
+        dy = rng.standard_normal(y_ref.shape).astype(dt)
+        dx = cuda.device_array(x.shape, dt)
+        P.maxpool2d_backward(cuda.to_device(dy), idx, dx, k, s, pad)
+        np.testing.assert_allclose(dx.copy_to_host(),
+                                   P.maxpool2d_backward_ref(dy, i_ref, x.shape, k, s, pad),
+                                   rtol=1e-6, atol=1e-6)
+print("ok")
+"""
+
+
+def test_cuda_kernels_under_simulator():
+    """The CUDA max-pool kernels (Numba CUDA simulator, small inputs, in a subprocess: the
+    simulator must be on before numba.cuda is first imported)."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("numba.cuda")
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    r = subprocess.run([sys.executable, "-c", CUDA_SIM_SCRIPT], env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+
+
+PTX_SCRIPT = """
+from types import SimpleNamespace
+from numba import cuda, types as t
+import numba.cuda.dispatcher as disp
+from minidl.kernels import pool as P
+disp.get_current_device = lambda: SimpleNamespace(compute_capability=(7, 5))
+P._kernels()
+A = lambda d: d[::1]
+geom = (t.int64,) * 11
+fl = (t.float32, t.float64)
+checks = [(P._k_maxpool_fwd, (A(f), A(f), A(t.uint8)) + geom + (f,)) for f in fl]
+checks += [(P._k_maxpool_bwd, (A(f), A(t.uint8), A(f)) + geom + (f,)) for f in fl]
+checks += [(P._k_maxpool_bwd, (A(t.float32), A(t.uint16), A(t.float32)) + geom + (t.float32,))]
+try:
+    cuda.compile_ptx(checks[0][0], checks[0][1], cc=(7, 5))
+except Exception as e:  # no NVVM / CUDA toolkit on this machine
+    print("SKIP", type(e).__name__, str(e).strip().splitlines()[0][:200])
+    raise SystemExit(0)
+for fn, sig in checks:
+    cuda.compile_ptx(fn, sig, cc=(7, 5))
+print("PTX OK", len(checks))
+"""
+
+
+def test_cuda_kernels_compile_to_ptx():
+    """Real CUDA typing (the simulator runs plain Python): compile for compute capability 7.5
+    when NVVM is installed."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("numba.cuda")
+    r = subprocess.run([sys.executable, "-c", PTX_SCRIPT], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    if r.stdout.startswith("SKIP"):
+        pytest.skip(r.stdout.strip())
+    assert "PTX OK" in r.stdout
