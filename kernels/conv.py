@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from numba import njit, prange, uintp
 
-from . import winograd
+from . import _cuda, winograd
 from .parallel import ensure_blas_policy, num_threads, split
 
 Pair = tuple[int, int]
@@ -369,6 +369,9 @@ def _split(n: int, slabs: int, macs: int, threads: int | None) -> np.ndarray | N
 
 def _check(x, w, groups, stride, padding, dilation, **arrays) -> None:
     """Validate shapes before the kernels index blindly."""
+    if _cuda.is_device_array(x):
+        raise NotImplementedError("conv2d has CPU kernels only (no CUDA kernel for device "
+                                  "arrays)")
     n, c, h, wd = x.shape
     cout, cg, kh, kw = w.shape
     if c != cg * groups or cout % groups:

@@ -268,6 +268,11 @@ def _run(serial, par, arrays: tuple, nplanes: int, work: int, geom: tuple,
         par(*arrays, bounds, *geom)
 
 
+def _host_only(*arrays: Any) -> None:
+    if any(_cuda.is_device_array(a) for a in arrays):
+        raise NotImplementedError("average pooling has CPU kernels only (no CUDA kernel)")
+
+
 def _writable(out: np.ndarray) -> np.ndarray:
     return out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
 
@@ -378,6 +383,7 @@ def maxpool2d_backward(dy: np.ndarray, idx: np.ndarray, dx: np.ndarray, kernel: 
 def avgpool2d_forward(x: np.ndarray, y: np.ndarray, kernel: Pair, stride: Pair,
                       padding: Pair = (0, 0), threads: int | None = None) -> None:
     """Write the average pooling of ``x`` (padding counted) into ``y``."""
+    _host_only(x, y)
     ensure_blas_policy()
     t = _writable(y)
     _run(_avgpool_fwd, _avgpool_fwd_par, (_planes(x), _planes(t)), x.shape[0] * x.shape[1],
@@ -389,6 +395,7 @@ def avgpool2d_forward(x: np.ndarray, y: np.ndarray, kernel: Pair, stride: Pair,
 def avgpool2d_backward(dy: np.ndarray, dx: np.ndarray, kernel: Pair, stride: Pair,
                        padding: Pair = (0, 0), threads: int | None = None) -> None:
     """Overwrite ``dx`` with the gradient of average pooling."""
+    _host_only(dy, dx)
     ensure_blas_policy()
     t = _writable(dx)
     _run(_avgpool_bwd, _avgpool_bwd_par, (_planes(dy), _planes(t)), dx.shape[0] * dx.shape[1],
