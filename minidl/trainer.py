@@ -80,6 +80,10 @@ class Trainer:
                              host_memory=None if host_memory is None else parse_size(host_memory))
         self.swap_stats: dict[str, Any] = {}
         self.last_split = 1
+        #: With ``fetch_logits``, each training step keeps a copy of the network output in
+        #: ``last_logits`` (for the training accuracy ``fit`` shows).
+        self.fetch_logits = False
+        self.last_logits: np.ndarray | None = None
         self.cache_fallbacks = 0
         self.peak: PeakInfo | None = None
         self.step_times: list[float] = []
@@ -125,8 +129,8 @@ class Trainer:
             return self._compute_gradients_split(x, y, k)
         c = self._compiled(x, y, training=True)
         try:
-            loss, _ = c.executor.run([x, y], training=True, seed=self.seed,
-                                     iteration=self.iteration)
+            loss, outs = c.executor.run([x, y], training=True, seed=self.seed,
+                                        iteration=self.iteration, fetch_outputs=self.fetch_logits)
         except DeviceOutOfMemory:
             if not c.plan.cache:
                 raise
@@ -136,8 +140,11 @@ class Trainer:
             c.plan.notes.append("cache: turned off after an out-of-memory that evicting every "
                                 "cached tensor could not resolve (fragmentation)")
             self.cache_fallbacks += 1
-            loss, _ = c.executor.run([x, y], training=True, seed=self.seed,
-                                     iteration=self.iteration)
+            loss, outs = c.executor.run([x, y], training=True, seed=self.seed,
+                                        iteration=self.iteration,
+                                        fetch_outputs=self.fetch_logits)
+        if outs:
+            self.last_logits = outs[0]
         if self.engine.compute and (loss is None or not np.isfinite(loss)):
             self._diagnose(c, x, y)
             raise NonFiniteError(
@@ -266,6 +273,7 @@ class Trainer:
             max_steps, steps_per_epoch * epochs)
         bar = tqdm(total=total, disable=not progress, unit="step", dynamic_ncols=True)
         done = 0
+        self.fetch_logits = True
         try:
             for epoch in range(epochs):
                 for xb, yb in batches(x_train, y_train, batch_size, shuffle=shuffle,
@@ -277,9 +285,14 @@ class Trainer:
                     dt = time.perf_counter() - t0
                     hist.losses.append(loss)
                     hist.step_times.append(dt)
+                    acc = float("nan")
+                    if self.last_logits is not None and len(self.last_logits) == len(yb):
+                        acc = float((self.last_logits.argmax(axis=-1) == yb).mean())
+                    hist.train_accuracy.append(acc)
                     done += 1
                     bar.update(1)
-                    bar.set_postfix(loss=f"{loss:.4f}", samples_s=f"{len(xb) / dt:,.0f}",
+                    bar.set_postfix(loss=f"{loss:.4f}", acc=f"{acc:.3f}",
+                                    samples_s=f"{len(xb) / dt:,.0f}",
                                     peak=format_size(self.peak.bytes if self.peak else 0),
                                     refresh=False)
                 if self.scheduler is not None:
@@ -288,6 +301,7 @@ class Trainer:
                     break
         finally:
             bar.close()
+            self.fetch_logits = False
         if evaluate and x_test is not None and len(x_test):
             hist.test_loss, hist.test_accuracy = self.evaluate(x_test, y_test, batch_size)
         hist.wall_time_s = time.perf_counter() - t_start
