@@ -49,7 +49,8 @@ class Trainer:
 
     ``device`` is ``"cpu"`` (default; its arena holds ``device_memory`` bytes), ``"cuda"``,
     ``"meta"`` (dry run, no compute) or a device object. ``loss`` defaults to softmax
-    cross-entropy over integer labels. ``debug=True`` fills freed blocks with NaN.
+    cross-entropy over integer labels. ``debug=True`` fills freed blocks with NaN (default:
+    the ``MINIDL_DEBUG_POOL`` environment variable).
     """
 
     def __init__(
@@ -61,7 +62,7 @@ class Trainer:
         device_memory: int | str = "1GiB",
         loss: Layer | None = None,
         seed: int = 0,
-        debug: bool = False,
+        debug: bool | None = None,
         clip_grad_norm: float | None = None,
         scheduler: Any = None,
         host_memory: int | str | None = None,
@@ -69,6 +70,8 @@ class Trainer:
         self.net = net
         self.config = MemoryConfig.parse(memory)
         self.device = make_device(device, device_memory) if isinstance(device, str) else device
+        if debug is None:  # MINIDL_DEBUG_POOL=1 turns poisoning on for every trainer
+            debug = os.environ.get("MINIDL_DEBUG_POOL", "") not in ("", "0")
         self.pool = Pool(self.device, debug=debug)
         self.loss_layer = loss if loss is not None else _softmax_ce()
         self.optimizer = optimizer if optimizer is not None else _default_optimizer(net)

@@ -311,3 +311,62 @@ def test_sparse_plan_uses_measured_densities_after_the_first_iteration():
     c = tr.engine.compiled([x.shape], y.shape, True)
     assert c.plan.densities_measured
     assert any("measured densities" in n for n in c.plan.notes)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.floats(1.0, 1.6), min_size=2, max_size=4))
+def test_auto_peak_is_monotone_in_the_budget_and_plans_fit(factors):
+    from minidl.memory.auto import BudgetTooSmall
+
+    base = minidl.dry_run(_tiny_cnn(), 32, "reuse,inplace", input_shape=(1, 16, 16))
+    lb = base["lower_bound_bytes"]
+    peaks = []
+    for f in sorted(factors, reverse=True):
+        budget = int(lb * f)
+        try:
+            rep = minidl.dry_run(_tiny_cnn(), 32, f"auto,budget={budget}",
+                                 input_shape=(1, 16, 16))
+        except BudgetTooSmall:
+            peaks.append(None)
+            continue
+        assert rep["peak_reserved_bytes"] <= budget
+        peaks.append(rep["peak_allocated_bytes"])
+    fitted = [p for p in peaks if p is not None]
+    assert fitted == sorted(fitted, reverse=True)  # smaller budget, never a higher peak
+    # once a budget fails, every smaller one fails too
+    if None in peaks:
+        assert all(p is None for p in peaks[peaks.index(None):])
+
+
+def test_auto_fits_a_real_run_and_is_bit_identical_when_lossless():
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((32, 1, 16, 16)).astype(np.float32)
+    y = rng.integers(0, 10, 32)
+    base = minidl.dry_run(_tiny_cnn(), 32, "reuse,inplace", input_shape=(1, 16, 16))
+    budget = int(0.99 * base["peak_allocated_bytes"])  # below reuse,inplace: must act
+    plan = minidl.dry_run(_tiny_cnn(), 32, f"auto,budget={budget}", input_shape=(1, 16, 16))
+    assert plan["peak_reserved_bytes"] <= budget and plan["split"] == 1
+    assert "0 feature maps swapped, 0 layers" not in plan["notes"][0]
+    ref = _train(_tiny_cnn, x, y, "none")
+    run = _train(_tiny_cnn, x, y, f"auto,budget={budget}")
+    _assert_identical(run, ref, "auto")
+    net = _tiny_cnn()
+    tr = minidl.Trainer(net, memory=f"auto,budget={budget}", device_memory=budget)
+    for _ in range(3):
+        tr.step(x, y)  # re-planned from measured times after the first step: still fits
+    assert tr.memory_report()["peak_reserved_bytes"] <= budget
+
+
+def test_split_matches_the_full_batch_up_to_summation_order():
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((24, 1, 16, 16)).astype(np.float32)
+    y = rng.integers(0, 10, 24)
+    ref = _train(_tiny_cnn, x, y, "none", steps=2)
+    run = _train(_tiny_cnn, x, y, "reuse,split=4", steps=2)
+    np.testing.assert_allclose(run[0], ref[0], rtol=1e-5)
+    for n in ref[1]:
+        np.testing.assert_allclose(run[1][n], ref[1][n], rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="BatchNorm"):
+        net = resnet(8, (3, 8, 8), 10, width=4)
+        minidl.Trainer(net, memory="split=2", device_memory="16MiB").step(
+            rng.standard_normal((4, 3, 8, 8)).astype(np.float32), y[:4])
