@@ -32,6 +32,40 @@ def _default_optimizer(net: Network):
     return SGD(net.parameters(), lr=0.01, momentum=0.9)
 
 
+def strategy_costs(c: Any) -> dict[str, Any]:
+    """What recomputation and compression cost in the last iteration: recomputed FLOPs and
+    seconds, encode / decode seconds, and per encoded stash its codec, size ratio and (for
+    sparse) measured density."""
+    prog = c.plan.program
+    times = c.executor.step_times
+    out: dict[str, Any] = {}
+    if prog.meta.get("recomputed_steps"):
+        out["recompute"] = {
+            "flops": int(prog.meta["recomputed_flops"]),
+            "steps": int(prog.meta["recomputed_steps"]),
+            "time_s": float(sum(t for s, t in zip(prog.steps, times) if s.phase == "recompute")),
+        }
+    encodes = [s for s in prog.steps if s.phase == "encode"]
+    if encodes:
+        per = []
+        for s in encodes:
+            src = prog.tensors[s.attrs["source"]]
+            enc = s.writes[0]
+            row = {"tensor": src.name, "codec": s.attrs["codec"],
+                   "ratio": src.nbytes / max(prog.tensors[enc].nbytes, 1)}
+            if src.name in c.executor.densities:
+                row["density"] = c.executor.densities[src.name]
+            per.append(row)
+        out["compression"] = {
+            "encode_time_s": float(sum(t for s, t in zip(prog.steps, times)
+                                       if s.phase == "encode")),
+            "decode_time_s": float(sum(t for s, t in zip(prog.steps, times)
+                                       if s.phase == "decode")),
+            "stashes": per,
+        }
+    return out
+
+
 @dataclass
 class History:
     """What :meth:`Trainer.fit` measured."""
@@ -87,6 +121,7 @@ class Trainer:
         #: ``last_logits`` (for the training accuracy ``fit`` shows).
         self.fetch_logits = False
         self.last_logits: np.ndarray | None = None
+        self.last_compiled: Any = None
         self.cache_fallbacks = 0
         self.peak: PeakInfo | None = None
         self.step_times: list[float] = []
@@ -148,6 +183,7 @@ class Trainer:
                                         fetch_outputs=self.fetch_logits)
         if outs:
             self.last_logits = outs[0]
+        self.last_compiled = c
         if self.engine.compute and (loss is None or not np.isfinite(loss)):
             self._diagnose(c, x, y)
             raise NonFiniteError(
@@ -365,6 +401,10 @@ class Trainer:
             rep["swap"]["cache_fallbacks"] = self.cache_fallbacks
         if self.last_split > 1:
             rep["split"] = self.last_split
+        c = self.last_compiled
+        if c is not None:
+            rep.update(strategy_costs(c))
+            rep["notes"] = list(c.plan.notes)
         return rep
 
     def close(self) -> None:
