@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kernels.embedding import embedding_backward
 from .base import Layer, ParamSpec
 
 
@@ -79,9 +80,13 @@ class Embedding(Layer):
         gw = grad_params.get("weight")
         if gw is None:
             return
-        gw.fill(0)
         dy = grad_outputs[0].reshape(-1, self.embedding_dim)
-        np.add.at(gw, inputs[0].reshape(-1), dy)
+        idx = inputs[0].reshape(-1)
+        if isinstance(gw, np.ndarray) and gw.flags.c_contiguous:
+            embedding_backward(idx, dy, gw)
+        else:
+            gw.fill(0)
+            np.add.at(gw, idx, dy)
 
     def describe(self) -> str:
         return f"Embedding({self.num_embeddings}, {self.embedding_dim})"
