@@ -87,8 +87,11 @@ def test_winograd_matches_reference(case, need_dx):
 def test_choose_algo():
     assert K.choose_algo((64, 32, 14, 14), (3, 3), (1, 1), (1, 1), 1) == "winograd"
     assert K.choose_algo((64, 1, 28, 28), (3, 3), (1, 1), (1, 1), 1) == "gemm"
+    assert K.choose_algo((64, 16, 28, 28), (3, 3), (1, 1), (1, 1), 1) == "gemm"
     assert K.choose_algo((64, 32, 14, 14), (3, 3), (2, 2), (1, 1), 1) == "gemm"
     assert K.choose_algo((64, 32, 14, 14), (3, 3), (1, 1), (1, 1), 2) == "gemm"
+    assert K.choose_algo((8, 64, 32, 32), (3, 3), (1, 1), (1, 1), 1) == "winograd"
+    assert K.choose_algo((8, 64, 56, 56), (3, 3), (1, 1), (1, 1), 1) == "gemm"
 
 
 @pytest.mark.parametrize("algo", ["gemm", "winograd"])
