@@ -85,6 +85,15 @@ def _slab_elems(
     return [k * ho * wo, k * ho * wo, cout // groups * k, cout * k, cout]  # col dcol tmp dW db
 
 
+#: Thread cap of the conv kernels: every thread has its own workspace row (~0.5-1 MB), so
+#: the declared workspace grows with the thread count.
+MAX_THREADS = 16
+
+
+def _default_threads() -> int:
+    return min(num_threads(), MAX_THREADS)
+
+
 def _slab_bytes(elems: list[int], itemsize: int) -> int:
     return sum(-(-e * itemsize // _ALIGN) * _ALIGN for e in elems)
 
@@ -98,7 +107,7 @@ def conv2d_workspace_bytes(
     algo = algo or choose_algo(x_shape, kernel, stride, dilation, groups, padding)
     elems = _slab_elems(x_shape, cout, kernel, stride, padding, dilation, groups, backward,
                         algo, np.dtype(dtype).itemsize)
-    t = min(threads or num_threads(), max(1, x_shape[0]))
+    t = min(threads or _default_threads(), max(1, x_shape[0]))
     return t * _slab_bytes(elems, np.dtype(dtype).itemsize)
 
 
@@ -107,7 +116,7 @@ def _slabs(workspace: np.ndarray | None, elems: list[int], dtype: np.dtype, n: i
     """View the workspace as ``(threads, per_thread)`` elements (as many threads as fit) and
     return it with the start offsets of each buffer in a row."""
     per = _slab_bytes(elems, dtype.itemsize)
-    t = min(threads or num_threads(), max(1, n))
+    t = min(threads or _default_threads(), max(1, n))
     if workspace is None:
         workspace = np.empty(t * per, np.uint8)
     t = min(t, workspace.nbytes // per)
