@@ -1,7 +1,10 @@
 """``minidl bench``: median step time and peak memory per memory spec, optionally beside PyTorch.
 
-All runs are interleaved step by step (one step of each configuration per round) so that the
-machine's noise hits them alike; figures are medians over the measured rounds.
+Configurations alternate in short blocks of steps (``block`` steps of each per round, the first
+step of each block not counted) so that the machine's noise hits them alike while no
+configuration is timed right after another one's thread pools (OpenBLAS and Numba threads
+spin for a while after their work: stepping torch right after minidl doubled torch's time
+here). Figures are medians over the counted steps.
 """
 
 from __future__ import annotations
@@ -41,8 +44,10 @@ def run_bench(
     seed: int = 0,
     progress: bool = True,
     lr: float = 0.01,
+    block: int = 5,
 ) -> dict[str, Any]:
-    """Train ``steps`` (+ ``warmup``) steps per spec on one synthetic batch, interleaved."""
+    """Train ``steps`` counted steps (+ ``warmup``) per spec on one synthetic batch, the
+    configurations alternating in blocks of ``block`` steps (+1 uncounted)."""
     from tqdm.auto import tqdm
 
     from .cli import auto_device_memory
@@ -71,14 +76,17 @@ def run_bench(
     if torch_ok:
         runners.append(("torch", _torch_runner(make_net(), x, y, lr)))
     times: dict[str, list[float]] = {name: [] for name, _ in runners}
-    total = warmup + steps
-    for r in tqdm(range(total), disable=not progress, desc="bench", unit="round"):
-        for name, fn in runners:
-            t0 = time.perf_counter()
+    for _, fn in runners:
+        for _ in range(warmup):
             fn()
-            dt = time.perf_counter() - t0
-            if r >= warmup:
-                times[name].append(dt)
+    rounds = max(1, -(-steps // block))
+    for _ in tqdm(range(rounds), disable=not progress, desc="bench", unit="round"):
+        for name, fn in runners:
+            for k in range(block + 1):
+                t0 = time.perf_counter()
+                fn()
+                if k > 0:
+                    times[name].append(time.perf_counter() - t0)
     results = []
     base = None
     for spec, tr in zip(specs, trainers):
