@@ -93,13 +93,17 @@ def run_bench(
         med = float(np.median(times[spec.spec]))
         base = base or med
         rep = tr.memory_report()
-        results.append({
+        row = {
             "spec": spec.spec,
             "peak_allocated_bytes": rep["peak_allocated_bytes"],
             "peak_reserved_bytes": rep["peak_reserved_bytes"],
             "step_time_median_s": med,
             "time_ratio": med / base,
-        })
+        }
+        for key in ("swap", "recompute", "compression", "split"):
+            if key in rep:
+                row[key] = rep[key]
+        results.append(row)
     out: dict[str, Any] = {"batch_size": batch_size, "input": list(shape), "steps": steps,
                            "results": results}
     if torch_ok:

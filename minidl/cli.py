@@ -331,8 +331,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
               f"{args.steps} steps per spec (median)")
         print(f"{'memory spec':<36}{'peak allocated':>18}{'step (ms)':>12}{'ratio':>8}")
         for r in result["results"]:
+            extra = ""
+            if "swap" in r:
+                s = r["swap"]
+                extra = (f"   offloaded {s['offloaded_bytes']:,} B, stall "
+                         f"{1000 * s['stall_s']:.2f} ms, cache hits {s['cache_hits']}")
+            if "recompute" in r:
+                extra += f"   recomputed {1000 * r['recompute']['time_s']:.1f} ms"
             print(f"{r['spec']:<36}{r['peak_allocated_bytes']:>18,}"
-                  f"{1000 * r['step_time_median_s']:>12.2f}{r['time_ratio']:>8.3f}")
+                  f"{1000 * r['step_time_median_s']:>12.2f}{r['time_ratio']:>8.3f}{extra}")
         if "torch" in result:
             t = result["torch"]
             print(f"{'pytorch (cpu)':<36}{'':>18}{1000 * t['step_time_median_s']:>12.2f}"
