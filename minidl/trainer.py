@@ -263,12 +263,22 @@ class Trainer:
         return np.concatenate(outs)
 
     def _forward_eval(self, xb: np.ndarray, yb: np.ndarray | None):
+        """Eval-mode forward of one batch: (mean loss, outputs). A batch that does not fit the
+        device memory runs in halves (inference needs no batch statistics across them)."""
         if yb is None:
             yb = np.zeros(len(xb), dtype=np.int64)
         c = self._compiled(xb, yb, training=False)
-        loss, outs = c.executor.run([xb, yb], training=False, seed=self.seed,
-                                    iteration=self.iteration, fetch_outputs=True)
-        return loss, outs[0]
+        try:
+            loss, outs = c.executor.run([xb, yb], training=False, seed=self.seed,
+                                        iteration=self.iteration, fetch_outputs=True)
+            return loss, outs[0]
+        except DeviceOutOfMemory:
+            if len(xb) < 2:
+                raise
+        h = len(xb) // 2
+        l1, o1 = self._forward_eval(xb[:h], yb[:h])
+        l2, o2 = self._forward_eval(xb[h:], yb[h:])
+        return (l1 * h + l2 * (len(xb) - h)) / len(xb), np.concatenate([o1, o2])
 
     def evaluate(self, x: Any, y: Any, batch_size: int = 256) -> tuple[float, float]:
         """Mean loss and accuracy (argmax over the last axis) in eval mode."""

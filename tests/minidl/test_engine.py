@@ -212,3 +212,19 @@ def test_close_moves_parameters_back_to_host():
     tr.close()
     assert tr.pool.stats()["allocated_bytes.current"] == 0
     np.testing.assert_array_equal(net.parameters()[0].data, w)
+
+
+def test_evaluate_halves_batches_that_do_not_fit():
+    from minidl.models import smallcnn
+
+    net = smallcnn((1, 16, 16), 10, width=8)
+    small = minidl.dry_run(smallcnn((1, 16, 16), 10, width=8), 8, "reuse",
+                           input_shape=(1, 16, 16), training=False)["peak_reserved_bytes"]
+    tr = minidl.Trainer(net, memory="reuse", device_memory=small + 65536)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 1, 16, 16)).astype(np.float32)
+    y = rng.integers(0, 10, 64)
+    loss, acc = tr.evaluate(x, y, batch_size=64)
+    ref = minidl.Trainer(smallcnn((1, 16, 16), 10, width=8), device_memory="64MiB")
+    loss2, acc2 = ref.evaluate(x, y, batch_size=8)
+    assert acc == acc2 and abs(loss - loss2) < 1e-5
