@@ -362,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--seq-len", type=int, default=64, help="sequence length (char models)")
 
     t = sub.add_parser("train", help="train a model with progress bars and a memory report")
-    common(t, 64)
+    common(t, 32)
     t.add_argument("--dataset", default="digits",
                    help="digits, mnist, fashion-mnist, idx, synthetic")
     t.add_argument("--data-dir", default=None)

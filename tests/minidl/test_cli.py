@@ -37,7 +37,8 @@ def test_unknown_flag_is_a_usage_error(capsys):
 def test_train_json_and_plan_agree_on_the_peak(capsys, tmp_path):
     ckpt = tmp_path / "lenet.npz"
     code, out, _ = run(capsys, "train", "lenet5", "--dataset", "digits", "--max-steps", "4",
-                       "--memory", "reuse,inplace", "--json", "--no-progress",
+                       "--batch-size", "64", "--memory", "reuse,inplace", "--json",
+                       "--no-progress",
                        "--save", str(ckpt))
     assert code == 0
     res = json.loads(out)
