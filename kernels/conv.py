@@ -45,21 +45,24 @@ def conv_output_hw(hw: Pair, kernel: Pair, stride: Pair, padding: Pair, dilation
 #: Winograd F(2x2, 3x3) needs at least this many input channels (below, its small matrix
 #: products lose to im2col: 16 -> 16 channels at 32x32 took 19 ms against 7.6 ms forward) ...
 WINOGRAD_MIN_CIN = 32
-#: ... and at most this many 2x2 tiles per image plane (the transformed tiles of one image
-#: then fit in L2: 64 -> 64 channels at 40x40 took 18 ms against im2col's 13 ms forward).
+#: ... and from this many to this many 2x2 tiles per image plane. Measured (batch 32, forward
+#: + backward, Winograd / im2col time): 0.5-0.8 at 14x14 and 28x28 planes (49 and 196 tiles),
+#: 1.0-1.6 at 4x4 and 8x8, 1.4 at 40x40 (the transformed tiles of one image overflow L2).
+WINOGRAD_MIN_TILES = 36
 WINOGRAD_MAX_TILES = 256
 
 
 def choose_algo(x_shape: tuple[int, ...], kernel: Pair, stride: Pair, dilation: Pair,
                 groups: int, padding: Pair = (1, 1)) -> str:
     """``"winograd"`` for 3x3 / stride 1 / dilation 1 / one group with at least
-    :data:`WINOGRAD_MIN_CIN` input channels and at most :data:`WINOGRAD_MAX_TILES` tiles per
-    plane, else ``"gemm"`` (im2col). Measured on smallcnn's conv2 (32 -> 64 at 14x14):
-    2.0 / 4.2 ms against 3.0 / 5.9 ms forward / backward."""
+    :data:`WINOGRAD_MIN_CIN` input channels and :data:`WINOGRAD_MIN_TILES` to
+    :data:`WINOGRAD_MAX_TILES` tiles per plane, else ``"gemm"`` (im2col). Measured on
+    smallcnn's conv2 (32 -> 64 at 14x14): 2.0 / 4.2 ms against 3.0 / 5.9 ms forward /
+    backward."""
     if (kernel == (3, 3) and stride == (1, 1) and dilation == (1, 1) and groups == 1
             and x_shape[1] >= WINOGRAD_MIN_CIN):
         th, tw = winograd.tiles(x_shape[2] + 2 * padding[0] - 2, x_shape[3] + 2 * padding[1] - 2)
-        if 0 < th * tw <= WINOGRAD_MAX_TILES:
+        if WINOGRAD_MIN_TILES <= th * tw <= WINOGRAD_MAX_TILES:
             return "winograd"
     return "gemm"
 
@@ -80,9 +83,27 @@ def _slab_elems(
     _, c, h, w = x_shape
     ho, wo = conv_output_hw((h, w), kernel, stride, padding, dilation)
     k = c // groups * kernel[0] * kernel[1]
+    nb = _gemm_nb(x_shape, k, ho * wo, itemsize)
+    ln = nb * ho * wo
+    side = cout // groups * ln if nb > 1 else 0  # products of several images side by side
     if not backward:
-        return [k * ho * wo]  # col
-    return [k * ho * wo, k * ho * wo, cout // groups * k, cout * k, cout]  # col dcol tmp dW db
+        return [k * ln, side]  # col, y block
+    return [k * ln, k * ln, side, cout // groups * k, cout * k, cout]  # col dcol dy tmp dW db
+
+
+#: im2col + GEMM multiplies several images at once when one image's output plane has fewer
+#: columns than this (small late-stage planes: a 4x4 plane alone makes a 16-column product
+#: that streams the whole weight matrix for little work) ...
+GEMM_MIN_COLS = 256
+#: ... as long as their im2col matrix stays below this many bytes.
+GEMM_MAX_COL_BYTES = 4 << 20
+
+
+def _gemm_nb(x_shape: tuple[int, ...], k: int, hwo: int, itemsize: int) -> int:
+    """Images per matrix product of the im2col path."""
+    nb = -(-GEMM_MIN_COLS // max(hwo, 1))
+    nb = min(nb, max(1, GEMM_MAX_COL_BYTES // max(1, k * hwo * itemsize)))
+    return max(1, min(nb, x_shape[0]))
 
 
 #: Thread cap of the conv kernels: every thread has its own workspace row (~0.5-1 MB), so
@@ -209,8 +230,10 @@ def _valid(o_len, s, off, length):
 
 
 @njit(nogil=True, cache=True)
-def im2col(xf, xbase, col, cg, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo):
-    """im2col of ``cg`` channels of a flat image starting at ``xf[xbase]`` into flat ``col``.
+def im2col(xf, xbase, col, ld, coff, cg, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo):
+    """im2col of ``cg`` channels of a flat image starting at ``xf[xbase]`` into flat ``col``:
+    row ``r`` of the ``(cg*kh*kw, ho*wo)`` result at ``col[r*ld + coff:]`` (``ld`` >= ho*wo
+    lets several images share one matrix, side by side).
 
     Hot loops index with unsigned integers: Numba then skips its negative-index wraparound,
     which otherwise blocks vectorisation (measured 4-6x slower).
@@ -224,7 +247,7 @@ def im2col(xf, xbase, col, cg, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo):
             offw = j * dw - pw
             ow_lo, ow_hi = _valid(wo, sw, offw, w)
             for c in range(cg):
-                r0 = uintp(((c * kh + i) * kw + j) * ho * wo)
+                r0 = uintp(((c * kh + i) * kw + j) * ld + coff)
                 if oh_hi <= oh_lo or ow_hi <= ow_lo:
                     for q in range(hwo):
                         col[r0 + q] = 0
@@ -263,9 +286,9 @@ def im2col(xf, xbase, col, cg, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo):
 
 
 @njit(nogil=True, cache=True)
-def col2im(col, dxf, xbase, cg, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo):
-    """Scatter-add flat ``col`` into ``cg`` channels of flat ``dxf`` from ``xbase`` (zeroed
-    first)."""
+def col2im(col, ld, coff, dxf, xbase, cg, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo):
+    """Scatter-add flat ``col`` (laid out as in :func:`im2col`) into ``cg`` channels of flat
+    ``dxf`` from ``xbase`` (zeroed first)."""
     for q in range(uintp(xbase), uintp(xbase + cg * h * w)):
         dxf[q] = 0
     for i in range(kh):
@@ -275,7 +298,7 @@ def col2im(col, dxf, xbase, cg, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo):
             offw = j * dw - pw
             ow_lo, ow_hi = _valid(wo, sw, offw, w)
             for c in range(cg):
-                r0 = ((c * kh + i) * kw + j) * ho * wo
+                r0 = ((c * kh + i) * kw + j) * ld + coff
                 for oh in range(oh_lo, oh_hi):
                     xb = uintp(xbase + (c * h + oh * sh + offh) * w + offw)
                     cb = uintp(r0 + oh * wo)
@@ -299,75 +322,103 @@ def _add_row_sums(a, out):
 
 
 @njit(nogil=True, cache=True)
-def _fwd_gemm(x, w3, b, has_bias, y, s, offs, n0, n1, kh, kw, sh, sw, ph, pw, dh, dw):
-    """Images ``n0:n1``; ``s`` is this thread's workspace row (buffers at ``offs``)."""
-    colbuf = s[offs[0]:]
+def _fwd_gemm(x, w3, b, has_bias, y, s, offs, n0, n1, nb, kh, kw, sh, sw, ph, pw, dh, dw):
+    """Images ``n0:n1``, ``nb`` per matrix product; ``s`` is this thread's workspace row."""
+    colbuf, ybuf = s[offs[0]:offs[1]], s[offs[1]:]
     _, c, h, wd = x.shape
     groups, og, k = w3.shape
     cout, ho, wo = y.shape[1], y.shape[2], y.shape[3]
     cg = c // groups
     hwo = ho * wo
-    col = colbuf[: k * hwo].reshape((k, hwo))
-    for n in range(n0, n1):
-        xf = x[n].reshape(-1)
-        yn = y[n].reshape((groups, og, hwo))
+    for s0 in range(n0, n1, nb):
+        s1 = min(s0 + nb, n1)
+        ln = (s1 - s0) * hwo
+        col = colbuf[: k * ln].reshape((k, ln))
         for g in range(groups):
-            im2col(xf, g * cg * h * wd, colbuf, cg, h, wd, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo)
-            np.dot(w3[g], col, yn[g])
+            for n in range(s0, s1):
+                im2col(x[n].reshape(-1), g * cg * h * wd, colbuf, ln, (n - s0) * hwo, cg, h, wd,
+                       kh, kw, sh, sw, ph, pw, dh, dw, ho, wo)
+            if s1 - s0 == 1:
+                np.dot(w3[g], col, y[s0].reshape((groups, og, hwo))[g])
+            else:  # several images side by side: product into ybuf, then out to NCHW
+                yb = ybuf[: og * ln].reshape((og, ln))
+                np.dot(w3[g], col, yb)
+                for n in range(s0, s1):
+                    yn = y[n].reshape((cout, hwo))
+                    for o in range(og):
+                        for p in range(hwo):
+                            yn[g * og + o, p] = yb[o, (n - s0) * hwo + p]
         if has_bias:
-            y2 = y[n].reshape((cout, hwo))
-            for co in range(cout):
-                bv = b[co]
-                for p in range(hwo):
-                    y2[co, p] += bv
+            for n in range(s0, s1):
+                yn = y[n].reshape((cout, hwo))
+                for co in range(cout):
+                    bv = b[co]
+                    for p in range(hwo):
+                        yn[co, p] += bv
 
 
 @njit(nogil=True, cache=True)
-def _bwd_gemm(x, w3, dy, dx, need_dx, s, offs, n0, n1, kh, kw, sh, sw, ph, pw, dh, dw):
-    """Images ``n0:n1``: partial ``dW``, ``db`` into this thread's row ``s``, ``dx`` rows."""
-    colbuf, dcolbuf, tmpbuf = s[offs[0]:offs[1]], s[offs[1]:offs[2]], s[offs[2]:offs[3]]
-    dwbuf, dbbuf = s[offs[3]:offs[4]], s[offs[4]:]
+def _bwd_gemm(x, w3, dy, dx, need_dx, s, offs, n0, n1, nb, kh, kw, sh, sw, ph, pw, dh, dw):
+    """Images ``n0:n1`` (``nb`` per product): partial ``dW``, ``db`` into this thread's row
+    ``s``, and ``dx`` rows."""
+    colbuf, dcolbuf, dybuf = s[offs[0]:offs[1]], s[offs[1]:offs[2]], s[offs[2]:offs[3]]
+    tmpbuf, dwbuf, dbbuf = s[offs[3]:offs[4]], s[offs[4]:offs[5]], s[offs[5]:]
     _, c, h, wd = x.shape
     groups, og, k = w3.shape
     cout, ho, wo = dy.shape[1], dy.shape[2], dy.shape[3]
     cg = c // groups
     hwo = ho * wo
-    col = colbuf[: k * hwo].reshape((k, hwo))
-    dcol = dcolbuf[: k * hwo].reshape((k, hwo))
     tmp = tmpbuf[: og * k].reshape((og, k))
     for i in range(cout * k):
         dwbuf[i] = 0
     for i in range(cout):
         dbbuf[i] = 0
-    for n in range(n0, n1):
-        xf = x[n].reshape(-1)
-        dyn = dy[n].reshape((groups, og, hwo))
+    for s0 in range(n0, n1, nb):
+        s1 = min(s0 + nb, n1)
+        ln = (s1 - s0) * hwo
+        col = colbuf[: k * ln].reshape((k, ln))
+        dcol = dcolbuf[: k * ln].reshape((k, ln))
         for g in range(groups):
-            im2col(xf, g * cg * h * wd, colbuf, cg, h, wd, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo)
-            np.dot(dyn[g], col.T, tmp)
+            for n in range(s0, s1):
+                im2col(x[n].reshape(-1), g * cg * h * wd, colbuf, ln, (n - s0) * hwo, cg, h, wd,
+                       kh, kw, sh, sw, ph, pw, dh, dw, ho, wo)
+            if s1 - s0 == 1:
+                dyb = dy[s0].reshape((groups, og, hwo))[g]
+            else:  # gather the images' output gradients side by side
+                dyb = dybuf[: og * ln].reshape((og, ln))
+                for n in range(s0, s1):
+                    dyn = dy[n].reshape((cout, hwo))
+                    for o in range(og):
+                        for p in range(hwo):
+                            dyb[o, (n - s0) * hwo + p] = dyn[g * og + o, p]
+            np.dot(dyb, col.T, tmp)
             base = g * og * k
             for i in range(og * k):
                 dwbuf[base + i] += tmpbuf[i]
             if need_dx:
-                np.dot(w3[g].T, dyn[g], dcol)
-                col2im(dcolbuf, dx[n].reshape(-1), g * cg * h * wd, cg, h, wd,
-                       kh, kw, sh, sw, ph, pw, dh, dw, ho, wo)
-        _add_row_sums(dy[n].reshape((cout, hwo)), dbbuf)
+                np.dot(w3[g].T, dyb, dcol)
+                for n in range(s0, s1):
+                    col2im(dcolbuf, ln, (n - s0) * hwo, dx[n].reshape(-1), g * cg * h * wd, cg,
+                           h, wd, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo)
+        for n in range(s0, s1):
+            _add_row_sums(dy[n].reshape((cout, hwo)), dbbuf)
 
 
 # ----------------------------------------------------------------------------- parallel
 # One prange iteration per thread, each a serial kernel on its batch chunk and workspace row.
 @njit(nogil=True, cache=True, parallel=True)
-def _fwd_gemm_par(x, w3, b, has_bias, y, slabs, offs, bounds, kh, kw, sh, sw, ph, pw, dh, dw):
+def _fwd_gemm_par(x, w3, b, has_bias, y, slabs, offs, bounds, nb, kh, kw, sh, sw, ph, pw, dh,
+                  dw):
     for t in prange(bounds.size - 1):
-        _fwd_gemm(x, w3, b, has_bias, y, slabs[t], offs, bounds[t], bounds[t + 1],
+        _fwd_gemm(x, w3, b, has_bias, y, slabs[t], offs, bounds[t], bounds[t + 1], nb,
                   kh, kw, sh, sw, ph, pw, dh, dw)
 
 
 @njit(nogil=True, cache=True, parallel=True)
-def _bwd_gemm_par(x, w3, dy, dx, need_dx, slabs, offs, bounds, kh, kw, sh, sw, ph, pw, dh, dw):
+def _bwd_gemm_par(x, w3, dy, dx, need_dx, slabs, offs, bounds, nb, kh, kw, sh, sw, ph, pw, dh,
+                  dw):
     for t in prange(bounds.size - 1):
-        _bwd_gemm(x, w3, dy, dx, need_dx, slabs[t], offs, bounds[t], bounds[t + 1],
+        _bwd_gemm(x, w3, dy, dx, need_dx, slabs[t], offs, bounds[t], bounds[t + 1], nb,
                   kh, kw, sh, sw, ph, pw, dh, dw)
 
 
@@ -430,7 +481,8 @@ def conv2d_forward(
             winograd.forward_par(x, w, bb, has_bias, out, slabs, offs, bounds, nb, *padding)
     else:
         w3 = w.reshape(groups, cout // groups, cg * kh * kw)
-        geom = (kh, kw, *stride, *padding, *dilation)
+        nb = _gemm_nb(x.shape, cg * kh * kw, out.shape[2] * out.shape[3], x.dtype.itemsize)
+        geom = (nb, kh, kw, *stride, *padding, *dilation)
         if bounds is None:
             _fwd_gemm(x, w3, bb, has_bias, out, slabs[0], offs, 0, n, *geom)
         else:
@@ -472,15 +524,16 @@ def conv2d_backward(
         winograd.finish_grads(slabs, offs, used, dwo, dbo)
     else:
         w3 = w.reshape(groups, cout // groups, cg * kh * kw)
-        geom = (kh, kw, *stride, *padding, *dilation)
+        nb = _gemm_nb(x.shape, cg * kh * kw, dy.shape[2] * dy.shape[3], x.dtype.itemsize)
+        geom = (nb, kh, kw, *stride, *padding, *dilation)
         if bounds is None:
             _bwd_gemm(x, w3, dy, dxo, need_dx, slabs[0], offs, 0, n, *geom)
         else:
             _bwd_gemm_par(x, w3, dy, dxo, need_dx, slabs, offs, bounds, *geom)
         k = cg * kh * kw
-        np.sum(slabs[:used, offs[3]: offs[3] + cout * k], axis=0, out=dwo.reshape(cout * k))
+        np.sum(slabs[:used, offs[4]: offs[4] + cout * k], axis=0, out=dwo.reshape(cout * k))
         if db is not None:
-            np.sum(slabs[:used, offs[4]: offs[4] + cout], axis=0, out=db)
+            np.sum(slabs[:used, offs[5]: offs[5] + cout], axis=0, out=db)
     if dwo is not dw:
         dw[...] = dwo
     if need_dx and dxo is not dx:

@@ -92,6 +92,7 @@ def test_choose_algo():
     assert K.choose_algo((64, 32, 14, 14), (3, 3), (1, 1), (1, 1), 2) == "gemm"
     assert K.choose_algo((8, 64, 32, 32), (3, 3), (1, 1), (1, 1), 1) == "winograd"
     assert K.choose_algo((8, 64, 56, 56), (3, 3), (1, 1), (1, 1), 1) == "gemm"
+    assert K.choose_algo((8, 256, 8, 8), (3, 3), (1, 1), (1, 1), 1) == "gemm"
 
 
 @pytest.mark.parametrize("algo", ["gemm", "winograd"])
@@ -160,13 +161,19 @@ def test_im2col_col2im_match_reference(c, h, w, kh, kw, sh, sw, ph, pw, dh, dw):
     assume(ho >= 1 and wo >= 1)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, c, h, w))
-    col = np.full(c * kh * kw * ho * wo, np.nan)
-    K.im2col(x.reshape(-1), c * h * w, col, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo)
+    rows, hwo = c * kh * kw, ho * wo
+    ld, coff = 2 * hwo + 3, hwo + 1  # an image's block inside a wider matrix
+    col = np.full(rows * ld, np.nan)
+    K.im2col(x.reshape(-1), c * h * w, col, ld, coff, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw,
+             ho, wo)
     want = K.im2col_ref(x[1], (kh, kw), (sh, sw), (ph, pw), (dh, dw))
-    np.testing.assert_array_equal(col.reshape(want.shape), want)
+    block = col.reshape(rows, ld)
+    np.testing.assert_array_equal(block[:, coff: coff + hwo], want)
+    assert np.isnan(block[:, :coff]).all() and np.isnan(block[:, coff + hwo:]).all()
     # col2im is the adjoint of im2col: <im2col(x), c> == <x, col2im(c)>
     cvec = rng.standard_normal(col.size)
     dx = np.full(2 * c * h * w, np.nan)
-    K.col2im(cvec, dx, c * h * w, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo)
-    np.testing.assert_allclose(np.dot(col, cvec), np.dot(x[1].reshape(-1), dx[c * h * w:]),
-                               rtol=1e-10, atol=1e-10)
+    K.col2im(cvec, ld, coff, dx, c * h * w, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo)
+    got = np.dot(want.reshape(-1), cvec.reshape(rows, ld)[:, coff: coff + hwo].reshape(-1))
+    np.testing.assert_allclose(got, np.dot(x[1].reshape(-1), dx[c * h * w:]), rtol=1e-10,
+                               atol=1e-10)
