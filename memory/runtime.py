@@ -21,6 +21,15 @@ from .pool import DeviceOutOfMemory, PlacementError
 from .program import Program, aligned
 
 
+def tensor_info(program: Program) -> list[tuple[int, tuple[int, ...], np.dtype]]:
+    """(aligned bytes, shape, dtype) of every tensor, computed once per program."""
+    info = getattr(program, "_runtime_info", None)
+    if info is None:
+        info = [(aligned(t.nbytes), t.shape, np.dtype(t.dtype)) for t in program.tensors]
+        program._runtime_info = info
+    return info
+
+
 class TensorNotResident(RuntimeError):
     """A step asked for a tensor that is not on the device (never allocated, freed, offloaded,
     or still being prefetched)."""
@@ -72,6 +81,8 @@ class MemoryRuntime:
         self.peak_bytes = -1
         self.peak_position = -1
         self.peak_live: list[int] = []
+        self._peak_pending = False
+        self.info = tensor_info(program)
         self.fallbacks: list[str] = []
         self.reallocs = 0
         self.kept_for_backward: dict[str, int] = {}
@@ -100,7 +111,7 @@ class MemoryRuntime:
     def _allocate(self, tid: int, offset: int = -1) -> Any:
         """A pool block for ``tid``; under pressure, evicts cached blocks (LRU first)."""
         t = self.program.tensors[tid]
-        size = aligned(t.nbytes)
+        size = self.info[tid][0]
         while True:
             try:
                 if offset >= 0:
@@ -140,26 +151,35 @@ class MemoryRuntime:
         if current > self.peak_bytes:
             self.peak_bytes = current
             self.peak_position = self.position
+            self._peak_pending = True  # what is live now is listed before the next free
+
+    def snapshot_peak(self) -> None:
+        """List the blocks live at the peak (done lazily: the peak state lasts until the next
+        free, so the list is taken then, or when asked)."""
+        if self._peak_pending:
             self.peak_live = list(self.blocks)
+            self._peak_pending = False
 
     def alloc(self, tid: int, offset: int = -1) -> None:
-        t = self.program.tensors[tid]
+        _, shape, dtype = self.info[tid]
         if tid in self.plan.aliases:
             root = root_of(self.plan.aliases, tid)
             self.alive.setdefault(root, set()).add(tid)
             if root in self.swapped:
                 return  # the view appears when the block is back on device
-            self.arrays[tid] = self.blocks[root].view(t.shape, np.dtype(t.dtype))
+            self.arrays[tid] = self.blocks[root].view(shape, dtype)
             return
         blk = self._allocate(tid, offset)
-        self._record("alloc", blk, tid)
+        if self.events is not None:
+            self._record("alloc", blk, tid)
         self.blocks[tid] = blk
-        self.arrays[tid] = blk.view(t.shape, np.dtype(t.dtype))
+        self.arrays[tid] = blk.view(shape, dtype)
         self._note_peak()
 
     def realloc(self, tid: int, nbytes: int) -> None:
         """Replace ``tid``'s block by one of ``nbytes`` (an encoded stash larger than planned);
         the contents are not kept."""
+        self.snapshot_peak()
         old = self.blocks.pop(tid)
         self._record("free", old, tid)
         self.pool.free(old)
@@ -172,6 +192,7 @@ class MemoryRuntime:
         self._note_peak()
 
     def free(self, tid: int) -> None:
+        self.snapshot_peak()
         self.arrays.pop(tid, None)
         if tid in self.plan.aliases:
             self.alive.get(root_of(self.plan.aliases, tid), set()).discard(tid)
@@ -227,6 +248,7 @@ class MemoryRuntime:
         sw.state = "on_host"
 
     def _free_swapped_block(self, root: int) -> None:
+        self.snapshot_peak()
         blk = self.blocks.pop(root)
         if self.poison_offloaded and getattr(self.pool.device, "has_storage", False):
             self.pool.device.fill(blk.offset, blk.size, float("nan"))
@@ -288,6 +310,7 @@ class MemoryRuntime:
 
     def release_all(self) -> None:
         """Free whatever is still allocated (after a failure), leaving the pool clean."""
+        self.snapshot_peak()
         for sw in self.swapped.values():
             for ev in (sw.d2h, sw.h2d):
                 if ev is not None:

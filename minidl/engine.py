@@ -206,6 +206,7 @@ class Engine:
         by_cat: dict[str, int] = {}
         live: list[tuple[str, str, int]] = []
         tids = [t.id for t in prog.persistent]
+        rt.snapshot_peak()
         tids += [t for t in rt.peak_live if t not in c.plan.aliases]
         for tid in tids:
             t = prog.tensors[tid]
