@@ -154,6 +154,8 @@ def test_random_networks_bit_identical(netdef, spec):
     base = _train(make, x, y, "none", steps=2)
     run = _train(make, x, y, spec, steps=2)
     _assert_identical(run, base, spec)
+    # the plan itself: every tensor a step touches is resident, each allocated and freed once
+    run[3].last_compiled.plan.validate()
     rep = minidl.dry_run(make(), 4, spec, input_shape=(c0, hw, hw))
     if _exact_dry_run(spec):
         assert run[3].memory_report()["peak_allocated_bytes"] == rep["peak_allocated_bytes"]
