@@ -57,7 +57,8 @@ class _Swapped:
     d2h: Any = None
     h2d: Any = None
     state: str = "offloading"  # offloading | cached | on_host | prefetching
-    members: set[int] = field(default_factory=set)
+    nbytes: int = 0  # the block's size (an encoded stash may be larger than planned)
+    shapes: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
 
 class MemoryRuntime:
@@ -108,10 +109,14 @@ class MemoryRuntime:
         else:
             raise ValueError(f"memory runtime cannot carry out action {action!r}")
 
-    def _allocate(self, tid: int, offset: int = -1) -> Any:
-        """A pool block for ``tid``; under pressure, evicts cached blocks (LRU first)."""
+    def _allocate(self, tid: int, offset: int = -1, size: int = 0) -> Any:
+        """A pool block for ``tid`` (of ``size`` bytes if given, else the planned size); under
+        pressure, evicts cached blocks (LRU first)."""
         t = self.program.tensors[tid]
-        size = self.info[tid][0]
+        planned = self.info[tid][0]
+        if size and size != planned:
+            offset = -1  # not the planned block: the pool places it
+        size = size or planned
         while True:
             try:
                 if offset >= 0:
@@ -216,13 +221,16 @@ class MemoryRuntime:
     def offload(self, root: int) -> None:
         """Start copying ``root``'s block to host; its views disappear until it is back."""
         blk = self.blocks[root]
-        nbytes = aligned(self.program.tensors[root].nbytes)
+        nbytes = blk.size
         host = self.host_pool.acquire(nbytes, self.program.tensors[root].name)
         engine = self.pool.device.copy_engine
         ev = engine.copy_async(host, blk.view((nbytes,), np.uint8))
+        shapes = {}
         for m in self._members(root):
-            self.arrays.pop(m, None)
-        self.swapped[root] = _Swapped(host=host, d2h=ev)
+            a = self.arrays.pop(m, None)
+            if a is not None:
+                shapes[m] = tuple(a.shape)
+        self.swapped[root] = _Swapped(host=host, d2h=ev, nbytes=nbytes, shapes=shapes)
         self.swap_stats.offloaded_bytes += nbytes
         self.swap_stats.host_peak_bytes = max(self.swap_stats.host_peak_bytes,
                                               self.host_pool.in_use_bytes)
@@ -272,11 +280,11 @@ class MemoryRuntime:
             return
         if self.plan.cache:
             self.swap_stats.cache_misses += 1
-        blk = self._allocate(root, offset)
+        blk = self._allocate(root, offset, sw.nbytes)
         self._record("alloc", blk, root)
         self.blocks[root] = blk
         self._note_peak()
-        nbytes = aligned(self.program.tensors[root].nbytes)
+        nbytes = sw.nbytes
         sw.h2d = self.pool.device.copy_engine.copy_async(blk.view((nbytes,), np.uint8), sw.host)
         sw.state = "prefetching"
         self.swap_stats.prefetched_bytes += nbytes
@@ -288,8 +296,8 @@ class MemoryRuntime:
         self._drop_host(sw)
         blk = self.blocks[root]
         for m in self._members(root):
-            t = self.program.tensors[m]
-            self.arrays[m] = blk.view(t.shape, np.dtype(t.dtype))
+            _, shape, dtype = self.info[m]
+            self.arrays[m] = blk.view(sw.shapes.get(m, shape), dtype)
 
     def _drop_host(self, sw: _Swapped) -> None:
         if sw.host is not None:

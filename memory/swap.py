@@ -41,7 +41,9 @@ def swap_candidates(program: Program, aliases: dict[int, int], mode: str) -> lis
     """Blocks holding feature maps that backward needs, with their forward/backward use.
 
     ``mode`` ``conv``: only blocks read by a convolution's forward (vDNN_conv); ``all`` (and
-    ``auto``, which filters later): every such block (vDNN_all).
+    ``auto``, which filters later): every such block (vDNN_all). A stash kept encoded (see
+    :mod:`.compress`) is swapped in its encoded form — fewer bytes over the copy engine, as
+    cDMA compresses before the transfer.
     """
     members: dict[int, list[int]] = {}
     for t in lifetimes(program):
@@ -55,16 +57,21 @@ def swap_candidates(program: Program, aliases: dict[int, int], mode: str) -> lis
             if program.tensors[t].persistent:
                 continue
             r = root_of(aliases, t)
-            if st.phase == "forward":
+            if st.phase in ("forward", "encode"):
                 fwd_last[r] = st.index
                 if st.kind == "conv" and t in st.reads:
                     conv_input.add(r)
-            elif st.phase in ("backward", "recompute") and t in st.reads and r not in bwd_first:
+            elif st.phase in ("backward", "recompute", "decode") and t in st.reads \
+                    and r not in bwd_first:
                 bwd_first[r] = st.index
+    for st in program.steps:  # an encoded conv input counts as a conv input
+        if st.phase == "encode" and root_of(aliases, st.attrs["source"]) in conv_input:
+            conv_input.add(st.writes[0])
     out = []
     for r in members:
         spec = program.tensors[r]
-        if spec.role != "value" or spec.category not in ("feature_map", "input"):
+        if not ((spec.role == "value" and spec.category in ("feature_map", "input"))
+                or spec.role == "encoded"):
             continue
         if r not in fwd_last or r not in bwd_first:
             continue
