@@ -22,6 +22,7 @@ L2_BUDGET = 1 << 20
 
 
 def tiles(ho: int, wo: int) -> tuple[int, int]:
+    """Tile rows and columns covering an ``ho x wo`` output plane."""
     return (ho + 1) // 2, (wo + 1) // 2
 
 
