@@ -88,8 +88,41 @@ def table_char_lstm() -> None:
     print()
 
 
+def table_presets() -> None:
+    print("### Peaks under the presets and under auto at two budgets (MiB; dry runs)\n")
+    models = [
+        ("lenet5", (1, 28, 28), 64, 10),
+        ("vgg16", (3, 224, 224), 64, 1000),
+        ("resnet50", (3, 224, 224), 64, 1000),
+        ("resnet1001", (3, 32, 32), 64, 10),
+        ("char-lstm", (64,), 32, 65),
+    ]
+    specs = ["none", "reuse", "vdnn", "superneurons", "gist", "all"]
+    print("| model | lower bound | " + " | ".join(f"`{s}`" for s in specs)
+          + " | auto @1.3×LB | auto @1.1×LB |")
+    print("|---" * (len(specs) + 4) + "|")
+    for name, shape, batch, classes in models:
+        cells = []
+        first = None
+        for s in specs:
+            r = rep(name, shape, batch, classes, s)
+            first = first or r
+            cells.append(f"{r['peak_allocated_bytes'] / 2**20:,.0f}")
+        lb = first["lower_bound_bytes"]
+        for f in (1.3, 1.1):
+            try:
+                r = rep(name, shape, batch, classes, f"auto,budget={int(lb * f)}")
+                split = f" (split {r['split']})" if r["split"] > 1 else ""
+                cells.append(f"{r['peak_allocated_bytes'] / 2**20:,.0f}{split}")
+            except MemoryError:
+                cells.append("does not fit")
+        print(f"| {name} {'x'.join(map(str, shape))} b{batch} | {lb / 2**20:,.0f} | "
+              + " | ".join(cells) + " |")
+    print()
+
+
 TABLES = {"reuse": table_reuse, "vgg16": table_vgg16_specs, "auto": table_auto,
-          "lstm": table_char_lstm}
+          "lstm": table_char_lstm, "presets": table_presets}
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
