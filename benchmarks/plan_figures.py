@@ -94,7 +94,7 @@ def table_presets() -> None:
         ("lenet5", (1, 28, 28), 64, 10),
         ("vgg16", (3, 224, 224), 64, 1000),
         ("resnet50", (3, 224, 224), 64, 1000),
-        ("resnet1001", (3, 32, 32), 64, 10),
+        ("resnet164", (3, 32, 32), 64, 10),
         ("char-lstm", (64,), 32, 65),
     ]
     specs = ["none", "reuse", "vdnn", "superneurons", "gist", "all"]

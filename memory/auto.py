@@ -115,9 +115,16 @@ def _live_at_peak(plan: Plan) -> list[int]:
 
 def auto_choose(program: Program, budget: int | None, step_times: list[float] | None = None,
                 bandwidth: float = DEFAULT_BANDWIDTH,
-                flops_per_s: float = DEFAULT_FLOPS_PER_S, max_moves: int = 400) -> AutoChoice:
+                flops_per_s: float = DEFAULT_FLOPS_PER_S, max_moves: int = 400,
+                max_candidates: int = 8, time_limit_s: float = 20.0) -> AutoChoice:
     """Walk the greedy path until the total peak (persistent + iteration) fits ``budget``
-    (``None``: walk to the end, the smallest peak this planner reaches)."""
+    (``None``: walk to the end, the smallest peak this planner reaches).
+
+    Each move tries the ``max_candidates`` largest feature maps live at the peak; the walk
+    stops after ``time_limit_s`` seconds (deep networks), saying so in ``choice.path``."""
+    import time
+
+    t_start = time.perf_counter()
     persistent = program.persistent_bytes()
     costs = step_costs(program, step_times, flops_per_s)
     producer = {t: st for st in program.steps if st.phase == "forward" for t in st.writes}
@@ -131,8 +138,14 @@ def auto_choose(program: Program, budget: int | None, step_times: list[float] | 
     for _ in range(max_moves):
         if budget is not None and choice.peak <= budget:
             break
+        if time.perf_counter() - t_start > time_limit_s:
+            choice.path.append(("stopped", f"search time limit {time_limit_s:.0f} s", 0, 0.0))
+            break
         best = None
-        for t in dict.fromkeys(_live_at_peak(plan)):
+        live = [t for t in dict.fromkeys(_live_at_peak(plan))
+                if program.tensors[t].role == "value"]
+        live.sort(key=lambda t: -program.tensors[t].nbytes)
+        for t in live[:max_candidates]:
             spec = program.tensors[t]
             if spec.role != "value" or spec.category not in ("feature_map", "input"):
                 continue
@@ -168,7 +181,8 @@ def auto_choose(program: Program, budget: int | None, step_times: list[float] | 
         _, kind, t, extra, trial, tplan, peak, area = best
         trial.extra_time_s = choice.extra_time_s + extra
         trial.peak = peak
-        trial.path = choice.path + [(kind, program.tensors[t].name, peak, extra)]
+        trial.path = [p for p in choice.path if p[0] != "stopped"] + [
+            (kind, program.tensors[t].name, peak, extra)]
         choice, plan = trial, tplan
     return choice
 
