@@ -19,6 +19,7 @@ import numpy as np
 from . import layers as L
 from .graph import Input, Network
 from .layers.base import Layer, Symbol
+from .models import _named
 from .parameter import Parameter
 
 
@@ -76,11 +77,6 @@ def recurrent(store: ParameterStore, x: Symbol, cell: str, input_size: int, hidd
 
 
 RNNProjection = L.RNNInputProjection
-
-
-def _named(layer: Layer, name: str) -> Layer:
-    layer.name = name
-    return layer
 
 
 class SequenceModel(Network):
