@@ -1,1 +1,2 @@
-"""minidl.kernels: pure array functions (NumPy reference, Numba CPU, Numba CUDA). No framework imports."""
+"""minidl.kernels: pure array functions — a NumPy reference, a Numba CPU and a Numba CUDA
+version of each op, chosen by array type. No framework imports."""
