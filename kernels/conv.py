@@ -26,6 +26,7 @@ import numpy as np
 from numba import njit, prange, uintp
 
 from . import _cuda, winograd
+from .blas import mm
 from .parallel import ensure_blas_policy, num_threads, split
 
 Pair = tuple[int, int]
@@ -72,42 +73,50 @@ def _winograd_nb(x_shape, cout, padding, itemsize) -> int:
     return min(max(1, x_shape[0]), winograd.images_per_block(x_shape[1], cout, ho, wo, itemsize))
 
 
-def _slab_elems(
-    x_shape: tuple[int, ...], cout: int, kernel: Pair, stride: Pair, padding: Pair,
-    dilation: Pair, groups: int, backward: bool, algo: str, itemsize: int,
-) -> list[int]:
-    """Element counts of one thread's buffers, in the order the kernels take them."""
-    if algo == "winograd":
-        nb = _winograd_nb(x_shape, cout, padding, itemsize)
-        return winograd.slab_elems(x_shape, cout, padding, nb, backward)
-    _, c, h, w = x_shape
-    ho, wo = conv_output_hw((h, w), kernel, stride, padding, dilation)
-    k = c // groups * kernel[0] * kernel[1]
-    nb = _gemm_nb(x_shape, k, ho * wo, itemsize)
-    ln = nb * ho * wo
-    side = cout // groups * ln if nb > 1 else 0  # products of several images side by side
-    if not backward:
-        return [k * ln, side]  # col, y block
-    return [k * ln, k * ln, side, cout // groups * k, cout * k, cout]  # col dcol dy tmp dW db
-
-
-#: im2col + GEMM multiplies several images at once when one image's output plane has fewer
-#: columns than this (small late-stage planes: a 4x4 plane alone makes a 16-column product
-#: that streams the whole weight matrix for little work) ...
+#: The im2col path multiplies several images at once when one image's output plane has
+#: fewer columns than this (small late-stage planes: a 4x4 plane alone makes a 16-column
+#: product that streams the whole weight matrix for little work) ...
 GEMM_MIN_COLS = 256
-#: ... as long as their im2col matrix stays below this many bytes.
+#: ... and cuts large planes into bands of output rows: its im2col matrix (per thread, and
+#: its gradient in backward) stays below this many bytes whatever the image size.
 GEMM_MAX_COL_BYTES = 4 << 20
 
 
-def _gemm_nb(x_shape: tuple[int, ...], k: int, hwo: int, itemsize: int) -> int:
-    """Images per matrix product of the im2col path."""
-    nb = -(-GEMM_MIN_COLS // max(hwo, 1))
-    nb = min(nb, max(1, GEMM_MAX_COL_BYTES // max(1, k * hwo * itemsize)))
-    return max(1, min(nb, x_shape[0]))
+def _gemm_blocking(x_shape: tuple[int, ...], k: int, ho: int, wo: int, itemsize: int
+                   ) -> tuple[int, int]:
+    """``(images per product, output rows per band)`` of the im2col path."""
+    row = max(1, k * wo * itemsize)
+    band = max(1, min(ho, GEMM_MAX_COL_BYTES // row))
+    if band < ho:
+        return 1, band
+    nb = -(-GEMM_MIN_COLS // max(ho * wo, 1))
+    nb = min(nb, max(1, GEMM_MAX_COL_BYTES // (row * ho)))
+    return max(1, min(nb, x_shape[0])), ho
 
 
-#: Thread cap of the conv kernels: every thread has its own workspace row (~0.5-1 MB), so
-#: the declared workspace grows with the thread count.
+def _slab_elems(
+    x_shape: tuple[int, ...], cout: int, kernel: Pair, stride: Pair, padding: Pair,
+    dilation: Pair, groups: int, backward: bool, algo: str, itemsize: int,
+) -> tuple[list[int], int]:
+    """Element counts of one thread's buffers (in the order the kernels take them), and of
+    the buffer each thread but the first needs besides (its partial weight gradient: the
+    first accumulates straight into the output)."""
+    if algo == "winograd":
+        nb = _winograd_nb(x_shape, cout, padding, itemsize)
+        return winograd.slab_elems(x_shape, cout, padding, nb, backward), 0
+    _, c, h, w = x_shape
+    ho, wo = conv_output_hw((h, w), kernel, stride, padding, dilation)
+    k = c // groups * kernel[0] * kernel[1]
+    nb, band = _gemm_blocking(x_shape, k, ho, wo, itemsize)
+    ln = nb * band * wo
+    side = cout // groups * ln if nb > 1 else 0  # products of several images side by side
+    if not backward:
+        return [k * ln, side], 0  # col, y block
+    return [k * ln, k * ln, side, cout], cout * k  # col, dcol, dy block, db part; dW part
+
+
+#: Thread cap of the conv kernels: every thread has its own workspace row, so the declared
+#: workspace grows with the thread count.
 MAX_THREADS = 16
 
 
@@ -115,8 +124,8 @@ def _default_threads() -> int:
     return min(num_threads(), MAX_THREADS)
 
 
-def _slab_bytes(elems: list[int], itemsize: int) -> int:
-    return sum(-(-e * itemsize // _ALIGN) * _ALIGN for e in elems)
+def _aligned(elems: int, itemsize: int) -> int:
+    return -(-elems * itemsize // _ALIGN) * _ALIGN
 
 
 def conv2d_workspace_bytes(
@@ -126,26 +135,32 @@ def conv2d_workspace_bytes(
 ) -> int:
     """Workspace bytes of :func:`conv2d_forward` / :func:`conv2d_backward` (all threads)."""
     algo = algo or choose_algo(x_shape, kernel, stride, dilation, groups, padding)
-    elems = _slab_elems(x_shape, cout, kernel, stride, padding, dilation, groups, backward,
-                        algo, np.dtype(dtype).itemsize)
+    itemsize = np.dtype(dtype).itemsize
+    elems, extra = _slab_elems(x_shape, cout, kernel, stride, padding, dilation, groups,
+                               backward, algo, itemsize)
     t = min(threads or _default_threads(), max(1, x_shape[0]))
-    return t * _slab_bytes(elems, np.dtype(dtype).itemsize)
+    per = sum(_aligned(e, itemsize) for e in elems)
+    return t * per + (t - 1) * _aligned(extra, itemsize)
 
 
-def _slabs(workspace: np.ndarray | None, elems: list[int], dtype: np.dtype, n: int,
-           threads: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """View the workspace as ``(threads, per_thread)`` elements (as many threads as fit) and
-    return it with the start offsets of each buffer in a row."""
-    per = _slab_bytes(elems, dtype.itemsize)
+def _slabs(workspace: np.ndarray | None, layout: tuple[list[int], int], dtype: np.dtype,
+           n: int, threads: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Cut the workspace into ``(threads, per_thread)`` rows (as many threads as fit), the
+    start offsets of each buffer in a row, and ``(threads - 1, extra)`` extra buffers."""
+    elems, extra = layout
+    it = dtype.itemsize
+    per = sum(_aligned(e, it) for e in elems)
+    ext = _aligned(extra, it)
     t = min(threads or _default_threads(), max(1, n))
     if workspace is None:
-        workspace = np.empty(t * per, np.uint8)
-    t = min(t, workspace.nbytes // per)
+        workspace = np.empty(t * per + (t - 1) * ext, np.uint8)
+    t = min(t, (workspace.nbytes + ext) // (per + ext))
     if t < 1:
         raise ValueError(f"conv2d workspace of {workspace.nbytes} bytes, needs at least {per}")
-    offs = np.cumsum([0] + [-(-e * dtype.itemsize // _ALIGN) * _ALIGN // dtype.itemsize
-                            for e in elems[:-1]]).astype(np.int64)
-    return workspace[: t * per].view(dtype).reshape(t, per // dtype.itemsize), offs
+    offs = np.cumsum([0] + [_aligned(e, it) // it for e in elems[:-1]]).astype(np.int64)
+    rows = workspace[: t * per].view(dtype).reshape(t, per // it)
+    parts = workspace[t * per: t * per + (t - 1) * ext].view(dtype).reshape(t - 1, ext // it)
+    return rows, offs, parts
 
 
 # ----------------------------------------------------------------------------- reference
@@ -230,47 +245,48 @@ def _valid(o_len, s, off, length):
 
 
 @njit(nogil=True, cache=True)
-def im2col(xf, xbase, col, ld, coff, cg, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo):
-    """im2col of ``cg`` channels of a flat image starting at ``xf[xbase]`` into flat ``col``:
-    row ``r`` of the ``(cg*kh*kw, ho*wo)`` result at ``col[r*ld + coff:]`` (``ld`` >= ho*wo
-    lets several images share one matrix, side by side).
+def im2col(xf, xbase, col, ld, coff, cg, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo, oh0, oh1):
+    """im2col of output rows ``oh0:oh1`` of ``cg`` channels of a flat image starting at
+    ``xf[xbase]``: row ``r`` of the ``(cg*kh*kw, (oh1-oh0)*wo)`` result goes to
+    ``col[r*ld + coff:]`` (``ld`` larger than a row lets images share one matrix).
 
     Hot loops index with unsigned integers: Numba then skips its negative-index wraparound,
     which otherwise blocks vectorisation (measured 4-6x slower).
     """
-    hwo = uintp(ho * wo)
+    nq = uintp((oh1 - oh0) * wo)
     plane = sh == 1 and sw == 1 and wo == w
     for i in range(kh):
         offh = i * dh - ph
         oh_lo, oh_hi = _valid(ho, sh, offh, h)
+        oh_lo, oh_hi = max(oh_lo, oh0), min(oh_hi, oh1)
         for j in range(kw):
             offw = j * dw - pw
             ow_lo, ow_hi = _valid(wo, sw, offw, w)
             for c in range(cg):
                 r0 = uintp(((c * kh + i) * kw + j) * ld + coff)
                 if oh_hi <= oh_lo or ow_hi <= ow_lo:
-                    for q in range(hwo):
+                    for q in range(nq):
                         col[r0 + q] = 0
                 elif plane:
                     # Same-size output: one shifted contiguous copy, then zero the border.
-                    start = uintp(oh_lo * w + ow_lo)
-                    stop = uintp((oh_hi - 1) * w + ow_hi)
-                    xb = uintp(xbase + (c * h + offh) * w + offw)
+                    start = uintp((oh_lo - oh0) * w + ow_lo)
+                    stop = uintp((oh_hi - 1 - oh0) * w + ow_hi)
+                    xb = uintp(xbase + (c * h + oh0 + offh) * w + offw)
                     for q in range(start, stop):
                         col[r0 + q] = xf[xb + q]
                     for q in range(start):
                         col[r0 + q] = 0
-                    for q in range(stop, hwo):
+                    for q in range(stop, nq):
                         col[r0 + q] = 0
-                    for oh in range(oh_lo, oh_hi - 1):
+                    for oh in range(oh_lo - oh0, oh_hi - 1 - oh0):
                         for q in range(uintp(oh * w + ow_hi), uintp(oh * w + w + ow_lo)):
                             col[r0 + q] = 0
                 else:
-                    for q in range(uintp(oh_lo * wo)):
+                    for q in range(uintp((oh_lo - oh0) * wo)):
                         col[r0 + q] = 0
                     for oh in range(oh_lo, oh_hi):
                         xb = uintp(xbase + (c * h + oh * sh + offh) * w + offw)
-                        cb = uintp(r0 + oh * wo)
+                        cb = uintp(r0 + (oh - oh0) * wo)
                         for q in range(uintp(ow_lo)):
                             col[cb + q] = 0
                         if sw == 1:
@@ -281,19 +297,19 @@ def im2col(xf, xbase, col, ld, coff, cg, h, w, kh, kw, sh, sw, ph, pw, dh, dw, h
                                 col[cb + q] = xf[xb + q * uintp(sw)]
                         for q in range(uintp(ow_hi), uintp(wo)):
                             col[cb + q] = 0
-                    for q in range(uintp(oh_hi * wo), hwo):
+                    for q in range(uintp((oh_hi - oh0) * wo), nq):
                         col[r0 + q] = 0
 
 
 @njit(nogil=True, cache=True)
-def col2im(col, ld, coff, dxf, xbase, cg, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo):
-    """Scatter-add flat ``col`` (laid out as in :func:`im2col`) into ``cg`` channels of flat
-    ``dxf`` from ``xbase`` (zeroed first)."""
-    for q in range(uintp(xbase), uintp(xbase + cg * h * w)):
-        dxf[q] = 0
+def col2im(col, ld, coff, dxf, xbase, cg, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo, oh0,
+           oh1):
+    """Add the columns of output rows ``oh0:oh1`` (laid out as in :func:`im2col`) back into
+    ``cg`` channels of the flat image gradient ``dxf`` from ``xbase``."""
     for i in range(kh):
         offh = i * dh - ph
         oh_lo, oh_hi = _valid(ho, sh, offh, h)
+        oh_lo, oh_hi = max(oh_lo, oh0), min(oh_hi, oh1)
         for j in range(kw):
             offw = j * dw - pw
             ow_lo, ow_hi = _valid(wo, sw, offw, w)
@@ -301,7 +317,7 @@ def col2im(col, ld, coff, dxf, xbase, cg, h, w, kh, kw, sh, sw, ph, pw, dh, dw, 
                 r0 = ((c * kh + i) * kw + j) * ld + coff
                 for oh in range(oh_lo, oh_hi):
                     xb = uintp(xbase + (c * h + oh * sh + offh) * w + offw)
-                    cb = uintp(r0 + oh * wo)
+                    cb = uintp(r0 + (oh - oh0) * wo)
                     if sw == 1:
                         for q in range(uintp(ow_lo), uintp(ow_hi)):
                             dxf[xb + q] += col[cb + q]
@@ -322,27 +338,39 @@ def _add_row_sums(a, out):
 
 
 @njit(nogil=True, cache=True)
-def _fwd_gemm(x, w3, b, has_bias, y, s, offs, n0, n1, nb, kh, kw, sh, sw, ph, pw, dh, dw):
-    """Images ``n0:n1``, ``nb`` per matrix product; ``s`` is this thread's workspace row."""
+def _fwd_gemm(x, w3, b, has_bias, y, s, offs, n0, n1, nb, band, kh, kw, sh, sw, ph, pw, dh,
+              dw):
+    """Images ``n0:n1``: ``nb`` images per matrix product, or one image in bands of
+    ``band`` output rows written in place (BLAS with the plane's row stride)."""
     colbuf, ybuf = s[offs[0]:offs[1]], s[offs[1]:]
     _, c, h, wd = x.shape
     groups, og, k = w3.shape
     cout, ho, wo = y.shape[1], y.shape[2], y.shape[3]
     cg = c // groups
     hwo = ho * wo
+    work = np.empty(8, np.int32)
+    geom = (kh, kw, sh, sw, ph, pw, dh, dw, ho, wo)
     for s0 in range(n0, n1, nb):
         s1 = min(s0 + nb, n1)
-        ln = (s1 - s0) * hwo
-        col = colbuf[: k * ln].reshape((k, ln))
         for g in range(groups):
-            for n in range(s0, s1):
-                im2col(x[n].reshape(-1), g * cg * h * wd, colbuf, ln, (n - s0) * hwo, cg, h, wd,
-                       kh, kw, sh, sw, ph, pw, dh, dw, ho, wo)
+            xb = g * cg * h * wd
             if s1 - s0 == 1:
-                np.dot(w3[g], col, y[s0].reshape((groups, og, hwo))[g])
+                yn = y[s0].reshape((cout, hwo))
+                for b0 in range(0, ho, band):
+                    b1 = min(b0 + band, ho)
+                    ln = (b1 - b0) * wo
+                    im2col(x[s0].reshape(-1), xb, colbuf, ln, 0, cg, h, wd, *geom, b0, b1)
+                    mm(w3[g], colbuf[: k * ln].reshape((k, ln)),
+                       yn[g * og:(g + 1) * og, b0 * wo: b1 * wo], False, False, 1.0, 0.0,
+                       og, ln, k, work)
             else:  # several images side by side: product into ybuf, then out to NCHW
+                ln = (s1 - s0) * hwo
+                for n in range(s0, s1):
+                    im2col(x[n].reshape(-1), xb, colbuf, ln, (n - s0) * hwo, cg, h, wd, *geom,
+                           0, ho)
                 yb = ybuf[: og * ln].reshape((og, ln))
-                np.dot(w3[g], col, yb)
+                mm(w3[g], colbuf[: k * ln].reshape((k, ln)), yb, False, False, 1.0, 0.0,
+                   og, ln, k, work)
                 for n in range(s0, s1):
                     yn = y[n].reshape((cout, hwo))
                     for o in range(og):
@@ -358,48 +386,66 @@ def _fwd_gemm(x, w3, b, has_bias, y, s, offs, n0, n1, nb, kh, kw, sh, sw, ph, pw
 
 
 @njit(nogil=True, cache=True)
-def _bwd_gemm(x, w3, dy, dx, need_dx, s, offs, n0, n1, nb, kh, kw, sh, sw, ph, pw, dh, dw):
-    """Images ``n0:n1`` (``nb`` per product): partial ``dW``, ``db`` into this thread's row
-    ``s``, and ``dx`` rows."""
-    colbuf, dcolbuf, dybuf = s[offs[0]:offs[1]], s[offs[1]:offs[2]], s[offs[2]:offs[3]]
-    tmpbuf, dwbuf, dbbuf = s[offs[3]:offs[4]], s[offs[4]:offs[5]], s[offs[5]:]
+def _bwd_gemm(x, w3, dy, dx, need_dx, s, offs, dwacc, n0, n1, nb, band, kh, kw, sh, sw, ph,
+              pw, dh, dw):
+    """Images ``n0:n1`` (blocked as in :func:`_fwd_gemm`): ``dW`` accumulated into ``dwacc``
+    (``Cout x K``, BLAS with beta 1), ``db`` into this thread's row ``s``, and ``dx`` rows."""
+    colbuf, dcolbuf, dybuf, dbbuf = s[offs[0]:offs[1]], s[offs[1]:offs[2]], \
+        s[offs[2]:offs[3]], s[offs[3]:]
     _, c, h, wd = x.shape
     groups, og, k = w3.shape
     cout, ho, wo = dy.shape[1], dy.shape[2], dy.shape[3]
     cg = c // groups
     hwo = ho * wo
-    tmp = tmpbuf[: og * k].reshape((og, k))
+    work = np.empty(8, np.int32)
+    geom = (kh, kw, sh, sw, ph, pw, dh, dw, ho, wo)
     for i in range(cout * k):
-        dwbuf[i] = 0
+        dwacc[i] = 0
     for i in range(cout):
         dbbuf[i] = 0
+    dw2 = dwacc[: cout * k].reshape((cout, k))
     for s0 in range(n0, n1, nb):
         s1 = min(s0 + nb, n1)
-        ln = (s1 - s0) * hwo
-        col = colbuf[: k * ln].reshape((k, ln))
-        dcol = dcolbuf[: k * ln].reshape((k, ln))
-        for g in range(groups):
+        if need_dx:
             for n in range(s0, s1):
-                im2col(x[n].reshape(-1), g * cg * h * wd, colbuf, ln, (n - s0) * hwo, cg, h, wd,
-                       kh, kw, sh, sw, ph, pw, dh, dw, ho, wo)
+                dxn = dx[n].reshape(-1)
+                for i in range(dxn.size):
+                    dxn[i] = 0
+        for g in range(groups):
+            xb = g * cg * h * wd
+            wg = w3[g]
+            dwg = dw2[g * og:(g + 1) * og]
             if s1 - s0 == 1:
-                dyb = dy[s0].reshape((groups, og, hwo))[g]
-            else:  # gather the images' output gradients side by side
-                dyb = dybuf[: og * ln].reshape((og, ln))
+                dyn = dy[s0].reshape((cout, hwo))
+                for b0 in range(0, ho, band):
+                    b1 = min(b0 + band, ho)
+                    ln = (b1 - b0) * wo
+                    im2col(x[s0].reshape(-1), xb, colbuf, ln, 0, cg, h, wd, *geom, b0, b1)
+                    dyv = dyn[g * og:(g + 1) * og, b0 * wo: b1 * wo]
+                    mm(dyv, colbuf[: k * ln].reshape((k, ln)), dwg, False, True, 1.0, 1.0,
+                       og, k, ln, work)
+                    if need_dx:
+                        mm(wg, dyv, dcolbuf[: k * ln].reshape((k, ln)), True, False, 1.0, 0.0,
+                           k, ln, og, work)
+                        col2im(dcolbuf, ln, 0, dx[s0].reshape(-1), xb, cg, h, wd, *geom, b0, b1)
+            else:  # several images side by side: gather their output gradients
+                ln = (s1 - s0) * hwo
+                yb = dybuf[: og * ln].reshape((og, ln))
                 for n in range(s0, s1):
+                    im2col(x[n].reshape(-1), xb, colbuf, ln, (n - s0) * hwo, cg, h, wd, *geom,
+                           0, ho)
                     dyn = dy[n].reshape((cout, hwo))
                     for o in range(og):
                         for p in range(hwo):
-                            dyb[o, (n - s0) * hwo + p] = dyn[g * og + o, p]
-            np.dot(dyb, col.T, tmp)
-            base = g * og * k
-            for i in range(og * k):
-                dwbuf[base + i] += tmpbuf[i]
-            if need_dx:
-                np.dot(w3[g].T, dyb, dcol)
-                for n in range(s0, s1):
-                    col2im(dcolbuf, ln, (n - s0) * hwo, dx[n].reshape(-1), g * cg * h * wd, cg,
-                           h, wd, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo)
+                            yb[o, (n - s0) * hwo + p] = dyn[g * og + o, p]
+                mm(yb, colbuf[: k * ln].reshape((k, ln)), dwg, False, True, 1.0, 1.0, og, k,
+                   ln, work)
+                if need_dx:
+                    mm(wg, yb, dcolbuf[: k * ln].reshape((k, ln)), True, False, 1.0, 0.0, k,
+                       ln, og, work)
+                    for n in range(s0, s1):
+                        col2im(dcolbuf, ln, (n - s0) * hwo, dx[n].reshape(-1), xb, cg, h, wd,
+                               *geom, 0, ho)
         for n in range(s0, s1):
             _add_row_sums(dy[n].reshape((cout, hwo)), dbbuf)
 
@@ -407,19 +453,20 @@ def _bwd_gemm(x, w3, dy, dx, need_dx, s, offs, n0, n1, nb, kh, kw, sh, sw, ph, p
 # ----------------------------------------------------------------------------- parallel
 # One prange iteration per thread, each a serial kernel on its batch chunk and workspace row.
 @njit(nogil=True, cache=True, parallel=True)
-def _fwd_gemm_par(x, w3, b, has_bias, y, slabs, offs, bounds, nb, kh, kw, sh, sw, ph, pw, dh,
-                  dw):
+def _fwd_gemm_par(x, w3, b, has_bias, y, slabs, offs, bounds, nb, band, kh, kw, sh, sw, ph, pw,
+                  dh, dw):
     for t in prange(bounds.size - 1):
-        _fwd_gemm(x, w3, b, has_bias, y, slabs[t], offs, bounds[t], bounds[t + 1], nb,
+        _fwd_gemm(x, w3, b, has_bias, y, slabs[t], offs, bounds[t], bounds[t + 1], nb, band,
                   kh, kw, sh, sw, ph, pw, dh, dw)
 
 
 @njit(nogil=True, cache=True, parallel=True)
-def _bwd_gemm_par(x, w3, dy, dx, need_dx, slabs, offs, bounds, nb, kh, kw, sh, sw, ph, pw, dh,
-                  dw):
+def _bwd_gemm_par(x, w3, dy, dx, need_dx, slabs, offs, dwout, parts, bounds, nb, band, kh, kw,
+                  sh, sw, ph, pw, dh, dw):
     for t in prange(bounds.size - 1):
-        _bwd_gemm(x, w3, dy, dx, need_dx, slabs[t], offs, bounds[t], bounds[t + 1], nb,
-                  kh, kw, sh, sw, ph, pw, dh, dw)
+        acc = dwout if t == 0 else parts[t - 1]
+        _bwd_gemm(x, w3, dy, dx, need_dx, slabs[t], offs, acc, bounds[t], bounds[t + 1], nb,
+                  band, kh, kw, sh, sw, ph, pw, dh, dw)
 
 
 # ----------------------------------------------------------------------------- drivers
@@ -465,9 +512,9 @@ def conv2d_forward(
     n = x.shape[0]
     cout, cg, kh, kw = w.shape
     algo = algo or choose_algo(x.shape, (kh, kw), stride, dilation, groups, padding)
-    elems = _slab_elems(x.shape, cout, (kh, kw), stride, padding, dilation, groups, False, algo,
-                        x.dtype.itemsize)
-    slabs, offs = _slabs(workspace, elems, x.dtype, n, threads)
+    layout = _slab_elems(x.shape, cout, (kh, kw), stride, padding, dilation, groups, False,
+                         algo, x.dtype.itemsize)
+    slabs, offs, _ = _slabs(workspace, layout, x.dtype, n, threads)
     x, w = _c(x), _c(w)
     out = y if y.flags.c_contiguous else np.empty(y.shape, y.dtype)
     has_bias = b is not None
@@ -481,8 +528,8 @@ def conv2d_forward(
             winograd.forward_par(x, w, bb, has_bias, out, slabs, offs, bounds, nb, *padding)
     else:
         w3 = w.reshape(groups, cout // groups, cg * kh * kw)
-        nb = _gemm_nb(x.shape, cg * kh * kw, out.shape[2] * out.shape[3], x.dtype.itemsize)
-        geom = (nb, kh, kw, *stride, *padding, *dilation)
+        blocking = _gemm_blocking(x.shape, cg * kh * kw, *out.shape[2:], x.dtype.itemsize)
+        geom = (*blocking, kh, kw, *stride, *padding, *dilation)
         if bounds is None:
             _fwd_gemm(x, w3, bb, has_bias, out, slabs[0], offs, 0, n, *geom)
         else:
@@ -504,9 +551,9 @@ def conv2d_backward(
     n = x.shape[0]
     cout, cg, kh, kw = w.shape
     algo = algo or choose_algo(x.shape, (kh, kw), stride, dilation, groups, padding)
-    elems = _slab_elems(x.shape, cout, (kh, kw), stride, padding, dilation, groups, True, algo,
-                        x.dtype.itemsize)
-    slabs, offs = _slabs(workspace, elems, x.dtype, n, threads)
+    layout = _slab_elems(x.shape, cout, (kh, kw), stride, padding, dilation, groups, True,
+                         algo, x.dtype.itemsize)
+    slabs, offs, parts = _slabs(workspace, layout, x.dtype, n, threads)
     x, w, dy = _c(x), _c(w), _c(dy)
     need_dx = dx is not None
     dxo = (dx if dx.flags.c_contiguous else np.empty(dx.shape, dx.dtype)) if need_dx else \
@@ -524,16 +571,18 @@ def conv2d_backward(
         winograd.finish_grads(slabs, offs, used, dwo, dbo)
     else:
         w3 = w.reshape(groups, cout // groups, cg * kh * kw)
-        nb = _gemm_nb(x.shape, cg * kh * kw, dy.shape[2] * dy.shape[3], x.dtype.itemsize)
-        geom = (nb, kh, kw, *stride, *padding, *dilation)
+        blocking = _gemm_blocking(x.shape, cg * kh * kw, *dy.shape[2:], x.dtype.itemsize)
+        geom = (*blocking, kh, kw, *stride, *padding, *dilation)
+        dwf = dwo.reshape(-1)
         if bounds is None:
-            _bwd_gemm(x, w3, dy, dxo, need_dx, slabs[0], offs, 0, n, *geom)
+            _bwd_gemm(x, w3, dy, dxo, need_dx, slabs[0], offs, dwf, 0, n, *geom)
         else:
-            _bwd_gemm_par(x, w3, dy, dxo, need_dx, slabs, offs, bounds, *geom)
+            _bwd_gemm_par(x, w3, dy, dxo, need_dx, slabs, offs, dwf, parts, bounds, *geom)
         k = cg * kh * kw
-        np.sum(slabs[:used, offs[4]: offs[4] + cout * k], axis=0, out=dwo.reshape(cout * k))
+        for t in range(1, used):  # thread 0 accumulated into dw itself
+            dwf += parts[t - 1, : cout * k]
         if db is not None:
-            np.sum(slabs[:used, offs[5]: offs[5] + cout], axis=0, out=db)
+            np.sum(slabs[:used, offs[3]: offs[3] + cout], axis=0, out=db)
     if dwo is not dw:
         dw[...] = dwo
     if need_dx and dxo is not dx:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from .blas import mm
+
 #: L2 budget for the transformed tiles of one sub-chunk of images (bytes).
 L2_BUDGET = 1 << 20
 
@@ -44,10 +46,10 @@ def slab_elems(x_shape: tuple[int, ...], cout: int, padding: tuple[int, int], nb
     u = 16 * cout * cin
     if not backward:
         return [u, xp, 16 * cin * p, 16 * cout * p, 4 * p]  # U, padded image, V, M, out tiles
-    # U, padded image, V, DY, dD (V's size), dW partial (16 positions), tmp, db partial,
+    # U, padded image, V, DY, dD (V's size), dW partial (16 positions), db partial,
     # gathered dy tiles, input-gradient tiles of one image (transformed, half-transformed)
-    return [u, xp, 16 * cin * p, 16 * cout * p, 16 * cin * p, u, cout * cin, cout, 4 * p,
-            16 * th * tw, 16 * th * tw]
+    return [u, xp, 16 * cin * p, 16 * cout * p, 16 * cin * p, u, cout, 4 * p, 16 * th * tw,
+            16 * th * tw]
 
 
 # ----------------------------------------------------------------------------- transforms
@@ -250,6 +252,7 @@ def fwd_chunk(x, w, b, has_bias, y, s, offs, n0, n1, nb, ph, pw):
     hb, wb = 2 * th + 2, 2 * tw + 2
     u = s[offs[0]: offs[0] + 16 * cout * cin].reshape((16, cout, cin))
     xp = s[offs[1]: offs[1] + cin * hb * wb].reshape((cin, hb, wb))
+    work = np.empty(8, np.int32)
     _filter_transform(w, u)
     for s0 in range(n0, n1, nb):
         s1 = min(s0 + nb, n1)
@@ -260,7 +263,7 @@ def fwd_chunk(x, w, b, has_bias, y, s, offs, n0, n1, nb, ph, pw):
             _pad(x, n, xp, ph, pw)
             _input_transform(xp, v, (n - s0) * th * tw, th, tw)
         for xi in range(16):
-            np.dot(u[xi], v[xi], m[xi])
+            mm(u[xi], v[xi], m[xi], False, False, 1.0, 0.0, cout, p, cin, work)
         o = s[offs[4]: offs[4] + 4 * p].reshape((4, p))
         _output_transform(m, o, y, s0, s1, th, tw, b, has_bias)
 
@@ -275,8 +278,8 @@ def bwd_chunk(x, w, dy, dx, need_dx, s, offs, n0, n1, nb, ph, pw):
     u = s[offs[0]: offs[0] + 16 * cout * cin].reshape((16, cout, cin))
     xp = s[offs[1]: offs[1] + cin * hb * wb].reshape((cin, hb, wb))
     dwx = s[offs[5]: offs[5] + 16 * cout * cin].reshape((16, cout, cin))
-    tmp = s[offs[6]: offs[6] + cout * cin].reshape((cout, cin))
-    db = s[offs[7]: offs[7] + cout]
+    db = s[offs[6]: offs[6] + cout]
+    work = np.empty(8, np.int32)
     _filter_transform(w, u)
     for i in range(16 * cout * cin):
         s[offs[5] + i] = 0
@@ -288,9 +291,9 @@ def bwd_chunk(x, w, dy, dx, need_dx, s, offs, n0, n1, nb, ph, pw):
         v = s[offs[2]: offs[2] + 16 * cin * p].reshape((16, cin, p))
         g = s[offs[3]: offs[3] + 16 * cout * p].reshape((16, cout, p))
         dd = s[offs[4]: offs[4] + 16 * cin * p].reshape((16, cin, p))
-        e = s[offs[8]: offs[8] + 4 * p].reshape((4, p))
-        t16 = s[offs[9]: offs[9] + 16 * th * tw].reshape((16, th * tw))
-        kb = s[offs[10]: offs[10] + 16 * th * tw].reshape((16, th * tw))
+        e = s[offs[7]: offs[7] + 4 * p].reshape((4, p))
+        t16 = s[offs[8]: offs[8] + 16 * th * tw].reshape((16, th * tw))
+        kb = s[offs[9]: offs[9] + 16 * th * tw].reshape((16, th * tw))
         _grad_output_transform(dy, e, g, s0, s1, th, tw)
         for n in range(s0, s1):
             _pad(x, n, xp, ph, pw)
@@ -302,12 +305,9 @@ def bwd_chunk(x, w, dy, dx, need_dx, s, offs, n0, n1, nb, ph, pw):
                         acc += dy[n, co, r, q]
                 db[co] += acc
         for xi in range(16):
-            np.dot(g[xi], v[xi].T, tmp)
-            for co in range(cout):
-                for c in range(cin):
-                    dwx[xi, co, c] += tmp[co, c]
+            mm(g[xi], v[xi], dwx[xi], False, True, 1.0, 1.0, cout, cin, p, work)  # dWx += G V^T
             if need_dx:
-                np.dot(u[xi].T, g[xi], dd[xi])
+                mm(u[xi], g[xi], dd[xi], True, False, 1.0, 0.0, cin, p, cout, work)
         if need_dx:
             for n in range(s0, s1):
                 _input_grad_transform(dd, kb, t16, xp, (n - s0) * th * tw, th, tw)
@@ -338,10 +338,10 @@ def finish_grads(slabs, offs, used, dw, db):
         for i in range(16 * cout * cin):
             slabs[0, offs[5] + i] += slabs[t, offs[5] + i]
         for i in range(cout):
-            slabs[0, offs[7] + i] += slabs[t, offs[7] + i]
+            slabs[0, offs[6] + i] += slabs[t, offs[6] + i]
     m = slabs[0, offs[5]: offs[5] + 16 * cout * cin].reshape((16, cout, cin))
     for co in range(cout):
-        db[co] = slabs[0, offs[7] + co]
+        db[co] = slabs[0, offs[6] + co]
         for c in range(cin):
             k0 = _gt(m[0, co, c], m[4, co, c], m[8, co, c], m[12, co, c], half)
             k1 = _gt(m[1, co, c], m[5, co, c], m[9, co, c], m[13, co, c], half)

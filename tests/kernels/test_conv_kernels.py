@@ -165,15 +165,49 @@ def test_im2col_col2im_match_reference(c, h, w, kh, kw, sh, sw, ph, pw, dh, dw):
     ld, coff = 2 * hwo + 3, hwo + 1  # an image's block inside a wider matrix
     col = np.full(rows * ld, np.nan)
     K.im2col(x.reshape(-1), c * h * w, col, ld, coff, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw,
-             ho, wo)
+             ho, wo, 0, ho)
     want = K.im2col_ref(x[1], (kh, kw), (sh, sw), (ph, pw), (dh, dw))
     block = col.reshape(rows, ld)
     np.testing.assert_array_equal(block[:, coff: coff + hwo], want)
     assert np.isnan(block[:, :coff]).all() and np.isnan(block[:, coff + hwo:]).all()
     # col2im is the adjoint of im2col: <im2col(x), c> == <x, col2im(c)>
     cvec = rng.standard_normal(col.size)
-    dx = np.full(2 * c * h * w, np.nan)
-    K.col2im(cvec, ld, coff, dx, c * h * w, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo)
+    dx = np.zeros(2 * c * h * w)
+    K.col2im(cvec, ld, coff, dx, c * h * w, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo,
+             0, ho)
     got = np.dot(want.reshape(-1), cvec.reshape(rows, ld)[:, coff: coff + hwo].reshape(-1))
     np.testing.assert_allclose(got, np.dot(x[1].reshape(-1), dx[c * h * w:]), rtol=1e-10,
                                atol=1e-10)
+
+
+@pytest.mark.parametrize("max_bytes", [1, 700, 5000])
+def test_banded_and_blocked_gemm(monkeypatch, max_bytes):
+    """Small GEMM_MAX_COL_BYTES: large planes in bands of output rows (one row at the least),
+    small ones several images per product; float64 and the threaded float32 path."""
+    monkeypatch.setattr(K, "GEMM_MAX_COL_BYTES", max_bytes)
+    for dtype, threads in ((np.float64, None), (np.float32, 2)):
+        case = dict(x_shape=(5, 4, 9, 7), cout=6, kernel=(3, 2), stride=(2, 1), padding=(1, 1),
+                    dilation=(1, 2), groups=2, bias=True, threads=threads, seed=5)
+        got, want = _run(case, dtype, algo="gemm")
+        _close(got, want, dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_blas_mm_strided_and_transposed(dtype):
+    from minidl.kernels.blas import mm
+
+    rng = np.random.default_rng(0)
+    work = np.zeros(8, np.int32)
+    for ta in (False, True):
+        for tb in (False, True):
+            m, n, k = 5, 7, 3
+            a = rng.standard_normal((k, m) if ta else (m, k)).astype(dtype)
+            b = rng.standard_normal((n, k) if tb else (k, n)).astype(dtype)
+            big = rng.standard_normal((m + 2, n + 4)).astype(dtype)
+            c = big[1: 1 + m, 2: 2 + n]  # a strided view: rows of n inside rows of n + 4
+            want = 2.0 * ((a.T if ta else a) @ (b.T if tb else b)) + 0.5 * c
+            keep = big.copy()
+            mm(a, b, c, ta, tb, 2.0, 0.5, m, n, k, work)
+            np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-5)
+            keep[1: 1 + m, 2: 2 + n] = c
+            np.testing.assert_array_equal(big, keep)  # nothing outside the view written

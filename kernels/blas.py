@@ -1,0 +1,85 @@
+"""Matrix products with accumulation and strided operands, callable from Numba kernels.
+
+``np.dot`` inside Numba can neither accumulate (``beta = 1``) nor write into a strided
+sub-matrix, so every partial weight gradient needed a temporary and every band of an output
+plane a copy. :func:`mm` calls BLAS ``sgemm`` / ``dgemm`` directly, through the same SciPy
+BLAS that Numba's ``np.dot`` binds (``scipy.linalg.cython_blas``, single-threaded by
+:func:`~minidl.kernels.parallel.ensure_blas_policy`), with row-major arrays of any row stride.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import llvmlite.binding as ll
+import numpy as np
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+
+def _capsule_address(capsule: object) -> int:
+    get_name = ctypes.pythonapi.PyCapsule_GetName
+    get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    get_ptr = ctypes.pythonapi.PyCapsule_GetPointer
+    get_ptr.restype, get_ptr.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    return get_ptr(capsule, get_name(capsule))
+
+
+def _register(name: str) -> types.ExternalFunction:
+    """The Fortran ``?gemm`` of SciPy's BLAS as an external symbol: compiled code refers to
+    it by name (re-registered at every import), so callers stay cacheable (a ctypes function
+    object would be baked in as an address and disable Numba's cache)."""
+    from scipy.linalg import cython_blas
+
+    symbol = f"minidl_blas_{name}"
+    ll.add_symbol(symbol, _capsule_address(cython_blas.__pyx_capi__[name]))
+    return types.ExternalFunction(symbol, types.void(*([types.voidptr] * 13)))
+
+
+_sgemm = _register("sgemm")
+_dgemm = _register("dgemm")
+
+
+@intrinsic
+def _ptr(typingctx, arr):
+    """Data pointer of an array (view) as ``void*``."""
+    if not isinstance(arr, types.Array):
+        return None
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        return builder.bitcast(ary.data, cgutils.voidptr_t)
+
+    return types.voidptr(arr), codegen
+
+
+@njit(nogil=True, cache=True)
+def mm(a, b, c, ta, tb, alpha, beta, m, n, k, work):
+    """``c[:m, :n] = alpha * op(a) @ op(b) + beta * c[:m, :n]`` on row-major 2-D arrays whose
+    rows may be strided (views of larger arrays); ``op(x)`` is ``x.T`` when ``ta`` / ``tb``.
+
+    ``a``, ``b``, ``c`` share one float dtype (float32 or float64); ``work`` is a scratch
+    ``int32`` array of 8 (Fortran BLAS takes every argument by address).
+    """
+    # Row-major C is column-major C^T = op(b)^T op(a)^T: call gemm(op_b, op_a, n, m, k, ...).
+    work[0] = n
+    work[1] = m
+    work[2] = k
+    work[3] = max(b.strides[0] // b.itemsize, b.shape[1], 1)
+    work[4] = max(a.strides[0] // a.itemsize, a.shape[1], 1)
+    work[5] = max(c.strides[0] // c.itemsize, c.shape[1], 1)
+    work[6] = ord("N")
+    work[7] = ord("T")
+    scal = np.empty(2, c.dtype)
+    scal[0] = alpha
+    scal[1] = beta
+    chars = work[6:].view(np.uint8)  # 'N', 0, 0, 0, 'T', ... (little-endian int32)
+    opb = _ptr(chars[4:]) if tb else _ptr(chars)
+    opa = _ptr(chars[4:]) if ta else _ptr(chars)
+    args = (opb, opa, _ptr(work), _ptr(work[1:]), _ptr(work[2:]), _ptr(scal), _ptr(b),
+            _ptr(work[3:]), _ptr(a), _ptr(work[4:]), _ptr(scal[1:]), _ptr(c), _ptr(work[5:]))
+    if c.itemsize == 4:
+        _sgemm(*args)
+    else:
+        _dgemm(*args)
