@@ -51,17 +51,22 @@ WINOGRAD_MIN_CIN = 32
 #: 1.0-1.6 at 4x4 and 8x8, 1.4 at 40x40 (the transformed tiles of one image overflow L2).
 WINOGRAD_MIN_TILES = 36
 WINOGRAD_MAX_TILES = 256
+#: ... and at most this many ``Cin * Cout``: each thread keeps the transformed filters
+#: (16 * Cin * Cout values) and, in backward, its transformed weight-gradient partial; at
+#: 512 x 512 channels that is 34 MB per thread (im2col's banded path needs a few MB).
+WINOGRAD_MAX_WEIGHTS = 128 * 128
 
 
 def choose_algo(x_shape: tuple[int, ...], kernel: Pair, stride: Pair, dilation: Pair,
-                groups: int, padding: Pair = (1, 1)) -> str:
+                groups: int, padding: Pair = (1, 1), cout: int = 64) -> str:
     """``"winograd"`` for 3x3 / stride 1 / dilation 1 / one group with at least
-    :data:`WINOGRAD_MIN_CIN` input channels and :data:`WINOGRAD_MIN_TILES` to
-    :data:`WINOGRAD_MAX_TILES` tiles per plane, else ``"gemm"`` (im2col). Measured on
+    :data:`WINOGRAD_MIN_CIN` input channels, :data:`WINOGRAD_MIN_TILES` to
+    :data:`WINOGRAD_MAX_TILES` tiles per plane and :data:`WINOGRAD_MAX_WEIGHTS`, else
+    ``"gemm"`` (im2col). Measured on
     smallcnn's conv2 (32 -> 64 at 14x14): 2.0 / 4.2 ms against 3.0 / 5.9 ms forward /
     backward."""
     if (kernel == (3, 3) and stride == (1, 1) and dilation == (1, 1) and groups == 1
-            and x_shape[1] >= WINOGRAD_MIN_CIN):
+            and x_shape[1] >= WINOGRAD_MIN_CIN and x_shape[1] * cout <= WINOGRAD_MAX_WEIGHTS):
         th, tw = winograd.tiles(x_shape[2] + 2 * padding[0] - 2, x_shape[3] + 2 * padding[1] - 2)
         if WINOGRAD_MIN_TILES <= th * tw <= WINOGRAD_MAX_TILES:
             return "winograd"
@@ -134,7 +139,7 @@ def conv2d_workspace_bytes(
     algo: str | None = None,
 ) -> int:
     """Workspace bytes of :func:`conv2d_forward` / :func:`conv2d_backward` (all threads)."""
-    algo = algo or choose_algo(x_shape, kernel, stride, dilation, groups, padding)
+    algo = algo or choose_algo(x_shape, kernel, stride, dilation, groups, padding, cout)
     itemsize = np.dtype(dtype).itemsize
     elems, extra = _slab_elems(x_shape, cout, kernel, stride, padding, dilation, groups,
                                backward, algo, itemsize)
@@ -511,7 +516,7 @@ def conv2d_forward(
     _check(x, w, groups, stride, padding, dilation, y=y, b=b)
     n = x.shape[0]
     cout, cg, kh, kw = w.shape
-    algo = algo or choose_algo(x.shape, (kh, kw), stride, dilation, groups, padding)
+    algo = algo or choose_algo(x.shape, (kh, kw), stride, dilation, groups, padding, cout)
     layout = _slab_elems(x.shape, cout, (kh, kw), stride, padding, dilation, groups, False,
                          algo, x.dtype.itemsize)
     slabs, offs, _ = _slabs(workspace, layout, x.dtype, n, threads)
@@ -550,7 +555,7 @@ def conv2d_backward(
     _check(x, w, groups, stride, padding, dilation, dy=dy, dx=dx, dw=dw, db=db)
     n = x.shape[0]
     cout, cg, kh, kw = w.shape
-    algo = algo or choose_algo(x.shape, (kh, kw), stride, dilation, groups, padding)
+    algo = algo or choose_algo(x.shape, (kh, kw), stride, dilation, groups, padding, cout)
     layout = _slab_elems(x.shape, cout, (kh, kw), stride, padding, dilation, groups, True,
                          algo, x.dtype.itemsize)
     slabs, offs, parts = _slabs(workspace, layout, x.dtype, n, threads)

@@ -93,6 +93,8 @@ def test_choose_algo():
     assert K.choose_algo((8, 64, 32, 32), (3, 3), (1, 1), (1, 1), 1) == "winograd"
     assert K.choose_algo((8, 64, 56, 56), (3, 3), (1, 1), (1, 1), 1) == "gemm"
     assert K.choose_algo((8, 256, 8, 8), (3, 3), (1, 1), (1, 1), 1) == "gemm"
+    assert K.choose_algo((8, 128, 14, 14), (3, 3), (1, 1), (1, 1), 1, cout=128) == "winograd"
+    assert K.choose_algo((8, 256, 14, 14), (3, 3), (1, 1), (1, 1), 1, cout=256) == "gemm"
 
 
 @pytest.mark.parametrize("algo", ["gemm", "winograd"])
