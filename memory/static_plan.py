@@ -2,10 +2,10 @@
 
 Offsets are assigned greedily by size (the largest block first, each at the lowest offset not
 overlapping any already placed block whose lifetime intersects its own), as static planners
-(Chen et al., vDNN++, TensorFlow's and tinygrad's memory planners) do; a second ordering by
-lifetime length is tried and the smaller arena kept. The pool then places each block at its
-planned offset: no search at run time, no fragmentation within an iteration, the reserved peak
-known ahead.
+(Chen et al., vDNN++, TensorFlow's and tinygrad's memory planners) do; orderings by lifetime
+length, by size × lifetime and by allocation time are tried too and the smallest arena kept.
+The pool then places each block at its planned offset: no search at run time, no
+fragmentation within an iteration, the reserved peak known ahead.
 """
 
 from __future__ import annotations
@@ -79,6 +79,8 @@ def static_plan(plan: Plan, base: int) -> Plan:
     orders = [
         sorted(iv, key=lambda t: (-iv[t][2], iv[t][0])),
         sorted(iv, key=lambda t: (-(iv[t][1] - iv[t][0]), -iv[t][2])),
+        sorted(iv, key=lambda t: (-iv[t][2] * (iv[t][1] - iv[t][0]), iv[t][0])),
+        sorted(iv, key=lambda t: (iv[t][0], -iv[t][2])),
     ]
     offsets, top = min((_greedy(iv, o) for o in orders), key=lambda r: r[1])
 
