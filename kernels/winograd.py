@@ -35,6 +35,22 @@ def images_per_block(cin: int, cout: int, ho: int, wo: int, itemsize: int) -> in
     return max(1, L2_BUDGET // per_image)
 
 
+def plane_stride(rows: int, p: int) -> int:
+    """Elements between the 16 planes of a transformed ``(16, rows, p)`` buffer: rounded up to
+    4 KiB (float32) and shifted by one cache line, so that the 16 streams the transforms
+    read and write never map to the same L1 sets (with power-of-two planes, e.g. 64 channels
+    x 256 tiles, they all did: 3.5x slower)."""
+    return -(-rows * p // 1024) * 1024 + 16
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _planes(s, off, rows, p):
+    """``(16, plane stride)`` view of ``s[off:]``: plane ``xi`` holds a ``rows x p`` matrix
+    in its first ``rows * p`` elements (row ``r`` at ``r * p``)."""
+    ps = (rows * p + 1023) // 1024 * 1024 + 16
+    return s[off: off + 16 * ps].reshape((16, ps))
+
+
 def slab_elems(x_shape: tuple[int, ...], cout: int, padding: tuple[int, int], nb: int,
                backward: bool) -> list[int]:
     """Element counts of one thread's buffers (see the kernels' argument lists)."""
@@ -44,12 +60,12 @@ def slab_elems(x_shape: tuple[int, ...], cout: int, padding: tuple[int, int], nb
     p = nb * th * tw
     xp = cin * (2 * th + 2) * (2 * tw + 2)
     u = 16 * cout * cin
+    vin, vout = 16 * plane_stride(cin, p), 16 * plane_stride(cout, p)
     if not backward:
-        return [u, xp, 16 * cin * p, 16 * cout * p, 4 * p]  # U, padded image, V, M, out tiles
+        return [u, xp, vin, vout, 4 * p]  # U, padded image, V, M, out tiles
     # U, padded image, V, DY, dD (V's size), dW partial (16 positions), db partial,
     # gathered dy tiles, input-gradient tiles of one image (transformed, half-transformed)
-    return [u, xp, 16 * cin * p, 16 * cout * p, 16 * cin * p, u, cout, 4 * p, 16 * th * tw,
-            16 * th * tw]
+    return [u, xp, vin, vout, vin, u, cout, 4 * p, 16 * th * tw, 16 * th * tw]
 
 
 # ----------------------------------------------------------------------------- transforms
@@ -120,13 +136,14 @@ def _pad(x, n, xp, ph, pw):
 
 
 @njit(nogil=True, cache=True)
-def _input_transform(xp, v, p0, th, tw):
-    """``v[xi, c, p0 + tile] = (B^T d B)[xi]`` for every 4x4 tile ``d`` of ``xp``."""
+def _input_transform(xp, v, ntot, p0, th, tw):
+    """Plane ``xi`` of ``v``, row ``c``, column ``p0 + tile``: ``(B^T d B)[xi]`` for every 4x4
+    tile ``d`` of ``xp`` (``ntot`` columns per row)."""
     for c in range(xp.shape[0]):
         for a in range(th):
             r = 2 * a
             for b in range(tw):
-                p = p0 + a * tw + b
+                p = c * ntot + p0 + a * tw + b
                 q = 2 * b
                 k0 = _bt(xp[c, r, q], xp[c, r + 1, q], xp[c, r + 2, q], xp[c, r + 3, q])
                 k1 = _bt(xp[c, r, q + 1], xp[c, r + 1, q + 1], xp[c, r + 2, q + 1],
@@ -138,22 +155,27 @@ def _input_transform(xp, v, p0, th, tw):
                 for i in range(4):
                     t = _bt(k0[i], k1[i], k2[i], k3[i])
                     for j in range(4):
-                        v[4 * i + j, c, p] = t[j]
+                        v[4 * i + j, p] = t[j]
 
 
 @njit(nogil=True, cache=True)
 def _output_transform(m, o, y, n0, n1, th, tw, b, has_bias):
     """``y[n, co, 2a:2a+2, 2b:2b+2] = A^T m A (+ bias)`` for images ``n0:n1`` (clipped to the
-    output size). The transform runs over all tiles of a channel at once (vectorised), into
-    ``o`` (4, tiles), then scatters."""
+    output size; ``m`` as from :func:`_planes`, row ``co``). The transform runs over all tiles
+    of a channel at once (vectorised), into ``o`` (4, tiles), then scatters."""
     cout, ho, wo = y.shape[1], y.shape[2], y.shape[3]
     ntile = (n1 - n0) * th * tw
     for co in range(cout):
+        r0 = co * ntile
+        m0, m1, m2, m3 = m[0, r0:], m[1, r0:], m[2, r0:], m[3, r0:]
+        m4, m5, m6, m7 = m[4, r0:], m[5, r0:], m[6, r0:], m[7, r0:]
+        m8, m9, m10, m11 = m[8, r0:], m[9, r0:], m[10, r0:], m[11, r0:]
+        m12, m13, m14, m15 = m[12, r0:], m[13, r0:], m[14, r0:], m[15, r0:]
         for p in range(ntile):
-            k0 = _at(m[0, co, p], m[4, co, p], m[8, co, p], m[12, co, p])
-            k1 = _at(m[1, co, p], m[5, co, p], m[9, co, p], m[13, co, p])
-            k2 = _at(m[2, co, p], m[6, co, p], m[10, co, p], m[14, co, p])
-            k3 = _at(m[3, co, p], m[7, co, p], m[11, co, p], m[15, co, p])
+            k0 = _at(m0[p], m4[p], m8[p], m12[p])
+            k1 = _at(m1[p], m5[p], m9[p], m13[p])
+            k2 = _at(m2[p], m6[p], m10[p], m14[p])
+            k3 = _at(m3[p], m7[p], m11[p], m15[p])
             t0 = _at(k0[0], k1[0], k2[0], k3[0])
             t1 = _at(k0[1], k1[1], k2[1], k3[1])
             o[0, p] = t0[0]
@@ -173,9 +195,9 @@ def _output_transform(m, o, y, n0, n1, th, tw, b, has_bias):
 
 @njit(nogil=True, cache=True)
 def _grad_output_transform(dy, e, g, n0, n1, th, tw):
-    """``g[xi, co, tile] = (A e A^T)[xi]`` for every 2x2 tile ``e`` of ``dy[n0:n1]`` (zero
-    past the output edge): gather the tiles of a channel into ``e`` (4, tiles), then
-    transform them all at once (vectorised)."""
+    """Plane ``xi`` of ``g``, row ``co``: ``(A e A^T)[xi]`` for every 2x2 tile ``e`` of
+    ``dy[n0:n1]`` (zero past the output edge): gather the tiles of a channel into ``e``
+    (4, tiles), then transform them all at once (vectorised)."""
     cout, ho, wo = dy.shape[1], dy.shape[2], dy.shape[3]
     ntile = (n1 - n0) * th * tw
     for co in range(cout):
@@ -195,7 +217,8 @@ def _grad_output_transform(dy, e, g, n0, n1, th, tw):
         # below its limit, so the loop vectorises (3x faster than all 16 at once).
         e0, e1, e2, e3 = e[0], e[1], e[2], e[3]
         for i in range(4):
-            ga, gb, gc, gd = g[4 * i, co], g[4 * i + 1, co], g[4 * i + 2, co], g[4 * i + 3, co]
+            r0 = co * ntile
+            ga, gb, gc, gd = g[4 * i, r0:], g[4 * i + 1, r0:], g[4 * i + 2, r0:], g[4 * i + 3, r0:]
             for p in range(ntile):
                 a = _a(e0[p], e2[p])[i]
                 c = _a(e1[p], e3[p])[i]
@@ -206,9 +229,10 @@ def _grad_output_transform(dy, e, g, n0, n1, th, tw):
 
 
 @njit(nogil=True, cache=True)
-def _input_grad_transform(dd, kb, t16, dxp, p0, th, tw):
+def _input_grad_transform(dd, ntot, kb, t16, dxp, p0, th, tw):
     """Overwrite the padded input gradient ``dxp`` with the sum of ``B dd B^T`` over the
-    (overlapping) tiles of one image (tiles ``p0:p0 + th*tw`` of ``dd``).
+    (overlapping) tiles of one image (columns ``p0:p0 + th*tw`` of the rows of ``dd``, which
+    have ``ntot`` columns).
 
     Per channel, ``B`` is applied to the columns of all tiles at once (into ``kb``), then to
     the rows (into ``t16``), each loop touching 4 + 4 arrays: few enough for LLVM to check
@@ -217,8 +241,9 @@ def _input_grad_transform(dd, kb, t16, dxp, p0, th, tw):
     """
     nt = th * tw
     for c in range(dxp.shape[0]):
+        c0 = c * ntot + p0
         for j in range(4):
-            a, b, cc, d = dd[j, c, p0:], dd[4 + j, c, p0:], dd[8 + j, c, p0:], dd[12 + j, c, p0:]
+            a, b, cc, d = dd[j, c0:], dd[4 + j, c0:], dd[8 + j, c0:], dd[12 + j, c0:]
             k0, k1, k2, k3 = kb[4 * j], kb[4 * j + 1], kb[4 * j + 2], kb[4 * j + 3]
             for p in range(nt):
                 t = _b(a[p], b[p], cc[p], d[p])
@@ -257,13 +282,14 @@ def fwd_chunk(x, w, b, has_bias, y, s, offs, n0, n1, nb, ph, pw):
     for s0 in range(n0, n1, nb):
         s1 = min(s0 + nb, n1)
         p = (s1 - s0) * th * tw
-        v = s[offs[2]: offs[2] + 16 * cin * p].reshape((16, cin, p))
-        m = s[offs[3]: offs[3] + 16 * cout * p].reshape((16, cout, p))
+        v = _planes(s, offs[2], cin, p)
+        m = _planes(s, offs[3], cout, p)
         for n in range(s0, s1):
             _pad(x, n, xp, ph, pw)
-            _input_transform(xp, v, (n - s0) * th * tw, th, tw)
+            _input_transform(xp, v, p, (n - s0) * th * tw, th, tw)
         for xi in range(16):
-            mm(u[xi], v[xi], m[xi], False, False, 1.0, 0.0, cout, p, cin, work)
+            mm(u[xi], v[xi, : cin * p].reshape((cin, p)), m[xi, : cout * p].reshape((cout, p)),
+               False, False, 1.0, 0.0, cout, p, cin, work)
         o = s[offs[4]: offs[4] + 4 * p].reshape((4, p))
         _output_transform(m, o, y, s0, s1, th, tw, b, has_bias)
 
@@ -288,16 +314,16 @@ def bwd_chunk(x, w, dy, dx, need_dx, s, offs, n0, n1, nb, ph, pw):
     for s0 in range(n0, n1, nb):
         s1 = min(s0 + nb, n1)
         p = (s1 - s0) * th * tw
-        v = s[offs[2]: offs[2] + 16 * cin * p].reshape((16, cin, p))
-        g = s[offs[3]: offs[3] + 16 * cout * p].reshape((16, cout, p))
-        dd = s[offs[4]: offs[4] + 16 * cin * p].reshape((16, cin, p))
+        v = _planes(s, offs[2], cin, p)
+        g = _planes(s, offs[3], cout, p)
+        dd = _planes(s, offs[4], cin, p)
         e = s[offs[7]: offs[7] + 4 * p].reshape((4, p))
         t16 = s[offs[8]: offs[8] + 16 * th * tw].reshape((16, th * tw))
         kb = s[offs[9]: offs[9] + 16 * th * tw].reshape((16, th * tw))
         _grad_output_transform(dy, e, g, s0, s1, th, tw)
         for n in range(s0, s1):
             _pad(x, n, xp, ph, pw)
-            _input_transform(xp, v, (n - s0) * th * tw, th, tw)
+            _input_transform(xp, v, p, (n - s0) * th * tw, th, tw)
             for co in range(cout):
                 acc = dy.dtype.type(0)
                 for r in range(dy.shape[2]):
@@ -305,12 +331,15 @@ def bwd_chunk(x, w, dy, dx, need_dx, s, offs, n0, n1, nb, ph, pw):
                         acc += dy[n, co, r, q]
                 db[co] += acc
         for xi in range(16):
-            mm(g[xi], v[xi], dwx[xi], False, True, 1.0, 1.0, cout, cin, p, work)  # dWx += G V^T
+            vx = v[xi, : cin * p].reshape((cin, p))
+            gx = g[xi, : cout * p].reshape((cout, p))
+            mm(gx, vx, dwx[xi], False, True, 1.0, 1.0, cout, cin, p, work)  # dWx += G V^T
             if need_dx:
-                mm(u[xi], g[xi], dd[xi], True, False, 1.0, 0.0, cin, p, cout, work)
+                mm(u[xi], gx, dd[xi, : cin * p].reshape((cin, p)), True, False, 1.0, 0.0, cin,
+                   p, cout, work)
         if need_dx:
             for n in range(s0, s1):
-                _input_grad_transform(dd, kb, t16, xp, (n - s0) * th * tw, th, tw)
+                _input_grad_transform(dd, p, kb, t16, xp, (n - s0) * th * tw, th, tw)
                 for c in range(cin):
                     for r in range(h):
                         for q in range(wd):
