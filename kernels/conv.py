@@ -43,33 +43,35 @@ def conv_output_hw(hw: Pair, kernel: Pair, stride: Pair, padding: Pair, dilation
     )
 
 
-#: Winograd F(2x2, 3x3) needs at least this many input channels (below, its small matrix
-#: products lose to im2col: 16 -> 16 channels at 32x32 took 19 ms against 7.6 ms forward) ...
-WINOGRAD_MIN_CIN = 32
-#: ... and from this many to this many 2x2 tiles per image plane. Measured (batch 32, forward
-#: + backward, Winograd / im2col time): 0.5-0.8 at 14x14 and 28x28 planes (49 and 196 tiles),
-#: 1.0-1.6 at 4x4 and 8x8, 1.4 at 40x40 (the transformed tiles of one image overflow L2).
-WINOGRAD_MIN_TILES = 36
-WINOGRAD_MAX_TILES = 256
-#: ... and at most this many ``Cin * Cout``: each thread keeps the transformed filters
-#: (16 * Cin * Cout values) and, in backward, its transformed weight-gradient partial; at
-#: 512 x 512 channels that is 34 MB per thread (im2col's banded path needs a few MB).
+# When Winograd F(2x2, 3x3) pays, measured (batch 32, forward + backward time, Winograd /
+# im2col): 0.5-0.8 from 8x8 to 56x56 planes with 16 to 128 channels; 1.1-1.2 on 4x4 and 6x6
+# planes; 1.5 with 8 input channels.
+#: Smallest number of input channels for Winograd ...
+WINOGRAD_MIN_CIN = 16
+#: ... and of 2x2 tiles per output plane (8x8 planes) ...
+WINOGRAD_MIN_TILES = 16
+#: ... largest ``Cin * Cout``: each thread keeps the transformed filters (16 * Cin * Cout
+#: values) and, in backward, its transformed weight-gradient partial (at 512 x 512 channels,
+#: 34 MB per thread; im2col's banded path needs a few MB) ...
 WINOGRAD_MAX_WEIGHTS = 128 * 128
+#: ... and largest transformed image (bytes; one image is the smallest unit of work, so
+#: this bounds the workspace per thread: 64 channels at 56x56 would need 9.6 MB).
+WINOGRAD_MAX_IMAGE_BYTES = 8 << 20
 
 
 def choose_algo(x_shape: tuple[int, ...], kernel: Pair, stride: Pair, dilation: Pair,
-                groups: int, padding: Pair = (1, 1), cout: int = 64) -> str:
-    """``"winograd"`` for 3x3 / stride 1 / dilation 1 / one group with at least
-    :data:`WINOGRAD_MIN_CIN` input channels, :data:`WINOGRAD_MIN_TILES` to
-    :data:`WINOGRAD_MAX_TILES` tiles per plane and :data:`WINOGRAD_MAX_WEIGHTS`, else
-    ``"gemm"`` (im2col). Measured on
-    smallcnn's conv2 (32 -> 64 at 14x14): 2.0 / 4.2 ms against 3.0 / 5.9 ms forward /
-    backward."""
-    if (kernel == (3, 3) and stride == (1, 1) and dilation == (1, 1) and groups == 1
-            and x_shape[1] >= WINOGRAD_MIN_CIN and x_shape[1] * cout <= WINOGRAD_MAX_WEIGHTS):
-        th, tw = winograd.tiles(x_shape[2] + 2 * padding[0] - 2, x_shape[3] + 2 * padding[1] - 2)
-        if WINOGRAD_MIN_TILES <= th * tw <= WINOGRAD_MAX_TILES:
-            return "winograd"
+                groups: int, padding: Pair = (1, 1), cout: int = 64, itemsize: int = 4) -> str:
+    """``"winograd"`` for 3x3 / stride 1 / dilation 1 / one group within the bounds above,
+    else ``"gemm"`` (im2col). Measured on smallcnn's conv2 (32 -> 64 at 14x14): 2.0 / 4.1 ms
+    against 3.0 / 5.6 ms forward / backward."""
+    cin = x_shape[1]
+    if not (kernel == (3, 3) and stride == (1, 1) and dilation == (1, 1) and groups == 1
+            and cin >= WINOGRAD_MIN_CIN and cin * cout <= WINOGRAD_MAX_WEIGHTS):
+        return "gemm"
+    th, tw = winograd.tiles(x_shape[2] + 2 * padding[0] - 2, x_shape[3] + 2 * padding[1] - 2)
+    image = 16 * (2 * cin + cout) * th * tw * itemsize
+    if th * tw >= WINOGRAD_MIN_TILES and image <= WINOGRAD_MAX_IMAGE_BYTES:
+        return "winograd"
     return "gemm"
 
 
@@ -139,8 +141,9 @@ def conv2d_workspace_bytes(
     algo: str | None = None,
 ) -> int:
     """Workspace bytes of :func:`conv2d_forward` / :func:`conv2d_backward` (all threads)."""
-    algo = algo or choose_algo(x_shape, kernel, stride, dilation, groups, padding, cout)
     itemsize = np.dtype(dtype).itemsize
+    algo = algo or choose_algo(x_shape, kernel, stride, dilation, groups, padding, cout,
+                               itemsize)
     elems, extra = _slab_elems(x_shape, cout, kernel, stride, padding, dilation, groups,
                                backward, algo, itemsize)
     t = min(threads or _default_threads(), max(1, x_shape[0]))
@@ -516,7 +519,8 @@ def conv2d_forward(
     _check(x, w, groups, stride, padding, dilation, y=y, b=b)
     n = x.shape[0]
     cout, cg, kh, kw = w.shape
-    algo = algo or choose_algo(x.shape, (kh, kw), stride, dilation, groups, padding, cout)
+    algo = algo or choose_algo(x.shape, (kh, kw), stride, dilation, groups, padding, cout,
+                               x.dtype.itemsize)
     layout = _slab_elems(x.shape, cout, (kh, kw), stride, padding, dilation, groups, False,
                          algo, x.dtype.itemsize)
     slabs, offs, _ = _slabs(workspace, layout, x.dtype, n, threads)
@@ -555,7 +559,8 @@ def conv2d_backward(
     _check(x, w, groups, stride, padding, dilation, dy=dy, dx=dx, dw=dw, db=db)
     n = x.shape[0]
     cout, cg, kh, kw = w.shape
-    algo = algo or choose_algo(x.shape, (kh, kw), stride, dilation, groups, padding, cout)
+    algo = algo or choose_algo(x.shape, (kh, kw), stride, dilation, groups, padding, cout,
+                               x.dtype.itemsize)
     layout = _slab_elems(x.shape, cout, (kh, kw), stride, padding, dilation, groups, True,
                          algo, x.dtype.itemsize)
     slabs, offs, parts = _slabs(workspace, layout, x.dtype, n, threads)

@@ -85,16 +85,21 @@ def test_winograd_matches_reference(case, need_dx):
 
 
 def test_choose_algo():
-    assert K.choose_algo((64, 32, 14, 14), (3, 3), (1, 1), (1, 1), 1) == "winograd"
-    assert K.choose_algo((64, 1, 28, 28), (3, 3), (1, 1), (1, 1), 1) == "gemm"
-    assert K.choose_algo((64, 16, 28, 28), (3, 3), (1, 1), (1, 1), 1) == "gemm"
-    assert K.choose_algo((64, 32, 14, 14), (3, 3), (2, 2), (1, 1), 1) == "gemm"
-    assert K.choose_algo((64, 32, 14, 14), (3, 3), (1, 1), (1, 1), 2) == "gemm"
-    assert K.choose_algo((8, 64, 32, 32), (3, 3), (1, 1), (1, 1), 1) == "winograd"
-    assert K.choose_algo((8, 64, 56, 56), (3, 3), (1, 1), (1, 1), 1) == "gemm"
-    assert K.choose_algo((8, 256, 8, 8), (3, 3), (1, 1), (1, 1), 1) == "gemm"
-    assert K.choose_algo((8, 128, 14, 14), (3, 3), (1, 1), (1, 1), 1, cout=128) == "winograd"
-    assert K.choose_algo((8, 256, 14, 14), (3, 3), (1, 1), (1, 1), 1, cout=256) == "gemm"
+    def algo(shape, cout=64, stride=(1, 1), groups=1):
+        return K.choose_algo(shape, (3, 3), stride, (1, 1), groups, (1, 1), cout)
+
+    assert algo((64, 32, 14, 14)) == "winograd"
+    assert algo((64, 16, 32, 32), 16) == "winograd"
+    assert algo((64, 8, 28, 28), 16) == "gemm"  # too few input channels
+    assert algo((64, 1, 28, 28), 32) == "gemm"
+    assert algo((64, 32, 14, 14), stride=(2, 2)) == "gemm"
+    assert algo((64, 32, 14, 14), groups=2) == "gemm"
+    assert algo((8, 64, 8, 8)) == "winograd"
+    assert algo((8, 64, 6, 6)) == "gemm"  # too few tiles
+    assert algo((8, 64, 40, 40)) == "winograd"
+    assert algo((8, 64, 56, 56)) == "gemm"  # one transformed image > 8 MB
+    assert algo((8, 128, 14, 14), 128) == "winograd"
+    assert algo((8, 256, 14, 14), 256) == "gemm"  # transformed filters too big
 
 
 @pytest.mark.parametrize("algo", ["gemm", "winograd"])
