@@ -146,11 +146,15 @@ class Engine:
             # inference has no backward: free every tensor after its last use
             plan = make_plan(lowered.program,
                              self.config if training else MemoryConfig.parse("reuse,inplace"))
-            c = Compiled(lowered, plan, Executor(lowered, plan, self.pool, compute=self.compute,
-                                                 host_pool=self.host_pool,
-                                                 debug=getattr(self.pool, "debug", False)))
+            c = self._compile(lowered, plan)
             self._cache[key] = c
         return c
+
+    def _compile(self, lowered: Lowered, plan: Plan) -> Compiled:
+        """The executor for ``plan`` on this engine's pool, host pool and debug setting."""
+        return Compiled(lowered, plan, Executor(lowered, plan, self.pool, compute=self.compute,
+                                                host_pool=self.host_pool,
+                                                debug=getattr(self.pool, "debug", False)))
 
     def split_for(self, batch_shapes: list[tuple[int, ...]], label_shape: tuple[int, ...] | None,
                   label_dtype: str = "int64", max_split: int = 64) -> int:
@@ -187,9 +191,7 @@ class Engine:
         dens = {k: min(1.0, 1.1 * v + 1e-3) for k, v in c.executor.densities.items()}
         plan = make_plan(c.lowered.program, self.config, step_times=times, densities=dens)
         plan.measured = plan.measured or need_times
-        new = Compiled(c.lowered, plan, Executor(c.lowered, plan, self.pool,
-                                                 compute=self.compute, host_pool=self.host_pool,
-                                                 debug=getattr(self.pool, "debug", False)))
+        new = self._compile(c.lowered, plan)
         new.executor.densities = dict(c.executor.densities)
         for k, v in self._cache.items():
             if v is c:
