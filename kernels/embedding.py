@@ -27,3 +27,13 @@ def embedding_backward(idx: np.ndarray, dy: np.ndarray, gw: np.ndarray) -> None:
     gw.fill(0)
     if idx.size:
         _scatter_add(np.ascontiguousarray(idx), np.ascontiguousarray(dy), gw)
+
+
+def embedding_accumulate(idx: np.ndarray, rows: np.ndarray, acc: np.ndarray) -> None:
+    """``acc[idx[i]] += rows[i]`` for every row i, in order (no reset)."""
+    if not idx.size:
+        return
+    if all(type(a) is np.ndarray for a in (idx, rows, acc)) and acc.flags.c_contiguous:
+        _scatter_add(np.ascontiguousarray(idx), np.ascontiguousarray(rows), acc)
+    else:
+        np.add.at(acc, idx, rows)

@@ -110,3 +110,46 @@ def ensure_blas_policy() -> None:
     except ImportError:  # pragma: no cover
         pass
     configure_blas(int(os.environ.get("MINIDL_BLAS_THREADS", "1")))
+
+
+class blas_threads:  # noqa: N801 - used like a function: ``with blas_threads(2): ...``
+    """Context manager running NumPy's / SciPy's BLAS on ``threads`` threads (default
+    :func:`num_threads`), then restoring the single-threaded policy of :func:`ensure_blas_policy`.
+
+    For ops made of large matrix products and serial Numba loops only (the fused RNN layers):
+    there the BLAS pool is the only pool at work, so it may use every core. Cheap per call
+    (a few microseconds: the library handles are found once per process).
+    """
+
+    _selection = None
+
+    def __init__(self, threads: int | None = None) -> None:
+        self.threads = threads
+        self._restore: list[int] | None = None
+
+    @classmethod
+    def _blas(cls):
+        if cls._selection is None:
+            ensure_blas_policy()
+            try:
+                from threadpoolctl import ThreadpoolController
+
+                cls._selection = ThreadpoolController().select(user_api="blas")
+            except Exception:  # pragma: no cover - threadpoolctl missing: leave BLAS alone
+                cls._selection = False
+        return cls._selection
+
+    def __enter__(self) -> blas_threads:
+        sel = self._blas()
+        n = self.threads if self.threads is not None else num_threads()
+        self._restore = None
+        if sel and n > 1:
+            self._restore = [lib.num_threads for lib in sel.lib_controllers]
+            for lib in sel.lib_controllers:
+                lib.set_num_threads(n)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._restore is not None:
+            for lib, n in zip(self._blas().lib_controllers, self._restore):
+                lib.set_num_threads(n)

@@ -139,6 +139,8 @@ def sigmoid_nb(x, out):
 
 
 # ---------------------------------------------------------------- Numba CPU loops
+_TILE = 8  # batch rows gathered at once from a gate-major product
+
 # Row by row, in short passes that each write one stream at one offset: a loop writing one
 # array at several offsets (gate blocks) defeats LLVM's dependence analysis and would not
 # vectorise. Loops run over range(hid) with the offset in the index (range(lo, hi) does not
@@ -146,20 +148,32 @@ def sigmoid_nb(x, out):
 @njit(**_JIT)
 def _lstm_fwd_nb(hw_t, gx, bias, c_prev, gates, h, c):
     n_rows, hid = h.shape
-    for n in range(n_rows):
-        gr, gxr, cr, hr, cpr = gates[n], gx[n], c[n], h[n], c_prev[n]
-        for j in range(4 * hid):  # pre-activations; strided reads of hw_t
-            gr[j] = hw_t[j, n] + gxr[j] + bias[j]
-        for j in range(2 * hid):  # i, f
-            gr[j] = act_sigmoid(gr[j])
-        for j in range(hid):  # g
-            gr[2 * hid + j] = act_tanh(gr[2 * hid + j])
-        for j in range(hid):  # o
-            gr[3 * hid + j] = act_sigmoid(gr[3 * hid + j])
-        for j in range(hid):
-            cr[j] = gr[hid + j] * cpr[j] + gr[j] * gr[2 * hid + j]
-        for j in range(hid):
-            hr[j] = gr[3 * hid + j] * act_tanh(cr[j])
+    g4 = 4 * hid
+    # hw_t is gate-major (4H, N): gather _TILE of its columns at a time into a row-major
+    # tile (one read of _TILE consecutive floats per gate row, instead of one cache line per
+    # value: 70 -> 60 us per step for N = 32, H = 256)
+    tile = np.empty((_TILE, g4), dtype=gates.dtype)
+    for n0 in range(0, n_rows, _TILE):
+        nb = min(_TILE, n_rows - n0)
+        for j in range(g4):
+            hr = hw_t[j]
+            for q in range(nb):
+                tile[q, j] = hr[n0 + q]
+        for q in range(nb):
+            n = n0 + q
+            gr, gxr, cr, hr, cpr, tr = gates[n], gx[n], c[n], h[n], c_prev[n], tile[q]
+            for j in range(g4):  # pre-activations
+                gr[j] = tr[j] + gxr[j] + bias[j]
+            for j in range(2 * hid):  # i, f
+                gr[j] = act_sigmoid(gr[j])
+            for j in range(hid):  # g
+                gr[2 * hid + j] = act_tanh(gr[2 * hid + j])
+            for j in range(hid):  # o
+                gr[3 * hid + j] = act_sigmoid(gr[3 * hid + j])
+            for j in range(hid):
+                cr[j] = gr[hid + j] * cpr[j] + gr[j] * gr[2 * hid + j]
+            for j in range(hid):
+                hr[j] = gr[3 * hid + j] * act_tanh(cr[j])
 
 
 @njit(**_JIT)

@@ -15,6 +15,7 @@ from .linear import Linear
 from .lstm import LSTMCell
 from .mse_loss import MSELoss
 from .pool import AvgPool2d, MaxPool2d
+from .recurrent import GRU, LSTM
 from .relu import ReLU
 from .rnn_projection import RNNInputProjection
 from .sigmoid import Sigmoid
@@ -24,7 +25,7 @@ from .time_stack import TimeStack
 from .zero_state import ZeroState
 
 __all__ = [
-    "GRUCell", "LSTMCell", "RNNInputProjection",
+    "GRU", "GRUCell", "LSTM", "LSTMCell", "RNNInputProjection",
     "Add", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Concat", "Context", "Conv2d", "Dropout",
     "Embedding", "Flatten", "GlobalAvgPool2d", "Layer", "LeakyReLU", "Linear", "MaxPool2d",
     "MSELoss", "ParamSpec", "ReLU", "ShapeError", "Sigmoid", "SoftmaxCrossEntropy", "Symbol",

@@ -19,6 +19,9 @@ FLAGS: dict[str, tuple[tuple[str, ...] | None, str]] = {
     "recompute": (("sqrt", "speed", "memory", "cost"),
                   "drop feature maps in forward, recompute them from checkpoints in backward "
                   "(Chen et al., SuperNeurons); implies reuse"),
+    "bptt": (("<int>",), "fused recurrent layers keep at most N hidden states over time, "
+                         "placed by dynamic programming at the fewest recomputed steps "
+                         "(Gruslys et al.); recompute=sqrt keeps every sqrt(U)-th"),
     "binarize": (None, "ReLU→Pool: 1-bit ReLU masks and packed pool indices instead of 32-bit "
                        "maps (Gist)"),
     "sparse": (None, "ReLU→Conv: conv inputs kept sparse (CSR / zero-value compression) "

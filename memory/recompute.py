@@ -34,7 +34,10 @@ from dataclasses import replace
 from .liveness import lifetimes
 from .program import Program, StepSpec
 
-EXPENSIVE = ("conv", "linear", "embedding", "add", "concat")
+EXPENSIVE = ("conv", "linear", "embedding", "add", "concat", "recurrent")
+#: Whole-sequence recurrent layers are never recomputed as a whole: their outputs are always
+#: checkpoints (they recompute over time inside, by their own BPTT schedule).
+ALWAYS_KEPT = ("recurrent",)
 POLICIES = ("sqrt", "speed", "memory", "cost")
 
 
@@ -83,7 +86,8 @@ def choose_checkpoints(program: Program, policy: str) -> set[int]:
         if not cands:
             return set()
         every = max(1, math.ceil(math.sqrt(len(cands))))
-        return {c for i, c in enumerate(cands) if (i + 1) % every == 0}
+        return {c for i, c in enumerate(cands) if (i + 1) % every == 0} | {
+            t for st in fwd if st.kind in ALWAYS_KEPT for t in _outputs(program, st)}
     readers: dict[int, int] = {}
     for st in fwd:
         for t in st.reads:

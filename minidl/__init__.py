@@ -5,15 +5,24 @@ Define networks with :class:`Sequential` or the functional builder (:func:`Input
 ...) and ask :func:`dry_run` what any model needs before running it.
 """
 
-from . import layers
-from .dryrun import dry_run
-from .executor import NonFiniteError
-from .graph import Input, Network, Sequential
-from .layers.base import ShapeError
-from .memory.config import MemoryConfig
-from .memory.pool import DeviceOutOfMemory
-from .parameter import Parameter
-from .trainer import History, Trainer
+import os as _os
+
+# OpenBLAS's idle workers spin ~2^28 cycles (~0.1 s) after each threaded call; the fused RNN
+# layers run BLAS on every core, and the spinning then made the next Numba ``prange`` kernel
+# (the optimizer) 10x slower: char-lstm 122 -> 95 ms per step with 2^22 cycles (~1.5 ms),
+# still long enough to stay awake between the per-step products. Read when OpenBLAS loads, so
+# it only applies if NumPy was not imported before minidl; an existing setting wins.
+_os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "22")
+
+from . import layers  # noqa: E402
+from .dryrun import dry_run  # noqa: E402
+from .executor import NonFiniteError  # noqa: E402
+from .graph import Input, Network, Sequential  # noqa: E402
+from .layers.base import ShapeError  # noqa: E402
+from .memory.config import MemoryConfig  # noqa: E402
+from .memory.pool import DeviceOutOfMemory  # noqa: E402
+from .parameter import Parameter  # noqa: E402
+from .trainer import History, Trainer  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -139,7 +139,8 @@ class Engine:
         key = (tuple(map(tuple, batch_shapes)), label_shape, training, label_dtype, accumulate)
         c = self._cache.get(key)
         if c is None:
-            lowered = lower(self.net.for_shapes(batch_shapes), list(batch_shapes), loss=self.loss,
+            lowered = lower(self.net.for_shapes(batch_shapes, memory=self.config),
+                            list(batch_shapes), loss=self.loss,
                             label_shape=label_shape,
                             label_dtype=label_dtype, training=training,
                             opt_state=self.opt_state_specs, accumulate_grads=accumulate)

@@ -256,7 +256,7 @@ MODELS: dict[str, Callable[..., Network]] = {
     "resnet50": lambda **kw: resnet(50, **kw),
 }
 
-TEXT_MODELS = ("char-lstm", "char-gru")
+TEXT_MODELS = ("char-lstm", "char-gru", "char-lstm-unrolled", "char-gru-unrolled")
 MODEL_NAMES = tuple(MODELS) + ("resnet<N>",) + TEXT_MODELS
 
 
@@ -274,7 +274,8 @@ def get_model(name: str, input_shape: Shape | None = None, num_classes: int = 10
 
         steps = int(input_shape[0]) if input_shape is not None else 64
         hidden = kwargs.get("width", 256)
-        return char_rnn(num_classes, hidden, hidden, 2, steps=steps, cell=name.split("-")[1])
+        return char_rnn(num_classes, hidden, hidden, 2, steps=steps, cell=name.split("-")[1],
+                        fused=not name.endswith("-unrolled"))
     shape = tuple(input_shape) if input_shape is not None else default_input_shape(name)
     if name in MODELS:
         return MODELS[name](input_shape=shape, num_classes=num_classes, **kwargs)

@@ -1,0 +1,524 @@
+"""LSTM and GRU over whole sequences: one node per layer stack, an internal loop over time.
+
+The fused form of a recurrent layer (cuDNN's, oneDNN's): input ``x`` (N, T, I) batch-first,
+output ``y`` (N, T, H), ``num_layers`` stacked layers with PyTorch's parameter names, layouts
+and gate orders (``weight_ih_l{k}`` (G, I_k), ``weight_hh_l{k}`` (G, H), ``bias_ih_l{k}``,
+``bias_hh_l{k}``; G = 4H with gates i, f, g, o for LSTM, 3H with r, z, n for GRU).
+
+Time is cut into *units* of ``unit_steps`` steps. Per unit and layer, the input projection is
+one GEMM over the unit's N*len rows, each step one recurrent GEMM and one fused Numba gate
+kernel; in backward the weight gradients are one GEMM per unit (K = N*len) and the input
+gradient another. Internally everything is time-major, so a unit's rows are contiguous.
+
+Memory over time follows a *schedule* (plain data, e.g. from ``minidl.memory.bptt``):
+
+* ``schedule=None`` keeps every unit's internals (gates, cell and hidden states) from forward
+  to backward (stash ``gates`` (L, T, N, 4H), ``h`` and ``c`` (L, T+1, N, H));
+* otherwise forward keeps only the hidden (and cell) states at the boundaries listed in
+  ``schedule.forward_stores``, in ``schedule.max_stored`` slots, and backward replays
+  ``schedule.ops``: ``("advance", a, b)`` runs units a..b-1 from the state at boundary a and
+  stores the state at b; ``("backprop", j, j+1)`` recomputes unit j keeping its internals and
+  backpropagates through it (Gruslys et al. 2016, BPTT-HSM). Every unit is computed by the
+  same calls on the same shapes either way, and the gradients are accumulated unit by unit in
+  the same order, so all schedules give bit-identical results.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..kernels.embedding import embedding_accumulate
+from ..kernels.parallel import blas_threads
+from ..kernels.rnn import (
+    gru_add_direct,
+    gru_cell_backward,
+    gru_cell_forward,
+    lstm_cell_backward,
+    lstm_cell_forward,
+    workspace_bytes,
+    workspace_views,
+)
+from .base import Layer, ParamSpec, Shape
+
+
+def _flat(buf: np.ndarray, *shape: int) -> np.ndarray:
+    """The first prod(shape) elements of the contiguous ``buf`` as a C-contiguous array."""
+    return buf.reshape(-1)[:int(np.prod(shape))].reshape(shape)
+
+
+class _Recurrent(Layer):
+    """Shared machinery of :class:`LSTM` and :class:`GRU` (see the module docstring)."""
+
+    kind = "recurrent"
+    cell = ""
+    gate_factor = 4  # G = gate_factor * H
+    state_parts = 1  # arrays per layer in a hidden state: (h,) or (h, c)
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
+                 bias: bool = True, *, unit_steps: int = 16, schedule: Any = None,
+                 initial_state: bool = False, blas_threads: int | None = None,
+                 vocab_size: int | None = None, dtype: Any = np.float32) -> None:
+        super().__init__()
+        if min(input_size, hidden_size, num_layers, unit_steps) < 1:
+            raise ValueError(
+                f"{type(self).__name__} needs positive sizes, got input_size={input_size}, "
+                f"hidden_size={hidden_size}, num_layers={num_layers}, unit_steps={unit_steps}")
+        self.input_size = int(input_size)
+        self.hidden_size = int(hidden_size)
+        self.num_layers = int(num_layers)
+        self.bias = bool(bias)
+        self.unit_steps = int(unit_steps)
+        self.schedule = schedule
+        self.initial_state = bool(initial_state)
+        self.threads = blas_threads
+        self.vocab_size = None if vocab_size is None else int(vocab_size)
+        if self.vocab_size is not None and self.vocab_size < 1:
+            raise ValueError(f"{type(self).__name__} needs a positive vocabulary, got "
+                             f"{vocab_size}")
+        self.dtype = np.dtype(dtype)
+        self.num_inputs = 1 + (self.state_parts if self.initial_state else 0)
+        self.retain_inputs = tuple(range(self.num_inputs))
+        self.nondiff_inputs = (0,) if self.vocab_size is not None else ()
+
+    # ----------------------------------------------------------------- declarations
+    @property
+    def gates(self) -> int:
+        return self.gate_factor * self.hidden_size
+
+    def units(self, steps: int) -> list[tuple[int, int]]:
+        """(start, stop) of each time unit of a ``steps``-long sequence."""
+        c = self.unit_steps
+        return [(t, min(t + c, steps)) for t in range(0, steps, c)]
+
+    def _dims(self, in_shapes: list[Shape]) -> tuple[int, int]:
+        """(N, T) after checking every input shape."""
+        shapes = [tuple(s) for s in in_shapes]
+        x = shapes[0] if shapes else ()
+        if self.vocab_size is not None:
+            if len(x) != 2 or x[1] < 1:
+                raise self.shape_error("tokens (N, T >= 1)", x)
+        elif len(x) != 3 or x[2] != self.input_size or x[1] < 1:
+            raise self.shape_error(f"x (N, T >= 1, {self.input_size})", x)
+        n, t = x[0], x[1]
+        state = (self.num_layers, n, self.hidden_size)
+        for s in shapes[1:]:
+            if s != state:
+                raise self.shape_error(f"initial states {state}", s)
+        if self.schedule is not None and self.schedule.units != len(self.units(t)):
+            raise ValueError(
+                f"layer {self.name or type(self).__name__}: its BPTT schedule covers "
+                f"{self.schedule.units} units but T={t} makes {len(self.units(t))} units of "
+                f"{self.unit_steps} steps")
+        return n, t
+
+    def output_shapes(self, in_shapes):
+        n, t = self._dims(in_shapes)
+        return [(n, t, self.hidden_size)]
+
+    def output_dtypes(self, in_dtypes):
+        if self.vocab_size is None:
+            return [np.dtype(in_dtypes[0])]
+        if np.dtype(in_dtypes[0]).kind not in "iu":
+            raise TypeError(f"layer {self.name or type(self).__name__} ({self.describe()}) "
+                            f"takes integer tokens, got dtype {np.dtype(in_dtypes[0])}")
+        return [self.dtype]
+
+    def _table(self, n: int, t: int) -> bool:
+        """Token input through a (V, G) table ``embedding @ weight_ih_l0.T`` (a gather per
+        step instead of a GEMM) when the vocabulary is no larger than the tokens."""
+        return self.vocab_size is not None and self.vocab_size <= n * t
+
+    def param_specs(self):
+        h, g = self.hidden_size, self.gates
+        specs = {}
+        if self.vocab_size is not None:  # PyTorch's Embedding: N(0, 1)
+            specs["embedding"] = ParamSpec((self.vocab_size, self.input_size), "normal")
+        for k in range(self.num_layers):
+            i = self.input_size if k == 0 else h
+            specs[f"weight_ih_l{k}"] = ParamSpec((g, i), "uniform", fan_in=h)
+            specs[f"weight_hh_l{k}"] = ParamSpec((g, h), "uniform", fan_in=h)
+            if self.bias:
+                specs[f"bias_ih_l{k}"] = ParamSpec((g,), "uniform", fan_in=h)
+                specs[f"bias_hh_l{k}"] = ParamSpec((g,), "uniform", fan_in=h)
+        return specs
+
+    def _stash_gates(self) -> int:
+        return 4 * self.hidden_size  # LSTM: [i, f, g, o]; GRU: [r, z, n, W_hn h + b_hn]
+
+    def stash_specs(self, in_shapes, dtype):
+        n, t = self._dims(in_shapes)
+        L, H = self.num_layers, self.hidden_size
+        if self.schedule is None:
+            return {name: (shape, dtype) for name, shape in
+                    zip(("gates", "h", "c"), self._internal_shapes(n, t))}
+        slots = max(1, int(self.schedule.max_stored))
+        return {"states": ((slots, L, self.state_parts, n, H), dtype)}
+
+    def _unit_len(self, t: int) -> int:
+        return min(self.unit_steps, t)
+
+    def _internal_shapes(self, n: int, steps: int) -> list[Shape]:
+        """Time-major internals of ``steps`` steps for every layer: gates (L, steps, N, 4H),
+        hidden (and cell) states (L, steps+1, N, H), index b = the state at boundary b."""
+        L, H = self.num_layers, self.hidden_size
+        shapes = [(L, steps, n, 4 * H), (L, steps + 1, n, H)]
+        if self.state_parts == 2:
+            shapes.append((L, steps + 1, n, H))
+        return shapes
+
+    def _fwd_ws(self, n: int, t: int) -> list[Shape]:
+        c, G = self._unit_len(t), self.gates
+        table = (self.vocab_size, G) if self._table(n, t) else (0,)
+        shapes = [(c, n, self.input_size), (c, n, G), (G, n), (G,), table]
+        if self.schedule is not None:
+            shapes += self._internal_shapes(n, c)
+        return shapes
+
+    def _bwd_ws(self, n: int, t: int) -> list[Shape]:
+        c, L, H, G = self._unit_len(t), self.num_layers, self.hidden_size, self.gates
+        wide = max(self.input_size, H)
+        return self._fwd_ws(n, t) + [
+            (c, n, G), (c, n, G) if self.gate_factor == 3 else (0,),  # dG; GRU: dG_hh
+            (c * n * wide,), (c * n * wide,),  # gradient into this layer's / below's h
+            (L, self.state_parts, n, H), (n, H),  # carried dh (and dc); GRU's dh_prev part
+            (G, wide), (G,), (G,),  # weight-gradient product, bias sums, kernel scratch
+            (self.vocab_size, G) if self._table(n, t) else (0,),  # token-summed dG (table)
+        ]
+
+    def forward_workspace_bytes(self, in_shapes, dtype):
+        return workspace_bytes(dtype, *self._fwd_ws(*self._dims(in_shapes)))
+
+    def backward_workspace_bytes(self, in_shapes, dtype):
+        return workspace_bytes(dtype, *self._bwd_ws(*self._dims(in_shapes)))
+
+    def flops(self, in_shapes):
+        n, t = self._dims(in_shapes)
+        h, g = self.hidden_size, self.gates
+        per_step = sum(2 * n * (self.input_size if k == 0 else h) * g + 2 * n * h * g
+                       + 12 * n * g for k in range(self.num_layers))
+        return int(per_step * t)
+
+    def recompute_flops(self, in_shapes) -> int:
+        """Forward FLOPs the schedule spends again in backward (0 when everything is kept)."""
+        if self.schedule is None:
+            return 0
+        n, t = self._dims(in_shapes)
+        extra_units = int(self.schedule.unit_forwards) - len(self.units(t))
+        return int(self.flops(in_shapes) * extra_units / len(self.units(t)))
+
+    def describe(self) -> str:
+        extra = "" if self.bias else ", bias=False"
+        if self.vocab_size is not None:
+            extra += f", vocab_size={self.vocab_size}"
+        sched = "" if self.schedule is None else (
+            f", bptt={self.schedule.policy}:{self.schedule.max_stored}")
+        return (f"{type(self).__name__}({self.input_size}, {self.hidden_size}, "
+                f"num_layers={self.num_layers}{extra}, unit_steps={self.unit_steps}{sched})")
+
+    # ----------------------------------------------------------------- cell hooks
+    def _step_forward(self, k, i, s, params, gates, hs, cs, gx, hw, bias) -> None:
+        raise NotImplementedError
+
+    def _step_backward(self, k, i, params, gates, hs, cs, dh, dg, dgh, carry, direct,
+                       scratch) -> None:
+        raise NotImplementedError
+
+    def _prepare_bias(self, params, k, gx, bias) -> None:
+        """Set ``bias`` (G,) to what the gate kernel adds to each step's ``gx`` rows."""
+        raise NotImplementedError
+
+    # ----------------------------------------------------------------- compute
+    def _store_views(self, stash, internals):
+        """(gates, hs, cs): the layers' time-major internals, from the stash (everything
+        kept) or the unit scratch (scheduled); ``cs`` is None for a GRU."""
+        gates, hs, *rest = internals if internals is not None else (
+            [stash["gates"], stash["h"]] + ([stash["c"]] if self.state_parts == 2 else []))
+        return gates, hs, (rest[0] if rest else None)
+
+    def _parts(self, hs, cs):
+        return [hs] if cs is None else [hs, cs]
+
+    def _run_unit(self, params, x, u0, u1, lo, gates, hs, cs, xs, gx, hw, bias,
+                  table) -> None:
+        """Forward of steps u0..u1-1 for every layer. Index ``lo`` of ``hs`` / ``cs`` holds
+        the state at boundary u0 on entry; step u0+s (local index lo+s) writes gates[lo+s]
+        and states[lo+s+1]."""
+        n, m = x.shape[0], u1 - u0
+        for k in range(self.num_layers):
+            g2 = gx[:m].reshape(m * n, -1)
+            if k == 0 and table.size:  # gather the rows of embedding @ weight_ih_l0.T
+                np.take(table, x[:, u0:u1].T, axis=0, out=gx[:m], mode="clip")
+                self._prepare_bias(params, k, g2, bias)
+                for s in range(m):
+                    self._step_forward(k, lo + s, s, params, gates, hs, cs, gx, hw, bias)
+                continue
+            if k == 0:
+                self._layer_input(params, x, u0, u1, xs)
+                xin = xs[:m].reshape(m * n, self.input_size)
+            else:
+                xin = hs[k - 1, lo + 1:lo + 1 + m].reshape(m * n, self.hidden_size)
+            np.matmul(xin, params[f"weight_ih_l{k}"].T, out=g2)
+            self._prepare_bias(params, k, g2, bias)
+            for s in range(m):
+                self._step_forward(k, lo + s, s, params, gates, hs, cs, gx, hw, bias)
+
+    def _layer_input(self, params, x, u0, u1, xs) -> None:
+        """Steps u0..u1-1 of the first layer's input, time-major, into ``xs``."""
+        if self.vocab_size is not None:
+            np.take(params["embedding"], x[:, u0:u1].T, axis=0, out=xs[:u1 - u0], mode="clip")
+        else:
+            np.copyto(xs[:u1 - u0], x[:, u0:u1].transpose(1, 0, 2))
+
+    def _check_tokens(self, x) -> None:
+        if self.vocab_size is None or x.size == 0:
+            return
+        lo, hi = int(x.min()), int(x.max())
+        if lo < 0 or hi >= self.vocab_size:
+            raise IndexError(f"layer {self.name or type(self).__name__} ({self.describe()}): "
+                             f"token {lo if lo < 0 else hi} out of range for a vocabulary of "
+                             f"size {self.vocab_size}")
+
+    def _make_table(self, params, table) -> None:
+        if table.size:
+            np.matmul(params["embedding"], params["weight_ih_l0"].T, out=table)
+
+    def _scope(self):
+        return blas_threads(self.threads)
+
+    def _load_initial(self, inputs, hs, cs, index: int) -> None:
+        for p, arr in enumerate(self._parts(hs, cs)):
+            if self.initial_state:
+                np.copyto(arr[:, index], inputs[1 + p])
+            else:
+                arr[:, index].fill(0)
+
+    def forward(self, ctx, inputs, outputs, params, stash, workspace) -> None:
+        x, y = inputs[0], outputs[0]
+        n, t = y.shape[0], y.shape[1]
+        self._check_tokens(x)
+        views = workspace_views(workspace, y.dtype, *self._fwd_ws(n, t))
+        xs, gx, hw, bias, table = views[:5]
+        scheduled = self.schedule is not None
+        gates, hs, cs = self._store_views(stash, views[5:] if scheduled else None)
+        self._load_initial(inputs, hs, cs, 0)
+        stores = set(self.schedule.forward_stores) if scheduled else set()
+        slot_of = self._slots() if scheduled else {}
+        with self._scope():
+            self._make_table(params, table)
+            for u, (u0, u1) in enumerate(self.units(t)):
+                m = u1 - u0
+                lo = 0 if scheduled else u0
+                self._run_unit(params, x, u0, u1, lo, gates, hs, cs, xs, gx, hw, bias, table)
+                np.copyto(y[:, u0:u1], hs[-1, lo + 1:lo + 1 + m].transpose(1, 0, 2))
+                if scheduled:
+                    if u + 1 in stores:
+                        self._save_state(stash["states"], slot_of[("fwd", u + 1)], hs, cs, m)
+                    self._move(hs, cs, m, 0)  # the unit's end state starts the next unit
+
+    def _move(self, hs, cs, src: int, dst: int) -> None:
+        for arr in self._parts(hs, cs):
+            np.copyto(arr[:, dst], arr[:, src])
+
+    def _save_state(self, store, slot, hs, cs, index) -> None:
+        for p, arr in enumerate(self._parts(hs, cs)):
+            np.copyto(store[slot, :, p], arr[:, index])
+
+    def _load_state(self, store, slot, hs, cs) -> None:
+        for p, arr in enumerate(self._parts(hs, cs)):
+            np.copyto(arr[:, 0], store[slot, :, p])
+
+    def _slots(self) -> dict[tuple[str, int], int]:
+        """Slot of every stored boundary: keys ("fwd", b) for forward stores and ("op", i)
+        for the i-th backward op's store; a slot frees when its boundary is backpropagated."""
+        free = list(range(max(1, int(self.schedule.max_stored))))[::-1]
+        held: dict[int, int] = {}
+        out: dict[tuple[str, int], int] = {}
+        for b in self.schedule.forward_stores:
+            held[b] = out[("fwd", b)] = free.pop()
+        for i, (op, a, b) in enumerate(self.schedule.ops):
+            if op == "advance":
+                held[b] = out[("op", i)] = free.pop()
+            elif a in held:
+                free.append(held.pop(a))
+        return out
+
+    def backward(self, ctx, grad_outputs, grad_inputs, inputs, outputs, params, grad_params,
+                 stash, workspace) -> None:
+        x, dy = inputs[0], grad_outputs[0]
+        n, t = x.shape[0], x.shape[1]
+        scheduled = self.schedule is not None
+        views = workspace_views(workspace, dy.dtype, *self._bwd_ws(n, t))
+        nf = len(self._fwd_ws(n, t))
+        xs, gx, hw, bias, table = views[:5]
+        gates, hs, cs = self._store_views(stash, views[5:nf] if scheduled else None)
+        work = views[nf:]
+        carry, token_dg = work[4], work[-1]
+        carry.fill(0)
+        token_dg.fill(0)
+        if self.vocab_size is not None and not token_dg.size and "embedding" in grad_params:
+            grad_params["embedding"].fill(0)
+        units = self.units(t)
+        first = {name: True for name in grad_params}
+
+        def accumulate(name: str, value: np.ndarray) -> None:
+            if name not in grad_params:
+                return
+            if first[name]:
+                np.copyto(grad_params[name], value)
+                first[name] = False
+            else:
+                grad_params[name] += value
+
+        def backprop(u: int) -> None:
+            u0, u1 = units[u]
+            lo = 0 if scheduled else u0
+            if scheduled:  # recompute the unit's internals from the state at boundary u
+                self._run_unit(params, x, u0, u1, lo, gates, hs, cs, xs, gx, hw, bias, table)
+            self._backprop_unit(params, x, dy, grad_inputs, grad_params, u0, u1 - u0, lo,
+                                gates, hs, cs, xs, work, accumulate)
+
+        with self._scope():
+            if scheduled:
+                self._make_table(params, table)
+            if not scheduled:
+                for u in range(len(units) - 1, -1, -1):
+                    backprop(u)
+            else:
+                store = stash["states"]
+                slot_of = self._slots()
+                held = {b: slot_of[("fwd", b)] for b in self.schedule.forward_stores}
+                for i, (op, a, b) in enumerate(self.schedule.ops):
+                    if a == 0:
+                        self._load_initial(inputs, hs, cs, 0)
+                    else:
+                        self._load_state(store, held[a], hs, cs)
+                    if op == "advance":
+                        for u in range(a, b):
+                            if u > a:
+                                self._move(hs, cs, units[u - 1][1] - units[u - 1][0], 0)
+                            self._run_unit(params, x, *units[u], 0, gates, hs, cs, xs, gx, hw,
+                                           bias, table)
+                        held[b] = slot_of[("op", i)]
+                        self._save_state(store, held[b], hs, cs,
+                                         units[b - 1][1] - units[b - 1][0])
+                    else:
+                        backprop(a)
+                        held.pop(a, None)
+            if token_dg.size:  # dW_ih0 = S^T E, d embedding = S W_ih0 (S: dG summed by token)
+                if "weight_ih_l0" in grad_params:
+                    np.matmul(token_dg.T, params["embedding"], out=grad_params["weight_ih_l0"])
+                if "embedding" in grad_params:
+                    np.matmul(token_dg, params["weight_ih_l0"], out=grad_params["embedding"])
+        if self.initial_state:
+            for p in range(self.state_parts):
+                if grad_inputs[1 + p] is not None:
+                    np.copyto(grad_inputs[1 + p], carry[:, p])
+
+    def _backprop_unit(self, params, x, dy, grad_inputs, grad_params, u0, m, lo, gates, hs, cs,
+                       xs, work, accumulate) -> None:
+        dg_buf, dgh_buf, din_buf, dlow_buf, carry, direct, prod, colsum, scratch, token_dg = work
+        n, H, G, I = x.shape[0], self.hidden_size, self.gates, self.input_size
+        rows = m * n
+        din = _flat(din_buf, m, n, H)
+        np.copyto(din, dy[:, u0:u0 + m].transpose(1, 0, 2))
+        dg = dg_buf[:m]
+        dgh = dgh_buf[:m] if self.gate_factor == 3 else dg
+        dg2, dgh2 = dg.reshape(rows, G), dgh.reshape(rows, G)
+        for k in range(self.num_layers - 1, -1, -1):
+            for s in range(m - 1, -1, -1):
+                dh = din[s]
+                dh += carry[k, 0]
+                self._step_backward(k, lo + s, params, gates, hs, cs, dh, dg[s], dgh[s],
+                                    carry, direct, scratch)
+            dw = _flat(prod, G, H)
+            np.matmul(dgh2.T, hs[k, lo:lo + m].reshape(rows, H), out=dw)
+            accumulate(f"weight_hh_l{k}", dw)
+            if k == 0 and token_dg.size:
+                embedding_accumulate(x[:, u0:u0 + m].T.reshape(-1), dg2, token_dg)
+            else:
+                if k == 0:
+                    self._layer_input(params, x, u0, u0 + m, xs)
+                    xin = xs[:m].reshape(rows, I)
+                else:
+                    xin = hs[k - 1, lo + 1:lo + 1 + m].reshape(rows, H)
+                dw = _flat(prod, G, xin.shape[1])
+                np.matmul(dg2.T, xin, out=dw)
+                accumulate(f"weight_ih_l{k}", dw)
+            if self.bias:
+                np.sum(dg2, axis=0, out=colsum)
+                accumulate(f"bias_ih_l{k}", colsum)
+                if self.gate_factor == 3:  # GRU: b_hh gets the recurrent gradient
+                    np.sum(dgh2, axis=0, out=colsum)
+                accumulate(f"bias_hh_l{k}", colsum)
+            w_ih = params[f"weight_ih_l{k}"]
+            if k > 0:
+                low = _flat(dlow_buf, m, n, H)
+                np.matmul(dg2, w_ih, out=low.reshape(rows, H))
+                din_buf, dlow_buf = dlow_buf, din_buf
+                din = low
+            elif self.vocab_size is not None:
+                if not token_dg.size and "embedding" in grad_params:
+                    dx = _flat(dlow_buf, rows, I)
+                    np.matmul(dg2, w_ih, out=dx)
+                    embedding_accumulate(x[:, u0:u0 + m].T.reshape(-1), dx,
+                                         grad_params["embedding"])
+            elif grad_inputs[0] is not None:
+                dx = _flat(dlow_buf, rows, I)
+                np.matmul(dg2, w_ih, out=dx)
+                np.copyto(grad_inputs[0][:, u0:u0 + m], dx.reshape(m, n, I).transpose(1, 0, 2))
+
+
+class LSTM(_Recurrent):
+    """A stack of ``num_layers`` LSTM layers over a whole sequence (PyTorch's ``nn.LSTM``
+    with ``batch_first=True``): input ``x`` (N, T, input_size) [, ``h0``, ``c0`` (L, N, H)
+    with ``initial_state=True``], output every step's top-layer hidden state (N, T, H)."""
+
+    cell = "lstm"
+    gate_factor = 4
+    state_parts = 2
+
+    def _step_forward(self, k, i, s, params, gates, hs, cs, gx, hw, bias) -> None:
+        np.matmul(params[f"weight_hh_l{k}"], hs[k, i].T, out=hw)
+        lstm_cell_forward(hw, gx[s], bias, cs[k, i], gates[k, i], hs[k, i + 1], cs[k, i + 1])
+
+    def _prepare_bias(self, params, k, gx, bias) -> None:
+        if self.bias:  # the kernel adds b_ih + b_hh to the projection in one go
+            np.add(params[f"bias_ih_l{k}"], params[f"bias_hh_l{k}"], out=bias)
+        else:
+            bias.fill(0)
+
+    def _step_backward(self, k, i, params, gates, hs, cs, dh, dg, dgh, carry, direct,
+                       scratch) -> None:
+        # carry[k, 1] (dc of step i+1) is read, then overwritten with dc_prev (row by row)
+        lstm_cell_backward(dh, carry[k, 1], gates[k, i], cs[k, i + 1], cs[k, i], dg,
+                           carry[k, 1], scratch)
+        np.matmul(dg, params[f"weight_hh_l{k}"], out=carry[k, 0])
+
+
+class GRU(_Recurrent):
+    """A stack of ``num_layers`` GRU layers over a whole sequence (PyTorch's ``nn.GRU`` with
+    ``batch_first=True``): input ``x`` (N, T, input_size) [, ``h0`` (L, N, H) with
+    ``initial_state=True``], output every step's top-layer hidden state (N, T, H)."""
+
+    cell = "gru"
+    gate_factor = 3
+    state_parts = 1
+
+    def _step_forward(self, k, i, s, params, gates, hs, cs, gx, hw, bias) -> None:
+        np.matmul(params[f"weight_hh_l{k}"], hs[k, i].T, out=hw)
+        gru_cell_forward(gx[s], hw, bias, hs[k, i], gates[k, i], hs[k, i + 1])
+
+    def _prepare_bias(self, params, k, gx, bias) -> None:
+        if self.bias:  # b_in sits outside r * (W_hn h + b_hn): add b_ih to the projection
+            gx += params[f"bias_ih_l{k}"]
+            np.copyto(bias, params[f"bias_hh_l{k}"])
+        else:
+            bias.fill(0)
+
+    def _step_backward(self, k, i, params, gates, hs, cs, dh, dg, dgh, carry, direct,
+                       scratch) -> None:
+        gru_cell_backward(dh, gates[k, i], hs[k, i], dg, dgh, scratch)
+        np.matmul(dgh, params[f"weight_hh_l{k}"], out=carry[k, 0])
+        gru_add_direct(carry[k, 0], dh, gates[k, i])
