@@ -142,8 +142,8 @@ def auto_choose(program: Program, budget: int | None, step_times: list[float] | 
             choice.path.append(("stopped", f"search time limit {time_limit_s:.0f} s", 0, 0.0))
             break
         best = None
-        live = [t for t in dict.fromkeys(_live_at_peak(plan))
-                if program.tensors[t].role == "value"]
+        live = [t for t in dict.fromkeys(_live_at_peak(plan))  # clones of stashes: not ours
+                if t < len(program.tensors) and program.tensors[t].role == "value"]
         live.sort(key=lambda t: -program.tensors[t].nbytes)
         for t in live[:max_candidates]:
             spec = program.tensors[t]

@@ -100,7 +100,7 @@ def run_bench(
             "step_time_median_s": med,
             "time_ratio": med / base,
         }
-        for key in ("swap", "recompute", "compression", "split"):
+        for key in ("swap", "recompute", "compression", "split", "bptt"):
             if key in rep:
                 row[key] = rep[key]
         results.append(row)

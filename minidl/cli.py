@@ -104,6 +104,11 @@ def print_memory_report(rep: dict[str, Any], out=sys.stdout) -> None:
         print("  largest tensors live at the peak:", file=out)
         for r in live[:5]:
             print(f"    {r['tensor']:<28} {r['category']:<14} {_fmt(r['bytes'])}", file=out)
+    for b in rep.get("bptt", []):
+        print(f"  BPTT schedule of {b['layer']}: {b['policy']}, {b['states_kept']} hidden states "
+              f"kept for {b['units']} units of {b['unit_steps']} steps, "
+              f"{b['unit_forwards'] / b['units']:.2f} unit forwards per unit "
+              f"(recomputed {b['recomputed_flops'] / 1e9:.2f} GFLOP)", file=out)
     for note in rep.get("notes", []):
         print(f"  note: {note}", file=out)
 
@@ -338,6 +343,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
                          f"{1000 * s['stall_s']:.2f} ms, cache hits {s['cache_hits']}")
             if "recompute" in r:
                 extra += f"   recomputed {1000 * r['recompute']['time_s']:.1f} ms"
+            for b in r.get("bptt", []):
+                extra += (f"   {b['layer']}: {b['states_kept']} states, "
+                          f"{b['unit_forwards'] / b['units']:.2f} forwards/unit")
             print(f"{r['spec']:<36}{r['peak_allocated_bytes']:>18,}"
                   f"{1000 * r['step_time_median_s']:>12.2f}{r['time_ratio']:>8.3f}{extra}")
         if "torch" in result:

@@ -80,6 +80,7 @@ def dry_run(
     c.executor.run([None, None], training=training, record=True)
     info = engine.peak_info(c)
     from .report import layer_table, plot_timeline, save_trace, timeline
+    from .trainer import strategy_costs
 
     if plot:
         plot_timeline(timeline(c), plot, f"{net.name}, batch {batch_size}, {config.spec}")
@@ -110,6 +111,7 @@ def dry_run(
         "swap": swap if c.plan.swapped else {},
         "notes": list(c.plan.notes),
         "layers": layer_table(c),
+        **{k: v for k, v in strategy_costs(c).items() if k == "bptt"},
     }
 
 

@@ -21,6 +21,7 @@ from .memory.host_pool import HostPool
 from .memory.plan import Plan
 from .memory.planner import make_plan
 from .memory.program import aligned
+from .rnn import bptt_policy as bptt_policy_of
 
 
 def micro_shapes(batch_shapes: list[tuple[int, ...]], label_shape: tuple[int, ...] | None,
@@ -139,17 +140,41 @@ class Engine:
         key = (tuple(map(tuple, batch_shapes)), label_shape, training, label_dtype, accumulate)
         c = self._cache.get(key)
         if c is None:
-            lowered = lower(self.net.for_shapes(batch_shapes, memory=self.config),
-                            list(batch_shapes), loss=self.loss,
-                            label_shape=label_shape,
-                            label_dtype=label_dtype, training=training,
-                            opt_state=self.opt_state_specs, accumulate_grads=accumulate)
             # inference has no backward: free every tensor after its last use
-            plan = make_plan(lowered.program,
-                             self.config if training else MemoryConfig.parse("reuse,inplace"))
+            config = self.config if training else MemoryConfig.parse("reuse,inplace")
+            nets = [(None, self.net.for_shapes(batch_shapes, memory=self.config))]
+            if training and self._budgeted_bptt():
+                steps = batch_shapes[0][1]
+                nets = [(p, self.net.for_shapes(batch_shapes, policy=p))
+                        for p in self.net.bptt_candidates(steps)]
+            from .memory.auto import BudgetTooSmall
+
+            for i, (policy, net) in enumerate(nets):
+                lowered = lower(net, list(batch_shapes), loss=self.loss,
+                                label_shape=label_shape, label_dtype=label_dtype,
+                                training=training, opt_state=self.opt_state_specs,
+                                accumulate_grads=accumulate)
+                try:
+                    plan = make_plan(lowered.program, config)
+                except BudgetTooSmall:
+                    if i == len(nets) - 1:
+                        raise
+                    continue
+                if len(nets) > 1:
+                    plan.notes.append(
+                        f"recurrent layers' BPTT schedule {policy or 'keep all'} chosen to fit "
+                        f"the budget ({len(nets)} candidates, most states first)")
+                break
             c = self._compile(lowered, plan)
             self._cache[key] = c
         return c
+
+    def _budgeted_bptt(self) -> bool:
+        """``auto,budget=`` on a model with fused recurrent layers and no explicit schedule:
+        the engine picks the schedule keeping the most states that fits the budget."""
+        return (self.config.has("auto") and self.config.budget is not None
+                and bptt_policy_of(self.config) is None
+                and hasattr(self.net, "bptt_candidates"))
 
     def _compile(self, lowered: Lowered, plan: Plan) -> Compiled:
         """The executor for ``plan`` on this engine's pool, host pool and debug setting."""

@@ -150,6 +150,7 @@ class SequenceModel(Network):
                  default_steps: int, name: str, seed: int = 0, dtype: str = "float32",
                  vocab_size: int | None = None) -> None:
         self._build_fn = build
+        self.fused = False  # set by builders whose recurrent layers are fused
         self._store = ParameterStore(seed, dtype)
         self.vocab_size = vocab_size
         self._built: dict[tuple[int, str | None], Network] = {}
@@ -159,19 +160,33 @@ class SequenceModel(Network):
         self.default_steps = default_steps
 
     def for_shapes(self, batch_shapes: Sequence[tuple[int, ...]],
-                   memory: str | MemoryConfig | None = None) -> Network:
+                   memory: str | MemoryConfig | None = None, policy: str | None = None
+                   ) -> Network:
         """The build for the sequence length of ``batch_shapes`` and the BPTT policy of
-        ``memory`` (cached)."""
+        ``memory`` (or ``policy`` itself, see :func:`bptt_policy`), cached."""
         shape = tuple(batch_shapes[0])
         if len(shape) < 2 or shape[1] < 1:
             raise ValueError(f"{self.name} takes (batch, time) token arrays; got shape {shape} "
                              "(an empty sequence has nothing to learn from)")
-        key = (shape[1], bptt_policy(memory))
+        key = (shape[1], policy if policy is not None else bptt_policy(memory))
         if key not in self._built:
             inputs, outputs = self._build_fn(self._store, *key)
             self._built[key] = Network(inputs, outputs, name=f"{self.name}[T={shape[1]}]",
                                        dtype=self.dtype.name)
         return self._built[key]
+
+
+    def bptt_candidates(self, steps: int) -> list[str | None]:
+        """Policies to try under a budget, most states kept (fastest) first: keep all, then
+        Gruslys's schedule with U-1, U/2, U/4, ..., 1 states for U time units."""
+        if not self.fused:
+            return [None]
+        units = -(-steps // UNIT_STEPS)
+        slots, out = units - 1, [None]
+        while slots >= 1:
+            out.append(f"dp:{slots}")
+            slots = slots // 2 if slots > 1 else 0
+        return out
 
 
 def char_rnn(vocab_size: int = 65, embedding_dim: int = 256, hidden_size: int = 256,
@@ -198,8 +213,10 @@ def char_rnn(vocab_size: int = 65, embedding_dim: int = 256, hidden_size: int = 
         return x, fc(y)
 
     name = f"char-{cell}" if fused else f"char-{cell}-unrolled"
-    return SequenceModel(build, steps, name=name, seed=seed, dtype=dtype,
-                         vocab_size=vocab_size)
+    model = SequenceModel(build, steps, name=name, seed=seed, dtype=dtype,
+                          vocab_size=vocab_size)
+    model.fused = fused
+    return model
 
 
 def sequence_classifier(vocab_size: int, num_classes: int, embedding_dim: int = 64,

@@ -34,8 +34,9 @@ def _default_optimizer(net: Network):
 
 def strategy_costs(c: Any) -> dict[str, Any]:
     """What recomputation and compression cost in the last iteration: recomputed FLOPs and
-    seconds, encode / decode seconds, and per encoded stash its codec, size ratio and (for
-    sparse) measured density."""
+    seconds, the BPTT schedule of each fused recurrent layer (states kept, units computed),
+    encode / decode seconds, and per encoded stash its codec, size ratio and (for sparse)
+    measured density."""
     prog = c.plan.program
     times = c.executor.step_times
     out: dict[str, Any] = {}
@@ -45,6 +46,16 @@ def strategy_costs(c: Any) -> dict[str, Any]:
             "steps": int(prog.meta["recomputed_steps"]),
             "time_s": float(sum(t for s, t in zip(prog.steps, times) if s.phase == "recompute")),
         }
+    bptt = []
+    for ex in c.lowered.steps:
+        sched = getattr(ex.layer, "schedule", None)
+        if ex.phase == "forward" and sched is not None:
+            bptt.append({"layer": ex.name, "policy": sched.policy, "units": sched.units,
+                         "unit_steps": ex.layer.unit_steps, "states_kept": sched.max_stored,
+                         "unit_forwards": sched.unit_forwards,
+                         "recomputed_flops": ex.layer.recompute_flops(ex.in_shapes)})
+    if bptt:
+        out["bptt"] = bptt
     encodes = [s for s in prog.steps if s.phase == "encode"]
     if encodes:
         per = []
