@@ -25,12 +25,13 @@ Memory over time follows a *schedule* (plain data, e.g. from ``minidl.memory.bpt
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
 
 from ..kernels.embedding import embedding_accumulate
-from ..kernels.parallel import blas_threads
+from ..kernels.parallel import blas_threads, num_threads
 from ..kernels.rnn import (
     gru_add_direct,
     gru_cell_backward,
@@ -46,6 +47,72 @@ from .base import Layer, ParamSpec, Shape
 def _flat(buf: np.ndarray, *shape: int) -> np.ndarray:
     """The first prod(shape) elements of the contiguous ``buf`` as a C-contiguous array."""
     return buf.reshape(-1)[:int(np.prod(shape))].reshape(shape)
+
+
+class _Accumulator:
+    """Writes the first value of each gradient, adds the later ones (in call order)."""
+
+    def __init__(self, grad_params: dict) -> None:
+        self.grad_params = grad_params
+        self.first = set(grad_params)
+
+    def __call__(self, name: str, value: np.ndarray) -> None:
+        if name not in self.grad_params:
+            return
+        if name in self.first:
+            np.copyto(self.grad_params[name], value)
+            self.first.discard(name)
+        else:
+            self.grad_params[name] += value
+
+
+def _merge(lanes: list[list]) -> list:
+    """The tasks of several lanes as one lane that respects every dependency (each task
+    after its dependencies; otherwise lane order)."""
+    done: set = set()
+    queues = [list(lane) for lane in lanes]
+    out = []
+    while any(queues):
+        progressed = False
+        for q in queues:
+            while q and all(d in done for d in q[0][1]):
+                key, deps, fn = q.pop(0)
+                out.append((key, deps, fn))
+                done.add(key)
+                progressed = True
+        if not progressed:
+            raise RuntimeError("recurrent layer: cyclic task dependencies")  # a bug
+    return out
+
+
+def _run_lanes(lanes: list[list]) -> None:
+    """Run each lane's tasks in order, lane 0 on the calling thread and the others on their
+    own threads; a task first waits for the tasks it depends on. Errors propagate."""
+    events = {key: threading.Event() for lane in lanes for key, _, _ in lane}
+    failed: list[BaseException] = []
+
+    def run(lane: list) -> None:
+        try:
+            for key, deps, fn in lane:
+                for d in deps:
+                    events[d].wait()
+                if failed:
+                    return
+                fn()
+                events[key].set()
+        except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
+            failed.append(e)
+            for ev in events.values():
+                ev.set()
+
+    threads = [threading.Thread(target=run, args=(lane,), daemon=True) for lane in lanes[1:]]
+    for th in threads:
+        th.start()
+    run(lanes[0])
+    for th in threads:
+        th.join()
+    if failed:
+        raise failed[0]
 
 
 class _Recurrent(Layer):
@@ -168,17 +235,32 @@ class _Recurrent(Layer):
             shapes.append((L, steps + 1, n, H))
         return shapes
 
-    def _fwd_ws(self, n: int, t: int) -> list[Shape]:
+    def _scratch_shapes(self, n: int, t: int) -> list[Shape]:
+        """One thread's forward scratch: layer-0 input, projection, recurrent product, bias."""
         c, G = self._unit_len(t), self.gates
+        return [(c, n, self.input_size), (c, n, G), (G, n), (G,)]
+
+    def _fwd_ws(self, n: int, t: int) -> list[Shape]:
+        """Keeping everything: two threads' scratch and the token table; scheduled: one
+        scratch, the token table and one unit's internals."""
+        G = self.gates
         table = (self.vocab_size, G) if self._table(n, t) else (0,)
-        shapes = [(c, n, self.input_size), (c, n, G), (G, n), (G,), table]
-        if self.schedule is not None:
-            shapes += self._internal_shapes(n, c)
-        return shapes
+        if self.schedule is None:
+            return self._scratch_shapes(n, t) * 2 + [table]
+        return self._scratch_shapes(n, t) + [table] + self._internal_shapes(n, self._unit_len(t))
 
     def _bwd_ws(self, n: int, t: int) -> list[Shape]:
         c, L, H, G = self._unit_len(t), self.num_layers, self.hidden_size, self.gates
         wide = max(self.input_size, H)
+        table = (self.vocab_size, G) if self._table(n, t) else (0,)
+        if self.schedule is None:  # the pipelined backward (see _backward_keep_all)
+            return [
+                (L, 2, c, n, G), (L, 2, c, n, G) if self.gate_factor == 3 else (0,),  # dG rings
+                (L, 2, c * n * wide),  # ring of gradients into each layer's outputs
+                (L, self.state_parts, n, H), (n, H), (G,),  # carries, GRU's dh*z, dbias
+                (G, wide), (G,), (c * n * wide,), (c, n, self.input_size),  # GEMM thread's
+                table,  # token-summed dG (table)
+            ]
         return self._fwd_ws(n, t) + [
             (c, n, G), (c, n, G) if self.gate_factor == 3 else (0,),  # dG; GRU: dG_hh
             (c * n * wide,), (c * n * wide,),  # gradient into this layer's / below's h
@@ -245,24 +327,28 @@ class _Recurrent(Layer):
         """Forward of steps u0..u1-1 for every layer. Index ``lo`` of ``hs`` / ``cs`` holds
         the state at boundary u0 on entry; step u0+s (local index lo+s) writes gates[lo+s]
         and states[lo+s+1]."""
-        n, m = x.shape[0], u1 - u0
         for k in range(self.num_layers):
-            g2 = gx[:m].reshape(m * n, -1)
-            if k == 0 and table.size:  # gather the rows of embedding @ weight_ih_l0.T
-                np.take(table, x[:, u0:u1].T, axis=0, out=gx[:m], mode="clip")
-                self._prepare_bias(params, k, g2, bias)
-                for s in range(m):
-                    self._step_forward(k, lo + s, s, params, gates, hs, cs, gx, hw, bias)
-                continue
+            self._layer_forward(k, params, x, u0, u1, lo, gates, hs, cs, (xs, gx, hw, bias),
+                                table)
+
+    def _layer_forward(self, k, params, x, u0, u1, lo, gates, hs, cs, scratch, table) -> None:
+        """Forward of layer ``k`` over steps u0..u1-1 (see :meth:`_run_unit`); reads layer
+        k-1's states of those steps."""
+        xs, gx, hw, bias = scratch
+        n, m = x.shape[0], u1 - u0
+        g2 = gx[:m].reshape(m * n, -1)
+        if k == 0 and table.size:  # gather the rows of embedding @ weight_ih_l0.T
+            np.take(table, x[:, u0:u1].T, axis=0, out=gx[:m], mode="clip")
+        else:
             if k == 0:
                 self._layer_input(params, x, u0, u1, xs)
                 xin = xs[:m].reshape(m * n, self.input_size)
             else:
                 xin = hs[k - 1, lo + 1:lo + 1 + m].reshape(m * n, self.hidden_size)
             np.matmul(xin, params[f"weight_ih_l{k}"].T, out=g2)
-            self._prepare_bias(params, k, g2, bias)
-            for s in range(m):
-                self._step_forward(k, lo + s, s, params, gates, hs, cs, gx, hw, bias)
+        self._prepare_bias(params, k, g2, bias)
+        for s in range(m):
+            self._step_forward(k, lo + s, s, params, gates, hs, cs, gx, hw, bias)
 
     def _layer_input(self, params, x, u0, u1, xs) -> None:
         """Steps u0..u1-1 of the first layer's input, time-major, into ``xs``."""
@@ -299,23 +385,181 @@ class _Recurrent(Layer):
         n, t = y.shape[0], y.shape[1]
         self._check_tokens(x)
         views = workspace_views(workspace, y.dtype, *self._fwd_ws(n, t))
+        if self.schedule is None:
+            self._forward_keep_all(inputs, y, params, stash, views)
+            return
         xs, gx, hw, bias, table = views[:5]
-        scheduled = self.schedule is not None
-        gates, hs, cs = self._store_views(stash, views[5:] if scheduled else None)
+        gates, hs, cs = self._store_views(stash, views[5:])
         self._load_initial(inputs, hs, cs, 0)
-        stores = set(self.schedule.forward_stores) if scheduled else set()
-        slot_of = self._slots() if scheduled else {}
+        stores = set(self.schedule.forward_stores)
+        slot_of = self._slots()
         with self._scope():
             self._make_table(params, table)
             for u, (u0, u1) in enumerate(self.units(t)):
                 m = u1 - u0
-                lo = 0 if scheduled else u0
-                self._run_unit(params, x, u0, u1, lo, gates, hs, cs, xs, gx, hw, bias, table)
-                np.copyto(y[:, u0:u1], hs[-1, lo + 1:lo + 1 + m].transpose(1, 0, 2))
-                if scheduled:
-                    if u + 1 in stores:
-                        self._save_state(stash["states"], slot_of[("fwd", u + 1)], hs, cs, m)
-                    self._move(hs, cs, m, 0)  # the unit's end state starts the next unit
+                self._run_unit(params, x, u0, u1, 0, gates, hs, cs, xs, gx, hw, bias, table)
+                np.copyto(y[:, u0:u1], hs[-1, 1:1 + m].transpose(1, 0, 2))
+                if u + 1 in stores:
+                    self._save_state(stash["states"], slot_of[("fwd", u + 1)], hs, cs, m)
+                self._move(hs, cs, m, 0)  # the unit's end state starts the next unit
+
+    # ----------------------------------------------------------------- keep-all, pipelined
+    def _lanes(self) -> int:
+        """Threads of the pipelined paths (1: everything on the calling thread)."""
+        return max(1, min(2, self.threads if self.threads is not None else num_threads()))
+
+    def _forward_keep_all(self, inputs, y, params, stash, views) -> None:
+        """Everything kept: layer k runs on thread k % 2, one unit behind layer k-1 (a
+        wavefront), each thread with single-threaded BLAS and its own scratch."""
+        x = inputs[0]
+        t, L = y.shape[1], self.num_layers
+        scratches, table = (views[0:4], views[4:8]), views[8]
+        gates, hs, cs = self._store_views(stash, None)
+        self._load_initial(inputs, hs, cs, 0)
+        units = self.units(t)
+        self._make_table(params, table)
+
+        def task(k: int, u: int):
+            def run() -> None:
+                u0, u1 = units[u]
+                self._layer_forward(k, params, x, u0, u1, u0, gates, hs, cs, scratches[k % 2],
+                                    table)
+                if k == L - 1:
+                    np.copyto(y[:, u0:u1], hs[-1, u0 + 1:u1 + 1].transpose(1, 0, 2))
+            return run
+
+        lanes: list[list] = [[], []]
+        for w in range(len(units) + L - 1):
+            for k in range(L):
+                u = w - k
+                if 0 <= u < len(units):
+                    deps = [("f", k - 1, u)] if k > 0 else []
+                    lanes[k % 2].append((("f", k, u), deps, task(k, u)))
+        _run_lanes(lanes if self._lanes() > 1 else [_merge(lanes)])
+
+    def _backward_keep_all(self, inputs, dy, grad_inputs, params, grad_params, stash,
+                           views) -> None:
+        """Everything kept: the calling thread runs the recurrences (layer k one unit behind
+        layer k+1), a second thread the unit GEMMs (input gradients first: the layer below
+        waits for them; then weight gradients, in unit order per weight)."""
+        x = inputs[0]
+        n, t = x.shape[0], x.shape[1]
+        L, H, G, I = self.num_layers, self.hidden_size, self.gates, self.input_size
+        dg_ring, dgh_ring, din_ring, carry, direct, scratch_db, prod, colsum, dxbuf, xs, \
+            token_dg = views
+        gru = self.gate_factor == 3
+        gates, hs, cs = self._store_views(stash, None)
+        units = self.units(t)
+        U = len(units)
+        carry.fill(0)
+        token_dg.fill(0)
+        if self.vocab_size is not None and not token_dg.size and "embedding" in grad_params:
+            grad_params["embedding"].fill(0)
+        accumulate = _Accumulator(grad_params)
+
+        def din_of(k: int, u: int) -> np.ndarray:
+            m = units[u][1] - units[u][0]
+            return _flat(din_ring[k, u % 2], m, n, H)
+
+        def rec(k: int, u: int):
+            def run() -> None:
+                u0, u1 = units[u]
+                m = u1 - u0
+                din = din_of(k, u)
+                if k == L - 1:
+                    np.copyto(din, dy[:, u0:u1].transpose(1, 0, 2))
+                dg, dgh = dg_ring[k, u % 2, :m], (dgh_ring if gru else dg_ring)[k, u % 2, :m]
+                for s in range(m - 1, -1, -1):
+                    dh = din[s]
+                    dh += carry[k, 0]
+                    self._step_backward(k, u0 + s, params, gates, hs, cs, dh, dg[s], dgh[s],
+                                        carry, direct, scratch_db)
+            return run
+
+        def dx(k: int, u: int):  # gradient into layer k-1's outputs of unit u
+            def run() -> None:
+                u0, u1 = units[u]
+                rows = (u1 - u0) * n
+                np.matmul(dg_ring[k, u % 2, :u1 - u0].reshape(rows, G),
+                          params[f"weight_ih_l{k}"], out=din_of(k - 1, u).reshape(rows, H))
+            return run
+
+        def wgrad(k: int, u: int):
+            def run() -> None:
+                u0, u1 = units[u]
+                m, rows = u1 - u0, (u1 - u0) * n
+                dg2 = dg_ring[k, u % 2, :m].reshape(rows, G)
+                dgh2 = (dgh_ring if gru else dg_ring)[k, u % 2, :m].reshape(rows, G)
+                dw = _flat(prod, G, H)
+                np.matmul(dgh2.T, hs[k, u0:u1].reshape(rows, H), out=dw)
+                accumulate(f"weight_hh_l{k}", dw)
+                if k == 0 and token_dg.size:
+                    embedding_accumulate(x[:, u0:u1].T.reshape(-1), dg2, token_dg)
+                else:
+                    if k == 0:
+                        self._layer_input(params, x, u0, u1, xs)
+                        xin = xs[:m].reshape(rows, I)
+                    else:
+                        xin = hs[k - 1, u0 + 1:u1 + 1].reshape(rows, H)
+                    dw = _flat(prod, G, xin.shape[1])
+                    np.matmul(dg2.T, xin, out=dw)
+                    accumulate(f"weight_ih_l{k}", dw)
+                if self.bias:
+                    np.sum(dg2, axis=0, out=colsum)
+                    accumulate(f"bias_ih_l{k}", colsum)
+                    if gru:  # b_hh gets the recurrent gradient
+                        np.sum(dgh2, axis=0, out=colsum)
+                    accumulate(f"bias_hh_l{k}", colsum)
+                if k == 0:
+                    self._input_gradient(params, x, grad_inputs, grad_params, u0, u1, dg2,
+                                         dxbuf, token_dg)
+            return run
+
+        main: list = []
+        gemm: list = []
+        for w in range(U + L - 1):
+            for k in range(L - 1, -1, -1):
+                u = U - 1 - (w - (L - 1 - k))
+                if not 0 <= u < U:
+                    continue
+                deps = [("dx", k + 1, u)] if k < L - 1 else []
+                if u + 2 < U:  # the dG ring slot is free once its GEMMs are done
+                    deps.append(("w", k, u + 2))
+                main.append((("rec", k, u), deps, rec(k, u)))
+                if k > 0:
+                    gemm.append((("dx", k, u), [("rec", k, u)], dx(k, u)))
+                gemm.append((("w", k, u), [("rec", k, u)], wgrad(k, u)))
+        _run_lanes([main, gemm] if self._lanes() > 1 else [_merge([main, gemm])])
+        self._finish_tokens(params, grad_params, token_dg)
+        if self.initial_state:
+            for p in range(self.state_parts):
+                if grad_inputs[1 + p] is not None:
+                    np.copyto(grad_inputs[1 + p], carry[:, p])
+
+    def _input_gradient(self, params, x, grad_inputs, grad_params, u0, u1, dg2, dxbuf,
+                        token_dg) -> None:
+        """Layer 0's input gradient of steps u0..u1-1 from its dG rows: into ``grad x``, or
+        (tokens without the table) scatter-added into the embedding's gradient."""
+        n, I = x.shape[0], self.input_size
+        m, rows = u1 - u0, (u1 - u0) * x.shape[0]
+        if self.vocab_size is not None:
+            if not token_dg.size and "embedding" in grad_params:
+                d = _flat(dxbuf, rows, I)
+                np.matmul(dg2, params["weight_ih_l0"], out=d)
+                embedding_accumulate(x[:, u0:u1].T.reshape(-1), d, grad_params["embedding"])
+        elif grad_inputs[0] is not None:
+            d = _flat(dxbuf, rows, I)
+            np.matmul(dg2, params["weight_ih_l0"], out=d)
+            np.copyto(grad_inputs[0][:, u0:u1], d.reshape(m, n, I).transpose(1, 0, 2))
+
+    def _finish_tokens(self, params, grad_params, token_dg) -> None:
+        """dW_ih0 = S^T E and d embedding = S W_ih0, S being dG summed per token (table)."""
+        if not token_dg.size:
+            return
+        if "weight_ih_l0" in grad_params:
+            np.matmul(token_dg.T, params["embedding"], out=grad_params["weight_ih_l0"])
+        if "embedding" in grad_params:
+            np.matmul(token_dg, params["weight_ih_l0"], out=grad_params["embedding"])
 
     def _move(self, hs, cs, src: int, dst: int) -> None:
         for arr in self._parts(hs, cs):
@@ -350,6 +594,9 @@ class _Recurrent(Layer):
         n, t = x.shape[0], x.shape[1]
         scheduled = self.schedule is not None
         views = workspace_views(workspace, dy.dtype, *self._bwd_ws(n, t))
+        if not scheduled:
+            self._backward_keep_all(inputs, dy, grad_inputs, params, grad_params, stash, views)
+            return
         nf = len(self._fwd_ws(n, t))
         xs, gx, hw, bias, table = views[:5]
         gates, hs, cs = self._store_views(stash, views[5:nf] if scheduled else None)

@@ -7,7 +7,7 @@ and runs it with the executor. The same engine on the meta device is the dry run
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -36,6 +36,7 @@ class Compiled:
     lowered: Lowered
     plan: Plan
     executor: Executor
+    notes: list[str] = field(default_factory=list)  # choices made before planning
 
 
 @dataclass
@@ -143,7 +144,10 @@ class Engine:
             # inference has no backward: free every tensor after its last use
             config = self.config if training else MemoryConfig.parse("reuse,inplace")
             nets = [(None, self.net.for_shapes(batch_shapes, memory=self.config))]
-            if training and self._budgeted_bptt():
+            if not training and getattr(self.net, "fused", False):
+                # no backward: fused recurrent layers keep nothing over time (one state slot)
+                nets = [(None, self.net.for_shapes(batch_shapes, policy="dp:1"))]
+            elif self._budgeted_bptt():
                 steps = batch_shapes[0][1]
                 nets = [(p, self.net.for_shapes(batch_shapes, policy=p))
                         for p in self.net.bptt_candidates(steps)]
@@ -166,6 +170,7 @@ class Engine:
                         f"the budget ({len(nets)} candidates, most states first)")
                 break
             c = self._compile(lowered, plan)
+            c.notes = [n for n in plan.notes if n.startswith("recurrent layers")]
             self._cache[key] = c
         return c
 
@@ -217,7 +222,9 @@ class Engine:
         dens = {k: min(1.0, 1.1 * v + 1e-3) for k, v in c.executor.densities.items()}
         plan = make_plan(c.lowered.program, self.config, step_times=times, densities=dens)
         plan.measured = plan.measured or need_times
+        plan.notes.extend(c.notes)  # choices made before planning (the BPTT schedule)
         new = self._compile(c.lowered, plan)
+        new.notes = list(c.notes)
         new.executor.densities = dict(c.executor.densities)
         for k, v in self._cache.items():
             if v is c:

@@ -73,10 +73,11 @@ class ParameterStore:
         self.dtype = np.dtype(dtype)
         self.params: dict[str, Parameter] = {}
 
-    def bind(self, layer: Layer, names: dict[str, str]) -> Layer:
+    def bind(self, layer: Layer, names: dict[str, str], order: Sequence[str] = ()) -> Layer:
         """Give ``layer`` the parameters ``names`` maps its local names to (created on first
-        use from the layer's specs)."""
+        use from the layer's specs, the local names in ``order`` first)."""
         specs = layer.param_specs()
+        specs = {k: specs[k] for k in [*order, *(k for k in specs if k not in order)]}
         bound = {}
         for local, spec in specs.items():
             full = names[local]
@@ -132,8 +133,13 @@ def recurrent_fused(store: ParameterStore, x: Symbol, cell: str, input_size: int
     layer = cls(input_size, hidden_size, num_layers, unit_steps=unit_steps,
                 schedule=time_schedule(policy, units), vocab_size=vocab_size, dtype=dtype)
     layer.name = name
+    # parameters drawn in the unrolled form's order (projection, then cell, per layer), so
+    # that both forms start from the same weights for a seed
+    order = ["embedding"] + [f"{w}_l{k}" for k in range(num_layers)
+                             for w in ("weight_ih", "bias_ih", "weight_hh", "bias_hh")]
     store.bind(layer, {local: "embedding.weight" if local == "embedding" else f"{name}.{local}"
-                       for local in layer.param_specs()})
+                       for local in layer.param_specs()},
+               order=[o for o in order if o in layer.param_specs()])
     return layer(x)
 
 

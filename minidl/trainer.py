@@ -237,6 +237,7 @@ class Trainer:
             info = self.engine.peak_info(c)
             if self.peak is None or info.bytes > self.peak.bytes:
                 self.peak = info
+            self.last_compiled = c
         self.last_split = k
         return total
 
@@ -276,8 +277,10 @@ class Trainer:
     def _forward_eval(self, xb: np.ndarray, yb: np.ndarray | None):
         """Eval-mode forward of one batch: (mean loss, outputs). A batch that does not fit the
         device memory runs in halves (inference needs no batch statistics across them)."""
-        if yb is None:
-            yb = np.zeros(len(xb), dtype=np.int64)
+        if yb is None:  # placeholder class labels: (N,) or, for sequence models, (N, T)
+            from .dryrun import default_label_shape
+
+            yb = np.zeros(default_label_shape(self.net, tuple(xb.shape)), dtype=np.int64)
         c = self._compiled(xb, yb, training=False)
         try:
             loss, outs = c.executor.run([xb, yb], training=False, seed=self.seed,
