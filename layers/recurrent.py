@@ -66,49 +66,57 @@ class _Accumulator:
             self.grad_params[name] += value
 
 
-def _merge(lanes: list[list]) -> list:
-    """The tasks of several lanes as one lane that respects every dependency (each task
-    after its dependencies; otherwise lane order)."""
+def _run_tasks(tasks: list, workers: int) -> None:
+    """Run ``tasks`` — (key, dependency keys, fn(worker id)) in priority order — on
+    ``workers`` threads (the calling one included): each free worker takes the first task
+    whose dependencies are done (list scheduling). Results depend only on the dependencies,
+    never on the interleaving. Errors stop the others and propagate."""
+    pending = list(tasks)
     done: set = set()
-    queues = [list(lane) for lane in lanes]
-    out = []
-    while any(queues):
-        progressed = False
-        for q in queues:
-            while q and all(d in done for d in q[0][1]):
-                key, deps, fn = q.pop(0)
-                out.append((key, deps, fn))
-                done.add(key)
-                progressed = True
-        if not progressed:
-            raise RuntimeError("recurrent layer: cyclic task dependencies")  # a bug
-    return out
-
-
-def _run_lanes(lanes: list[list]) -> None:
-    """Run each lane's tasks in order, lane 0 on the calling thread and the others on their
-    own threads; a task first waits for the tasks it depends on. Errors propagate."""
-    events = {key: threading.Event() for lane in lanes for key, _, _ in lane}
+    running: set = set()
     failed: list[BaseException] = []
+    cond = threading.Condition()
 
-    def run(lane: list) -> None:
-        try:
-            for key, deps, fn in lane:
-                for d in deps:
-                    events[d].wait()
-                if failed:
-                    return
-                fn()
-                events[key].set()
-        except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
-            failed.append(e)
-            for ev in events.values():
-                ev.set()
+    def take():
+        for i, (key, deps, fn) in enumerate(pending):
+            if all(d in done for d in deps):
+                del pending[i]
+                running.add(key)
+                return key, fn
+        return None
 
-    threads = [threading.Thread(target=run, args=(lane,), daemon=True) for lane in lanes[1:]]
+    def work(wid: int) -> None:
+        while True:
+            with cond:
+                while True:
+                    if failed or (not pending and not running) or not pending:
+                        return
+                    job = take()
+                    if job is not None:
+                        break
+                    if not running:  # nothing runs and nothing is ready: a bug
+                        failed.append(RuntimeError("recurrent layer: unsatisfiable tasks"))
+                        cond.notify_all()
+                        return
+                    cond.wait()
+            key, fn = job
+            try:
+                fn(wid)
+            except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
+                with cond:
+                    failed.append(e)
+                    cond.notify_all()
+                return
+            with cond:
+                running.discard(key)
+                done.add(key)
+                cond.notify_all()
+
+    threads = [threading.Thread(target=work, args=(w,), daemon=True)
+               for w in range(1, workers)]
     for th in threads:
         th.start()
-    run(lanes[0])
+    work(0)
     for th in threads:
         th.join()
     if failed:
@@ -254,11 +262,12 @@ class _Recurrent(Layer):
         wide = max(self.input_size, H)
         table = (self.vocab_size, G) if self._table(n, t) else (0,)
         if self.schedule is None:  # the pipelined backward (see _backward_keep_all)
+            worker = [(n, H), (G,), (G, wide), (G,), (c * n * wide,), (c, n, self.input_size)]
             return [
                 (L, 2, c, n, G), (L, 2, c, n, G) if self.gate_factor == 3 else (0,),  # dG rings
                 (L, 2, c * n * wide),  # ring of gradients into each layer's outputs
-                (L, self.state_parts, n, H), (n, H), (G,),  # carries, GRU's dh*z, dbias
-                (G, wide), (G,), (c * n * wide,), (c, n, self.input_size),  # GEMM thread's
+                (L, self.state_parts, n, H),  # carried dh (and dc)
+                *worker, *worker,  # per worker: GRU's dh*z, dbias, GEMM, sums, dx, input rows
                 table,  # token-summed dG (table)
             ]
         return self._fwd_ws(n, t) + [
@@ -420,22 +429,23 @@ class _Recurrent(Layer):
         self._make_table(params, table)
 
         def task(k: int, u: int):
-            def run() -> None:
+            def run(wid: int) -> None:
                 u0, u1 = units[u]
-                self._layer_forward(k, params, x, u0, u1, u0, gates, hs, cs, scratches[k % 2],
+                self._layer_forward(k, params, x, u0, u1, u0, gates, hs, cs, scratches[wid],
                                     table)
                 if k == L - 1:
                     np.copyto(y[:, u0:u1], hs[-1, u0 + 1:u1 + 1].transpose(1, 0, 2))
             return run
 
-        lanes: list[list] = [[], []]
+        tasks = []
         for w in range(len(units) + L - 1):
             for k in range(L):
                 u = w - k
                 if 0 <= u < len(units):
-                    deps = [("f", k - 1, u)] if k > 0 else []
-                    lanes[k % 2].append((("f", k, u), deps, task(k, u)))
-        _run_lanes(lanes if self._lanes() > 1 else [_merge(lanes)])
+                    deps = ([("f", k - 1, u)] if k > 0 else []) + (
+                        [("f", k, u - 1)] if u > 0 else [])
+                    tasks.append((("f", k, u), deps, task(k, u)))
+        _run_tasks(tasks, self._lanes())
 
     def _backward_keep_all(self, inputs, dy, grad_inputs, params, grad_params, stash,
                            views) -> None:
@@ -445,8 +455,9 @@ class _Recurrent(Layer):
         x = inputs[0]
         n, t = x.shape[0], x.shape[1]
         L, H, G, I = self.num_layers, self.hidden_size, self.gates, self.input_size
-        dg_ring, dgh_ring, din_ring, carry, direct, scratch_db, prod, colsum, dxbuf, xs, \
-            token_dg = views
+        dg_ring, dgh_ring, din_ring, carry = views[:4]
+        per_worker = (views[4:10], views[10:16])  # direct, dbias, prod, colsum, dxbuf, xs
+        token_dg = views[16]
         gru = self.gate_factor == 3
         gates, hs, cs = self._store_views(stash, None)
         units = self.units(t)
@@ -462,7 +473,8 @@ class _Recurrent(Layer):
             return _flat(din_ring[k, u % 2], m, n, H)
 
         def rec(k: int, u: int):
-            def run() -> None:
+            def run(wid: int) -> None:
+                direct, scratch_db = per_worker[wid][:2]
                 u0, u1 = units[u]
                 m = u1 - u0
                 din = din_of(k, u)
@@ -477,22 +489,31 @@ class _Recurrent(Layer):
             return run
 
         def dx(k: int, u: int):  # gradient into layer k-1's outputs of unit u
-            def run() -> None:
+            def run(wid: int) -> None:
                 u0, u1 = units[u]
                 rows = (u1 - u0) * n
                 np.matmul(dg_ring[k, u % 2, :u1 - u0].reshape(rows, G),
                           params[f"weight_ih_l{k}"], out=din_of(k - 1, u).reshape(rows, H))
             return run
 
-        def wgrad(k: int, u: int):
-            def run() -> None:
+        def whh(k: int, u: int):
+            def run(wid: int) -> None:
+                prod = per_worker[wid][2]
+                u0, u1 = units[u]
+                rows = (u1 - u0) * n
+                dgh2 = (dgh_ring if gru else dg_ring)[k, u % 2, :u1 - u0].reshape(rows, G)
+                dw = _flat(prod, G, H)
+                np.matmul(dgh2.T, hs[k, u0:u1].reshape(rows, H), out=dw)
+                accumulate(f"weight_hh_l{k}", dw)
+            return run
+
+        def wgrad(k: int, u: int):  # W_ih, biases, layer 0's input gradient
+            def run(wid: int) -> None:
+                prod, colsum, dxbuf, xs = per_worker[wid][2:]
                 u0, u1 = units[u]
                 m, rows = u1 - u0, (u1 - u0) * n
                 dg2 = dg_ring[k, u % 2, :m].reshape(rows, G)
                 dgh2 = (dgh_ring if gru else dg_ring)[k, u % 2, :m].reshape(rows, G)
-                dw = _flat(prod, G, H)
-                np.matmul(dgh2.T, hs[k, u0:u1].reshape(rows, H), out=dw)
-                accumulate(f"weight_hh_l{k}", dw)
                 if k == 0 and token_dg.size:
                     embedding_accumulate(x[:, u0:u1].T.reshape(-1), dg2, token_dg)
                 else:
@@ -515,21 +536,27 @@ class _Recurrent(Layer):
                                          dxbuf, token_dg)
             return run
 
-        main: list = []
-        gemm: list = []
+        tasks = []
         for w in range(U + L - 1):
             for k in range(L - 1, -1, -1):
                 u = U - 1 - (w - (L - 1 - k))
                 if not 0 <= u < U:
                     continue
                 deps = [("dx", k + 1, u)] if k < L - 1 else []
-                if u + 2 < U:  # the dG ring slot is free once its GEMMs are done
-                    deps.append(("w", k, u + 2))
-                main.append((("rec", k, u), deps, rec(k, u)))
-                if k > 0:
-                    gemm.append((("dx", k, u), [("rec", k, u)], dx(k, u)))
-                gemm.append((("w", k, u), [("rec", k, u)], wgrad(k, u)))
-        _run_lanes([main, gemm] if self._lanes() > 1 else [_merge([main, gemm])])
+                if u + 1 < U:
+                    deps.append(("rec", k, u + 1))  # the carried dh, dc
+                if u + 2 < U:  # the dG and input-gradient ring slots are free again
+                    deps += [("w", k, u + 2), ("whh", k, u + 2)] + (
+                        [("dx", k, u + 2)] if k > 0 else [])
+                tasks.append((("rec", k, u), deps, rec(k, u)))
+                if k > 0:  # writes the ring slot layer k-1's unit u+2 read
+                    tasks.append((("dx", k, u), [("rec", k, u)] + (
+                        [("rec", k - 1, u + 2)] if u + 2 < U else []), dx(k, u)))
+                # weight gradients add up in unit order; short tasks keep a worker free soon
+                for name, fn in (("whh", whh), ("w", wgrad)):
+                    tasks.append(((name, k, u), [("rec", k, u)] + (
+                        [(name, k, u + 1)] if u + 1 < U else []), fn(k, u)))
+        _run_tasks(tasks, self._lanes())
         self._finish_tokens(params, grad_params, token_dg)
         if self.initial_state:
             for p in range(self.state_parts):
