@@ -253,8 +253,10 @@ class _Recurrent(Layer):
         scratch, the token table and one unit's internals."""
         G = self.gates
         table = (self.vocab_size, G) if self._table(n, t) else (0,)
-        if self.schedule is None:
-            return self._scratch_shapes(n, t) * 2 + [table]
+        if self.schedule is None:  # see _forward_keep_all
+            c, L = self._unit_len(t), self.num_layers
+            worker = [(c, n, self.input_size), (G, n)]
+            return [(L, 2, c, n, G), (L, G), *worker, *worker, table]
         return self._scratch_shapes(n, t) + [table] + self._internal_shapes(n, self._unit_len(t))
 
     def _bwd_ws(self, n: int, t: int) -> list[Shape]:
@@ -344,6 +346,12 @@ class _Recurrent(Layer):
         """Forward of layer ``k`` over steps u0..u1-1 (see :meth:`_run_unit`); reads layer
         k-1's states of those steps."""
         xs, gx, hw, bias = scratch
+        self._project(k, params, x, u0, u1, lo, hs, xs, gx, bias, table)
+        for s in range(u1 - u0):
+            self._step_forward(k, lo + s, s, params, gates, hs, cs, gx, hw, bias)
+
+    def _project(self, k, params, x, u0, u1, lo, hs, xs, gx, bias, table) -> None:
+        """Layer k's input projection of steps u0..u1-1 into ``gx`` (and its ``bias``)."""
         n, m = x.shape[0], u1 - u0
         g2 = gx[:m].reshape(m * n, -1)
         if k == 0 and table.size:  # gather the rows of embedding @ weight_ih_l0.T
@@ -356,8 +364,6 @@ class _Recurrent(Layer):
                 xin = hs[k - 1, lo + 1:lo + 1 + m].reshape(m * n, self.hidden_size)
             np.matmul(xin, params[f"weight_ih_l{k}"].T, out=g2)
         self._prepare_bias(params, k, g2, bias)
-        for s in range(m):
-            self._step_forward(k, lo + s, s, params, gates, hs, cs, gx, hw, bias)
 
     def _layer_input(self, params, x, u0, u1, xs) -> None:
         """Steps u0..u1-1 of the first layer's input, time-major, into ``xs``."""
@@ -418,33 +424,44 @@ class _Recurrent(Layer):
         return max(1, min(2, self.threads if self.threads is not None else num_threads()))
 
     def _forward_keep_all(self, inputs, y, params, stash, views) -> None:
-        """Everything kept: layer k runs on thread k % 2, one unit behind layer k-1 (a
-        wavefront), each thread with single-threaded BLAS and its own scratch."""
+        """Everything kept: per layer and unit a projection task and a recurrence task, on two
+        workers (single-threaded BLAS each) by list scheduling: layer k runs about one unit
+        behind layer k-1 (a wavefront); projections fill the gaps."""
         x = inputs[0]
         t, L = y.shape[1], self.num_layers
-        scratches, table = (views[0:4], views[4:8]), views[8]
+        gx_ring, bias, table = views[0], views[1], views[-1]
+        per_worker = (views[2:4], views[4:6])  # layer-0 input rows, recurrent product
         gates, hs, cs = self._store_views(stash, None)
         self._load_initial(inputs, hs, cs, 0)
         units = self.units(t)
+        U = len(units)
         self._make_table(params, table)
 
-        def task(k: int, u: int):
+        def proj(k: int, u: int):
+            def run(wid: int) -> None:
+                self._project(k, params, x, *units[u], units[u][0], hs, per_worker[wid][0],
+                              gx_ring[k, u % 2], bias[k], table)
+            return run
+
+        def rec(k: int, u: int):
             def run(wid: int) -> None:
                 u0, u1 = units[u]
-                self._layer_forward(k, params, x, u0, u1, u0, gates, hs, cs, scratches[wid],
-                                    table)
+                hw, gx = per_worker[wid][1], gx_ring[k, u % 2]
+                for s in range(u1 - u0):
+                    self._step_forward(k, u0 + s, s, params, gates, hs, cs, gx, hw, bias[k])
                 if k == L - 1:
                     np.copyto(y[:, u0:u1], hs[-1, u0 + 1:u1 + 1].transpose(1, 0, 2))
             return run
 
         tasks = []
-        for w in range(len(units) + L - 1):
+        for w in range(U + L - 1):
             for k in range(L):
                 u = w - k
-                if 0 <= u < len(units):
-                    deps = ([("f", k - 1, u)] if k > 0 else []) + (
-                        [("f", k, u - 1)] if u > 0 else [])
-                    tasks.append((("f", k, u), deps, task(k, u)))
+                if 0 <= u < U:  # the projection's ring slot is free once unit u-2 ran
+                    tasks.append((("p", k, u), ([("r", k - 1, u)] if k > 0 else []) + (
+                        [("r", k, u - 2)] if u > 1 else []), proj(k, u)))
+                    tasks.append((("r", k, u), [("p", k, u)] + (
+                        [("r", k, u - 1)] if u > 0 else []), rec(k, u)))
         _run_tasks(tasks, self._lanes())
 
     def _backward_keep_all(self, inputs, dy, grad_inputs, params, grad_params, stash,
@@ -536,7 +553,7 @@ class _Recurrent(Layer):
                                          dxbuf, token_dg)
             return run
 
-        tasks = []
+        tasks, later = [], []
         for w in range(U + L - 1):
             for k in range(L - 1, -1, -1):
                 u = U - 1 - (w - (L - 1 - k))
@@ -554,9 +571,11 @@ class _Recurrent(Layer):
                         [("rec", k - 1, u + 2)] if u + 2 < U else []), dx(k, u)))
                 # weight gradients add up in unit order; short tasks keep a worker free soon
                 for name, fn in (("whh", whh), ("w", wgrad)):
-                    tasks.append(((name, k, u), [("rec", k, u)] + (
+                    later.append(((name, k, u), [("rec", k, u)] + (
                         [(name, k, u + 1)] if u + 1 < U else []), fn(k, u)))
-        _run_tasks(tasks, self._lanes())
+        # the recurrences and the input gradients they wait for are the critical path: a free
+        # worker takes them first, weight gradients fill the gaps
+        _run_tasks(tasks + later, self._lanes())
         self._finish_tokens(params, grad_params, token_dg)
         if self.initial_state:
             for p in range(self.state_parts):
