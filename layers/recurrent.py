@@ -21,6 +21,18 @@ Memory over time follows a *schedule* (plain data, e.g. from ``minidl.memory.bpt
   backpropagates through it (Gruslys et al. 2016, BPTT-HSM). Every unit is computed by the
   same calls on the same shapes either way, and the gradients are accumulated unit by unit in
   the same order, so all schedules give bit-identical results.
+
+Threads: keeping everything, the work per (layer, unit) — projection, recurrence, input- and
+weight-gradient GEMMs — runs as tasks on ``threads`` workers (default: the kernels' thread
+count, at most 2), each with single-threaded BLAS, by list scheduling over their dependencies
+(layer k about one unit behind layer k-1, weight gradients filling the gaps; dependencies fix
+every accumulation order, so results do not depend on the interleaving or on ``threads``).
+Scheduled runs go unit by unit with BLAS on ``threads`` threads. OpenBLAS's bitwise results
+do not depend on its thread count (checked by the tests comparing the two paths).
+
+With ``vocab_size`` the input is (N, T) tokens and the layer owns the embedding: layer 0's
+projection is a row gather from the (V, G) table ``embedding @ weight_ih_l0.T`` (when V <= N*T)
+and its gradients come from dG summed per token.
 """
 
 from __future__ import annotations
@@ -133,7 +145,7 @@ class _Recurrent(Layer):
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
                  bias: bool = True, *, unit_steps: int = 16, schedule: Any = None,
-                 initial_state: bool = False, blas_threads: int | None = None,
+                 initial_state: bool = False, threads: int | None = None,
                  vocab_size: int | None = None, dtype: Any = np.float32) -> None:
         super().__init__()
         if min(input_size, hidden_size, num_layers, unit_steps) < 1:
@@ -147,7 +159,7 @@ class _Recurrent(Layer):
         self.unit_steps = int(unit_steps)
         self.schedule = schedule
         self.initial_state = bool(initial_state)
-        self.threads = blas_threads
+        self.threads = threads
         self.vocab_size = None if vocab_size is None else int(vocab_size)
         if self.vocab_size is not None and self.vocab_size < 1:
             raise ValueError(f"{type(self).__name__} needs a positive vocabulary, got "
