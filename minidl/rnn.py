@@ -123,12 +123,13 @@ RNNProjection = L.RNNInputProjection
 
 def recurrent_fused(store: ParameterStore, x: Symbol, cell: str, input_size: int,
                     hidden_size: int, num_layers: int, steps: int, name: str = "lstm",
-                    policy: str | None = None, unit_steps: int = UNIT_STEPS,
+                    policy: str | None = None, unit_steps: int | None = None,
                     vocab_size: int | None = None, dtype: str = "float32") -> Symbol:
     """One fused ``cell`` stack over ``x`` (N, T, input_size) -> (N, T, hidden_size), with
     the BPTT schedule of ``policy`` (see :func:`bptt_policy`). With ``vocab_size``, ``x``
     is (N, T) tokens and the layer owns the embedding (bound as ``embedding.weight``)."""
     cls = {"lstm": L.LSTM, "gru": L.GRU}[cell]
+    unit_steps = unit_steps or UNIT_STEPS
     units = -(-steps // unit_steps)
     layer = cls(input_size, hidden_size, num_layers, unit_steps=unit_steps,
                 schedule=time_schedule(policy, units), vocab_size=vocab_size, dtype=dtype)
