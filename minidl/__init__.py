@@ -8,10 +8,11 @@ Define networks with :class:`Sequential` or the functional builder (:func:`Input
 import os as _os
 
 # OpenBLAS's idle workers spin ~2^28 cycles (~0.1 s) after each threaded call; the fused RNN
-# layers run BLAS on every core, and the spinning then made the next Numba ``prange`` kernel
-# (the optimizer) 10x slower: char-lstm 122 -> 95 ms per step with 2^22 cycles (~1.5 ms),
-# still long enough to stay awake between the per-step products. Read when OpenBLAS loads, so
-# it only applies if NumPy was not imported before minidl; an existing setting wins.
+# layers' scheduled (recomputing) path runs BLAS on every core, and the spinning then made the
+# next Numba ``prange`` kernel (the optimizer) 10x slower (char-lstm, when every step ran that
+# way: 122 -> 95 ms per step with 2^22 cycles, ~1.5 ms, still long enough to stay awake between
+# the per-step products). Read when OpenBLAS loads, so it only applies if NumPy was not
+# imported before minidl; an existing setting wins.
 _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "22")
 
 from . import layers  # noqa: E402
