@@ -23,10 +23,10 @@ def _scatter_add(idx, dy, gw):
 def embedding_backward(idx: np.ndarray, dy: np.ndarray, gw: np.ndarray) -> None:
     """``gw`` (V, E) overwritten with the sum of the rows of ``dy`` (M, E) at ``idx`` (M,).
 
-    Rows are added in index order, as the reference does, so results are bit-identical."""
+    Rows are added in index order, as the reference does, so results are bit-identical; other
+    array types and layouts go through ``np.add.at``."""
     gw.fill(0)
-    if idx.size:
-        _scatter_add(np.ascontiguousarray(idx), np.ascontiguousarray(dy), gw)
+    embedding_accumulate(idx, dy, gw)
 
 
 def embedding_accumulate(idx: np.ndarray, rows: np.ndarray, acc: np.ndarray) -> None:

@@ -2,10 +2,31 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ..kernels.embedding import embedding_backward
 from .base import Layer, ParamSpec
+
+
+def check_integer_dtype(layer: Layer, dt: Any, what: str) -> None:
+    """TypeError naming ``layer`` unless ``dt`` is an integer dtype (``what``: "indices")."""
+    if np.dtype(dt).kind not in "iu":
+        raise TypeError(f"layer {layer.name or type(layer).__name__} ({layer.describe()}) "
+                        f"takes integer {what}, got dtype {np.dtype(dt)}")
+
+
+def check_index_range(layer: Layer, idx: np.ndarray, size: int, what: str) -> None:
+    """IndexError naming ``layer`` and the first offending value unless every entry of
+    ``idx`` is in [0, size) (``what``: "index", "token")."""
+    if idx.size == 0:
+        return
+    lo, hi = int(idx.min()), int(idx.max())
+    if lo < 0 or hi >= size:
+        raise IndexError(f"layer {layer.name or type(layer).__name__} ({layer.describe()}): "
+                         f"{what} {lo if lo < 0 else hi} out of range for a vocabulary of "
+                         f"size {size}")
 
 
 class Embedding(Layer):
@@ -35,7 +56,7 @@ class Embedding(Layer):
         return [(*s, self.embedding_dim)]
 
     def output_dtypes(self, in_dtypes):
-        self._check_index_dtype(np.dtype(in_dtypes[0]))
+        check_integer_dtype(self, in_dtypes[0], "indices")
         return [self.dtype]
 
     def param_specs(self):
@@ -44,28 +65,10 @@ class Embedding(Layer):
     def flops(self, in_shapes):
         return 0
 
-    def _check_index_dtype(self, dt: np.dtype) -> None:
-        if dt.kind not in "iu":
-            raise TypeError(
-                f"layer {self.name or 'Embedding'} ({self.describe()}) takes integer indices, "
-                f"got dtype {dt}"
-            )
-
-    def _check_range(self, idx: np.ndarray) -> None:
-        if idx.size == 0:
-            return
-        lo, hi = int(idx.min()), int(idx.max())
-        if lo < 0 or hi >= self.num_embeddings:
-            bad = lo if lo < 0 else hi
-            raise IndexError(
-                f"layer {self.name or 'Embedding'} ({self.describe()}): index {bad} out of "
-                f"range for a vocabulary of size {self.num_embeddings}"
-            )
-
     def forward(self, ctx, inputs, outputs, params, stash, workspace) -> None:
         idx = inputs[0]
-        self._check_index_dtype(idx.dtype)
-        self._check_range(idx)
+        check_integer_dtype(self, idx.dtype, "indices")
+        check_index_range(self, idx, self.num_embeddings, "index")
         w, y = params["weight"], outputs[0]
         if w.dtype != y.dtype:
             raise TypeError(
@@ -82,11 +85,7 @@ class Embedding(Layer):
             return
         dy = grad_outputs[0].reshape(-1, self.embedding_dim)
         idx = inputs[0].reshape(-1)
-        if isinstance(gw, np.ndarray) and gw.flags.c_contiguous:
-            embedding_backward(idx, dy, gw)
-        else:
-            gw.fill(0)
-            np.add.at(gw, idx, dy)
+        embedding_backward(idx, dy, gw)
 
     def describe(self) -> str:
         return f"Embedding({self.num_embeddings}, {self.embedding_dim})"
