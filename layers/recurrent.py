@@ -54,6 +54,7 @@ from ..kernels.rnn import (
     workspace_views,
 )
 from .base import Layer, ParamSpec, Shape
+from .embedding import check_index_range, check_integer_dtype
 
 
 def _flat(buf: np.ndarray, *shape: int) -> np.ndarray:
@@ -101,7 +102,7 @@ def _run_tasks(tasks: list, workers: int) -> None:
         while True:
             with cond:
                 while True:
-                    if failed or (not pending and not running) or not pending:
+                    if failed or not pending:
                         return
                     job = take()
                     if job is not None:
@@ -207,9 +208,7 @@ class _Recurrent(Layer):
     def output_dtypes(self, in_dtypes):
         if self.vocab_size is None:
             return [np.dtype(in_dtypes[0])]
-        if np.dtype(in_dtypes[0]).kind not in "iu":
-            raise TypeError(f"layer {self.name or type(self).__name__} ({self.describe()}) "
-                            f"takes integer tokens, got dtype {np.dtype(in_dtypes[0])}")
+        check_integer_dtype(self, in_dtypes[0], "tokens")
         return [self.dtype]
 
     def _table(self, n: int, t: int) -> bool:
@@ -289,7 +288,7 @@ class _Recurrent(Layer):
             (c * n * wide,), (c * n * wide,),  # gradient into this layer's / below's h
             (L, self.state_parts, n, H), (n, H),  # carried dh (and dc); GRU's dh_prev part
             (G, wide), (G,), (G,),  # weight-gradient product, bias sums, kernel scratch
-            (self.vocab_size, G) if self._table(n, t) else (0,),  # token-summed dG (table)
+            table,  # token-summed dG (table)
         ]
 
     def forward_workspace_bytes(self, in_shapes, dtype):
@@ -345,22 +344,14 @@ class _Recurrent(Layer):
     def _parts(self, hs, cs):
         return [hs] if cs is None else [hs, cs]
 
-    def _run_unit(self, params, x, u0, u1, lo, gates, hs, cs, xs, gx, hw, bias,
-                  table) -> None:
-        """Forward of steps u0..u1-1 for every layer. Index ``lo`` of ``hs`` / ``cs`` holds
-        the state at boundary u0 on entry; step u0+s (local index lo+s) writes gates[lo+s]
-        and states[lo+s+1]."""
+    def _run_unit(self, params, x, u0, u1, gates, hs, cs, xs, gx, hw, bias, table) -> None:
+        """Forward of steps u0..u1-1 for every layer into one unit's internals: index 0 of
+        ``hs`` / ``cs`` holds the state at boundary u0 on entry; step u0+s writes gates[s]
+        and states[s+1]."""
         for k in range(self.num_layers):
-            self._layer_forward(k, params, x, u0, u1, lo, gates, hs, cs, (xs, gx, hw, bias),
-                                table)
-
-    def _layer_forward(self, k, params, x, u0, u1, lo, gates, hs, cs, scratch, table) -> None:
-        """Forward of layer ``k`` over steps u0..u1-1 (see :meth:`_run_unit`); reads layer
-        k-1's states of those steps."""
-        xs, gx, hw, bias = scratch
-        self._project(k, params, x, u0, u1, lo, hs, xs, gx, bias, table)
-        for s in range(u1 - u0):
-            self._step_forward(k, lo + s, s, params, gates, hs, cs, gx, hw, bias)
+            self._project(k, params, x, u0, u1, 0, hs, xs, gx, bias, table)
+            for s in range(u1 - u0):
+                self._step_forward(k, s, s, params, gates, hs, cs, gx, hw, bias)
 
     def _project(self, k, params, x, u0, u1, lo, hs, xs, gx, bias, table) -> None:
         """Layer k's input projection of steps u0..u1-1 into ``gx`` (and its ``bias``)."""
@@ -385,13 +376,8 @@ class _Recurrent(Layer):
             np.copyto(xs[:u1 - u0], x[:, u0:u1].transpose(1, 0, 2))
 
     def _check_tokens(self, x) -> None:
-        if self.vocab_size is None or x.size == 0:
-            return
-        lo, hi = int(x.min()), int(x.max())
-        if lo < 0 or hi >= self.vocab_size:
-            raise IndexError(f"layer {self.name or type(self).__name__} ({self.describe()}): "
-                             f"token {lo if lo < 0 else hi} out of range for a vocabulary of "
-                             f"size {self.vocab_size}")
+        if self.vocab_size is not None:
+            check_index_range(self, x, self.vocab_size, "token")
 
     def _make_table(self, params, table) -> None:
         if table.size:
@@ -424,7 +410,7 @@ class _Recurrent(Layer):
             self._make_table(params, table)
             for u, (u0, u1) in enumerate(self.units(t)):
                 m = u1 - u0
-                self._run_unit(params, x, u0, u1, 0, gates, hs, cs, xs, gx, hw, bias, table)
+                self._run_unit(params, x, u0, u1, gates, hs, cs, xs, gx, hw, bias, table)
                 np.copyto(y[:, u0:u1], hs[-1, 1:1 + m].transpose(1, 0, 2))
                 if u + 1 in stores:
                     self._save_state(stash["states"], slot_of[("fwd", u + 1)], hs, cs, m)
@@ -476,14 +462,14 @@ class _Recurrent(Layer):
                         [("r", k, u - 1)] if u > 0 else []), rec(k, u)))
         _run_tasks(tasks, self._lanes())
 
-    def _backward_keep_all(self, inputs, dy, grad_inputs, params, grad_params, stash,
-                           views) -> None:
+    def _backward_keep_all(self, inputs, dy, grad_inputs, params, grad_params, stash, views,
+                           accumulate) -> None:
         """Everything kept: the calling thread runs the recurrences (layer k one unit behind
         layer k+1), a second thread the unit GEMMs (input gradients first: the layer below
         waits for them; then weight gradients, in unit order per weight)."""
         x = inputs[0]
         n, t = x.shape[0], x.shape[1]
-        L, H, G, I = self.num_layers, self.hidden_size, self.gates, self.input_size
+        L, H, G = self.num_layers, self.hidden_size, self.gates
         dg_ring, dgh_ring, din_ring, carry = views[:4]
         per_worker = (views[4:10], views[10:16])  # direct, dbias, prod, colsum, dxbuf, xs
         token_dg = views[16]
@@ -491,11 +477,6 @@ class _Recurrent(Layer):
         gates, hs, cs = self._store_views(stash, None)
         units = self.units(t)
         U = len(units)
-        carry.fill(0)
-        token_dg.fill(0)
-        if self.vocab_size is not None and not token_dg.size and "embedding" in grad_params:
-            grad_params["embedding"].fill(0)
-        accumulate = _Accumulator(grad_params)
 
         def din_of(k: int, u: int) -> np.ndarray:
             m = units[u][1] - units[u][0]
@@ -525,41 +506,25 @@ class _Recurrent(Layer):
                           params[f"weight_ih_l{k}"], out=din_of(k - 1, u).reshape(rows, H))
             return run
 
+        def dgs(k: int, u: int) -> tuple[np.ndarray, np.ndarray]:
+            """Unit u's (dG, dG_hh) rows of layer k."""
+            rows = (units[u][1] - units[u][0]) * n
+            return (dg_ring[k, u % 2].reshape(-1, G)[:rows],
+                    (dgh_ring if gru else dg_ring)[k, u % 2].reshape(-1, G)[:rows])
+
         def whh(k: int, u: int):
             def run(wid: int) -> None:
-                prod = per_worker[wid][2]
                 u0, u1 = units[u]
-                rows = (u1 - u0) * n
-                dgh2 = (dgh_ring if gru else dg_ring)[k, u % 2, :u1 - u0].reshape(rows, G)
-                dw = _flat(prod, G, H)
-                np.matmul(dgh2.T, hs[k, u0:u1].reshape(rows, H), out=dw)
-                accumulate(f"weight_hh_l{k}", dw)
+                self._grad_w_hh(k, dgs(k, u)[1], hs[k, u0:u1], per_worker[wid][2], accumulate)
             return run
 
         def wgrad(k: int, u: int):  # W_ih, biases, layer 0's input gradient
             def run(wid: int) -> None:
                 prod, colsum, dxbuf, xs = per_worker[wid][2:]
                 u0, u1 = units[u]
-                m, rows = u1 - u0, (u1 - u0) * n
-                dg2 = dg_ring[k, u % 2, :m].reshape(rows, G)
-                dgh2 = (dgh_ring if gru else dg_ring)[k, u % 2, :m].reshape(rows, G)
-                if k == 0 and token_dg.size:
-                    embedding_accumulate(x[:, u0:u1].T.reshape(-1), dg2, token_dg)
-                else:
-                    if k == 0:
-                        self._layer_input(params, x, u0, u1, xs)
-                        xin = xs[:m].reshape(rows, I)
-                    else:
-                        xin = hs[k - 1, u0 + 1:u1 + 1].reshape(rows, H)
-                    dw = _flat(prod, G, xin.shape[1])
-                    np.matmul(dg2.T, xin, out=dw)
-                    accumulate(f"weight_ih_l{k}", dw)
-                if self.bias:
-                    np.sum(dg2, axis=0, out=colsum)
-                    accumulate(f"bias_ih_l{k}", colsum)
-                    if gru:  # b_hh gets the recurrent gradient
-                        np.sum(dgh2, axis=0, out=colsum)
-                    accumulate(f"bias_hh_l{k}", colsum)
+                dg2, dgh2 = dgs(k, u)
+                self._grad_w_ih_and_biases(k, params, x, u0, u1, u0, hs, dg2, dgh2, prod,
+                                           colsum, xs, token_dg, accumulate)
                 if k == 0:
                     self._input_gradient(params, x, grad_inputs, grad_params, u0, u1, dg2,
                                          dxbuf, token_dg)
@@ -588,11 +553,35 @@ class _Recurrent(Layer):
         # the recurrences and the input gradients they wait for are the critical path: a free
         # worker takes them first, weight gradients fill the gaps
         _run_tasks(tasks + later, self._lanes())
-        self._finish_tokens(params, grad_params, token_dg)
-        if self.initial_state:
-            for p in range(self.state_parts):
-                if grad_inputs[1 + p] is not None:
-                    np.copyto(grad_inputs[1 + p], carry[:, p])
+
+    def _grad_w_hh(self, k, dgh2, hprev, prod, accumulate) -> None:
+        """Add one unit's ``dG_hh^T h_prev`` to layer k's ``weight_hh`` gradient."""
+        dw = _flat(prod, self.gates, self.hidden_size)
+        np.matmul(dgh2.T, hprev.reshape(dgh2.shape[0], self.hidden_size), out=dw)
+        accumulate(f"weight_hh_l{k}", dw)
+
+    def _grad_w_ih_and_biases(self, k, params, x, u0, u1, lo, hs, dg2, dgh2, prod, colsum, xs,
+                              token_dg, accumulate) -> None:
+        """Add steps u0..u1-1 (local index ``lo``) to layer k's ``weight_ih`` gradient (for
+        tokens through the table: dG summed per token) and bias gradients."""
+        m, rows = u1 - u0, dg2.shape[0]
+        if k == 0 and token_dg.size:
+            embedding_accumulate(x[:, u0:u1].T.reshape(-1), dg2, token_dg)
+        else:
+            if k == 0:
+                self._layer_input(params, x, u0, u1, xs)
+                xin = xs[:m].reshape(rows, self.input_size)
+            else:
+                xin = hs[k - 1, lo + 1:lo + 1 + m].reshape(rows, self.hidden_size)
+            dw = _flat(prod, self.gates, xin.shape[1])
+            np.matmul(dg2.T, xin, out=dw)
+            accumulate(f"weight_ih_l{k}", dw)
+        if self.bias:
+            np.sum(dg2, axis=0, out=colsum)
+            accumulate(f"bias_ih_l{k}", colsum)
+            if self.gate_factor == 3:  # GRU: b_hh gets the recurrent gradient
+                np.sum(dgh2, axis=0, out=colsum)
+            accumulate(f"bias_hh_l{k}", colsum)
 
     def _input_gradient(self, params, x, grad_inputs, grad_params, u0, u1, dg2, dxbuf,
                         token_dg) -> None:
@@ -650,81 +639,67 @@ class _Recurrent(Layer):
                  stash, workspace) -> None:
         x, dy = inputs[0], grad_outputs[0]
         n, t = x.shape[0], x.shape[1]
-        scheduled = self.schedule is not None
         views = workspace_views(workspace, dy.dtype, *self._bwd_ws(n, t))
-        if not scheduled:
-            self._backward_keep_all(inputs, dy, grad_inputs, params, grad_params, stash, views)
-            return
-        nf = len(self._fwd_ws(n, t))
-        xs, gx, hw, bias, table = views[:5]
-        gates, hs, cs = self._store_views(stash, views[5:nf] if scheduled else None)
-        work = views[nf:]
-        carry, token_dg = work[4], work[-1]
+        keep_all = self.schedule is None
+        carry = views[3] if keep_all else views[len(self._fwd_ws(n, t)) + 4]
+        token_dg = views[-1]  # both layouts end with it
         carry.fill(0)
         token_dg.fill(0)
         if self.vocab_size is not None and not token_dg.size and "embedding" in grad_params:
-            grad_params["embedding"].fill(0)
-        units = self.units(t)
-        first = {name: True for name in grad_params}
-
-        def accumulate(name: str, value: np.ndarray) -> None:
-            if name not in grad_params:
-                return
-            if first[name]:
-                np.copyto(grad_params[name], value)
-                first[name] = False
-            else:
-                grad_params[name] += value
-
-        def backprop(u: int) -> None:
-            u0, u1 = units[u]
-            lo = 0 if scheduled else u0
-            if scheduled:  # recompute the unit's internals from the state at boundary u
-                self._run_unit(params, x, u0, u1, lo, gates, hs, cs, xs, gx, hw, bias, table)
-            self._backprop_unit(params, x, dy, grad_inputs, grad_params, u0, u1 - u0, lo,
-                                gates, hs, cs, xs, work, accumulate)
-
-        with self._scope():
-            if scheduled:
-                self._make_table(params, table)
-            if not scheduled:
-                for u in range(len(units) - 1, -1, -1):
-                    backprop(u)
-            else:
-                store = stash["states"]
-                slot_of = self._slots()
-                held = {b: slot_of[("fwd", b)] for b in self.schedule.forward_stores}
-                for i, (op, a, b) in enumerate(self.schedule.ops):
-                    if a == 0:
-                        self._load_initial(inputs, hs, cs, 0)
-                    else:
-                        self._load_state(store, held[a], hs, cs)
-                    if op == "advance":
-                        for u in range(a, b):
-                            if u > a:
-                                self._move(hs, cs, units[u - 1][1] - units[u - 1][0], 0)
-                            self._run_unit(params, x, *units[u], 0, gates, hs, cs, xs, gx, hw,
-                                           bias, table)
-                        held[b] = slot_of[("op", i)]
-                        self._save_state(store, held[b], hs, cs,
-                                         units[b - 1][1] - units[b - 1][0])
-                    else:
-                        backprop(a)
-                        held.pop(a, None)
-            if token_dg.size:  # dW_ih0 = S^T E, d embedding = S W_ih0 (S: dG summed by token)
-                if "weight_ih_l0" in grad_params:
-                    np.matmul(token_dg.T, params["embedding"], out=grad_params["weight_ih_l0"])
-                if "embedding" in grad_params:
-                    np.matmul(token_dg, params["weight_ih_l0"], out=grad_params["embedding"])
+            grad_params["embedding"].fill(0)  # scatter-added unit by unit
+        accumulate = _Accumulator(grad_params)
+        if keep_all:
+            self._backward_keep_all(inputs, dy, grad_inputs, params, grad_params, stash, views,
+                                    accumulate)
+        else:
+            self._backward_scheduled(inputs, dy, grad_inputs, params, grad_params, stash, views,
+                                     accumulate)
+        self._finish_tokens(params, grad_params, token_dg)
         if self.initial_state:
             for p in range(self.state_parts):
                 if grad_inputs[1 + p] is not None:
                     np.copyto(grad_inputs[1 + p], carry[:, p])
 
-    def _backprop_unit(self, params, x, dy, grad_inputs, grad_params, u0, m, lo, gates, hs, cs,
+    def _backward_scheduled(self, inputs, dy, grad_inputs, params, grad_params, stash, views,
+                            accumulate) -> None:
+        """Replay the schedule's ops unit by unit, with BLAS on ``threads`` threads."""
+        x = inputs[0]
+        n, t = x.shape[0], x.shape[1]
+        nf = len(self._fwd_ws(n, t))
+        xs, gx, hw, bias, table = views[:5]
+        gates, hs, cs = self._store_views(stash, views[5:nf])
+        work = views[nf:]
+        units = self.units(t)
+        store = stash["states"]
+        slot_of = self._slots()
+        held = {b: slot_of[("fwd", b)] for b in self.schedule.forward_stores}
+        with self._scope():
+            self._make_table(params, table)
+            for i, (op, a, b) in enumerate(self.schedule.ops):
+                if a == 0:
+                    self._load_initial(inputs, hs, cs, 0)
+                else:
+                    self._load_state(store, held[a], hs, cs)
+                if op == "advance":
+                    for u in range(a, b):
+                        if u > a:
+                            self._move(hs, cs, units[u - 1][1] - units[u - 1][0], 0)
+                        self._run_unit(params, x, *units[u], gates, hs, cs, xs, gx, hw, bias,
+                                       table)
+                    held[b] = slot_of[("op", i)]
+                    self._save_state(store, held[b], hs, cs, units[b - 1][1] - units[b - 1][0])
+                else:  # recompute unit a's internals from the state at boundary a, then back
+                    u0, u1 = units[a]
+                    self._run_unit(params, x, u0, u1, gates, hs, cs, xs, gx, hw, bias, table)
+                    self._backprop_unit(params, x, dy, grad_inputs, grad_params, u0, u1 - u0,
+                                        gates, hs, cs, xs, work, accumulate)
+                    held.pop(a, None)
+
+    def _backprop_unit(self, params, x, dy, grad_inputs, grad_params, u0, m, gates, hs, cs,
                        xs, work, accumulate) -> None:
+        """Backward of steps u0..u0+m-1 (local indices 0..m-1) through every layer."""
         dg_buf, dgh_buf, din_buf, dlow_buf, carry, direct, prod, colsum, scratch, token_dg = work
-        n, H, G, I = x.shape[0], self.hidden_size, self.gates, self.input_size
+        n, H, G = x.shape[0], self.hidden_size, self.gates
         rows = m * n
         din = _flat(din_buf, m, n, H)
         np.copyto(din, dy[:, u0:u0 + m].transpose(1, 0, 2))
@@ -735,44 +710,19 @@ class _Recurrent(Layer):
             for s in range(m - 1, -1, -1):
                 dh = din[s]
                 dh += carry[k, 0]
-                self._step_backward(k, lo + s, params, gates, hs, cs, dh, dg[s], dgh[s],
-                                    carry, direct, scratch)
-            dw = _flat(prod, G, H)
-            np.matmul(dgh2.T, hs[k, lo:lo + m].reshape(rows, H), out=dw)
-            accumulate(f"weight_hh_l{k}", dw)
-            if k == 0 and token_dg.size:
-                embedding_accumulate(x[:, u0:u0 + m].T.reshape(-1), dg2, token_dg)
-            else:
-                if k == 0:
-                    self._layer_input(params, x, u0, u0 + m, xs)
-                    xin = xs[:m].reshape(rows, I)
-                else:
-                    xin = hs[k - 1, lo + 1:lo + 1 + m].reshape(rows, H)
-                dw = _flat(prod, G, xin.shape[1])
-                np.matmul(dg2.T, xin, out=dw)
-                accumulate(f"weight_ih_l{k}", dw)
-            if self.bias:
-                np.sum(dg2, axis=0, out=colsum)
-                accumulate(f"bias_ih_l{k}", colsum)
-                if self.gate_factor == 3:  # GRU: b_hh gets the recurrent gradient
-                    np.sum(dgh2, axis=0, out=colsum)
-                accumulate(f"bias_hh_l{k}", colsum)
-            w_ih = params[f"weight_ih_l{k}"]
+                self._step_backward(k, s, params, gates, hs, cs, dh, dg[s], dgh[s], carry,
+                                    direct, scratch)
+            self._grad_w_hh(k, dgh2, hs[k, :m], prod, accumulate)
+            self._grad_w_ih_and_biases(k, params, x, u0, u0 + m, 0, hs, dg2, dgh2, prod, colsum,
+                                       xs, token_dg, accumulate)
             if k > 0:
                 low = _flat(dlow_buf, m, n, H)
-                np.matmul(dg2, w_ih, out=low.reshape(rows, H))
+                np.matmul(dg2, params[f"weight_ih_l{k}"], out=low.reshape(rows, H))
                 din_buf, dlow_buf = dlow_buf, din_buf
                 din = low
-            elif self.vocab_size is not None:
-                if not token_dg.size and "embedding" in grad_params:
-                    dx = _flat(dlow_buf, rows, I)
-                    np.matmul(dg2, w_ih, out=dx)
-                    embedding_accumulate(x[:, u0:u0 + m].T.reshape(-1), dx,
-                                         grad_params["embedding"])
-            elif grad_inputs[0] is not None:
-                dx = _flat(dlow_buf, rows, I)
-                np.matmul(dg2, w_ih, out=dx)
-                np.copyto(grad_inputs[0][:, u0:u0 + m], dx.reshape(m, n, I).transpose(1, 0, 2))
+            else:
+                self._input_gradient(params, x, grad_inputs, grad_params, u0, u0 + m, dg2,
+                                     dlow_buf, token_dg)
 
 
 class LSTM(_Recurrent):
