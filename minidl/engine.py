@@ -143,7 +143,6 @@ class Engine:
         if c is None:
             # inference has no backward: free every tensor after its last use
             config = self.config if training else MemoryConfig.parse("reuse,inplace")
-            nets = [(None, self.net.for_shapes(batch_shapes, memory=self.config))]
             if not training and getattr(self.net, "fused", False):
                 # no backward: fused recurrent layers keep nothing over time (one state slot)
                 nets = [(None, self.net.for_shapes(batch_shapes, policy="dp:1"))]
@@ -151,6 +150,8 @@ class Engine:
                 steps = batch_shapes[0][1]
                 nets = [(p, self.net.for_shapes(batch_shapes, policy=p))
                         for p in self.net.bptt_candidates(steps)]
+            else:
+                nets = [(None, self.net.for_shapes(batch_shapes, memory=self.config))]
             from .memory.auto import BudgetTooSmall
 
             for i, (policy, net) in enumerate(nets):

@@ -155,9 +155,9 @@ class SequenceModel(Network):
 
     def __init__(self, build: Callable[[ParameterStore, int, str | None], tuple[Any, Any]],
                  default_steps: int, name: str, seed: int = 0, dtype: str = "float32",
-                 vocab_size: int | None = None) -> None:
+                 vocab_size: int | None = None, fused: bool = False) -> None:
         self._build_fn = build
-        self.fused = False  # set by builders whose recurrent layers are fused
+        self.fused = fused  # recurrent layers fused: builds depend on the BPTT policy
         self._store = ParameterStore(seed, dtype)
         self.vocab_size = vocab_size
         self._built: dict[tuple[int, str | None], Network] = {}
@@ -181,7 +181,6 @@ class SequenceModel(Network):
             self._built[key] = Network(inputs, outputs, name=f"{self.name}[T={shape[1]}]",
                                        dtype=self.dtype.name)
         return self._built[key]
-
 
     def bptt_candidates(self, steps: int) -> list[str | None]:
         """Policies to try under a budget, most states kept (fastest) first: keep all, then
@@ -220,10 +219,8 @@ def char_rnn(vocab_size: int = 65, embedding_dim: int = 256, hidden_size: int = 
         return x, fc(y)
 
     name = f"char-{cell}" if fused else f"char-{cell}-unrolled"
-    model = SequenceModel(build, steps, name=name, seed=seed, dtype=dtype,
-                          vocab_size=vocab_size)
-    model.fused = fused
-    return model
+    return SequenceModel(build, steps, name=name, seed=seed, dtype=dtype,
+                         vocab_size=vocab_size, fused=fused)
 
 
 def sequence_classifier(vocab_size: int, num_classes: int, embedding_dim: int = 64,
