@@ -268,6 +268,19 @@ def _run(serial, par, arrays: tuple, nplanes: int, work: int, geom: tuple,
         par(*arrays, bounds, *geom)
 
 
+def _run_pool(serial, par, inputs: tuple, outputs: tuple, nplanes: int, work: int,
+              geom: tuple, threads: int | None) -> None:
+    """Run a host kernel over contiguous planes; an output that is not C-contiguous is
+    written through a contiguous temporary and copied back."""
+    ensure_blas_policy()
+    temps = [_writable(o) for o in outputs]
+    _run(serial, par, (*map(_planes, inputs), *map(_planes, temps)), nplanes, work, geom,
+         threads)
+    for o, t in zip(outputs, temps):
+        if t is not o:
+            o[...] = t
+
+
 def _host_only(*arrays: Any) -> None:
     if any(_cuda.is_device_array(a) for a in arrays):
         raise NotImplementedError("average pooling has CPU kernels only (no CUDA kernel)")
@@ -351,14 +364,8 @@ def maxpool2d_forward(x: np.ndarray, y: np.ndarray, idx: np.ndarray, kernel: Pai
                      _flat(idx, "idx"), *_geom(x.shape, y.shape, kernel, stride, padding), low,
                      stream=stream)
         return
-    ensure_blas_policy()
-    yt, it = _writable(y), _writable(idx)
-    _run(_maxpool_fwd, _maxpool_fwd_par, (_planes(x), _planes(yt), _planes(it)),
-         x.shape[0] * x.shape[1], x.size, (*kernel, *stride, *padding), threads)
-    if yt is not y:
-        y[...] = yt
-    if it is not idx:
-        idx[...] = it
+    _run_pool(_maxpool_fwd, _maxpool_fwd_par, (x,), (y, idx), x.shape[0] * x.shape[1], x.size,
+              (*kernel, *stride, *padding), threads)
 
 
 def maxpool2d_backward(dy: np.ndarray, idx: np.ndarray, dx: np.ndarray, kernel: Pair,
@@ -372,33 +379,21 @@ def maxpool2d_backward(dy: np.ndarray, idx: np.ndarray, dx: np.ndarray, kernel: 
                      _flat(dx, "dx"), *_geom(dx.shape, dy.shape, kernel, stride, padding), zero,
                      stream=stream)
         return
-    ensure_blas_policy()
-    t = _writable(dx)
-    _run(_maxpool_bwd, _maxpool_bwd_par, (_planes(dy), _planes(idx), _planes(t)),
-         dx.shape[0] * dx.shape[1], dx.size, (*kernel, *stride, *padding), threads)
-    if t is not dx:
-        dx[...] = t
+    _run_pool(_maxpool_bwd, _maxpool_bwd_par, (dy, idx), (dx,), dx.shape[0] * dx.shape[1],
+              dx.size, (*kernel, *stride, *padding), threads)
 
 
 def avgpool2d_forward(x: np.ndarray, y: np.ndarray, kernel: Pair, stride: Pair,
                       padding: Pair = (0, 0), threads: int | None = None) -> None:
     """Write the average pooling of ``x`` (padding counted) into ``y``."""
     _host_only(x, y)
-    ensure_blas_policy()
-    t = _writable(y)
-    _run(_avgpool_fwd, _avgpool_fwd_par, (_planes(x), _planes(t)), x.shape[0] * x.shape[1],
-         x.size, (*kernel, *stride, *padding), threads)
-    if t is not y:
-        y[...] = t
+    _run_pool(_avgpool_fwd, _avgpool_fwd_par, (x,), (y,), x.shape[0] * x.shape[1], x.size,
+              (*kernel, *stride, *padding), threads)
 
 
 def avgpool2d_backward(dy: np.ndarray, dx: np.ndarray, kernel: Pair, stride: Pair,
                        padding: Pair = (0, 0), threads: int | None = None) -> None:
     """Overwrite ``dx`` with the gradient of average pooling."""
     _host_only(dy, dx)
-    ensure_blas_policy()
-    t = _writable(dx)
-    _run(_avgpool_bwd, _avgpool_bwd_par, (_planes(dy), _planes(t)), dx.shape[0] * dx.shape[1],
-         dx.size, (*kernel, *stride, *padding), threads)
-    if t is not dx:
-        dx[...] = t
+    _run_pool(_avgpool_bwd, _avgpool_bwd_par, (dy,), (dx,), dx.shape[0] * dx.shape[1], dx.size,
+              (*kernel, *stride, *padding), threads)
