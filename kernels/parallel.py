@@ -10,6 +10,10 @@ call after idling); their matrix products are Numba's ``np.dot`` on one thread.
 :func:`configure_blas` puts NumPy's and SciPy's OpenBLAS on one thread. The kernels call it
 once on first use unless ``MINIDL_BLAS_THREADS`` is set (then that count is used instead).
 Chunking depends only on the batch size and the thread count, so results are deterministic.
+
+Two exceptions for ops made of matrix products and serial loops only: :class:`blas_threads`
+lets BLAS use every core for a scope, and :func:`run_tasks` runs a dependency graph of tasks
+on a few Python threads, each calling single-threaded BLAS.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import ctypes
 import glob
 import importlib.util
 import os
+import threading
 
 import numba
 import numpy as np
@@ -153,3 +158,63 @@ class blas_threads:  # noqa: N801 - used like a function: ``with blas_threads(2)
         if self._restore is not None:
             for lib, n in zip(self._blas().lib_controllers, self._restore):
                 lib.set_num_threads(n)
+
+
+def run_tasks(tasks: list, workers: int) -> None:
+    """Run ``tasks`` — (key, dependency keys, fn(worker id)) in priority order — on
+    ``workers`` threads (the calling one included): each free worker takes the first task
+    whose dependencies are done (list scheduling). Results depend only on the dependencies,
+    never on the interleaving. Errors stop the others and propagate. Meant for ops of large
+    matrix products and serial Numba loops (the fused RNN layers), each worker keeping BLAS
+    single-threaded: the one-pool policy of this module, with the pool being these threads.
+    """
+    pending = list(tasks)
+    done: set = set()
+    running: set = set()
+    failed: list[BaseException] = []
+    cond = threading.Condition()
+
+    def take():
+        for i, (key, deps, fn) in enumerate(pending):
+            if all(d in done for d in deps):
+                del pending[i]
+                running.add(key)
+                return key, fn
+        return None
+
+    def work(wid: int) -> None:
+        while True:
+            with cond:
+                while True:
+                    if failed or not pending:
+                        return
+                    job = take()
+                    if job is not None:
+                        break
+                    if not running:  # nothing runs and nothing is ready: a bug
+                        failed.append(RuntimeError("run_tasks: unsatisfiable tasks"))
+                        cond.notify_all()
+                        return
+                    cond.wait()
+            key, fn = job
+            try:
+                fn(wid)
+            except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
+                with cond:
+                    failed.append(e)
+                    cond.notify_all()
+                return
+            with cond:
+                running.discard(key)
+                done.add(key)
+                cond.notify_all()
+
+    threads = [threading.Thread(target=work, args=(w,), daemon=True)
+               for w in range(1, workers)]
+    for th in threads:
+        th.start()
+    work(0)
+    for th in threads:
+        th.join()
+    if failed:
+        raise failed[0]

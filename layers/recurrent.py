@@ -37,13 +37,12 @@ and its gradients come from dG summed per token.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
 
 from ..kernels.embedding import embedding_accumulate
-from ..kernels.parallel import blas_threads, num_threads
+from ..kernels.parallel import blas_threads, num_threads, run_tasks
 from ..kernels.rnn import (
     gru_add_direct,
     gru_cell_backward,
@@ -77,63 +76,6 @@ class _Accumulator:
             self.first.discard(name)
         else:
             self.grad_params[name] += value
-
-
-def _run_tasks(tasks: list, workers: int) -> None:
-    """Run ``tasks`` — (key, dependency keys, fn(worker id)) in priority order — on
-    ``workers`` threads (the calling one included): each free worker takes the first task
-    whose dependencies are done (list scheduling). Results depend only on the dependencies,
-    never on the interleaving. Errors stop the others and propagate."""
-    pending = list(tasks)
-    done: set = set()
-    running: set = set()
-    failed: list[BaseException] = []
-    cond = threading.Condition()
-
-    def take():
-        for i, (key, deps, fn) in enumerate(pending):
-            if all(d in done for d in deps):
-                del pending[i]
-                running.add(key)
-                return key, fn
-        return None
-
-    def work(wid: int) -> None:
-        while True:
-            with cond:
-                while True:
-                    if failed or not pending:
-                        return
-                    job = take()
-                    if job is not None:
-                        break
-                    if not running:  # nothing runs and nothing is ready: a bug
-                        failed.append(RuntimeError("recurrent layer: unsatisfiable tasks"))
-                        cond.notify_all()
-                        return
-                    cond.wait()
-            key, fn = job
-            try:
-                fn(wid)
-            except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
-                with cond:
-                    failed.append(e)
-                    cond.notify_all()
-                return
-            with cond:
-                running.discard(key)
-                done.add(key)
-                cond.notify_all()
-
-    threads = [threading.Thread(target=work, args=(w,), daemon=True)
-               for w in range(1, workers)]
-    for th in threads:
-        th.start()
-    work(0)
-    for th in threads:
-        th.join()
-    if failed:
-        raise failed[0]
 
 
 class _Recurrent(Layer):
@@ -460,7 +402,7 @@ class _Recurrent(Layer):
                         [("r", k, u - 2)] if u > 1 else []), proj(k, u)))
                     tasks.append((("r", k, u), [("p", k, u)] + (
                         [("r", k, u - 1)] if u > 0 else []), rec(k, u)))
-        _run_tasks(tasks, self._lanes())
+        run_tasks(tasks, self._lanes())
 
     def _backward_keep_all(self, inputs, dy, grad_inputs, params, grad_params, stash, views,
                            accumulate) -> None:
@@ -552,7 +494,7 @@ class _Recurrent(Layer):
                         [(name, k, u + 1)] if u + 1 < U else []), fn(k, u)))
         # the recurrences and the input gradients they wait for are the critical path: a free
         # worker takes them first, weight gradients fill the gaps
-        _run_tasks(tasks + later, self._lanes())
+        run_tasks(tasks + later, self._lanes())
 
     def _grad_w_hh(self, k, dgh2, hprev, prod, accumulate) -> None:
         """Add one unit's ``dG_hh^T h_prev`` to layer k's ``weight_hh`` gradient."""
