@@ -44,7 +44,8 @@ class ParamSpec:
 
     ``init`` is one of ``"zeros"``, ``"ones"``, ``"uniform"`` (U(-bound, bound) with
     ``bound = gain / sqrt(fan_in)``, PyTorch's default for Linear and Conv), ``"normal"``
-    (N(0, gain)) .
+    (N(0, gain)) . ``dtype`` fixes the array's dtype (BatchNorm's int64 ``num_batches_tracked``);
+    ``None`` takes the network's float dtype.
     """
 
     shape: Shape
@@ -52,8 +53,11 @@ class ParamSpec:
     fan_in: int = 1
     gain: float = 1.0
     trainable: bool = True
+    dtype: str | None = None
 
     def initial_value(self, rng: np.random.Generator, dtype: Any = np.float32) -> np.ndarray:
+        if self.dtype is not None:
+            dtype = np.dtype(self.dtype)
         if self.init == "zeros":
             return np.zeros(self.shape, dtype=dtype)
         if self.init == "ones":

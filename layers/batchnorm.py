@@ -17,30 +17,34 @@ class _BatchNorm(Layer):
     running stats are updated as PyTorch (``(1 - momentum) * running + momentum * batch``,
     unbiased variance) unless ``ctx.recomputing``. Eval: the running statistics.
 
+    With ``track_running_stats`` the buffers are PyTorch's: ``running_mean``, ``running_var``
+    and the int64 counter ``num_batches_tracked``, incremented by each training forward (so that
+    state dicts move between the two with ``strict=True``). ``momentum=None`` makes the running
+    statistics a cumulative average: the update weight is ``1 / num_batches_tracked``.
+
     Stash: ``mean`` and ``invstd`` (C,) in the compute dtype, of whichever statistics forward
     used. Backward retains only the input and rebuilds x_hat from it. ``inplace_forward`` is
     False because training needs the input; in eval mode in-place would be valid (the flag is
     static). ``inplace_backward`` is True: the gradient kernel reads dy before writing dx.
-    ``momentum=None`` (cumulative average) and the ``num_batches_tracked`` buffer are not
-    supported.
     """
 
     kind = "bn"
     retain_inputs = (0,)
+    accumulates_grads = True
     inplace_backward = True
     _ranks: tuple[int, ...] = ()
     _layout = ""
 
-    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1,
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
                  affine: bool = True, track_running_stats: bool = True) -> None:
         super().__init__()
         if num_features < 1:
             raise ValueError(f"num_features must be positive, got {num_features}")
-        if momentum is None or not 0.0 <= momentum <= 1.0:
-            raise ValueError(f"momentum must be a number in [0, 1], got {momentum}")
+        if momentum is not None and not 0.0 <= momentum <= 1.0:
+            raise ValueError(f"momentum must be a number in [0, 1] or None, got {momentum}")
         self.num_features = int(num_features)
         self.eps = float(eps)
-        self.momentum = float(momentum)
+        self.momentum = None if momentum is None else float(momentum)
         self.affine = bool(affine)
         self.track_running_stats = bool(track_running_stats)
 
@@ -61,6 +65,7 @@ class _BatchNorm(Layer):
         if self.track_running_stats:
             specs["running_mean"] = ParamSpec(c, "zeros", trainable=False)
             specs["running_var"] = ParamSpec(c, "ones", trainable=False)
+            specs["num_batches_tracked"] = ParamSpec((), "zeros", trainable=False, dtype="int64")
         return specs
 
     def stash_specs(self, in_shapes, dtype):
@@ -105,7 +110,9 @@ class _BatchNorm(Layer):
             mean[...] = m64
             invstd[...] = 1.0 / np.sqrt(v64 + self.eps)
             if ctx.training and self.track_running_stats and not ctx.recomputing:
-                mom = self.momentum
+                tracked = params["num_batches_tracked"]
+                tracked += 1
+                mom = 1.0 / float(tracked) if self.momentum is None else self.momentum
                 rm, rv = params["running_mean"], params["running_var"]
                 rm[...] = (1.0 - mom) * rm + mom * m64
                 rv[...] = (1.0 - mom) * rv + mom * v64 * (count / (count - 1))
@@ -128,10 +135,12 @@ class _BatchNorm(Layer):
         inv64 = invstd.astype(np.float64)
         dgamma = sum_dy_xmu * inv64
         if self.affine:
-            if "weight" in grad_params:
-                grad_params["weight"][...] = dgamma
-            if "bias" in grad_params:
-                grad_params["bias"][...] = sum_dy
+            for key, grad in (("weight", dgamma), ("bias", sum_dy)):
+                if key in grad_params:
+                    if key in ctx.accumulate:
+                        grad_params[key][...] += grad
+                    else:
+                        grad_params[key][...] = grad
         if grad_inputs[0] is None:
             return
         dx = self._view3(grad_inputs[0])
@@ -150,7 +159,9 @@ class _BatchNorm(Layer):
         extra = ""
         if self.eps != 1e-5:
             extra += f", eps={self.eps:g}"
-        if self.momentum != 0.1:
+        if self.momentum is None:
+            extra += ", momentum=None"
+        elif self.momentum != 0.1:
             extra += f", momentum={self.momentum:g}"
         if not self.affine:
             extra += ", affine=False"

@@ -15,7 +15,22 @@ import os as _os
 # imported before minidl; an existing setting wins.
 _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "22")
 
-from . import layers  # noqa: E402
+# the public submodules, reachable as attributes after ``import minidl`` (``minidl.optim.SGD``)
+from . import (  # noqa: E402
+    data,
+    dryrun,
+    graph,
+    kernels,
+    layers,
+    memory,
+    models,
+    optim,
+    report,
+    rnn,
+    text,
+    torch_bridge,
+    trainer,
+)
 from .dryrun import dry_run  # noqa: E402
 from .executor import NonFiniteError  # noqa: E402
 from .graph import Input, Network, Sequential  # noqa: E402
@@ -25,7 +40,18 @@ from .memory.pool import DeviceOutOfMemory  # noqa: E402
 from .parameter import Parameter  # noqa: E402
 from .trainer import History, Trainer  # noqa: E402
 
-__version__ = "0.1.0"
+
+def _installed_version() -> str:
+    """The version in the installed package's metadata (pyproject.toml's ``version``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("minidl")
+    except PackageNotFoundError:  # a source tree on sys.path that was never installed
+        return "0+unknown"
+
+
+__version__ = _installed_version()
 
 __all__ = [
     "DeviceOutOfMemory",
@@ -38,6 +64,18 @@ __all__ = [
     "Sequential",
     "ShapeError",
     "Trainer",
+    "data",
     "dry_run",
+    "dryrun",
+    "graph",
+    "kernels",
     "layers",
+    "memory",
+    "models",
+    "optim",
+    "report",
+    "rnn",
+    "text",
+    "torch_bridge",
+    "trainer",
 ]

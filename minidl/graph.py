@@ -199,22 +199,23 @@ class Network:
         """Copies of every parameter and buffer as NumPy arrays."""
         return {n: np.array(p.data, copy=True) for n, p in self.named_parameters(True)}
 
-    def load_state_dict(self, state: dict[str, np.ndarray], strict: bool = True) -> None:
-        """Copy arrays into the parameters in place (shapes must match)."""
+    def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
+        """Copy arrays (NumPy arrays, or anything ``np.asarray`` takes such as CPU torch
+        tensors) into the parameters and buffers in place. Every name and shape is checked
+        before anything is copied, so a failed load leaves the network unchanged."""
         own = dict(self.named_parameters(True))
         if strict:
             missing = sorted(set(own) - set(state))
             unexpected = sorted(set(state) - set(own))
             if missing or unexpected:
                 raise KeyError(f"state_dict mismatch: missing {missing}, unexpected {unexpected}")
-        for name, value in state.items():
-            if name not in own:
-                continue
-            p = own[name]
-            value = np.asarray(value)
-            if tuple(value.shape) != p.shape:
-                raise ValueError(f"{name}: expected shape {p.shape}, got {tuple(value.shape)}")
-            p.data[...] = value.astype(p.dtype, copy=False)
+        values = {name: np.asarray(value) for name, value in state.items() if name in own}
+        for name, value in values.items():
+            if tuple(value.shape) != own[name].shape:
+                raise ValueError(f"{name}: expected shape {own[name].shape}, "
+                                 f"got {tuple(value.shape)}")
+        for name, value in values.items():
+            own[name].data[...] = value.astype(own[name].dtype, copy=False)
 
     # ------------------------------------------------------------------ shapes
     @property

@@ -32,6 +32,52 @@ def _default_optimizer(net: Network):
     return SGD(net.parameters(), lr=0.01, momentum=0.9)
 
 
+class CheckpointError(ValueError):
+    """A file that is not a minidl checkpoint of this network; the message says what it is."""
+
+
+def check_writable(path: str | os.PathLike) -> str:
+    """The folder a checkpoint at ``path`` goes to, after checking it exists and is writable
+    and that ``path`` is not a folder (so that a run can fail before training, not after)."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"cannot write checkpoint {path}: it is a folder")
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"cannot write checkpoint {path}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise PermissionError(f"cannot write checkpoint {path}: folder {folder} is not writable")
+    return folder
+
+
+def _describe_file(path: str) -> str:
+    """What a file that NumPy cannot load looks like, from its first bytes."""
+    with open(path, "rb") as f:
+        head = f.read(512)
+    if not head:
+        return "an empty file"
+    if head[:1] == b"\x80":
+        return "a Python pickle (such as a PyTorch file from an old torch.save)"
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError:
+        return "a binary file of an unknown format"
+    return "a text file"
+
+
+def _describe_npz(names: list[str], net: Network) -> str:
+    """What a zip / ``.npz`` file without minidl's ``trainer/iteration`` entry holds."""
+    if any(n.endswith("data.pkl") for n in names):
+        return ("a PyTorch file (torch.save); to load its weights use "
+                "net.load_state_dict(torch.load(path))")
+    own = set(net.state_dict())
+    if names and set(names) <= own:
+        return ("a plain .npz of this network's state dict (np.savez); load it with "
+                "net.load_state_dict(dict(np.load(path)))")
+    shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+    return f"an .npz of {len(names)} arrays ({shown or 'none'}) without minidl's entries"
+
+
 def strategy_costs(c: Any) -> dict[str, Any]:
     """What recomputation and compression cost in the last iteration: recomputed FLOPs and
     seconds, the BPTT schedule of each fused recurrent layer (states kept, units computed),
@@ -380,7 +426,7 @@ class Trainer:
             arrays[f"optim/{k}"] = np.asarray(v)
         arrays["trainer/iteration"] = np.asarray(self.iteration)
         arrays["trainer/seed"] = np.asarray(self.seed)
-        folder = os.path.dirname(os.path.abspath(path))
+        folder = check_writable(path)
         fd, tmp = tempfile.mkstemp(suffix=".npz", dir=folder)
         try:
             with os.fdopen(fd, "wb") as f:
@@ -392,14 +438,45 @@ class Trainer:
             raise
 
     def load(self, path: str | os.PathLike) -> None:
-        """Restore what :meth:`save` wrote (shapes must match this network)."""
-        with np.load(os.fspath(path), allow_pickle=False) as z:
+        """Restore what :meth:`save` wrote (names and shapes must match this network).
+
+        Raises :class:`CheckpointError` saying what the file is when it is not a minidl
+        checkpoint of this network (a plain ``np.savez``, a PyTorch file, text...) and
+        ``FileNotFoundError`` when it does not exist; a failed load changes nothing.
+        """
+        path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"checkpoint {path} does not exist" + (
+                " (it is a folder)" if os.path.isdir(path) else ""))
+        expected = "a minidl checkpoint (.npz written by Trainer.save or minidl train --save)"
+        try:
+            z = np.load(path, allow_pickle=False)
+        except (ValueError, OSError, EOFError):
+            raise CheckpointError(f"{path} is {_describe_file(path)}, not {expected}") from None
+        if not isinstance(z, np.lib.npyio.NpzFile):
+            raise CheckpointError(f"{path} is a single NumPy array (.npy) of shape {z.shape}, "
+                                  f"not {expected}")
+        with z:
+            if "trainer/iteration" not in z.files:
+                raise CheckpointError(f"{path} is {_describe_npz(z.files, self.net)}, "
+                                      f"not {expected}")
             params = {k[6:]: z[k] for k in z.files if k.startswith("param/")}
             optim = {k[6:]: z[k] for k in z.files if k.startswith("optim/")}
+            iteration = int(z["trainer/iteration"])
+        before = (self.net.state_dict(), self.optimizer.state_dict(), self.iteration)
+        try:
             self.net.load_state_dict(params)
             self.optimizer.load_state_dict(
                 {k: (v.item() if v.ndim == 0 else v) for k, v in optim.items()})
-            self.iteration = int(z["trainer/iteration"])
+            self.iteration = iteration
+        except (KeyError, ValueError) as e:
+            self.net.load_state_dict(before[0])
+            self.optimizer.load_state_dict(before[1])
+            self.iteration = before[2]
+            reason = e.args[0] if isinstance(e, KeyError) and e.args else e
+            raise CheckpointError(f"checkpoint {path} does not match this network "
+                                  f"({self.net.name}) or optimizer "
+                                  f"({type(self.optimizer).__name__}): {reason}") from None
 
     # ------------------------------------------------------------------ reports
     def memory_report(self) -> dict[str, Any]:

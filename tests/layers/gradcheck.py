@@ -99,7 +99,7 @@ def make_params(layer: Layer, rng, dtype=np.float64, randomize: bool = True) -> 
     params = {}
     for name, spec in layer.param_specs().items():
         v = spec.initial_value(rng, dtype)
-        if randomize and spec.init in ("ones", "zeros"):
+        if randomize and spec.init in ("ones", "zeros") and spec.dtype is None:
             if spec.init == "ones":
                 v = rng.uniform(0.5, 2.0, size=spec.shape)
             else:

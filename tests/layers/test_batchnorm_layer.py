@@ -108,7 +108,9 @@ def test_single_value_per_channel_in_training():
 def test_declarations():
     layer = BatchNorm2d(64)
     specs = layer.param_specs()
-    assert list(specs) == ["weight", "bias", "running_mean", "running_var"]
+    assert list(specs) == ["weight", "bias", "running_mean", "running_var", "num_batches_tracked"]
+    tracked = specs["num_batches_tracked"]
+    assert tracked.shape == () and tracked.dtype == "int64" and not tracked.trainable
     assert specs["weight"].init == "ones" and specs["bias"].init == "zeros"
     assert specs["running_mean"].init == "zeros" and not specs["running_mean"].trainable
     assert specs["running_var"].init == "ones" and not specs["running_var"].trainable
@@ -129,6 +131,27 @@ def test_shape_errors(layer, shape):
         layer.output_shapes([shape])
 
 
-def test_momentum_none_refused():
-    with pytest.raises(ValueError):
-        BatchNorm2d(3, momentum=None)
+@pytest.mark.parametrize("momentum", [-0.1, 1.5])
+def test_momentum_outside_0_1_refused(momentum):
+    with pytest.raises(ValueError, match="momentum"):
+        BatchNorm2d(3, momentum=momentum)
+
+
+def test_num_batches_tracked_counts_training_forwards_and_momentum_none_averages():
+    """PyTorch's counter: +1 per training forward (not in eval, not when recomputing); with
+    momentum=None the running mean is the plain average of the batch means so far."""
+    layer = BatchNorm1d(2, momentum=None)
+    assert layer.describe() == "BatchNorm1d(2, momentum=None)"
+    rng = np.random.default_rng(0)
+    params = make_params(layer, rng, randomize=False)
+    batch_means = []
+    for _ in range(3):
+        x = rng.standard_normal((5, 2)) * 3 + 1
+        batch_means.append(x.mean(axis=0))
+        params = forward_backward(layer, Context(training=True), [x], params).params_after
+    assert params["num_batches_tracked"].dtype == np.int64
+    assert int(params["num_batches_tracked"]) == 3
+    np.testing.assert_allclose(params["running_mean"], np.mean(batch_means, axis=0), rtol=1e-12)
+    for ctx in (Context(training=False), Context(training=True, recomputing=True)):
+        after = forward_backward(layer, ctx, [rng.standard_normal((5, 2))], params).params_after
+        assert int(after["num_batches_tracked"]) == 3

@@ -42,21 +42,23 @@ def test_linear():
     _close(res.grad_params["bias"], tl.bias.grad)
 
 
+@pytest.mark.parametrize("momentum", [0.2, None])
 @pytest.mark.parametrize("training", [True, False])
 @pytest.mark.parametrize("cls,tcls,shape", [(BatchNorm2d, "BatchNorm2d", (4, 3, 5, 6)),
                                             (BatchNorm1d, "BatchNorm1d", (6, 3)),
                                             (BatchNorm1d, "BatchNorm1d", (4, 3, 5))])
-def test_batchnorm(training, cls, tcls, shape):
+def test_batchnorm(training, cls, tcls, shape, momentum):
     rng = np.random.default_rng(1)
-    layer = cls(3, momentum=0.2)
-    tb = getattr(torch.nn, tcls)(3, momentum=0.2).double()
+    layer = cls(3, momentum=momentum)
+    tb = getattr(torch.nn, tcls)(3, momentum=momentum).double()
     with torch.no_grad():
         tb.weight.copy_(_t(rng.uniform(0.5, 2, 3)))
         tb.bias.copy_(_t(rng.standard_normal(3)))
         tb.running_mean.copy_(_t(rng.standard_normal(3)))
         tb.running_var.copy_(_t(rng.uniform(0.5, 2, 3)))
-    params = {k: v.detach().numpy().copy() for k, v in tb.state_dict().items()
-              if k != "num_batches_tracked"}
+        tb.num_batches_tracked.fill_(3)  # with momentum=None the next update weighs 1/4
+    params = {k: v.detach().numpy().copy() for k, v in tb.state_dict().items()}
+    assert set(params) == set(layer.param_specs())
     tb.train(training)
     x = rng.standard_normal(shape) * 2 + 1
     g = rng.standard_normal(shape)
@@ -70,6 +72,8 @@ def test_batchnorm(training, cls, tcls, shape):
     _close(res.grad_params["bias"], tb.bias.grad)
     _close(res.params_after["running_mean"], tb.running_mean)
     _close(res.params_after["running_var"], tb.running_var)
+    assert res.params_after["num_batches_tracked"].dtype == np.int64
+    assert int(res.params_after["num_batches_tracked"]) == int(tb.num_batches_tracked)
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1])
