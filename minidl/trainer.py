@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ import numpy as np
 from .engine import Compiled, Engine, PeakInfo
 from .executor import NonFiniteError
 from .graph import Network
+from .kernels.jit import CompileWatch
 from .layers.base import Layer
 from .memory.config import MemoryConfig
 from .memory.device import make_device
@@ -365,7 +367,11 @@ class Trainer:
         shuffle: bool = True,
     ) -> History:
         """Train on ``data`` (a :class:`~minidl.data.Dataset` or ``(x, y)``) for ``epochs``
-        (or ``max_steps``), showing a progress bar; evaluates on the test split at the end."""
+        (or ``max_steps``), showing a progress bar; evaluates on the test split at the end.
+
+        The first step compiles the Numba kernels it uses unless Numba's on-disk cache has
+        them: the bar then says so and restarts its clock once they are compiled, so its
+        rate and ETA are the training's."""
         from tqdm.auto import tqdm
 
         from .data import batches
@@ -381,6 +387,10 @@ class Trainer:
         total = steps_per_epoch * epochs if max_steps is None else min(
             max_steps, steps_per_epoch * epochs)
         bar = tqdm(total=total, disable=not progress, unit="step", dynamic_ncols=True)
+
+        def announce_compiling() -> None:
+            bar.write("compiling kernels (first run only)...", file=sys.stderr)
+
         done = 0
         self.fetch_logits = True
         try:
@@ -390,7 +400,14 @@ class Trainer:
                     if max_steps is not None and done >= max_steps:
                         break
                     t0 = time.perf_counter()
-                    loss = self.step(xb, yb)
+                    if done == 0:
+                        with CompileWatch(on_first_compile=announce_compiling) as watch:
+                            loss = self.step(xb, yb)
+                        if watch.compiled:
+                            bar.write(f"kernels compiled in {watch.seconds:.1f} s", file=sys.stderr)
+                            bar.reset()
+                    else:
+                        loss = self.step(xb, yb)
                     dt = time.perf_counter() - t0
                     hist.losses.append(loss)
                     hist.step_times.append(dt)
