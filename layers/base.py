@@ -11,7 +11,9 @@ Conventions of ``forward`` / ``backward`` (llm.c's paired functions):
 * ``forward(ctx, inputs, outputs, params, stash, workspace)`` writes every output in place.
 * ``backward(ctx, grad_outputs, grad_inputs, inputs, outputs, params, grad_params, stash,
   workspace)`` *overwrites* every non-``None`` entry of ``grad_inputs`` and every array of
-  ``grad_params``; the engine accumulates at fan-out and for shared parameters.
+  ``grad_params``; the engine accumulates at fan-out and for shared parameters. A layer with
+  ``accumulates_grads`` instead *adds* into the ``grad_params`` named in ``ctx.accumulate``
+  (micro-batches, a shared parameter's second use), so no partial gradient buffer is needed.
   ``inputs`` / ``outputs`` hold arrays only at the indices listed in ``retain_inputs`` /
   ``retain_outputs`` (``None`` elsewhere). ``grad_inputs[i]`` is ``None`` when that gradient is
   not needed (network inputs, labels, integer tensors).
@@ -84,6 +86,9 @@ class Context:
     seed: int = 0
     recomputing: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Names of ``grad_params`` that backward adds into rather than overwrites (layers with
+    #: ``accumulates_grads`` only).
+    accumulate: frozenset[str] = frozenset()
 
 
 class Symbol:
@@ -131,6 +136,8 @@ class Layer:
     inplace_backward: bool = False
     #: Inputs that are integer indices or labels (no gradient ever flows to them).
     nondiff_inputs: tuple[int, ...] = ()
+    #: Backward adds into the ``grad_params`` named in ``ctx.accumulate`` (see module docstring).
+    accumulates_grads: bool = False
 
     def __init__(self) -> None:
         self.name: str | None = None

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels.embedding import embedding_backward
+from ..kernels.embedding import embedding_accumulate, embedding_backward
 from .base import Layer, ParamSpec
 
 
@@ -37,6 +37,7 @@ class Embedding(Layer):
 
     kind = "embedding"
     retain_inputs = (0,)
+    accumulates_grads = True
     nondiff_inputs = (0,)
 
     def __init__(self, num_embeddings: int, embedding_dim: int, dtype=np.float32) -> None:
@@ -85,7 +86,10 @@ class Embedding(Layer):
             return
         dy = grad_outputs[0].reshape(-1, self.embedding_dim)
         idx = inputs[0].reshape(-1)
-        embedding_backward(idx, dy, gw)
+        if "weight" in ctx.accumulate:
+            embedding_accumulate(idx, dy, gw)
+        else:
+            embedding_backward(idx, dy, gw)
 
     def describe(self) -> str:
         return f"Embedding({self.num_embeddings}, {self.embedding_dim})"

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from ..kernels.blas import gemm
 from .base import Layer, ParamSpec
 
 
@@ -21,6 +22,7 @@ class Linear(Layer):
 
     kind = "linear"
     retain_inputs = (0,)
+    accumulates_grads = True
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
         super().__init__()
@@ -74,9 +76,16 @@ class Linear(Layer):
             x2 = _rows(x, self.in_features)
             if x2 is None:
                 x2 = x.reshape(-1, self.in_features)
-            np.matmul(dy2.T, x2, out=grad_params["weight"])
+            if "weight" in ctx.accumulate:  # dW += dY^T X, straight into the gradient
+                gemm(dy2, x2, grad_params["weight"], trans_a=True, beta=1.0)
+            else:
+                np.matmul(dy2.T, x2, out=grad_params["weight"])
         if self.bias and "bias" in grad_params:
-            np.sum(dy2, axis=0, out=grad_params["bias"])
+            db = grad_params["bias"]
+            if "bias" in ctx.accumulate:
+                np.add(db, dy2.sum(axis=0, dtype=db.dtype), out=db)
+            else:
+                np.sum(dy2, axis=0, out=db)
 
     def describe(self) -> str:
         extra = "" if self.bias else ", bias=False"

@@ -131,7 +131,8 @@ class Executor:
                     t0 = time.perf_counter()
                     ctx = None if ex.node < 0 else Context(
                         training=training, seed=step_seed(seed, iteration, ex.node),
-                        recomputing=recomputing or ex.phase == "recompute")
+                        recomputing=recomputing or ex.phase == "recompute",
+                        accumulate=ex.accumulate_params)
                     if ex.phase == "encode":
                         self._encode(ex, rt)
                     elif ex.phase == "decode":

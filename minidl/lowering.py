@@ -36,6 +36,8 @@ class ExecStep:
     grad_params: dict[str, int] = field(default_factory=dict)
     # shared parameters whose gradient this step adds (name -> partial tensor)
     param_partials: dict[str, int] = field(default_factory=dict)
+    # parameters whose gradient the layer adds straight into ``.grad`` (ctx.accumulate)
+    accumulate_params: frozenset[str] = frozenset()
     # codec facts: encode/decode steps, and backward steps reading an encoded stash
     attrs: dict = field(default_factory=dict)
     in_shapes: list[tuple[int, ...]] = field(default_factory=list)
@@ -236,10 +238,14 @@ def lower(
                     writes += [part, grad_of[v]]
             gp = {k: grad_t[p.name] for k, p in trainable.items()}
             gpart: dict[str, int] = {}
+            adds: set[str] = set()
             for k, p in trainable.items():
-                if p.name in params_written:  # shared parameter: accumulate a partial
-                    gpart[k] = b.add(f"{name}.{k}.grad_part", p.shape, p.dtype, "gradient",
-                                     "grad_partial", name)
+                if p.name in params_written:  # shared parameter or micro-batch: accumulate,
+                    if layer.accumulates_grads:  # straight into the gradient if the layer can
+                        adds.add(k)
+                    else:  # or through a partial the executor adds
+                        gpart[k] = b.add(f"{name}.{k}.grad_part", p.shape, p.dtype, "gradient",
+                                         "grad_partial", name)
                 params_written.add(p.name)
             writes += list(gp.values()) + list(gpart.values())
             reads = list(g_out)
@@ -260,7 +266,8 @@ def lower(
                  ExecStep("backward", name, layer, i, [val_t[v] for v in node_in[i]],
                           [val_t[v] for v in node_out[i]], stash_t[i], node_params[i], ws,
                           grad_outputs=g_out, grad_inputs=g_in, grad_params=gp,
-                          param_partials=gpart, in_shapes=in_shapes))
+                          param_partials=gpart, accumulate_params=frozenset(adds),
+                          in_shapes=in_shapes))
 
     program = Program(
         tensors=b.tensors, steps=steps, inputs=inputs,
