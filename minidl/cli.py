@@ -294,26 +294,47 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 print_memory_report(found["report"])
         return 0
     try:
+        budget = None if args.budget is None else parse_size(args.budget)
+    except ValueError as e:
+        raise UsageError(f"--budget: {e}") from None
+    try:
         rep = dry_run(net, args.batch_size, spec, args.optimizer, input_shape=shape,
-                      plot=args.plot, trace=args.trace)
+                      plot=args.plot, trace=args.trace, budget=budget)
     except BudgetTooSmall as e:
+        from .dryrun import suggest_specs
+
         print(f"minidl: {e}", file=sys.stderr)
+        fits = suggest_specs(lambda: _model(args.model, shape, classes, args.width),
+                             args.batch_size, shape, budget or spec.budget, args.optimizer)
+        print("  specs that fit: " + (", ".join(
+            f"{f['memory']!r} ({_fmt(f['peak_reserved_bytes'])})" for f in fits) or "none"),
+            file=sys.stderr)
         return EXIT_OOM
+    if budget is not None:
+        rep["budget_bytes"] = budget
+        rep["fits_budget"] = rep["peak_reserved_bytes"] <= budget
     if args.json:
         print(json.dumps(rep))
     else:
         print(f"{net.name}, batch {args.batch_size}, input "
               f"{'x'.join(map(str, rep['input']))}, {classes} classes: "
               f"{rep['num_steps']} steps, {rep['num_tensors']} tensors")
-        print_memory_report(rep)
+        print_memory_report(rep, out=sys.stdout)  # the stream now (tests capture it)
+        if budget is not None:
+            print(f"  budget {_fmt(budget)}: the plan "
+                  + ("fits" if rep["fits_budget"] else "does NOT fit")
+                  + " (peak reserved against the budget)")
         if args.layers:
             from .report import format_layer_table
 
+            if rep["split"] > 1:
+                print(f"layers of one micro-batch of {rep['micro_batch_size']} (the batch of "
+                      f"{args.batch_size} runs as {rep['split']} micro-batches):")
             print(format_layer_table(rep["layers"]))
         for what, path in (("timeline", args.plot), ("trace", args.trace)):
             if path:
                 print(f"{what} saved to {path}")
-    return 0
+    return 0 if rep.get("fits_budget", True) else EXIT_OOM
 
 
 # ------------------------------------------------------------------------------ bench
