@@ -49,13 +49,17 @@ def dry_run(
     training: bool = True,
     plot: str | None = None,
     trace: str | None = None,
+    budget: int | None = None,
 ) -> dict[str, Any]:
     """Run one training iteration of ``net`` on the meta device and report its memory.
 
     The pool places every block exactly as a real run would, so ``peak_allocated_bytes``
     equals a real run's. Keys: ``peak_allocated_bytes``, ``peak_reserved_bytes``,
     ``lower_bound_bytes``, ``persistent_bytes``, ``breakdown`` (bytes by category at the peak),
-    ``peak_step`` (layer, phase, index), ``live_at_peak`` (the largest tensors live there).
+    ``peak_step`` (layer, phase, index), ``live_at_peak`` (the largest tensors live there),
+    ``split`` and ``micro_batch_size`` (the batch runs as ``split`` micro-batches; the peak and
+    ``layers`` are those of one micro-batch, the largest). ``budget`` (bytes, default the auto
+    planner's) is drawn as a line on the ``plot``.
     """
     from .layers import SoftmaxCrossEntropy
 
@@ -70,10 +74,11 @@ def dry_run(
     batch = (int(batch_size), *shape)
     labels = tuple(label_shape or default_label_shape(net, batch))
     split = engine.split_for([batch], labels) if training else 1
+    micro = -(-int(batch_size) // split)
     if split > 1:
         from .engine import micro_shapes
 
-        shapes, labels = micro_shapes([batch], labels, -(-int(batch_size) // split))
+        shapes, labels = micro_shapes([batch], labels, micro)
         c = engine.compiled(shapes, labels, training=True, accumulate=True)
     else:
         c = engine.compiled([batch], labels, training=training)
@@ -83,7 +88,8 @@ def dry_run(
     from .trainer import strategy_costs
 
     if plot:
-        plot_timeline(timeline(c), plot, f"{net.name}, batch {batch_size}, {config.spec}")
+        plot_timeline(timeline(c), plot, f"{net.name}, batch {batch_size}, {config.spec}",
+                      budget=budget if budget is not None else config.budget)
     if trace:
         save_trace(c, trace, measured=False)
     swap = c.executor.last_runtime.swap_stats.as_dict()
@@ -106,10 +112,13 @@ def dry_run(
         "num_tensors": len(prog.tensors),
         "host_peak_bytes": engine.host_pool.peak_bytes,
         "split": split,
+        "micro_batch_size": micro,
         "kept_for_backward_bytes": sum(c.executor.last_runtime.kept_for_backward.values()),
         "kept_for_backward": dict(c.executor.last_runtime.kept_for_backward),
         "swap": swap if c.plan.swapped else {},
-        "notes": list(c.plan.notes),
+        "notes": ([f"batch split into {split} micro-batches of {micro} (moDNN); the peak and "
+                   f"the layer table are one micro-batch's"] if split > 1 else [])
+        + list(c.plan.notes),
         "layers": layer_table(c),
         **{k: v for k, v in strategy_costs(c).items() if k == "bptt"},
     }

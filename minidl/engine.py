@@ -23,6 +23,10 @@ from .memory.planner import make_plan
 from .memory.program import aligned
 from .rnn import bptt_policy as bptt_policy_of
 
+#: Why a network with batch statistics is never split into micro-batches.
+BATCH_STATS_SPLIT = ("batch splitting with BatchNorm would normalise with micro-batch statistics, "
+                     "not the batch's: use a larger budget or device memory, or a smaller batch")
+
 
 def micro_shapes(batch_shapes: list[tuple[int, ...]], label_shape: tuple[int, ...] | None,
                  micro: int) -> tuple[list[tuple[int, ...]], tuple[int, ...] | None]:
@@ -191,13 +195,28 @@ class Engine:
     def split_for(self, batch_shapes: list[tuple[int, ...]], label_shape: tuple[int, ...] | None,
                   label_dtype: str = "int64", max_split: int = 64) -> int:
         """Micro-batches per batch: ``split=K`` when given; with ``auto``, the fewest (1, 2, 4,
-        ...) whose plan fits the budget (moDNN's batch splitting)."""
+        ...) whose plan fits the budget (moDNN's batch splitting).
+
+        Training a network with batch statistics (BatchNorm) is never split: micro-batches would
+        normalise with their own statistics. ``split=K`` then raises ``ValueError`` and ``auto``
+        plans the whole batch only (raising :class:`BudgetTooSmall` if that does not fit), so a
+        dry run accepts exactly what training runs."""
         k = self.config.split
+        batch_stats = bool(self.net.buffers())
+        if k is not None and k > 1 and batch_stats:
+            raise ValueError(BATCH_STATS_SPLIT)
         if k is not None or not self.config.has("auto"):
             return k or 1
         from .memory.auto import BudgetTooSmall
 
         batch = batch_shapes[0][0]
+        if batch_stats:
+            try:
+                self.compiled(batch_shapes, label_shape, True, label_dtype)
+            except BudgetTooSmall as e:
+                raise BudgetTooSmall(f"{e}; batch splitting was not tried: {BATCH_STATS_SPLIT}") \
+                    from None
+            return 1
         k, last = 1, None
         while k <= min(max_split, batch):
             try:

@@ -3,6 +3,7 @@ and the timeline of device bytes by category (PNG through matplotlib, Chrome tra
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .engine import Compiled
@@ -80,8 +81,10 @@ def save_trace(c: Compiled, path: str, measured: bool) -> None:
                                           persistent_by_category(c)))
 
 
-def plot_timeline(series: dict[str, Any], path: str, title: str = "") -> None:
-    """Stacked area of device bytes by category over one iteration, saved as PNG."""
+def plot_timeline(series: dict[str, Any], path: str, title: str = "",
+                  budget: int | None = None) -> None:
+    """Stacked area of device bytes by category over one iteration (one point per allocation
+    event, so the peak is drawn), saved as PNG; ``budget`` (bytes) as a red line."""
     try:
         import matplotlib
 
@@ -100,9 +103,15 @@ def plot_timeline(series: dict[str, Any], path: str, title: str = "") -> None:
         ax.axhline(totals[i] / 2**20, color="k", lw=0.8, ls="--")
         label = ""
         if series["axis"] == "step" and series["step_labels"]:
-            label = " at " + series["step_labels"][min(int(xs[i]), len(series["step_labels"]) - 1)]
+            pos = math.floor(xs[i])
+            label = " at " + ("(start)" if pos < 0 else "(end)" if pos >= len(
+                series["step_labels"]) else series["step_labels"][pos])
         ax.annotate(f"peak {totals[i] / 2**20:.1f} MiB{label}", (xs[i], totals[i] / 2**20),
                     textcoords="offset points", xytext=(5, 5), fontsize=9)
+    if budget is not None:
+        ax.axhline(budget / 2**20, color="r", lw=1.0)
+        ax.annotate(f"budget {budget / 2**20:.1f} MiB", (xs[0] if xs else 0, budget / 2**20),
+                    textcoords="offset points", xytext=(5, -12), fontsize=9, color="r")
     ax.set_xlabel("step of the iteration" if series["axis"] == "step" else "seconds")
     ax.set_ylabel("device MiB")
     ax.set_title(title)
