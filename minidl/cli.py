@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from typing import Any
@@ -13,10 +14,22 @@ import numpy as np
 
 EXIT_USAGE = 2
 EXIT_OOM = 1
+EXIT_FAILURE = 1
 
 
 class UsageError(Exception):
     """A bad name or value on the command line (exit code 2)."""
+
+
+class RuntimeFailure(Exception):
+    """A run that cannot go on: missing data, a missing optional extra, no GPU (exit code 1)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad command line ends in one ``minidl: error: ...`` line (exit 2)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"minidl: error: {message} (see '{self.prog} --help')\n")
 
 
 def parse_chw(text: str | None) -> tuple[int, ...] | None:
@@ -26,20 +39,143 @@ def parse_chw(text: str | None) -> tuple[int, ...] | None:
         dims = tuple(int(p) for p in text.lower().replace("×", "x").split("x"))
     except ValueError:
         raise UsageError(f"--input must look like CxHxW (e.g. 3x32x32), got {text!r}") from None
-    if not dims or any(d <= 0 for d in dims):
+    if len(dims) != 3:
+        raise UsageError(f"--input {text} has {len(dims)} dimension(s); the image models take "
+                         "channels-first CxHxW, three numbers such as 1x28x28 or 3x32x32")
+    if any(d <= 0 for d in dims):
         raise UsageError(f"--input dimensions must be positive, got {text!r}")
     return dims
 
 
+def _smallest_square_input(name: str, channels: int, num_classes: int,
+                           width: int | None) -> int | None:
+    """The smallest H = W that model ``name`` accepts with ``channels`` channels (None above
+    4096). Failing sizes fail while the graph is built, before any parameter exists."""
+    from .layers.base import ShapeError
+    from .models import get_model
+
+    for side in range(1, 4097):
+        try:
+            get_model(name, input_shape=(channels, side, side), num_classes=num_classes,
+                      width=width)
+        except ShapeError:
+            continue
+        return side
+    return None
+
+
 def _model(name: str, input_shape, num_classes: int, width: int | None = None):
+    from .layers.base import ShapeError
     from .models import get_model
 
     try:
         return get_model(name, input_shape=input_shape, num_classes=num_classes, width=width)
+    except ShapeError as e:
+        if input_shape is None or len(input_shape) != 3:
+            raise
+        c, h, w = input_shape
+        side = _smallest_square_input(name, c, num_classes, width)
+        need = (f"the smallest square input it takes with C={c} is {c}x{side}x{side}"
+                if side else f"it takes no input with C={c}")
+        if w in (1, 3) and c > 3:
+            hint = f"; channels last? try --input {w}x{c}x{h}"
+        elif side and min(h, w) >= side:
+            hint = f"; H and W this unequal are not supported: try {c}x{max(h, w)}x{max(h, w)}"
+        else:
+            hint = ""
+        raise UsageError(
+            f"--input {c}x{h}x{w} is too small or the wrong shape for {name} (read channels-first "
+            f"as C={c}, H={h}, W={w}): {need}{hint} [{e}]") from None
     except ValueError as e:
         if "unknown model" in str(e) or "no ResNet" in str(e):
             raise UsageError(str(e)) from None
         raise
+
+
+def check_model_name(name: str) -> None:
+    """Raise :class:`UsageError` listing the valid names unless ``name`` is a model."""
+    import re
+
+    from .models import MODEL_NAMES, MODELS, TEXT_MODELS, resnet_layout
+
+    if name in MODELS or name in TEXT_MODELS:
+        return
+    depth = re.fullmatch(r"resnet(\d+)", name)
+    if depth is None:
+        raise UsageError(f"unknown model {name!r}; valid: {', '.join(MODEL_NAMES)}")
+    try:
+        resnet_layout(int(depth.group(1)))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def _size(flag: str, text: str | None) -> int | None:
+    from .memory.units import parse_size
+
+    if text is None:
+        return None
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise UsageError(f"{flag} {text!r}: {e}") from None
+
+
+def validate_args(args: argparse.Namespace) -> None:
+    """Every number and size on the command line, checked before any work starts: one
+    :class:`UsageError` naming the flag, the bad value and what is valid."""
+    check_model_name(args.model)
+
+    def at_least(flag: str, value, low) -> None:
+        if value is not None and not value >= low:  # "not >=" also catches NaN
+            raise UsageError(f"{flag} must be >= {low}, got {value}")
+
+    at_least("--batch-size", args.batch_size, 1)
+    at_least("--width", args.width, 1)
+    at_least("--seq-len", args.seq_len, 1)
+    for flag in ("epochs", "max_steps", "classes", "vocab", "steps"):
+        at_least(f"--{flag.replace('_', '-')}", getattr(args, flag, None), 1)
+    for flag in ("warmup", "seed", "weight_decay"):
+        at_least(f"--{flag.replace('_', '-')}", getattr(args, flag, None), 0)
+    lr = getattr(args, "lr", None)
+    if lr is not None and not (lr > 0 and math.isfinite(lr)):
+        raise UsageError(f"--lr must be a positive finite number, got {lr}")
+    _size("--budget", getattr(args, "budget", None))
+    _size("--host-memory", getattr(args, "host_memory", None))
+    if getattr(args, "device_memory", "auto") != "auto":
+        _size("--device-memory", args.device_memory)
+    specs = args.memory if isinstance(args.memory, list) else [args.memory]
+    for spec in specs:
+        _memory(spec)
+    if getattr(args, "plot", None):
+        _require("matplotlib", "plot", "--plot")
+
+
+def _require(module: str, extra: str, what: str) -> None:
+    """Raise :class:`RuntimeFailure` naming the ``pip install`` that provides ``module``."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise RuntimeFailure(f"{what} needs {module}, which is not installed: "
+                             f"pip install 'minidl[{extra}]'") from None
+
+
+def check_device(name: str) -> None:
+    """The cuda device needs CuPy and a GPU: say so before loading data or building models."""
+    if name != "cuda":
+        return
+    import importlib.util
+
+    from .memory.device import make_device
+
+    if importlib.util.find_spec("cupy") is None:
+        raise RuntimeFailure("--device cuda needs CuPy, which is not installed: pip install "
+                             "'minidl[cuda]' (cupy-cuda12x), or use --device cpu")
+    try:
+        make_device("cuda", capacity=512)  # a tiny arena: CuPy imports and a GPU answers
+    except RuntimeError as e:
+        raise RuntimeFailure(f"--device cuda: {e}") from None
 
 
 def _shape_and_classes(args: argparse.Namespace) -> tuple[tuple[int, ...] | None, int]:
@@ -114,6 +250,13 @@ def print_memory_report(rep: dict[str, Any], out=sys.stdout) -> None:
 
 
 # ------------------------------------------------------------------------------ train
+def _save(trainer, path: str) -> None:
+    try:
+        trainer.save(path)
+    except OSError as e:
+        raise RuntimeFailure(f"cannot write checkpoint {path}: {e}") from None
+
+
 def cmd_train_text(args: argparse.Namespace, spec) -> int:
     """Character-level language model on Shakespeare (or synthetic text)."""
     from .dryrun import make_optimizer
@@ -125,7 +268,10 @@ def cmd_train_text(args: argparse.Namespace, spec) -> int:
     if name not in TEXT_DATASETS:
         raise UsageError(f"unknown dataset {args.dataset!r} for {args.model}; valid: "
                          f"{', '.join(TEXT_DATASETS)}")
-    ds = load_text_dataset(name)
+    try:
+        ds = load_text_dataset(name)
+    except (ImportError, OSError, ValueError) as e:
+        raise RuntimeFailure(f"cannot load dataset {name!r}: {e}") from None
     net = _model(args.model, (args.seq_len,), ds.vocab_size, args.width)
     opt = make_optimizer(args.optimizer, net.parameters(), args.lr, 0.0)
     device_memory = args.device_memory
@@ -143,7 +289,7 @@ def cmd_train_text(args: argparse.Namespace, spec) -> int:
     res = train_language_model(trainer, ds, args.batch_size, args.seq_len, steps,
                                progress=not args.no_progress, seed=args.seed)
     if args.save:
-        trainer.save(args.save)
+        _save(trainer, args.save)
     rep = trainer.memory_report()
     result = {"model": args.model, "dataset": ds.name, "memory": spec.spec,
               "losses": res["losses"], "final_loss": res["losses"][-1],
@@ -171,17 +317,33 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .trainer import Trainer
 
     spec = _memory(_with_budget(args.memory, args.budget))
+    check_device(args.device)
+    if args.save:
+        from .trainer import check_writable
+
+        try:
+            check_writable(args.save)
+        except OSError as e:
+            raise UsageError(f"--save {args.save}: {e}") from None
     if args.model in TEXT_MODELS:
         return cmd_train_text(args, spec)
     if args.dataset not in D.DATASETS:
         raise UsageError(f"unknown dataset {args.dataset!r}; valid: {', '.join(D.DATASETS)}")
+    if args.dataset == "idx" and args.data_dir is None:
+        raise UsageError("--dataset idx needs --data-dir DIR, a folder of MNIST-format idx files "
+                         "(train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-...)")
+    if args.data_dir is not None and not os.path.isdir(args.data_dir):
+        raise UsageError(f"--data-dir {args.data_dir}: no such folder")
     input_shape = parse_chw(args.input)
     if args.dataset == "synthetic" and input_shape is None:
         from .models import default_input_shape
 
         input_shape = default_input_shape(args.model)
-    ds = D.load_dataset(args.dataset, data_dir=args.data_dir, input_shape=input_shape,
-                        seed=args.seed)
+    try:
+        ds = D.load_dataset(args.dataset, data_dir=args.data_dir, input_shape=input_shape,
+                            seed=args.seed)
+    except (ImportError, OSError, ValueError) as e:
+        raise RuntimeFailure(f"cannot load dataset {args.dataset!r}: {e}") from None
     net = _model(args.model, ds.input_shape, ds.num_classes, args.width)
     try:
         opt = make_optimizer(args.optimizer, net.parameters(), args.lr, args.weight_decay)
@@ -200,8 +362,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     elif device_memory == "auto":
         device_memory = auto_device_memory(net, args.batch_size, spec, args.optimizer,
                                            ds.input_shape)
-    trainer = Trainer(net, opt, memory=spec, device=args.device, device_memory=device_memory,
-                      seed=args.seed, scheduler=scheduler, host_memory=args.host_memory)
+    try:
+        trainer = Trainer(net, opt, memory=spec, device=args.device, device_memory=device_memory,
+                          seed=args.seed, scheduler=scheduler, host_memory=args.host_memory)
+    except RuntimeError as e:  # the cuda device without a GPU
+        raise RuntimeFailure(str(e)) from None
     if not args.json:
         print(f"training {net.name} ({net.num_parameters():,} parameters) on {ds.name}: "
               f"{len(ds.x_train)} train / {len(ds.x_test)} test samples, input "
@@ -222,7 +387,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise
     wall = time.perf_counter() - t0
     if args.save:
-        trainer.save(args.save)
+        _save(trainer, args.save)
     rep = trainer.memory_report()
     result = {
         "model": args.model,
@@ -378,8 +543,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------ main
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="minidl", description=(
+    from . import __version__
+
+    p = _Parser(prog="minidl", description=(
         "minidl: train networks larger than device memory, and see where every byte went."))
+    p.add_argument("--version", action="version", version=f"minidl {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp, batch_default: int) -> None:
@@ -445,14 +613,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .executor import NonFiniteError
     from .memory.pool import DeviceOutOfMemory
 
     args = build_parser().parse_args(argv)
     try:
+        validate_args(args)
         return args.func(args)
     except UsageError as e:
         print(f"minidl: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except (RuntimeFailure, NonFiniteError) as e:
+        print(f"minidl: error: {e}", file=sys.stderr)
+        return EXIT_FAILURE
     except DeviceOutOfMemory as e:
         print(f"minidl: device out of memory\n{e}", file=sys.stderr)
         fits = getattr(e, "suggestions", None)
