@@ -50,7 +50,7 @@ def run_bench(
     configurations alternating in blocks of ``block`` steps (+1 uncounted)."""
     from tqdm.auto import tqdm
 
-    from .cli import auto_device_memory
+    from .dryrun import auto_device_memory
     from .optim import SGD
     from .trainer import Trainer
 

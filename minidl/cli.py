@@ -205,18 +205,6 @@ def _fmt(n: int) -> str:
     return f"{format_size(n)} ({n:,} B)"
 
 
-def auto_device_memory(net, batch_size: int, spec, optimizer: str, input_shape) -> int:
-    """Device bytes a run needs: the larger reserved peak of a training and an evaluation
-    iteration (dry runs), rounded up to a MiB, plus one MiB of headroom."""
-    from .dryrun import dry_run
-
-    train = dry_run(net, batch_size, spec, optimizer, input_shape=input_shape)
-    evaluate = dry_run(net, batch_size, spec, optimizer, input_shape=input_shape, training=False)
-    need = max(train["peak_reserved_bytes"], evaluate["peak_reserved_bytes"])
-    mib = 1 << 20
-    return (math.ceil(need / mib) + 1) * mib
-
-
 def print_memory_report(rep: dict[str, Any], out=sys.stdout) -> None:
     print(f"memory report ({rep.get('device', 'meta')} device, memory spec "
           f"{rep.get('memory')!r})", file=out)
@@ -259,7 +247,7 @@ def _save(trainer, path: str) -> None:
 
 def cmd_train_text(args: argparse.Namespace, spec) -> int:
     """Character-level language model on Shakespeare (or synthetic text)."""
-    from .dryrun import make_optimizer
+    from .dryrun import auto_device_memory, make_optimizer
     from .rnn import train_language_model
     from .text import TEXT_DATASETS, load_text_dataset
     from .trainer import Trainer
@@ -311,7 +299,7 @@ def cmd_train_text(args: argparse.Namespace, spec) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from . import data as D
-    from .dryrun import make_optimizer
+    from .dryrun import auto_device_memory, make_optimizer
     from .memory.pool import DeviceOutOfMemory
     from .models import TEXT_MODELS
     from .trainer import Trainer

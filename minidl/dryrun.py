@@ -124,6 +124,18 @@ def dry_run(
     }
 
 
+def auto_device_memory(net: Network, batch_size: int, memory: str | MemoryConfig,
+                       optimizer: str, input_shape: tuple[int, ...]) -> int:
+    """Device bytes a run needs: the larger reserved peak of a training and an evaluation
+    iteration (dry runs), rounded up to a MiB, plus one MiB of headroom."""
+    train = dry_run(net, batch_size, memory, optimizer, input_shape=input_shape)
+    evaluate = dry_run(net, batch_size, memory, optimizer, input_shape=input_shape,
+                       training=False)
+    need = max(train["peak_reserved_bytes"], evaluate["peak_reserved_bytes"])
+    mib = 1 << 20
+    return (-(-need // mib) + 1) * mib
+
+
 def max_batch_size(make_net, input_shape: tuple[int, ...], memory: str | MemoryConfig,
                    budget: int, optimizer: str = "sgd", limit: int = 1 << 16,
                    progress: bool = False) -> dict[str, Any]:
