@@ -11,9 +11,14 @@ in cache:
 * ``winograd`` (3x3, stride 1, one group, enough channels): F(2x2, 3x3), see
   :mod:`minidl.kernels.winograd`; 2.25x fewer multiplications.
 
-The batch is split over :func:`~minidl.kernels.parallel.num_threads` threads (one ``prange``
-iteration each, each thread on its own row of the workspace); weight-gradient partials are
-summed once at the end. Small calls run on the calling thread. A direct (no im2col) kernel
+The batch is cut into blocks of images multiplied together (block boundaries at multiples of
+the block size, whatever the thread count) and the blocks are shared out over
+:func:`~minidl.kernels.parallel.num_threads` threads (one ``prange`` iteration each, each thread
+on its own row of the workspace). Weight and bias gradients are summed over :data:`GRAD_PARTS`
+fixed runs of blocks, each into its own partial, then added in order. Every matrix product and
+every sum therefore has the same shape and order for any thread count: results are
+bit-identical across thread counts (on one machine: BLAS kernels differ between CPU models).
+Small calls run on the calling thread. A direct (no im2col) kernel
 for one-input-channel layers was measured slower than im2col + GEMM (conv1 of smallcnn:
 0.73 / 1.6 ms against 0.47 / 0.51 ms forward / backward) and was dropped.
 """
@@ -27,7 +32,7 @@ from numba import njit, prange, uintp
 
 from . import _cuda, winograd
 from .blas import mm
-from .parallel import ensure_blas_policy, num_threads, split
+from .parallel import chunks, ensure_blas_policy, num_threads, split
 
 Pair = tuple[int, int]
 
@@ -104,13 +109,16 @@ def _gemm_blocking(x_shape: tuple[int, ...], k: int, ho: int, wo: int, itemsize:
 def _slab_elems(
     x_shape: tuple[int, ...], cout: int, kernel: Pair, stride: Pair, padding: Pair,
     dilation: Pair, groups: int, backward: bool, algo: str, itemsize: int,
-) -> tuple[list[int], int]:
-    """Element counts of one thread's buffers (in the order the kernels take them), and of
-    the buffer each thread but the first needs besides (its partial weight gradient: the
-    first accumulates straight into the output)."""
+) -> tuple[list[int], list[tuple[int, int]], int]:
+    """Element counts of one thread's buffers (in the order the kernels take them); the
+    gradient partials as ``(count, elements)`` pairs; and the images per block."""
     if algo == "winograd":
         nb = _winograd_nb(x_shape, cout, padding, itemsize)
-        return winograd.slab_elems(x_shape, cout, padding, nb, backward), 0
+        row = winograd.slab_elems(x_shape, cout, padding, nb, backward)
+        if not backward:
+            return row, [], nb
+        p = grad_parts(x_shape[0], nb)
+        return row, [(p, cout), (p, 16 * cout * x_shape[1])], nb  # db, transformed dW
     _, c, h, w = x_shape
     ho, wo = conv_output_hw((h, w), kernel, stride, padding, dilation)
     k = c // groups * kernel[0] * kernel[1]
@@ -118,8 +126,29 @@ def _slab_elems(
     ln = nb * band * wo
     side = cout // groups * ln if nb > 1 else 0  # products of several images side by side
     if not backward:
-        return [k * ln, side], 0  # col, y block
-    return [k * ln, k * ln, side, cout], cout * k  # col, dcol, dy block, db part; dW part
+        return [k * ln, side], [], nb  # col, y block
+    p = grad_parts(x_shape[0], nb)
+    # col, dcol, dy block; db per part, dW per part but the first (it goes straight to dw)
+    return [k * ln, k * ln, side], [(p, cout), (p - 1, cout * k)], nb
+
+
+#: Weight and bias gradients are sums over the batch taken in at most this many fixed parts
+#: (contiguous runs of image blocks), each accumulated into its own partial and then added in
+#: part order: the parts depend on the shapes only, so the sums never depend on the number of
+#: threads (threads take whole parts; more threads than parts leave the rest idle).
+GRAD_PARTS = 4
+
+
+def grad_parts(n: int, nb: int) -> int:
+    """Parts the gradient sums of an ``n``-image batch in blocks of ``nb`` are cut into."""
+    return max(1, min(GRAD_PARTS, -(-n // nb)))
+
+
+def block_bounds(n: int, nb: int, parts: int) -> np.ndarray:
+    """Image bounds (``int64``, ``parts' + 1`` entries) of up to ``parts`` contiguous runs of
+    the ``nb``-image blocks of ``range(n)`` (blocks start at multiples of ``nb``)."""
+    blocks = chunks(max(1, -(-n // nb)), parts)
+    return np.array([0] + [min(n, stop * nb) for _, stop in blocks], np.int64)
 
 
 #: Thread cap of the conv kernels: every thread has its own workspace row, so the declared
@@ -135,6 +164,19 @@ def _aligned(elems: int, itemsize: int) -> int:
     return -(-elems * itemsize // _ALIGN) * _ALIGN
 
 
+def _threads(layout: tuple[list[int], list[tuple[int, int]], int], n: int, backward: bool,
+             threads: int | None) -> int:
+    """Workspace rows wanted: one per thread, no more than there are blocks (forward) or
+    gradient parts (backward) to share out."""
+    _, parts, nb = layout
+    units = parts[0][0] if backward else -(-max(1, n) // nb)
+    return max(1, min(threads or _default_threads(), units))
+
+
+def _parts_elems(parts: list[tuple[int, int]], itemsize: int) -> int:
+    return sum(count * _aligned(e, itemsize) // itemsize for count, e in parts)
+
+
 def conv2d_workspace_bytes(
     x_shape: tuple[int, ...], cout: int, kernel: Pair, stride: Pair, padding: Pair,
     dilation: Pair, groups: int, dtype: Any, backward: bool, threads: int | None = None,
@@ -144,31 +186,38 @@ def conv2d_workspace_bytes(
     itemsize = np.dtype(dtype).itemsize
     algo = algo or choose_algo(x_shape, kernel, stride, dilation, groups, padding, cout,
                                itemsize)
-    elems, extra = _slab_elems(x_shape, cout, kernel, stride, padding, dilation, groups,
-                               backward, algo, itemsize)
-    t = min(threads or _default_threads(), max(1, x_shape[0]))
-    per = sum(_aligned(e, itemsize) for e in elems)
-    return t * per + (t - 1) * _aligned(extra, itemsize)
+    layout = _slab_elems(x_shape, cout, kernel, stride, padding, dilation, groups, backward,
+                         algo, itemsize)
+    t = _threads(layout, x_shape[0], backward, threads)
+    per = sum(_aligned(e, itemsize) for e in layout[0])
+    return t * per + _parts_elems(layout[1], itemsize) * itemsize
 
 
-def _slabs(workspace: np.ndarray | None, layout: tuple[list[int], int], dtype: np.dtype,
-           n: int, threads: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _slabs(workspace: np.ndarray | None, layout: tuple[list[int], list[tuple[int, int]], int],
+           dtype: np.dtype, n: int, backward: bool, threads: int | None
+           ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
     """Cut the workspace into ``(threads, per_thread)`` rows (as many threads as fit), the
-    start offsets of each buffer in a row, and ``(threads - 1, extra)`` extra buffers."""
-    elems, extra = layout
+    start offsets of each buffer in a row, and the ``(count, elements)`` partial buffers."""
+    elems, parts, _ = layout
     it = dtype.itemsize
     per = sum(_aligned(e, it) for e in elems)
-    ext = _aligned(extra, it)
-    t = min(threads or _default_threads(), max(1, n))
+    fixed = _parts_elems(parts, it) * it
+    t = _threads(layout, n, backward, threads)
     if workspace is None:
-        workspace = np.empty(t * per + (t - 1) * ext, np.uint8)
-    t = min(t, (workspace.nbytes + ext) // (per + ext))
-    if t < 1:
-        raise ValueError(f"conv2d workspace of {workspace.nbytes} bytes, needs at least {per}")
+        workspace = np.empty(t * per + fixed, np.uint8)
+    t = min(t, (workspace.nbytes - fixed) // per) if per else t
+    if t < 1 or workspace.nbytes < fixed:
+        raise ValueError(f"conv2d workspace of {workspace.nbytes} bytes, needs at least "
+                         f"{per + fixed}")
     offs = np.cumsum([0] + [_aligned(e, it) // it for e in elems[:-1]]).astype(np.int64)
     rows = workspace[: t * per].view(dtype).reshape(t, per // it)
-    parts = workspace[t * per: t * per + (t - 1) * ext].view(dtype).reshape(t - 1, ext // it)
-    return rows, offs, parts
+    views, start = [], t * per
+    for count, e in parts:
+        stride = _aligned(e, it)
+        views.append(workspace[start: start + count * stride].view(dtype)
+                     .reshape(count, stride // it))  # rows padded to the alignment
+        start += count * stride
+    return rows, offs, views
 
 
 # ----------------------------------------------------------------------------- reference
@@ -394,12 +443,12 @@ def _fwd_gemm(x, w3, b, has_bias, y, s, offs, n0, n1, nb, band, kh, kw, sh, sw, 
 
 
 @njit(nogil=True, cache=True)
-def _bwd_gemm(x, w3, dy, dx, need_dx, s, offs, dwacc, n0, n1, nb, band, kh, kw, sh, sw, ph,
-              pw, dh, dw):
-    """Images ``n0:n1`` (blocked as in :func:`_fwd_gemm`): ``dW`` accumulated into ``dwacc``
-    (``Cout x K``, BLAS with beta 1), ``db`` into this thread's row ``s``, and ``dx`` rows."""
-    colbuf, dcolbuf, dybuf, dbbuf = s[offs[0]:offs[1]], s[offs[1]:offs[2]], \
-        s[offs[2]:offs[3]], s[offs[3]:]
+def _bwd_gemm(x, w3, dy, dx, need_dx, s, offs, dwacc, zero_dw, dbbuf, n0, n1, nb, band, kh, kw,
+              sh, sw, ph, pw, dh, dw):
+    """Images ``n0:n1`` (blocked as in :func:`_fwd_gemm`): ``dW`` summed into ``dwacc``
+    (``Cout x K``, BLAS with beta 1; zeroed first if ``zero_dw``), ``db`` into ``dbbuf``
+    (zeroed first), ``dx`` rows."""
+    colbuf, dcolbuf, dybuf = s[offs[0]:offs[1]], s[offs[1]:offs[2]], s[offs[2]:]
     _, c, h, wd = x.shape
     groups, og, k = w3.shape
     cout, ho, wo = dy.shape[1], dy.shape[2], dy.shape[3]
@@ -407,8 +456,9 @@ def _bwd_gemm(x, w3, dy, dx, need_dx, s, offs, dwacc, n0, n1, nb, band, kh, kw, 
     hwo = ho * wo
     work = np.empty(8, np.int32)
     geom = (kh, kw, sh, sw, ph, pw, dh, dw, ho, wo)
-    for i in range(cout * k):
-        dwacc[i] = 0
+    if zero_dw:
+        for i in range(cout * k):
+            dwacc[i] = 0
     for i in range(cout):
         dbbuf[i] = 0
     dw2 = dwacc[: cout * k].reshape((cout, k))
@@ -459,7 +509,8 @@ def _bwd_gemm(x, w3, dy, dx, need_dx, s, offs, dwacc, n0, n1, nb, band, kh, kw, 
 
 
 # ----------------------------------------------------------------------------- parallel
-# One prange iteration per thread, each a serial kernel on its batch chunk and workspace row.
+# One prange iteration per thread, each a serial kernel on its workspace row: forward on its
+# run of blocks, backward on the gradient parts ``t, t + threads, ...``.
 @njit(nogil=True, cache=True, parallel=True)
 def _fwd_gemm_par(x, w3, b, has_bias, y, slabs, offs, bounds, nb, band, kh, kw, sh, sw, ph, pw,
                   dh, dw):
@@ -468,13 +519,24 @@ def _fwd_gemm_par(x, w3, b, has_bias, y, slabs, offs, bounds, nb, band, kh, kw, 
                   kh, kw, sh, sw, ph, pw, dh, dw)
 
 
+@njit(nogil=True, cache=True)
+def _bwd_gemm_parts(x, w3, dy, dx, need_dx, s, offs, dwout, add_dw, dwparts, dbparts, bounds,
+                    first, step, nb, band, kh, kw, sh, sw, ph, pw, dh, dw):
+    """Gradient parts ``first, first + step, ...`` on one workspace row ``s``; the first
+    part's ``dW`` goes into ``dwout`` (added to what it holds if ``add_dw``)."""
+    for p in range(first, bounds.size - 1, step):
+        acc = dwout if p == 0 else dwparts[p - 1]
+        _bwd_gemm(x, w3, dy, dx, need_dx, s, offs, acc, p > 0 or not add_dw, dbparts[p],
+                  bounds[p], bounds[p + 1], nb, band, kh, kw, sh, sw, ph, pw, dh, dw)
+
+
 @njit(nogil=True, cache=True, parallel=True)
-def _bwd_gemm_par(x, w3, dy, dx, need_dx, slabs, offs, dwout, parts, bounds, nb, band, kh, kw,
-                  sh, sw, ph, pw, dh, dw):
-    for t in prange(bounds.size - 1):
-        acc = dwout if t == 0 else parts[t - 1]
-        _bwd_gemm(x, w3, dy, dx, need_dx, slabs[t], offs, acc, bounds[t], bounds[t + 1], nb,
-                  band, kh, kw, sh, sw, ph, pw, dh, dw)
+def _bwd_gemm_par(x, w3, dy, dx, need_dx, slabs, offs, dwout, add_dw, dwparts, dbparts, bounds,
+                  nb, band, kh, kw, sh, sw, ph, pw, dh, dw):
+    threads = slabs.shape[0]
+    for t in prange(threads):
+        _bwd_gemm_parts(x, w3, dy, dx, need_dx, slabs[t], offs, dwout, add_dw, dwparts,
+                        dbparts, bounds, t, threads, nb, band, kh, kw, sh, sw, ph, pw, dh, dw)
 
 
 # ----------------------------------------------------------------------------- drivers
@@ -486,8 +548,9 @@ def _c(a: np.ndarray) -> np.ndarray:
 SERIAL_MACS = 1 << 20
 
 
-def _split(n: int, slabs: int, macs: int, threads: int | None) -> np.ndarray | None:
-    return split(n, slabs, macs, SERIAL_MACS, force=threads is not None)
+def _parallel(n: int, rows: int, macs: int, threads: int | None) -> bool:
+    """Whether a call runs on its ``rows`` threads (else serially on the calling thread)."""
+    return split(n, rows, macs, SERIAL_MACS, force=threads is not None) is not None
 
 
 def _check(x, w, groups, stride, padding, dilation, **arrays) -> None:
@@ -523,23 +586,24 @@ def conv2d_forward(
                                x.dtype.itemsize)
     layout = _slab_elems(x.shape, cout, (kh, kw), stride, padding, dilation, groups, False,
                          algo, x.dtype.itemsize)
-    slabs, offs, _ = _slabs(workspace, layout, x.dtype, n, threads)
+    slabs, offs, _ = _slabs(workspace, layout, x.dtype, n, False, threads)
     x, w = _c(x), _c(w)
     out = y if y.flags.c_contiguous else np.empty(y.shape, y.dtype)
     has_bias = b is not None
     bb = _c(b) if has_bias else np.zeros(0, x.dtype)
-    bounds = _split(n, slabs.shape[0], out.size * cg * kh * kw, threads)
+    nb = layout[2]
+    parallel = _parallel(n, slabs.shape[0], out.size * cg * kh * kw, threads)
+    bounds = block_bounds(n, nb, slabs.shape[0])
     if algo == "winograd":
-        nb = _winograd_nb(x.shape, cout, padding, x.dtype.itemsize)
-        if bounds is None:
+        if not parallel:
             winograd.fwd_chunk(x, w, bb, has_bias, out, slabs[0], offs, 0, n, nb, *padding)
         else:
             winograd.forward_par(x, w, bb, has_bias, out, slabs, offs, bounds, nb, *padding)
     else:
         w3 = w.reshape(groups, cout // groups, cg * kh * kw)
-        blocking = _gemm_blocking(x.shape, cg * kh * kw, *out.shape[2:], x.dtype.itemsize)
-        geom = (*blocking, kh, kw, *stride, *padding, *dilation)
-        if bounds is None:
+        band = _gemm_blocking(x.shape, cg * kh * kw, *out.shape[2:], x.dtype.itemsize)[1]
+        geom = (nb, band, kh, kw, *stride, *padding, *dilation)
+        if not parallel:
             _fwd_gemm(x, w3, bb, has_bias, out, slabs[0], offs, 0, n, *geom)
         else:
             _fwd_gemm_par(x, w3, bb, has_bias, out, slabs, offs, bounds, *geom)
@@ -551,10 +615,11 @@ def conv2d_backward(
     x: np.ndarray, w: np.ndarray, dy: np.ndarray, dx: np.ndarray | None, dw: np.ndarray,
     db: np.ndarray | None, stride: Pair = (1, 1), padding: Pair = (0, 0),
     dilation: Pair = (1, 1), groups: int = 1, workspace: np.ndarray | None = None,
-    threads: int | None = None, algo: str | None = None,
+    threads: int | None = None, algo: str | None = None, accumulate: bool = False,
 ) -> None:
     """Overwrite ``dw``, ``db`` (if given) and ``dx`` (if given) with the gradients of
-    :func:`conv2d_forward`. ``workspace``: :func:`conv2d_workspace_bytes`, ``backward=True``."""
+    :func:`conv2d_forward`; with ``accumulate``, add into ``dw`` and ``db`` instead (``dx`` is
+    still overwritten). ``workspace``: :func:`conv2d_workspace_bytes`, ``backward=True``."""
     ensure_blas_policy()
     _check(x, w, groups, stride, padding, dilation, dy=dy, dx=dx, dw=dw, db=db)
     n = x.shape[0]
@@ -563,36 +628,44 @@ def conv2d_backward(
                                x.dtype.itemsize)
     layout = _slab_elems(x.shape, cout, (kh, kw), stride, padding, dilation, groups, True,
                          algo, x.dtype.itemsize)
-    slabs, offs, parts = _slabs(workspace, layout, x.dtype, n, threads)
+    slabs, offs, (dbparts, dwparts) = _slabs(workspace, layout, x.dtype, n, True, threads)
     x, w, dy = _c(x), _c(w), _c(dy)
     need_dx = dx is not None
     dxo = (dx if dx.flags.c_contiguous else np.empty(dx.shape, dx.dtype)) if need_dx else \
         np.zeros((0, 0, 0, 0), x.dtype)
-    bounds = _split(n, slabs.shape[0], dy.size * cg * kh * kw, threads)
-    used = 1 if bounds is None else bounds.size - 1
+    nb = layout[2]
+    bounds = block_bounds(n, nb, dbparts.shape[0])  # the gradient parts
+    parallel = _parallel(n, slabs.shape[0], dy.size * cg * kh * kw, threads)
     dwo = dw if dw.flags.c_contiguous else np.empty(dw.shape, dw.dtype)
+    dbo = db if db is not None else np.zeros(cout, x.dtype)
+    add = bool(accumulate)
+    if add and dwo is not dw:
+        dwo[...] = dw
     if algo == "winograd":
-        nb = _winograd_nb(x.shape, cout, padding, x.dtype.itemsize)
-        dbo = db if db is not None else np.zeros(cout, x.dtype)
-        if bounds is None:
-            winograd.bwd_chunk(x, w, dy, dxo, need_dx, slabs[0], offs, 0, n, nb, *padding)
+        if not parallel:
+            winograd.backward_parts(x, w, dy, dxo, need_dx, slabs[0], offs, dwparts, dbparts,
+                                    bounds, 0, 1, nb, *padding)
         else:
-            winograd.backward_par(x, w, dy, dxo, need_dx, slabs, offs, bounds, nb, *padding)
-        winograd.finish_grads(slabs, offs, used, dwo, dbo)
+            winograd.backward_par(x, w, dy, dxo, need_dx, slabs, offs, dwparts, dbparts,
+                                  bounds, nb, *padding)
+        winograd.finish_grads(dwparts, dbparts, dwo, dbo, add)
     else:
         w3 = w.reshape(groups, cout // groups, cg * kh * kw)
-        blocking = _gemm_blocking(x.shape, cg * kh * kw, *dy.shape[2:], x.dtype.itemsize)
-        geom = (*blocking, kh, kw, *stride, *padding, *dilation)
+        band = _gemm_blocking(x.shape, cg * kh * kw, *dy.shape[2:], x.dtype.itemsize)[1]
+        geom = (nb, band, kh, kw, *stride, *padding, *dilation)
         dwf = dwo.reshape(-1)
-        if bounds is None:
-            _bwd_gemm(x, w3, dy, dxo, need_dx, slabs[0], offs, dwf, 0, n, *geom)
+        if not parallel:
+            _bwd_gemm_parts(x, w3, dy, dxo, need_dx, slabs[0], offs, dwf, add, dwparts,
+                            dbparts, bounds, 0, 1, *geom)
         else:
-            _bwd_gemm_par(x, w3, dy, dxo, need_dx, slabs, offs, dwf, parts, bounds, *geom)
-        k = cg * kh * kw
-        for t in range(1, used):  # thread 0 accumulated into dw itself
-            dwf += parts[t - 1, : cout * k]
-        if db is not None:
-            np.sum(slabs[:used, offs[3]: offs[3] + cout], axis=0, out=db)
+            _bwd_gemm_par(x, w3, dy, dxo, need_dx, slabs, offs, dwf, add, dwparts, dbparts,
+                          bounds, *geom)
+        for part in dwparts:  # the first part went straight into dw; the others, in order
+            dwf += part[: dwf.size]
+        if not add:
+            dbo[...] = dbparts[0, :cout]
+        for part in dbparts[1 - add:]:
+            dbo += part[:cout]
     if dwo is not dw:
         dw[...] = dwo
     if need_dx and dxo is not dx:

@@ -63,9 +63,9 @@ def slab_elems(x_shape: tuple[int, ...], cout: int, padding: tuple[int, int], nb
     vin, vout = 16 * plane_stride(cin, p), 16 * plane_stride(cout, p)
     if not backward:
         return [u, xp, vin, vout, 4 * p]  # U, padded image, V, M, out tiles
-    # U, padded image, V, DY, dD (V's size), dW partial (16 positions), db partial,
-    # gathered dy tiles, input-gradient tiles of one image (transformed, half-transformed)
-    return [u, xp, vin, vout, vin, u, cout, 4 * p, 16 * th * tw, 16 * th * tw]
+    # U, padded image, V, DY, dD (V's size), gathered dy tiles, input-gradient tiles of one
+    # image (transformed, half-transformed); the dW and db partials are the caller's
+    return [u, xp, vin, vout, vin, 4 * p, 16 * th * tw, 16 * th * tw]
 
 
 # ----------------------------------------------------------------------------- transforms
@@ -295,20 +295,20 @@ def fwd_chunk(x, w, b, has_bias, y, s, offs, n0, n1, nb, ph, pw):
 
 
 @njit(nogil=True, cache=True)
-def bwd_chunk(x, w, dy, dx, need_dx, s, offs, n0, n1, nb, ph, pw):
-    """Images ``n0:n1``: ``dx`` rows and partial (transformed) ``dW``, ``db`` in ``s``."""
+def bwd_chunk(x, w, dy, dx, need_dx, s, offs, dwpart, db, n0, n1, nb, ph, pw):
+    """Images ``n0:n1``: ``dx`` rows; their transformed ``dW`` and ``db`` summed into
+    ``dwpart`` (``16 * Cout * Cin``) and ``db``, both zeroed first."""
     cin, cout = x.shape[1], w.shape[0]
     h, wd = x.shape[2], x.shape[3]
     th, tw = (dy.shape[2] + 1) // 2, (dy.shape[3] + 1) // 2
     hb, wb = 2 * th + 2, 2 * tw + 2
     u = s[offs[0]: offs[0] + 16 * cout * cin].reshape((16, cout, cin))
     xp = s[offs[1]: offs[1] + cin * hb * wb].reshape((cin, hb, wb))
-    dwx = s[offs[5]: offs[5] + 16 * cout * cin].reshape((16, cout, cin))
-    db = s[offs[6]: offs[6] + cout]
+    dwx = dwpart[: 16 * cout * cin].reshape((16, cout, cin))
     work = np.empty(8, np.int32)
     _filter_transform(w, u)
     for i in range(16 * cout * cin):
-        s[offs[5] + i] = 0
+        dwpart[i] = 0
     for i in range(cout):
         db[i] = 0
     for s0 in range(n0, n1, nb):
@@ -317,9 +317,9 @@ def bwd_chunk(x, w, dy, dx, need_dx, s, offs, n0, n1, nb, ph, pw):
         v = _planes(s, offs[2], cin, p)
         g = _planes(s, offs[3], cout, p)
         dd = _planes(s, offs[4], cin, p)
-        e = s[offs[7]: offs[7] + 4 * p].reshape((4, p))
-        t16 = s[offs[8]: offs[8] + 16 * th * tw].reshape((16, th * tw))
-        kb = s[offs[9]: offs[9] + 16 * th * tw].reshape((16, th * tw))
+        e = s[offs[5]: offs[5] + 4 * p].reshape((4, p))
+        t16 = s[offs[6]: offs[6] + 16 * th * tw].reshape((16, th * tw))
+        kb = s[offs[7]: offs[7] + 16 * th * tw].reshape((16, th * tw))
         _grad_output_transform(dy, e, g, s0, s1, th, tw)
         for n in range(s0, s1):
             _pad(x, n, xp, ph, pw)
@@ -352,25 +352,38 @@ def forward_par(x, w, b, has_bias, y, slabs, offs, bounds, nb, ph, pw):
         fwd_chunk(x, w, b, has_bias, y, slabs[t], offs, bounds[t], bounds[t + 1], nb, ph, pw)
 
 
+@njit(nogil=True, cache=True)
+def backward_parts(x, w, dy, dx, need_dx, s, offs, dwparts, dbparts, bounds, first, step, nb,
+                   ph, pw):
+    """Gradient parts ``first, first + step, ...`` (images ``bounds[p]:bounds[p + 1]``) on
+    one workspace row ``s``."""
+    for p in range(first, bounds.size - 1, step):
+        bwd_chunk(x, w, dy, dx, need_dx, s, offs, dwparts[p], dbparts[p], bounds[p],
+                  bounds[p + 1], nb, ph, pw)
+
+
 @njit(nogil=True, cache=True, parallel=True)
-def backward_par(x, w, dy, dx, need_dx, slabs, offs, bounds, nb, ph, pw):
-    for t in prange(bounds.size - 1):
-        bwd_chunk(x, w, dy, dx, need_dx, slabs[t], offs, bounds[t], bounds[t + 1], nb, ph, pw)
+def backward_par(x, w, dy, dx, need_dx, slabs, offs, dwparts, dbparts, bounds, nb, ph, pw):
+    threads = slabs.shape[0]
+    for t in prange(threads):
+        backward_parts(x, w, dy, dx, need_dx, slabs[t], offs, dwparts, dbparts, bounds, t,
+                       threads, nb, ph, pw)
 
 
 @njit(nogil=True, cache=True)
-def finish_grads(slabs, offs, used, dw, db):
-    """Sum the partials of the first ``used`` rows, then ``dW = G^T dWx G`` into ``dw``."""
+def finish_grads(dwparts, dbparts, dw, db, add):
+    """Sum the parts in order into the first, then ``dW = G^T dWx G`` into ``dw`` and the
+    bias sum into ``db`` (added to what they hold if ``add``)."""
     cout, cin = dw.shape[0], dw.shape[1]
     half = dw.dtype.type(0.5)
-    for t in range(1, used):
+    for t in range(1, dbparts.shape[0]):
         for i in range(16 * cout * cin):
-            slabs[0, offs[5] + i] += slabs[t, offs[5] + i]
+            dwparts[0, i] += dwparts[t, i]
         for i in range(cout):
-            slabs[0, offs[6] + i] += slabs[t, offs[6] + i]
-    m = slabs[0, offs[5]: offs[5] + 16 * cout * cin].reshape((16, cout, cin))
+            dbparts[0, i] += dbparts[t, i]
+    m = dwparts[0, : 16 * cout * cin].reshape((16, cout, cin))
     for co in range(cout):
-        db[co] = slabs[0, offs[6] + co]
+        db[co] = db[co] + dbparts[0, co] if add else dbparts[0, co]
         for c in range(cin):
             k0 = _gt(m[0, co, c], m[4, co, c], m[8, co, c], m[12, co, c], half)
             k1 = _gt(m[1, co, c], m[5, co, c], m[9, co, c], m[13, co, c], half)
@@ -379,4 +392,4 @@ def finish_grads(slabs, offs, used, dw, db):
             for i in range(3):
                 t = _gt(k0[i], k1[i], k2[i], k3[i], half)
                 for j in range(3):
-                    dw[co, c, i, j] = t[j]
+                    dw[co, c, i, j] = dw[co, c, i, j] + t[j] if add else t[j]

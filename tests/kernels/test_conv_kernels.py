@@ -109,12 +109,33 @@ def test_float32_and_threads(algo):
     got, want = _run(case, np.float32, workspace_pad=100, algo=algo)
     assert all(a.dtype == np.float32 for a in got)
     _close(got, want, np.float32)
-    one, _ = _run(dict(case, threads=1), np.float32, algo=algo)
-    np.testing.assert_array_equal(one[0], got[0])  # forward: per image, independent of chunks
-    np.testing.assert_array_equal(one[1], got[1])
+    for threads in (1, 3, 4):  # every output, bit for bit, whatever the thread count
+        other, _ = _run(dict(case, threads=threads), np.float32, algo=algo)
+        for a, b in zip(other, got):
+            np.testing.assert_array_equal(a, b)
     again, _ = _run(case, np.float32, algo=algo)
     for a, b in zip(again, got):
         np.testing.assert_array_equal(a, b)  # deterministic
+
+
+@SETTINGS
+@given(case=conv_cases(), n=st.integers(1, 19), threads=st.integers(2, 5))
+def test_bit_identical_across_thread_counts(case, n, threads):
+    """Products and gradient sums have the same shapes and order for any thread count."""
+    case = dict(case, x_shape=(n, *case["x_shape"][1:]))
+    one, _ = _run(dict(case, threads=1), np.float32)
+    many, _ = _run(dict(case, threads=threads), np.float32)
+    for a, b in zip(one, many):
+        if a is not None:
+            np.testing.assert_array_equal(a, b)
+
+
+def test_gradient_parts_depend_on_shapes_only():
+    assert K.grad_parts(64, 1) == K.GRAD_PARTS
+    assert K.grad_parts(3, 1) == 3 and K.grad_parts(5, 4) == 2
+    bounds = K.block_bounds(10, 3, 2)  # blocks 0:3 3:6 6:9 9:10, in two runs
+    assert bounds.tolist() == [0, 6, 10]
+    assert K.block_bounds(10, 3, 8).tolist() == [0, 3, 6, 9, 10]
 
 
 def test_smallcnn_shapes_float32():
@@ -127,15 +148,15 @@ def test_smallcnn_shapes_float32():
 
 def test_workspace_too_small_raises_and_fewer_threads_fit():
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((4, 3, 6, 6))
+    x = rng.standard_normal((4, 3, 18, 18))  # 256 output columns: one image per block
     w = rng.standard_normal((5, 3, 3, 3))
-    y = np.empty((4, 5, 4, 4))
+    y = np.empty((4, 5, 16, 16))
     one = K.conv2d_workspace_bytes(x.shape, 5, (3, 3), (1, 1), (0, 0), (1, 1), 1, x.dtype,
                                    False, threads=1)
     with pytest.raises(ValueError, match="workspace"):
         K.conv2d_forward(x, w, None, y, workspace=np.empty(one - 1, np.uint8), threads=2)
     K.conv2d_forward(x, w, None, y, workspace=np.empty(one, np.uint8), threads=2)
-    np.testing.assert_allclose(y, K.conv2d_forward_ref(x, w, None), rtol=1e-12)
+    np.testing.assert_allclose(y, K.conv2d_forward_ref(x, w, None), rtol=1e-12, atol=1e-12)
     two = K.conv2d_workspace_bytes(x.shape, 5, (3, 3), (1, 1), (0, 0), (1, 1), 1, x.dtype,
                                    False, threads=2)
     assert two == 2 * one
@@ -218,3 +239,22 @@ def test_blas_mm_strided_and_transposed(dtype):
             np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-5)
             keep[1: 1 + m, 2: 2 + n] = c
             np.testing.assert_array_equal(big, keep)  # nothing outside the view written
+
+
+@pytest.mark.parametrize("algo", ["gemm", "winograd"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_backward_accumulates_into_gradients(algo, threads):
+    """``accumulate=True`` adds dW and db to what the arrays hold (micro-batches)."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((6, 4, 9, 7))
+    w = rng.standard_normal((5, 4, 3, 3))
+    dy = rng.standard_normal((6, 5, 9, 7))
+    _, dw_ref, db_ref = K.conv2d_backward_ref(x, w, dy, padding=(1, 1))
+    dw0, db0 = rng.standard_normal(w.shape), rng.standard_normal(5)
+    dw = np.asfortranarray(dw0)  # a non-contiguous gradient takes the copy-back path
+    db = db0.copy()
+    dx = np.empty_like(x)
+    K.conv2d_backward(x, w, dy, dx, dw, db, padding=(1, 1), threads=threads, algo=algo,
+                      accumulate=True)
+    np.testing.assert_allclose(dw, dw0 + dw_ref, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(db, db0 + db_ref, rtol=1e-10, atol=1e-10)
