@@ -27,6 +27,7 @@ class Conv2d(Layer):
 
     kind = "conv"
     retain_inputs = (0,)
+    accumulates_grads = True
 
     def __init__(
         self,
@@ -118,10 +119,19 @@ class Conv2d(Layer):
 
     def backward(self, ctx, grad_outputs, grad_inputs, inputs, outputs, params, grad_params,
                  stash, workspace) -> None:
+        add_w = "weight" in ctx.accumulate  # micro-batches: add into .grad, no partial
+        db = grad_params.get("bias")
+        separate_bias = db is not None and ("bias" in ctx.accumulate) != add_w
         conv2d_backward(
             inputs[0], params["weight"], grad_outputs[0], grad_inputs[0],
-            grad_params["weight"], grad_params.get("bias"), self.stride, self.padding,
-            self.dilation, self.groups, workspace)
+            grad_params["weight"], None if separate_bias else db, self.stride, self.padding,
+            self.dilation, self.groups, workspace, accumulate=add_w)
+        if separate_bias:  # a shared bias beside an unshared weight, or the reverse
+            sums = grad_outputs[0].sum(axis=(0, 2, 3), dtype=db.dtype)
+            if "bias" in ctx.accumulate:
+                db += sums
+            else:
+                db[...] = sums
 
 
 __all__ = ["Conv2d"]

@@ -27,8 +27,10 @@ weight-gradient GEMMs — runs as tasks on ``threads`` workers (default: the ker
 count, at most 2), each with single-threaded BLAS, by list scheduling over their dependencies
 (layer k about one unit behind layer k-1, weight gradients filling the gaps; dependencies fix
 every accumulation order, so results do not depend on the interleaving or on ``threads``).
-Scheduled runs go unit by unit with BLAS on ``threads`` threads. OpenBLAS's bitwise results
-do not depend on its thread count (checked by the tests comparing the two paths).
+Scheduled runs go unit by unit on the calling thread. BLAS stays single-threaded everywhere:
+a multi-threaded OpenBLAS cuts a product differently by thread count, and on some CPUs (AMD
+EPYC, measured) that changes the bits, so results would depend on the thread count and the
+scheduled path would no longer match the pipelined one.
 
 With ``vocab_size`` the input is (N, T) tokens and the layer owns the embedding: layer 0's
 projection is a row gather from the (V, G) table ``embedding @ weight_ih_l0.T`` (when V <= N*T)
@@ -41,8 +43,9 @@ from typing import Any
 
 import numpy as np
 
+from ..kernels.blas import gemm
 from ..kernels.embedding import embedding_accumulate
-from ..kernels.parallel import blas_threads, num_threads, run_tasks
+from ..kernels.parallel import ensure_blas_policy, num_threads, run_tasks
 from ..kernels.rnn import (
     gru_add_direct,
     gru_cell_backward,
@@ -62,11 +65,12 @@ def _flat(buf: np.ndarray, *shape: int) -> np.ndarray:
 
 
 class _Accumulator:
-    """Writes the first value of each gradient, adds the later ones (in call order)."""
+    """Writes the first value of each gradient, adds the later ones (in call order); adds
+    every value into the gradients named in ``adds`` (``ctx.accumulate``: micro-batches)."""
 
-    def __init__(self, grad_params: dict) -> None:
+    def __init__(self, grad_params: dict, adds: frozenset[str] = frozenset()) -> None:
         self.grad_params = grad_params
-        self.first = set(grad_params)
+        self.first = set(grad_params) - set(adds)
 
     def __call__(self, name: str, value: np.ndarray) -> None:
         if name not in self.grad_params:
@@ -82,6 +86,7 @@ class _Recurrent(Layer):
     """Shared machinery of :class:`LSTM` and :class:`GRU` (see the module docstring)."""
 
     kind = "recurrent"
+    accumulates_grads = True
     cell = ""
     gate_factor = 4  # G = gate_factor * H
     state_parts = 1  # arrays per layer in a hidden state: (h,) or (h, c)
@@ -325,9 +330,6 @@ class _Recurrent(Layer):
         if table.size:
             np.matmul(params["embedding"], params["weight_ih_l0"].T, out=table)
 
-    def _scope(self):
-        return blas_threads(self.threads)
-
     def _load_initial(self, inputs, hs, cs, index: int) -> None:
         for p, arr in enumerate(self._parts(hs, cs)):
             if self.initial_state:
@@ -336,6 +338,7 @@ class _Recurrent(Layer):
                 arr[:, index].fill(0)
 
     def forward(self, ctx, inputs, outputs, params, stash, workspace) -> None:
+        ensure_blas_policy()
         x, y = inputs[0], outputs[0]
         n, t = y.shape[0], y.shape[1]
         self._check_tokens(x)
@@ -348,15 +351,14 @@ class _Recurrent(Layer):
         self._load_initial(inputs, hs, cs, 0)
         stores = set(self.schedule.forward_stores)
         slot_of = self._slots()
-        with self._scope():
-            self._make_table(params, table)
-            for u, (u0, u1) in enumerate(self.units(t)):
-                m = u1 - u0
-                self._run_unit(params, x, u0, u1, gates, hs, cs, xs, gx, hw, bias, table)
-                np.copyto(y[:, u0:u1], hs[-1, 1:1 + m].transpose(1, 0, 2))
-                if u + 1 in stores:
-                    self._save_state(stash["states"], slot_of[("fwd", u + 1)], hs, cs, m)
-                self._move(hs, cs, m, 0)  # the unit's end state starts the next unit
+        self._make_table(params, table)
+        for u, (u0, u1) in enumerate(self.units(t)):
+            m = u1 - u0
+            self._run_unit(params, x, u0, u1, gates, hs, cs, xs, gx, hw, bias, table)
+            np.copyto(y[:, u0:u1], hs[-1, 1:1 + m].transpose(1, 0, 2))
+            if u + 1 in stores:
+                self._save_state(stash["states"], slot_of[("fwd", u + 1)], hs, cs, m)
+            self._move(hs, cs, m, 0)  # the unit's end state starts the next unit
 
     # ----------------------------------------------------------------- keep-all, pipelined
     def _lanes(self) -> int:
@@ -541,14 +543,19 @@ class _Recurrent(Layer):
             np.matmul(dg2, params["weight_ih_l0"], out=d)
             np.copyto(grad_inputs[0][:, u0:u1], d.reshape(m, n, I).transpose(1, 0, 2))
 
-    def _finish_tokens(self, params, grad_params, token_dg) -> None:
-        """dW_ih0 = S^T E and d embedding = S W_ih0, S being dG summed per token (table)."""
+    def _finish_tokens(self, params, grad_params, token_dg, adds: frozenset[str]) -> None:
+        """dW_ih0 = S^T E and d embedding = S W_ih0, S being dG summed per token (table);
+        added into the gradients named in ``adds``."""
         if not token_dg.size:
             return
-        if "weight_ih_l0" in grad_params:
-            np.matmul(token_dg.T, params["embedding"], out=grad_params["weight_ih_l0"])
-        if "embedding" in grad_params:
-            np.matmul(token_dg, params["weight_ih_l0"], out=grad_params["embedding"])
+        for name, a, b, trans_a in (("weight_ih_l0", token_dg, params["embedding"], True),
+                                    ("embedding", token_dg, params["weight_ih_l0"], False)):
+            if name not in grad_params:
+                continue
+            if name in adds:
+                gemm(a, b, grad_params[name], trans_a=trans_a, beta=1.0)
+            else:
+                np.matmul(a.T if trans_a else a, b, out=grad_params[name])
 
     def _move(self, hs, cs, src: int, dst: int) -> None:
         for arr in self._parts(hs, cs):
@@ -579,6 +586,7 @@ class _Recurrent(Layer):
 
     def backward(self, ctx, grad_outputs, grad_inputs, inputs, outputs, params, grad_params,
                  stash, workspace) -> None:
+        ensure_blas_policy()
         x, dy = inputs[0], grad_outputs[0]
         n, t = x.shape[0], x.shape[1]
         views = workspace_views(workspace, dy.dtype, *self._bwd_ws(n, t))
@@ -587,16 +595,17 @@ class _Recurrent(Layer):
         token_dg = views[-1]  # both layouts end with it
         carry.fill(0)
         token_dg.fill(0)
-        if self.vocab_size is not None and not token_dg.size and "embedding" in grad_params:
+        if (self.vocab_size is not None and not token_dg.size and "embedding" in grad_params
+                and "embedding" not in ctx.accumulate):
             grad_params["embedding"].fill(0)  # scatter-added unit by unit
-        accumulate = _Accumulator(grad_params)
+        accumulate = _Accumulator(grad_params, ctx.accumulate)
         if keep_all:
             self._backward_keep_all(inputs, dy, grad_inputs, params, grad_params, stash, views,
                                     accumulate)
         else:
             self._backward_scheduled(inputs, dy, grad_inputs, params, grad_params, stash, views,
                                      accumulate)
-        self._finish_tokens(params, grad_params, token_dg)
+        self._finish_tokens(params, grad_params, token_dg, ctx.accumulate)
         if self.initial_state:
             for p in range(self.state_parts):
                 if grad_inputs[1 + p] is not None:
@@ -604,7 +613,7 @@ class _Recurrent(Layer):
 
     def _backward_scheduled(self, inputs, dy, grad_inputs, params, grad_params, stash, views,
                             accumulate) -> None:
-        """Replay the schedule's ops unit by unit, with BLAS on ``threads`` threads."""
+        """Replay the schedule's ops unit by unit."""
         x = inputs[0]
         n, t = x.shape[0], x.shape[1]
         nf = len(self._fwd_ws(n, t))
@@ -615,27 +624,26 @@ class _Recurrent(Layer):
         store = stash["states"]
         slot_of = self._slots()
         held = {b: slot_of[("fwd", b)] for b in self.schedule.forward_stores}
-        with self._scope():
-            self._make_table(params, table)
-            for i, (op, a, b) in enumerate(self.schedule.ops):
-                if a == 0:
-                    self._load_initial(inputs, hs, cs, 0)
-                else:
-                    self._load_state(store, held[a], hs, cs)
-                if op == "advance":
-                    for u in range(a, b):
-                        if u > a:
-                            self._move(hs, cs, units[u - 1][1] - units[u - 1][0], 0)
-                        self._run_unit(params, x, *units[u], gates, hs, cs, xs, gx, hw, bias,
-                                       table)
-                    held[b] = slot_of[("op", i)]
-                    self._save_state(store, held[b], hs, cs, units[b - 1][1] - units[b - 1][0])
-                else:  # recompute unit a's internals from the state at boundary a, then back
-                    u0, u1 = units[a]
-                    self._run_unit(params, x, u0, u1, gates, hs, cs, xs, gx, hw, bias, table)
-                    self._backprop_unit(params, x, dy, grad_inputs, grad_params, u0, u1 - u0,
-                                        gates, hs, cs, xs, work, accumulate)
-                    held.pop(a, None)
+        self._make_table(params, table)
+        for i, (op, a, b) in enumerate(self.schedule.ops):
+            if a == 0:
+                self._load_initial(inputs, hs, cs, 0)
+            else:
+                self._load_state(store, held[a], hs, cs)
+            if op == "advance":
+                for u in range(a, b):
+                    if u > a:
+                        self._move(hs, cs, units[u - 1][1] - units[u - 1][0], 0)
+                    self._run_unit(params, x, *units[u], gates, hs, cs, xs, gx, hw, bias,
+                                   table)
+                held[b] = slot_of[("op", i)]
+                self._save_state(store, held[b], hs, cs, units[b - 1][1] - units[b - 1][0])
+            else:  # recompute unit a's internals from the state at boundary a, then back
+                u0, u1 = units[a]
+                self._run_unit(params, x, u0, u1, gates, hs, cs, xs, gx, hw, bias, table)
+                self._backprop_unit(params, x, dy, grad_inputs, grad_params, u0, u1 - u0,
+                                    gates, hs, cs, xs, work, accumulate)
+                held.pop(a, None)
 
     def _backprop_unit(self, params, x, dy, grad_inputs, grad_params, u0, m, gates, hs, cs,
                        xs, work, accumulate) -> None:

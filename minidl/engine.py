@@ -14,6 +14,7 @@ import numpy as np
 
 from .executor import Executor
 from .graph import Network
+from .kernels.parallel import ensure_blas_policy
 from .layers.base import Layer
 from .lowering import Lowered, lower
 from .memory.config import MemoryConfig
@@ -68,6 +69,9 @@ class Engine:
         bind: bool = True,
         host_memory: int | None = None,
     ) -> None:
+        # BLAS single-threaded from the first product on (else the first step's products ran
+        # on OpenBLAS's threads, cut by thread count, and the bits depended on it)
+        ensure_blas_policy()
         self.net = net
         self.pool = pool
         self.host_pool = HostPool(pool.device, host_memory)

@@ -18,6 +18,7 @@ from minidl import layers as L
 from minidl.cli import main
 from minidl.lowering import lower
 from minidl.models import smallcnn
+from minidl.rnn import char_rnn
 
 
 @st.composite
@@ -161,10 +162,10 @@ def test_trace_events_have_distinct_ordered_timestamps_and_the_peak(tmp_path):
 
 
 # ------------------------------------------------------------------ gradient accumulation
-def _micro_batch_program(net, shape):
+def _micro_batch_program(net, shape, label_shape=None):
     from minidl.layers import SoftmaxCrossEntropy
 
-    return lower(net, [shape], loss=SoftmaxCrossEntropy(), label_shape=(shape[0],),
+    return lower(net, [shape], loss=SoftmaxCrossEntropy(), label_shape=label_shape or shape[:1],
                  accumulate_grads=True).program
 
 
@@ -179,9 +180,23 @@ def test_micro_batches_keep_no_partial_weight_gradient_for_linear_bn_embedding()
     assert not [t.name for t in prog.tensors if t.role == "grad_partial"]
 
 
+def test_micro_batches_keep_no_partial_weight_gradient_for_conv_and_fused_rnn():
+    net = minidl.Sequential([L.Conv2d(2, 4, 3, padding=1), L.ReLU(), L.Flatten(),
+                             L.Linear(4 * 5 * 5, 3)], input_shape=(2, 5, 5))
+    prog = _micro_batch_program(net, (4, 2, 5, 5))
+    assert not [t.name for t in prog.tensors if t.role == "grad_partial"]
+    lm = char_rnn(vocab_size=11, embedding_dim=6, hidden_size=5, steps=7)
+    prog = _micro_batch_program(lm, (3, 7), (3, 7))
+    assert not [t.name for t in prog.tensors if t.role == "grad_partial"]
+
+
 @pytest.mark.parametrize("make", [
     lambda: (L.Linear(6, 4), [np.float64], (5, 6)),
     lambda: (L.BatchNorm1d(6), [np.float64], (5, 6)),
+    lambda: (L.Conv2d(3, 4, 3, padding=1), [np.float64], (5, 3, 6, 6)),
+    lambda: (L.Conv2d(16, 4, 3, padding=1), [np.float64], (2, 16, 8, 8)),  # Winograd
+    lambda: (L.LSTM(4, 5, num_layers=2), [np.float64], (3, 6, 4)),
+    lambda: (L.GRU(4, 5, num_layers=2), [np.float64], (3, 6, 4)),
 ])
 def test_backward_adds_into_the_gradients_named_in_ctx_accumulate(make):
     layer, (dt,), shape = make()
@@ -191,14 +206,16 @@ def test_backward_adds_into_the_gradients_named_in_ctx_accumulate(make):
     x = rng.standard_normal(shape)
     y = np.empty(layer.output_shapes([shape])[0])
     stash = {k: np.empty(s, d) for k, (s, d) in layer.stash_specs([shape], np.dtype(dt)).items()}
-    layer.forward(Context(), [x], [y], params, stash, None)
+    fws = np.empty(layer.forward_workspace_bytes([shape], np.dtype(dt)), np.uint8)
+    bws = np.empty(layer.backward_workspace_bytes([shape], np.dtype(dt)), np.uint8)
+    layer.forward(Context(), [x], [y], params, stash, fws)
     dy = rng.standard_normal(y.shape)
     fresh = {k: np.zeros_like(params[k]) for k in trainable}
-    layer.backward(Context(), [dy], [None], [x], [y], params, fresh, stash, None)
+    layer.backward(Context(), [dy], [None], [x], [y], params, fresh, stash, bws)
     start = {k: rng.standard_normal(params[k].shape) for k in trainable}
     acc = {k: v.copy() for k, v in start.items()}
     layer.backward(Context(accumulate=frozenset(trainable)), [dy], [None], [x], [y], params,
-                   acc, stash, None)
+                   acc, stash, bws)
     for k in trainable:
         np.testing.assert_allclose(acc[k], start[k] + fresh[k], rtol=1e-12, atol=1e-12)
 
@@ -218,3 +235,28 @@ def test_split_gradients_equal_the_whole_batch_with_embedding_and_linear():
         grads[spec] = {n: np.array(p.grad) for n, p in net.named_parameters()}
     for n, g in grads["none"].items():
         np.testing.assert_allclose(grads["reuse,split=4"][n], g, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("model", ["conv", "char-lstm", "char-gru"])
+def test_split_gradients_equal_the_whole_batch_with_conv_and_fused_rnn(model):
+    rng = np.random.default_rng(4)
+    if model == "conv":
+        def make():
+            return minidl.Sequential([L.Conv2d(16, 8, 3, padding=1), L.ReLU(),
+                                      L.Conv2d(8, 4, 3, stride=2), L.Flatten(),
+                                      L.Linear(4 * 3 * 3, 3)], input_shape=(16, 8, 8), seed=3)
+        x = rng.standard_normal((8, 16, 8, 8)).astype(np.float32)
+        y = rng.integers(0, 3, 8)
+    else:
+        def make():  # embedding folded into the fused layer: token-table gradients too
+            return char_rnn(vocab_size=7, embedding_dim=6, hidden_size=5, steps=9,
+                            cell=model.split("-")[1], seed=3)
+        x = rng.integers(0, 7, (8, 9))
+        y = rng.integers(0, 7, (8, 9))
+    grads = {}
+    for spec in ("none", "reuse,split=4"):
+        net = make()
+        minidl.Trainer(net, memory=spec, device_memory="16MiB").compute_gradients(x, y)
+        grads[spec] = {n: np.array(p.grad) for n, p in net.named_parameters()}
+    for n, g in grads["none"].items():
+        np.testing.assert_allclose(grads["reuse,split=4"][n], g, rtol=1e-4, atol=1e-6)
