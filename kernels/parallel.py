@@ -9,11 +9,15 @@ call after idling); their matrix products are Numba's ``np.dot`` on one thread.
 
 :func:`configure_blas` puts NumPy's and SciPy's OpenBLAS on one thread. The kernels call it
 once on first use unless ``MINIDL_BLAS_THREADS`` is set (then that count is used instead).
-Chunking depends only on the batch size and the thread count, so results are deterministic.
+Where threads add up partial results, the parts are fixed by the shapes, never by the
+thread count (the conv kernels' gradient parts), and BLAS never runs multi-threaded: a
+multi-threaded OpenBLAS cuts each product by its thread count, which changed the bits on AMD
+EPYC. So results are bit-identical whatever the thread count (on one CPU model: BLAS kernels
+differ between CPU models).
 
-Two exceptions for ops made of matrix products and serial loops only: :class:`blas_threads`
-lets BLAS use every core for a scope, and :func:`run_tasks` runs a dependency graph of tasks
-on a few Python threads, each calling single-threaded BLAS.
+For ops made of matrix products and serial loops only (the fused RNN layers),
+:func:`run_tasks` runs a dependency graph of tasks on a few Python threads, each calling
+single-threaded BLAS.
 """
 
 from __future__ import annotations
@@ -115,49 +119,6 @@ def ensure_blas_policy() -> None:
     except ImportError:  # pragma: no cover
         pass
     configure_blas(int(os.environ.get("MINIDL_BLAS_THREADS", "1")))
-
-
-class blas_threads:  # noqa: N801 - used like a function: ``with blas_threads(2): ...``
-    """Context manager running NumPy's / SciPy's BLAS on ``threads`` threads (default
-    :func:`num_threads`), then restoring the single-threaded policy of :func:`ensure_blas_policy`.
-
-    For ops made of large matrix products and serial Numba loops only (the fused RNN layers):
-    there the BLAS pool is the only pool at work, so it may use every core. Cheap per call
-    (a few microseconds: the library handles are found once per process).
-    """
-
-    _selection = None
-
-    def __init__(self, threads: int | None = None) -> None:
-        self.threads = threads
-        self._restore: list[int] | None = None
-
-    @classmethod
-    def _blas(cls):
-        if cls._selection is None:
-            ensure_blas_policy()
-            try:
-                from threadpoolctl import ThreadpoolController
-
-                cls._selection = ThreadpoolController().select(user_api="blas")
-            except Exception:  # pragma: no cover - threadpoolctl missing: leave BLAS alone
-                cls._selection = False
-        return cls._selection
-
-    def __enter__(self) -> blas_threads:
-        sel = self._blas()
-        n = self.threads if self.threads is not None else num_threads()
-        self._restore = None
-        if sel and n > 1:
-            self._restore = [lib.num_threads for lib in sel.lib_controllers]
-            for lib in sel.lib_controllers:
-                lib.set_num_threads(n)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._restore is not None:
-            for lib, n in zip(self._blas().lib_controllers, self._restore):
-                lib.set_num_threads(n)
 
 
 def run_tasks(tasks: list, workers: int) -> None:
