@@ -1,19 +1,33 @@
 """``minidl bench``: median step time and peak memory per memory spec, optionally beside PyTorch.
 
 Configurations alternate in short blocks of steps (``block`` steps of each per round, the first
-step of each block not counted) so that the machine's noise hits them alike while no
-configuration is timed right after another one's thread pools (OpenBLAS and Numba threads
-spin for a while after their work: stepping torch right after minidl doubled torch's time
-here). Figures are medians over the counted steps.
+step of each block not counted) so that the machine's noise hits them alike. Figures are
+medians over the counted steps.
+
+PyTorch runs in a process of its own (:func:`torch_worker`), driven block by block over a
+pipe and idle while minidl runs, and the other way round: in one process, each runtime's
+thread pools slow the other (OpenBLAS, OpenMP and Numba threads spin for a while after their
+work; timed right after minidl in the same process, PyTorch took 3.5x its own time on
+smallcnn). A short pause separates the two frameworks' blocks.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+#: Seconds between one framework's block of steps and the other's (spinning threads settle).
+SWITCH_PAUSE_S = 0.2
 
 
 def synthetic_batch(net: Any, shape: tuple[int, ...], batch_size: int, seed: int):
@@ -54,39 +68,46 @@ def run_bench(
     from .optim import SGD
     from .trainer import Trainer
 
-    runners: list[tuple[str, Callable[[], float]]] = []
-    trainers = []
-    for spec in specs:
-        net = make_net()
-        cap = auto_device_memory(net, batch_size, spec, "sgd", shape)
-        tr = Trainer(net, SGD(net.parameters(), lr=lr, momentum=0.9), memory=spec,
-                     device_memory=cap, seed=seed)
-        trainers.append(tr)
-    x, y = synthetic_batch(trainers[0].net, shape, batch_size, seed)
-    for spec, tr in zip(specs, trainers):
-        runners.append((spec.spec, lambda tr=tr: tr.step(x, y)))
-    torch_ok = False
+    torch = None  # started first: an unusable model factory fails before any minidl work
     if compare_torch:
-        try:
-            import torch  # noqa: F401
-
-            torch_ok = True
-        except ImportError:
+        if importlib.util.find_spec("torch") is None:
             print("torch is not installed: --compare-torch skipped")
-    if torch_ok:
-        runners.append(("torch", _torch_runner(make_net(), x, y, lr)))
-    times: dict[str, list[float]] = {name: [] for name, _ in runners}
-    for _, fn in runners:
-        for _ in range(warmup):
-            fn()
-    rounds = max(1, -(-steps // block))
-    for _ in tqdm(range(rounds), disable=not progress, desc="bench", unit="round"):
-        for name, fn in runners:
-            for k in range(block + 1):
-                t0 = time.perf_counter()
+        else:
+            torch = TorchProcess(make_net, shape, batch_size, seed, lr)
+    runners: list[tuple[str, Callable[[], float]]] = []
+    times: dict[str, list[float]] = {"torch": []}
+    trainers = []
+    try:
+        for spec in specs:
+            net = make_net()
+            cap = auto_device_memory(net, batch_size, spec, "sgd", shape)
+            tr = Trainer(net, SGD(net.parameters(), lr=lr, momentum=0.9), memory=spec,
+                         device_memory=cap, seed=seed)
+            trainers.append(tr)
+        x, y = synthetic_batch(trainers[0].net, shape, batch_size, seed)
+        for spec, tr in zip(specs, trainers):
+            runners.append((spec.spec, lambda tr=tr: tr.step(x, y)))
+            times[spec.spec] = []
+        for _, fn in runners:
+            for _ in range(warmup):
                 fn()
-                if k > 0:
-                    times[name].append(time.perf_counter() - t0)
+        if torch is not None:
+            torch.run(warmup)
+        rounds = max(1, -(-steps // block))
+        for _ in tqdm(range(rounds), disable=not progress, desc="bench", unit="round"):
+            for name, fn in runners:
+                for k in range(block + 1):
+                    t0 = time.perf_counter()
+                    fn()
+                    if k > 0:
+                        times[name].append(time.perf_counter() - t0)
+            if torch is not None:
+                time.sleep(SWITCH_PAUSE_S)
+                times["torch"] += torch.run(block + 1)[1:]
+                time.sleep(SWITCH_PAUSE_S)
+    finally:
+        if torch is not None:
+            torch.close()
     results = []
     base = None
     for spec, tr in zip(specs, trainers):
@@ -106,10 +127,10 @@ def run_bench(
         results.append(row)
     out: dict[str, Any] = {"batch_size": batch_size, "input": list(shape), "steps": steps,
                            "results": results}
-    if torch_ok:
+    if torch is not None:
         med = float(np.median(times["torch"]))
         out["torch"] = {"step_time_median_s": med, "time_ratio": results[0]["step_time_median_s"]
-                        / med}
+                        / med, "process": "separate"}
     return out
 
 
@@ -117,6 +138,62 @@ def _num_classes(net: Any, shape: tuple[int, ...], batch_size: int) -> int:
     unrolled = net.for_shapes([(batch_size, *shape)])
     shapes, _ = unrolled.infer([(batch_size, *shape)])
     return int(shapes[unrolled.output_values[0]][-1])
+
+
+class TorchProcess:
+    """The same network in PyTorch (:func:`~minidl.torch_bridge.to_torch`, same weights, same
+    batch), stepped in a child process of its own: ``run(k)`` times ``k`` steps there."""
+
+    def __init__(self, make_net: Callable[[], Any], shape: tuple[int, ...], batch_size: int,
+                 seed: int, lr: float) -> None:
+        try:
+            payload = pickle.dumps((make_net, tuple(shape), batch_size, seed, lr))
+        except (pickle.PicklingError, AttributeError, TypeError) as e:
+            raise ValueError("compare_torch needs a picklable make_net (a module-level function "
+                             f"or functools.partial), not {make_net!r}: {e}") from None
+        with tempfile.NamedTemporaryFile(suffix=".pkl", delete=False) as f:
+            f.write(payload)
+            self._payload = f.name
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", "from minidl.bench import torch_worker; torch_worker()",
+             self._payload], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._read()  # "ready": the model is built
+
+    def _read(self) -> Any:
+        line = self._proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the PyTorch process stopped (exit code {self._proc.wait()})")
+        return json.loads(line)
+
+    def run(self, steps: int) -> list[float]:
+        """Seconds of each of ``steps`` training steps, run in the child process."""
+        self._proc.stdin.write(f"{steps}\n")
+        self._proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.stdin.close()
+            self._proc.wait(timeout=60)
+        os.unlink(self._payload)
+
+
+def torch_worker() -> None:
+    """Child side of :class:`TorchProcess`: build the model from the pickled arguments in
+    ``sys.argv[1]``, then for each line ``k`` on stdin time ``k`` steps and print the list."""
+    with open(sys.argv[1], "rb") as f:
+        make_net, shape, batch_size, seed, lr = pickle.load(f)
+    net = make_net()
+    x, y = synthetic_batch(net, shape, batch_size, seed)
+    step = _torch_runner(net, x, y, lr)
+    print(json.dumps("ready"), flush=True)
+    for line in sys.stdin:
+        times = []
+        for _ in range(int(line)):
+            t0 = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t0)
+        print(json.dumps(times), flush=True)
 
 
 def _torch_runner(net: Any, x: np.ndarray, y: np.ndarray, lr: float) -> Callable[[], float]:
