@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -498,8 +499,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     shape, classes = _shape_and_classes(args)
     net0 = _model(args.model, shape, classes, args.width)
     shape = shape or net0.input_shapes[0]
-    result = run_bench(
-        lambda: _model(args.model, shape, classes, args.width), shape, args.batch_size,
+    result = run_bench(  # a partial, not a lambda: PyTorch builds it in its own process
+        functools.partial(_model, args.model, shape, classes, args.width), shape, args.batch_size,
         specs, steps=args.steps, warmup=args.warmup, compare_torch=args.compare_torch,
         seed=args.seed, progress=not args.json,
     )
