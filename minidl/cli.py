@@ -76,8 +76,12 @@ def _model(name: str, input_shape, num_classes: int, width: int | None = None):
             raise
         c, h, w = input_shape
         side = _smallest_square_input(name, c, num_classes, width)
-        need = (f"the smallest square input it takes with C={c} is {c}x{side}x{side}"
-                if side else f"it takes no input with C={c}")
+        if side is None:
+            need = f"it takes no input with C={c}"
+        elif side == 1:
+            need = f"it takes square inputs with C={c} ({c}xHxH)"
+        else:
+            need = f"the smallest square input it takes with C={c} is {c}x{side}x{side}"
         if w in (1, 3) and c > 3:
             hint = f"; channels last? try --input {w}x{c}x{h}"
         elif side and min(h, w) >= side:
