@@ -110,12 +110,14 @@ def plot_timeline(series: dict[str, Any], path: str, title: str = "",
                     textcoords="offset points", xytext=(5, 5), fontsize=9)
     if budget is not None:
         ax.axhline(budget / 2**20, color="r", lw=1.0)
-        ax.annotate(f"budget {budget / 2**20:.1f} MiB", (xs[0] if xs else 0, budget / 2**20),
-                    textcoords="offset points", xytext=(5, -12), fontsize=9, color="r")
+        ax.annotate(f"budget {budget / 2**20:.1f} MiB", (1.0, budget / 2**20),
+                    xycoords=("axes fraction", "data"), textcoords="offset points",
+                    xytext=(-5, 4), ha="right", fontsize=9, color="r")
+        ax.set_ylim(top=max(ax.get_ylim()[1], budget / 2**20 * 1.08))
     ax.set_xlabel("step of the iteration" if series["axis"] == "step" else "seconds")
     ax.set_ylabel("device MiB")
     ax.set_title(title)
-    ax.legend(loc="upper left", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)  # beside the plot
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
