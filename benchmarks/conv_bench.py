@@ -5,28 +5,37 @@ Flatten -> Linear(3136->10) -> softmax cross-entropy, batch 64, 1x28x28, float32
 
 The minidl side calls the layers' ``forward`` / ``backward`` directly on preallocated
 buffers, as the engine does (no engine, no optimizer); Flatten, Linear and the loss are plain
-NumPy here. Both networks start from the same weights and the gradients are compared. Runs
-are interleaved step by step (one minidl step, one torch step per round); figures are medians.
-Per-layer times come from a second loop, alternating blocks of timed minidl steps and of
-torch's aten calls (the ones its autograd makes).
+NumPy here. The PyTorch side (the same network, forward + backward, no optimizer) lives in a
+process of its own (``separate_processes.ChildProcess``): torch is never imported in the
+process that times minidl (checked), since each runtime's idle threads spinning after its work
+slow the other. Both start from the same weights and batch, and the gradients are compared.
+
+Protocol: ``--warmup`` steps of each, then ``--rounds`` rounds of a block of ``--block`` + 1
+minidl steps, a pause, the same block in PyTorch's process, a pause; the first step of each
+block is not counted, and figures are medians. The per-layer table repeats the protocol with
+minidl's steps timed layer by layer and, in PyTorch's process, the aten calls its autograd
+makes for each layer. (``minidl bench smallcnn --compare-torch`` compares whole training steps
+through the engine, with ``minidl.bench.TorchProcess``.)
 
 The first minidl kernel call puts NumPy's BLAS on one thread (see
 ``minidl.kernels.parallel``), so the NumPy Linear here runs single-threaded, as it would in
 the engine. The machine must be otherwise idle: a busy core stalls every parallel launch of
 both libraries for milliseconds.
 
-    python benchmarks/conv_bench.py [--rounds 100] [--batch-size 64] [--threads N]
+    python benchmarks/conv_bench.py [--rounds 20] [--block 5] [--batch-size 64] [--threads N]
     python benchmarks/conv_bench.py --relu-kernel   # ReLU through minidl.kernels.relu
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import time
 from collections.abc import Callable
 
 import numpy as np
+from separate_processes import ChildProcess, alternate, require_torch_absent
 
 
 def build_minidl(batch: int, rng: np.random.Generator):
@@ -117,22 +126,37 @@ def minidl_step_fn(net, ctx, lin, x: np.ndarray, y: np.ndarray,
     return step
 
 
-def torch_net(net, lin):
+def minidl_weights(net, lin) -> dict[str, np.ndarray]:
+    """The trainable weights, named as in :func:`minidl_grads`."""
+    return {"conv1.weight": net[0]["params"]["weight"], "conv1.bias": net[0]["params"]["bias"],
+            "conv2.weight": net[3]["params"]["weight"], "conv2.bias": net[3]["params"]["bias"],
+            "linear.weight": lin["weight"], "linear.bias": lin["bias"]}
+
+
+def minidl_grads(net, lin) -> dict[str, np.ndarray]:
+    """The gradients of the last step, named as in :func:`minidl_weights`."""
+    return {"conv1.weight": net[0]["grads"]["weight"], "conv1.bias": net[0]["grads"]["bias"],
+            "conv2.weight": net[3]["grads"]["weight"], "conv2.bias": net[3]["grads"]["bias"],
+            "linear.weight": lin["grad_weight"], "linear.bias": lin["grad_bias"]}
+
+
+#: (index in the torch Sequential, name prefix in the weight dicts)
+TORCH_PARAM_LAYERS = ((0, "conv1"), (3, "conv2"), (7, "linear"))
+
+
+def torch_net(weights: dict[str, np.ndarray]):
     import torch
 
+    fan_in = weights["linear.weight"].shape[1]
     model = torch.nn.Sequential(
         torch.nn.Conv2d(1, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
         torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-        torch.nn.Flatten(), torch.nn.Linear(lin["weight"].shape[1], 10))
+        torch.nn.Flatten(), torch.nn.Linear(fan_in, 10))
     with torch.no_grad():
-        for idx, e in ((0, net[0]), (3, net[3])):
-            model[idx].weight.copy_(torch.from_numpy(e["params"]["weight"]))
-            model[idx].bias.copy_(torch.from_numpy(e["params"]["bias"]))
-        model[7].weight.copy_(torch.from_numpy(lin["weight"]))
-        model[7].bias.copy_(torch.from_numpy(lin["bias"]))
+        for idx, name in TORCH_PARAM_LAYERS:
+            model[idx].weight.copy_(torch.from_numpy(weights[f"{name}.weight"]))
+            model[idx].bias.copy_(torch.from_numpy(weights[f"{name}.bias"]))
     return model
-
-
 def torch_step_fn(model, x: np.ndarray, y: np.ndarray) -> Callable[[], float]:
     import torch
 
@@ -195,16 +219,52 @@ def _no_grad(f):
         return f()
 
 
-def compare_grads(net, lin, model, step_minidl, step_torch) -> float:
-    step_minidl()
-    step_torch()
-    pairs = [(net[0]["grads"]["weight"], model[0].weight.grad),
-             (net[0]["grads"]["bias"], model[0].bias.grad),
-             (net[3]["grads"]["weight"], model[3].weight.grad),
-             (net[3]["grads"]["bias"], model[3].bias.grad),
-             (lin["grad_weight"], model[7].weight.grad)]
-    return max(float(np.abs(a - b.numpy()).max() / (np.abs(b.numpy()).max() + 1e-30))
-               for a, b in pairs)
+class TorchSmallCNN:
+    """The PyTorch side, built and timed in a :class:`ChildProcess` of its own."""
+
+    def __init__(self, weights: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray) -> None:
+        self.model = torch_net(weights)
+        self.step = torch_step_fn(self.model, x, y)
+        self.layer_fns = torch_layer_fns(self.model, x)
+
+    def describe(self) -> str:
+        import torch
+
+        return f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+
+    def gradients(self) -> dict[str, np.ndarray]:
+        """One step's gradients, named as in :func:`minidl_grads`."""
+        self.step()
+        return {f"{name}.{p}": getattr(self.model[idx], p).grad.numpy().copy()
+                for idx, name in TORCH_PARAM_LAYERS for p in ("weight", "bias")}
+
+    def time_steps(self, count: int) -> list[float]:
+        """Seconds of each of ``count`` forward + backward steps."""
+        return _timed(self.step, count)
+
+    def time_layers(self, count: int) -> dict[str, list[float]]:
+        """Seconds of each layer's aten calls, over ``count`` passes of all of them."""
+        times: dict[str, list[float]] = {k: [] for k in self.layer_fns}
+        for _ in range(count):
+            for k, f in self.layer_fns.items():
+                t0 = time.perf_counter()
+                f()
+                times[k].append(time.perf_counter() - t0)
+        return times
+
+
+def _timed(fn: Callable[[], object], count: int) -> list[float]:
+    times = []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def max_relative_difference(ours: dict[str, np.ndarray], theirs: dict[str, np.ndarray]) -> float:
+    return max(float(np.abs(ours[k] - v).max() / (np.abs(v).max() + 1e-30))
+               for k, v in theirs.items())
 
 
 def _use_relu_kernel() -> None:
@@ -226,14 +286,22 @@ def _use_relu_kernel() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=100)
-    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=20, help="blocks per framework")
+    ap.add_argument("--block", type=int, default=5,
+                    help="counted steps per block (one more runs first, not counted)")
+    ap.add_argument("--warmup", type=int, default=5, help="steps of each before timing")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--threads", type=int, default=None, help="MINIDL_NUM_THREADS")
     ap.add_argument("--no-layers", action="store_true", help="skip the per-layer table")
+    ap.add_argument("--no-torch", action="store_true", help="time minidl alone")
     ap.add_argument("--relu-kernel", action="store_true",
                     help="run ReLU through minidl.kernels.relu instead of layers/relu.py's NumPy")
     args = ap.parse_args(argv)
+    for name in ("rounds", "block", "batch_size"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.warmup < 0:
+        ap.error("--warmup must be >= 0")
     if args.threads:
         os.environ["MINIDL_NUM_THREADS"] = str(args.threads)
     if args.relu_kernel:
@@ -244,53 +312,55 @@ def main(argv: list[str] | None = None) -> None:
     y = rng.integers(0, 10, args.batch_size)
     net, ctx, lin = build_minidl(args.batch_size, rng)
     step_m = minidl_step_fn(net, ctx, lin, x, y)
+    torch_side = None
+    if args.no_torch:
+        pass
+    elif importlib.util.find_spec("torch") is None:
+        print("torch is not installed: minidl alone")
+    else:
+        torch_side = ChildProcess(TorchSmallCNN, minidl_weights(net, lin), x, y)
     try:
-        import torch
-    except ImportError:
-        torch = None
-    runners = {"minidl": step_m}
-    if torch is not None:
-        model = torch_net(net, lin)
-        step_t = torch_step_fn(model, x, y)
-        runners["torch"] = step_t
-        err = compare_grads(net, lin, model, step_m, step_t)
-        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; "
-              f"max relative gradient difference {err:.2e}")
-    times: dict[str, list[float]] = {k: [] for k in runners}
-    for r in range(args.warmup + args.rounds):
-        for name, fn in runners.items():
-            t0 = time.perf_counter()
-            fn()
-            if r >= args.warmup:
-                times[name].append(time.perf_counter() - t0)
-    med = {k: float(np.median(v)) * 1e3 for k, v in times.items()}
-    print(f"step (batch {args.batch_size}, median of {args.rounds} interleaved rounds):")
-    for k, v in med.items():
-        q1, q3 = np.percentile(times[k], [25, 75]) * 1e3
-        print(f"  {k:7s} {v:7.2f} ms   (IQR {q1:.2f}-{q3:.2f})")
-    if torch is not None:
-        print(f"  ratio minidl/torch: {med['minidl'] / med['torch']:.2f}x")
-    if args.no_layers:
-        return
+        if torch_side is not None:
+            step_m()
+            err = max_relative_difference(minidl_grads(net, lin), torch_side.call("gradients"))
+            print(f"{torch_side.call('describe')} (in a process of its own); "
+                  f"max relative gradient difference {err:.2e}")
+        require_torch_absent()
+        for _ in range(args.warmup):
+            step_m()
+        if torch_side is not None:
+            torch_side.call("time_steps", args.warmup)
+        times = alternate(args.rounds, args.block, lambda k: _timed(step_m, k), torch_side,
+                          "time_steps")
+        med = {k: float(np.median(v)) * 1e3 for k, v in times.items()}
+        print(f"step (batch {args.batch_size}, median of {args.rounds} x {args.block} steps "
+              "in alternating blocks):")
+        for k, v in med.items():
+            q1, q3 = np.percentile(times[k], [25, 75]) * 1e3
+            print(f"  {k:7s} {v:7.2f} ms   (IQR {q1:.2f}-{q3:.2f})")
+        if "torch" in med:
+            print(f"  ratio minidl/torch: {med['minidl'] / med['torch']:.2f}x")
+        if args.no_layers:
+            return
 
-    # Per layer: blocks of rounds (not layer by layer), so that one library's idle threads
-    # spinning after its call do not land inside the other's timings more than in a step.
-    lt: dict[str, list[float]] = {}
-    step_timed = minidl_step_fn(net, ctx, lin, x, y, timer=lt)
-    tfns = torch_layer_fns(model, x) if torch is not None else {}
-    tt: dict[str, list[float]] = {k: [] for k in tfns}
-    block = 10
-    for b in range(-(-(args.warmup + args.rounds) // block)):
-        for _ in range(block):
+        step_parts: dict[str, list[float]] = {}
+        step_timed = minidl_step_fn(net, ctx, lin, x, y, timer=step_parts)
+
+        def minidl_layers(count: int) -> dict[str, list[float]]:
+            step_parts.clear()
+            for _ in range(count):
+                step_timed()
+            return dict(step_parts)
+
+        for _ in range(args.warmup):
             step_timed()
-        if b * block < args.warmup:
-            lt.clear()
-        for _ in range(block):
-            for k, f in tfns.items():
-                t0 = time.perf_counter()
-                f()
-                if b * block >= args.warmup:
-                    tt[k].append(time.perf_counter() - t0)
+        layer_times = alternate(args.rounds, args.block, minidl_layers, torch_side,
+                                "time_layers")
+        require_torch_absent()
+    finally:
+        if torch_side is not None:
+            torch_side.close()
+    lt, tt = layer_times["minidl"], layer_times.get("torch", {})
     print("per layer (median ms):      minidl    torch")
     tot_m = tot_t = 0.0
     for k, v in lt.items():

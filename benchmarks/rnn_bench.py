@@ -9,24 +9,34 @@ gradient and workspace buffers. Embedding, Linear and the loss are plain NumPy. 
 will add is timed apart as ``glue``: summing the shared ``weight_hh`` / ``bias_hh`` gradients
 of the steps, summing the two gradients of each h_t (next step and layer above), stacking the
 top layer's h_t for the Linear. Python call overhead of the 256 layer calls is included.
-Both sides start from the same weights; their gradients are compared. The two run in
-alternating blocks of ``--block`` steps, the first step of each block discarded: stepwise
-alternation would time each library with the other's idle BLAS / OpenMP threads still spinning
-on the 2 cores (it made torch look ~1.4x slower than alone). Figures are medians.
+The PyTorch side (``torch.nn.LSTM``, forward + backward, no optimizer) lives in a process of
+its own (``separate_processes.ChildProcess``): torch is never imported in the process that
+times minidl (checked), since each runtime's idle BLAS / OpenMP / Numba threads spinning after
+its work slow the other. Both sides start from the same weights and batch; their losses and
+gradients are compared after one step each.
 
-    python benchmarks/rnn_bench.py [--rounds 8] [--block 6] [--batch-size 32] [--seq-len 64]
+Protocol: ``--rounds`` rounds of a block of ``--block`` + 1 minidl steps, a pause, the same
+block in PyTorch's process, a pause; the first step of each block is not counted (with its
+parts), and figures are medians. (``minidl bench char-lstm --compare-torch`` compares whole
+training steps through the engine, with ``minidl.bench.TorchProcess``.)
+
+    python benchmarks/rnn_bench.py [--rounds 8] [--block 5] [--batch-size 32] [--seq-len 64]
                                    [--threads N]
 
-``--threads N`` limits NumPy's BLAS (through threadpoolctl) and torch to N threads each.
+``--threads N`` limits NumPy's BLAS (through threadpoolctl) here and torch in its process to N
+threads each.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import time
+from collections.abc import Callable
 
 import numpy as np
+from separate_processes import ChildProcess, alternate, require_torch_absent
 
 VOCAB, EMBED, HIDDEN, LAYERS = 65, 256, 256, 2
 
@@ -189,6 +199,16 @@ class MinidlCharLSTM:
         tm.end()
         return loss
 
+    def weights(self) -> dict[str, np.ndarray]:
+        """The trainable weights, named as in :meth:`grads`."""
+        out = {"embed": self.embed, "lin_w": self.lin_w, "lin_b": self.lin_b}
+        for k, L in enumerate(self.layers):
+            out[f"weight_ih_l{k}"] = L["pp"]["weight"]
+            out[f"bias_ih_l{k}"] = L["pp"]["bias"]
+            out[f"weight_hh_l{k}"] = L["cp"]["weight_hh"]
+            out[f"bias_hh_l{k}"] = L["cp"]["bias_hh"]
+        return out
+
     def grads(self) -> dict[str, np.ndarray]:
         out = {"embed": self.g_embed, "lin_w": self.g_lin_w, "lin_b": self.g_lin_b}
         for k, L in enumerate(self.layers):
@@ -200,113 +220,128 @@ class MinidlCharLSTM:
 
 
 class TorchCharLSTM:
-    def __init__(self, m: MinidlCharLSTM) -> None:
+    """The PyTorch side, built and timed in a :class:`ChildProcess` of its own."""
+
+    def __init__(self, weights: dict[str, np.ndarray], tokens: np.ndarray, targets: np.ndarray,
+                 threads: int | None) -> None:
         import torch
 
+        if threads:
+            torch.set_num_threads(threads)
         self.torch = torch
+        self.x, self.y = torch.from_numpy(tokens), torch.from_numpy(targets.reshape(-1))
         self.emb = torch.nn.Embedding(VOCAB, EMBED)
         self.lstm = torch.nn.LSTM(EMBED, HIDDEN, num_layers=LAYERS, batch_first=True)
         self.lin = torch.nn.Linear(HIDDEN, VOCAB)
         with torch.no_grad():
-            self.emb.weight.copy_(torch.from_numpy(m.embed))
-            self.lin.weight.copy_(torch.from_numpy(m.lin_w))
-            self.lin.bias.copy_(torch.from_numpy(m.lin_b))
-            for k, L in enumerate(m.layers):
-                getattr(self.lstm, f"weight_ih_l{k}").copy_(torch.from_numpy(L["pp"]["weight"]))
-                getattr(self.lstm, f"bias_ih_l{k}").copy_(torch.from_numpy(L["pp"]["bias"]))
-                getattr(self.lstm, f"weight_hh_l{k}").copy_(torch.from_numpy(L["cp"]["weight_hh"]))
-                getattr(self.lstm, f"bias_hh_l{k}").copy_(torch.from_numpy(L["cp"]["bias_hh"]))
+            for param, name in self._named_params():
+                param.copy_(torch.from_numpy(weights[name]))
         self.params = [*self.emb.parameters(), *self.lstm.parameters(), *self.lin.parameters()]
 
-    def step(self, tokens: np.ndarray, targets: np.ndarray, tm: Timer) -> float:
+    def _named_params(self):
+        """(parameter, name in :meth:`MinidlCharLSTM.weights`) pairs."""
+        yield self.emb.weight, "embed"
+        yield self.lin.weight, "lin_w"
+        yield self.lin.bias, "lin_b"
+        for k in range(LAYERS):
+            for name in ("weight_ih", "bias_ih", "weight_hh", "bias_hh"):
+                yield getattr(self.lstm, f"{name}_l{k}"), f"{name}_l{k}"
+
+    def describe(self) -> str:
+        return f"torch {self.torch.__version__}, {self.torch.get_num_threads()} threads"
+
+    def step(self, tm: Timer) -> float:
         torch = self.torch
-        x, y = torch.from_numpy(tokens), torch.from_numpy(targets.reshape(-1))
         tm.start()
         for p in self.params:
             p.grad = None
-        e = self.emb(x)
+        e = self.emb(self.x)
         tm.tick("embedding.fwd")
         out, _ = self.lstm(e)
         tm.tick("lstm.fwd")
-        loss = torch.nn.functional.cross_entropy(self.lin(out).reshape(-1, VOCAB), y)
+        loss = torch.nn.functional.cross_entropy(self.lin(out).reshape(-1, VOCAB), self.y)
         tm.tick("linear+ce.fwd")
         loss.backward()
         tm.tick("backward (all)")
         tm.end()
         return float(loss.detach())
 
-    def grads(self) -> dict[str, np.ndarray]:
-        out = {"embed": self.emb.weight.grad, "lin_w": self.lin.weight.grad,
-               "lin_b": self.lin.bias.grad}
-        for k in range(LAYERS):
-            for name in ("weight_ih", "bias_ih", "weight_hh", "bias_hh"):
-                out[f"{name}_l{k}"] = getattr(self.lstm, f"{name}_l{k}").grad
-        return {k: v.numpy() for k, v in out.items()}
+    def step_with_gradients(self) -> tuple[float, dict[str, np.ndarray]]:
+        """One step's loss and gradients, named as in :meth:`MinidlCharLSTM.grads`."""
+        loss = self.step(Timer())
+        return loss, {name: p.grad.numpy().copy() for p, name in self._named_params()}
+
+    def time_steps(self, count: int) -> dict[str, list[float]]:
+        return timed_steps(lambda tm: self.step(tm), count)
+
+
+def timed_steps(step: Callable[[Timer], object], count: int) -> dict[str, list[float]]:
+    """Seconds of each of ``count`` steps (``"step"``) and of each part of them."""
+    tm = Timer()
+    times = []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        step(tm)
+        times.append(time.perf_counter() - t0)
+    return {"step": times, **tm.laps}
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=8, help="blocks per library")
-    ap.add_argument("--block", type=int, default=6, help="steps per block (first discarded)")
+    ap.add_argument("--rounds", type=int, default=8, help="blocks per framework")
+    ap.add_argument("--block", type=int, default=5,
+                    help="counted steps per block (one more runs first, not counted)")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--threads", type=int, default=None, help="BLAS and torch threads")
+    ap.add_argument("--no-torch", action="store_true", help="time minidl alone")
     args = ap.parse_args(argv)
+    for name in ("rounds", "block", "batch_size", "seq_len"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.threads:
         from threadpoolctl import threadpool_limits
 
         threadpool_limits(args.threads)
-        try:
-            import torch
-
-            torch.set_num_threads(args.threads)
-        except ImportError:
-            pass
 
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, VOCAB, (args.batch_size, args.seq_len))
     targets = rng.integers(0, VOCAB, (args.batch_size, args.seq_len))
     model = MinidlCharLSTM(args.batch_size, args.seq_len, rng)
-    runners = {"minidl": model}
+    torch_side = None
+    if args.no_torch:
+        pass
+    elif importlib.util.find_spec("torch") is None:
+        print("torch is not installed: minidl alone")
+    else:
+        torch_side = ChildProcess(TorchCharLSTM, model.weights(), tokens, targets, args.threads)
     try:
-        import torch
-    except ImportError:
-        torch = None
-    if torch is not None:
-        runners["torch"] = TorchCharLSTM(model)
-        losses = {k: r.step(tokens, targets, Timer()) for k, r in runners.items()}
-        gm, gt = model.grads(), runners["torch"].grads()
-        err = max(float(np.abs(gm[k] - gt[k]).max() / (np.abs(gt[k]).max() + 1e-30))
-                  for k in gt)
-        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; losses "
-              f"{losses['minidl']:.6f} / {losses['torch']:.6f}; max relative gradient "
-              f"difference {err:.1e}")
-
-    timers = {k: Timer() for k in runners}
-    times: dict[str, list[float]] = {k: [] for k in runners}
-    for _ in range(args.rounds):
-        for name, runner in runners.items():
-            for i in range(args.block):
-                t0 = time.perf_counter()
-                runner.step(tokens, targets, timers[name])
-                dt = time.perf_counter() - t0
-                if i == 0:  # warm-up after the switch: drop its time and parts
-                    for v in timers[name].laps.values():
-                        v.pop()
-                else:
-                    times[name].append(dt)
-    med = {k: float(np.median(v)) * 1e3 for k, v in times.items()}
+        loss_m = model.step(tokens, targets, Timer())
+        if torch_side is not None:
+            loss_t, gt = torch_side.call("step_with_gradients")
+            gm = model.grads()
+            err = max(float(np.abs(gm[k] - gt[k]).max() / (np.abs(gt[k]).max() + 1e-30))
+                      for k in gt)
+            print(f"{torch_side.call('describe')} (in a process of its own); losses "
+                  f"{loss_m:.6f} / {loss_t:.6f}; max relative gradient difference {err:.1e}")
+        times = alternate(args.rounds, args.block,
+                          lambda k: timed_steps(lambda tm: model.step(tokens, targets, tm), k),
+                          torch_side, "time_steps")
+        require_torch_absent()
+    finally:
+        if torch_side is not None:
+            torch_side.close()
+    med = {k: float(np.median(v["step"])) * 1e3 for k, v in times.items()}
     load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
-    kept = args.rounds * (args.block - 1)
-    print(f"step (batch {args.batch_size}, seq {args.seq_len}, median of {kept} steps in "
-          f"{args.rounds} alternating blocks; load average {load}):")
+    print(f"step (batch {args.batch_size}, seq {args.seq_len}, median of {args.rounds} x "
+          f"{args.block} steps in alternating blocks; load average {load}):")
     for k, v in med.items():
-        q1, q3 = np.percentile(times[k], [25, 75]) * 1e3
+        q1, q3 = np.percentile(times[k]["step"], [25, 75]) * 1e3
         print(f"  {k:7s} {v:7.2f} ms   (IQR {q1:.2f}-{q3:.2f})")
-    if torch is not None:
+    if "torch" in med:
         print(f"  ratio minidl/torch: {med['minidl'] / med['torch']:.2f}x")
-    for name, tmr in timers.items():
-        parts = {k: float(np.median(v)) * 1e3 for k, v in tmr.laps.items()}
+    for name, side in times.items():
+        parts = {k: float(np.median(v)) * 1e3 for k, v in side.items() if k != "step"}
         print(f"{name} parts (median ms): " + ", ".join(f"{k} {v:.2f}" for k, v in
                                                         parts.items()))
         if name == "minidl":

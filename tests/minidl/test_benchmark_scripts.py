@@ -1,0 +1,73 @@
+"""The benchmark scripts time PyTorch in a process of its own, never in minidl's."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+# the script's main() in this process, then whether torch was ever imported here
+RUN_MAIN = r"""
+import sys
+sys.path.insert(0, {bench!r})
+import {module}
+{module}.main({argv!r})
+print("torch in parent:", "torch" in sys.modules)
+"""
+
+
+def _run_main(module: str, argv: list[str]) -> str:
+    code = RUN_MAIN.format(bench=str(BENCHMARKS), module=module, argv=argv)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=600, env={**os.environ, "MINIDL_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res.stdout
+
+
+@pytest.mark.slow
+def test_conv_bench_times_torch_in_its_own_process():
+    pytest.importorskip("torch")
+    out = _run_main("conv_bench", ["--rounds", "2", "--block", "1", "--warmup", "0",
+                                   "--batch-size", "2"])
+    assert "torch in parent: False" in out
+    assert "(in a process of its own)" in out
+    assert "ratio minidl/torch" in out
+    diff = float(out.split("max relative gradient difference ")[1].split()[0])
+    assert diff < 1e-4
+    table = out.split("per layer (median ms):")[1].splitlines()[1:]
+    conv1_fwd = next(line for line in table if line.split()[0] == "conv1.fwd").split()
+    assert float(conv1_fwd[1]) > 0 and float(conv1_fwd[2]) > 0  # both sides timed
+
+
+@pytest.mark.slow
+def test_rnn_bench_times_torch_in_its_own_process():
+    pytest.importorskip("torch")
+    out = _run_main("rnn_bench", ["--rounds", "2", "--block", "1", "--batch-size", "2",
+                                  "--seq-len", "3"])
+    assert "torch in parent: False" in out
+    assert "(in a process of its own)" in out
+    losses = out.split("losses ")[1].split(";")[0].split(" / ")
+    assert float(losses[0]) == pytest.approx(float(losses[1]), rel=1e-5)
+    assert "ratio minidl/torch" in out
+    assert "torch parts (median ms): embedding.fwd" in out
+
+
+def test_child_process_runs_methods_elsewhere_and_reports_their_errors(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # the child imports the module too
+    from separate_processes import ChildProcess
+
+    with ChildProcess(dict, {"pid": 0}) as child:
+        assert child.call("get", "pid") == 0
+        assert child.call("__len__") == 1
+        with pytest.raises(RuntimeError, match="(?s)in the child process:.*KeyError"):
+            child.call("__getitem__", "missing")
+        assert child.call("setdefault", "pid", 1) == 0  # still serving after an error
+    with ChildProcess(__import__, "os") as child:  # the child's os module
+        assert child.call("getpid") != os.getpid()
+    with pytest.raises(RuntimeError, match="(?s)in the child process:.*ZeroDivisionError"):
+        ChildProcess(divmod, 1, 0)
