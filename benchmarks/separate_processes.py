@@ -103,7 +103,6 @@ def alternate(rounds: int, block: int, run_minidl: Callable[[int], Any],
     return out
 
 
-
 def _serve(conn: Any, factory: Callable[..., Any], args: tuple[Any, ...]) -> None:
     """Child side: build the object, then answer ``(method, args)`` messages until ``None``."""
     try:
