@@ -135,8 +135,10 @@ def _slab_elems(
 #: Weight and bias gradients are sums over the batch taken in at most this many fixed parts
 #: (contiguous runs of image blocks), each accumulated into its own partial and then added in
 #: part order: the parts depend on the shapes only, so the sums never depend on the number of
-#: threads (threads take whole parts; more threads than parts leave the rest idle).
-GRAD_PARTS = 4
+#: threads (threads take whole parts). Each part past the first costs one weight-sized partial
+#: in the workspace; two match these 2-core machines (the same workspace as one partial per
+#: extra thread had). With more cores, more parts would let more threads share the backward.
+GRAD_PARTS = 2
 
 
 def grad_parts(n: int, nb: int) -> int:
