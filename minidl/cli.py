@@ -570,12 +570,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="digits, mnist, fashion-mnist, idx, synthetic")
     t.add_argument("--data-dir", default=None)
     t.add_argument("--epochs", type=int, default=None,
-                   help="passes over the train split (default per dataset: 30)")
+                   help="passes over the train split (default per dataset: 60 on digits, else 30)")
     t.add_argument("--max-steps", type=int, default=None)
     t.add_argument("--lr", type=float, default=None,
                    help="learning rate (default 0.05 for sgd, 1e-3 for adam/adamw)")
     t.add_argument("--weight-decay", type=float, default=None,
-                   help="L2 weight decay (default per dataset: 2e-3 on digits, else 5e-4)")
+                   help="L2 weight decay (default per dataset: 5e-3 on digits, else 5e-4)")
     t.add_argument("--schedule", default="cosine", choices=["cosine", "step", "none"],
                    help="learning-rate schedule over the epochs")
     t.add_argument("--budget", default=None,
