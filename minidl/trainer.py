@@ -389,7 +389,8 @@ class Trainer:
         bar = tqdm(total=total, disable=not progress, unit="step", dynamic_ncols=True)
 
         def announce_compiling() -> None:
-            bar.write("compiling kernels (first run only)...", file=sys.stderr)
+            if progress:
+                bar.write("compiling kernels (first run only)...", file=sys.stderr)
 
         done = 0
         self.fetch_logits = True
@@ -403,7 +404,7 @@ class Trainer:
                     if done == 0:
                         with CompileWatch(on_first_compile=announce_compiling) as watch:
                             loss = self.step(xb, yb)
-                        if watch.compiled:
+                        if watch.compiled and progress:
                             bar.write(f"kernels compiled in {watch.seconds:.1f} s", file=sys.stderr)
                             bar.reset()
                     else:
