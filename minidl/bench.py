@@ -213,6 +213,6 @@ def _torch_runner(net: Any, x: np.ndarray, y: np.ndarray, lr: float) -> Callable
         loss = loss_fn(out.reshape(-1, out.shape[-1]), yt.reshape(-1))
         loss.backward()
         opt.step()
-        return float(loss)
+        return loss.item()
 
     return step
