@@ -169,7 +169,8 @@ def compress_program(program: Program, binarize: bool = False, use_sparse: bool 
     meta["encoded"] = {tensors[t].name: codec for t, (codec, _) in plan.items()}
     meta["sparse_densities"] = {name: d for name, d in notes}
     return Program(tensors=tensors, steps=steps, inputs=list(program.inputs), loss=program.loss,
-                   training=program.training, meta=meta, origins=origins, remaps=remaps)
+                   training=program.training, meta=meta, origins=origins, remaps=remaps,
+                   alignment=program.alignment)
 
 
 def _orig(remap: dict[int, int], t: int) -> int:

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from .units import format_size
+from .units import ALLOCATION_UNIT, format_size
 
 __all__ = [
     "CATEGORIES",
@@ -158,11 +158,12 @@ class Block:
 class Pool:
     """A heap over ``device``'s arena. See the module docstring for the placement rules.
 
-    ``policy`` is ``"best_fit"`` or ``"first_fit"``; ``alignment`` a power of two (offsets and
-    sizes are multiples of it); ``debug=True`` poisons freed bytes with float32 NaN.
+    ``policy`` is ``"best_fit"`` or ``"first_fit"``; ``alignment`` the allocation unit, a power
+    of two (offsets and sizes are multiples of it; programs must be lowered for it);
+    ``debug=True`` poisons freed bytes with float32 NaN.
     """
 
-    def __init__(self, device: Any, policy: str = "best_fit", alignment: int = 512,
+    def __init__(self, device: Any, policy: str = "best_fit", alignment: int = ALLOCATION_UNIT,
                  debug: bool = False) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; valid policies: {', '.join(POLICIES)}")

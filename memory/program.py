@@ -14,12 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-ALIGNMENT = 512
-
-
-def aligned(nbytes: int, alignment: int = ALIGNMENT) -> int:
-    """Bytes a block of ``nbytes`` occupies in the pool (at least one alignment unit)."""
-    return max(alignment, -(-int(nbytes) // alignment) * alignment)
+from .units import ALLOCATION_UNIT, aligned
 
 
 @dataclass(frozen=True)
@@ -87,6 +82,13 @@ class Program:
     #: program's step it runs, and the tensor substitutions (original id -> new id) it runs with.
     origins: list[int] | None = None
     remaps: list[dict[int, int]] | None = None
+    #: The allocation unit of the pool the program is planned for: every size a pass rounds
+    #: (block intervals, peaks, bounds) is rounded to it (see :meth:`block_size`).
+    alignment: int = ALLOCATION_UNIT
+
+    def block_size(self, nbytes: int) -> int:
+        """Bytes a block of ``nbytes`` occupies in this program's pool."""
+        return aligned(nbytes, self.alignment)
 
     def tensor(self, tid: int) -> TensorSpec:
         return self.tensors[tid]
@@ -96,7 +98,7 @@ class Program:
         return [t for t in self.tensors if t.persistent]
 
     def persistent_bytes(self) -> int:
-        return sum(aligned(t.nbytes) for t in self.persistent)
+        return sum(self.block_size(t.nbytes) for t in self.persistent)
 
     def step_footprint(self, step: StepSpec) -> int:
         """Aligned bytes of the non-persistent tensors one step touches, workspace included;
@@ -106,7 +108,8 @@ class Program:
             ids.add(step.workspace)
         ids -= {w for w, r in step.shares if r in ids
                 and self.tensors[w].nbytes == self.tensors[r].nbytes}
-        return sum(aligned(self.tensors[i].nbytes) for i in ids if not self.tensors[i].persistent)
+        return sum(self.block_size(self.tensors[i].nbytes) for i in ids
+                   if not self.tensors[i].persistent)
 
     def lower_bound_bytes(self) -> int:
         """Persistent state plus the largest single step's own inputs, outputs and workspace:

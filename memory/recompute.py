@@ -215,7 +215,8 @@ def recompute_program(program: Program, checkpoints: set[int],
     meta.update(recomputed_flops=recomputed_flops, recomputed_steps=n_recomputed,
                 dropped_layers=len(dropped_steps), checkpoints=len(checkpoints))
     return Program(tensors=tensors, steps=steps, inputs=list(program.inputs), loss=program.loss,
-                   training=program.training, meta=meta, origins=origins, remaps=remaps)
+                   training=program.training, meta=meta, origins=origins, remaps=remaps,
+                   alignment=program.alignment)
 
 
 def policy_program(program: Program, policy: str, peak_of=None) -> Program:

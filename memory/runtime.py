@@ -18,14 +18,15 @@ import numpy as np
 from .liveness import root_of
 from .plan import Action, Plan
 from .pool import DeviceOutOfMemory, PlacementError
-from .program import Program, aligned
+from .program import Program
 
 
 def tensor_info(program: Program) -> list[tuple[int, tuple[int, ...], np.dtype]]:
     """(aligned bytes, shape, dtype) of every tensor, computed once per program."""
     info = getattr(program, "_runtime_info", None)
     if info is None:
-        info = [(aligned(t.nbytes), t.shape, np.dtype(t.dtype)) for t in program.tensors]
+        info = [(program.block_size(t.nbytes), t.shape, np.dtype(t.dtype))
+                for t in program.tensors]
         program._runtime_info = info
     return info
 
@@ -68,6 +69,9 @@ class MemoryRuntime:
 
     def __init__(self, pool: Any, program: Program, plan: Plan, host_pool: Any = None,
                  poison_offloaded: bool = False) -> None:
+        if program.alignment != pool.alignment:
+            raise ValueError(f"the program was planned for {program.alignment}-byte blocks but "
+                             f"the pool allocates {pool.alignment}-byte blocks")
         self.pool = pool
         self.program = program
         self.plan = plan
@@ -188,7 +192,8 @@ class MemoryRuntime:
         old = self.blocks.pop(tid)
         self._record("free", old, tid)
         self.pool.free(old)
-        blk = self.pool.allocate(aligned(nbytes), tag=self.program.tensors[tid].name,
+        blk = self.pool.allocate(self.program.block_size(nbytes),
+                                 tag=self.program.tensors[tid].name,
                                  category=self.program.tensors[tid].category)
         self._record("alloc", blk, tid)
         self.blocks[tid] = blk

@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .plan import Action, Plan
-from .program import aligned
 
 #: Actions that put a block on the device, and those that take it off.
 _STARTS = ("alloc", "prefetch")
@@ -21,8 +20,10 @@ _ENDS = ("free", "release")
 
 
 def block_intervals(plan: Plan) -> dict[tuple[int, int], tuple[int, int, int]]:
-    """(tensor, occurrence) -> (start time, end time, aligned size) over the plan's action
-    sequence. A swapped tensor has two occurrences: allocation to release, prefetch to free."""
+    """(tensor, occurrence) -> (start time, end time, block size in the program's allocation
+    unit) over the plan's action sequence. A swapped tensor has two occurrences: allocation to
+    release, prefetch to free."""
+    program = plan.program
     start: dict[int, tuple[int, int]] = {}
     count: dict[int, int] = {}
     out: dict[tuple[int, int], tuple[int, int, int]] = {}
@@ -35,7 +36,7 @@ def block_intervals(plan: Plan) -> dict[tuple[int, int], tuple[int, int, int]]:
             start[a.tensor] = (k, t)
         elif a.op in _ENDS and a.tensor in start:
             k, s = start.pop(a.tensor)
-            out[(a.tensor, k)] = (s, t, aligned(plan.program.tensors[a.tensor].nbytes))
+            out[(a.tensor, k)] = (s, t, program.block_size(program.tensors[a.tensor].nbytes))
     return out
 
 

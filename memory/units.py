@@ -1,4 +1,5 @@
-"""Byte sizes: parse ``"256MiB"``-style strings and format byte counts for people."""
+"""Byte sizes: the pool's allocation unit, parsing ``"256MiB"``-style strings, formatting
+byte counts for people."""
 
 from __future__ import annotations
 
@@ -6,7 +7,14 @@ import numbers
 import re
 from fractions import Fraction
 
-__all__ = ["parse_size", "format_size", "UNITS"]
+__all__ = ["ALLOCATION_UNIT", "UNITS", "aligned", "format_size", "parse_size"]
+
+#: The default allocation unit of a :class:`~minidl.memory.pool.Pool`, in bytes: every block's
+#: offset and size are multiples of it, and the CPU arena's base is aligned to it. This is
+#: its only definition. A pool may use another unit (``Pool(alignment=...)``): the engine
+#: lowers each program for its pool's unit (``Program.alignment``), and every pass that rounds
+#: a size rounds with the program's unit, so planned and dry-run peaks are exact for it.
+ALLOCATION_UNIT = 512
 
 #: Accepted units (case-insensitive) and their sizes in bytes.
 UNITS: dict[str, int] = {
@@ -20,6 +28,13 @@ UNITS: dict[str, int] = {
     "gb": 10**9,
     "tb": 10**12,
 }
+
+
+def aligned(nbytes: int, unit: int = ALLOCATION_UNIT) -> int:
+    """Bytes a block of ``nbytes`` occupies in a pool of allocation unit ``unit`` (at least
+    one unit: a zero-byte request still takes a block)."""
+    return max(unit, -(-int(nbytes) // unit) * unit)
+
 
 _ACCEPTED = (
     "a positive whole number of bytes, given as an int or a string such as '1048576', "

@@ -10,6 +10,7 @@ from .layers.base import Layer
 from .memory.config import MemoryConfig
 from .memory.device import MetaDevice
 from .memory.pool import Pool
+from .memory.units import ALLOCATION_UNIT
 
 
 def make_optimizer(name: str, params: list, lr: float | None = None,
@@ -50,6 +51,7 @@ def dry_run(
     plot: str | None = None,
     trace: str | None = None,
     budget: int | None = None,
+    alignment: int = ALLOCATION_UNIT,
 ) -> dict[str, Any]:
     """Run one training iteration of ``net`` on the meta device and report its memory.
 
@@ -59,7 +61,8 @@ def dry_run(
     ``peak_step`` (layer, phase, index), ``live_at_peak`` (the largest tensors live there),
     ``split`` and ``micro_batch_size`` (the batch runs as ``split`` micro-batches; the peak and
     ``layers`` are those of one micro-batch, the largest). ``budget`` (bytes, default the auto
-    planner's) is drawn as a line on the ``plot``.
+    planner's) is drawn as a line on the ``plot``. ``alignment`` is the allocation unit of the
+    pool to simulate (that of the real run's pool).
     """
     from .layers import SoftmaxCrossEntropy
 
@@ -67,7 +70,7 @@ def dry_run(
     shape = tuple(input_shape) if input_shape is not None else net.input_shapes[0]
     if shape is None:
         raise ValueError("the network has no input shape: pass input_shape")
-    pool = Pool(MetaDevice())
+    pool = Pool(MetaDevice(), alignment=alignment)
     loss = loss if loss is not None else SoftmaxCrossEntropy()
     opt = make_optimizer(optimizer, net.parameters()) if training else None
     engine = Engine(net, pool, config, loss if training else None, opt, bind=False)

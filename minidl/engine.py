@@ -88,7 +88,8 @@ class Engine:
     # ------------------------------------------------------------------ persistent state
     def _alloc(self, name: str, shape: tuple[int, ...], dtype: Any, category: str) -> Any:
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        blk = self.pool.allocate(aligned(nbytes), tag=name, category=category)
+        blk = self.pool.allocate(aligned(nbytes, self.pool.alignment), tag=name,
+                                  category=category)
         self.persistent_blocks.append(blk)
         return blk.view(tuple(shape), np.dtype(dtype))
 
@@ -166,7 +167,7 @@ class Engine:
                 lowered = lower(net, list(batch_shapes), loss=self.loss,
                                 label_shape=label_shape, label_dtype=label_dtype,
                                 training=training, opt_state=self.opt_state_specs,
-                                accumulate_grads=accumulate)
+                                accumulate_grads=accumulate, alignment=self.pool.alignment)
                 try:
                     plan = make_plan(lowered.program, config)
                 except BudgetTooSmall:
@@ -269,7 +270,7 @@ class Engine:
         tids += [t for t in rt.peak_live if t not in c.plan.aliases]
         for tid in tids:
             t = prog.tensors[tid]
-            size = aligned(t.nbytes)
+            size = prog.block_size(t.nbytes)
             by_cat[t.category] = by_cat.get(t.category, 0) + size
             live.append((t.name, t.category, size))
         live.sort(key=lambda r: -r[2])

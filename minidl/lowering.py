@@ -13,6 +13,7 @@ import numpy as np
 from .graph import Network
 from .layers.base import Layer
 from .memory.program import Program, StepSpec, TensorSpec
+from .memory.units import ALLOCATION_UNIT
 from .parameter import Parameter
 
 
@@ -79,10 +80,12 @@ def lower(
     training: bool = True,
     opt_state: list[tuple[str, tuple[int, ...], str]] | None = None,
     accumulate_grads: bool = False,
+    alignment: int = ALLOCATION_UNIT,
 ) -> Lowered:
     """Lower ``net`` for ``batch_shapes``. With ``loss`` (taking the network's first output and
     the labels), a training program: forward, loss, then backward in reverse layer order.
-    ``accumulate_grads`` adds every parameter gradient into ``.grad`` (micro-batching)."""
+    ``accumulate_grads`` adds every parameter gradient into ``.grad`` (micro-batching);
+    ``alignment`` is the allocation unit of the pool the program will run on."""
     shapes, dtypes = net.infer(batch_shapes)
     b = _Builder()
     n_vals = len(net.values)
@@ -272,6 +275,7 @@ def lower(
     program = Program(
         tensors=b.tensors, steps=steps, inputs=inputs,
         loss=val_t[loss_v] if loss is not None else -1, training=training and loss is not None,
+        alignment=alignment,
     )
     return Lowered(program, execs, val_t[:n_vals], [val_t[v] for v in net.output_values],
                    param_t, grad_t)

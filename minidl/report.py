@@ -8,7 +8,6 @@ from typing import Any
 
 from .engine import Compiled
 from .memory.liveness import lifetimes, root_of
-from .memory.program import aligned
 from .memory.timeline import category_series, chrome_trace, write_chrome_trace
 
 
@@ -31,7 +30,7 @@ def layer_table(c: Compiled) -> list[dict[str, Any]]:
             continue
         outs = [t for t in st.writes if lowered.tensors[t].role == "value"]
         stash = [t for t in st.writes if lowered.tensors[t].role == "stash"]
-        nbytes = sum(aligned(lowered.tensors[t].nbytes) for t in outs)
+        nbytes = sum(lowered.block_size(lowered.tensors[t].nbytes) for t in outs)
         if st.index in recomputed:
             form = "recomputed"
         elif any(root_of(plan.aliases, t) in swapped_roots for t in outs):
@@ -43,7 +42,8 @@ def layer_table(c: Compiled) -> list[dict[str, Any]]:
         if any(t in plan.aliases for t in outs) and form in ("kept", "freed"):
             form += ", in-place"
         rows.append({"layer": st.layer, "kind": st.kind, "output_bytes": nbytes,
-                     "stash_bytes": sum(aligned(lowered.tensors[t].nbytes) for t in stash),
+                     "stash_bytes": sum(lowered.block_size(lowered.tensors[t].nbytes)
+                                        for t in stash),
                      "form": form, "flops": st.flops})
     return rows
 
@@ -60,8 +60,9 @@ def format_layer_table(rows: list[dict[str, Any]]) -> str:
 
 def persistent_by_category(c: Compiled) -> dict[str, int]:
     out: dict[str, int] = {}
-    for t in c.lowered.program.persistent:
-        out[t.category] = out.get(t.category, 0) + aligned(t.nbytes)
+    program = c.lowered.program
+    for t in program.persistent:
+        out[t.category] = out.get(t.category, 0) + program.block_size(t.nbytes)
     return out
 
 
