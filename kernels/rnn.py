@@ -26,6 +26,10 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
+# the workspace helpers lived here; kept importable from this module
+from .workspace import workspace_bytes as workspace_bytes
+from .workspace import workspace_views as workspace_views
+
 _JIT = {"cache": True, "nogil": True, "error_model": "numpy"}
 
 
@@ -314,32 +318,6 @@ def gru_backward_ref(dh, stash, h_prev, dgx, dgh, dbias) -> None:
     dgx[...] = np.concatenate([dr, dz, dn], axis=1)
     dgh[...] = np.concatenate([dr, dz, dn * r], axis=1)
     dbias[...] = dgh.sum(axis=0)
-
-
-# ---------------------------------------------------------------- workspace carving
-_ALIGN = 64
-
-
-def _aligned(nbytes: int) -> int:
-    return -(-int(nbytes) // _ALIGN) * _ALIGN
-
-
-def workspace_bytes(dtype, *shapes) -> int:
-    """Bytes of a workspace holding one array of ``dtype`` per shape, each 64-byte aligned."""
-    item = np.dtype(dtype).itemsize
-    return sum(_aligned(math.prod(s) * item) for s in shapes)
-
-
-def workspace_views(workspace, dtype, *shapes) -> list:
-    """Arrays of ``shapes`` carved in order from a 1-D uint8 ``workspace`` (see
-    :func:`workspace_bytes`); their contents are undefined."""
-    dt = np.dtype(dtype)
-    views, off = [], 0
-    for s in shapes:
-        n = math.prod(s) * dt.itemsize
-        views.append(workspace[off:off + n].view(dt).reshape(s))
-        off += _aligned(n)
-    return views
 
 
 # ---------------------------------------------------------------- dispatchers

@@ -468,3 +468,33 @@ def test_stash_sizes_keep_all_against_schedules(cell):
     sq = _make(cell, i, h, layers, unit_steps=us, schedule=bptt.sqrt_schedule(units))
     assert sq.stash_specs(shapes, dt)["states"][0][0] == bptt.sqrt_schedule(units).max_stored
     assert nbytes(sq.stash_specs(shapes, dt)) < 0.05 * keep_bytes
+
+
+# workspace bytes (forward, backward) of the positional layouts before the buffers were named;
+# the named layouts must not grow them
+_WORKSPACE_BYTES = {
+    ("LSTM", None, False): (6912, 10816), ("LSTM", None, True): (6592, 10304),
+    ("LSTM", 11, False): (8192, 12096), ("LSTM", 11, True): (7872, 12864),
+    ("GRU", None, False): (5248, 12928), ("GRU", None, True): (5248, 9280),
+    ("GRU", 11, False): (6208, 13888), ("GRU", 11, True): (6208, 11200),
+}
+
+
+@pytest.mark.parametrize("key", sorted(_WORKSPACE_BYTES, key=str))
+def test_named_workspace_layouts_keep_their_bytes_and_name_every_buffer(key):
+    cell, vocab, scheduled = key
+    n, t, unit_steps = 3, 10, 4
+    sched = bptt.sqrt_schedule(_units(t, unit_steps)) if scheduled else None
+    layer = {"LSTM": LSTM, "GRU": GRU}[cell](5, 7, 2, unit_steps=unit_steps, schedule=sched,
+                                              vocab_size=vocab)
+    shapes = [(n, t) if vocab else (n, t, 5)]
+    fwd = layer.forward_workspace_bytes(shapes, np.float32)
+    bwd = layer.backward_workspace_bytes(shapes, np.float32)
+    assert (fwd, bwd) == _WORKSPACE_BYTES[key]
+    ws = layer._backward_layout(n, t).carve(np.zeros(bwd, np.uint8), np.float32)
+    assert ws.carry.shape == (2, layer.state_parts, n, 7)
+    assert ws.token_dg.shape == ((11, layer.gates) if vocab else (0,))
+    if scheduled:
+        assert set(ws.forward.unit) == ({"gates", "h", "c"} if cell == "LSTM" else {"gates", "h"})
+    else:
+        assert [w.prod.shape for w in ws.worker] == [(layer.gates, 7)] * 2

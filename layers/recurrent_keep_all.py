@@ -1,0 +1,173 @@
+"""The keep-everything path of the fused recurrent layers: every unit's internals stay in the
+stash from forward to backward, and the work per (layer, unit) runs as tasks on two workers."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels.parallel import num_threads, run_tasks
+from ..kernels.workspace import Layout
+from .recurrent_units import _flat
+
+
+class _KeepAllPath:
+    """Forward and backward with ``schedule=None`` (a mixin of
+    :class:`~minidl.layers.recurrent._Recurrent`)."""
+
+    def _lanes(self) -> int:
+        """Threads of the pipelined paths (1: everything on the calling thread)."""
+        return max(1, min(2, self.threads if self.threads is not None else num_threads()))
+
+    def _keep_all_forward_layout(self, n: int, t: int) -> Layout:
+        """Projection ring (two units per layer), per-layer bias, two workers' scratch
+        (layer-0 input rows, recurrent product) and the token table."""
+        c, L, G = self._unit_len(t), self.num_layers, self.gates
+        worker = Layout.of(xs=(c, n, self.input_size), hw=(G, n))
+        return Layout.of(gx_ring=(L, 2, c, n, G), bias=(L, G), worker=(worker, worker),
+                         table=self._table_shape(n, t))
+
+    def _keep_all_backward_layout(self, n: int, t: int) -> Layout:
+        """dG rings (GRU: and dG_hh), the ring of gradients into each layer's outputs, the
+        carried dh (and dc), two workers' scratch and the token-summed dG (table)."""
+        c, L, H, G = self._unit_len(t), self.num_layers, self.hidden_size, self.gates
+        wide = max(self.input_size, H)
+        worker = Layout.of(
+            direct=(n, H), dbias=(G,),  # GRU's dh*z part; the cell kernel's bias sums
+            prod=(G, wide), colsum=(G,),  # weight-gradient product, bias-gradient sums
+            dx=(c * n * wide,), xs=(c, n, self.input_size))  # input gradient, input rows
+        return Layout.of(
+            dg_ring=(L, 2, c, n, G), dgh_ring=(L, 2, c, n, G) if self.gate_factor == 3 else (0,),
+            din_ring=(L, 2, c * n * wide), carry=(L, self.state_parts, n, H),
+            worker=(worker, worker), token_dg=self._table_shape(n, t))
+
+    def _forward_keep_all(self, inputs, y, params, stash, ws) -> None:
+        """Everything kept: per layer and unit a projection task and a recurrence task, on two
+        workers (single-threaded BLAS each) by list scheduling: layer k runs about one unit
+        behind layer k-1 (a wavefront); projections fill the gaps."""
+        x = inputs[0]
+        t, L = y.shape[1], self.num_layers
+        gx_ring, bias, table, workers = ws.gx_ring, ws.bias, ws.table, ws.worker
+        gates, hs, cs = self._internals(stash)
+        self._load_initial(inputs, hs, cs, 0)
+        units = self.units(t)
+        U = len(units)
+        self._make_table(params, table)
+
+        def proj(k: int, u: int):
+            def run(wid: int) -> None:
+                self._project(k, params, x, *units[u], units[u][0], hs, workers[wid].xs,
+                              gx_ring[k, u % 2], bias[k], table)
+            return run
+
+        def rec(k: int, u: int):
+            def run(wid: int) -> None:
+                u0, u1 = units[u]
+                hw, gx = workers[wid].hw, gx_ring[k, u % 2]
+                for s in range(u1 - u0):
+                    self._step_forward(k, u0 + s, s, params, gates, hs, cs, gx, hw, bias[k])
+                if k == L - 1:
+                    np.copyto(y[:, u0:u1], hs[-1, u0 + 1:u1 + 1].transpose(1, 0, 2))
+            return run
+
+        tasks = []
+        for w in range(U + L - 1):
+            for k in range(L):
+                u = w - k
+                if 0 <= u < U:  # the projection's ring slot is free once unit u-2 ran
+                    tasks.append((("p", k, u), ([("r", k - 1, u)] if k > 0 else []) + (
+                        [("r", k, u - 2)] if u > 1 else []), proj(k, u)))
+                    tasks.append((("r", k, u), [("p", k, u)] + (
+                        [("r", k, u - 1)] if u > 0 else []), rec(k, u)))
+        run_tasks(tasks, self._lanes())
+
+    def _backward_keep_all(self, inputs, dy, grad_inputs, params, grad_params, stash, ws,
+                           accumulate) -> None:
+        """Everything kept: the calling thread runs the recurrences (layer k one unit behind
+        layer k+1), a second thread the unit GEMMs (input gradients first: the layer below
+        waits for them; then weight gradients, in unit order per weight)."""
+        x = inputs[0]
+        n, t = x.shape[0], x.shape[1]
+        L, H, G = self.num_layers, self.hidden_size, self.gates
+        dg_ring, dgh_ring, din_ring, carry = ws.dg_ring, ws.dgh_ring, ws.din_ring, ws.carry
+        workers, token_dg = ws.worker, ws.token_dg
+        gru = self.gate_factor == 3
+        gates, hs, cs = self._internals(stash)
+        units = self.units(t)
+        U = len(units)
+
+        def din_of(k: int, u: int) -> np.ndarray:
+            m = units[u][1] - units[u][0]
+            return _flat(din_ring[k, u % 2], m, n, H)
+
+        def rec(k: int, u: int):
+            def run(wid: int) -> None:
+                direct, scratch_db = workers[wid].direct, workers[wid].dbias
+                u0, u1 = units[u]
+                m = u1 - u0
+                din = din_of(k, u)
+                if k == L - 1:
+                    np.copyto(din, dy[:, u0:u1].transpose(1, 0, 2))
+                dg, dgh = dg_ring[k, u % 2, :m], (dgh_ring if gru else dg_ring)[k, u % 2, :m]
+                for s in range(m - 1, -1, -1):
+                    dh = din[s]
+                    dh += carry[k, 0]
+                    self._step_backward(k, u0 + s, params, gates, hs, cs, dh, dg[s], dgh[s],
+                                        carry, direct, scratch_db)
+            return run
+
+        def dx(k: int, u: int):  # gradient into layer k-1's outputs of unit u
+            def run(wid: int) -> None:
+                u0, u1 = units[u]
+                rows = (u1 - u0) * n
+                np.matmul(dg_ring[k, u % 2, :u1 - u0].reshape(rows, G),
+                          params[f"weight_ih_l{k}"], out=din_of(k - 1, u).reshape(rows, H))
+            return run
+
+        def dgs(k: int, u: int) -> tuple[np.ndarray, np.ndarray]:
+            """Unit u's (dG, dG_hh) rows of layer k."""
+            rows = (units[u][1] - units[u][0]) * n
+            return (dg_ring[k, u % 2].reshape(-1, G)[:rows],
+                    (dgh_ring if gru else dg_ring)[k, u % 2].reshape(-1, G)[:rows])
+
+        def whh(k: int, u: int):
+            def run(wid: int) -> None:
+                u0, u1 = units[u]
+                self._grad_w_hh(k, dgs(k, u)[1], hs[k, u0:u1], workers[wid].prod, accumulate)
+            return run
+
+        def wgrad(k: int, u: int):  # W_ih, biases, layer 0's input gradient
+            def run(wid: int) -> None:
+                wk = workers[wid]
+                prod, colsum, dxbuf, xs = wk.prod, wk.colsum, wk.dx, wk.xs
+                u0, u1 = units[u]
+                dg2, dgh2 = dgs(k, u)
+                self._grad_w_ih_and_biases(k, params, x, u0, u1, u0, hs, dg2, dgh2, prod,
+                                           colsum, xs, token_dg, accumulate)
+                if k == 0:
+                    self._input_gradient(params, x, grad_inputs, grad_params, u0, u1, dg2,
+                                         dxbuf, token_dg)
+            return run
+
+        tasks, later = [], []
+        for w in range(U + L - 1):
+            for k in range(L - 1, -1, -1):
+                u = U - 1 - (w - (L - 1 - k))
+                if not 0 <= u < U:
+                    continue
+                deps = [("dx", k + 1, u)] if k < L - 1 else []
+                if u + 1 < U:
+                    deps.append(("rec", k, u + 1))  # the carried dh, dc
+                if u + 2 < U:  # the dG and input-gradient ring slots are free again
+                    deps += [("w", k, u + 2), ("whh", k, u + 2)] + (
+                        [("dx", k, u + 2)] if k > 0 else [])
+                tasks.append((("rec", k, u), deps, rec(k, u)))
+                if k > 0:  # writes the ring slot layer k-1's unit u+2 read
+                    tasks.append((("dx", k, u), [("rec", k, u)] + (
+                        [("rec", k - 1, u + 2)] if u + 2 < U else []), dx(k, u)))
+                # weight gradients add up in unit order; short tasks keep a worker free soon
+                for name, fn in (("whh", whh), ("w", wgrad)):
+                    later.append(((name, k, u), [("rec", k, u)] + (
+                        [(name, k, u + 1)] if u + 1 < U else []), fn(k, u)))
+        # the recurrences and the input gradients they wait for are the critical path: a free
+        # worker takes them first, weight gradients fill the gaps
+        run_tasks(tasks + later, self._lanes())
