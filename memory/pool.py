@@ -11,6 +11,9 @@ region is never searched like an interior chunk, placement never depends on the 
 dry run with unlimited capacity places every block at the same offset as a real run, and only
 the out-of-memory point depends on the capacity (it is exactly ``reserved_bytes.peak``).
 
+The errors live in :mod:`.pool_errors`, the categories and the summary table in
+:mod:`.pool_report`; both are re-exported here.
+
 The pool is not thread-safe; :meth:`Pool.free_deferred` is the one call that may come from a
 finalizer or another thread.
 """
@@ -25,6 +28,15 @@ from typing import Any
 
 import numpy as np
 
+from .pool_errors import (
+    DeviceOutOfMemory,
+    DoubleFreeError,
+    ForeignBlockError,
+    PlacementError,
+    PoolError,
+    UseAfterFreeError,
+)
+from .pool_report import CATEGORIES, format_memory_summary
 from .units import ALLOCATION_UNIT, format_size
 
 __all__ = [
@@ -39,89 +51,7 @@ __all__ = [
     "UseAfterFreeError",
 ]
 
-#: What a block holds; every allocation names one (stats are kept per category).
-CATEGORIES: tuple[str, ...] = (
-    "parameter", "gradient", "optimizer_state", "feature_map", "gradient_map", "workspace",
-    "stash", "input", "encoded",
-)
 POLICIES = ("best_fit", "first_fit")
-
-
-class PoolError(RuntimeError):
-    """Misuse of the pool (double free, foreign block, use after free)."""
-
-
-class DoubleFreeError(PoolError):
-    """A block was freed twice."""
-
-
-class ForeignBlockError(PoolError):
-    """A block was handed to a pool that did not allocate it."""
-
-
-class UseAfterFreeError(PoolError):
-    """A freed block was used."""
-
-
-class PlacementError(ValueError):
-    """A fixed offset that does not lie within a free region, or is not aligned."""
-
-
-class DeviceOutOfMemory(MemoryError):
-    """No free region fits the request. The pool is left exactly as it was.
-
-    Attributes: ``requested`` (rounded bytes), ``nbytes`` (as asked), ``tag``, ``category``,
-    ``capacity``, ``allocated``, ``free``, ``largest_free_block``, ``fragmentation``,
-    ``largest_live`` (list of ``(tag, category, bytes)``, largest first, at most 5).
-    """
-
-    def __init__(self, *, requested: int, nbytes: int, tag: str, category: str, device: str,
-                 capacity: int, allocated: int, free: int, largest_free_block: int,
-                 fragmentation: float, num_live: int,
-                 largest_live: list[tuple[str, str, int]], offset: int | None = None) -> None:
-        self._kwargs = dict(requested=requested, nbytes=nbytes, tag=tag, category=category,
-                            device=device, capacity=capacity, allocated=allocated, free=free,
-                            largest_free_block=largest_free_block, fragmentation=fragmentation,
-                            num_live=num_live, largest_live=largest_live, offset=offset)
-        self.requested = requested
-        self.nbytes = nbytes
-        self.tag = tag
-        self.category = category
-        self.capacity = capacity
-        self.allocated = allocated
-        self.free = free
-        self.largest_free_block = largest_free_block
-        self.fragmentation = fragmentation
-        self.largest_live = largest_live
-        self.offset = offset
-
-        def sz(n: int) -> str:
-            return f"{format_size(n)} ({n} bytes)"
-
-        where = "" if offset is None else f" at fixed offset {offset}"
-        lines = [
-            f"out of memory on the {device} device: cannot allocate {sz(requested)}{where} for "
-            f"{tag or '<untagged>'!r} ({category})",
-            f"  capacity            {sz(capacity)}",
-            f"  in use              {sz(allocated)} in {num_live} blocks",
-            f"  free                {sz(free)}",
-            f"  largest free block  {sz(largest_free_block)}",
-            f"  fragmentation       {fragmentation:.3f}",
-        ]
-        if largest_live:
-            lines.append("  largest live blocks:")
-            for t, c, n in largest_live:
-                lines.append(f"    {t or '<untagged>'} ({c}): {sz(n)}")
-        lines.append("  raise the device memory, lower the batch size, or enable a memory "
-                     "strategy (reuse, swap, recompute, ...)")
-        super().__init__("\n".join(lines))
-
-    def __reduce__(self) -> tuple:
-        return _rebuild_oom, (self._kwargs,)
-
-
-def _rebuild_oom(kwargs: dict[str, Any]) -> DeviceOutOfMemory:
-    return DeviceOutOfMemory(**kwargs)
 
 
 class Block:
@@ -507,41 +437,7 @@ class Pool:
 
     def memory_summary(self) -> str:
         """A readable table of the stats and the per-category current and peak bytes."""
-        s = self.stats()
-        width = 74
-
-        def row(name: str, cur: str, peak: str) -> str:
-            return f"| {name:<30} | {cur:>18} | {peak:>18} |"
-
-        def both(key: str) -> tuple[str, str]:
-            return format_size(s[f"{key}.current"]), format_size(s[f"{key}.peak"])
-
-        cap = s["capacity"]
-        cap_txt = "unlimited" if cap >= 1 << 62 else format_size(cap)
-        head = f"device {self.device.name}, capacity {cap_txt}, policy {self.policy}"
-        lines = [
-            "=" * width,
-            f"| {'minidl pool memory summary':^{width - 4}} |",
-            f"| {head:<{width - 4}} |",
-            "-" * width,
-            row("metric", "current", "peak"),
-            "-" * width,
-            row("allocated", *both("allocated_bytes")),
-            row("reserved (span of live blocks)", *both("reserved_bytes")),
-        ]
-        for c in CATEGORIES:
-            lines.append(row(f"  {c}", *both(f"allocated_bytes.{c}")))
-        lines += [
-            "-" * width,
-            row("free bytes", format_size(s["free_bytes"]), ""),
-            row("largest free block", format_size(s["largest_free_block"]), ""),
-            row("fragmentation", f"{s['fragmentation']:.3f}", ""),
-            row("active blocks", str(s["active_blocks"]), ""),
-            row("allocs / frees / ooms",
-                f"{s['num_allocs']} / {s['num_frees']} / {s['num_ooms']}", ""),
-            "=" * width,
-        ]
-        return "\n".join(lines)
+        return format_memory_summary(self.stats(), self.device.name, self.policy)
 
     def check_invariants(self) -> None:
         """Assert the heap's structure (for tests); raises ``AssertionError`` on corruption."""
