@@ -14,8 +14,8 @@ from .device import (
     ImmediateCopyEngine,
     MetaArray,
     MetaDevice,
-    make_device,
 )
+from .device_factory import make_device
 from .pool import (
     CATEGORIES,
     Block,

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .device import _as_shape, _check_view
+from .device import as_shape, check_view
 from .units import format_size, parse_size
 
 __all__ = ["CudaCopyEngine", "CudaCopyEvent", "CudaDevice", "route_cupy_allocations"]
@@ -226,13 +226,13 @@ class CudaDevice:
         """A ``cupy.ndarray`` of ``shape``/``dtype`` over arena bytes from ``offset``."""
         cp = self._cp
         dtype = np.dtype(dtype)
-        shape = _as_shape(shape)
-        _check_view(self, offset, nbytes, shape, dtype)
+        shape = as_shape(shape)
+        check_view(self, offset, nbytes, shape, dtype)
         return cp.ndarray(shape, dtype, memptr=cp.cuda.MemoryPointer(self._arena(), offset))
 
     def host_empty(self, shape: Any, dtype: Any = np.float32) -> np.ndarray:
         """A NumPy array in pinned host memory; ``MemoryError`` beyond ``pinned_capacity``."""
-        shape = _as_shape(shape)
+        shape = as_shape(shape)
         dtype = np.dtype(dtype)
         count = math.prod(shape)
         nbytes = count * dtype.itemsize

@@ -1,12 +1,15 @@
 """Devices: where the pool's arena lives and how bytes move between device and host.
 
-* :class:`CpuDevice` — device memory is one preallocated, 512-byte-aligned NumPy byte arena;
+* :class:`CpuDevice` — device memory is one preallocated NumPy byte arena whose base is
+  aligned to the allocation unit;
   host memory is ordinary NumPy memory; copies run on a :class:`CopyEngine` worker thread.
 * :class:`MetaDevice` — no storage at all: views are :class:`MetaArray` (shape, dtype, nbytes)
   and copies complete at once. The pool places blocks exactly as on a real device.
 * ``CudaDevice`` lives in :mod:`.cuda_device` (the only module that knows CuPy).
 
-Every device offers the same small surface (see :class:`Device`).
+Every device offers the same small surface (see :class:`Device`); :func:`as_shape` and
+:func:`check_view` are the checks every device's ``view`` shares. Devices are built by name in
+:mod:`.device_factory` (``make_device``).
 """
 
 from __future__ import annotations
@@ -21,30 +24,26 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from .units import format_size, parse_size
+from .units import ALLOCATION_UNIT, format_size, parse_size
 
 __all__ = [
-    "ARENA_ALIGNMENT",
     "CopyEngine",
     "CopyEvent",
     "CpuDevice",
     "Device",
-    "DEVICE_NAMES",
     "ImmediateCopyEngine",
     "MetaArray",
     "MetaDevice",
+    "as_shape",
     "available_host_memory",
-    "make_device",
+    "check_view",
 ]
 
-#: Base-address alignment of the CPU arena, in bytes.
-ARENA_ALIGNMENT = 512
-#: Names accepted by :func:`make_device`.
-DEVICE_NAMES = ("cpu", "meta", "cuda")
 _NAN32 = 0x7FC00000  # float32 quiet NaN bit pattern
 
 
-def _as_shape(shape: int | tuple[int, ...] | list[int]) -> tuple[int, ...]:
+def as_shape(shape: int | tuple[int, ...] | list[int]) -> tuple[int, ...]:
+    """``shape`` as a tuple of ints (an int is a 1-D shape)."""
     if type(shape) is tuple:
         return shape
     if isinstance(shape, (int, np.integer)):
@@ -52,8 +51,9 @@ def _as_shape(shape: int | tuple[int, ...] | list[int]) -> tuple[int, ...]:
     return tuple(map(int, shape))
 
 
-def _check_view(device: Any, offset: int, nbytes: int, shape: tuple[int, ...],
-                dtype: np.dtype) -> None:
+def check_view(device: Any, offset: int, nbytes: int, shape: tuple[int, ...],
+               dtype: np.dtype) -> None:
+    """Raise ``ValueError`` unless ``shape``/``dtype`` fit ``nbytes`` inside the arena."""
     if shape and min(shape) < 0:
         raise ValueError(f"negative dimension in shape {shape}")
     need = math.prod(shape) * dtype.itemsize
@@ -302,7 +302,8 @@ class ImmediateCopyEngine:
 class CpuDevice:
     """Device memory as one preallocated NumPy byte arena of ``capacity`` bytes.
 
-    The arena is ``np.empty`` (pages are touched only when used) with a 512-byte-aligned base.
+    The arena is ``np.empty`` (pages are touched only when used) with a base aligned to
+    the allocation unit (``ALLOCATION_UNIT`` bytes).
     A capacity larger than the host's available memory is refused.
     """
 
@@ -318,8 +319,8 @@ class CpuDevice:
                 f"cpu device capacity {format_size(self.capacity)} ({self.capacity} bytes) is "
                 f"larger than the host's available memory {format_size(avail)} ({avail} bytes); "
                 "choose a smaller device memory")
-        raw = np.empty(self.capacity + ARENA_ALIGNMENT, dtype=np.uint8)
-        shift = (-raw.ctypes.data) % ARENA_ALIGNMENT
+        raw = np.empty(self.capacity + ALLOCATION_UNIT, dtype=np.uint8)
+        shift = (-raw.ctypes.data) % ALLOCATION_UNIT
         self._arena: np.ndarray | None = raw[shift:shift + self.capacity]
         self._copy_engine: CopyEngine | None = None
 
@@ -336,13 +337,13 @@ class CpuDevice:
         if arena is None:
             raise RuntimeError("cpu device is closed")
         dtype = np.dtype(dtype)
-        shape = _as_shape(shape)
-        _check_view(self, offset, nbytes, shape, dtype)
+        shape = as_shape(shape)
+        check_view(self, offset, nbytes, shape, dtype)
         return np.ndarray(shape, dtype, buffer=arena, offset=offset)
 
     def host_empty(self, shape: Any, dtype: Any = np.float32) -> np.ndarray:
         """Ordinary (host) NumPy memory."""
-        return np.empty(_as_shape(shape), dtype)
+        return np.empty(as_shape(shape), dtype)
 
     def fill(self, offset: int, nbytes: int, value: int | float) -> None:
         """Fill arena bytes with a byte value (0..255) or, for ``float('nan')``, float32 NaNs."""
@@ -385,7 +386,7 @@ class MetaArray:
     __slots__ = ("shape", "dtype")
 
     def __init__(self, shape: Any, dtype: Any = np.float32) -> None:
-        self.shape = _as_shape(shape)
+        self.shape = as_shape(shape)
         self.dtype = np.dtype(dtype)
 
     @property
@@ -406,7 +407,7 @@ class MetaArray:
 
     def reshape(self, *shape: Any) -> MetaArray:
         """Same data-less array with another shape of the same size (one ``-1`` allowed)."""
-        new = _as_shape(shape[0] if len(shape) == 1 else shape)
+        new = as_shape(shape[0] if len(shape) == 1 else shape)
         if -1 in new:
             rest = math.prod(d for d in new if d != -1)
             new = tuple(self.size // rest if d == -1 and rest else d for d in new)
@@ -436,8 +437,8 @@ class MetaDevice:
     def view(self, offset: int, nbytes: int, shape: Any, dtype: Any = np.float32) -> MetaArray:
         """A :class:`MetaArray` of ``shape`` and ``dtype`` (bounds checked as on a real device)."""
         dtype = np.dtype(dtype)
-        shape = _as_shape(shape)
-        _check_view(self, offset, nbytes, shape, dtype)
+        shape = as_shape(shape)
+        check_view(self, offset, nbytes, shape, dtype)
         return MetaArray(shape, dtype)
 
     def host_empty(self, shape: Any, dtype: Any = np.float32) -> MetaArray:
@@ -466,28 +467,3 @@ class MetaDevice:
     def __repr__(self) -> str:
         cap = "unlimited" if self.capacity == self.UNLIMITED else format_size(self.capacity)
         return f"MetaDevice(capacity={cap!r})"
-
-
-def make_device(name: str, capacity: int | str | None = None, **kwargs: Any) -> Any:
-    """Build a device by name: ``"cpu"``, ``"meta"``, ``"cuda"`` or ``"cuda:<id>"``.
-
-    ``capacity`` defaults to 256 MiB for cpu, unlimited for meta; cuda needs one.
-    """
-    key = name.strip().lower() if isinstance(name, str) else name
-    if key == "cpu":
-        return CpuDevice("256MiB" if capacity is None else capacity, **kwargs)
-    if key == "meta":
-        return MetaDevice(capacity, **kwargs)
-    if isinstance(key, str) and (key == "cuda" or key.startswith("cuda:")):
-        from .cuda_device import CudaDevice
-
-        if capacity is None:
-            raise ValueError("the cuda device needs a capacity, e.g. make_device('cuda', '4GiB')")
-        if key != "cuda":
-            ident = key.split(":", 1)[1]
-            if not ident.isdigit():
-                raise ValueError(f"invalid device {name!r}: expected 'cuda:<integer id>'")
-            kwargs.setdefault("device_id", int(ident))
-        return CudaDevice(capacity, **kwargs)
-    raise ValueError(f"unknown device {name!r}; valid devices: {', '.join(DEVICE_NAMES)} "
-                     "(or 'cuda:<id>')")

@@ -172,7 +172,7 @@ def check_device(name: str) -> None:
         return
     import importlib.util
 
-    from .memory.device import make_device
+    from .memory.device_factory import make_device
 
     if importlib.util.find_spec("cupy") is None:
         raise RuntimeFailure("--device cuda needs CuPy, which is not installed: pip install "

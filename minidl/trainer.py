@@ -17,7 +17,7 @@ from .graph import Network
 from .kernels.jit import CompileWatch
 from .layers.base import Layer
 from .memory.config import MemoryConfig
-from .memory.device import make_device
+from .memory.device_factory import make_device
 from .memory.pool import DeviceOutOfMemory, Pool
 from .memory.units import format_size, parse_size
 

@@ -13,8 +13,9 @@ from minidl.memory import (
     Pool,
     make_device,
 )
-from minidl.memory.device import ARENA_ALIGNMENT, MetaArray, available_host_memory
+from minidl.memory.device import MetaArray, available_host_memory
 from minidl.memory.pool import replay
+from minidl.memory.units import ALLOCATION_UNIT
 
 
 @pytest.mark.parametrize("bad", [0, -1, "0", "-4MiB", "lots", "12 parsecs", None, 2.5])
@@ -38,7 +39,7 @@ def test_cpu_capacity_parsed_and_arena_aligned():
         assert dev.capacity == 1 << 20
         assert dev.name == "cpu" and dev.has_storage and dev.xp is np
         assert dev.arena.dtype == np.uint8 and dev.arena.size == 1 << 20
-        assert dev.arena.ctypes.data % ARENA_ALIGNMENT == 0
+        assert dev.arena.ctypes.data % ALLOCATION_UNIT == 0
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int8, np.int32, np.float16])
