@@ -13,9 +13,8 @@ from ..kernels.rnn import (
     gru_add_direct,
     gru_cell_backward,
     gru_cell_forward,
-    workspace_bytes,
-    workspace_views,
 )
+from ..kernels.workspace import Layout
 from .base import Layer, ParamSpec, Shape
 
 
@@ -62,19 +61,21 @@ class GRUCell(Layer):
     def stash_specs(self, in_shapes, dtype):
         return {"gates": ((self._batch(in_shapes), 4 * self.hidden_size), dtype)}
 
-    def _fwd_ws_shapes(self, n: int) -> list[Shape]:
+    def _fwd_layout(self, n: int) -> Layout:
+        # the recurrent product, gate-major (3H, N); zeros for the missing bias
         g = 3 * self.hidden_size
-        return [(g, n)] if self.bias else [(g, n), (g,)]
+        return Layout.of(hw_t=(g, n)) if self.bias else Layout.of(hw_t=(g, n), zero_bias=(g,))
 
-    def _bwd_ws_shapes(self, n: int) -> list[Shape]:
+    def _bwd_layout(self, n: int) -> Layout:
+        # gradient of the recurrent product; of gx when not wanted; of the missing bias
         g = 3 * self.hidden_size
-        return [(n, g), (n, g), (g,)]
+        return Layout.of(dgh=(n, g), dgx=(n, g), dbias=(g,))
 
     def forward_workspace_bytes(self, in_shapes, dtype):
-        return workspace_bytes(dtype, *self._fwd_ws_shapes(self._batch(in_shapes)))
+        return self._fwd_layout(self._batch(in_shapes)).nbytes(dtype)
 
     def backward_workspace_bytes(self, in_shapes, dtype):
-        return workspace_bytes(dtype, *self._bwd_ws_shapes(self._batch(in_shapes)))
+        return self._bwd_layout(self._batch(in_shapes)).nbytes(dtype)
 
     def flops(self, in_shapes):
         n, h = self._batch(in_shapes), self.hidden_size
@@ -83,12 +84,12 @@ class GRUCell(Layer):
     def forward(self, ctx, inputs, outputs, params, stash, workspace) -> None:
         gx, h_prev = inputs
         st = stash["gates"]
-        hw_t, *zero_b = workspace_views(workspace, st.dtype,
-                                        *self._fwd_ws_shapes(st.shape[0]))
+        ws = self._fwd_layout(st.shape[0]).carve(workspace, st.dtype)
+        hw_t = ws.hw_t
         if self.bias:
             b = params["bias_hh"]
         else:
-            b = zero_b[0]
+            b = ws.zero_bias
             b.fill(0)
         np.matmul(params["weight_hh"], h_prev.T, out=hw_t)  # gate-major: faster in OpenBLAS
         gru_cell_forward(gx, hw_t, b, h_prev, st, outputs[0])
@@ -98,8 +99,8 @@ class GRUCell(Layer):
         h_prev = inputs[1]
         st = stash["gates"]
         dh = grad_outputs[0] if grad_outputs[0] is not None else np.zeros_like(h_prev)
-        dgh, scratch_dgx, scratch_db = workspace_views(workspace, st.dtype,
-                                                       *self._bwd_ws_shapes(st.shape[0]))
+        ws = self._bwd_layout(st.shape[0]).carve(workspace, st.dtype)
+        dgh, scratch_dgx, scratch_db = ws.dgh, ws.dgx, ws.dbias
         dgx = grad_inputs[0] if grad_inputs[0] is not None else scratch_dgx
         db = grad_params.get("bias_hh", scratch_db) if self.bias else scratch_db
         gru_cell_backward(dh, st, h_prev, dgx, dgh, db)

@@ -13,9 +13,8 @@ import numpy as np
 from ..kernels.rnn import (
     lstm_cell_backward,
     lstm_cell_forward,
-    workspace_bytes,
-    workspace_views,
 )
+from ..kernels.workspace import Layout
 from .base import Layer, ParamSpec, Shape
 
 
@@ -69,20 +68,20 @@ class LSTMCell(Layer):
     def stash_specs(self, in_shapes, dtype):
         return {"gates": ((self._batch(in_shapes), 4 * self.hidden_size), dtype)}
 
-    def _fwd_ws_shapes(self, n: int) -> list[Shape]:
+    def _fwd_layout(self, n: int) -> Layout:
         # the recurrent product, gate-major (4H, N); zeros for the missing bias
         g = 4 * self.hidden_size
-        return [(g, n)] if self.bias else [(g, n), (g,)]
+        return Layout.of(hw_t=(g, n)) if self.bias else Layout.of(hw_t=(g, n), zero_bias=(g,))
 
     def forward_workspace_bytes(self, in_shapes, dtype):
-        return workspace_bytes(dtype, *self._fwd_ws_shapes(self._batch(in_shapes)))
+        return self._fwd_layout(self._batch(in_shapes)).nbytes(dtype)
 
-    def _bwd_ws_shapes(self, n: int) -> list[Shape]:
+    def _bwd_layout(self, n: int) -> Layout:
         # dgates when grad of gx is not wanted; the bias gradient when there is no bias
-        return [(n, 4 * self.hidden_size), (4 * self.hidden_size,)]
+        return Layout.of(dgates=(n, 4 * self.hidden_size), dbias=(4 * self.hidden_size,))
 
     def backward_workspace_bytes(self, in_shapes, dtype):
-        return workspace_bytes(dtype, *self._bwd_ws_shapes(self._batch(in_shapes)))
+        return self._bwd_layout(self._batch(in_shapes)).nbytes(dtype)
 
     def flops(self, in_shapes):
         n, h = self._batch(in_shapes), self.hidden_size
@@ -92,12 +91,12 @@ class LSTMCell(Layer):
         gx, h_prev, c_prev = inputs
         h, c = outputs
         gates = stash["gates"]
-        hw_t, *zero_b = workspace_views(workspace, gates.dtype,
-                                        *self._fwd_ws_shapes(gates.shape[0]))
+        ws = self._fwd_layout(gates.shape[0]).carve(workspace, gates.dtype)
+        hw_t = ws.hw_t
         if self.bias:
             b = params["bias_hh"]
         else:
-            b = zero_b[0]
+            b = ws.zero_bias
             b.fill(0)
         np.matmul(params["weight_hh"], h_prev.T, out=hw_t)
         lstm_cell_forward(hw_t, gx, b, c_prev, gates, h, c)
@@ -108,8 +107,8 @@ class LSTMCell(Layer):
         c = outputs[1]
         gates = stash["gates"]
         dh, dc = (np.zeros_like(c) if g is None else g for g in grad_outputs)
-        scratch_dg, scratch_db = workspace_views(workspace, gates.dtype,
-                                                 *self._bwd_ws_shapes(gates.shape[0]))
+        ws = self._bwd_layout(gates.shape[0]).carve(workspace, gates.dtype)
+        scratch_dg, scratch_db = ws.dgates, ws.dbias
         dgates = grad_inputs[0] if grad_inputs[0] is not None else scratch_dg
         db = grad_params.get("bias_hh", scratch_db) if self.bias else scratch_db
         lstm_cell_backward(dh, dc, gates, c, c_prev, dgates, grad_inputs[2], db)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.rnn import workspace_bytes, workspace_views
+from ..kernels.workspace import Layout
 from .base import Layer, ParamSpec, Shape
 
 
@@ -77,18 +77,19 @@ class RNNInputProjection(Layer):
             specs["bias"] = ParamSpec((self.gate_size,), "uniform", fan_in=h)
         return specs
 
-    def _ws_shapes(self, n: int) -> list[Shape]:
+    def _layout(self, n: int) -> Layout:
+        """``gates``: all steps' projections (or their gradients) in one block; with step
+        inputs, ``inputs``: the steps' inputs gathered into one block."""
         rows = n * self.steps
-        shapes = [(rows, self.gate_size)]
         if self.step_inputs:
-            shapes.append((rows, self.input_size))
-        return shapes
+            return Layout.of(gates=(rows, self.gate_size), inputs=(rows, self.input_size))
+        return Layout.of(gates=(rows, self.gate_size))
 
     def forward_workspace_bytes(self, in_shapes, dtype):
-        return workspace_bytes(dtype, *self._ws_shapes(self._batch(in_shapes)))
+        return self._layout(self._batch(in_shapes)).nbytes(dtype)
 
     def backward_workspace_bytes(self, in_shapes, dtype):
-        return workspace_bytes(dtype, *self._ws_shapes(self._batch(in_shapes)))
+        return self._layout(self._batch(in_shapes)).nbytes(dtype)
 
     def flops(self, in_shapes):
         rows = self._batch(in_shapes) * self.steps
@@ -101,10 +102,10 @@ class RNNInputProjection(Layer):
         b = params["bias"] if self.bias else None
         T, G, I = self.steps, self.gate_size, self.input_size
         n = outputs[0].shape[0]
-        views = workspace_views(workspace, outputs[0].dtype, *self._ws_shapes(n))
-        y = views[0]
+        ws = self._layout(n).carve(workspace, outputs[0].dtype)
+        y = ws.gates
         if self.step_inputs:  # rows in (t, n) order
-            xg = views[1]
+            xg = ws.inputs
             for t in range(T):
                 np.copyto(xg[t * n:(t + 1) * n], inputs[t])
             np.matmul(xg, w.T, out=y)
@@ -130,8 +131,8 @@ class RNNInputProjection(Layer):
         T, G, I = self.steps, self.gate_size, self.input_size
         x0 = inputs[0]
         n = x0.shape[0]
-        views = workspace_views(workspace, x0.dtype, *self._ws_shapes(n))
-        dy = views[0]
+        ws = self._layout(n).carve(workspace, x0.dtype)
+        dy = ws.gates
         if self.step_inputs:
             dblocks = [dy[t * n:(t + 1) * n] for t in range(T)]
         else:
@@ -147,7 +148,7 @@ class RNNInputProjection(Layer):
         if self.bias and "bias" in grad_params:
             np.sum(dy, axis=0, out=grad_params["bias"])
         if self.step_inputs:
-            xg = views[1]
+            xg = ws.inputs
             if "weight" in grad_params:
                 for t in range(T):
                     np.copyto(xg[t * n:(t + 1) * n], inputs[t])
