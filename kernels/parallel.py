@@ -8,7 +8,9 @@ Measured on 2-core machines (see PERFORMANCE-NOTES): two thread pools on the sam
 call after idling); their matrix products are Numba's ``np.dot`` on one thread.
 
 :func:`configure_blas` puts NumPy's and SciPy's OpenBLAS on one thread. The kernels call it
-once on first use unless ``MINIDL_BLAS_THREADS`` is set (then that count is used instead).
+once on first use (:func:`ensure_blas_policy`), with the count :func:`set_thread_policy` gave
+(1 by default). This module reads no environment variable: ``minidl`` passes the
+``MINIDL_NUM_THREADS`` / ``MINIDL_BLAS_THREADS`` settings in (see ``minidl/settings.py``).
 Where threads add up partial results, the parts are fixed by the shapes, never by the
 thread count (the conv kernels' gradient parts), and BLAS never runs multi-threaded: a
 multi-threaded OpenBLAS cuts each product by its thread count, which changed the bits on AMD
@@ -31,14 +33,40 @@ import threading
 import numba
 import numpy as np
 
-_blas_configured = False
+
+class _ThreadPolicy:
+    """The process's thread counts (set through :func:`set_thread_policy`)."""
+
+    num_threads: int | None = None  # None: Numba's thread count
+    blas_threads = 1
+    blas_configured = False
+
+
+def set_thread_policy(num_threads: int | None = None, blas_threads: int = 1) -> None:
+    """Set the threads the kernels split work over (``None``: Numba's thread count) and the
+    BLAS thread count (applied now if BLAS was configured already, else on first use).
+    Process-wide, like ``numba.set_num_threads``; kernels taking ``threads=`` ignore it."""
+    if num_threads is not None and num_threads < 1:
+        raise ValueError(f"num_threads must be at least 1, got {num_threads}")
+    if blas_threads < 1:
+        raise ValueError(f"blas_threads must be at least 1, got {blas_threads}")
+    _ThreadPolicy.num_threads = num_threads
+    if blas_threads != _ThreadPolicy.blas_threads:
+        _ThreadPolicy.blas_threads = blas_threads
+        if _ThreadPolicy.blas_configured:
+            configure_blas(blas_threads)
+
+
+def num_blas_threads() -> int:
+    """The BLAS thread count of the policy (:func:`set_thread_policy`)."""
+    return _ThreadPolicy.blas_threads
 
 
 def num_threads() -> int:
-    """Threads the kernels split work over: ``MINIDL_NUM_THREADS`` or Numba's thread count."""
-    env = os.environ.get("MINIDL_NUM_THREADS")
-    n = int(env) if env else numba.get_num_threads()
-    return max(1, n)
+    """Threads the kernels split work over: the count :func:`set_thread_policy` set, else
+    Numba's thread count."""
+    n = _ThreadPolicy.num_threads
+    return max(1, n if n is not None else numba.get_num_threads())
 
 
 def chunks(n: int, parts: int) -> list[tuple[int, int]]:
@@ -108,17 +136,16 @@ def configure_blas(threads: int = 1) -> None:
 
 
 def ensure_blas_policy() -> None:
-    """Apply :func:`configure_blas` once per process (``MINIDL_BLAS_THREADS`` overrides 1)."""
-    global _blas_configured
-    if _blas_configured:
+    """Apply :func:`configure_blas` once per process (with the policy's BLAS thread count)."""
+    if _ThreadPolicy.blas_configured:
         return
-    _blas_configured = True
+    _ThreadPolicy.blas_configured = True
     # Numba's np.dot binds SciPy's BLAS: load it now so that it is configured too.
     try:
         import scipy.linalg.cython_blas  # noqa: F401
     except ImportError:  # pragma: no cover
         pass
-    configure_blas(int(os.environ.get("MINIDL_BLAS_THREADS", "1")))
+    configure_blas(_ThreadPolicy.blas_threads)
 
 
 def run_tasks(tasks: list, workers: int) -> None:

@@ -5,15 +5,10 @@ Define networks with :class:`Sequential` or the functional builder (:func:`Input
 ...) and ask :func:`dry_run` what any model needs before running it.
 """
 
-import os as _os
+from .settings import Settings, set_openblas_thread_timeout
 
-# OpenBLAS's idle workers spin ~2^28 cycles (~0.1 s) after each threaded call; the fused RNN
-# layers' scheduled (recomputing) path runs BLAS on every core, and the spinning then made the
-# next Numba ``prange`` kernel (the optimizer) 10x slower (char-lstm, when every step ran that
-# way: 122 -> 95 ms per step with 2^22 cycles, ~1.5 ms, still long enough to stay awake between
-# the per-step products). Read when OpenBLAS loads, so it only applies if NumPy was not
-# imported before minidl; an existing setting wins.
-_os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "22")
+# Before anything loads NumPy (OpenBLAS reads it when it loads): see minidl/settings.py.
+set_openblas_thread_timeout()
 
 # the public submodules, reachable as attributes after ``import minidl`` (``minidl.optim.SGD``)
 from . import (  # noqa: E402
@@ -27,6 +22,7 @@ from . import (  # noqa: E402
     optim,
     report,
     rnn,
+    settings,
     text,
     torch_bridge,
     trainer,
@@ -39,6 +35,11 @@ from .memory.config import MemoryConfig  # noqa: E402
 from .memory.pool import DeviceOutOfMemory  # noqa: E402
 from .parameter import Parameter  # noqa: E402
 from .trainer import History, Trainer  # noqa: E402
+
+# The kernels' thread counts: MINIDL_NUM_THREADS / MINIDL_BLAS_THREADS (minidl/settings.py).
+_environment = Settings.from_environment()
+kernels.parallel.set_thread_policy(_environment.num_threads, _environment.blas_threads)
+del _environment
 
 
 def _installed_version() -> str:
@@ -62,6 +63,7 @@ __all__ = [
     "NonFiniteError",
     "Parameter",
     "Sequential",
+    "Settings",
     "ShapeError",
     "Trainer",
     "data",
@@ -75,6 +77,7 @@ __all__ = [
     "optim",
     "report",
     "rnn",
+    "settings",
     "text",
     "torch_bridge",
     "trainer",

@@ -15,11 +15,13 @@ from .engine import Compiled, Engine, PeakInfo
 from .executor import NonFiniteError
 from .graph import Network
 from .kernels.jit import CompileWatch
+from .kernels.parallel import num_blas_threads, set_thread_policy
 from .layers.base import Layer
 from .memory.config import MemoryConfig
 from .memory.device_factory import make_device
 from .memory.pool import DeviceOutOfMemory, Pool
-from .memory.units import format_size, parse_size
+from .memory.units import ALLOCATION_UNIT, format_size, parse_size
+from .settings import Settings
 
 
 def _softmax_ce():
@@ -143,7 +145,9 @@ class Trainer:
     ``device`` is ``"cpu"`` (default; its arena holds ``device_memory`` bytes), ``"cuda"``,
     ``"meta"`` (dry run, no compute) or a device object. ``loss`` defaults to softmax
     cross-entropy over integer labels. ``debug=True`` fills freed blocks with NaN (default:
-    the ``MINIDL_DEBUG_POOL`` environment variable).
+    ``MINIDL_DEBUG_POOL``, see :mod:`minidl.settings`). ``threads`` sets the CPU kernels'
+    thread count, process-wide (default: ``MINIDL_NUM_THREADS`` as applied at import, else
+    Numba's count). ``alignment`` is the pool's allocation unit (plans are made for it).
     """
 
     def __init__(
@@ -159,13 +163,17 @@ class Trainer:
         clip_grad_norm: float | None = None,
         scheduler: Any = None,
         host_memory: int | str | None = None,
+        threads: int | None = None,
+        alignment: int = ALLOCATION_UNIT,
     ) -> None:
         self.net = net
         self.config = MemoryConfig.parse(memory)
         self.device = make_device(device, device_memory) if isinstance(device, str) else device
-        if debug is None:  # MINIDL_DEBUG_POOL=1 turns poisoning on for every trainer
-            debug = os.environ.get("MINIDL_DEBUG_POOL", "") not in ("", "0")
-        self.pool = Pool(self.device, debug=debug)
+        if debug is None:
+            debug = Settings.from_environment().debug_pool
+        if threads is not None:
+            set_thread_policy(threads, num_blas_threads())
+        self.pool = Pool(self.device, alignment=alignment, debug=debug)
         self.loss_layer = loss if loss is not None else _softmax_ce()
         self.optimizer = optimizer if optimizer is not None else _default_optimizer(net)
         self.scheduler = scheduler

@@ -40,7 +40,7 @@ def loops(request, monkeypatch):
     """Run each test with the serial loops and with the chunked parallel loops (every size)."""
     if request.param == "parallel":
         monkeypatch.setattr(ko, "PARALLEL_MIN_SIZE", 0)
-        monkeypatch.setenv("MINIDL_NUM_THREADS", "3")  # more chunks than elements, uneven
+        monkeypatch.setattr(ko, "num_threads", lambda: 3)  # more chunks than elements, uneven
     else:
         monkeypatch.setattr(ko, "PARALLEL_MIN_SIZE", 1 << 62)
     return request.param
@@ -238,8 +238,8 @@ def test_fused_kernels_allocate_no_arrays(loops):
 
 def test_parallel_chunks_cover_every_element(monkeypatch):
     monkeypatch.setattr(ko, "PARALLEL_MIN_SIZE", 0)
-    for threads in ("2", "3", "7"):
-        monkeypatch.setenv("MINIDL_NUM_THREADS", threads)
+    for threads in (2, 3, 7):
+        monkeypatch.setattr(ko, "num_threads", lambda threads=threads: threads)
         for n in (1, 2, 5, 6, 7, 1001):
             p = np.zeros(n, np.float32)
             ko.sgd_update(p, np.ones(n, np.float32), None, 1.0)

@@ -126,7 +126,7 @@ def test_fused_path_bit_identical_to_ufunc_path(config, parallel, monkeypatch):
 
     if parallel:
         monkeypatch.setattr(kernels, "PARALLEL_MIN_SIZE", 0)
-        monkeypatch.setenv("MINIDL_NUM_THREADS", "2")
+        monkeypatch.setattr(kernels, "num_threads", lambda: 2)
     cls, kw = CONFIGS[config]
     fused = _params(2)
     foreign = [Parameter(p.name, p.data.copy().view(_Foreign)) for p in fused]
