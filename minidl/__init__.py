@@ -5,6 +5,8 @@ Define networks with :class:`Sequential` or the functional builder (:func:`Input
 ...) and ask :func:`dry_run` what any model needs before running it.
 """
 
+from importlib.metadata import PackageNotFoundError, version
+
 from .settings import Settings, set_openblas_thread_timeout
 
 # Before anything loads NumPy (OpenBLAS reads it when it loads): see minidl/settings.py.
@@ -29,12 +31,13 @@ from . import (  # noqa: E402
 )
 from .dryrun import dry_run  # noqa: E402
 from .executor import NonFiniteError  # noqa: E402
+from .fitting import History  # noqa: E402
 from .graph import Input, Network, Sequential  # noqa: E402
 from .layers.base import ShapeError  # noqa: E402
 from .memory.config import MemoryConfig  # noqa: E402
 from .memory.pool import DeviceOutOfMemory  # noqa: E402
 from .parameter import Parameter  # noqa: E402
-from .trainer import History, Trainer  # noqa: E402
+from .trainer import Trainer  # noqa: E402
 
 # The kernels' thread counts: MINIDL_NUM_THREADS / MINIDL_BLAS_THREADS (minidl/settings.py).
 _environment = Settings.from_environment()
@@ -44,8 +47,6 @@ del _environment
 
 def _installed_version() -> str:
     """The version in the installed package's metadata (pyproject.toml's ``version``)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("minidl")
     except PackageNotFoundError:  # a source tree on sys.path that was never installed

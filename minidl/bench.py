@@ -26,6 +26,12 @@ from typing import Any
 
 import numpy as np
 
+from .dryrun import auto_device_memory
+from .labels import default_label_shape
+from .optim import SGD
+from .torch_bridge import to_torch
+from .trainer import Trainer
+
 #: Seconds between one framework's block of steps and the other's (spinning threads settle).
 SWITCH_PAUSE_S = 0.2
 
@@ -33,8 +39,6 @@ SWITCH_PAUSE_S = 0.2
 def synthetic_batch(net: Any, shape: tuple[int, ...], batch_size: int, seed: int):
     """One seeded batch for ``net``: Gaussian images (or random tokens for integer inputs)
     and random labels shaped like the output without its class axis."""
-    from .dryrun import default_label_shape
-
     rng = np.random.default_rng(seed)
     batch = (batch_size, *shape)
     num_classes = _num_classes(net, shape, batch_size)
@@ -63,10 +67,6 @@ def run_bench(
     """Train ``steps`` counted steps (+ ``warmup``) per spec on one synthetic batch, the
     configurations alternating in blocks of ``block`` steps (+1 uncounted)."""
     from tqdm.auto import tqdm
-
-    from .dryrun import auto_device_memory
-    from .optim import SGD
-    from .trainer import Trainer
 
     torch = None  # started first: an unusable model factory fails before any minidl work
     if compare_torch:
@@ -198,8 +198,6 @@ def torch_worker() -> None:
 
 def _torch_runner(net: Any, x: np.ndarray, y: np.ndarray, lr: float) -> Callable[[], float]:
     import torch
-
-    from .torch_bridge import to_torch
 
     model = to_torch(net)
     model.train()

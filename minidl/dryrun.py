@@ -4,38 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from .engine import Engine
+from . import report
+from .engine import Engine, micro_shapes
 from .graph import Network
+from .labels import default_label_shape
+from .layers import SoftmaxCrossEntropy
 from .layers.base import Layer
+from .memory.auto import BudgetTooSmall
 from .memory.config import MemoryConfig
 from .memory.device import MetaDevice
 from .memory.pool import Pool
 from .memory.units import ALLOCATION_UNIT
-
-
-def make_optimizer(name: str, params: list, lr: float | None = None,
-                   weight_decay: float = 0.0) -> Any:
-    """An optimizer by CLI name: ``sgd`` (momentum 0.9, default lr 0.05), ``adam`` and
-    ``adamw`` (default lr 1e-3)."""
-    from . import optim
-
-    name = name.lower()
-    if name == "sgd":
-        return optim.SGD(params, lr=0.05 if lr is None else lr, momentum=0.9,
-                         weight_decay=weight_decay)
-    if name == "adam":
-        return optim.Adam(params, lr=1e-3 if lr is None else lr, weight_decay=weight_decay)
-    if name == "adamw":
-        return optim.AdamW(params, lr=1e-3 if lr is None else lr, weight_decay=weight_decay)
-    raise ValueError(f"unknown optimizer {name!r}; valid: sgd, adam, adamw")
-
-
-def default_label_shape(net: Network, batch: tuple[int, ...]) -> tuple[int, ...]:
-    """Integer class labels for the network's output: its shape without the class axis
-    ((N,) for (N, K) logits, (N, T) for a sequence model's (N, T, V))."""
-    unrolled = net.for_shapes([batch])
-    shapes, _ = unrolled.infer([batch])
-    return tuple(shapes[unrolled.output_values[0]][:-1])
+from .optim import make_optimizer
 
 
 def dry_run(
@@ -64,8 +44,6 @@ def dry_run(
     planner's) is drawn as a line on the ``plot``. ``alignment`` is the allocation unit of the
     pool to simulate (that of the real run's pool).
     """
-    from .layers import SoftmaxCrossEntropy
-
     config = MemoryConfig.parse(memory)
     shape = tuple(input_shape) if input_shape is not None else net.input_shapes[0]
     if shape is None:
@@ -79,22 +57,18 @@ def dry_run(
     split = engine.split_for([batch], labels) if training else 1
     micro = -(-int(batch_size) // split)
     if split > 1:
-        from .engine import micro_shapes
-
         shapes, labels = micro_shapes([batch], labels, micro)
         c = engine.compiled(shapes, labels, training=True, accumulate=True)
     else:
         c = engine.compiled([batch], labels, training=training)
     c.executor.run([None, None], training=training, record=True)
     info = engine.peak_info(c)
-    from .report import layer_table, plot_timeline, save_trace, timeline
-    from .trainer import strategy_costs
-
     if plot:
-        plot_timeline(timeline(c), plot, f"{net.name}, batch {batch_size}, {config.spec}",
-                      budget=budget if budget is not None else config.budget)
+        report.plot_timeline(report.timeline(c), plot,
+                             f"{net.name}, batch {batch_size}, {config.spec}",
+                             budget=budget if budget is not None else config.budget)
     if trace:
-        save_trace(c, trace, measured=False)
+        report.save_trace(c, trace, measured=False)
     swap = c.executor.last_runtime.swap_stats.as_dict()
     swap["host_peak_bytes"] = engine.host_pool.peak_bytes
     stats = pool.stats()
@@ -122,8 +96,8 @@ def dry_run(
         "notes": ([f"batch split into {split} micro-batches of {micro} (moDNN); the peak and "
                    f"the layer table are one micro-batch's"] if split > 1 else [])
         + list(c.plan.notes),
-        "layers": layer_table(c),
-        **{k: v for k, v in strategy_costs(c).items() if k == "bptt"},
+        "layers": report.layer_table(c),
+        **{k: v for k, v in report.strategy_costs(c).items() if k == "bptt"},
     }
 
 
@@ -146,8 +120,6 @@ def max_batch_size(make_net, input_shape: tuple[int, ...], memory: str | MemoryC
     bisecting. With ``auto`` in the spec, the planner may also split batches (up to 64
     micro-batches). Returns ``max_batch_size`` (0 if even batch 1 does not fit) and the report
     of that batch's dry run."""
-    from .memory.auto import BudgetTooSmall
-
     reports: dict[int, dict[str, Any] | None] = {}
 
     def fits(b: int) -> bool:
@@ -185,8 +157,6 @@ def suggest_specs(make_net, batch_size: int, input_shape: tuple[int, ...], capac
                   optimizer: str = "sgd") -> list[dict[str, Any]]:
     """Memory specs whose dry-run reserved peak fits ``capacity`` bytes, with their peaks, and
     the auto planner's plan for that budget if it finds one."""
-    from .memory.auto import BudgetTooSmall
-
     out = []
     for spec in (*SUGGESTIONS, f"auto,budget={capacity}"):
         try:

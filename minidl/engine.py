@@ -17,6 +17,7 @@ from .graph import Network
 from .kernels.parallel import ensure_blas_policy
 from .layers.base import Layer
 from .lowering import Lowered, lower
+from .memory.auto import BudgetTooSmall
 from .memory.config import MemoryConfig
 from .memory.host_pool import HostPool
 from .memory.plan import Plan
@@ -161,8 +162,6 @@ class Engine:
                         for p in self.net.bptt_candidates(steps)]
             else:
                 nets = [(None, self.net.for_shapes(batch_shapes, memory=self.config))]
-            from .memory.auto import BudgetTooSmall
-
             for i, (policy, net) in enumerate(nets):
                 lowered = lower(net, list(batch_shapes), loss=self.loss,
                                 label_shape=label_shape, label_dtype=label_dtype,
@@ -212,8 +211,6 @@ class Engine:
             raise ValueError(BATCH_STATS_SPLIT)
         if k is not None or not self.config.has("auto"):
             return k or 1
-        from .memory.auto import BudgetTooSmall
-
         batch = batch_shapes[0][0]
         if batch_stats:
             try:

@@ -12,8 +12,10 @@ import re
 from collections.abc import Callable
 
 from . import layers as L
+from .builder import named as _named
 from .graph import Input, Network
 from .layers.base import Layer, Symbol
+from .rnn import char_rnn
 
 Shape = tuple[int, ...]
 
@@ -32,11 +34,6 @@ class _Builder:
 
     def shape(self, s: Symbol) -> Shape:
         return self.shapes[id(s)][1:]
-
-
-def _named(layer: Layer, name: str) -> Layer:
-    layer.name = name
-    return layer
 
 
 def smallcnn(input_shape: Shape = (1, 28, 28), num_classes: int = 10, width: int = 32) -> Network:
@@ -277,8 +274,6 @@ def get_model(name: str, input_shape: Shape | None = None, num_classes: int = 10
     """Build a reference model by name (``resnet<N>`` for any valid depth N)."""
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     if name in TEXT_MODELS:
-        from .rnn import char_rnn
-
         steps = int(input_shape[0]) if input_shape is not None else 64
         hidden = kwargs.get("width", 256)
         return char_rnn(num_classes, hidden, hidden, 2, steps=steps, cell=name.split("-")[1],

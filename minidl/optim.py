@@ -359,3 +359,18 @@ class CosineAnnealingLR(LRScheduler):
     def schedule_lr(self, t: int) -> float:
         cos = (1 + math.cos(math.pi * t / self.T_max)) / 2
         return self.eta_min + (self.base_lr - self.eta_min) * cos
+
+
+def make_optimizer(name: str, params: list, lr: float | None = None,
+                   weight_decay: float = 0.0) -> Optimizer:
+    """An optimizer by CLI name: ``sgd`` (momentum 0.9, default lr 0.05), ``adam`` and
+    ``adamw`` (default lr 1e-3)."""
+    name = name.lower()
+    if name == "sgd":
+        return SGD(params, lr=0.05 if lr is None else lr, momentum=0.9,
+                   weight_decay=weight_decay)
+    if name == "adam":
+        return Adam(params, lr=1e-3 if lr is None else lr, weight_decay=weight_decay)
+    if name == "adamw":
+        return AdamW(params, lr=1e-3 if lr is None else lr, weight_decay=weight_decay)
+    raise ValueError(f"unknown optimizer {name!r}; valid: sgd, adam, adamw")

@@ -9,6 +9,7 @@ from typing import Any
 from .engine import Compiled
 from .memory.liveness import lifetimes, root_of
 from .memory.timeline import category_series, chrome_trace, write_chrome_trace
+from .memory.units import format_size
 
 
 def layer_table(c: Compiled) -> list[dict[str, Any]]:
@@ -49,8 +50,6 @@ def layer_table(c: Compiled) -> list[dict[str, Any]]:
 
 
 def format_layer_table(rows: list[dict[str, Any]]) -> str:
-    from .memory.units import format_size
-
     lines = [f"{'layer':<28}{'kind':<10}{'output':>14}{'stash':>12}  kept for backward as"]
     for r in rows:
         lines.append(f"{r['layer']:<28}{r['kind']:<10}{format_size(r['output_bytes']):>14}"
@@ -122,3 +121,48 @@ def plot_timeline(series: dict[str, Any], path: str, title: str = "",
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def strategy_costs(c: Any) -> dict[str, Any]:
+    """What recomputation and compression cost in the last iteration: recomputed FLOPs and
+    seconds, the BPTT schedule of each fused recurrent layer (states kept, units computed),
+    encode / decode seconds, and per encoded stash its codec, size ratio and (for sparse)
+    measured density."""
+    prog = c.plan.program
+    times = c.executor.step_times
+    out: dict[str, Any] = {}
+    if prog.meta.get("recomputed_steps"):
+        out["recompute"] = {
+            "flops": int(prog.meta["recomputed_flops"]),
+            "steps": int(prog.meta["recomputed_steps"]),
+            "time_s": float(sum(t for s, t in zip(prog.steps, times) if s.phase == "recompute")),
+        }
+    bptt = []
+    for ex in c.lowered.steps:
+        sched = getattr(ex.layer, "schedule", None)
+        if ex.phase == "forward" and sched is not None:
+            bptt.append({"layer": ex.name, "policy": sched.policy, "units": sched.units,
+                         "unit_steps": ex.layer.unit_steps, "states_kept": sched.max_stored,
+                         "unit_forwards": sched.unit_forwards,
+                         "recomputed_flops": ex.layer.recompute_flops(ex.in_shapes)})
+    if bptt:
+        out["bptt"] = bptt
+    encodes = [s for s in prog.steps if s.phase == "encode"]
+    if encodes:
+        per = []
+        for s in encodes:
+            src = prog.tensors[s.attrs["source"]]
+            enc = s.writes[0]
+            row = {"tensor": src.name, "codec": s.attrs["codec"],
+                   "ratio": src.nbytes / max(prog.tensors[enc].nbytes, 1)}
+            if src.name in c.executor.densities:
+                row["density"] = c.executor.densities[src.name]
+            per.append(row)
+        out["compression"] = {
+            "encode_time_s": float(sum(t for s, t in zip(prog.steps, times)
+                                       if s.phase == "encode")),
+            "decode_time_s": float(sum(t for s, t in zip(prog.steps, times)
+                                       if s.phase == "decode")),
+            "stashes": per,
+        }
+    return out

@@ -26,12 +26,13 @@ from typing import Any
 import numpy as np
 
 from . import layers as L
+from .builder import named
 from .graph import Input, Network
 from .layers.base import Layer, Symbol
 from .memory import bptt
 from .memory.config import MemoryConfig
-from .models import _named
 from .parameter import Parameter
+from .text import sequence_batches
 
 #: Time steps per unit of the fused layers' loops and schedules: the weight-gradient GEMMs
 #: then run on N*16 rows (512 for batch 32, ~95% of OpenBLAS's large-GEMM rate here).
@@ -102,8 +103,8 @@ def recurrent(store: ParameterStore, x: Symbol, cell: str, input_size: int, hidd
         store.bind(proj, {"weight": f"{name}.weight_ih_l{k}", "bias": f"{name}.bias_ih_l{k}"})
         gx = proj(x) if k == 0 else proj(*hs)
         gx = list(gx) if isinstance(gx, tuple) else [gx]
-        h = _named(L.ZeroState(hidden_size), f"{name}.l{k}.h0")(x)
-        c = _named(L.ZeroState(hidden_size), f"{name}.l{k}.c0")(x) if cell == "lstm" else None
+        h = named(L.ZeroState(hidden_size), f"{name}.l{k}.h0")(x)
+        c = named(L.ZeroState(hidden_size), f"{name}.l{k}.c0")(x) if cell == "lstm" else None
         hs = []
         for t in range(steps):
             layer = L.LSTMCell(hidden_size) if cell == "lstm" else L.GRUCell(hidden_size)
@@ -209,12 +210,12 @@ def char_rnn(vocab_size: int = 65, embedding_dim: int = 256, hidden_size: int = 
             y = recurrent_fused(store, x, cell, embedding_dim, hidden_size, num_layers, T,
                                 name=cell, policy=policy, vocab_size=vocab_size, dtype=dtype)
         else:
-            emb = store.bind(_named(L.Embedding(vocab_size, embedding_dim, dtype=dtype),
+            emb = store.bind(named(L.Embedding(vocab_size, embedding_dim, dtype=dtype),
                                     "embedding"), {"weight": "embedding.weight"})
             hs = recurrent(store, emb(x), cell, embedding_dim, hidden_size, num_layers, T,
                            name=cell)
-            y = _named(L.TimeStack(), "stack")(*hs) if T > 1 else hs[0]
-        fc = store.bind(_named(L.Linear(hidden_size, vocab_size), "fc"),
+            y = named(L.TimeStack(), "stack")(*hs) if T > 1 else hs[0]
+        fc = store.bind(named(L.Linear(hidden_size, vocab_size), "fc"),
                         {"weight": "fc.weight", "bias": "fc.bias"})
         return x, fc(y)
 
@@ -230,10 +231,10 @@ def sequence_classifier(vocab_size: int, num_classes: int, embedding_dim: int = 
 
     def build(store: ParameterStore, T: int, policy: str | None):
         x = Input((T,), dtype="int64", name="tokens")
-        emb = store.bind(_named(L.Embedding(vocab_size, embedding_dim), "embedding"),
+        emb = store.bind(named(L.Embedding(vocab_size, embedding_dim), "embedding"),
                          {"weight": "embedding.weight"})
         hs = recurrent(store, emb(x), cell, embedding_dim, hidden_size, num_layers, T, cell)
-        fc = store.bind(_named(L.Linear(hidden_size, num_classes), "fc"),
+        fc = store.bind(named(L.Linear(hidden_size, num_classes), "fc"),
                         {"weight": "fc.weight", "bias": "fc.bias"})
         return x, fc(hs[-1])
 
@@ -246,8 +247,6 @@ def train_language_model(trainer: Any, data: Any, batch_size: int, seq_len: int,
     """Train on random windows of ``data.train`` for ``steps`` steps, then report validation
     loss (nats per character) and perplexity on ``eval_batches`` fixed windows of ``data.val``."""
     from tqdm.auto import tqdm
-
-    from .text import sequence_batches
 
     losses, times = [], []
     t0 = time.perf_counter()

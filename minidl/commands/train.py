@@ -1,0 +1,192 @@
+"""``minidl train``: train a reference model on a dataset and print its memory report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+from .. import data as D
+from ..dryrun import auto_device_memory, suggest_specs
+from ..memory.pool import DeviceOutOfMemory
+from ..models import TEXT_MODELS, default_input_shape
+from ..optim import CosineAnnealingLR, StepLR, make_optimizer
+from ..rnn import train_language_model
+from ..text import TEXT_DATASETS, load_text_dataset
+from ..trainer import Trainer, check_writable
+from .common import (
+    RuntimeFailure,
+    UsageError,
+    build_model,
+    check_device,
+    format_bytes,
+    parse_chw,
+    parse_memory,
+    print_memory_report,
+    with_budget,
+)
+
+
+def _save(trainer, path: str) -> None:
+    try:
+        trainer.save(path)
+    except OSError as e:
+        raise RuntimeFailure(f"cannot write checkpoint {path}: {e}") from None
+
+
+def cmd_train_text(args: argparse.Namespace, spec) -> int:
+    """Character-level language model on Shakespeare (or synthetic text)."""
+    name = "synthetic-text" if args.dataset == "synthetic" else args.dataset
+    if name not in TEXT_DATASETS:
+        raise UsageError(f"unknown dataset {args.dataset!r} for {args.model}; valid: "
+                         f"{', '.join(TEXT_DATASETS)}")
+    try:
+        ds = load_text_dataset(name)
+    except (ImportError, OSError, ValueError) as e:
+        raise RuntimeFailure(f"cannot load dataset {name!r}: {e}") from None
+    net = build_model(args.model, (args.seq_len,), ds.vocab_size, args.width)
+    opt = make_optimizer(args.optimizer, net.parameters(), args.lr, 0.0)
+    device_memory = args.device_memory
+    if device_memory == "auto":
+        device_memory = spec.budget or auto_device_memory(net, args.batch_size, spec,
+                                                          args.optimizer, (args.seq_len,))
+    trainer = Trainer(net, opt, memory=spec, device=args.device, device_memory=device_memory,
+                      seed=args.seed, clip_grad_norm=5.0, host_memory=args.host_memory)
+    steps = args.max_steps or max(1, args.epochs) * 100
+    if not args.json:
+        print(f"training {net.name} ({net.num_parameters():,} parameters) on {ds.name}: "
+              f"{len(ds.train):,} train / {len(ds.val):,} validation characters, vocabulary "
+              f"{ds.vocab_size}, seq-len {args.seq_len}, batch {args.batch_size}, {steps} steps, "
+              f"memory {spec.spec!r}", file=sys.stderr)
+    res = train_language_model(trainer, ds, args.batch_size, args.seq_len, steps,
+                               progress=not args.no_progress, seed=args.seed)
+    if args.save:
+        _save(trainer, args.save)
+    rep = trainer.memory_report()
+    result = {"model": args.model, "dataset": ds.name, "memory": spec.spec,
+              "losses": res["losses"], "final_loss": res["losses"][-1],
+              "val_loss": res["val_loss"], "val_perplexity": res["val_perplexity"],
+              "peak_allocated_bytes": rep["peak_allocated_bytes"],
+              "peak_reserved_bytes": rep["peak_reserved_bytes"],
+              "step_time_median_s": float(np.median(res["step_times"])),
+              "wall_time_s": res["wall_time_s"], "steps": steps, "memory_report": rep}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"steps: {steps}, final training loss {result['final_loss']:.4f}, median step "
+              f"{1000 * result['step_time_median_s']:.1f} ms, wall time {res['wall_time_s']:.1f} s")
+        print(f"validation loss {res['val_loss']:.4f} nats/char, perplexity "
+              f"{res['val_perplexity']:.2f}")
+        print_memory_report(rep)
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    defaults = D.train_defaults(args.dataset)
+    if args.epochs is None:
+        args.epochs = defaults.epochs
+    if args.weight_decay is None:
+        args.weight_decay = defaults.weight_decay
+    spec = parse_memory(with_budget(args.memory, args.budget))
+    check_device(args.device)
+    if args.save:
+        try:
+            check_writable(args.save)
+        except OSError as e:
+            raise UsageError(f"--save {args.save}: {e}") from None
+    if args.model in TEXT_MODELS:
+        return cmd_train_text(args, spec)
+    if args.dataset not in D.DATASETS:
+        raise UsageError(f"unknown dataset {args.dataset!r}; valid: {', '.join(D.DATASETS)}")
+    if args.dataset == "idx" and args.data_dir is None:
+        raise UsageError("--dataset idx needs --data-dir DIR, a folder of MNIST-format idx files "
+                         "(train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-...)")
+    if args.data_dir is not None and not os.path.isdir(args.data_dir):
+        raise UsageError(f"--data-dir {args.data_dir}: no such folder")
+    input_shape = parse_chw(args.input)
+    if args.dataset == "synthetic" and input_shape is None:
+        input_shape = default_input_shape(args.model)
+    try:
+        ds = D.load_dataset(args.dataset, data_dir=args.data_dir, input_shape=input_shape,
+                            seed=args.seed)
+    except (ImportError, OSError, ValueError) as e:
+        raise RuntimeFailure(f"cannot load dataset {args.dataset!r}: {e}") from None
+    if defaults.standardize:
+        ds.standardize()
+    net = build_model(args.model, ds.input_shape, ds.num_classes, args.width)
+    try:
+        opt = make_optimizer(args.optimizer, net.parameters(), args.lr, args.weight_decay)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    scheduler = None
+    if args.schedule == "cosine":
+        scheduler = CosineAnnealingLR(opt, T_max=args.epochs)
+    elif args.schedule == "step":
+        scheduler = StepLR(opt, step_size=max(1, args.epochs // 3))
+    device_memory = args.device_memory
+    if device_memory == "auto" and spec.budget is not None:
+        device_memory = spec.budget
+    elif device_memory == "auto":
+        device_memory = auto_device_memory(net, args.batch_size, spec, args.optimizer,
+                                           ds.input_shape)
+    try:
+        trainer = Trainer(net, opt, memory=spec, device=args.device, device_memory=device_memory,
+                          seed=args.seed, scheduler=scheduler, host_memory=args.host_memory)
+    except RuntimeError as e:  # the cuda device without a GPU
+        raise RuntimeFailure(str(e)) from None
+    if not args.json:
+        print(f"training {net.name} ({net.num_parameters():,} parameters) on {ds.name}: "
+              f"{len(ds.x_train)} train / {len(ds.x_test)} test samples, input "
+              f"{'x'.join(map(str, ds.input_shape))}"
+              f"{' (standardised with the train mean/std)' if ds.mean is not None else ''}, "
+              f"{args.epochs} epochs of batch {args.batch_size}, memory "
+              f"{spec.spec!r}, {trainer.device.name} device with "
+              f"{format_bytes(trainer.device.capacity)}",
+              file=sys.stderr)
+    t0 = time.perf_counter()
+    try:
+        hist = trainer.fit(ds, epochs=args.epochs, batch_size=args.batch_size,
+                           max_steps=args.max_steps, progress=not args.no_progress)
+    except DeviceOutOfMemory as e:
+        fits = suggest_specs(lambda: build_model(args.model, ds.input_shape, ds.num_classes,
+                                            args.width), args.batch_size, ds.input_shape,
+                             trainer.device.capacity, args.optimizer)
+        e.suggestions = fits
+        raise
+    wall = time.perf_counter() - t0
+    if args.save:
+        _save(trainer, args.save)
+    rep = trainer.memory_report()
+    result = {
+        "model": args.model,
+        "dataset": ds.name,
+        "memory": spec.spec,
+        "losses": hist.losses,
+        "final_loss": hist.losses[-1] if hist.losses else None,
+        "test_loss": hist.test_loss,
+        "test_accuracy": hist.test_accuracy,
+        "peak_allocated_bytes": rep["peak_allocated_bytes"],
+        "peak_reserved_bytes": rep["peak_reserved_bytes"],
+        "step_time_median_s": float(np.median(hist.step_times)) if hist.step_times else None,
+        "wall_time_s": wall,
+        "steps": len(hist.losses),
+        "epochs": args.epochs,
+        "weight_decay": args.weight_decay,
+        "input_mean": ds.mean,
+        "input_std": ds.std,
+        "memory_report": rep,
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"steps: {len(hist.losses)}, final training loss {result['final_loss']:.4f}, "
+              f"median step {1000 * (result['step_time_median_s'] or 0):.1f} ms, "
+              f"wall time {wall:.1f} s")
+        if hist.test_accuracy is not None:
+            print(f"test loss {hist.test_loss:.4f}, test accuracy {100 * hist.test_accuracy:.2f}%")
+        print_memory_report(rep)
+    return 0
