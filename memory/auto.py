@@ -14,7 +14,7 @@ throughput. Offsets are then planned statically (no fragmentation: the budget is
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .base_plan import base_plan, plan_peak
 from .config import MemoryConfig
@@ -188,10 +188,7 @@ def auto_choose(program: Program, budget: int | None, step_times: list[float] | 
 
 
 def _recompute_time(plan: Plan, costs: list[float]) -> float:
-    prog = plan.program
-    if prog.origins is None:
-        return 0.0
-    return sum(costs[o] for o, s in zip(prog.origins, prog.steps) if s.phase == "recompute")
+    return sum(costs[s.origin] for s in plan.program.steps if s.phase == "recompute")
 
 
 def auto_plan(program: Program, budget: int | None, step_times: list[float] | None = None,
@@ -217,11 +214,9 @@ def auto_plan(program: Program, budget: int | None, step_times: list[float] | No
                else "a larger budget, a smaller batch or batch splitting (split=K) would fit"))
     plan = static_plan(plan, base=program.persistent_bytes())
     how = "measured step times" if measured else "cost model: FLOPs at an assumed rate"
-    plan.notes.insert(0, (
+    plan = plan.with_notes(
         f"auto: budget {budget:,} B; {len(choice.swapped)} feature maps swapped, "
         f"{len(choice.dropped)} layers recomputed; estimated overhead "
         f"{1000 * choice.extra_time_s:.1f} ms per iteration ({how})"
-        if budget is not None else "auto without a budget: reuse,inplace,static"))
-    plan.measured = measured
-    plan.auto = choice
-    return plan
+        if budget is not None else "auto without a budget: reuse,inplace,static", first=True)
+    return replace(plan, measured=measured, auto=choice)

@@ -25,14 +25,14 @@ import math
 from dataclasses import replace
 
 from ..kernels import bitpack, poolidx, precision, sparse
-from .program import Program, StepSpec, TensorSpec
+from .program import Program, Step, TensorSpec
 
 #: Density (fraction of non-zeros) assumed for ReLU outputs before any is measured.
 ASSUMED_DENSITY = 0.5
 
 
-def _backward_readers(program: Program) -> dict[int, list[StepSpec]]:
-    out: dict[int, list[StepSpec]] = {}
+def _backward_readers(program: Program) -> dict[int, list[Step]]:
+    out: dict[int, list[Step]] = {}
     for st in program.steps:
         if st.phase in ("backward", "recompute"):
             for t in st.reads:
@@ -130,52 +130,33 @@ def compress_program(program: Program, binarize: bool = False, use_sparse: bool 
     for t in dec_of:
         decode_before.setdefault(readers[t][0].index, []).append(t)
 
-    old_origins = program.origins or list(range(len(program.steps)))
-    old_remaps = program.remaps or [{} for _ in program.steps]
-    steps: list[StepSpec] = []
-    origins: list[int] = []
-    remaps: list[dict[int, int]] = []
+    steps: list[Step] = []
 
-    def emit(st: StepSpec, origin: int, remap: dict[int, int]) -> None:
+    def emit(st: Step) -> None:
         steps.append(replace(st, index=len(steps)))
-        origins.append(origin)
-        remaps.append(remap)
 
     for i, st in enumerate(program.steps):
         for t in decode_before.get(i, []):
             codec, attrs = plan[t]
-            emit(StepSpec(0, "decode", tensors[t].layer, "decode", -1, (enc_of[t],),
-                          (dec_of[t],), attrs={"codec": codec, "source": t}), -1, {})
-        remap = dict(old_remaps[i])
-        new_reads = list(st.reads)
-        attrs = dict(st.attrs)
+            emit(Step(0, "decode", tensors[t].layer, "decode", -1, (enc_of[t],), (dec_of[t],),
+                      attrs={"codec": codec, "source": t}))
         if st.phase in ("backward", "recompute"):
-            for j, t in enumerate(st.reads):
-                if t in dec_of:
-                    new_reads[j] = dec_of[t]
-                    remap[_orig(old_remaps[i], t)] = dec_of[t]
-                elif t in enc_of:  # consumed encoded by the step's own codec backward
-                    codec, _ = plan[t]
-                    new_reads[j] = enc_of[t]
-                    attrs["codec_backward"] = codec
-                    attrs["encoded"] = enc_of[t]
-        emit(replace(st, reads=tuple(new_reads), attrs=attrs), old_origins[i], remap)
+            decoded = {t: dec_of[t] for t in st.reads if t in dec_of}
+            consumed = [t for t in st.reads if t in enc_of and t not in dec_of]
+            if consumed:  # read encoded by the step's own codec backward
+                t = consumed[0]
+                st = replace(st, reads=tuple(enc_of[r] if r == t else r for r in st.reads),
+                             attrs={**st.attrs, "codec_backward": plan[t][0],
+                                    "encoded": enc_of[t]})
+            st = st.remapped(decoded)
+        emit(st)
         for t in encode_after.get(i, []):
             codec, a = plan[t]
-            emit(StepSpec(0, "encode", tensors[t].layer, "encode", -1, (t,), (enc_of[t],),
-                          attrs={"codec": codec, "source": t, **a}), -1, {})
+            emit(Step(0, "encode", tensors[t].layer, "encode", -1, (t,), (enc_of[t],),
+                      attrs={"codec": codec, "source": t, **a}))
 
     meta = dict(program.meta)
     meta["encoded"] = {tensors[t].name: codec for t, (codec, _) in plan.items()}
     meta["sparse_densities"] = {name: d for name, d in notes}
     return Program(tensors=tensors, steps=steps, inputs=list(program.inputs), loss=program.loss,
-                   training=program.training, meta=meta, origins=origins, remaps=remaps,
-                   alignment=program.alignment)
-
-
-def _orig(remap: dict[int, int], t: int) -> int:
-    """The lowered program's id of ``t`` (undoing an earlier rewrite's substitution)."""
-    for k, v in remap.items():
-        if v == t:
-            return k
-    return t
+                   training=program.training, meta=meta, alignment=program.alignment)

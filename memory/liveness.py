@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .plan import Action, Plan, StepPlan
+from .plan import Action, Alloc, Free, Plan, StepPlan
 from .program import Program
 
 
@@ -69,18 +69,19 @@ def liveness_plan(program: Program, aliases: dict[int, int] | None = None,
             span[r][1] = max(span[r][1], last)
         else:
             span[r] = [lt.first, last]
-    steps = [StepPlan() for _ in program.steps]
+    before: list[list[Action]] = [[] for _ in program.steps]
+    after: list[list[Action]] = [[] for _ in program.steps]
     begin: list[Action] = []
     end: list[Action] = []
     for r, (first, last) in sorted(span.items(), key=lambda kv: (kv[1][0], kv[0])):
-        (begin if first < 0 else steps[first].before).append(Action("alloc", r))
-        (end if last >= len(program.steps) or last < 0 else steps[last].after).append(
-            Action("free", r))
+        (begin if first < 0 else before[first]).append(Alloc(r))
+        (end if last >= len(program.steps) or last < 0 else after[last]).append(Free(r))
     # aliased tensors get views at their own first use and drop them after their last use
     for t in sorted(aliases):
         lt = life.get(t)
         if lt is None:
             continue
-        steps[lt.first].before.append(Action("alloc", t))
-        steps[lt.last].after.insert(0, Action("free", t))
+        before[lt.first].append(Alloc(t))
+        after[lt.last].insert(0, Free(t))
+    steps = [StepPlan(b, a) for b, a in zip(before, after)]
     return Plan(program=program, steps=steps, begin=begin, end=end, aliases=aliases)

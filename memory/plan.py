@@ -1,64 +1,135 @@
-"""Plans are data: per step, the memory actions to run before and after its compute."""
+"""Plans are data: per step, the memory actions to run before and after its compute.
+
+Actions are typed records (:data:`Action`), carried out by
+:class:`~minidl.memory.runtime.MemoryRuntime`. A :class:`Plan` is frozen: a pass that changes
+a plan returns a new one (:func:`dataclasses.replace`), so a plan once made never changes
+under the executor that runs it.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, ClassVar, Union
 
 from .program import Program
 
-#: Memory actions the runtime understands. ``offload`` / ``release`` / ``prefetch`` /
-#: ``await`` move a block to host memory and back (see :mod:`.swap`).
-ACTIONS = ("alloc", "free", "offload", "release", "prefetch", "await")
+if TYPE_CHECKING:
+    from .auto import AutoChoice
 
 
 @dataclass(frozen=True)
-class Action:
-    """One memory action on one tensor (``op`` in :data:`ACTIONS`). ``arg`` carries an
-    op-specific detail (e.g. a planned offset for a static plan, or the tensor an in-place
-    output aliases)."""
+class Alloc:
+    """Put ``tensor`` (a block, or a view of its alias's block) on the device, at ``offset``
+    when a static plan placed it (-1: the pool chooses)."""
 
-    op: str
     tensor: int
-    arg: int = -1
-
-    def __repr__(self) -> str:
-        return f"{self.op}({self.tensor}{'' if self.arg < 0 else f', {self.arg}'})"
+    offset: int = -1
+    op: ClassVar[str] = "alloc"
 
 
-@dataclass
+@dataclass(frozen=True)
+class Free:
+    """Return ``tensor``'s block (or drop its alias view)."""
+
+    tensor: int
+    op: ClassVar[str] = "free"
+
+
+@dataclass(frozen=True)
+class Offload:
+    """Start copying ``tensor``'s block to host memory (the copy engine; asynchronous)."""
+
+    tensor: int
+    op: ClassVar[str] = "offload"
+
+
+@dataclass(frozen=True)
+class Release:
+    """Wait for ``tensor``'s offload, then free its device block (or keep it cached)."""
+
+    tensor: int
+    op: ClassVar[str] = "release"
+
+
+@dataclass(frozen=True)
+class Prefetch:
+    """Allocate ``tensor``'s block again (at ``offset`` if planned) and start copying it back."""
+
+    tensor: int
+    offset: int = -1
+    op: ClassVar[str] = "prefetch"
+
+
+@dataclass(frozen=True)
+class Await:
+    """Wait until ``tensor``'s prefetch has arrived (the stall, if any)."""
+
+    tensor: int
+    op: ClassVar[str] = "await"
+
+
+#: Every memory action a plan can hold.
+Action = Union[Alloc, Free, Offload, Release, Prefetch, Await]  # noqa: UP007 - a runtime alias
+ACTIONS = (Alloc, Free, Offload, Release, Prefetch, Await)
+#: Actions that put a block on the device, and those that take it off.
+STARTS = (Alloc, Prefetch)
+ENDS = (Free, Release)
+
+
+@dataclass(frozen=True)
 class StepPlan:
-    before: list[Action] = field(default_factory=list)
-    after: list[Action] = field(default_factory=list)
+    """The actions run before a step's compute and after it."""
+
+    before: tuple[Action, ...] = ()
+    after: tuple[Action, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "before", tuple(self.before))
+        object.__setattr__(self, "after", tuple(self.after))
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
     """What to do with memory around every step of a program.
 
     ``begin`` runs before the first step and ``end`` after the last. ``aliases`` maps a tensor
     to the tensor whose memory it shares (in-place ops); an aliased tensor is never allocated
-    or freed itself. ``notes`` are human-readable facts about the policy's choices.
+    or freed itself (read-only, as the whole plan). ``notes`` are human-readable facts about
+    the policy's choices.
     """
 
     program: Program
-    steps: list[StepPlan]
-    begin: list[Action] = field(default_factory=list)
-    end: list[Action] = field(default_factory=list)
-    aliases: dict[int, int] = field(default_factory=dict)
+    steps: tuple[StepPlan, ...]
+    begin: tuple[Action, ...] = ()
+    end: tuple[Action, ...] = ()
+    aliases: dict[int, int] = None  # type: ignore[assignment]  # set in __post_init__
     spec: str = "none"
-    notes: list[str] = field(default_factory=list)
+    notes: tuple[str, ...] = ()
     #: For static plans: bytes of the planned arena above ``static_base`` (else -1).
     static_arena: int = -1
     static_base: int = -1
     #: Blocks the plan swaps to host, and whether released blocks stay cached on device.
-    swapped: list[int] = field(default_factory=list)
+    swapped: tuple[int, ...] = ()
     cache: bool = False
     #: True once the plan was made from measured step times (``swap=auto``, ``auto``).
     measured: bool = False
     #: False while sparse block sizes rest on an assumed density (see :mod:`.compress`).
     densities_measured: bool = True
-    #: The auto planner's decisions (:class:`~minidl.memory.auto.AutoChoice`), if any.
-    auto: object = None
+    #: The auto planner's decisions, if any.
+    auto: AutoChoice | None = None
+
+    def __post_init__(self) -> None:
+        # normalise containers to immutable ones (callers may build with lists)
+        object.__setattr__(self, "steps", tuple(self.steps))
+        object.__setattr__(self, "begin", tuple(self.begin))
+        object.__setattr__(self, "end", tuple(self.end))
+        object.__setattr__(self, "notes", tuple(self.notes))
+        object.__setattr__(self, "swapped", tuple(self.swapped))
+        object.__setattr__(self, "aliases", dict(self.aliases or {}))
+
+    def with_notes(self, *notes: str, first: bool = False) -> Plan:
+        """This plan with ``notes`` added (at the front with ``first``)."""
+        return replace(self, notes=(*notes, *self.notes) if first else (*self.notes, *notes))
 
     def actions(self):
         """Every action in execution order, as (position, action); position -1 is ``begin``,
@@ -86,21 +157,21 @@ class Plan:
             return t
 
         def apply(a: Action, where: str) -> None:
-            if a.op == "alloc":
+            if isinstance(a, Alloc):
                 if a.tensor in live or a.tensor in freed:
                     raise AssertionError(f"{where}: tensor {a.tensor} allocated twice")
                 live.add(a.tensor)
-            elif a.op == "free":
+            elif isinstance(a, Free):
                 if a.tensor not in live:
                     raise AssertionError(f"{where}: tensor {a.tensor} freed while not live")
                 live.discard(a.tensor)
                 freed.add(a.tensor)
-            elif a.op == "offload":
+            elif isinstance(a, Offload):
                 if a.tensor not in live:
                     raise AssertionError(f"{where}: offload of {a.tensor} while not live")
                 live.discard(a.tensor)
                 away.add(a.tensor)
-            elif a.op == "await":
+            elif isinstance(a, Await):
                 if a.tensor not in away:
                     raise AssertionError(f"{where}: await of {a.tensor} never offloaded")
                 away.discard(a.tensor)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .auto import auto_plan
 from .base_plan import base_plan, iteration_peak
 from .compress import ASSUMED_DENSITY, compress_program
@@ -28,9 +30,7 @@ def make_plan(program: Program, config: MemoryConfig,
     released blocks while memory allows; ``static`` fixes every block's offset ahead of time.
     """
     if config.has("auto") and program.training:
-        plan = auto_plan(program, config.budget, step_times)
-        plan.spec = config.spec
-        return plan
+        return replace(auto_plan(program, config.budget, step_times), spec=config.spec)
     if config.has("recompute") and program.training:
         program = policy_program(program, config.get("recompute"),
                                  peak_of=lambda p: iteration_peak(p, config))
@@ -43,7 +43,7 @@ def make_plan(program: Program, config: MemoryConfig,
         enc = program.meta.get("encoded", {})
         dens = program.meta.get("sparse_densities", {})
         measured = [n for n, d in dens.items() if d is not None]
-        plan.notes.append(
+        plan = plan.with_notes(
             f"compression: {len(enc)} stashes encoded ("
             + ", ".join(f"{c} {sum(1 for v in enc.values() if v == c)}"
                         for c in sorted(set(enc.values()))) + ")"
@@ -51,17 +51,16 @@ def make_plan(program: Program, config: MemoryConfig,
                if measured else
                f"; sparse sizes assume {ASSUMED_DENSITY:.0%} non-zeros until measured"
                if dens else ""))
-        plan.densities_measured = bool(measured) or not dens
+        plan = replace(plan, densities_measured=bool(measured) or not dens)
     if config.has("recompute") and program.training:
         m = program.meta
-        plan.notes.append(
+        plan = plan.with_notes(
             f"recompute={config.get('recompute')}: {m['checkpoints']} checkpoints, "
             f"{m['dropped_layers']} layers dropped, {m['recomputed_steps']} forward steps "
             f"recomputed per iteration ({m['recomputed_flops']:,} FLOPs)")
     if config.has("swap"):
-        plan = swap_plan(plan, config.get("swap"), step_times=step_times)
-        plan.cache = config.has("cache")
+        plan = replace(swap_plan(plan, config.get("swap"), step_times=step_times),
+                       cache=config.has("cache"))
     if config.has("static"):
         plan = static_plan(plan, base=program.persistent_bytes())
-    plan.spec = config.spec
-    return plan
+    return replace(plan, spec=config.spec)

@@ -10,7 +10,7 @@ program into a :class:`~minidl.memory.plan.Plan` without knowing anything else a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -44,13 +44,30 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
-class StepSpec:
-    """One step: a layer's forward or backward, an accumulation, or an optimizer update."""
+class GradInput:
+    """Where a backward step writes one input's gradient: ``written``, then added into
+    ``add_into`` when that gradient already has a writer (fan-out; -1 otherwise)."""
+
+    written: int
+    add_into: int = -1
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of the program: a layer's forward or backward, a recomputation, an encode or
+    decode, or an accumulation — the one list both memory passes and the executor walk.
+
+    ``reads`` / ``writes`` / ``workspace`` are what memory sees. The named slots below them are
+    the same tensors as the layer receives them (llm.c's named buffers): inputs and outputs in
+    the layer's order, the stash by name, parameters and their gradients by the layer's local
+    names. A pass that substitutes tensors (recomputation's clones, decoded stashes) does it
+    through :meth:`remapped`, in every slot at once; nothing maps back.
+    """
 
     index: int
-    phase: str  # "forward" | "backward" | "update"
+    phase: str  # "forward" | "backward" | "recompute" | "encode" | "decode"
     layer: str
-    kind: str  # op tag: conv, relu, pool, ... ; "accumulate" ; "optimizer"
+    kind: str  # op tag: conv, relu, pool, ... ; "encode" ; "decode"
     node: int  # index of the layer node in the network (-1 for none)
     reads: tuple[int, ...]
     writes: tuple[int, ...]
@@ -62,10 +79,51 @@ class StepSpec:
     #: Plain facts a pass needs about the op (a max-pool's window, stride and padding; an
     #: encode step's codec) — never arrays or objects.
     attrs: dict = field(default_factory=dict)
+    # ---- the layer's named slots (tensor ids)
+    inputs: tuple[int, ...] = ()
+    outputs: tuple[int, ...] = ()
+    stash: dict[str, int] = field(default_factory=dict)
+    params: dict[str, int] = field(default_factory=dict)  # local name -> parameter tensor
+    grad_outputs: tuple[int, ...] = ()
+    grad_inputs: tuple[GradInput | None, ...] = ()
+    grad_params: dict[str, int] = field(default_factory=dict)  # local name -> .grad tensor
+    #: Shared parameters whose gradient this step writes into a partial the executor adds.
+    param_partials: dict[str, int] = field(default_factory=dict)
+    #: Parameters whose gradient the layer adds straight into ``.grad`` (``ctx.accumulate``).
+    accumulate: frozenset[str] = frozenset()
+    in_shapes: tuple[tuple[int, ...], ...] = ()
+    #: Index of the lowered step this one runs (itself for lowered steps; a recomputation's
+    #: forward step; -1 for steps a pass added): measured step times are keyed by it.
+    origin: int = -1
 
     @property
     def label(self) -> str:
         return f"{self.layer} ({self.phase})"
+
+    def remapped(self, mapping: dict[int, int], **changes) -> Step:
+        """This step with every tensor id substituted through ``mapping`` (ids not in it stay),
+        in memory's view and in the named slots alike; ``changes`` replace other fields."""
+        if not mapping:
+            return replace(self, **changes)
+        m = mapping.get
+
+        def ids(ts: tuple[int, ...]) -> tuple[int, ...]:
+            return tuple(m(t, t) for t in ts)
+
+        def named(d: dict[str, int]) -> dict[str, int]:
+            return {k: m(t, t) for k, t in d.items()}
+
+        grad_inputs = tuple(None if g is None else GradInput(
+            m(g.written, g.written), m(g.add_into, g.add_into) if g.add_into >= 0 else -1)
+            for g in self.grad_inputs)
+        return replace(
+            self, reads=ids(self.reads), writes=ids(self.writes),
+            workspace=m(self.workspace, self.workspace) if self.workspace >= 0 else -1,
+            shares=tuple((m(a, a), m(b, b)) for a, b in self.shares),
+            inputs=ids(self.inputs), outputs=ids(self.outputs), stash=named(self.stash),
+            params=named(self.params), grad_outputs=ids(self.grad_outputs),
+            grad_inputs=grad_inputs, grad_params=named(self.grad_params),
+            param_partials=named(self.param_partials), **changes)
 
 
 @dataclass
@@ -73,15 +131,11 @@ class Program:
     """All tensors and steps of one training (or inference) iteration."""
 
     tensors: list[TensorSpec]
-    steps: list[StepSpec]
+    steps: list[Step]
     inputs: list[int]  # fed tensors (data, labels)
     loss: int = -1  # the loss value tensor, -1 for inference programs
     training: bool = True
     meta: dict = field(default_factory=dict)
-    #: For programs rewritten by a pass (recomputation): per step, the index of the lowered
-    #: program's step it runs, and the tensor substitutions (original id -> new id) it runs with.
-    origins: list[int] | None = None
-    remaps: list[dict[int, int]] | None = None
     #: The allocation unit of the pool the program is planned for: every size a pass rounds
     #: (block intervals, peaks, bounds) is rounded to it (see :meth:`block_size`).
     alignment: int = ALLOCATION_UNIT
@@ -100,7 +154,7 @@ class Program:
     def persistent_bytes(self) -> int:
         return sum(self.block_size(t.nbytes) for t in self.persistent)
 
-    def step_footprint(self, step: StepSpec) -> int:
+    def step_footprint(self, step: Step) -> int:
         """Aligned bytes of the non-persistent tensors one step touches, workspace included;
         an output the op may write over an operand (``shares``) is counted once."""
         ids = set(step.reads) | set(step.writes)

@@ -6,8 +6,8 @@ inserted before the backward steps that need them, writing *clones* of the dropp
 (new tensor ids), and those backward steps read the clones. Every later pass (liveness,
 in-place sharing, swapping, static offsets) then works on the rewritten program unchanged:
 originals die at their last forward use, clones live from their recomputation to their last
-backward use. ``Program.origins`` / ``Program.remaps`` tell the executor which original step
-each step runs and with which tensors.
+backward use. A recomputed step is its forward step with the clones substituted in every slot
+(:meth:`~minidl.memory.program.Step.remapped`); its ``origin`` stays the forward step's.
 
 Policies choose the *checkpoints* (feature maps kept) and how backward steps are *grouped*
 (all steps of a group share one recomputation):
@@ -32,7 +32,7 @@ import math
 from dataclasses import replace
 
 from .liveness import lifetimes
-from .program import Program, StepSpec
+from .program import Program, Step
 
 EXPENSIVE = ("conv", "linear", "embedding", "add", "concat", "recurrent")
 #: Whole-sequence recurrent layers are never recomputed as a whole: their outputs are always
@@ -41,11 +41,11 @@ ALWAYS_KEPT = ("recurrent",)
 POLICIES = ("sqrt", "speed", "memory", "cost")
 
 
-def _forward_steps(program: Program) -> list[StepSpec]:
+def _forward_steps(program: Program) -> list[Step]:
     return [s for s in program.steps if s.phase == "forward"]
 
 
-def _outputs(program: Program, st: StepSpec) -> list[int]:
+def _outputs(program: Program, st: Step) -> list[int]:
     return [t for t in st.writes if program.tensors[t].role == "value"]
 
 
@@ -121,7 +121,7 @@ def recompute_program(program: Program, checkpoints: set[int],
     """
     fwd = _forward_steps(program)
     fed = set(program.inputs)
-    producer: dict[int, StepSpec] = {}
+    producer: dict[int, Step] = {}
     for st in fwd:
         for t in st.writes:
             producer[t] = st
@@ -148,9 +148,7 @@ def recompute_program(program: Program, checkpoints: set[int],
         return life[t].backward_use or t in checkpoints
 
     tensors = list(program.tensors)
-    steps: list[StepSpec] = []
-    origins: list[int] = []
-    remaps: list[dict[int, int]] = []
+    steps: list[Step] = []
 
     def clone(t: int, tag: str) -> int:
         spec = tensors[t]
@@ -158,18 +156,10 @@ def recompute_program(program: Program, checkpoints: set[int],
         tensors.append(replace(spec, id=nid, name=f"{spec.name}@{tag}", of=t))
         return nid
 
-    def emit(st: StepSpec, phase: str, remap: dict[int, int], origin: int) -> None:
-        m = remap.get
-        steps.append(replace(
-            st, index=len(steps), phase=phase,
-            reads=tuple(m(t, t) for t in st.reads), writes=tuple(m(t, t) for t in st.writes),
-            workspace=m(st.workspace, st.workspace) if st.workspace >= 0 else -1,
-            shares=tuple((m(a, a), m(b, b)) for a, b in st.shares)))
-        origins.append(origin)
-        remaps.append({k: v for k, v in remap.items() if k in st.reads or k in st.writes
-                       or k == st.workspace})
+    def emit(st: Step, phase: str, remap: dict[int, int]) -> None:
+        steps.append(st.remapped(remap, index=len(steps), phase=phase))
 
-    bwd_by_group: dict[int, list[StepSpec]] = {}
+    bwd_by_group: dict[int, list[Step]] = {}
     for st in program.steps:
         if st.phase == "backward":
             bwd_by_group.setdefault(groups.get(st.index, st.index), []).append(st)
@@ -180,7 +170,7 @@ def recompute_program(program: Program, checkpoints: set[int],
 
     for st in program.steps:
         if st.phase != "backward":
-            emit(st, st.phase, {}, st.index)
+            emit(st, st.phase, {})
             continue
         g = groups.get(st.index, st.index)
         if first_of_group[g] == st.index:
@@ -205,18 +195,17 @@ def recompute_program(program: Program, checkpoints: set[int],
                     remap[t] = clone(t, f"r{g}")
                 if f.workspace >= 0:
                     remap[f.workspace] = clone(f.workspace, f"r{g}")
-                emit(f, "recompute", remap, k)
+                emit(f, "recompute", dict(remap))
                 recomputed_flops += f.flops
                 n_recomputed += 1
             group_remap[g] = remap
-        emit(st, "backward", group_remap.get(g, {}), st.index)
+        emit(st, "backward", group_remap.get(g, {}))
 
     meta = dict(program.meta)
     meta.update(recomputed_flops=recomputed_flops, recomputed_steps=n_recomputed,
                 dropped_layers=len(dropped_steps), checkpoints=len(checkpoints))
     return Program(tensors=tensors, steps=steps, inputs=list(program.inputs), loss=program.loss,
-                   training=program.training, meta=meta, origins=origins, remaps=remaps,
-                   alignment=program.alignment)
+                   training=program.training, meta=meta, alignment=program.alignment)
 
 
 def policy_program(program: Program, policy: str, peak_of=None) -> Program:

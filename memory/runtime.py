@@ -16,19 +16,15 @@ from typing import Any
 import numpy as np
 
 from .liveness import root_of
-from .plan import Action, Plan
+from .plan import Action, Alloc, Await, Free, Offload, Plan, Prefetch, Release
 from .pool import DeviceOutOfMemory, PlacementError
 from .program import Program
 
 
 def tensor_info(program: Program) -> list[tuple[int, tuple[int, ...], np.dtype]]:
-    """(aligned bytes, shape, dtype) of every tensor, computed once per program."""
-    info = getattr(program, "_runtime_info", None)
-    if info is None:
-        info = [(program.block_size(t.nbytes), t.shape, np.dtype(t.dtype))
-                for t in program.tensors]
-        program._runtime_info = info
-    return info
+    """(aligned bytes, shape, dtype) of every tensor (compute once per program and pass it to
+    every :class:`MemoryRuntime` of that program)."""
+    return [(program.block_size(t.nbytes), t.shape, np.dtype(t.dtype)) for t in program.tensors]
 
 
 class TensorNotResident(RuntimeError):
@@ -68,7 +64,8 @@ class MemoryRuntime:
     offloaded tensors (needed only by plans that swap)."""
 
     def __init__(self, pool: Any, program: Program, plan: Plan, host_pool: Any = None,
-                 poison_offloaded: bool = False) -> None:
+                 poison_offloaded: bool = False,
+                 info: list[tuple[int, tuple[int, ...], np.dtype]] | None = None) -> None:
         if program.alignment != pool.alignment:
             raise ValueError(f"the program was planned for {program.alignment}-byte blocks but "
                              f"the pool allocates {pool.alignment}-byte blocks")
@@ -87,7 +84,7 @@ class MemoryRuntime:
         self.peak_position = -1
         self.peak_live: list[int] = []
         self._peak_pending = False
-        self.info = tensor_info(program)
+        self.info = info if info is not None else tensor_info(program)
         self.fallbacks: list[str] = []
         self.reallocs = 0
         self.kept_for_backward: dict[str, int] = {}
@@ -97,21 +94,21 @@ class MemoryRuntime:
 
     # ------------------------------------------------------------------ actions
     def apply(self, action: Action) -> None:
-        op = action.op
-        if op == "alloc":
-            self.alloc(action.tensor, action.arg)
-        elif op == "free":
+        """Carry out one plan action (see :mod:`.plan`)."""
+        if isinstance(action, Alloc):
+            self.alloc(action.tensor, action.offset)
+        elif isinstance(action, Free):
             self.free(action.tensor)
-        elif op == "offload":
+        elif isinstance(action, Offload):
             self.offload(action.tensor)
-        elif op == "release":
+        elif isinstance(action, Release):
             self.release(action.tensor)
-        elif op == "prefetch":
-            self.prefetch(action.tensor, action.arg)
-        elif op == "await":
+        elif isinstance(action, Prefetch):
+            self.prefetch(action.tensor, action.offset)
+        elif isinstance(action, Await):
             self.await_(action.tensor)
         else:
-            raise ValueError(f"memory runtime cannot carry out action {action!r}")
+            raise TypeError(f"memory runtime cannot carry out {action!r}: not a plan action")
 
     def _allocate(self, tid: int, offset: int = -1, size: int = 0) -> Any:
         """A pool block for ``tid`` (of ``size`` bytes if given, else the planned size); under

@@ -12,11 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .plan import Action, Plan
-
-#: Actions that put a block on the device, and those that take it off.
-_STARTS = ("alloc", "prefetch")
-_ENDS = ("free", "release")
+from .plan import ENDS, STARTS, Action, Plan
 
 
 def block_intervals(plan: Plan) -> dict[tuple[int, int], tuple[int, int, int]]:
@@ -30,11 +26,11 @@ def block_intervals(plan: Plan) -> dict[tuple[int, int], tuple[int, int, int]]:
     for t, (_, a) in enumerate(plan.actions()):
         if a.tensor in plan.aliases:
             continue
-        if a.op in _STARTS:
+        if isinstance(a, STARTS):
             k = count.get(a.tensor, 0)
             count[a.tensor] = k + 1
             start[a.tensor] = (k, t)
-        elif a.op in _ENDS and a.tensor in start:
+        elif isinstance(a, ENDS) and a.tensor in start:
             k, s = start.pop(a.tensor)
             out[(a.tensor, k)] = (s, t, program.block_size(program.tensors[a.tensor].nbytes))
     return out
@@ -70,12 +66,11 @@ def max_live_bytes(intervals: dict[int, tuple[int, int, int]]) -> int:
 
 
 def static_plan(plan: Plan, base: int) -> Plan:
-    """A copy of ``plan`` whose allocations carry offsets (``Action.arg``), starting at
+    """A copy of ``plan`` whose allocations carry offsets (``Alloc.offset``), starting at
     ``base`` (the bytes of persistent state allocated below the iteration's blocks)."""
     if plan.cache:
-        plan.notes.append("static: not applied with cache (what stays resident depends on "
-                          "memory pressure at run time): the pool places blocks itself")
-        return plan
+        return plan.with_notes("static: not applied with cache (what stays resident depends "
+                               "on memory pressure at run time): the pool places blocks itself")
     iv = block_intervals(plan)
     orders = [
         sorted(iv, key=lambda t: (-iv[t][2], iv[t][0])),
@@ -90,20 +85,19 @@ def static_plan(plan: Plan, base: int) -> Plan:
     def place(actions: list[Action]) -> list[Action]:
         out = []
         for a in actions:
-            if a.op in _STARTS and a.tensor not in plan.aliases:
+            if isinstance(a, STARTS) and a.tensor not in plan.aliases:
                 k = seen.get(a.tensor, 0)
                 seen[a.tensor] = k + 1
-                a = replace(a, arg=base + offsets[(a.tensor, k)])
+                a = replace(a, offset=base + offsets[(a.tensor, k)])
             out.append(a)
         return out
 
     begin = place(plan.begin)
     steps = [replace(sp, before=place(sp.before), after=place(sp.after)) for sp in plan.steps]
     best = max_live_bytes(iv)
-    notes = plan.notes + [
-        f"static: {len(offsets)} blocks at planned offsets, arena {top:,} B for iteration "
-        f"tensors; the largest sum live at once is {best:,} B ({top / max(best, 1):.4f}x)"
-    ]
-    return replace(plan, begin=begin, steps=steps, end=list(plan.end), notes=notes,
+    notes = (*plan.notes,
+             f"static: {len(offsets)} blocks at planned offsets, arena {top:,} B for iteration "
+             f"tensors; the largest sum live at once is {best:,} B ({top / max(best, 1):.4f}x)")
+    return replace(plan, begin=begin, steps=steps, end=plan.end, notes=notes,
                    static_arena=top, static_base=base)
 

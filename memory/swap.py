@@ -19,10 +19,10 @@ reaches exactly the peak of a real run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .liveness import lifetimes, root_of
-from .plan import Action, Plan
+from .plan import Await, Offload, Plan, Prefetch, Release, StepPlan
 from .program import Program
 
 #: Default bandwidth assumed for transfers before any is measured (bytes/s).
@@ -91,7 +91,7 @@ def hides_transfer(c: SwapCandidate, step_times: list[float], bandwidth: float) 
 def swap_plan(plan: Plan, mode: str, lookahead: int = 2, lag: int = 1,
               step_times: list[float] | None = None,
               bandwidth: float = DEFAULT_BANDWIDTH, only: set[int] | None = None) -> Plan:
-    """Insert offload / release / prefetch / await actions into ``plan`` (in place).
+    """``plan`` with offload / release / prefetch / await actions inserted (a new plan).
 
     ``only`` restricts swapping to the blocks holding these tensors (the auto planner's
     choice); ``mode`` then only names the candidates considered."""
@@ -108,18 +108,19 @@ def swap_plan(plan: Plan, mode: str, lookahead: int = 2, lag: int = 1,
         if only is not None and c.root not in only:
             continue
         chosen.append(c)
+    before = [list(sp.before) for sp in plan.steps]
+    after = [list(sp.after) for sp in plan.steps]
     for c in chosen:
         release_at = c.last_forward + lag
         fetch_at = max(release_at + 1, c.first_backward - lookahead)
-        plan.steps[c.last_forward].after.append(Action("offload", c.root))
-        plan.steps[release_at].after.append(Action("release", c.root))
-        plan.steps[fetch_at].before.append(Action("prefetch", c.root))
-        plan.steps[c.first_backward].before.append(Action("await", c.root))
+        after[c.last_forward].append(Offload(c.root))
+        after[release_at].append(Release(c.root))
+        before[fetch_at].append(Prefetch(c.root))
+        before[c.first_backward].append(Await(c.root))
     swapped = sum(c.nbytes for c in chosen)
     how = "measured step times" if measured else (
         "no measurement yet: behaving as swap=conv" if mode == "auto" else f"swap={mode}")
-    plan.notes.append(
-        f"swap: {len(chosen)} feature maps offloaded ({swapped:,} B per iteration), "
-        f"prefetch lookahead {lookahead} steps ({how})")
-    plan.swapped = [c.root for c in chosen]
-    return plan
+    note = (f"swap: {len(chosen)} feature maps offloaded ({swapped:,} B per iteration), "
+            f"prefetch lookahead {lookahead} steps ({how})")
+    return replace(plan, steps=tuple(StepPlan(b, a) for b, a in zip(before, after)),
+                   notes=(*plan.notes, note), swapped=tuple(c.root for c in chosen))

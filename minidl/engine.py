@@ -7,7 +7,7 @@ and runs it with the executor. The same engine on the meta device is the dry run
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -19,9 +19,11 @@ from .layers.base import Layer
 from .lowering import Lowered, lower
 from .memory.auto import BudgetTooSmall
 from .memory.config import MemoryConfig
+from .memory.device import MetaDevice
 from .memory.host_pool import HostPool
 from .memory.plan import Plan
 from .memory.planner import make_plan
+from .memory.pool import Pool
 from .memory.program import aligned
 from .rnn import bptt_policy as bptt_policy_of
 
@@ -174,7 +176,7 @@ class Engine:
                         raise
                     continue
                 if len(nets) > 1:
-                    plan.notes.append(
+                    plan = plan.with_notes(
                         f"recurrent layers' BPTT schedule {policy or 'keep all'} chosen to fit "
                         f"the budget ({len(nets)} candidates, most states first)")
                 break
@@ -243,15 +245,38 @@ class Engine:
         times = list(c.executor.step_times) if need_times else None
         dens = {k: min(1.0, 1.1 * v + 1e-3) for k, v in c.executor.densities.items()}
         plan = make_plan(c.lowered.program, self.config, step_times=times, densities=dens)
-        plan.measured = plan.measured or need_times
-        plan.notes.extend(c.notes)  # choices made before planning (the BPTT schedule)
+        # choices made before planning (the BPTT schedule) stay in the notes
+        plan = replace(plan, measured=plan.measured or need_times).with_notes(*c.notes)
+        if need_times and not need_dens and any(
+                new > old for new, old in zip(self._simulated_peaks(c.lowered, plan),
+                                              self._simulated_peaks(c.lowered, c.plan))):
+            # timing decisions must not raise the peak a dry run promised (it cannot measure):
+            # a measured plan that would (more swaps, more fragmentation) is not taken
+            plan = replace(c.plan, measured=True)
+        new = self.replace_plan(c, plan)
+        new.executor.densities = dict(c.executor.densities)
+        return new
+
+    def replace_plan(self, c: Compiled, plan: Plan) -> Compiled:
+        """A compiled step for ``plan`` (a new plan for ``c``'s program) taking ``c``'s place
+        in the cache (plans are never changed in place)."""
         new = self._compile(c.lowered, plan)
         new.notes = list(c.notes)
-        new.executor.densities = dict(c.executor.densities)
         for k, v in self._cache.items():
             if v is c:
                 self._cache[k] = new
         return new
+
+    def _simulated_peaks(self, lowered: Lowered, plan: Plan) -> tuple[int, int]:
+        """(reserved, allocated) peak bytes one iteration of ``plan`` reaches, placed on a
+        meta pool holding this engine's persistent blocks, no compute."""
+        pool = Pool(MetaDevice(), alignment=self.pool.alignment)
+        for blk in self.persistent_blocks:
+            pool.allocate(blk.size, tag=blk.tag, category="parameter")
+        Executor(lowered, plan, pool, compute=False,
+                 host_pool=HostPool(pool.device, None)).run([None] * len(plan.program.inputs))
+        stats = pool.stats()
+        return stats["reserved_bytes.peak"], stats["allocated_bytes.peak"]
 
     # ------------------------------------------------------------------ reports
     def peak_info(self, c: Compiled) -> PeakInfo:

@@ -3,47 +3,16 @@
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from .layers.base import Context
-from .lowering import ExecStep, Lowered
+from .lowering import Lowered
 from .memory import codecs
 from .memory.plan import Plan
-from .memory.runtime import MemoryRuntime
-
-
-def plan_exec_steps(lowered: Lowered, plan: Plan) -> list[ExecStep]:
-    """The executor's steps for ``plan.program``: the lowered steps, or, for a program a pass
-    rewrote (recomputation), each step's original with its tensor substitutions applied."""
-    prog = plan.program
-    if prog.origins is None:
-        return list(lowered.steps)
-    out = []
-    for st, origin, remap in zip(prog.steps, prog.origins, prog.remaps):
-        if origin < 0:  # a step a pass added: encode or decode a stash
-            out.append(ExecStep(st.phase, st.layer, None, -1, list(st.reads), list(st.writes),
-                                {}, {}, attrs=dict(st.attrs)))
-            continue
-        ex = lowered.steps[origin]
-        if not remap and st.phase == ex.phase and not st.attrs.get("codec_backward"):
-            out.append(ex)
-            continue
-        g = remap.get
-        out.append(replace(
-            ex, phase=st.phase,
-            inputs=[g(t, t) for t in ex.inputs], outputs=[g(t, t) for t in ex.outputs],
-            stash={k: g(t, t) for k, t in ex.stash.items()},
-            workspace=g(ex.workspace, ex.workspace) if ex.workspace >= 0 else -1,
-            grad_outputs=[g(t, t) for t in ex.grad_outputs],
-            param_partials={k: g(t, t) for k, t in ex.param_partials.items()},
-            attrs={**ex.attrs, **st.attrs},
-            grad_inputs=[None if p is None else (g(p[0], p[0]), g(p[1], p[1]) if p[1] >= 0
-                                                   else -1) for p in ex.grad_inputs],
-        ))
-    return out
+from .memory.program import Step
+from .memory.runtime import MemoryRuntime, tensor_info
 
 
 class NonFiniteError(FloatingPointError):
@@ -82,7 +51,11 @@ class Executor:
         self.debug = debug
         self.compute = compute
         self.last_runtime: MemoryRuntime | None = None
-        self.steps = plan_exec_steps(lowered, plan)
+        self.steps = plan.program.steps
+        self.tensor_info = tensor_info(plan.program)
+        self.layers = lowered.layers
+        self.parameters = lowered.parameters
+        self.outputs = set(lowered.output_tensors)
         self.codec_state: dict[int, dict] = {}
         #: Largest fraction of non-zeros seen per sparse-encoded tensor (for re-planning).
         self.densities: dict[str, float] = {}
@@ -104,7 +77,7 @@ class Executor:
         the network outputs. On any error every block of the iteration is freed."""
         prog = self.plan.program
         rt = MemoryRuntime(self.pool, prog, self.plan, self.host_pool,
-                           poison_offloaded=self.debug)
+                           poison_offloaded=self.debug, info=self.tensor_info)
         self.last_runtime = rt
         if record:
             rt.events = []
@@ -119,39 +92,39 @@ class Executor:
                 for tid, x in zip(prog.inputs, feeds):
                     np.copyto(rt.array(tid), x, casting="same_kind")
             forward_done = False
-            for i, ex in enumerate(self.steps):
+            for i, st in enumerate(self.steps):
                 rt.position = i
                 sp = plan_steps[i]
-                if not forward_done and ex.phase in ("backward", "recompute"):
+                if not forward_done and st.phase in ("backward", "recompute"):
                     forward_done = True
                     rt.note_kept_for_backward()
                 for a in sp.before:
                     rt.apply(a)
                 if compute:
                     t0 = time.perf_counter()
-                    ctx = None if ex.node < 0 else Context(
-                        training=training, seed=step_seed(seed, iteration, ex.node),
-                        recomputing=recomputing or ex.phase == "recompute",
-                        accumulate=ex.accumulate_params)
-                    if ex.phase == "encode":
-                        self._encode(ex, rt)
-                    elif ex.phase == "decode":
-                        src = ex.attrs["source"]
-                        codecs.decode(ex.attrs["codec"], rt.array(ex.inputs[0]),
-                                      rt.array(ex.outputs[0]), self.codec_state.get(src, {}))
-                    elif ex.phase == "recompute":
-                        self._forward(ex, rt, ctx)
-                    elif ex.phase == "forward":
-                        self._forward(ex, rt, ctx)
+                    ctx = None if st.node < 0 else Context(
+                        training=training, seed=step_seed(seed, iteration, st.node),
+                        recomputing=recomputing or st.phase == "recompute",
+                        accumulate=st.accumulate)
+                    if st.phase == "encode":
+                        self._encode(st, rt)
+                    elif st.phase == "decode":
+                        src = st.attrs["source"]
+                        codecs.decode(st.attrs["codec"], rt.array(st.reads[0]),
+                                      rt.array(st.writes[0]), self.codec_state.get(src, {}))
+                    elif st.phase == "recompute":
+                        self._forward(st, rt, ctx)
+                    elif st.phase == "forward":
+                        self._forward(st, rt, ctx)
                         if check_finite:
-                            self._check(ex, rt)
+                            self._check(st, rt)
                         if fetch_outputs:
-                            outputs += [np.array(rt.array(t)) for t in ex.outputs
-                                        if t in self.lowered.output_tensors]
-                        if prog.loss >= 0 and ex.outputs[0] == prog.loss:
+                            outputs += [np.array(rt.array(t)) for t in st.outputs
+                                        if t in self.outputs]
+                        if prog.loss >= 0 and st.outputs[0] == prog.loss:
                             loss_value = float(rt.array(prog.loss))
                     else:
-                        self._backward(ex, rt, ctx, loss_scale)
+                        self._backward(st, rt, ctx, loss_scale)
                     self.step_times[i] = time.perf_counter() - t0
                 for a in sp.after:
                     rt.apply(a)
@@ -163,51 +136,53 @@ class Executor:
             raise
         return loss_value, outputs
 
-    def _encode(self, ex: ExecStep, rt: MemoryRuntime) -> None:
-        codec, src = ex.attrs["codec"], ex.attrs["source"]
+    def _encode(self, st: Step, rt: MemoryRuntime) -> None:
+        codec, src = st.attrs["codec"], st.attrs["source"]
         x = rt.array(src)
-        state = self.codec_state.setdefault(src, dict(ex.attrs))
+        out = st.writes[0]
+        state = self.codec_state.setdefault(src, dict(st.attrs))
         if codec == "sparse":
             name = rt.program.tensors[src].name
             self.densities[name] = max(self.densities.get(name, 0.0), codecs.density(x))
-        need = codecs.encode(codec, x, rt.array(ex.outputs[0]), state)
-        if need > rt.array(ex.outputs[0]).size:
+        need = codecs.encode(codec, x, rt.array(out), state)
+        if need > rt.array(out).size:
             # denser than planned: a larger block for this iteration (the plan is refined
             # from the measured densities after the first iteration)
-            rt.realloc(ex.outputs[0], need)
-            codecs.encode(codec, x, rt.array(ex.outputs[0]), state)
+            rt.realloc(out, need)
+            codecs.encode(codec, x, rt.array(out), state)
 
-    @staticmethod
-    def _forward(ex: ExecStep, rt: MemoryRuntime, ctx: Context) -> None:
+    def _params(self, st: Step) -> dict[str, Any]:
+        return {k: self.parameters[t].data for k, t in st.params.items()}
+
+    def _forward(self, st: Step, rt: MemoryRuntime, ctx: Context) -> None:
         arr = rt.array
-        params = {k: p.data for k, p in ex.params.items()}
-        ex.layer.forward(
+        self.layers[st.node].forward(
             ctx,
-            [arr(t) for t in ex.inputs],
-            [arr(t) for t in ex.outputs],
-            params,
-            {k: arr(t) for k, t in ex.stash.items()},
-            arr(ex.workspace) if ex.workspace >= 0 else None,
+            [arr(t) for t in st.inputs],
+            [arr(t) for t in st.outputs],
+            self._params(st),
+            {k: arr(t) for k, t in st.stash.items()},
+            arr(st.workspace) if st.workspace >= 0 else None,
         )
 
-    @staticmethod
-    def _backward(ex: ExecStep, rt: MemoryRuntime, ctx: Context, loss_scale: float = 1.0) -> None:
+    def _backward(self, st: Step, rt: MemoryRuntime, ctx: Context,
+                  loss_scale: float = 1.0) -> None:
         arr = rt.array
-        layer = ex.layer
-        codec = ex.attrs.get("codec_backward")
+        layer = self.layers[st.node]
+        codec = st.attrs.get("codec_backward")
         if codec is not None:
-            g = ex.grad_inputs[0]
+            g = st.grad_inputs[0]
             if g is not None:
-                dy, dx, buf = arr(ex.grad_outputs[0]), arr(g[0]), arr(ex.attrs["encoded"])
+                dy, dx, buf = arr(st.grad_outputs[0]), arr(g.written), arr(st.attrs["encoded"])
                 if codec == "sign":
                     codecs.relu_backward(buf, dy, dx)
                 else:
-                    codecs.maxpool_backward(buf, dy, dx, ex.attrs)
-                if g[1] >= 0:
-                    np.add(arr(g[1]), dx, out=arr(g[1]))
+                    codecs.maxpool_backward(buf, dy, dx, st.attrs)
+                if g.add_into >= 0:
+                    np.add(arr(g.add_into), dx, out=arr(g.add_into))
             return
         g_out = []
-        for t in ex.grad_outputs:
+        for t in st.grad_outputs:
             g = arr(t)
             role = rt.program.tensors[t].role
             if role == "seed":
@@ -215,31 +190,30 @@ class Executor:
             elif role == "zeros":
                 g.fill(0.0)
             g_out.append(g)
-        inputs = [arr(t) if j in layer.retain_inputs else None for j, t in enumerate(ex.inputs)]
-        outputs = [arr(t) if j in layer.retain_outputs else None for j, t in enumerate(ex.outputs)]
-        g_in = [None if g is None else arr(g[0]) for g in ex.grad_inputs]
+        inputs = [arr(t) if j in layer.retain_inputs else None for j, t in enumerate(st.inputs)]
+        outputs = [arr(t) if j in layer.retain_outputs else None
+                   for j, t in enumerate(st.outputs)]
+        g_in = [None if g is None else arr(g.written) for g in st.grad_inputs]
+        grads = {k: arr(st.param_partials[k]) if k in st.param_partials
+                 else self.parameters[st.params[k]].grad for k in st.grad_params}
         layer.backward(
-            ctx, g_out, g_in, inputs, outputs,
-            {k: p.data for k, p in ex.params.items()},
-            {k: arr(ex.param_partials[k]) if k in ex.param_partials else ex.params[k].grad
-             for k in ex.grad_params},
-            {k: arr(t) for k, t in ex.stash.items()},
-            arr(ex.workspace) if ex.workspace >= 0 else None,
+            ctx, g_out, g_in, inputs, outputs, self._params(st), grads,
+            {k: arr(t) for k, t in st.stash.items()},
+            arr(st.workspace) if st.workspace >= 0 else None,
         )
-        for g in ex.grad_inputs:
-            if g is not None and g[1] >= 0:
-                target = arr(g[1])
-                np.add(target, arr(g[0]), out=target)
-        for k, t in ex.param_partials.items():
-            grad = ex.params[k].grad
+        for g in st.grad_inputs:
+            if g is not None and g.add_into >= 0:
+                target = arr(g.add_into)
+                np.add(target, arr(g.written), out=target)
+        for k, t in st.param_partials.items():
+            grad = self.parameters[st.params[k]].grad
             np.add(grad, arr(t), out=grad)
 
-    @staticmethod
-    def _check(ex: ExecStep, rt: MemoryRuntime) -> None:
-        for t in ex.outputs:
+    def _check(self, st: Step, rt: MemoryRuntime) -> None:
+        for t in st.outputs:
             a = rt.array(t)
             if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
                 raise NonFiniteError(
                     f"non-finite values (NaN or inf) first appear in the output of layer "
-                    f"{ex.name} ({ex.layer.describe()})"
+                    f"{st.layer} ({self.layers[st.node].describe()})"
                 )

@@ -1,53 +1,29 @@
 """Lowering: a network bound to input shapes becomes a program of forward and backward steps.
 
-The program (plain data, :mod:`minidl.memory.program`) is what memory policies see; the
-:class:`ExecStep` list beside it tells the executor which layer to call with which tensors.
+The program (plain data, :mod:`minidl.memory.program`) is the one list of steps that memory
+passes rewrite and the executor runs: each step names its layer node and its tensor slots.
+:class:`Lowered` adds what only the executor needs: the layer of each node and the
+:class:`~minidl.parameter.Parameter` behind each parameter tensor.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from .graph import Network
 from .layers.base import Layer
-from .memory.program import Program, StepSpec, TensorSpec
+from .memory.program import GradInput, Program, Step, TensorSpec
 from .memory.units import ALLOCATION_UNIT
 from .parameter import Parameter
 
 
 @dataclass
-class ExecStep:
-    """How to run one step: the layer and the tensor ids of its arguments."""
-
-    phase: str
-    name: str
-    layer: Layer
-    node: int
-    inputs: list[int]
-    outputs: list[int]
-    stash: dict[str, int]
-    params: dict[str, Parameter]
-    workspace: int = -1
-    # backward only
-    grad_outputs: list[int] = field(default_factory=list)
-    # per input: (tensor the layer writes, tensor to add it into or -1), or None
-    grad_inputs: list[tuple[int, int] | None] = field(default_factory=list)
-    grad_params: dict[str, int] = field(default_factory=dict)
-    # shared parameters whose gradient this step adds (name -> partial tensor)
-    param_partials: dict[str, int] = field(default_factory=dict)
-    # parameters whose gradient the layer adds straight into ``.grad`` (ctx.accumulate)
-    accumulate_params: frozenset[str] = frozenset()
-    # codec facts: encode/decode steps, and backward steps reading an encoded stash
-    attrs: dict = field(default_factory=dict)
-    in_shapes: list[tuple[int, ...]] = field(default_factory=list)
-
-
-@dataclass
 class Lowered:
     program: Program
-    steps: list[ExecStep]
+    layers: list[Layer]  # node index -> layer (the loss last, in training programs)
+    parameters: dict[int, Parameter]  # parameter tensor id -> the parameter
     value_tensors: list[int]  # network value index -> tensor id
     output_tensors: list[int]  # the network outputs' tensor ids
     param_tensors: dict[str, int]  # parameter name -> tensor id
@@ -158,12 +134,13 @@ def lower(
                     reaches[v] = True
     has_grad = [needs[v] and reaches[v] for v in range(len(shapes))]
 
-    steps: list[StepSpec] = []
-    execs: list[ExecStep] = []
+    steps: list[Step] = []
 
-    def push(spec_kwargs: dict, ex: ExecStep) -> None:
-        steps.append(StepSpec(index=len(steps), **spec_kwargs))
-        execs.append(ex)
+    def push(**fields) -> None:
+        steps.append(Step(index=len(steps), origin=len(steps), **fields))
+
+    def local_params(i: int) -> dict[str, int]:
+        return {k: param_t[p.name] for k, p in node_params[i].items()}
 
     dtype0 = next((d for d in dtypes if d is not None and _float(d)), np.dtype("float32"))
     stash_t: list[dict[str, int]] = []
@@ -187,13 +164,11 @@ def lower(
         writes = tuple(val_t[v] for v in node_out[i]) + tuple(st.values())
         shares = ((val_t[node_out[i][0]], val_t[node_in[i][0]]),) if layer.inplace_forward \
             else ()
-        attrs = op_attrs(layer)
-        push(dict(phase="forward", layer=name, kind=layer.kind, node=i, reads=reads,
-                  writes=writes, workspace=ws, flops=int(layer.flops(in_shapes)), shares=shares,
-                  attrs=attrs),
-             ExecStep("forward", name, layer, i, [val_t[v] for v in node_in[i]],
-                      [val_t[v] for v in node_out[i]], st, node_params[i], ws,
-                      in_shapes=in_shapes))
+        push(phase="forward", layer=name, kind=layer.kind, node=i, reads=reads, writes=writes,
+             workspace=ws, flops=int(layer.flops(in_shapes)), shares=shares,
+             attrs=op_attrs(layer), inputs=tuple(val_t[v] for v in node_in[i]),
+             outputs=tuple(val_t[v] for v in node_out[i]), stash=st, params=local_params(i),
+             in_shapes=tuple(in_shapes))
 
     grad_of: dict[int, int] = {}
     # with accumulate_grads (micro-batches), every parameter gradient is added, never written
@@ -222,7 +197,7 @@ def lower(
                                        "gradient_map", "zeros", name))
                 else:
                     g_out.append(grad_of[v])
-            g_in: list[tuple[int, int] | None] = []
+            g_in: list[GradInput | None] = []
             writes: list[int] = []
             for j, v in enumerate(node_in[i]):
                 if not wants_in[j]:
@@ -232,12 +207,12 @@ def lower(
                     grad_of[v] = b.add(f"{net_value_name(net, v, node_names, label_v)}.grad",
                                        shapes[v], dtypes[v], "gradient_map", "grad", name,
                                        of=val_t[v])
-                    g_in.append((grad_of[v], -1))
+                    g_in.append(GradInput(grad_of[v]))
                     writes.append(grad_of[v])
                 else:
                     part = b.add(f"{name}.grad_in{j}", shapes[v], dtypes[v], "gradient_map",
                                  "grad_partial", name, of=grad_of[v])
-                    g_in.append((part, grad_of[v]))
+                    g_in.append(GradInput(part, grad_of[v]))
                     writes += [part, grad_of[v]]
             gp = {k: grad_t[p.name] for k, p in trainable.items()}
             gpart: dict[str, int] = {}
@@ -260,25 +235,26 @@ def lower(
             ws = b.add(f"{name}.bwd_ws", (ws_bytes,), "uint8", "workspace", "workspace", name) \
                 if ws_bytes > 0 else -1
             shares = ()
-            if layer.inplace_backward and g_in and g_in[0] is not None and g_in[0][1] < 0:
-                shares = ((g_in[0][0], g_out[0]),)
-            push(dict(phase="backward", layer=name, kind=layer.kind, node=i,
-                      reads=tuple(dict.fromkeys(reads)), writes=tuple(dict.fromkeys(writes)),
-                      workspace=ws, flops=2 * int(layer.flops(in_shapes)), shares=shares,
-                      attrs=op_attrs(layer)),
-                 ExecStep("backward", name, layer, i, [val_t[v] for v in node_in[i]],
-                          [val_t[v] for v in node_out[i]], stash_t[i], node_params[i], ws,
-                          grad_outputs=g_out, grad_inputs=g_in, grad_params=gp,
-                          param_partials=gpart, accumulate_params=frozenset(adds),
-                          in_shapes=in_shapes))
+            if layer.inplace_backward and g_in and g_in[0] is not None \
+                    and g_in[0].add_into < 0:
+                shares = ((g_in[0].written, g_out[0]),)
+            push(phase="backward", layer=name, kind=layer.kind, node=i,
+                 reads=tuple(dict.fromkeys(reads)), writes=tuple(dict.fromkeys(writes)),
+                 workspace=ws, flops=2 * int(layer.flops(in_shapes)), shares=shares,
+                 attrs=op_attrs(layer), inputs=tuple(val_t[v] for v in node_in[i]),
+                 outputs=tuple(val_t[v] for v in node_out[i]), stash=stash_t[i],
+                 params=local_params(i), grad_outputs=tuple(g_out), grad_inputs=tuple(g_in),
+                 grad_params=gp, param_partials=gpart, accumulate=frozenset(adds),
+                 in_shapes=tuple(in_shapes))
 
     program = Program(
         tensors=b.tensors, steps=steps, inputs=inputs,
         loss=val_t[loss_v] if loss is not None else -1, training=training and loss is not None,
         alignment=alignment,
     )
-    return Lowered(program, execs, val_t[:n_vals], [val_t[v] for v in net.output_values],
-                   param_t, grad_t)
+    parameters = {param_t[p.name]: p for i in range(len(layers)) for p in node_params[i].values()}
+    return Lowered(program, layers, parameters, val_t[:n_vals],
+                   [val_t[v] for v in net.output_values], param_t, grad_t)
 
 
 def op_attrs(layer: Layer) -> dict:

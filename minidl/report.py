@@ -21,9 +21,7 @@ def layer_table(c: Compiled) -> list[dict[str, Any]]:
     plan = c.plan
     prog = plan.program
     life = lifetimes(lowered)
-    recomputed = set()
-    if prog.origins is not None:
-        recomputed = {o for o, s in zip(prog.origins, prog.steps) if s.phase == "recompute"}
+    recomputed = {s.origin for s in prog.steps if s.phase == "recompute"}
     swapped_roots = set(plan.swapped)
     rows = []
     for st in lowered.steps:
@@ -138,13 +136,14 @@ def strategy_costs(c: Any) -> dict[str, Any]:
             "time_s": float(sum(t for s, t in zip(prog.steps, times) if s.phase == "recompute")),
         }
     bptt = []
-    for ex in c.lowered.steps:
-        sched = getattr(ex.layer, "schedule", None)
-        if ex.phase == "forward" and sched is not None:
-            bptt.append({"layer": ex.name, "policy": sched.policy, "units": sched.units,
-                         "unit_steps": ex.layer.unit_steps, "states_kept": sched.max_stored,
+    for st in c.lowered.program.steps:
+        layer = c.lowered.layers[st.node] if st.node >= 0 else None
+        sched = getattr(layer, "schedule", None)
+        if st.phase == "forward" and sched is not None:
+            bptt.append({"layer": st.layer, "policy": sched.policy, "units": sched.units,
+                         "unit_steps": layer.unit_steps, "states_kept": sched.max_stored,
                          "unit_forwards": sched.unit_forwards,
-                         "recomputed_flops": ex.layer.recompute_flops(ex.in_shapes)})
+                         "recomputed_flops": layer.recompute_flops(list(st.in_shapes))})
     if bptt:
         out["bptt"] = bptt
     encodes = [s for s in prog.steps if s.phase == "encode"]

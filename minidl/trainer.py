@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -178,9 +179,9 @@ class Trainer:
                 raise
             # the tensor cache kept swapped tensors resident until even evicting all of them
             # left memory too fragmented: from now on release them at once (plain swapping)
-            c.plan.cache = False
-            c.plan.notes.append("cache: turned off after an out-of-memory that evicting every "
-                                "cached tensor could not resolve (fragmentation)")
+            c = self.engine.replace_plan(c, replace(c.plan, cache=False).with_notes(
+                "cache: turned off after an out-of-memory that evicting every cached tensor "
+                "could not resolve (fragmentation)"))
             self.cache_fallbacks += 1
             loss, outs = c.executor.run([x, y], training=True, seed=self.seed,
                                         iteration=self.iteration,

@@ -7,6 +7,8 @@ Also checks that the dry-run peak equals the real-run peak for every spec.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -178,7 +180,7 @@ def test_debug_pool_poisons_freed_blocks():
     """The NaN poisoning really reaches tensors read after free: a deliberately broken plan
     (conv2's input freed after its forward and re-allocated before conv2's backward) makes
     conv2's weight gradient NaN."""
-    from minidl.memory.plan import Action
+    from minidl.memory.plan import Alloc, Free, StepPlan
 
     net = smallcnn((1, 8, 8), 10, width=2)
     tr = minidl.Trainer(net, memory="reuse", device_memory="16MiB", debug=True)
@@ -189,16 +191,16 @@ def test_debug_pool_poisons_freed_blocks():
     prog = c.lowered.program
     fmap = next(t for t in prog.tensors if t.name == "pool1")
     # free pool1's output right after conv2's forward, and re-allocate it before conv2's backward
-    plan = c.plan
-    for sp in plan.steps:
-        sp.after = [a for a in sp.after if a.tensor != fmap.id]
-        sp.before = [a for a in sp.before if a.tensor != fmap.id]
+    before = [[a for a in sp.before if a.tensor != fmap.id] for sp in c.plan.steps]
+    after = [[a for a in sp.after if a.tensor != fmap.id] for sp in c.plan.steps]
     fwd = next(s.index for s in prog.steps if s.layer == "pool1" and s.phase == "forward")
     bwd = next(s.index for s in prog.steps if s.layer == "conv2" and s.phase == "backward")
-    plan.steps[fwd].before.append(Action("alloc", fmap.id))
-    plan.steps[fwd + 1].after.append(Action("free", fmap.id))
-    plan.steps[bwd].before.insert(0, Action("alloc", fmap.id))
-    plan.steps[bwd].after.append(Action("free", fmap.id))
+    before[fwd].append(Alloc(fmap.id))
+    after[fwd + 1].append(Free(fmap.id))
+    before[bwd].insert(0, Alloc(fmap.id))
+    after[bwd].append(Free(fmap.id))
+    broken = replace(c.plan, steps=tuple(StepPlan(b, a) for b, a in zip(before, after)))
+    tr.engine.replace_plan(c, broken)
     tr.compute_gradients(x, y)
     g = dict(net.named_parameters())["conv2.weight"].grad
     assert not np.isfinite(g).all()
@@ -277,10 +279,13 @@ def test_offloaded_tensors_are_not_readable():
     net = _tiny_cnn()
     tr = minidl.Trainer(net, memory="reuse,swap=all", device_memory="16MiB", debug=True)
     c = tr.engine.compiled([x.shape], y.shape, True)
-    plan = c.plan
-    root = plan.swapped[0]
-    for sp in plan.steps:  # remove the await: backward would read the tensor while away
-        sp.before = [a for a in sp.before if not (a.op == "await" and a.tensor == root)]
+    from minidl.memory.plan import Await, StepPlan
+
+    root = c.plan.swapped[0]
+    # remove the await: backward would read the tensor while away
+    steps = tuple(StepPlan([a for a in sp.before if a != Await(root)], sp.after)
+                  for sp in c.plan.steps)
+    tr.engine.replace_plan(c, replace(c.plan, steps=steps))
     before = tr.pool.allocated_bytes
     with pytest.raises(TensorNotResident, match="swapped out"):
         tr.compute_gradients(x, y)
