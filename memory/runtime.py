@@ -1,24 +1,27 @@
 """The memory runtime: carries out a plan's actions against a pool, tensor by tensor.
 
-It owns the residency of every non-persistent tensor of one iteration — on device, offloading,
-on host, prefetching, cached — hands the executor typed views of resident tensors only, moves
-swapped blocks through the device's copy engine, and records where the peak happened and what
-swapping cost (bytes moved, stall time, cache hits and misses).
+It owns the residency of every non-persistent tensor of one iteration — one
+:class:`~.residency.TensorRecord` per tensor (on device, offloading, on host, prefetching,
+cached; illegal moves raise) — hands the executor typed views of resident tensors only, moves
+swapped blocks through the device's copy engine, keeps released blocks in the tensor cache
+(:mod:`.cache`) when the plan asks, and records where the peak happened and what swapping cost
+(bytes moved, stall time, cache hits and misses).
 """
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from .cache import TensorCache
 from .liveness import root_of
 from .plan import Action, Alloc, Await, Free, Offload, Plan, Prefetch, Release
 from .pool import DeviceOutOfMemory, PlacementError
 from .program import Program
+from .residency import SWAPPED_OUT, IllegalTransition, Residency, TensorRecord
 
 
 def tensor_info(program: Program) -> list[tuple[int, tuple[int, ...], np.dtype]]:
@@ -48,20 +51,19 @@ class SwapStats:
         return dict(self.__dict__)
 
 
-@dataclass
-class _Swapped:
-    host: Any = None
-    d2h: Any = None
-    h2d: Any = None
-    state: str = "offloading"  # offloading | cached | on_host | prefetching
-    nbytes: int = 0  # the block's size (an encoded stash may be larger than planned)
-    shapes: dict[int, tuple[int, ...]] = field(default_factory=dict)
+#: Swapped-out states whose block is on device but not counted as kept (in flight).
+_IN_FLIGHT = frozenset({Residency.OFFLOADING, Residency.PREFETCHING})
 
 
 class MemoryRuntime:
     """Apply plan actions on ``pool``; ``position`` is the step being run (-1 before the first,
     ``len(steps)`` after the last), used to say where the peak occurred. ``host_pool`` holds
-    offloaded tensors (needed only by plans that swap)."""
+    offloaded tensors (needed only by plans that swap).
+
+    Each tensor touched by an action has one :class:`~.residency.TensorRecord` in
+    ``records``, kept in the order its current device block was assigned (a record moves to the
+    end when it gets a new block), so the blocks live at any moment read in allocation order.
+    """
 
     def __init__(self, pool: Any, program: Program, plan: Plan, host_pool: Any = None,
                  poison_offloaded: bool = False,
@@ -74,11 +76,8 @@ class MemoryRuntime:
         self.plan = plan
         self.host_pool = host_pool
         self.poison_offloaded = poison_offloaded
-        self.blocks: dict[int, Any] = {}
-        self.arrays: dict[int, Any] = {}
-        self.alive: dict[int, set[int]] = {}  # root -> alias members with a view
-        self.swapped: dict[int, _Swapped] = {}
-        self.cached: OrderedDict[int, None] = OrderedDict()  # LRU order of cached roots
+        self.records: dict[int, TensorRecord] = {}
+        self.cache = TensorCache(plan.cache)
         self.position = -1
         self.peak_bytes = -1
         self.peak_position = -1
@@ -88,9 +87,37 @@ class MemoryRuntime:
         self.fallbacks: list[str] = []
         self.reallocs = 0
         self.kept_for_backward: dict[str, int] = {}
-        self.swap_stats = SwapStats()
+        self._swap = SwapStats()
         #: With ``record=True``: (time, step, op, category, byte delta, tensor) per block event.
         self.events: list[tuple] | None = None
+
+    @property
+    def swap_stats(self) -> SwapStats:
+        """What swapping (and the tensor cache) did so far this iteration."""
+        c = self.cache.stats
+        return replace(self._swap, cache_hits=c.hits, cache_misses=c.misses,
+                       evictions=c.evictions)
+
+    def residency(self, tid: int) -> Residency:
+        """Where ``tid`` is now; a live alias is where its root's block is."""
+        rec = self.records.get(tid)
+        if rec is None:
+            return Residency.UNALLOCATED
+        if tid in self.plan.aliases and rec.state is Residency.ON_DEVICE:
+            root = self.records.get(root_of(self.plan.aliases, tid))
+            return root.state if root is not None else Residency.FREED
+        return rec.state
+
+    def _record_of(self, tid: int) -> TensorRecord:
+        rec = self.records.get(tid)
+        if rec is None:
+            rec = self.records[tid] = TensorRecord(tid, self.program.tensors[tid].name)
+        return rec
+
+    def _assign_block(self, rec: TensorRecord) -> None:
+        """Move ``rec`` to the end of ``records``: it has just been given a block."""
+        del self.records[rec.tensor]
+        self.records[rec.tensor] = rec
 
     # ------------------------------------------------------------------ actions
     def apply(self, action: Action) -> None:
@@ -130,11 +157,10 @@ class MemoryRuntime:
                         offset = -1
                 return self.pool.allocate(size, tag=t.name, category=t.category)
             except DeviceOutOfMemory:
-                if not self.cached:
+                if not self.cache.evict_oldest(self._free_swapped_block):
                     raise
-                self._evict(next(iter(self.cached)))
 
-    def _record(self, op: str, blk: Any, tid: int) -> None:
+    def _log(self, op: str, blk: Any, tid: int) -> None:
         if self.events is not None:
             t = self.program.tensors[tid]
             delta = blk.size if op == "alloc" else -blk.size
@@ -145,11 +171,11 @@ class MemoryRuntime:
         """Record what is on device as the backward pass begins, by category (the feature
         maps, stashes and encoded forms kept for backward)."""
         kept: dict[str, int] = {}
-        for tid, blk in self.blocks.items():
-            if tid in self.swapped and self.swapped[tid].state != "cached":
+        for tid, rec in self.records.items():
+            if rec.block is None or rec.state in _IN_FLIGHT:
                 continue
             cat = self.program.tensors[tid].category
-            kept[cat] = kept.get(cat, 0) + blk.size
+            kept[cat] = kept.get(cat, 0) + rec.block.size
         self.kept_for_backward = kept
 
     def _note_peak(self) -> None:
@@ -163,174 +189,177 @@ class MemoryRuntime:
         """List the blocks live at the peak (done lazily: the peak state lasts until the next
         free, so the list is taken then, or when asked)."""
         if self._peak_pending:
-            self.peak_live = list(self.blocks)
+            self.peak_live = [t for t, rec in self.records.items() if rec.block is not None]
             self._peak_pending = False
 
     def alloc(self, tid: int, offset: int = -1) -> None:
         _, shape, dtype = self.info[tid]
         if tid in self.plan.aliases:
-            root = root_of(self.plan.aliases, tid)
-            self.alive.setdefault(root, set()).add(tid)
-            if root in self.swapped:
-                return  # the view appears when the block is back on device
-            self.arrays[tid] = self.blocks[root].view(shape, dtype)
+            root = self._record_of(root_of(self.plan.aliases, tid))
+            rec = self._record_of(tid)
+            rec.check("allocate")
+            root.members.add(tid)
+            if root.state in SWAPPED_OUT:
+                rec.allocate(None, None)  # the view appears when the block is back on device
+            elif root.block is None:
+                raise TensorNotResident(f"alias {rec.name} of {root.name}: {root.name} is "
+                                        f"{root.state.value} at step {self.position}")
+            else:
+                rec.allocate(None, root.block.view(shape, dtype))
             return
+        rec = self._record_of(tid)
+        rec.check("allocate")
         blk = self._allocate(tid, offset)
         if self.events is not None:
-            self._record("alloc", blk, tid)
-        self.blocks[tid] = blk
-        self.arrays[tid] = blk.view(shape, dtype)
+            self._log("alloc", blk, tid)
+        rec.allocate(blk, blk.view(shape, dtype))
+        self._assign_block(rec)
         self._note_peak()
 
     def realloc(self, tid: int, nbytes: int) -> None:
         """Replace ``tid``'s block by one of ``nbytes`` (an encoded stash larger than planned);
         the contents are not kept."""
         self.snapshot_peak()
-        old = self.blocks.pop(tid)
-        self._record("free", old, tid)
+        rec = self._record_of(tid)
+        rec.check("reallocate")
+        old = rec.block
+        self._log("free", old, tid)
         self.pool.free(old)
+        rec.block = None  # returned to the pool: no longer live
         blk = self.pool.allocate(self.program.block_size(nbytes),
                                  tag=self.program.tensors[tid].name,
                                  category=self.program.tensors[tid].category)
-        self._record("alloc", blk, tid)
-        self.blocks[tid] = blk
-        self.arrays[tid] = blk.view((int(nbytes),), np.uint8)
+        self._log("alloc", blk, tid)
+        rec.reallocate(blk, blk.view((int(nbytes),), np.uint8))
+        self._assign_block(rec)
         self.reallocs += 1
         self._note_peak()
 
     def free(self, tid: int) -> None:
         self.snapshot_peak()
-        self.arrays.pop(tid, None)
+        rec = self._record_of(tid)
         if tid in self.plan.aliases:
-            self.alive.get(root_of(self.plan.aliases, tid), set()).discard(tid)
+            rec.free()
+            root = self.records.get(root_of(self.plan.aliases, tid))
+            if root is not None:
+                root.members.discard(tid)
             return
-        sw = self.swapped.pop(tid, None)
-        if sw is not None:
-            self._drop_host(sw)
-            self.cached.pop(tid, None)
-        blk = self.blocks.pop(tid, None)
-        if blk is None:
-            if sw is not None:
-                return
-            raise TensorNotResident(f"free of {self.program.tensors[tid].name}: not allocated")
-        self._record("free", blk, tid)
-        self.pool.free(blk)
+        blk, host = rec.block, rec.host
+        try:
+            rec.free()
+        except IllegalTransition:
+            raise TensorNotResident(f"free of {rec.name}: not allocated") from None
+        if host is not None:
+            self.host_pool.release(host)
+        self.cache.discard(tid)
+        if blk is not None:
+            self._log("free", blk, tid)
+            self.pool.free(blk)
 
     # ------------------------------------------------------------------ swapping
-    def _members(self, root: int) -> list[int]:
-        return [root, *sorted(self.alive.get(root, ()))]
+    def _members(self, root: TensorRecord) -> list[TensorRecord]:
+        return [root, *(self.records[m] for m in sorted(root.members))]
 
     def offload(self, root: int) -> None:
         """Start copying ``root``'s block to host; its views disappear until it is back."""
-        blk = self.blocks[root]
+        rec = self._record_of(root)
+        rec.check("offload")
+        blk = rec.block
         nbytes = blk.size
-        host = self.host_pool.acquire(nbytes, self.program.tensors[root].name)
-        engine = self.pool.device.copy_engine
-        ev = engine.copy_async(host, blk.view((nbytes,), np.uint8))
-        shapes = {}
-        for m in self._members(root):
-            a = self.arrays.pop(m, None)
-            if a is not None:
-                shapes[m] = tuple(a.shape)
-        self.swapped[root] = _Swapped(host=host, d2h=ev, nbytes=nbytes, shapes=shapes)
-        self.swap_stats.offloaded_bytes += nbytes
-        self.swap_stats.host_peak_bytes = max(self.swap_stats.host_peak_bytes,
-                                              self.host_pool.in_use_bytes)
+        host = self.host_pool.acquire(nbytes, rec.name)
+        ev = self.pool.device.copy_engine.copy_async(host, blk.view((nbytes,), np.uint8))
+        for m in self._members(rec):
+            m.saved_shape = None if m.view is None else tuple(m.view.shape)
+            m.view = None
+        rec.offload(host, ev)
+        self._swap.offloaded_bytes += nbytes
+        self._swap.host_peak_bytes = max(self._swap.host_peak_bytes,
+                                         self.host_pool.in_use_bytes)
 
     def _wait(self, ev: Any) -> None:
         if ev is not None and not ev.done():
             t0 = time.perf_counter()
             ev.wait()
-            self.swap_stats.stall_s += time.perf_counter() - t0
+            self._swap.stall_s += time.perf_counter() - t0
         elif ev is not None:
             ev.wait()  # re-raises a failed copy
 
     def release(self, root: int) -> None:
         """The device block of an offloaded tensor may go: wait for its copy (usually done),
         then free it — or keep it cached when the plan caches."""
-        sw = self.swapped[root]
-        self._wait(sw.d2h)
-        if self.plan.cache:
-            sw.state = "cached"
-            self.cached[root] = None
+        rec = self._record_of(root)
+        rec.check("release")
+        self._wait(rec.d2h)
+        if self.cache.keep(rec):
             return
-        self._free_swapped_block(root)
-        sw.state = "on_host"
+        self._free_swapped_block(rec)
+        rec.release()
 
-    def _free_swapped_block(self, root: int) -> None:
+    def _free_swapped_block(self, rec: TensorRecord) -> None:
         self.snapshot_peak()
-        blk = self.blocks.pop(root)
+        blk = rec.block
         if self.poison_offloaded and getattr(self.pool.device, "has_storage", False):
             self.pool.device.fill(blk.offset, blk.size, float("nan"))
-        self._record("free", blk, root)
+        self._log("free", blk, rec.tensor)
         self.pool.free(blk)
-
-    def _evict(self, root: int) -> None:
-        self.cached.pop(root)
-        self._free_swapped_block(root)
-        self.swapped[root].state = "on_host"
-        self.swap_stats.evictions += 1
 
     def prefetch(self, root: int, offset: int = -1) -> None:
         """Bring ``root`` back: free if still cached on device, else allocate and copy."""
-        sw = self.swapped[root]
-        if sw.state == "cached":
-            self.cached.pop(root)
-            sw.state = "prefetching"
-            sw.h2d = None
-            self.swap_stats.cache_hits += 1
+        rec = self._record_of(root)
+        if self.cache.take(rec):
             return
-        if self.plan.cache:
-            self.swap_stats.cache_misses += 1
-        blk = self._allocate(root, offset, sw.nbytes)
-        self._record("alloc", blk, root)
-        self.blocks[root] = blk
+        rec.check("prefetch")
+        blk = self._allocate(root, offset, rec.nbytes)
+        self._log("alloc", blk, root)
+        nbytes = rec.nbytes
+        rec.prefetch(blk, None)
+        self._assign_block(rec)
         self._note_peak()
-        nbytes = sw.nbytes
-        sw.h2d = self.pool.device.copy_engine.copy_async(blk.view((nbytes,), np.uint8), sw.host)
-        sw.state = "prefetching"
-        self.swap_stats.prefetched_bytes += nbytes
+        rec.h2d = self.pool.device.copy_engine.copy_async(blk.view((nbytes,), np.uint8),
+                                                          rec.host)
+        self._swap.prefetched_bytes += nbytes
 
     def await_(self, root: int) -> None:
         """Compute is about to read ``root``: wait for its prefetch, restore its views."""
-        sw = self.swapped.pop(root)
-        self._wait(sw.h2d)
-        self._drop_host(sw)
-        blk = self.blocks[root]
-        for m in self._members(root):
-            _, shape, dtype = self.info[m]
-            self.arrays[m] = blk.view(sw.shapes.get(m, shape), dtype)
-
-    def _drop_host(self, sw: _Swapped) -> None:
-        if sw.host is not None:
-            self.host_pool.release(sw.host)
-            sw.host = None
+        rec = self._record_of(root)
+        rec.check("await_prefetch")
+        self._wait(rec.h2d)
+        if rec.host is not None:
+            self.host_pool.release(rec.host)
+        blk = rec.block
+        for m in self._members(rec):
+            _, shape, dtype = self.info[m.tensor]
+            m.view = blk.view(shape if m.saved_shape is None else m.saved_shape, dtype)
+        rec.await_prefetch(rec.view)
 
     # ------------------------------------------------------------------ access
     def array(self, tid: int) -> Any:
-        try:
-            return self.arrays[tid]
-        except KeyError:
-            t = self.program.tensors[tid]
-            where = "swapped out" if root_of(self.plan.aliases, tid) in self.swapped \
-                else "not allocated"
-            raise TensorNotResident(
-                f"tensor {t.name} ({t.category}) is {where} at step {self.position}"
-            ) from None
+        rec = self.records.get(tid)
+        if rec is not None and rec.view is not None:
+            return rec.view
+        t = self.program.tensors[tid]
+        root = self.records.get(root_of(self.plan.aliases, tid))
+        where = "swapped out" if root is not None and root.state in SWAPPED_OUT \
+            else "not allocated"
+        raise TensorNotResident(f"tensor {t.name} ({t.category}) is {where} at step "
+                                f"{self.position}")
 
     def release_all(self) -> None:
         """Free whatever is still allocated (after a failure), leaving the pool clean."""
         self.snapshot_peak()
-        for sw in self.swapped.values():
-            for ev in (sw.d2h, sw.h2d):
+        for rec in self.records.values():
+            if rec.state not in SWAPPED_OUT:
+                continue
+            for ev in (rec.d2h, rec.h2d):
                 if ev is not None:
                     try:
                         ev.wait()
                     except Exception:
                         pass
-            self._drop_host(sw)
-        self.swapped.clear()
-        self.cached.clear()
-        for tid in list(self.blocks):
-            self.pool.free(self.blocks.pop(tid))
-        self.arrays.clear()
+            if rec.host is not None:
+                self.host_pool.release(rec.host)
+        self.cache.clear()
+        for rec in list(self.records.values()):
+            if rec.block is not None:
+                self.pool.free(rec.block)
+        self.records.clear()
