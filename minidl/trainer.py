@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -18,6 +17,7 @@ from .kernels.parallel import num_blas_threads, set_thread_policy
 from .labels import default_label_shape
 from .layers import SoftmaxCrossEntropy
 from .layers.base import Layer
+from .memory.cache import without_cache
 from .memory.config import MemoryConfig
 from .memory.device_factory import make_device
 from .memory.pool import DeviceOutOfMemory, Pool
@@ -179,9 +179,7 @@ class Trainer:
                 raise
             # the tensor cache kept swapped tensors resident until even evicting all of them
             # left memory too fragmented: from now on release them at once (plain swapping)
-            c = self.engine.replace_plan(c, replace(c.plan, cache=False).with_notes(
-                "cache: turned off after an out-of-memory that evicting every cached tensor "
-                "could not resolve (fragmentation)"))
+            c = self.engine.replace_plan(c, without_cache(c.plan))
             self.cache_fallbacks += 1
             loss, outs = c.executor.run([x, y], training=True, seed=self.seed,
                                         iteration=self.iteration,
