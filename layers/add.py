@@ -12,6 +12,7 @@ class Add(Layer):
     grad-input 0 may alias the grad output (in-place backward). Retains nothing."""
 
     kind = "add"
+    recompute_cost = "expensive"  # a join: kept as a checkpoint
     num_inputs = None
     inplace_forward = True
     inplace_backward = True

@@ -121,9 +121,20 @@ class Symbol:
 class Layer:
     """Base class of every layer. Subclasses override the declarations and the two kernels."""
 
-    #: Op tag used by memory policies: conv, linear, relu, act, pool, bn, dropout, flatten,
-    #: add, concat, embedding, loss, rnn, ...
+    #: Op tag shown in reports (conv, linear, relu, act, pool, bn, ...); memory never reads it.
     kind: str = "generic"
+    # ---- memory capabilities, as plain values (minidl.memory.capabilities is the vocabulary;
+    # lowering checks them and refuses unknown ones)
+    #: "cheap" (recomputed freely), "expensive" (kept as a checkpoint: conv, linear, joins) or
+    #: "sequence" (a whole sequence in one op: never recomputed as a whole).
+    recompute_cost: str = "cheap"
+    #: Encodings backward can start from instead of the dense stash ("sign": ReLU's output
+    #: sign; "packed_argmax": a max-pool's argmax packed), through
+    #: :meth:`backward_from_encoded`.
+    backward_from: tuple[str, ...] = ()
+    #: Outputs mostly zeros (ReLU); a convolution (vDNN swaps its inputs, Gist keeps them sparse).
+    sparse_output: bool = False
+    convolution: bool = False
     #: Number of inputs, or ``None`` for a variable number (Add, Concat).
     num_inputs: int | None = 1
     num_outputs: int = 1
@@ -183,6 +194,11 @@ class Layer:
         """Forward floating-point operations (backward is costed at twice this by default)."""
         return int(sum(math.prod(s) for s in self.output_shapes(in_shapes)))
 
+    def memory_attrs(self) -> dict:
+        """Plain facts memory passes need about the op (a max-pool's window, for packing its
+        argmax); never arrays or objects."""
+        return {}
+
     # ----------------------------------------------------------------- compute
     def forward(self, ctx: Context, inputs, outputs, params, stash, workspace) -> None:
         raise NotImplementedError
@@ -192,6 +208,11 @@ class Layer:
         stash, workspace,
     ) -> None:
         raise NotImplementedError
+
+    def backward_from_encoded(self, encoding: str, encoded, grad_output, grad_input) -> None:
+        """Backward (input gradient only) straight from ``encoded``, this op's stash in one of
+        the encodings of :attr:`backward_from`. Layers declaring an encoding override it."""
+        raise NotImplementedError(f"{type(self).__name__} has no backward from {encoding!r}")
 
     # ----------------------------------------------------------------- helpers
     def describe(self) -> str:

@@ -14,6 +14,7 @@ class Concat(Layer):
     input sizes along the axis (8 bytes per input)."""
 
     kind = "concat"
+    recompute_cost = "expensive"  # a join: kept as a checkpoint
     num_inputs = None
 
     def __init__(self, axis: int = 1) -> None:

@@ -26,6 +26,8 @@ class Conv2d(Layer):
     """
 
     kind = "conv"
+    recompute_cost = "expensive"
+    convolution = True
     retain_inputs = (0,)
     accumulates_grads = True
 

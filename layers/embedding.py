@@ -36,6 +36,7 @@ class Embedding(Layer):
     Backward scatter-adds into the weight gradient; the indices get no gradient."""
 
     kind = "embedding"
+    recompute_cost = "expensive"
     retain_inputs = (0,)
     accumulates_grads = True
     nondiff_inputs = (0,)

@@ -21,6 +21,7 @@ class Linear(Layer):
     U(-1/sqrt(in), 1/sqrt(in)) as in PyTorch. Backward retains only the input."""
 
     kind = "linear"
+    recompute_cost = "expensive"
     retain_inputs = (0,)
     accumulates_grads = True
 

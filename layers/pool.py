@@ -12,6 +12,7 @@ from ..kernels.pool import (
     maxpool2d_forward,
     pool_output_hw,
 )
+from ..kernels.poolidx import maxpool_backward_packed
 from .base import Layer, Shape
 from .conv2d import _pair
 
@@ -63,8 +64,22 @@ class MaxPool2d(_Pool2d):
     maximum (``argmax``, one byte per output element for windows up to 256 elements).
     """
 
+    backward_from = ("packed_argmax",)
+
     def stash_specs(self, in_shapes: list[Shape], dtype: np.dtype) -> dict[str, tuple]:
         return {"argmax": (self.output_shapes(in_shapes)[0], argmax_dtype(self.kernel_size))}
+
+    def memory_attrs(self) -> dict:
+        kh, kw = self.kernel_size
+        return {"window": kh * kw, "kernel": tuple(self.kernel_size),
+                "stride": tuple(self.stride), "padding": tuple(self.padding)}
+
+    def backward_from_encoded(self, encoding, encoded, grad_output, grad_input) -> None:
+        """From the argmax stash packed to the window's bits (Gist's binarize)."""
+        if encoding != "packed_argmax":
+            super().backward_from_encoded(encoding, encoded, grad_output, grad_input)
+        maxpool_backward_packed(grad_output, encoded, tuple(grad_input.shape), self.kernel_size,
+                                self.stride, self.padding, out=grad_input)
 
     def forward(self, ctx, inputs, outputs, params, stash, workspace) -> None:
         maxpool2d_forward(inputs[0], outputs[0], stash["argmax"], self.kernel_size,

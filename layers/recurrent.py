@@ -63,6 +63,7 @@ class _Recurrent(_KeepAllPath, _ScheduledPath, _UnitOps, Layer):
     """Shared machinery of :class:`LSTM` and :class:`GRU` (see the module docstring)."""
 
     kind = "recurrent"
+    recompute_cost = "sequence"
     accumulates_grads = True
     cell = ""
     gate_factor = 4  # G = gate_factor * H

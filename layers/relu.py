@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kernels.bitpack import packed_nbytes, relu_backward_packed
 from .base import Layer
 
 
 class ReLU(Layer):
     kind = "relu"
+    backward_from = ("sign",)
+    sparse_output = True
     retain_outputs = (0,)
     inplace_forward = True
     inplace_backward = True
@@ -21,3 +24,10 @@ class ReLU(Layer):
         if grad_inputs[0] is not None:
             # dy * (y > 0); safe when grad_inputs[0] is grad_outputs[0].
             np.multiply(grad_outputs[0], outputs[0] > 0, out=grad_inputs[0])
+
+    def backward_from_encoded(self, encoding, encoded, grad_output, grad_input) -> None:
+        """From the 1-bit sign mask of the output (Gist's binarize)."""
+        if encoding != "sign":
+            super().backward_from_encoded(encoding, encoded, grad_output, grad_input)
+        relu_backward_packed(grad_output, encoded[:packed_nbytes(grad_output.size)],
+                             out=grad_input)

@@ -14,12 +14,12 @@ throughput. Offsets are then planned statically (no fragmentation: the budget is
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from .base_plan import base_plan, plan_peak
 from .config import MemoryConfig
 from .liveness import root_of
-from .plan import Plan
+from .plan import AutoChoice, Plan
 from .program import Program
 from .recompute import recompute_program
 from .static_plan import block_intervals, static_plan
@@ -32,18 +32,6 @@ _BASE = MemoryConfig.parse("reuse,inplace")
 
 class BudgetTooSmall(MemoryError):
     """No plan fits the budget; the message gives the smallest peak reached and its parts."""
-
-
-@dataclass
-class AutoChoice:
-    """What the auto planner decided: original value tensors swapped, forward steps dropped
-    (recomputed in backward), and the resulting estimated overhead."""
-
-    swapped: set[int] = field(default_factory=set)
-    dropped: set[int] = field(default_factory=set)
-    extra_time_s: float = 0.0
-    peak: int = 0
-    path: list[tuple[str, str, int, float]] = field(default_factory=list)
 
 
 def step_costs(program: Program, step_times: list[float] | None,

@@ -1,5 +1,6 @@
-"""Carrying out encode / decode steps and the backward steps that read encoded stashes, with
-the kernels of :mod:`minidl.kernels` (NumPy / Numba CPU, Numba CUDA by array type)."""
+"""Carrying out encode / decode steps with the kernels of :mod:`minidl.kernels` (NumPy / Numba
+CPU, Numba CUDA by array type). Backward straight from an encoding is layer math: the layer's
+``backward_from_encoded``."""
 
 from __future__ import annotations
 
@@ -53,14 +54,3 @@ def decode(codec: str, buf: Any, out: Any, attrs: dict) -> None:
 def density(x: Any) -> float:
     """Fraction of non-zero elements."""
     return sparse.count_nonzero(x) / max(int(x.size), 1)
-
-
-def relu_backward(buf: Any, dy: Any, dx: Any) -> None:
-    """ReLU backward straight from a 1-bit sign mask."""
-    bitpack.relu_backward_packed(dy, buf[:bitpack.packed_nbytes(dy.size)], out=dx)
-
-
-def maxpool_backward(buf: Any, dy: Any, dx: Any, attrs: dict) -> None:
-    """Max-pool backward straight from packed argmax indices."""
-    poolidx.maxpool_backward_packed(dy, buf, tuple(dx.shape), attrs["kernel"],
-                                    attrs["stride"], attrs["padding"], out=dx)

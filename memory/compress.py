@@ -6,15 +6,15 @@ use writes its encoded form (category ``encoded``) so the dense tensor dies ther
 *decode* step before its first backward use rebuilds a dense clone that the backward steps
 read, or the backward step itself consumes the encoded form:
 
-* ``binarize`` — a ReLU output that only the ReLU's own backward needs (ReLU→Pool) is kept as
-  a 1-bit sign mask and ReLU backward runs straight from it; a max-pool's argmax stash is kept
-  in the fewest bits its window needs (2 bits for 2×2) and pool backward runs from those.
-  Lossless.
-* ``sparse`` — a ReLU output a convolution keeps (ReLU→Conv) is stored in the smallest of
-  CSR with narrow column indices (Gist's SSDC) and a bitmask plus non-zeros (ZVC), never
-  larger than dense; decoded before the convolution's backward. Lossless; its size depends on
-  the data, so plans use measured densities when the engine has them and an assumed density
-  before (the plan says which).
+* ``binarize`` — the output of an op whose backward can start from its sign (ReLU) and that
+  only that backward needs (ReLU→Pool) is kept as a 1-bit sign mask; the argmax stash of an op
+  whose backward can start from it packed (max-pool) is kept in the fewest bits its window
+  needs (2 bits for 2×2). The layer's ``backward_from_encoded`` runs from those. Lossless.
+* ``sparse`` — a mostly-zero output (ReLU) a convolution keeps (ReLU→Conv) is stored in the
+  smallest of CSR with narrow column indices (Gist's SSDC) and a bitmask plus non-zeros
+  (ZVC), never larger than dense; decoded before the convolution's backward. Lossless; its
+  size depends on the data, so plans use measured densities when the engine has them and an
+  assumed density before (the plan says which).
 * ``dpr`` — every other feature map kept for backward is stored at reduced precision and
   decoded (lossy: opt-in; the forward pass stays fp32).
 """
@@ -25,8 +25,11 @@ import math
 from dataclasses import replace
 
 from ..kernels import bitpack, poolidx, precision, sparse
+from .capabilities import StashEncoding
 from .program import Program, Step, TensorSpec
 
+#: The encoding a layer's backward starts from, for the codecs it consumes directly.
+CODEC_ENCODING = {"sign": StashEncoding.SIGN.value, "poolidx": StashEncoding.PACKED_ARGMAX.value}
 #: Density (fraction of non-zeros) assumed for ReLU outputs before any is measured.
 ASSUMED_DENSITY = 0.5
 
@@ -79,19 +82,20 @@ def compress_program(program: Program, binarize: bool = False, use_sparse: bool 
         if st.phase != "forward":
             continue
         outs = [t for t in st.writes if program.tensors[t].role == "value"]
-        if binarize and st.kind == "relu" and outs:
+        from_enc = st.caps.backward_from
+        if binarize and StashEncoding.SIGN in from_enc and outs:
             v = outs[0]
             rs = readers.get(v, [])
             if rs and all(r.phase == "backward" and r.node == st.node for r in rs):
                 plan[v] = ("sign", {})
                 continue
-        if binarize and st.kind == "pool" and st.attrs.get("op") == "max":
+        if binarize and StashEncoding.PACKED_ARGMAX in from_enc:
             for t in st.writes:
                 if program.tensors[t].role == "stash" and t in readers:
                     plan[t] = ("poolidx", dict(st.attrs))
-        if use_sparse and st.kind == "relu" and outs:
+        if use_sparse and st.caps.sparse_output and outs:
             v = outs[0]
-            if any(r.kind == "conv" for r in readers.get(v, [])):
+            if any(r.caps.convolution for r in readers.get(v, [])):
                 plan[v] = ("sparse", {})
     if dpr:
         for t in readers:
@@ -143,10 +147,10 @@ def compress_program(program: Program, binarize: bool = False, use_sparse: bool 
         if st.phase in ("backward", "recompute"):
             decoded = {t: dec_of[t] for t in st.reads if t in dec_of}
             consumed = [t for t in st.reads if t in enc_of and t not in dec_of]
-            if consumed:  # read encoded by the step's own codec backward
+            if consumed:  # read encoded: the layer's backward starts from the encoding
                 t = consumed[0]
                 st = replace(st, reads=tuple(enc_of[r] if r == t else r for r in st.reads),
-                             attrs={**st.attrs, "codec_backward": plan[t][0],
+                             attrs={**st.attrs, "backward_from": CODEC_ENCODING[plan[t][0]],
                                     "encoded": enc_of[t]})
             st = st.remapped(decoded)
         emit(st)

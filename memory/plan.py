@@ -8,13 +8,10 @@ under the executor that runs it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, ClassVar, Union
+from dataclasses import dataclass, field, replace
+from typing import ClassVar, Union
 
 from .program import Program
-
-if TYPE_CHECKING:
-    from .auto import AutoChoice
 
 
 @dataclass(frozen=True)
@@ -74,6 +71,18 @@ ACTIONS = (Alloc, Free, Offload, Release, Prefetch, Await)
 #: Actions that put a block on the device, and those that take it off.
 STARTS = (Alloc, Prefetch)
 ENDS = (Free, Release)
+
+
+@dataclass
+class AutoChoice:
+    """What the auto planner (:mod:`.auto`) decided: original value tensors swapped, forward
+    steps dropped (recomputed in backward), and the resulting estimated overhead."""
+
+    swapped: set[int] = field(default_factory=set)
+    dropped: set[int] = field(default_factory=set)
+    extra_time_s: float = 0.0
+    peak: int = 0
+    path: list[tuple[str, str, int, float]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from .capabilities import OpCaps
 from .units import ALLOCATION_UNIT, aligned
 
 
@@ -92,6 +93,8 @@ class Step:
     #: Parameters whose gradient the layer adds straight into ``.grad`` (``ctx.accumulate``).
     accumulate: frozenset[str] = frozenset()
     in_shapes: tuple[tuple[int, ...], ...] = ()
+    #: What memory passes may do with the op (declared by its layer).
+    caps: OpCaps = OpCaps()
     #: Index of the lowered step this one runs (itself for lowered steps; a recomputation's
     #: forward step; -1 for steps a pass added): measured step times are keyed by it.
     origin: int = -1

@@ -16,10 +16,10 @@ Policies choose the *checkpoints* (feature maps kept) and how backward steps are
   graph (values that alone carry everything later steps read: every layer of a chain, the block
   outputs of a ResNet); every ⌈√m⌉-th of the m candidates is kept; one recomputation per
   segment. Extra compute: at most one forward pass.
-* ``speed`` — SuperNeurons' speed-centric: checkpoints are the outputs of expensive layers
-  (conv, linear) and of fork, join and concat points; cheap layers (ReLU, BN, pooling,
-  dropout, activations) are dropped; a segment is recomputed once and kept for the rest of its
-  backward.
+* ``speed`` — SuperNeurons' speed-centric: checkpoints are the outputs of ops declaring an
+  expensive recompute cost (conv, linear, embedding, add and concat joins; whole-sequence ops)
+  and of fork points; cheap ones (ReLU, BN, pooling, dropout, activations) are dropped; a
+  segment is recomputed once and kept for the rest of its backward.
 * ``memory`` — memory-centric: same checkpoints, but each backward step recomputes what it
   needs and frees it at once.
 * ``cost`` — cost-aware: memory-centric peak, then per segment switch to speed-centric when
@@ -31,13 +31,12 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from .capabilities import RecomputeCost
 from .liveness import lifetimes
 from .program import Program, Step
 
-EXPENSIVE = ("conv", "linear", "embedding", "add", "concat", "recurrent")
-#: Whole-sequence recurrent layers are never recomputed as a whole: their outputs are always
-#: checkpoints (they recompute over time inside, by their own BPTT schedule).
-ALWAYS_KEPT = ("recurrent",)
+#: Ops whose outputs the speed / memory / cost policies keep as checkpoints.
+KEPT_COSTS = (RecomputeCost.EXPENSIVE, RecomputeCost.SEQUENCE)
 POLICIES = ("sqrt", "speed", "memory", "cost")
 
 
@@ -87,7 +86,8 @@ def choose_checkpoints(program: Program, policy: str) -> set[int]:
             return set()
         every = max(1, math.ceil(math.sqrt(len(cands))))
         return {c for i, c in enumerate(cands) if (i + 1) % every == 0} | {
-            t for st in fwd if st.kind in ALWAYS_KEPT for t in _outputs(program, st)}
+            t for st in fwd if st.caps.cost is RecomputeCost.SEQUENCE
+            for t in _outputs(program, st)}
     readers: dict[int, int] = {}
     for st in fwd:
         for t in st.reads:
@@ -95,7 +95,7 @@ def choose_checkpoints(program: Program, policy: str) -> set[int]:
     keep = set()
     for st in fwd:
         for t in _outputs(program, st):
-            if st.kind in EXPENSIVE or readers.get(t, 0) > 1:
+            if st.caps.cost in KEPT_COSTS or readers.get(t, 0) > 1:
                 keep.add(t)
     return keep
 

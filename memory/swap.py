@@ -59,7 +59,7 @@ def swap_candidates(program: Program, aliases: dict[int, int], mode: str) -> lis
             r = root_of(aliases, t)
             if st.phase in ("forward", "encode"):
                 fwd_last[r] = st.index
-                if st.kind == "conv" and t in st.reads:
+                if st.caps.convolution and t in st.reads:
                     conv_input.add(r)
             elif st.phase in ("backward", "recompute", "decode") and t in st.reads \
                     and r not in bwd_first:

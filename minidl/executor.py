@@ -169,15 +169,13 @@ class Executor:
                   loss_scale: float = 1.0) -> None:
         arr = rt.array
         layer = self.layers[st.node]
-        codec = st.attrs.get("codec_backward")
-        if codec is not None:
+        encoding = st.attrs.get("backward_from")
+        if encoding is not None:  # the stash is kept encoded: backward starts from it
             g = st.grad_inputs[0]
             if g is not None:
-                dy, dx, buf = arr(st.grad_outputs[0]), arr(g.written), arr(st.attrs["encoded"])
-                if codec == "sign":
-                    codecs.relu_backward(buf, dy, dx)
-                else:
-                    codecs.maxpool_backward(buf, dy, dx, st.attrs)
+                dx = arr(g.written)
+                layer.backward_from_encoded(encoding, arr(st.attrs["encoded"]),
+                                            arr(st.grad_outputs[0]), dx)
                 if g.add_into >= 0:
                     np.add(arr(g.add_into), dx, out=arr(g.add_into))
             return

@@ -14,6 +14,7 @@ import numpy as np
 
 from .graph import Network
 from .layers.base import Layer
+from .memory.capabilities import OpCaps, op_caps
 from .memory.program import GradInput, Program, Step, TensorSpec
 from .memory.units import ALLOCATION_UNIT
 from .parameter import Parameter
@@ -144,6 +145,7 @@ def lower(
 
     dtype0 = next((d for d in dtypes if d is not None and _float(d)), np.dtype("float32"))
     stash_t: list[dict[str, int]] = []
+    caps = [layer_caps(layer) for layer in layers]  # unknown capabilities fail here
     for i, layer in enumerate(layers):
         name = node_names[i]
         in_shapes = [shapes[v] for v in node_in[i]]
@@ -166,7 +168,8 @@ def lower(
             else ()
         push(phase="forward", layer=name, kind=layer.kind, node=i, reads=reads, writes=writes,
              workspace=ws, flops=int(layer.flops(in_shapes)), shares=shares,
-             attrs=op_attrs(layer), inputs=tuple(val_t[v] for v in node_in[i]),
+             attrs=layer.memory_attrs(), caps=caps[i],
+             inputs=tuple(val_t[v] for v in node_in[i]),
              outputs=tuple(val_t[v] for v in node_out[i]), stash=st, params=local_params(i),
              in_shapes=tuple(in_shapes))
 
@@ -241,7 +244,8 @@ def lower(
             push(phase="backward", layer=name, kind=layer.kind, node=i,
                  reads=tuple(dict.fromkeys(reads)), writes=tuple(dict.fromkeys(writes)),
                  workspace=ws, flops=2 * int(layer.flops(in_shapes)), shares=shares,
-                 attrs=op_attrs(layer), inputs=tuple(val_t[v] for v in node_in[i]),
+                 attrs=layer.memory_attrs(), caps=caps[i],
+                 inputs=tuple(val_t[v] for v in node_in[i]),
                  outputs=tuple(val_t[v] for v in node_out[i]), stash=stash_t[i],
                  params=local_params(i), grad_outputs=tuple(g_out), grad_inputs=tuple(g_in),
                  grad_params=gp, param_partials=gpart, accumulate=frozenset(adds),
@@ -257,14 +261,10 @@ def lower(
                    [val_t[v] for v in net.output_values], param_t, grad_t)
 
 
-def op_attrs(layer: Layer) -> dict:
-    """Plain facts about an op that memory passes use (a max-pool's geometry for packing its
-    argmax)."""
-    if type(layer).__name__ == "MaxPool2d":
-        kh, kw = layer.kernel_size
-        return {"op": "max", "window": kh * kw, "kernel": tuple(layer.kernel_size),
-                "stride": tuple(layer.stride), "padding": tuple(layer.padding)}
-    return {}
+def layer_caps(layer: Layer) -> OpCaps:
+    """The memory capabilities ``layer`` declares, checked against memory's vocabulary."""
+    return op_caps(f"layer {layer.name or type(layer).__name__}", layer.recompute_cost,
+                   tuple(layer.backward_from), layer.sparse_output, layer.convolution)
 
 
 def net_value_name(net: Network, v: int, node_names: list[str], label_v: int) -> str:

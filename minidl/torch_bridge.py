@@ -10,43 +10,45 @@ from typing import Any
 
 import numpy as np
 
+from . import layers as L
 from .graph import Network
+from .rnn import SequenceModel
 
 
 def _module_for(layer: Any, torch: Any) -> Any:
+    """The ``torch.nn`` module computing ``layer`` (``None`` for the parameter-free joins the
+    graph module computes inline), chosen by the layer's class (subclasses included)."""
     nn = torch.nn
-    kind = type(layer).__name__
     g = lambda name, default=None: getattr(layer, name, default)  # noqa: E731
-    if kind == "Conv2d":
+    if isinstance(layer, L.Conv2d):
         return nn.Conv2d(g("in_channels"), g("out_channels"), g("kernel_size"), g("stride"),
                          g("padding"), g("dilation"), g("groups"),
                          bias=bool(g("has_bias", g("bias"))))
-    if kind == "Linear":
+    if isinstance(layer, L.Linear):
         return nn.Linear(g("in_features"), g("out_features"), bias=bool(g("bias")))
-    if kind in ("BatchNorm1d", "BatchNorm2d"):
-        return getattr(nn, kind)(g("num_features"), eps=g("eps"), momentum=g("momentum"),
-                                 affine=g("affine"), track_running_stats=g("track_running_stats"))
-    if kind == "MaxPool2d":
+    for ours, theirs in ((L.BatchNorm1d, nn.BatchNorm1d), (L.BatchNorm2d, nn.BatchNorm2d)):
+        if isinstance(layer, ours):
+            return theirs(g("num_features"), eps=g("eps"), momentum=g("momentum"),
+                          affine=g("affine"), track_running_stats=g("track_running_stats"))
+    if isinstance(layer, L.MaxPool2d):
         return nn.MaxPool2d(g("kernel_size"), g("stride"), g("padding"))
-    if kind == "AvgPool2d":
+    if isinstance(layer, L.AvgPool2d):
         return nn.AvgPool2d(g("kernel_size"), g("stride"), g("padding"))
-    if kind == "ReLU":
-        return nn.ReLU()
-    if kind == "LeakyReLU":
+    if isinstance(layer, L.LeakyReLU):
         return nn.LeakyReLU(g("negative_slope"))
-    if kind == "Sigmoid":
-        return nn.Sigmoid()
-    if kind == "Tanh":
-        return nn.Tanh()
-    if kind == "Dropout":
+    simple = ((L.ReLU, nn.ReLU), (L.Sigmoid, nn.Sigmoid), (L.Tanh, nn.Tanh))
+    for ours, theirs in simple:
+        if isinstance(layer, ours):
+            return theirs()
+    if isinstance(layer, L.Dropout):
         return nn.Dropout(g("p"))
-    if kind == "Flatten":
+    if isinstance(layer, L.Flatten):
         return nn.Flatten(g("start_dim", 1), g("end_dim", -1))
-    if kind == "Embedding":
+    if isinstance(layer, L.Embedding):
         return nn.Embedding(g("num_embeddings"), g("embedding_dim"))
-    if kind in ("Add", "Concat", "GlobalAvgPool2d"):
+    if isinstance(layer, (L.Add, L.Concat, L.GlobalAvgPool2d)):
         return None
-    raise NotImplementedError(f"no PyTorch equivalent for layer {kind}")
+    raise NotImplementedError(f"no PyTorch equivalent for layer {type(layer).__name__}")
 
 
 def _char_rnn_to_torch(net: Any) -> Any:
@@ -81,14 +83,14 @@ def to_torch(net: Network) -> Any:
     """A ``torch.nn.Module`` computing the same function as ``net``, with its weights copied."""
     import torch
 
-    if hasattr(net, "for_shapes") and type(net).__name__ == "SequenceModel":
+    if isinstance(net, SequenceModel):
         return _char_rnn_to_torch(net)
 
     class GraphModule(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.mods = torch.nn.ModuleDict()
-            self.plan: list[tuple[str, str, Any, list[int], int]] = []
+            self.plan: list[tuple[str, Any, list[int], int]] = []
             for node in net.nodes:
                 key = node.name.replace(".", "_")
                 m = _module_for(node.layer, torch)
@@ -97,8 +99,7 @@ def to_torch(net: Network) -> Any:
                     with torch.no_grad():
                         for pname, p in net.layer_params(node.name).items():
                             getattr(m, pname).copy_(torch.from_numpy(np.asarray(p.data)))
-                self.plan.append((key, type(node.layer).__name__, node.layer, node.in_values,
-                                  node.out_values[0]))
+                self.plan.append((key, node.layer, node.in_values, node.out_values[0]))
             self.n_values = len(net.values)
             self.out_values = list(net.output_values)
 
@@ -106,15 +107,15 @@ def to_torch(net: Network) -> Any:
             vals: list[Any] = [None] * self.n_values
             for i, x in enumerate(xs):
                 vals[i] = x
-            for key, kind, layer, ins, out in self.plan:
+            for key, layer, ins, out in self.plan:
                 args = [vals[v] for v in ins]
-                if kind == "Add":
+                if isinstance(layer, L.Add):
                     y = args[0]
                     for a in args[1:]:
                         y = y + a
-                elif kind == "Concat":
+                elif isinstance(layer, L.Concat):
                     y = torch.cat(args, dim=layer.axis)
-                elif kind == "GlobalAvgPool2d":
+                elif isinstance(layer, L.GlobalAvgPool2d):
                     y = args[0].mean(dim=(2, 3))
                 else:
                     y = self.mods[key](*args)

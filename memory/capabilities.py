@@ -1,0 +1,66 @@
+"""What memory passes may do with an op: capabilities as typed data, never op names.
+
+Layers declare plain values (``recompute_cost = "expensive"``, ``backward_from = ("sign",)``:
+layers import nothing of memory); lowering turns them into an :class:`OpCaps` with
+:func:`op_caps`, which refuses an unknown value, and puts it on every step. Passes read
+``step.caps`` only: a new layer gets every strategy by declaring its capabilities.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class RecomputeCost(str, Enum):
+    """How recomputation policies treat an op's outputs."""
+
+    #: Cheap to recompute (activations, normalisation, pooling, dropout, reshapes): dropped.
+    CHEAP = "cheap"
+    #: Expensive (convolution, linear, embedding) or a join (add, concat): kept as checkpoints
+    #: by the speed / memory / cost policies.
+    EXPENSIVE = "expensive"
+    #: A whole sequence in one op (fused RNNs): never recomputed as a whole (it recomputes
+    #: over time inside, by its own BPTT schedule); its outputs are always checkpoints.
+    SEQUENCE = "sequence"
+
+
+class StashEncoding(str, Enum):
+    """Encodings an op's backward can start from, instead of its dense stash (Gist)."""
+
+    #: Only the sign of output 0 (ReLU): a 1-bit mask.
+    SIGN = "sign"
+    #: Its ``argmax`` stash packed to the fewest bits its window needs (max-pool).
+    PACKED_ARGMAX = "packed_argmax"
+
+
+@dataclass(frozen=True)
+class OpCaps:
+    """Capabilities of one op (see the enums); the defaults promise nothing."""
+
+    cost: RecomputeCost = RecomputeCost.CHEAP
+    backward_from: frozenset[StashEncoding] = frozenset()
+    #: Its outputs are mostly zeros (ReLU): worth keeping sparse when a convolution keeps them.
+    sparse_output: bool = False
+    #: A convolution: vDNN's ``swap=conv`` offloads its inputs; Gist keeps the ReLU outputs it
+    #: retains sparse.
+    convolution: bool = False
+
+
+def op_caps(owner: str, cost: str = "cheap", backward_from: tuple[str, ...] = (),
+            sparse_output: bool = False, convolution: bool = False) -> OpCaps:
+    """:class:`OpCaps` from plain declared values; ``ValueError`` naming ``owner`` and the
+    valid values for anything unknown."""
+    try:
+        c = RecomputeCost(cost)
+    except ValueError:
+        raise ValueError(f"{owner}: unknown recompute cost {cost!r}; valid: "
+                         f"{', '.join(v.value for v in RecomputeCost)}") from None
+    encs = set()
+    for e in backward_from:
+        try:
+            encs.add(StashEncoding(e))
+        except ValueError:
+            raise ValueError(f"{owner}: unknown stash encoding {e!r} to run backward from; "
+                             f"valid: {', '.join(v.value for v in StashEncoding)}") from None
+    return OpCaps(c, frozenset(encs), bool(sparse_output), bool(convolution))
