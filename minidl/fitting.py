@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from .data import batches
 from .kernels.jit import CompileWatch
@@ -34,10 +37,15 @@ def fit(
     progress: bool = True,
     evaluate: bool = True,
     shuffle: bool = True,
+    augment: Callable[[np.ndarray, np.random.Generator], np.ndarray] | None = None,
 ) -> History:
     """Train ``trainer`` (a :class:`~minidl.trainer.Trainer`) on ``data`` (a
     :class:`~minidl.data.Dataset` or ``(x, y)``) for ``epochs`` (or ``max_steps``), showing a
     progress bar; evaluates on the test split at the end.
+
+    ``augment(x_batch, rng)`` returns the images a step trains on instead of ``x_batch``
+    (for instance :func:`~minidl.data.random_shift`); ``rng`` is seeded by the trainer's seed
+    and the epoch, so a run is reproducible.
 
     The first step compiles the Numba kernels it uses unless Numba's on-disk cache has them:
     the bar then says so and restarts its clock once they are compiled, so its rate and ETA
@@ -64,10 +72,13 @@ def fit(
     trainer.fetch_logits = True
     try:
         for epoch in range(epochs):
+            augment_rng = np.random.default_rng([trainer.seed, epoch, 1])
             for xb, yb in batches(x_train, y_train, batch_size, shuffle=shuffle,
                                   seed=trainer.seed, epoch=epoch):
                 if max_steps is not None and done >= max_steps:
                     break
+                if augment is not None:
+                    xb = augment(xb, augment_rng)
                 t0 = time.perf_counter()
                 if done == 0:
                     with CompileWatch(on_first_compile=announce_compiling) as watch:

@@ -305,12 +305,13 @@ class Trainer:
         progress: bool = True,
         evaluate: bool = True,
         shuffle: bool = True,
+        augment: Any = None,
     ) -> History:
         """Train on ``data`` (a :class:`~minidl.data.Dataset` or ``(x, y)``) for ``epochs``
-        (or ``max_steps``), showing a progress bar; evaluates on the test split at the end
-        (see :func:`minidl.fitting.fit`)."""
+        (or ``max_steps``), showing a progress bar; evaluates on the test split at the end;
+        ``augment(x_batch, rng)`` transforms each train batch (see :func:`minidl.fitting.fit`)."""
         return fit(self, data, epochs=epochs, batch_size=batch_size, max_steps=max_steps,
-                   progress=progress, evaluate=evaluate, shuffle=shuffle)
+                   progress=progress, evaluate=evaluate, shuffle=shuffle, augment=augment)
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str | os.PathLike) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -12,6 +13,7 @@ import numpy as np
 
 from .. import data as D
 from ..dryrun import auto_device_memory, suggest_specs
+from ..layers import SoftmaxCrossEntropy
 from ..memory.pool import DeviceOutOfMemory
 from ..models import TEXT_MODELS, default_input_shape
 from ..optim import CosineAnnealingLR, StepLR, make_optimizer
@@ -135,14 +137,20 @@ def cmd_train(args: argparse.Namespace) -> int:
                                            ds.input_shape)
     try:
         trainer = Trainer(net, opt, memory=spec, device=args.device, device_memory=device_memory,
-                          seed=args.seed, scheduler=scheduler, host_memory=args.host_memory)
+                          seed=args.seed, scheduler=scheduler, host_memory=args.host_memory,
+                          loss=SoftmaxCrossEntropy(label_smoothing=defaults.label_smoothing))
     except RuntimeError as e:  # the cuda device without a GPU
         raise RuntimeFailure(str(e)) from None
+    augment = None
+    if defaults.shift_probability > 0:
+        augment = functools.partial(D.random_shift, probability=defaults.shift_probability,
+                                    fill=ds.background)
     if not args.json:
         print(f"training {net.name} ({net.num_parameters():,} parameters) on {ds.name}: "
               f"{len(ds.x_train)} train / {len(ds.x_test)} test samples, input "
               f"{'x'.join(map(str, ds.input_shape))}"
-              f"{' (standardised with the train mean/std)' if ds.mean is not None else ''}, "
+              f"{' (standardised with the train mean/std)' if ds.mean is not None else ''}"
+              f"{f', {defaults.shift_probability:.0%} shifted by 1 px' if augment else ''}, "
               f"{args.epochs} epochs of batch {args.batch_size}, memory "
               f"{spec.spec!r}, {trainer.device.name} device with "
               f"{format_bytes(trainer.device.capacity)}",
@@ -150,7 +158,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
         hist = trainer.fit(ds, epochs=args.epochs, batch_size=args.batch_size,
-                           max_steps=args.max_steps, progress=not args.no_progress)
+                           max_steps=args.max_steps, progress=not args.no_progress,
+                           augment=augment)
     except DeviceOutOfMemory as e:
         fits = suggest_specs(lambda: build_model(args.model, ds.input_shape, ds.num_classes,
                                             args.width), args.batch_size, ds.input_shape,
@@ -178,6 +187,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         "weight_decay": args.weight_decay,
         "input_mean": ds.mean,
         "input_std": ds.std,
+        "label_smoothing": defaults.label_smoothing,
+        "shift_probability": defaults.shift_probability,
         "memory_report": rep,
     }
     if args.json:

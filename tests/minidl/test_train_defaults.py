@@ -76,3 +76,84 @@ def test_lenet5_pools_once_on_8x8_digits_and_twice_on_larger_inputs():
     assert small.state_dict()["fc1.weight"].shape == (120, 16 * 4 * 4)
     assert large.state_dict()["fc1.weight"].shape == (120, 16 * 5 * 5)
     assert large.num_parameters() == 61_706  # LeNet-5's classic count
+
+
+def test_random_shift_moves_by_at_most_one_pixel_and_fills_the_border():
+    rng = np.random.default_rng(0)
+    x = rng.uniform(1, 2, (200, 2, 5, 5)).astype(np.float32)
+    fill = (-1.0, -3.0)
+    out = D.random_shift(x, np.random.default_rng(1), probability=1.0, fill=fill)
+    assert out.shape == x.shape and out.dtype == x.dtype
+    seen = set()
+    for img, src in zip(out, x):
+        matches = []
+        for dy in (-1, 0, 1):
+            for dx in (-1, 0, 1):
+                want = np.empty_like(src)
+                want[0], want[1] = fill
+                want[:, max(dy, 0):5 + min(dy, 0), max(dx, 0):5 + min(dx, 0)] = \
+                    src[:, max(-dy, 0):5 - max(dy, 0), max(-dx, 0):5 - max(dx, 0)]
+                if np.array_equal(img, want):
+                    matches.append((dy, dx))
+        assert len(matches) == 1
+        seen.add(matches[0])
+    assert len(seen) == 9  # every move, (0, 0) included, occurs among 200 images
+    kept = D.random_shift(x, np.random.default_rng(1), probability=0.0)
+    np.testing.assert_array_equal(kept, x)
+    half = D.random_shift(x, np.random.default_rng(2), probability=0.5)
+    moved = np.mean([not np.array_equal(a, b) for a, b in zip(half, x)])
+    assert 0.3 < moved < 0.6  # about half minus the 1/9 drawn as (0, 0)
+    with pytest.raises(ValueError, match="probability"):
+        D.random_shift(x, rng, probability=1.5)
+
+
+def test_fit_trains_on_the_augmented_batches():
+    from minidl.models import lenet5
+    from minidl.trainer import Trainer
+
+    ds = D.load_synthetic((1, 8, 8), 10, n_train=64, n_test=16, seed=0)
+    seen = []
+
+    def augment(xb, rng):
+        seen.append(xb.copy())
+        return np.zeros_like(xb)
+
+    trainer = Trainer(lenet5((1, 8, 8)), memory="none", seed=3)
+    stepped = []
+    step = trainer.step
+    trainer.step = lambda xb, yb: stepped.append(xb.copy()) or step(xb, yb)
+    trainer.fit(ds, epochs=1, batch_size=16, progress=False, evaluate=False, augment=augment)
+    assert len(seen) == len(stepped) == 4
+    assert not any(np.array_equal(x, np.zeros_like(x)) for x in seen)
+    assert all(np.array_equal(x, np.zeros_like(x)) for x in stepped)  # what augment returned
+
+
+def test_train_applies_label_smoothing_and_shifts_on_digits(capsys, monkeypatch):
+    from minidl.commands import train as train_cmd
+
+    smoothing, shifted = [], []
+    real_loss, real_shift = train_cmd.SoftmaxCrossEntropy, D.random_shift
+
+    def loss(label_smoothing=0.0):
+        smoothing.append(label_smoothing)
+        return real_loss(label_smoothing=label_smoothing)
+
+    def shift(x, rng, probability=1.0, fill=0.0):
+        shifted.append((probability, fill))
+        return real_shift(x, rng, probability, fill)
+
+    monkeypatch.setattr(train_cmd, "SoftmaxCrossEntropy", loss)
+    monkeypatch.setattr(D, "random_shift", shift)
+    res = _train_json(capsys, "--dataset", "digits", "--max-steps", "3")
+    digits = D.train_defaults("digits")
+    assert smoothing == [digits.label_smoothing] and digits.label_smoothing > 0
+    assert len(shifted) == 3 and digits.shift_probability > 0
+    probability, fill = shifted[0]
+    assert probability == digits.shift_probability
+    # The border is a blank pixel after standardisation.
+    assert fill == pytest.approx((-res["input_mean"][0] / res["input_std"][0],))
+    assert res["label_smoothing"] == digits.label_smoothing
+    assert res["shift_probability"] == digits.shift_probability
+    smoothing.clear(), shifted.clear()
+    _train_json(capsys, "--dataset", "synthetic", "--input", "1x8x8")
+    assert smoothing == [0.0] and shifted == []
