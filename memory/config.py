@@ -54,6 +54,11 @@ def valid_flags_text() -> str:
     return ", ".join(parts)
 
 
+#: Flags the auto planner would ignore (it makes those choices itself, or has no encoding
+#: choice): refused beside ``auto`` rather than silently dropped.
+AUTO_EXCLUDES = ("swap", "cache", "binarize", "sparse", "dpr")
+
+
 @dataclass(frozen=True)
 class MemoryConfig:
     """A parsed memory spec. ``flags`` maps each flag to its value ('' for bare flags)."""
@@ -103,6 +108,13 @@ class MemoryConfig:
             raise ValueError("memory flag 'split' needs a value: split=K")
         if "budget" in flags and "auto" not in flags:
             raise ValueError("budget=SIZE is for the auto planner: add 'auto' to the spec")
+        if "auto" in flags:
+            ignored = [f for f in AUTO_EXCLUDES if f in flags]
+            if ignored:
+                raise ValueError(
+                    f"memory flag {ignored[0]!r} cannot be combined with auto: auto chooses keep, "
+                    f"swap or recompute per feature map itself (on reuse,inplace,static); drop "
+                    f"{ignored[0]!r} or 'auto'")
         if len(flags) > 1:
             flags.pop("none", None)
         if not flags:

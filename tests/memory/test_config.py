@@ -1,0 +1,37 @@
+"""Memory specs: parsing, presets, and combinations that would be silently ignored."""
+
+from __future__ import annotations
+
+import pytest
+from minidl.memory.config import AUTO_EXCLUDES, MemoryConfig
+
+
+def test_flags_presets_and_values():
+    assert MemoryConfig.parse("reuse, inplace").flags == {"reuse": "", "inplace": ""}
+    assert MemoryConfig.parse("layrub").flags == {"reuse": "", "inplace": ""}
+    assert MemoryConfig.parse("").flags == {"none": ""}
+    assert MemoryConfig.parse("auto,budget=1KiB").budget == 1024
+    assert MemoryConfig.parse("auto,budget=1GiB,split=2").split == 2
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("reuse,bogus", "unknown memory flag 'bogus'; valid: none"),
+    ("swap=most", "needs a value in conv|all|auto"),
+    ("budget=1GiB", "add 'auto' to the spec"),
+    ("bptt=0", "needs a positive integer"),
+    ("reuse=yes", "takes no value"),
+])
+def test_bad_specs_name_the_value_and_what_is_valid(spec, message):
+    with pytest.raises(ValueError, match=message):
+        MemoryConfig.parse(spec)
+
+
+@pytest.mark.parametrize("flag", ["swap=all", "cache", "binarize", "sparse", "dpr=fp16"])
+def test_auto_refuses_flags_it_would_ignore(flag):
+    """auto plans keep / swap / recompute itself on reuse,inplace,static: a flag it would drop
+    is an error, not a silent no-op (the gist preset included)."""
+    assert flag.split("=")[0] in AUTO_EXCLUDES
+    with pytest.raises(ValueError, match=f"'{flag.split('=')[0]}' cannot be combined with auto"):
+        MemoryConfig.parse(f"auto,budget=1GiB,{flag}")
+    with pytest.raises(ValueError, match="cannot be combined with auto"):
+        MemoryConfig.parse("gist,auto")
