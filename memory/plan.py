@@ -154,11 +154,12 @@ class Plan:
             yield len(self.steps), a
 
     def validate(self) -> None:
-        """Every non-persistent tensor a step touches is allocated before and freed after, once."""
+        """Every non-persistent tensor a step touches is allocated before and freed after, once;
+        a swapped one is offloaded, released, prefetched and awaited in that order."""
         prog = self.program
         live: set[int] = set()
         freed: set[int] = set()
-        away: set[int] = set()
+        away: dict[int, str] = {}  # swapped tensors: offloading | on host | prefetching
 
         def root(t: int) -> int:
             while t in self.aliases:
@@ -179,12 +180,23 @@ class Plan:
                 if a.tensor not in live:
                     raise AssertionError(f"{where}: offload of {a.tensor} while not live")
                 live.discard(a.tensor)
-                away.add(a.tensor)
-            elif isinstance(a, Await):
+                away[a.tensor] = "offloading"
+            elif isinstance(a, (Release, Prefetch, Await)):
+                # a swapped tensor goes offloading -> (release) on host -> (prefetch)
+                # prefetching -> (await) live, in that order
+                need, after = {Release: ("offloading", "on host"),
+                               Prefetch: ("on host", "prefetching"),
+                               Await: ("prefetching", None)}[type(a)]
                 if a.tensor not in away:
-                    raise AssertionError(f"{where}: await of {a.tensor} never offloaded")
-                away.discard(a.tensor)
-                live.add(a.tensor)
+                    raise AssertionError(f"{where}: {a.op} of {a.tensor} never offloaded")
+                if away[a.tensor] != need:
+                    raise AssertionError(f"{where}: {a.op} of {a.tensor} while "
+                                         f"{away[a.tensor]} (needs {need})")
+                if after is None:
+                    del away[a.tensor]
+                    live.add(a.tensor)
+                else:
+                    away[a.tensor] = after
 
         for a in self.begin:
             apply(a, "begin")
@@ -208,3 +220,6 @@ class Plan:
         if live:
             names = sorted(prog.tensors[t].name for t in live)
             raise AssertionError(f"tensors still live at the end: {names[:5]}")
+        if away:
+            names = sorted(prog.tensors[t].name for t in away)
+            raise AssertionError(f"tensors offloaded and never brought back: {names[:5]}")

@@ -194,3 +194,33 @@ def test_validate_catches_a_missing_alloc():
     missing = _edit(plan, 8, before=[])  # relu's backward writes conv.grad, never allocated
     with pytest.raises(AssertionError, match=r"step 8 \(relu \(backward\)\) touches conv.grad"):
         missing.validate()
+
+
+def _swap_plan_of_chain():
+    from minidl.memory.config import MemoryConfig as Cfg
+    from minidl.memory.planner import make_plan
+
+    plan = make_plan(chain(), Cfg.parse("reuse,swap=all"))
+    assert plan.swapped, "the chain has a tensor to swap"
+    return plan
+
+
+def _drop(plan, action):
+    """``plan`` without one occurrence of ``action`` (wherever it sits)."""
+    steps = [StepPlan([a for a in sp.before if a != action], [a for a in sp.after if a != action])
+             for sp in plan.steps]
+    return replace(plan, steps=tuple(steps))
+
+
+def test_validate_follows_a_swapped_tensor_through_its_four_actions():
+    from minidl.memory.plan import Await, Prefetch, Release
+
+    plan = _swap_plan_of_chain()
+    plan.validate()
+    root = plan.swapped[0]
+    with pytest.raises(AssertionError, match=f"prefetch of {root} while offloading"):
+        _drop(plan, Release(root)).validate()
+    with pytest.raises(AssertionError, match=f"await of {root} while on host"):
+        _drop(plan, Prefetch(root)).validate()
+    with pytest.raises(AssertionError, match=r"touches \w+ which is not live"):
+        _drop(plan, Await(root)).validate()  # backward would read it while away
