@@ -89,6 +89,8 @@ class Context:
     #: Names of ``grad_params`` that backward adds into rather than overwrites (layers with
     #: ``accumulates_grads`` only).
     accumulate: frozenset[str] = frozenset()
+    #: Per-op options the plan set on this step (see :attr:`Layer.option_names`).
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 class Symbol:
@@ -135,6 +137,10 @@ class Layer:
     #: Outputs mostly zeros (ReLU); a convolution (vDNN swaps its inputs, Gist keeps them sparse).
     sparse_output: bool = False
     convolution: bool = False
+    #: Per-op options a memory pass may set on this op's steps ("bptt": a fused RNN's BPTT
+    #: schedule). A layer naming any takes ``options=`` in :meth:`stash_specs` and the
+    #: workspace-size methods, and reads ``ctx.options`` in forward and backward.
+    option_names: tuple[str, ...] = ()
     #: Number of inputs, or ``None`` for a variable number (Add, Concat).
     num_inputs: int | None = 1
     num_outputs: int = 1
@@ -194,9 +200,9 @@ class Layer:
         """Forward floating-point operations (backward is costed at twice this by default)."""
         return int(sum(math.prod(s) for s in self.output_shapes(in_shapes)))
 
-    def memory_attrs(self) -> dict:
-        """Plain facts memory passes need about the op (a max-pool's window, for packing its
-        argmax); never arrays or objects."""
+    def memory_attrs(self, in_shapes: list[Shape]) -> dict:
+        """Plain facts memory passes need about the op on inputs of ``in_shapes`` (a max-pool's
+        window, for packing its argmax; a fused RNN's time units); never arrays or objects."""
         return {}
 
     # ----------------------------------------------------------------- compute

@@ -69,7 +69,7 @@ class MaxPool2d(_Pool2d):
     def stash_specs(self, in_shapes: list[Shape], dtype: np.dtype) -> dict[str, tuple]:
         return {"argmax": (self.output_shapes(in_shapes)[0], argmax_dtype(self.kernel_size))}
 
-    def memory_attrs(self) -> dict:
+    def memory_attrs(self, in_shapes: list[Shape]) -> dict:
         kh, kw = self.kernel_size
         return {"window": kh * kw, "kernel": tuple(self.kernel_size),
                 "stride": tuple(self.stride), "padding": tuple(self.padding)}

@@ -64,6 +64,7 @@ class _Recurrent(_KeepAllPath, _ScheduledPath, _UnitOps, Layer):
 
     kind = "recurrent"
     recompute_cost = "sequence"
+    option_names = ("bptt",)
     accumulates_grads = True
     cell = ""
     gate_factor = 4  # G = gate_factor * H
@@ -105,8 +106,15 @@ class _Recurrent(_KeepAllPath, _ScheduledPath, _UnitOps, Layer):
         c = self.unit_steps
         return [(t, min(t + c, steps)) for t in range(0, steps, c)]
 
-    def _dims(self, in_shapes: list[Shape]) -> tuple[int, int]:
-        """(N, T) after checking every input shape."""
+    def schedule_of(self, options: dict | None) -> Any:
+        """The BPTT schedule to run: the ``"bptt"`` option a memory pass set on the step
+        (``None``: keep everything), else the constructor's ``schedule``."""
+        if options and "bptt" in options:
+            return options["bptt"]
+        return self.schedule
+
+    def _dims(self, in_shapes: list[Shape], sched: Any = None) -> tuple[int, int]:
+        """(N, T) after checking every input shape (and ``sched`` against T)."""
         shapes = [tuple(s) for s in in_shapes]
         x = shapes[0] if shapes else ()
         if self.vocab_size is not None:
@@ -119,12 +127,12 @@ class _Recurrent(_KeepAllPath, _ScheduledPath, _UnitOps, Layer):
         for s in shapes[1:]:
             if s != state:
                 raise self.shape_error(f"initial states {state}", s)
-        if self.schedule is not None:
-            self._check_schedule(t)
+        if sched is not None:
+            self._check_schedule(sched, t)
         return n, t
 
     def output_shapes(self, in_shapes):
-        n, t = self._dims(in_shapes)
+        n, t = self._dims(in_shapes, self.schedule)
         return [(n, t, self.hidden_size)]
 
     def output_dtypes(self, in_dtypes):
@@ -155,12 +163,13 @@ class _Recurrent(_KeepAllPath, _ScheduledPath, _UnitOps, Layer):
     def _stash_gates(self) -> int:
         return 4 * self.hidden_size  # LSTM: [i, f, g, o]; GRU: [r, z, n, W_hn h + b_hn]
 
-    def stash_specs(self, in_shapes, dtype):
-        n, t = self._dims(in_shapes)
-        if self.schedule is None:
+    def stash_specs(self, in_shapes, dtype, options=None):
+        sched = self.schedule_of(options)
+        n, t = self._dims(in_shapes, sched)
+        if sched is None:
             return {name: (shape, dtype)
                     for name, shape in self._internal_shapes(n, t).items()}
-        return self._scheduled_stash_specs(n, dtype)
+        return self._scheduled_stash_specs(sched, n, dtype)
 
     def _unit_len(self, t: int) -> int:
         return min(self.unit_steps, t)
@@ -179,22 +188,24 @@ class _Recurrent(_KeepAllPath, _ScheduledPath, _UnitOps, Layer):
         """The (V, G) token table, or an empty buffer when there is none."""
         return (self.vocab_size, self.gates) if self._table(n, t) else (0,)
 
-    def _forward_layout(self, n: int, t: int) -> Layout:
-        if self.schedule is None:
+    def _forward_layout(self, sched: Any, n: int, t: int) -> Layout:
+        if sched is None:
             return self._keep_all_forward_layout(n, t)
         return self._scheduled_forward_layout(n, t)
 
-    def _backward_layout(self, n: int, t: int) -> Layout:
+    def _backward_layout(self, sched: Any, n: int, t: int) -> Layout:
         """Both layouts hold ``carry`` (the carried dh and dc) and ``token_dg``."""
-        if self.schedule is None:
+        if sched is None:
             return self._keep_all_backward_layout(n, t)
         return self._scheduled_backward_layout(n, t)
 
-    def forward_workspace_bytes(self, in_shapes, dtype):
-        return self._forward_layout(*self._dims(in_shapes)).nbytes(dtype)
+    def forward_workspace_bytes(self, in_shapes, dtype, options=None):
+        sched = self.schedule_of(options)
+        return self._forward_layout(sched, *self._dims(in_shapes, sched)).nbytes(dtype)
 
-    def backward_workspace_bytes(self, in_shapes, dtype):
-        return self._backward_layout(*self._dims(in_shapes)).nbytes(dtype)
+    def backward_workspace_bytes(self, in_shapes, dtype, options=None):
+        sched = self.schedule_of(options)
+        return self._backward_layout(sched, *self._dims(in_shapes, sched)).nbytes(dtype)
 
     def flops(self, in_shapes):
         n, t = self._dims(in_shapes)
@@ -203,17 +214,22 @@ class _Recurrent(_KeepAllPath, _ScheduledPath, _UnitOps, Layer):
                        + 12 * n * g for k in range(self.num_layers))
         return int(per_step * t)
 
-    def recompute_flops(self, in_shapes) -> int:
+    def memory_attrs(self, in_shapes: list[Shape]) -> dict:
+        """The time units a BPTT schedule of this op must cover."""
+        return {"time_units": len(self.units(self._dims(in_shapes)[1]))}
+
+    def recompute_flops(self, in_shapes, options=None) -> int:
         """Forward FLOPs the schedule spends again in backward (0 when everything is kept)."""
-        if self.schedule is None:
+        sched = self.schedule_of(options)
+        if sched is None:
             return 0
-        return self._scheduled_recompute_flops(in_shapes)
+        return self._scheduled_recompute_flops(sched, in_shapes)
 
     def describe(self) -> str:
         extra = "" if self.bias else ", bias=False"
         if self.vocab_size is not None:
             extra += f", vocab_size={self.vocab_size}"
-        sched = "" if self.schedule is None else self._describe_schedule()
+        sched = "" if self.schedule is None else self._describe_schedule(self.schedule)
         return (f"{type(self).__name__}({self.input_size}, {self.hidden_size}, "
                 f"num_layers={self.num_layers}{extra}, unit_steps={self.unit_steps}{sched})")
 
@@ -235,18 +251,20 @@ class _Recurrent(_KeepAllPath, _ScheduledPath, _UnitOps, Layer):
         x, y = inputs[0], outputs[0]
         n, t = y.shape[0], y.shape[1]
         self._check_tokens(x)
-        ws = self._forward_layout(n, t).carve(workspace, y.dtype)
-        if self.schedule is None:
+        sched = self.schedule_of(ctx.options)
+        ws = self._forward_layout(sched, n, t).carve(workspace, y.dtype)
+        if sched is None:
             self._forward_keep_all(inputs, y, params, stash, ws)
         else:
-            self._forward_scheduled(inputs, y, params, stash, ws)
+            self._forward_scheduled(sched, inputs, y, params, stash, ws)
 
     def backward(self, ctx, grad_outputs, grad_inputs, inputs, outputs, params, grad_params,
                  stash, workspace) -> None:
         ensure_blas_policy()
         x, dy = inputs[0], grad_outputs[0]
         n, t = x.shape[0], x.shape[1]
-        ws = self._backward_layout(n, t).carve(workspace, dy.dtype)
+        sched = self.schedule_of(ctx.options)
+        ws = self._backward_layout(sched, n, t).carve(workspace, dy.dtype)
         carry, token_dg = ws.carry, ws.token_dg
         carry.fill(0)
         token_dg.fill(0)
@@ -254,12 +272,12 @@ class _Recurrent(_KeepAllPath, _ScheduledPath, _UnitOps, Layer):
                 and "embedding" not in ctx.accumulate):
             grad_params["embedding"].fill(0)  # scatter-added unit by unit
         accumulate = _Accumulator(grad_params, ctx.accumulate)
-        if self.schedule is None:
+        if sched is None:
             self._backward_keep_all(inputs, dy, grad_inputs, params, grad_params, stash, ws,
                                     accumulate)
         else:
-            self._backward_scheduled(inputs, dy, grad_inputs, params, grad_params, stash, ws,
-                                     accumulate)
+            self._backward_scheduled(sched, inputs, dy, grad_inputs, params, grad_params, stash,
+                                     ws, accumulate)
         self._finish_tokens(params, grad_params, token_dg, ctx.accumulate)
         if self.initial_state:
             for p in range(self.state_parts):

@@ -14,26 +14,26 @@ class _ScheduledPath:
     """Forward and backward under a BPTT schedule (a mixin of
     :class:`~minidl.layers.recurrent._Recurrent`)."""
 
-    def _check_schedule(self, t: int) -> None:
-        if self.schedule.units != len(self.units(t)):
+    def _check_schedule(self, sched, t: int) -> None:
+        if sched.units != len(self.units(t)):
             raise ValueError(
                 f"layer {self.name or type(self).__name__}: its BPTT schedule covers "
-                f"{self.schedule.units} units but T={t} makes {len(self.units(t))} units of "
+                f"{sched.units} units but T={t} makes {len(self.units(t))} units of "
                 f"{self.unit_steps} steps")
 
-    def _scheduled_stash_specs(self, n: int, dtype) -> dict:
+    def _scheduled_stash_specs(self, sched, n: int, dtype) -> dict:
         """The stored boundary states, ``max_stored`` slots of (L, state parts, N, H)."""
-        slots = max(1, int(self.schedule.max_stored))
+        slots = max(1, int(sched.max_stored))
         shape = (slots, self.num_layers, self.state_parts, n, self.hidden_size)
         return {"states": (shape, dtype)}
 
-    def _scheduled_recompute_flops(self, in_shapes) -> int:
-        n, t = self._dims(in_shapes)
-        extra_units = int(self.schedule.unit_forwards) - len(self.units(t))
+    def _scheduled_recompute_flops(self, sched, in_shapes) -> int:
+        n, t = self._dims(in_shapes, sched)
+        extra_units = int(sched.unit_forwards) - len(self.units(t))
         return int(self.flops(in_shapes) * extra_units / len(self.units(t)))
 
-    def _describe_schedule(self) -> str:
-        return f", bptt={self.schedule.policy}:{self.schedule.max_stored}"
+    def _describe_schedule(self, sched) -> str:
+        return f", bptt={sched.policy}:{sched.max_stored}"
 
     def _scheduled_forward_layout(self, n: int, t: int) -> Layout:
         """One thread's scratch (layer-0 input rows, projection, recurrent product, bias),
@@ -56,15 +56,15 @@ class _ScheduledPath:
             prod=(G, wide), colsum=(G,), dbias=(G,),  # weight-gradient product, bias sums,
             token_dg=self._table_shape(n, t))  # the cell kernel's bias sums; dG per token
 
-    def _forward_scheduled(self, inputs, y, params, stash, ws) -> None:
+    def _forward_scheduled(self, sched, inputs, y, params, stash, ws) -> None:
         """Unit by unit, storing the states at the schedule's forward boundaries."""
         x = inputs[0]
         t = y.shape[1]
         xs, gx, hw, bias, table = ws.xs, ws.gx, ws.hw, ws.bias, ws.table
         gates, hs, cs = self._internals(ws.unit)
         self._load_initial(inputs, hs, cs, 0)
-        stores = set(self.schedule.forward_stores)
-        slot_of = self._slots()
+        stores = set(sched.forward_stores)
+        slot_of = self._slots(sched)
         self._make_table(params, table)
         for u, (u0, u1) in enumerate(self.units(t)):
             m = u1 - u0
@@ -86,23 +86,23 @@ class _ScheduledPath:
         for p, arr in enumerate(self._parts(hs, cs)):
             np.copyto(arr[:, 0], store[slot, :, p])
 
-    def _slots(self) -> dict[tuple[str, int], int]:
+    def _slots(self, sched) -> dict[tuple[str, int], int]:
         """Slot of every stored boundary: keys ("fwd", b) for forward stores and ("op", i)
         for the i-th backward op's store; a slot frees when its boundary is backpropagated."""
-        free = list(range(max(1, int(self.schedule.max_stored))))[::-1]
+        free = list(range(max(1, int(sched.max_stored))))[::-1]
         held: dict[int, int] = {}
         out: dict[tuple[str, int], int] = {}
-        for b in self.schedule.forward_stores:
+        for b in sched.forward_stores:
             held[b] = out[("fwd", b)] = free.pop()
-        for i, (op, a, b) in enumerate(self.schedule.ops):
+        for i, (op, a, b) in enumerate(sched.ops):
             if op == "advance":
                 held[b] = out[("op", i)] = free.pop()
             elif a in held:
                 free.append(held.pop(a))
         return out
 
-    def _backward_scheduled(self, inputs, dy, grad_inputs, params, grad_params, stash, ws,
-                            accumulate) -> None:
+    def _backward_scheduled(self, sched, inputs, dy, grad_inputs, params, grad_params, stash,
+                            ws, accumulate) -> None:
         """Replay the schedule's ops unit by unit."""
         x = inputs[0]
         t = x.shape[1]
@@ -111,10 +111,10 @@ class _ScheduledPath:
         gates, hs, cs = self._internals(fw.unit)
         units = self.units(t)
         store = stash["states"]
-        slot_of = self._slots()
-        held = {b: slot_of[("fwd", b)] for b in self.schedule.forward_stores}
+        slot_of = self._slots(sched)
+        held = {b: slot_of[("fwd", b)] for b in sched.forward_stores}
         self._make_table(params, table)
-        for i, (op, a, b) in enumerate(self.schedule.ops):
+        for i, (op, a, b) in enumerate(sched.ops):
             if a == 0:
                 self._load_initial(inputs, hs, cs, 0)
             else:

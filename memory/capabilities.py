@@ -45,10 +45,17 @@ class OpCaps:
     #: A convolution: vDNN's ``swap=conv`` offloads its inputs; Gist keeps the ReLU outputs it
     #: retains sparse.
     convolution: bool = False
+    #: Per-op options the plan may set on the op's steps (:data:`OPTIONS`).
+    options: frozenset[str] = frozenset()
+
+
+#: Per-op options a pass may set: ``"bptt"``, a fused RNN's BPTT schedule (:mod:`.bptt_options`).
+OPTIONS = ("bptt",)
 
 
 def op_caps(owner: str, cost: str = "cheap", backward_from: tuple[str, ...] = (),
-            sparse_output: bool = False, convolution: bool = False) -> OpCaps:
+            sparse_output: bool = False, convolution: bool = False,
+            options: tuple[str, ...] = ()) -> OpCaps:
     """:class:`OpCaps` from plain declared values; ``ValueError`` naming ``owner`` and the
     valid values for anything unknown."""
     try:
@@ -63,4 +70,8 @@ def op_caps(owner: str, cost: str = "cheap", backward_from: tuple[str, ...] = ()
         except ValueError:
             raise ValueError(f"{owner}: unknown stash encoding {e!r} to run backward from; "
                              f"valid: {', '.join(v.value for v in StashEncoding)}") from None
-    return OpCaps(c, frozenset(encs), bool(sparse_output), bool(convolution))
+    for o in options:
+        if o not in OPTIONS:
+            raise ValueError(f"{owner}: unknown per-op option {o!r}; valid: {', '.join(OPTIONS)}")
+    return OpCaps(c, frozenset(encs), bool(sparse_output), bool(convolution),
+                  frozenset(options))

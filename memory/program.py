@@ -95,6 +95,8 @@ class Step:
     in_shapes: tuple[tuple[int, ...], ...] = ()
     #: What memory passes may do with the op (declared by its layer).
     caps: OpCaps = OpCaps()
+    #: Per-op options the plan set (``{"bptt": schedule}``), handed to the layer at run time.
+    options: dict = field(default_factory=dict)
     #: Index of the lowered step this one runs (itself for lowered steps; a recomputation's
     #: forward step; -1 for steps a pass added): measured step times are keyed by it.
     origin: int = -1

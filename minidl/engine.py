@@ -17,6 +17,7 @@ from .graph import Network
 from .kernels.parallel import ensure_blas_policy
 from .layers.base import Layer
 from .lowering import Lowered, lower
+from .memory import bptt_options
 from .memory.auto import BudgetTooSmall
 from .memory.config import MemoryConfig
 from .memory.device import MetaDevice
@@ -25,7 +26,6 @@ from .memory.plan import Plan
 from .memory.planner import make_plan
 from .memory.pool import Pool
 from .memory.program import aligned
-from .rnn import bptt_policy as bptt_policy_of
 
 #: Why a network with batch statistics is never split into micro-batches.
 BATCH_STATS_SPLIT = ("batch splitting with BatchNorm would normalise with micro-batch statistics, "
@@ -155,42 +155,36 @@ class Engine:
         if c is None:
             # inference has no backward: free every tensor after its last use
             config = self.config if training else MemoryConfig.parse("reuse,inplace")
-            if not training and getattr(self.net, "fused", False):
-                # no backward: fused recurrent layers keep nothing over time (one state slot)
-                nets = [(None, self.net.for_shapes(batch_shapes, policy="dp:1"))]
-            elif self._budgeted_bptt():
-                steps = batch_shapes[0][1]
-                nets = [(p, self.net.for_shapes(batch_shapes, policy=p))
-                        for p in self.net.bptt_candidates(steps)]
-            else:
-                nets = [(None, self.net.for_shapes(batch_shapes, memory=self.config))]
-            for i, (policy, net) in enumerate(nets):
-                lowered = lower(net, list(batch_shapes), loss=self.loss,
-                                label_shape=label_shape, label_dtype=label_dtype,
-                                training=training, opt_state=self.opt_state_specs,
-                                accumulate_grads=accumulate, alignment=self.pool.alignment)
+            net = self.net.for_shapes(batch_shapes)  # the build for these shapes (T of RNNs)
+
+            def lowered_with(options: dict | None) -> Lowered:
+                return lower(net, list(batch_shapes), loss=self.loss, label_shape=label_shape,
+                             label_dtype=label_dtype, training=training,
+                             opt_state=self.opt_state_specs, accumulate_grads=accumulate,
+                             alignment=self.pool.alignment, options=options)
+
+            first = lowered_with(None)
+            # per-op options (fused RNNs' BPTT schedules): the spec's policy, or under an auto
+            # budget the candidates, most states kept first
+            policies = bptt_options.policies(first.program, config)
+            for i, policy in enumerate(policies):
+                options = bptt_options.options_for(first.program, policy)
+                lowered = lowered_with(options) if options else first
                 try:
                     plan = make_plan(lowered.program, config)
                 except BudgetTooSmall:
-                    if i == len(nets) - 1:
+                    if i == len(policies) - 1:
                         raise
                     continue
-                if len(nets) > 1:
+                if len(policies) > 1:
                     plan = plan.with_notes(
                         f"recurrent layers' BPTT schedule {policy or 'keep all'} chosen to fit "
-                        f"the budget ({len(nets)} candidates, most states first)")
+                        f"the budget ({len(policies)} candidates, most states first)")
                 break
             c = self._compile(lowered, plan)
             c.notes = [n for n in plan.notes if n.startswith("recurrent layers")]
             self._cache[key] = c
         return c
-
-    def _budgeted_bptt(self) -> bool:
-        """``auto,budget=`` on a model with fused recurrent layers and no explicit schedule:
-        the engine picks the schedule keeping the most states that fits the budget."""
-        return (self.config.has("auto") and self.config.budget is not None
-                and bptt_policy_of(self.config) is None
-                and hasattr(self.net, "bptt_candidates"))
 
     def _compile(self, lowered: Lowered, plan: Plan) -> Compiled:
         """The executor for ``plan`` on this engine's pool, host pool and debug setting."""

@@ -105,7 +105,7 @@ class Executor:
                     ctx = None if st.node < 0 else Context(
                         training=training, seed=step_seed(seed, iteration, st.node),
                         recomputing=recomputing or st.phase == "recompute",
-                        accumulate=st.accumulate)
+                        accumulate=st.accumulate, options=st.options)
                     if st.phase == "encode":
                         self._encode(st, rt)
                     elif st.phase == "decode":

@@ -257,9 +257,9 @@ class Network:
                 dtypes[v] = np.dtype(d)
         return shapes, dtypes  # type: ignore[return-value]
 
-    def for_shapes(self, batch_shapes: Sequence[Shape], memory: Any = None) -> Network:
-        """The network to run for these input shapes and memory spec: itself, except for
-        models built per sequence length and BPTT policy (:class:`~minidl.rnn.SequenceModel`)."""
+    def for_shapes(self, batch_shapes: Sequence[Shape]) -> Network:
+        """The network to run for these input shapes: itself, except for models built per
+        sequence length (:class:`~minidl.rnn.SequenceModel`)."""
         return self
 
     def summary(self, batch_shapes: Sequence[Shape] | None = None) -> str:

@@ -9,6 +9,7 @@ passes rewrite and the executor runs: each step names its layer node and its ten
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -57,13 +58,22 @@ def lower(
     training: bool = True,
     opt_state: list[tuple[str, tuple[int, ...], str]] | None = None,
     accumulate_grads: bool = False,
+    options: dict[int, dict[str, Any]] | None = None,
     alignment: int = ALLOCATION_UNIT,
 ) -> Lowered:
     """Lower ``net`` for ``batch_shapes``. With ``loss`` (taking the network's first output and
     the labels), a training program: forward, loss, then backward in reverse layer order.
     ``accumulate_grads`` adds every parameter gradient into ``.grad`` (micro-batching);
-    ``alignment`` is the allocation unit of the pool the program will run on."""
+    ``alignment`` is the allocation unit of the pool the program will run on. ``options``
+    (node index -> per-op options, e.g. ``{"bptt": schedule}``) size the stash and workspace
+    of the layers taking them and ride on their steps to run time."""
     shapes, dtypes = net.infer(batch_shapes)
+    options = options or {}
+
+    def opts(i: int) -> dict[str, Any]:
+        """The keyword the declarations of node i take (only layers naming options take one)."""
+        return {"options": options.get(i, {})} if layers[i].option_names else {}
+
     b = _Builder()
     n_vals = len(net.values)
 
@@ -155,10 +165,10 @@ def lower(
                              shapes[v], dtypes[v], "feature_map", "value", name)
         st = {
             sname: b.add(f"{name}.{sname}", sshape, sdt, "stash", "stash", name)
-            for sname, (sshape, sdt) in layer.stash_specs(in_shapes, fdt).items()
+            for sname, (sshape, sdt) in layer.stash_specs(in_shapes, fdt, **opts(i)).items()
         }
         stash_t.append(st)
-        ws_bytes = layer.forward_workspace_bytes(in_shapes, fdt)
+        ws_bytes = layer.forward_workspace_bytes(in_shapes, fdt, **opts(i))
         ws = b.add(f"{name}.fwd_ws", (ws_bytes,), "uint8", "workspace", "workspace", name) \
             if ws_bytes > 0 else -1
         pt = [param_t[p.name] for p in node_params[i].values()]
@@ -168,7 +178,7 @@ def lower(
             else ()
         push(phase="forward", layer=name, kind=layer.kind, node=i, reads=reads, writes=writes,
              workspace=ws, flops=int(layer.flops(in_shapes)), shares=shares,
-             attrs=layer.memory_attrs(), caps=caps[i],
+             attrs=layer.memory_attrs(in_shapes), caps=caps[i], options=options.get(i, {}),
              inputs=tuple(val_t[v] for v in node_in[i]),
              outputs=tuple(val_t[v] for v in node_out[i]), stash=st, params=local_params(i),
              in_shapes=tuple(in_shapes))
@@ -234,7 +244,7 @@ def lower(
             reads += [val_t[node_out[i][j]] for j in layer.retain_outputs]
             reads += list(stash_t[i].values())
             reads += [param_t[p.name] for p in node_params[i].values()]
-            ws_bytes = layer.backward_workspace_bytes(in_shapes, fdt)
+            ws_bytes = layer.backward_workspace_bytes(in_shapes, fdt, **opts(i))
             ws = b.add(f"{name}.bwd_ws", (ws_bytes,), "uint8", "workspace", "workspace", name) \
                 if ws_bytes > 0 else -1
             shares = ()
@@ -244,7 +254,7 @@ def lower(
             push(phase="backward", layer=name, kind=layer.kind, node=i,
                  reads=tuple(dict.fromkeys(reads)), writes=tuple(dict.fromkeys(writes)),
                  workspace=ws, flops=2 * int(layer.flops(in_shapes)), shares=shares,
-                 attrs=layer.memory_attrs(), caps=caps[i],
+                 attrs=layer.memory_attrs(in_shapes), caps=caps[i], options=options.get(i, {}),
                  inputs=tuple(val_t[v] for v in node_in[i]),
                  outputs=tuple(val_t[v] for v in node_out[i]), stash=stash_t[i],
                  params=local_params(i), grad_outputs=tuple(g_out), grad_inputs=tuple(g_in),
@@ -264,7 +274,8 @@ def lower(
 def layer_caps(layer: Layer) -> OpCaps:
     """The memory capabilities ``layer`` declares, checked against memory's vocabulary."""
     return op_caps(f"layer {layer.name or type(layer).__name__}", layer.recompute_cost,
-                   tuple(layer.backward_from), layer.sparse_output, layer.convolution)
+                   tuple(layer.backward_from), layer.sparse_output, layer.convolution,
+                   tuple(layer.option_names))
 
 
 def net_value_name(net: Network, v: int, node_names: list[str], label_v: int) -> str:

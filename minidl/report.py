@@ -137,13 +137,14 @@ def strategy_costs(c: Any) -> dict[str, Any]:
         }
     bptt = []
     for st in c.lowered.program.steps:
-        layer = c.lowered.layers[st.node] if st.node >= 0 else None
-        sched = getattr(layer, "schedule", None)
+        sched = st.options.get("bptt")  # the plan's BPTT schedule of a fused RNN step
         if st.phase == "forward" and sched is not None:
+            layer = c.lowered.layers[st.node]
             bptt.append({"layer": st.layer, "policy": sched.policy, "units": sched.units,
                          "unit_steps": layer.unit_steps, "states_kept": sched.max_stored,
                          "unit_forwards": sched.unit_forwards,
-                         "recomputed_flops": layer.recompute_flops(list(st.in_shapes))})
+                         "recomputed_flops": layer.recompute_flops(list(st.in_shapes),
+                                                                   st.options)})
     if bptt:
         out["bptt"] = bptt
     encodes = [s for s in prog.steps if s.phase == "encode"]

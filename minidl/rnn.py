@@ -2,16 +2,16 @@
 
 * **fused** (default): one :class:`~minidl.layers.LSTM` / :class:`~minidl.layers.GRU` node for
   the whole layer stack, looping over time inside (cuDNN's form, the fast one). Memory over
-  time is the layer's BPTT *schedule* (plain data from :mod:`minidl.memory.bptt`), chosen from
-  the memory spec: everything kept by default; ``recompute=sqrt`` keeps every ⌈√U⌉-th of the U
-  time units' states (Chen et al.); ``bptt=N`` or any other ``recompute=`` value keeps at most
+  time is the layer's BPTT *schedule*, a per-step option of the plan
+  (:mod:`minidl.memory.bptt_options`), chosen from the memory spec: everything kept by
+  default; ``recompute=sqrt`` keeps every ⌈√U⌉-th of the U time units' states (Chen et al.); ``bptt=N`` or any other ``recompute=`` value keeps at most
   N (default ⌈√U⌉) states where Gruslys et al.'s dynamic programme says, at the fewest
   recomputed units.
 * **unrolled** (``char-lstm-unrolled``): for T steps, one input-projection node (all steps'
   ``x W_ih^T + b_ih`` in one GEMM) and T cell nodes sharing ``weight_hh`` / ``bias_hh``, so
   that the generic liveness, swapping, recomputation and compression passes act per step.
 
-A :class:`SequenceModel` builds the network for each sequence length (and schedule) it meets,
+A :class:`SequenceModel` builds the network for each sequence length it meets,
 cached, every build sharing the same parameter objects, with PyTorch's names
 (``lstm.weight_ih_l0``, ...) and layouts.
 """
@@ -29,40 +29,12 @@ from . import layers as L
 from .builder import named
 from .graph import Input, Network
 from .layers.base import Layer, Symbol
-from .memory import bptt
-from .memory.config import MemoryConfig
 from .parameter import Parameter
 from .text import sequence_batches
 
 #: Time steps per unit of the fused layers' loops and schedules: the weight-gradient GEMMs
 #: then run on N*16 rows (512 for batch 32, ~95% of OpenBLAS's large-GEMM rate here).
 UNIT_STEPS = 16
-
-
-def bptt_policy(memory: str | MemoryConfig | None) -> str | None:
-    """The fused recurrent layers' schedule policy a memory spec asks for: None (keep all),
-    ``"sqrt"``, or ``"dp:<slots>"`` / ``"dp:sqrt"`` (Gruslys's dynamic programme)."""
-    cfg = MemoryConfig.parse(memory)
-    if cfg.get("bptt"):
-        return f"dp:{cfg.get('bptt')}"
-    rec = cfg.get("recompute")
-    if rec == "sqrt":
-        return "sqrt"
-    if rec:
-        return "dp:sqrt"
-    return None
-
-
-def time_schedule(policy: str | None, units: int) -> bptt.BPTTSchedule | None:
-    """The schedule of ``policy`` (see :func:`bptt_policy`) over ``units`` time units; None
-    keeps everything (also when there is a single unit)."""
-    if policy is None or units < 2:
-        return None
-    if policy == "sqrt":
-        return bptt.sqrt_schedule(units)
-    slots = policy.split(":", 1)[1]
-    n = math.ceil(math.sqrt(units)) if slots == "sqrt" else int(slots)
-    return bptt.schedule_for_budget(units, n)
 
 
 class ParameterStore:
@@ -123,17 +95,16 @@ RNNProjection = L.RNNInputProjection
 
 
 def recurrent_fused(store: ParameterStore, x: Symbol, cell: str, input_size: int,
-                    hidden_size: int, num_layers: int, steps: int, name: str = "lstm",
-                    policy: str | None = None, unit_steps: int | None = None,
-                    vocab_size: int | None = None, dtype: str = "float32") -> Symbol:
-    """One fused ``cell`` stack over ``x`` (N, T, input_size) -> (N, T, hidden_size), with
-    the BPTT schedule of ``policy`` (see :func:`bptt_policy`). With ``vocab_size``, ``x``
-    is (N, T) tokens and the layer owns the embedding (bound as ``embedding.weight``)."""
+                    hidden_size: int, num_layers: int, name: str = "lstm",
+                    unit_steps: int | None = None, vocab_size: int | None = None,
+                    dtype: str = "float32") -> Symbol:
+    """One fused ``cell`` stack over ``x`` (N, T, input_size) -> (N, T, hidden_size); its BPTT
+    schedule is a per-step option the plan sets (:mod:`minidl.memory.bptt_options`). With
+    ``vocab_size``, ``x`` is (N, T) tokens and the layer owns the embedding (bound as
+    ``embedding.weight``)."""
     cls = {"lstm": L.LSTM, "gru": L.GRU}[cell]
-    unit_steps = unit_steps or UNIT_STEPS
-    units = -(-steps // unit_steps)
-    layer = cls(input_size, hidden_size, num_layers, unit_steps=unit_steps,
-                schedule=time_schedule(policy, units), vocab_size=vocab_size, dtype=dtype)
+    layer = cls(input_size, hidden_size, num_layers, unit_steps=unit_steps or UNIT_STEPS,
+                vocab_size=vocab_size, dtype=dtype)
     layer.name = name
     # parameters drawn in the unrolled form's order (projection, then cell, per layer), so
     # that both forms start from the same weights for a seed
@@ -146,54 +117,38 @@ def recurrent_fused(store: ParameterStore, x: Symbol, cell: str, input_size: int
 
 
 class SequenceModel(Network):
-    """A network over token sequences whose build depends on the sequence length (and, for
-    fused recurrent layers, on the BPTT policy of the memory spec).
+    """A network over token sequences whose build depends on the sequence length.
 
-    ``build(store, T, policy)`` returns (inputs, outputs) of the network for T steps, binding
-    every parameterised layer through ``store``. The model itself is the build for
-    ``default_steps`` without a policy; :meth:`for_shapes` returns (and caches) the others.
+    ``build(store, T)`` returns (inputs, outputs) of the network for T steps, binding every
+    parameterised layer through ``store``. The model itself is the build for
+    ``default_steps``; :meth:`for_shapes` returns (and caches) the others. Memory choices (a
+    fused layer's BPTT schedule) are per-step options of the plan, never a rebuild.
     """
 
-    def __init__(self, build: Callable[[ParameterStore, int, str | None], tuple[Any, Any]],
+    def __init__(self, build: Callable[[ParameterStore, int], tuple[Any, Any]],
                  default_steps: int, name: str, seed: int = 0, dtype: str = "float32",
                  vocab_size: int | None = None, fused: bool = False) -> None:
         self._build_fn = build
-        self.fused = fused  # recurrent layers fused: builds depend on the BPTT policy
+        self.fused = fused  # one recurrent node looping over time inside
         self._store = ParameterStore(seed, dtype)
         self.vocab_size = vocab_size
-        self._built: dict[tuple[int, str | None], Network] = {}
-        inputs, outputs = build(self._store, default_steps, None)
+        self._built: dict[int, Network] = {}
+        inputs, outputs = build(self._store, default_steps)
         super().__init__(inputs, outputs, name=name, seed=seed, dtype=dtype)
-        self._built[(default_steps, None)] = self
+        self._built[default_steps] = self
         self.default_steps = default_steps
 
-    def for_shapes(self, batch_shapes: Sequence[tuple[int, ...]],
-                   memory: str | MemoryConfig | None = None, policy: str | None = None
-                   ) -> Network:
-        """The build for the sequence length of ``batch_shapes`` and the BPTT policy of
-        ``memory`` (or ``policy`` itself, see :func:`bptt_policy`), cached."""
+    def for_shapes(self, batch_shapes: Sequence[tuple[int, ...]]) -> Network:
+        """The build for the sequence length of ``batch_shapes``, cached."""
         shape = tuple(batch_shapes[0])
         if len(shape) < 2 or shape[1] < 1:
             raise ValueError(f"{self.name} takes (batch, time) token arrays; got shape {shape} "
                              "(an empty sequence has nothing to learn from)")
-        key = (shape[1], policy if policy is not None else bptt_policy(memory))
-        if key not in self._built:
-            inputs, outputs = self._build_fn(self._store, *key)
-            self._built[key] = Network(inputs, outputs, name=f"{self.name}[T={shape[1]}]",
-                                       dtype=self.dtype.name)
-        return self._built[key]
-
-    def bptt_candidates(self, steps: int) -> list[str | None]:
-        """Policies to try under a budget, most states kept (fastest) first: keep all, then
-        Gruslys's schedule with U-1, U/2, U/4, ..., 1 states for U time units."""
-        if not self.fused:
-            return [None]
-        units = -(-steps // UNIT_STEPS)
-        slots, out = units - 1, [None]
-        while slots >= 1:
-            out.append(f"dp:{slots}")
-            slots = slots // 2 if slots > 1 else 0
-        return out
+        if shape[1] not in self._built:
+            inputs, outputs = self._build_fn(self._store, shape[1])
+            self._built[shape[1]] = Network(inputs, outputs, name=f"{self.name}[T={shape[1]}]",
+                                            dtype=self.dtype.name)
+        return self._built[shape[1]]
 
 
 def char_rnn(vocab_size: int = 65, embedding_dim: int = 256, hidden_size: int = 256,
@@ -204,11 +159,11 @@ def char_rnn(vocab_size: int = 65, embedding_dim: int = 256, hidden_size: int = 
     ``fused`` builds one recurrent node with an internal time loop and BPTT schedule;
     ``fused=False`` unrolls one node per layer and step (see the module docstring)."""
 
-    def build(store: ParameterStore, T: int, policy: str | None):
+    def build(store: ParameterStore, T: int):
         x = Input((T,), dtype="int64", name="tokens")
         if fused:  # the embedding lives in the recurrent node: a table gather per step
-            y = recurrent_fused(store, x, cell, embedding_dim, hidden_size, num_layers, T,
-                                name=cell, policy=policy, vocab_size=vocab_size, dtype=dtype)
+            y = recurrent_fused(store, x, cell, embedding_dim, hidden_size, num_layers,
+                                name=cell, vocab_size=vocab_size, dtype=dtype)
         else:
             emb = store.bind(named(L.Embedding(vocab_size, embedding_dim, dtype=dtype),
                                     "embedding"), {"weight": "embedding.weight"})
@@ -229,7 +184,7 @@ def sequence_classifier(vocab_size: int, num_classes: int, embedding_dim: int = 
                         cell: str = "lstm", seed: int = 0) -> SequenceModel:
     """Embedding → LSTM/GRU → Linear on the last step's hidden state: one label per sequence."""
 
-    def build(store: ParameterStore, T: int, policy: str | None):
+    def build(store: ParameterStore, T: int):
         x = Input((T,), dtype="int64", name="tokens")
         emb = store.bind(named(L.Embedding(vocab_size, embedding_dim), "embedding"),
                          {"weight": "embedding.weight"})

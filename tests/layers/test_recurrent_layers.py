@@ -491,7 +491,7 @@ def test_named_workspace_layouts_keep_their_bytes_and_name_every_buffer(key):
     fwd = layer.forward_workspace_bytes(shapes, np.float32)
     bwd = layer.backward_workspace_bytes(shapes, np.float32)
     assert (fwd, bwd) == _WORKSPACE_BYTES[key]
-    ws = layer._backward_layout(n, t).carve(np.zeros(bwd, np.uint8), np.float32)
+    ws = layer._backward_layout(sched, n, t).carve(np.zeros(bwd, np.uint8), np.float32)
     assert ws.carry.shape == (2, layer.state_parts, n, 7)
     assert ws.token_dg.shape == ((11, layer.gates) if vocab else (0,))
     if scheduled:

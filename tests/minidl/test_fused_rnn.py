@@ -1,23 +1,18 @@
 """Fused LSTM / GRU nodes through the engine: the fused char models against the unrolled ones,
 every lossless memory spec (BPTT schedules included) bit-identical to ``none`` with the dry-run
-peak equal to the real one, stash savings of the schedules on long sequences, and the per
-(T, policy) builds of :class:`~minidl.rnn.SequenceModel`."""
+peak equal to the real one, stash savings of the schedules on long sequences, the per-T builds
+of :class:`~minidl.rnn.SequenceModel` and the schedules as per-step options of the plan."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from minidl.memory.bptt_options import bptt_policy, time_schedule
 
 import minidl
 from minidl import layers as L
 from minidl.optim import SGD
-from minidl.rnn import (
-    SequenceModel,
-    bptt_policy,
-    char_rnn,
-    recurrent_fused,
-    time_schedule,
-)
+from minidl.rnn import SequenceModel, char_rnn, recurrent_fused
 
 VOCAB = 11
 SPECS = ["reuse,inplace", "reuse,recompute=sqrt", "reuse,bptt=1", "reuse,bptt=3",
@@ -33,9 +28,9 @@ def fused_model(cell, steps, unit_steps, emb=6, hidden=7, layers=2, seed=0):
     """char_rnn's fused build (tokens -> fused RNN owning the embedding -> Linear) with a unit
     of ``unit_steps`` steps, so that short sequences already span several units."""
 
-    def build(store, T, policy):
+    def build(store, T):
         x = minidl.Input((T,), dtype="int64", name="tokens")
-        y = recurrent_fused(store, x, cell, emb, hidden, layers, T, name=cell, policy=policy,
+        y = recurrent_fused(store, x, cell, emb, hidden, layers, name=cell,
                             unit_steps=unit_steps, vocab_size=VOCAB)
         fc = L.Linear(hidden, VOCAB)
         fc.name = "fc"
@@ -166,41 +161,52 @@ def test_schedules_keep_far_fewer_stash_bytes_on_long_sequences(cell):
         assert r["peak_allocated_bytes"] < 0.5 * keep["peak_allocated_bytes"], spec
 
 
-# ---------------------------------------------------------------- builds per (T, policy)
-def test_for_shapes_caches_per_length_and_policy_and_shares_parameters():
+# ---------------------------------------------------------------- builds per T, schedules per plan
+def test_for_shapes_caches_per_length_and_shares_parameters():
     net = char_rnn(VOCAB, 6, 7, 2, steps=40)
     params = dict(net.named_parameters())
     assert net.for_shapes([(3, 40)]) is net
-    assert net.for_shapes([(3, 40)], memory="reuse,inplace") is net  # no policy: same build
-    dp2 = net.for_shapes([(3, 40)], memory="reuse,bptt=2")
-    assert dp2 is not net
-    assert net.for_shapes([(5, 40)], memory="reuse,bptt=2") is dp2  # batch size is no key
-    assert net.for_shapes([(3, 40)], memory=minidl.MemoryConfig.parse("bptt=2")) is dp2
-    sq = net.for_shapes([(3, 40)], memory="reuse,recompute=sqrt")
-    dps = net.for_shapes([(3, 40)], memory="reuse,recompute=cost")
-    assert net.for_shapes([(3, 40)], memory="reuse,recompute=speed") is dps  # both dp:sqrt
+    assert net.for_shapes([(5, 40)]) is net  # batch size is no key
     longer = net.for_shapes([(3, 64)])
-    longer_dp = net.for_shapes([(3, 64)], memory="reuse,bptt=2")
-    builds = [net, dp2, sq, dps, longer, longer_dp]
-    assert len({id(b) for b in builds}) == len(builds)
-    for b in builds:
+    assert longer is not net and net.for_shapes([(2, 64)]) is longer
+    for b in (net, longer):
         own = dict(b.named_parameters())
         assert sorted(own) == sorted(params)
         assert all(own[k] is params[k] for k in params)
-
-    def rnn(b):
-        (layer,) = [nd.layer for nd in b.nodes if isinstance(nd.layer, L.LSTM)]
-        return layer
-
-    assert rnn(net).schedule is None and rnn(longer).schedule is None
-    assert (rnn(dp2).schedule.policy, rnn(dp2).schedule.units) == ("dp", 3)
-    assert rnn(dp2).schedule.max_stored <= 2
-    assert rnn(sq).schedule.policy == "sqrt"
-    assert rnn(longer_dp).schedule.units == 4
-    assert rnn(net).vocab_size == VOCAB
+    (layer,) = [nd.layer for nd in net.nodes if isinstance(nd.layer, L.LSTM)]
+    assert layer.schedule is None and layer.vocab_size == VOCAB  # no schedule in the layer
     with pytest.raises(ValueError, match="empty sequence"):
         net.for_shapes([(3, 0)])
 
+
+@pytest.mark.parametrize("spec, policy, units", [
+    ("reuse,bptt=2", "dp", 3), ("reuse,recompute=sqrt", "sqrt", 3), ("reuse,inplace", None, 3),
+])
+def test_the_schedule_is_an_option_of_the_plan_not_of_the_network(spec, policy, units):
+    """One network, one layer object: the plan sets the schedule on the RNN's steps, which
+    sizes their stash, and the layer receives it at run time."""
+    net = char_rnn(VOCAB, 6, 7, 2, steps=40)
+    (layer,) = [nd.layer for nd in net.nodes if isinstance(nd.layer, L.LSTM)]
+    tr = minidl.Trainer(net, memory=spec, device_memory="8MiB")
+    c = tr.engine.compiled([(3, 40)], (3, 40), True)
+    steps = [s for s in c.plan.program.steps if s.layer == "lstm" and s.phase != "recompute"]
+    assert {s.phase for s in steps} == {"forward", "backward"}
+    scheds = {id(s.options.get("bptt")) for s in steps}
+    assert len(scheds) == 1  # forward and backward run the same schedule
+    sched = steps[0].options.get("bptt")
+    if policy is None:
+        assert "bptt" not in steps[0].options
+        assert "lstm.states" not in {t.name for t in c.plan.program.tensors}
+    else:
+        assert (sched.policy, sched.units) == (policy, units)
+        states = next(t for t in c.plan.program.tensors if t.name == "lstm.states")
+        assert states.shape[0] == max(1, sched.max_stored)
+    assert layer.schedule is None  # the network was not rebuilt nor changed
+    assert c.lowered.layers[steps[0].node] is layer
+
+
+def test_training_at_another_length_trains_the_shared_parameters():
+    net = char_rnn(VOCAB, 6, 7, 2, steps=40)
     # training one build trains them all: a step at T = 64 with bptt=2 moves net's weights
     x, y = _batch(t=64)
     before = net.state_dict()
