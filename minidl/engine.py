@@ -112,8 +112,9 @@ class Engine:
             if bind and self.compute:
                 self.bound = True
                 for p, v in zip(params, views):
-                    v[...] = p.data
+                    v[...] = p.data  # the values, wherever they live (another trainer's pool)
                     p.data = v
+                    p.bound_to = self
                 for p, g in grads:
                     g[...] = 0
                     p.grad = g
@@ -136,9 +137,12 @@ class Engine:
         first, so the network stays usable."""
         if self.bound:
             for _, p in self.net.named_parameters(include_buffers=True):
+                if p.bound_to is not self:
+                    continue  # another trainer took it over: its memory, not ours
                 p.data = np.array(p.data, copy=True)
                 if p.grad is not None:
                     p.grad = np.array(p.grad, copy=True)
+                p.bound_to = None
             self.bound = False
         for blk in self.persistent_blocks:
             if not blk.freed:
@@ -150,6 +154,12 @@ class Engine:
     def compiled(self, batch_shapes: list[tuple[int, ...]], label_shape: tuple[int, ...] | None,
                  training: bool, label_dtype: str = "int64",
                  accumulate: bool = False) -> Compiled:
+        if self.bound and any(p.bound_to is not self
+                              for _, p in self.net.named_parameters(include_buffers=True)):
+            raise RuntimeError(
+                f"the parameters of {self.net.name!r} were bound by another Trainer since this "
+                "one was made: one network trains under one Trainer at a time (train with the "
+                "newer Trainer, or make a new one)")
         key = (tuple(map(tuple, batch_shapes)), label_shape, training, label_dtype, accumulate)
         c = self._cache.get(key)
         if c is None:

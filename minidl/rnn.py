@@ -4,9 +4,9 @@
   the whole layer stack, looping over time inside (cuDNN's form, the fast one). Memory over
   time is the layer's BPTT *schedule*, a per-step option of the plan
   (:mod:`minidl.memory.bptt_options`), chosen from the memory spec: everything kept by
-  default; ``recompute=sqrt`` keeps every ⌈√U⌉-th of the U time units' states (Chen et al.); ``bptt=N`` or any other ``recompute=`` value keeps at most
-  N (default ⌈√U⌉) states where Gruslys et al.'s dynamic programme says, at the fewest
-  recomputed units.
+  default; ``recompute=sqrt`` keeps every ⌈√U⌉-th of the U time units' states (Chen et
+  al.); ``bptt=N`` or any other ``recompute=`` value keeps at most N (default ⌈√U⌉) states
+  where Gruslys et al.'s dynamic programme says, at the fewest recomputed units.
 * **unrolled** (``char-lstm-unrolled``): for T steps, one input-projection node (all steps'
   ``x W_ih^T + b_ih`` in one GEMM) and T cell nodes sharing ``weight_hh`` / ``bias_hh``, so
   that the generic liveness, swapping, recomputation and compression passes act per step.

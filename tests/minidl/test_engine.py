@@ -228,3 +228,33 @@ def test_evaluate_halves_batches_that_do_not_fit():
     ref = minidl.Trainer(smallcnn((1, 16, 16), 10, width=8), device_memory="64MiB")
     loss2, acc2 = ref.evaluate(x, y, batch_size=8)
     assert acc == acc2 and abs(loss - loss2) < 1e-5
+
+
+def test_a_second_trainer_takes_the_network_over_and_the_first_refuses_to_run():
+    """Parameters live in one trainer's pool at a time: a second trainer binds them (with
+    their values), the first then says so instead of training the other's memory."""
+    import pickle
+
+    from minidl.models import smallcnn
+    from minidl.optim import SGD
+
+    net = smallcnn((1, 8, 8), 10, width=2)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 1, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 10, 2)
+    first = minidl.Trainer(net, SGD(net.parameters(), lr=0.1), device_memory="16MiB")
+    first.step(x, y)
+    trained = {k: np.array(v) for k, v in net.state_dict().items()}
+    second = minidl.Trainer(net, SGD(net.parameters(), lr=0.1), device_memory="16MiB")
+    for k, v in net.state_dict().items():  # the values moved with the binding
+        assert np.array_equal(v, trained[k]), k
+    with pytest.raises(RuntimeError, match="bound by another Trainer"):
+        first.step(x, y)
+    second.step(x, y)
+    first.close()  # releasing the first leaves the second's parameters alone
+    assert all(p.bound_to is second.engine for p in net.parameters())
+    second.step(x, y)
+    copy = pickle.loads(pickle.dumps(net))  # a bound network pickles as host arrays
+    assert all(p.bound_to is None for p in copy.parameters())
+    for (k, a), b in zip(net.state_dict().items(), copy.state_dict().values()):
+        assert np.array_equal(a, b), k
