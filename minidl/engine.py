@@ -83,6 +83,7 @@ class Engine:
         self.optimizer = optimizer
         self.compute = bool(getattr(pool.device, "has_storage", True))
         self.persistent_blocks: list[Any] = []
+        self.params: list[Any] = []  # the network's parameters and buffers, bound in order
         self.opt_state_specs: list[tuple[str, tuple[int, ...], str]] = []
         self._cache: dict[tuple, Compiled] = {}
         self.bound = False
@@ -99,7 +100,8 @@ class Engine:
     def _allocate_persistent(self, bind: bool) -> None:
         """Parameters and buffers, then gradients, then optimizer state, in layer order."""
         try:
-            params = [p for _, p in self.net.named_parameters(include_buffers=True)]
+            params = self.params = [p for _, p in self.net.named_parameters(
+                include_buffers=True)]
             views = []
             for p in params:
                 views.append(self._alloc(p.name, p.shape, p.dtype, "parameter"))
@@ -136,7 +138,7 @@ class Engine:
         """Return every persistent block to the pool; bound parameters move back to host arrays
         first, so the network stays usable."""
         if self.bound:
-            for _, p in self.net.named_parameters(include_buffers=True):
+            for p in self.params:
                 if p.bound_to is not self:
                     continue  # another trainer took it over: its memory, not ours
                 p.data = np.array(p.data, copy=True)
@@ -154,8 +156,7 @@ class Engine:
     def compiled(self, batch_shapes: list[tuple[int, ...]], label_shape: tuple[int, ...] | None,
                  training: bool, label_dtype: str = "int64",
                  accumulate: bool = False) -> Compiled:
-        if self.bound and any(p.bound_to is not self
-                              for _, p in self.net.named_parameters(include_buffers=True)):
+        if self.bound and any(p.bound_to is not self for p in self.params):
             raise RuntimeError(
                 f"the parameters of {self.net.name!r} were bound by another Trainer since this "
                 "one was made: one network trains under one Trainer at a time (train with the "

@@ -127,9 +127,8 @@ class SequenceModel(Network):
 
     def __init__(self, build: Callable[[ParameterStore, int], tuple[Any, Any]],
                  default_steps: int, name: str, seed: int = 0, dtype: str = "float32",
-                 vocab_size: int | None = None, fused: bool = False) -> None:
+                 vocab_size: int | None = None) -> None:
         self._build_fn = build
-        self.fused = fused  # one recurrent node looping over time inside
         self._store = ParameterStore(seed, dtype)
         self.vocab_size = vocab_size
         self._built: dict[int, Network] = {}
@@ -176,7 +175,7 @@ def char_rnn(vocab_size: int = 65, embedding_dim: int = 256, hidden_size: int = 
 
     name = f"char-{cell}" if fused else f"char-{cell}-unrolled"
     return SequenceModel(build, steps, name=name, seed=seed, dtype=dtype,
-                         vocab_size=vocab_size, fused=fused)
+                         vocab_size=vocab_size)
 
 
 def sequence_classifier(vocab_size: int, num_classes: int, embedding_dim: int = 64,
