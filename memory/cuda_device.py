@@ -194,6 +194,7 @@ class CudaDevice:
     """One CUDA device: an arena of ``capacity`` bytes, a copy stream, bounded pinned memory."""
 
     name = "cuda"
+    kind = "cuda"
     has_storage = True
 
     def __init__(self, capacity: int | str, device_id: int = 0,

@@ -42,6 +42,10 @@ __all__ = [
 _NAN32 = 0x7FC00000  # float32 quiet NaN bit pattern
 
 
+#: Kinds of device a program is lowered for (workspaces and kernels differ per kind).
+DEVICE_KINDS = ("cpu", "cuda")
+
+
 def as_shape(shape: int | tuple[int, ...] | list[int]) -> tuple[int, ...]:
     """``shape`` as a tuple of ints (an int is a 1-D shape)."""
     if type(shape) is tuple:
@@ -308,6 +312,7 @@ class CpuDevice:
     """
 
     name = "cpu"
+    kind = "cpu"
     has_storage = True
     xp = np
 
@@ -430,7 +435,12 @@ class MetaDevice:
     xp = np
     UNLIMITED = 1 << 62
 
-    def __init__(self, capacity: int | str | None = None) -> None:
+    def __init__(self, capacity: int | str | None = None, kind: str = "cpu") -> None:
+        if kind not in DEVICE_KINDS:
+            raise ValueError(f"unknown device kind {kind!r}; valid kinds: "
+                             f"{', '.join(DEVICE_KINDS)}")
+        #: The kind of device this dry run stands for (its layers' workspaces follow it).
+        self.kind = kind
         self.capacity = self.UNLIMITED if capacity is None else parse_size(capacity)
         self._copy_engine: ImmediateCopyEngine | None = None
 
@@ -466,4 +476,4 @@ class MetaDevice:
 
     def __repr__(self) -> str:
         cap = "unlimited" if self.capacity == self.UNLIMITED else format_size(self.capacity)
-        return f"MetaDevice(capacity={cap!r})"
+        return f"MetaDevice(capacity={cap!r}, kind={self.kind!r})"

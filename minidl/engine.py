@@ -82,6 +82,8 @@ class Engine:
         self.loss = loss
         self.optimizer = optimizer
         self.compute = bool(getattr(pool.device, "has_storage", True))
+        #: "cpu" or "cuda": what the program is lowered for (a meta device names its kind)
+        self.device_kind = getattr(pool.device, "kind", "cpu")
         self.persistent_blocks: list[Any] = []
         self.params: list[Any] = []  # the network's parameters and buffers, bound in order
         self.opt_state_specs: list[tuple[str, tuple[int, ...], str]] = []
@@ -172,7 +174,8 @@ class Engine:
                 return lower(net, list(batch_shapes), loss=self.loss, label_shape=label_shape,
                              label_dtype=label_dtype, training=training,
                              opt_state=self.opt_state_specs, accumulate_grads=accumulate,
-                             alignment=self.pool.alignment, options=options)
+                             alignment=self.pool.alignment, options=options,
+                             device_kind=self.device_kind)
 
             first = lowered_with(None)
             # per-op options (fused RNNs' BPTT schedules): the spec's policy, or under an auto

@@ -60,14 +60,22 @@ def lower(
     accumulate_grads: bool = False,
     options: dict[int, dict[str, Any]] | None = None,
     alignment: int = ALLOCATION_UNIT,
+    device_kind: str = "cpu",
 ) -> Lowered:
     """Lower ``net`` for ``batch_shapes``. With ``loss`` (taking the network's first output and
     the labels), a training program: forward, loss, then backward in reverse layer order.
     ``accumulate_grads`` adds every parameter gradient into ``.grad`` (micro-batching);
     ``alignment`` is the allocation unit of the pool the program will run on. ``options``
     (node index -> per-op options, e.g. ``{"bptt": schedule}``) size the stash and workspace
-    of the layers taking them and ride on their steps to run time."""
-    lo = _Lowering(net, batch_shapes, loss, label_shape, label_dtype, training, options or {})
+    of the layers taking them and ride on their steps to run time. ``device_kind`` (``"cpu"``
+    or ``"cuda"``) is the kind of device the program will run on: layers naming
+    ``"device_kind"`` in their :attr:`~minidl.layers.base.Layer.option_names` get it as an
+    option (their workspaces differ per kind), so a dry run on the meta device plans for it."""
+    options = dict(options or {})
+    for i, node in enumerate(net.nodes):
+        if "device_kind" in getattr(node.layer, "option_names", ()):
+            options[i] = {**options.get(i, {}), "device_kind": device_kind}
+    lo = _Lowering(net, batch_shapes, loss, label_shape, label_dtype, training, options)
     lo.persistent(opt_state or [])
     lo.graph()
     lo.forward_steps()
