@@ -26,6 +26,7 @@ from .memory.plan import Plan
 from .memory.planner import make_plan
 from .memory.pool import Pool
 from .memory.program import aligned
+from .memory.transfer import copy_into, to_host
 
 #: Why a network with batch statistics is never split into micro-batches.
 BATCH_STATS_SPLIT = ("batch splitting with BatchNorm would normalise with micro-batch statistics, "
@@ -116,7 +117,7 @@ class Engine:
             if bind and self.compute:
                 self.bound = True
                 for p, v in zip(params, views):
-                    v[...] = p.data  # the values, wherever they live (another trainer's pool)
+                    copy_into(v, p.data)  # the values, wherever they live (host, another pool)
                     p.data = v
                     p.bound_to = self
                 for p, g in grads:
@@ -143,9 +144,9 @@ class Engine:
             for p in self.params:
                 if p.bound_to is not self:
                     continue  # another trainer took it over: its memory, not ours
-                p.data = np.array(p.data, copy=True)
+                p.data = to_host(p.data)
                 if p.grad is not None:
-                    p.grad = np.array(p.grad, copy=True)
+                    p.grad = to_host(p.grad)
                 p.bound_to = None
             self.bound = False
         for blk in self.persistent_blocks:

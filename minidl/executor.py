@@ -13,6 +13,7 @@ from .memory import codecs
 from .memory.plan import Plan
 from .memory.program import Step
 from .memory.runtime import MemoryRuntime, tensor_info
+from .memory.transfer import copy_into, to_host
 
 
 class NonFiniteError(FloatingPointError):
@@ -90,7 +91,9 @@ class Executor:
                 rt.apply(a)
             if compute:
                 for tid, x in zip(prog.inputs, feeds):
-                    np.copyto(rt.array(tid), x, casting="same_kind")
+                    dst = rt.array(tid)
+                    copy_into(dst, np.asarray(x).astype(dst.dtype, casting="same_kind",
+                                                        copy=False))
             forward_done = False
             for i, st in enumerate(self.steps):
                 rt.position = i
@@ -119,7 +122,7 @@ class Executor:
                         if check_finite:
                             self._check(st, rt)
                         if fetch_outputs:
-                            outputs += [np.array(rt.array(t)) for t in st.outputs
+                            outputs += [to_host(rt.array(t)) for t in st.outputs
                                         if t in self.outputs]
                         if prog.loss >= 0 and st.outputs[0] == prog.loss:
                             loss_value = float(rt.array(prog.loss))

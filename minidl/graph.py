@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from .layers.base import Layer, ShapeError, Symbol
+from .memory.transfer import copy_into, to_host
 from .parameter import Parameter
 
 Shape = tuple[int, ...]
@@ -197,7 +198,7 @@ class Network:
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Copies of every parameter and buffer as NumPy arrays."""
-        return {n: np.array(p.data, copy=True) for n, p in self.named_parameters(True)}
+        return {n: to_host(p.data) for n, p in self.named_parameters(True)}
 
     def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
         """Copy arrays (NumPy arrays, or anything ``np.asarray`` takes such as CPU torch
@@ -215,7 +216,7 @@ class Network:
                 raise ValueError(f"{name}: expected shape {own[name].shape}, "
                                  f"got {tuple(value.shape)}")
         for name, value in values.items():
-            own[name].data[...] = value.astype(own[name].dtype, copy=False)
+            copy_into(own[name].data, value.astype(own[name].dtype, copy=False))
 
     # ------------------------------------------------------------------ shapes
     @property

@@ -32,6 +32,7 @@ import numpy as np
 from minidl.parameter import Parameter
 
 from .kernels.optim import adam_update, sgd_update
+from .memory.transfer import copy_into, to_host
 
 Alloc = Callable[[str, tuple[int, ...], np.dtype], Any]
 StateSpec = list[tuple[str, tuple[int, ...], np.dtype]]
@@ -39,11 +40,6 @@ StateSpec = list[tuple[str, tuple[int, ...], np.dtype]]
 
 def _zeros(name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return np.zeros(shape, dtype=dtype)
-
-
-def _to_numpy(a: Any) -> np.ndarray:
-    """Host copy of a NumPy or CuPy array."""
-    return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.array(a)
 
 
 def _check_nonneg(**values: float) -> None:
@@ -110,7 +106,7 @@ class Optimizer:
                 raise ValueError(f"alloc({name!r}) returned {tuple(arr.shape)} {arr.dtype}, "
                                  f"expected {tuple(shape)} {dtype}")
             if self._state is not None:
-                arr[...] = self._state[name]
+                copy_into(arr, self._state[name])
             new[name] = arr
         self._state = new
 
@@ -128,7 +124,7 @@ class Optimizer:
         for p in self.params:
             d[f"{p.name}.step"] = self.param_steps[p.name]
             for slot in self.slots:
-                d[f"{p.name}.{slot}"] = _to_numpy(self.state[f"{p.name}.{slot}"])
+                d[f"{p.name}.{slot}"] = to_host(self.state[f"{p.name}.{slot}"])
         return d
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
@@ -147,7 +143,7 @@ class Optimizer:
         for p in self.params:
             for slot in self.slots:
                 key = f"{p.name}.{slot}"
-                self.state[key][...] = np.asarray(d[key], dtype=p.dtype)
+                copy_into(self.state[key], np.asarray(d[key], dtype=p.dtype))
             self.param_steps[p.name] = int(d[f"{p.name}.step"])
         self.step_count = int(d["step"])
         self.lr = float(d["lr"])

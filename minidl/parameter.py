@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from .memory.transfer import to_host
+
 
 class Parameter:
     """A trainable array (``trainable=True``) or a buffer such as BatchNorm's running statistics.
@@ -38,8 +40,8 @@ class Parameter:
 
     def __getstate__(self) -> dict:
         """Pickled and copied as host arrays, bound to nothing."""
-        return {"name": self.name, "data": np.array(self.data), "trainable": self.trainable,
-                "grad": None if self.grad is None else np.array(self.grad)}
+        return {"name": self.name, "data": to_host(self.data), "trainable": self.trainable,
+                "grad": None if self.grad is None else to_host(self.grad)}
 
     def __setstate__(self, state: dict) -> None:
         for k, v in state.items():
