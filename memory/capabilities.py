@@ -49,8 +49,10 @@ class OpCaps:
     options: frozenset[str] = frozenset()
 
 
-#: Per-op options a pass may set: ``"bptt"``, a fused RNN's BPTT schedule (:mod:`.bptt_options`).
-OPTIONS = ("bptt",)
+#: Per-op options a pass may set: ``"bptt"``, a fused RNN's BPTT schedule (:mod:`.bptt_options`);
+#: ``"device_kind"``, the kind of device the program is lowered for (``cpu`` | ``cuda``), for
+#: layers whose workspace differs per kind.
+OPTIONS = ("bptt", "device_kind")
 
 
 def op_caps(owner: str, cost: str = "cheap", backward_from: tuple[str, ...] = (),

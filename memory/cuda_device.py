@@ -278,6 +278,10 @@ class CudaDevice:
             self._copy_engine = CudaCopyEngine(self._cp, self.device_id)
         return self._copy_engine
 
+    def route_allocations(self, allocate: Any) -> Any:
+        """Context manager: CuPy's allocations take arena bytes from ``allocate``."""
+        return route_allocations(self, allocate)
+
     def synchronize(self) -> None:
         """Wait for all work on this device."""
         with self._device:
@@ -301,44 +305,60 @@ class CudaDevice:
         return f"CudaDevice(capacity={format_size(self.capacity)!r}, device_id={self.device_id})"
 
 
-class _BlockOwner:
-    """Owner of a CuPy temporary: returns its pool block when CuPy drops the memory."""
+class _Release:
+    """Owner of a CuPy temporary: calls ``release`` when CuPy drops the memory."""
 
-    __slots__ = ("pool", "block")
+    __slots__ = ("release",)
 
-    def __init__(self, pool: Any, block: Any) -> None:
-        self.pool = pool
-        self.block = block
+    def __init__(self, release: Any) -> None:
+        self.release = release
 
     def __del__(self) -> None:
-        # A finalizer may run in the middle of another pool call (cyclic GC), so the free is
-        # deferred to the pool's next call instead of touching the heap here.
-        self.pool.free_deferred(self.block)
+        self.release()
+
+
+@contextlib.contextmanager
+def route_allocations(device: CudaDevice, allocate: Any) -> Iterator[None]:
+    """Within the block, CuPy's own allocations take arena bytes from ``allocate``
+    (``nbytes -> (offset, release)``); the previous allocator is restored on exit and
+    temporaries still alive then are released when CuPy frees them."""
+    cp = device._cp
+    base = device.base_ptr
+    device_id = device.device_id
+
+    def cupy_allocator(nbytes: int) -> Any:
+        offset, release = allocate(nbytes)
+        mem = cp.cuda.UnownedMemory(base + offset, nbytes, _Release(release), device_id)
+        return cp.cuda.MemoryPointer(mem, 0)
+
+    previous = cp.cuda.get_allocator()
+    cp.cuda.set_allocator(cupy_allocator)
+    try:
+        yield
+    finally:
+        cp.cuda.set_allocator(previous)
+
+
+def pool_allocator(pool: Any) -> Any:
+    """``nbytes -> (offset, release)`` over ``pool`` (workspace blocks tagged "cupy.temp");
+    the release is deferred to the pool's next call, since CuPy may free from a finalizer in
+    the middle of another pool call."""
+
+    def allocate(nbytes: int) -> tuple[int, Any]:
+        block = pool.allocate(max(nbytes, 1), tag="cupy.temp", category="workspace")
+        return block.offset, lambda: pool.free_deferred(block)
+
+    return allocate
 
 
 @contextlib.contextmanager
 def route_cupy_allocations(pool: Any) -> Iterator[None]:
     """Within the block, CuPy's own allocations come from ``pool`` (workspace, "cupy.temp").
 
-    ``pool.device`` must be a :class:`CudaDevice`. The previous allocator is restored on exit;
-    temporaries still alive then are returned to the pool when CuPy frees them.
+    ``pool.device`` must be a :class:`CudaDevice`.
     """
     device = pool.device
     if not isinstance(device, CudaDevice):
         raise TypeError(f"route_cupy_allocations needs a pool on a CudaDevice, not {device!r}")
-    cp = device._cp
-    base = device.base_ptr
-    device_id = device.device_id
-
-    def allocate(nbytes: int) -> Any:
-        block = pool.allocate(nbytes, tag="cupy.temp", category="workspace")
-        mem = cp.cuda.UnownedMemory(base + block.offset, block.size, _BlockOwner(pool, block),
-                                    device_id)
-        return cp.cuda.MemoryPointer(mem, 0)
-
-    previous = cp.cuda.get_allocator()
-    cp.cuda.set_allocator(allocate)
-    try:
+    with route_allocations(device, pool_allocator(pool)):
         yield
-    finally:
-        cp.cuda.set_allocator(previous)

@@ -547,19 +547,21 @@ class StrictCudaDevice:
 
     # -- CuPy's allocator
     @contextlib.contextmanager
-    def route_allocations(self, pool: Any) -> Iterator[None]:
-        """Within the block, arrays created by calls come from ``pool`` (as CuPy's allocator
-        set by ``route_cupy_allocations``: category ``workspace``, tag ``cupy.temp``)."""
-        if pool.device is not self:
-            raise TypeError("route_allocations needs a pool on this device")
+    def route_allocations(self, allocate: Callable[[int], tuple[int, Callable[[], None]]]
+                          ) -> Iterator[None]:
+        """Within the block, arrays created by calls take their bytes from ``allocate``
+        (``nbytes -> (arena offset, release)``), as CuPy's allocator does under
+        :meth:`~.cuda_device.CudaDevice.route_allocations`."""
 
-        def allocate(nbytes: int) -> tuple[np.ndarray, Callable[[], None]]:
-            block = pool.allocate(max(nbytes, 1), tag="cupy.temp", category="workspace")
-            return (self._arena[block.offset:block.offset + nbytes],
-                    lambda: pool.free_deferred(block))
+        def take(nbytes: int) -> tuple[np.ndarray, Callable[[], None]]:
+            offset, release = allocate(nbytes)
+            if offset < 0 or offset + nbytes > self.capacity:
+                raise ValueError(f"allocator returned offset {offset} for {nbytes} bytes, "
+                                 f"outside the arena of {self.capacity} bytes")
+            return self._arena[offset:offset + nbytes], release
 
         previous = self._allocate
-        self._allocate = allocate
+        self._allocate = take
         try:
             yield
         finally:

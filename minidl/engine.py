@@ -72,6 +72,7 @@ class Engine:
         optimizer: Any = None,
         bind: bool = True,
         host_memory: int | None = None,
+        scratch_bytes: int | None = None,
     ) -> None:
         # BLAS single-threaded from the first product on (else the first step's products ran
         # on OpenBLAS's threads, cut by thread count, and the bits depended on it)
@@ -86,11 +87,15 @@ class Engine:
         #: "cpu" or "cuda": what the program is lowered for (a meta device names its kind)
         self.device_kind = getattr(pool.device, "kind", "cpu")
         self.persistent_blocks: list[Any] = []
+        #: The block reserved for the device library's own temporaries (CuPy's), sized from
+        #: the first step's measured peak, or from ``scratch_bytes`` (a dry run for a GPU
+        #: passes the measured figure to place every block as the GPU run will).
+        self.scratch: Any = None
         self.params: list[Any] = []  # the network's parameters and buffers, bound in order
         self.opt_state_specs: list[tuple[str, tuple[int, ...], str]] = []
         self._cache: dict[tuple, Compiled] = {}
         self.bound = False
-        self._allocate_persistent(bind)
+        self._allocate_persistent(bind, scratch_bytes)
 
     # ------------------------------------------------------------------ persistent state
     def _alloc(self, name: str, shape: tuple[int, ...], dtype: Any, category: str) -> Any:
@@ -100,7 +105,7 @@ class Engine:
         self.persistent_blocks.append(blk)
         return blk.view(tuple(shape), np.dtype(dtype))
 
-    def _allocate_persistent(self, bind: bool) -> None:
+    def _allocate_persistent(self, bind: bool, scratch_bytes: int | None = None) -> None:
         """Parameters and buffers, then gradients, then optimizer state, in layer order."""
         try:
             params = self.params = [p for _, p in self.net.named_parameters(
@@ -133,6 +138,8 @@ class Engine:
                     return arr
 
                 self.optimizer.init_state(alloc_state)
+            if scratch_bytes:
+                self._reserve_scratch(scratch_bytes)
         except BaseException:
             self.release()
             raise
@@ -203,9 +210,26 @@ class Engine:
 
     def _compile(self, lowered: Lowered, plan: Plan) -> Compiled:
         """The executor for ``plan`` on this engine's pool, host pool and debug setting."""
-        return Compiled(lowered, plan, Executor(lowered, plan, self.pool, compute=self.compute,
-                                                host_pool=self.host_pool,
-                                                debug=getattr(self.pool, "debug", False)))
+        ex = Executor(lowered, plan, self.pool, compute=self.compute, host_pool=self.host_pool,
+                      debug=getattr(self.pool, "debug", False))
+        if self.scratch is not None:
+            ex.scratch = (self.scratch.offset, self.scratch.size)
+        return Compiled(lowered, plan, ex)
+
+    def _reserve_scratch(self, nbytes: int) -> None:
+        """A persistent block for the device library's temporaries, placed right after the
+        other persistent blocks (where a dry run given the same size places it)."""
+        blk = self.pool.allocate(aligned(nbytes, self.pool.alignment), tag="cupy.scratch",
+                                 category="workspace")
+        self.persistent_blocks.append(blk)
+        self.scratch = blk
+        self._cache.clear()  # static plans place blocks above the persistent ones
+
+    def note_temporaries(self, executor: Executor) -> None:
+        """After a measured step: reserve the scratch block from the temporaries' peak (once;
+        until then they came from the pool itself)."""
+        if self.scratch is None and executor.temp_peak > 0:
+            self._reserve_scratch(executor.temp_peak)
 
     def split_for(self, batch_shapes: list[tuple[int, ...]], label_shape: tuple[int, ...] | None,
                   label_dtype: str = "int64", max_split: int = 64) -> int:
@@ -249,6 +273,9 @@ class Engine:
             and not c.plan.measured
         need_dens = self.config.has("sparse") and not c.plan.densities_measured \
             and bool(c.executor.densities)
+        self.note_temporaries(c.executor)
+        if self.scratch is not None and c.executor.scratch is None:
+            return c  # the cache was cleared: the next step compiles with the scratch block
         if not (need_times or need_dens):
             return c
         times = list(c.executor.step_times) if need_times else None
@@ -304,6 +331,9 @@ class Engine:
             size = prog.block_size(t.nbytes)
             by_cat[t.category] = by_cat.get(t.category, 0) + size
             live.append((t.name, t.category, size))
+        if self.scratch is not None:
+            by_cat["workspace"] = by_cat.get("workspace", 0) + self.scratch.size
+            live.append(("cupy.scratch", "workspace", self.scratch.size))
         live.sort(key=lambda r: -r[2])
         pos = rt.peak_position
         if 0 <= pos < len(prog.steps):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -10,10 +11,15 @@ import numpy as np
 from .layers.base import Context
 from .lowering import Lowered
 from .memory import codecs
+from .memory.device import MetaDevice
 from .memory.plan import Plan
+from .memory.pool import DeviceOutOfMemory, Pool
 from .memory.program import Step
 from .memory.runtime import MemoryRuntime, tensor_info
 from .memory.transfer import copy_into, to_host
+
+#: Allocation unit of the device library's temporaries (CuPy rounds to 512 bytes).
+TEMP_ALIGNMENT = 512
 
 
 class NonFiniteError(FloatingPointError):
@@ -61,6 +67,46 @@ class Executor:
         #: Largest fraction of non-zeros seen per sparse-encoded tensor (for re-planning).
         self.densities: dict[str, float] = {}
         self.step_times = np.zeros(len(self.steps))
+        #: (offset, bytes) of the block reserved for the device library's own temporaries
+        #: (CuPy's): set by the engine once measured; ``None`` routes them into the pool.
+        self.scratch: tuple[int, int] | None = None
+        #: Most bytes of such temporaries live at once in the last run (0 on the CPU).
+        self.temp_peak = 0
+        self._temp_live = 0
+
+    def _temporaries(self) -> Any:
+        """Route the device library's temporaries into the arena: into the scratch block when
+        one is reserved (a pool of its own, so overflowing it fails clearly), else into the
+        pool (measuring their peak). A no-op on devices without such temporaries."""
+        route = getattr(self.pool.device, "route_allocations", None)
+        if route is None or not self.compute:
+            return contextlib.nullcontext()
+        self.temp_peak = self._temp_live = 0
+        if self.scratch is not None:
+            base, size = self.scratch
+            sub = Pool(MetaDevice(size), alignment=TEMP_ALIGNMENT)
+        else:
+            base, sub = 0, self.pool
+
+        def allocate(nbytes: int) -> tuple[int, Any]:
+            try:
+                blk = sub.allocate(max(nbytes, 1), tag="cupy.temp", category="workspace")
+            except DeviceOutOfMemory as e:
+                if sub is self.pool:
+                    raise
+                raise DeviceOutOfMemory(
+                    f"the device library's temporaries need more than the {sub.device.capacity} "
+                    f"bytes reserved for them (measured at the first step): {e}") from None
+            self._temp_live += blk.size
+            self.temp_peak = max(self.temp_peak, self._temp_live)
+
+            def release() -> None:
+                self._temp_live -= blk.size
+                sub.free_deferred(blk)
+
+            return base + blk.offset, release
+
+        return route(allocate)
 
     def run(
         self,
@@ -82,62 +128,72 @@ class Executor:
         self.last_runtime = rt
         if record:
             rt.events = []
-        loss_value: float | None = None
         outputs: list[np.ndarray] = []
-        plan_steps = self.plan.steps
-        compute = self.compute
+        loss_box: list[float | None] = [None]
         try:
-            for a in self.plan.begin:
-                rt.apply(a)
-            if compute:
-                for tid, x in zip(prog.inputs, feeds):
-                    dst = rt.array(tid)
-                    copy_into(dst, np.asarray(x).astype(dst.dtype, casting="same_kind",
-                                                        copy=False))
-            forward_done = False
-            for i, st in enumerate(self.steps):
-                rt.position = i
-                sp = plan_steps[i]
-                if not forward_done and st.phase in ("backward", "recompute"):
-                    forward_done = True
-                    rt.note_kept_for_backward()
-                for a in sp.before:
-                    rt.apply(a)
-                if compute:
-                    t0 = time.perf_counter()
-                    ctx = None if st.node < 0 else Context(
-                        training=training, seed=step_seed(seed, iteration, st.node),
-                        recomputing=recomputing or st.phase == "recompute",
-                        accumulate=st.accumulate, options=st.options)
-                    if st.phase == "encode":
-                        self._encode(st, rt)
-                    elif st.phase == "decode":
-                        src = st.attrs["source"]
-                        codecs.decode(st.attrs["codec"], rt.array(st.reads[0]),
-                                      rt.array(st.writes[0]), self.codec_state.get(src, {}))
-                    elif st.phase == "recompute":
-                        self._forward(st, rt, ctx)
-                    elif st.phase == "forward":
-                        self._forward(st, rt, ctx)
-                        if check_finite:
-                            self._check(st, rt)
-                        if fetch_outputs:
-                            outputs += [to_host(rt.array(t)) for t in st.outputs
-                                        if t in self.outputs]
-                        if prog.loss >= 0 and st.outputs[0] == prog.loss:
-                            loss_value = float(rt.array(prog.loss))
-                    else:
-                        self._backward(st, rt, ctx, loss_scale)
-                    self.step_times[i] = time.perf_counter() - t0
-                for a in sp.after:
-                    rt.apply(a)
-            rt.position = len(plan_steps)
-            for a in self.plan.end:
-                rt.apply(a)
+            with self._temporaries():
+                self._run_steps(rt, feeds, training, seed, iteration, fetch_outputs,
+                                check_finite, recomputing, loss_scale, outputs, loss_box)
         except BaseException:
             rt.release_all()
             raise
-        return loss_value, outputs
+        return loss_box[0], outputs
+
+    def _run_steps(self, rt: MemoryRuntime, feeds: list, training: bool, seed: int,
+                   iteration: int, fetch_outputs: bool, check_finite: bool, recomputing: bool,
+                   loss_scale: float, outputs: list, loss_box: list) -> None:
+        prog = self.plan.program
+        plan_steps = self.plan.steps
+        compute = self.compute
+        loss_value: float | None = None
+        for a in self.plan.begin:
+            rt.apply(a)
+        if compute:
+            for tid, x in zip(prog.inputs, feeds):
+                dst = rt.array(tid)
+                copy_into(dst, np.asarray(x).astype(dst.dtype, casting="same_kind",
+                                                    copy=False))
+        forward_done = False
+        for i, st in enumerate(self.steps):
+            rt.position = i
+            sp = plan_steps[i]
+            if not forward_done and st.phase in ("backward", "recompute"):
+                forward_done = True
+                rt.note_kept_for_backward()
+            for a in sp.before:
+                rt.apply(a)
+            if compute:
+                t0 = time.perf_counter()
+                ctx = None if st.node < 0 else Context(
+                    training=training, seed=step_seed(seed, iteration, st.node),
+                    recomputing=recomputing or st.phase == "recompute",
+                    accumulate=st.accumulate, options=st.options)
+                if st.phase == "encode":
+                    self._encode(st, rt)
+                elif st.phase == "decode":
+                    src = st.attrs["source"]
+                    codecs.decode(st.attrs["codec"], rt.array(st.reads[0]),
+                                  rt.array(st.writes[0]), self.codec_state.get(src, {}))
+                elif st.phase == "recompute":
+                    self._forward(st, rt, ctx)
+                elif st.phase == "forward":
+                    self._forward(st, rt, ctx)
+                    if check_finite:
+                        self._check(st, rt)
+                    if fetch_outputs:
+                        outputs += [to_host(rt.array(t)) for t in st.outputs
+                                    if t in self.outputs]
+                    if prog.loss >= 0 and st.outputs[0] == prog.loss:
+                        loss_value = float(rt.array(prog.loss))
+                else:
+                    self._backward(st, rt, ctx, loss_scale)
+                self.step_times[i] = time.perf_counter() - t0
+            for a in sp.after:
+                rt.apply(a)
+        rt.position = len(plan_steps)
+        for a in self.plan.end:
+            rt.apply(a)
+        loss_box[0] = loss_value
 
     def _encode(self, st: Step, rt: MemoryRuntime) -> None:
         codec, src = st.attrs["codec"], st.attrs["source"]
