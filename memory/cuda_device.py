@@ -88,6 +88,12 @@ class CudaCopyEvent:
                 time.sleep(50e-6)
         self._complete()
 
+    def order_compute(self) -> None:
+        """Work queued afterwards on the compute stream (CuPy's current stream) waits on the
+        device for this copy to finish; the host does not wait."""
+        if self._refs is not None:
+            self._cp.cuda.get_current_stream().wait_event(self._end)
+
     def _complete(self) -> None:
         if self._refs is not None:
             self._elapsed = self._cp.cuda.get_elapsed_time(self._start, self._end) / 1e3
@@ -102,7 +108,14 @@ class CudaCopyEvent:
 
 
 class CudaCopyEngine:
-    """Copies on one non-blocking stream, in FIFO order, between device and (pinned) host."""
+    """Copies on one non-blocking stream, in FIFO order, between device and (pinned) host.
+
+    Each copy first makes the copy stream wait (on the device) for an event recorded on the
+    compute stream (CuPy's current stream) when it is queued: a device-to-host copy then never
+    reads a block before the kernel producing it has finished, and a host-to-device copy never
+    overwrites a block that a queued kernel still reads. The other direction, compute after a
+    copy, is :meth:`CudaCopyEvent.order_compute`.
+    """
 
     def __init__(self, cp: Any, device_id: int) -> None:
         self._cp = cp
@@ -131,6 +144,9 @@ class CudaCopyEngine:
         with self._device:
             start = cp.cuda.Event()
             end = cp.cuda.Event()
+            produced = cp.cuda.Event(disable_timing=True)
+            produced.record(cp.cuda.get_current_stream())
+            self.stream.wait_event(produced)
             start.record(self.stream)
             if d_dev and s_dev:
                 dst.data.copy_from_device_async(src.data, nbytes, self.stream)

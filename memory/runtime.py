@@ -284,12 +284,22 @@ class MemoryRuntime:
         elif ev is not None:
             ev.wait()  # re-raises a failed copy
 
+    def _order_compute(self, ev: Any) -> None:
+        """Later compute work must follow the copy ``ev``: on a GPU the compute stream waits
+        for its event on the device (no host synchronisation); elsewhere the host waits."""
+        order = getattr(ev, "order_compute", None)
+        if order is None:
+            self._wait(ev)
+        else:
+            order()
+
     def release(self, root: int) -> None:
-        """The device block of an offloaded tensor may go: wait for its copy (usually done),
-        then free it — or keep it cached when the plan caches."""
+        """The device block of an offloaded tensor may go: once its copy has read it (on a
+        GPU, compute that may reuse the block waits for the copy's event), free it — or keep
+        it cached when the plan caches."""
         rec = self._record_of(root)
         rec.check("release")
-        self._wait(rec.d2h)
+        self._order_compute(rec.d2h)
         if self.cache.keep(rec):
             return
         self._free_swapped_block(rec)
@@ -323,7 +333,7 @@ class MemoryRuntime:
         """Compute is about to read ``root``: wait for its prefetch, restore its views."""
         rec = self._record_of(root)
         rec.check("await_prefetch")
-        self._wait(rec.h2d)
+        self._order_compute(rec.h2d)
         if rec.host is not None:
             self.host_pool.release(rec.host)
         blk = rec.block

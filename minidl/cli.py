@@ -111,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--classes", type=int, default=10)
     pl.add_argument("--vocab", type=int, default=65, help="vocabulary size (char models)")
     pl.add_argument("--memory", default="none")
+    pl.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="the kind of device to plan for (its layers' workspaces); no GPU needed")
     pl.add_argument("--optimizer", default="sgd", choices=["sgd", "adam", "adamw"])
     pl.add_argument("--budget", default=None,
                     help="device bytes the auto planner must fit (with --memory auto)")

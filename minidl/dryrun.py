@@ -32,6 +32,8 @@ def dry_run(
     trace: str | None = None,
     budget: int | None = None,
     alignment: int = ALLOCATION_UNIT,
+    device_kind: str = "cpu",
+    scratch_bytes: int | None = None,
 ) -> dict[str, Any]:
     """Run one training iteration of ``net`` on the meta device and report its memory.
 
@@ -42,16 +44,20 @@ def dry_run(
     ``split`` and ``micro_batch_size`` (the batch runs as ``split`` micro-batches; the peak and
     ``layers`` are those of one micro-batch, the largest). ``budget`` (bytes, default the auto
     planner's) is drawn as a line on the ``plot``. ``alignment`` is the allocation unit of the
-    pool to simulate (that of the real run's pool).
+    pool to simulate (that of the real run's pool). ``device_kind="cuda"`` plans for a GPU (its
+    layers' workspaces); ``scratch_bytes`` is the block a GPU run reserves for CuPy's own
+    temporaries (measured at its first step: ``Trainer.engine.scratch.size``), without which
+    the dry run's peak leaves it out.
     """
     config = MemoryConfig.parse(memory)
     shape = tuple(input_shape) if input_shape is not None else net.input_shapes[0]
     if shape is None:
         raise ValueError("the network has no input shape: pass input_shape")
-    pool = Pool(MetaDevice(), alignment=alignment)
+    pool = Pool(MetaDevice(kind=device_kind), alignment=alignment)
     loss = loss if loss is not None else SoftmaxCrossEntropy()
     opt = make_optimizer(optimizer, net.parameters()) if training else None
-    engine = Engine(net, pool, config, loss if training else None, opt, bind=False)
+    engine = Engine(net, pool, config, loss if training else None, opt, bind=False,
+                    scratch_bytes=scratch_bytes)
     batch = (int(batch_size), *shape)
     labels = tuple(label_shape or default_label_shape(net, batch))
     split = engine.split_for([batch], labels) if training else 1
@@ -75,6 +81,7 @@ def dry_run(
     prog = c.lowered.program
     return {
         "model": net.name,
+        "device": "meta" if device_kind == "cpu" else f"meta ({device_kind} kind)",
         "memory": config.spec,
         "batch_size": int(batch_size),
         "input": list(shape),

@@ -52,7 +52,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise UsageError(f"--budget: {e}") from None
     try:
         rep = dry_run(net, args.batch_size, spec, args.optimizer, input_shape=shape,
-                      plot=args.plot, trace=args.trace, budget=budget)
+                      plot=args.plot, trace=args.trace, budget=budget,
+                      device_kind=args.device)
     except BudgetTooSmall as e:
         print(f"minidl: {e}", file=sys.stderr)
         fits = suggest_specs(lambda: build_model(args.model, shape, classes, args.width),
