@@ -5,7 +5,12 @@
   over ``MemoryPointer(arena, offset)``.
 * Copies run on one non-blocking copy stream; each returns a :class:`CudaCopyEvent` (the
   interface of :class:`~.device.CopyEvent`) built on two CUDA events.
-* Host memory is pinned (``cupy.cuda.alloc_pinned_memory``) and bounded by ``pinned_capacity``.
+* Host memory is pinned (``cupy.cuda.alloc_pinned_memory``) and bounded by ``pinned_capacity``
+  (default: the host's available memory; the trainer passes ``--host-memory``).
+* ``cuda:N``: :meth:`CudaDevice.activate` makes device N current; the executor runs every
+  step under it.
+* Step times come from CUDA events on the compute stream (:class:`CudaStepTimer`), not from
+  the host clock around asynchronous launches.
 * :func:`route_cupy_allocations` sends CuPy's own temporaries to a :class:`~.pool.Pool`.
 
 Stream ordering: blocks freed by the pool may be handed out again at once. That is safe for work
@@ -26,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .device import as_shape, check_view
+from .device import as_shape, available_host_memory, check_view
 from .units import format_size, parse_size
 
 __all__ = ["CudaCopyEngine", "CudaCopyEvent", "CudaDevice", "route_cupy_allocations"]
@@ -190,6 +195,41 @@ class CudaCopyEngine:
         self.close()
 
 
+class CudaStepTimer:
+    """Times of the steps of one iteration from CUDA events recorded on the compute stream.
+
+    ``start(i)`` / ``stop(i)`` record events around step ``i``'s kernels; :meth:`collect`
+    waits for the last event and returns the device-side seconds of each step (what the swap
+    and recomputation planners need: kernel time, not launch time).
+    """
+
+    def __init__(self, cp: Any, num_steps: int) -> None:
+        self._cp = cp
+        self._events: list[tuple[Any, Any] | None] = [None] * num_steps
+
+    def start(self, i: int) -> None:
+        ev = self._cp.cuda.Event()
+        ev.record()
+        self._events[i] = (ev, None)
+
+    def stop(self, i: int) -> None:
+        pair = self._events[i]
+        if pair is not None:
+            ev = self._cp.cuda.Event()
+            ev.record()
+            self._events[i] = (pair[0], ev)
+
+    def collect(self) -> np.ndarray:
+        times = np.zeros(len(self._events))
+        last = next((p[1] for p in reversed(self._events) if p and p[1] is not None), None)
+        if last is not None:
+            last.synchronize()
+        for i, pair in enumerate(self._events):
+            if pair is not None and pair[1] is not None:
+                times[i] = self._cp.cuda.get_elapsed_time(pair[0], pair[1]) / 1e3
+        return times
+
+
 class _PinnedCounter:
     """Bytes of pinned host memory handed out and not yet garbage collected."""
 
@@ -214,12 +254,13 @@ class CudaDevice:
     has_storage = True
 
     def __init__(self, capacity: int | str, device_id: int = 0,
-                 pinned_capacity: int | str = "1GiB") -> None:
+                 pinned_capacity: int | str | None = None) -> None:
         cp = _import_cupy()
         self._cp = cp
         self.xp = cp
         self.capacity = parse_size(capacity)
-        self.pinned_capacity = parse_size(pinned_capacity)
+        self.pinned_capacity = available_host_memory() if pinned_capacity is None \
+            else parse_size(pinned_capacity)
         self.device_id = int(device_id)
         self._device = cp.cuda.Device(self.device_id)
         with self._device:
@@ -293,6 +334,22 @@ class CudaDevice:
             self._arena()
             self._copy_engine = CudaCopyEngine(self._cp, self.device_id)
         return self._copy_engine
+
+    def activate(self) -> Any:
+        """Context manager making this device CuPy's current device (``cuda:N``)."""
+        return self._device
+
+    def step_timer(self, num_steps: int) -> CudaStepTimer:
+        """Per-step compute times from CUDA events (see :class:`CudaStepTimer`)."""
+        return CudaStepTimer(self._cp, num_steps)
+
+    def copy_from_host(self, dst: Any, src: np.ndarray) -> None:
+        """Host-to-device copy into ``dst`` (``ndarray.set``)."""
+        dst.set(np.ascontiguousarray(src).reshape(dst.shape))
+
+    def copy_to_host(self, src: Any) -> np.ndarray:
+        """Device-to-host copy of ``src`` (``ndarray.get``)."""
+        return src.get()
 
     def route_allocations(self, allocate: Any) -> Any:
         """Context manager: CuPy's allocations take arena bytes from ``allocate``."""

@@ -7,6 +7,7 @@ and runs it with the executor. The same engine on the meta device is the dry run
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -121,13 +122,14 @@ class Engine:
                                                      "gradient")))
             if bind and self.compute:
                 self.bound = True
-                for p, v in zip(params, views):
-                    copy_into(v, p.data)  # the values, wherever they live (host, another pool)
-                    p.data = v
-                    p.bound_to = self
-                for p, g in grads:
-                    g[...] = 0
-                    p.grad = g
+                with getattr(self.pool.device, "activate", contextlib.nullcontext)():
+                    for p, v in zip(params, views):
+                        copy_into(v, p.data)  # the values, wherever they live (host, a pool)
+                        p.data = v
+                        p.bound_to = self
+                    for p, g in grads:
+                        g[...] = 0
+                        p.grad = g
             if self.optimizer is not None and self.loss is not None:
 
                 def alloc_state(name: str, shape: tuple[int, ...], dtype: Any) -> Any:

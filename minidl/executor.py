@@ -130,8 +130,9 @@ class Executor:
             rt.events = []
         outputs: list[np.ndarray] = []
         loss_box: list[float | None] = [None]
+        activate = getattr(self.pool.device, "activate", contextlib.nullcontext)
         try:
-            with self._temporaries():
+            with activate(), self._temporaries():
                 self._run_steps(rt, feeds, training, seed, iteration, fetch_outputs,
                                 check_finite, recomputing, loss_scale, outputs, loss_box)
         except BaseException:
@@ -146,6 +147,8 @@ class Executor:
         plan_steps = self.plan.steps
         compute = self.compute
         loss_value: float | None = None
+        make_timer = getattr(self.pool.device, "step_timer", None)
+        timer = make_timer(len(plan_steps)) if compute and make_timer is not None else None
         for a in self.plan.begin:
             rt.apply(a)
         if compute:
@@ -163,7 +166,10 @@ class Executor:
             for a in sp.before:
                 rt.apply(a)
             if compute:
-                t0 = time.perf_counter()
+                if timer is None:
+                    t0 = time.perf_counter()
+                else:
+                    timer.start(i)
                 ctx = None if st.node < 0 else Context(
                     training=training, seed=step_seed(seed, iteration, st.node),
                     recomputing=recomputing or st.phase == "recompute",
@@ -187,13 +193,18 @@ class Executor:
                         loss_value = float(rt.array(prog.loss))
                 else:
                     self._backward(st, rt, ctx, loss_scale)
-                self.step_times[i] = time.perf_counter() - t0
+                if timer is None:
+                    self.step_times[i] = time.perf_counter() - t0
+                else:
+                    timer.stop(i)
             for a in sp.after:
                 rt.apply(a)
         rt.position = len(plan_steps)
         for a in self.plan.end:
             rt.apply(a)
         loss_box[0] = loss_value
+        if timer is not None:
+            self.step_times[:] = timer.collect()
 
     def _encode(self, st: Step, rt: MemoryRuntime) -> None:
         codec, src = st.attrs["codec"], st.attrs["source"]

@@ -106,7 +106,13 @@ class Trainer:
     ) -> None:
         self.net = net
         self.config = MemoryConfig.parse(memory)
-        self.device = make_device(device, device_memory) if isinstance(device, str) else device
+        if isinstance(device, str):
+            extra = {}
+            if device.strip().lower().startswith("cuda") and host_memory is not None:
+                extra["pinned_capacity"] = host_memory  # swapped tensors live in pinned memory
+            self.device = make_device(device, device_memory, **extra)
+        else:
+            self.device = device
         if debug is None:
             debug = Settings.from_environment().debug_pool
         if threads is not None:
