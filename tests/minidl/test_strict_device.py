@@ -1,0 +1,81 @@
+"""Training on the strict CUDA test device: CuPy's rules, recorded streams, the arena bound.
+
+Every step runs the GPU code path (device arrays, explicit transfers, CuPy temporaries routed
+into the arena, copies ordered by events) on arrays whose every NumPy call is checked against
+the installed cupy package; the numbers must equal the CPU device's bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("cupy")
+
+import minidl  # noqa: E402
+from minidl import layers as L  # noqa: E402
+from minidl.memory.strict_device import StrictCopyEvent, StrictCudaDevice  # noqa: E402
+from minidl.memory.stream_model import StreamRace  # noqa: E402
+from minidl.memory.transfer import to_host  # noqa: E402
+from minidl.optim import SGD  # noqa: E402
+
+MLP_SPECS = ["none", "reuse,inplace", "reuse,inplace,static", "swap=all", "reuse,swap=all,cache",
+             "reuse,recompute=sqrt", "reuse,inplace,binarize", "reuse,sparse", "superneurons"]
+
+
+def _mlp():
+    return minidl.Sequential([L.Linear(20, 32), L.ReLU(), L.Linear(32, 32), L.ReLU(),
+                              L.Dropout(0.25), L.Linear(32, 5)], input_shape=(20,))
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((8, 20)).astype(np.float32), rng.integers(0, 5, 8)
+
+
+def _train(device, spec, steps=3, make=_mlp, data=_data):
+    x, y = data()
+    net = make()
+    tr = minidl.Trainer(net, SGD(net.parameters(), lr=0.05, momentum=0.9), memory=spec,
+                        device=device, device_memory="32MiB")
+    losses = [tr.step(x, y) for _ in range(steps)]
+    grads = {k: to_host(p.grad) for k, p in net.named_parameters()}
+    return losses, grads, tr
+
+
+@pytest.mark.parametrize("spec", MLP_SPECS)
+def test_mlp_equals_cpu_bit_for_bit(spec):
+    cpu = _train("cpu", spec)
+    dev = StrictCudaDevice("32MiB")
+    gpu = _train(dev, spec)
+    assert gpu[0] == cpu[0]
+    for k in cpu[1]:
+        assert np.array_equal(gpu[1][k], cpu[1][k]), k
+    assert dev.checked_calls > 50 and dev.streams.issued > 50
+    assert dev.default_pool_bytes == 0, "CuPy temporaries escaped the arena"
+
+
+def test_copies_without_events_race():
+    dev = StrictCudaDevice("32MiB", copy_waits_for_compute=False)
+    with pytest.raises(StreamRace, match="copy stream"):
+        _train(dev, "swap=all", steps=1)
+
+
+def test_compute_not_waiting_for_a_prefetch_races(monkeypatch):
+    monkeypatch.setattr(StrictCopyEvent, "order_compute", lambda self: None)
+    with pytest.raises(StreamRace, match="compute stream"):
+        _train(StrictCudaDevice("32MiB"), "swap=all", steps=1)
+
+
+def test_scratch_block_and_dry_run_equal_real_peak():
+    dev = StrictCudaDevice("32MiB")
+    losses, _, tr = _train(dev, "reuse,inplace", steps=1)
+    scratch = tr.engine.scratch
+    assert scratch is not None and scratch.size > 0
+    tr.pool.reset_peak_stats()
+    x, y = _data()
+    tr.step(x, y)
+    real = tr.pool.stats()["allocated_bytes.peak"]
+    rep = minidl.dry_run(_mlp(), 8, "reuse,inplace", device_kind="cuda",
+                         scratch_bytes=scratch.size)
+    assert rep["peak_allocated_bytes"] == real
