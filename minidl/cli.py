@@ -16,6 +16,7 @@ from .commands.common import (
     RuntimeFailure,
     UsageError,
     check_model_name,
+    device_name,
     format_bytes,
     parse_memory,
     parse_size_flag,
@@ -97,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--host-memory", default=None,
                    help="bound on host memory holding swapped tensors (e.g. 2GiB)")
     t.add_argument("--optimizer", default="sgd", choices=["sgd", "adam", "adamw"])
-    t.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    t.add_argument("--device", default="cpu", type=device_name,
+                   help="cpu (default), cuda or cuda:N (needs the cuda extra and a GPU)")
     t.add_argument("--device-memory", default="auto",
                    help="device arena size (e.g. 256MiB) or 'auto' (what a dry run needs)")
     t.add_argument("--memory", default="none", help="memory spec, e.g. reuse,inplace")

@@ -118,17 +118,26 @@ def require_module(module: str, extra: str, what: str) -> None:
                              f"pip install 'minidl[{extra}]'") from None
 
 
+def device_name(text: str) -> str:
+    """``--device``: ``cpu``, ``cuda`` or ``cuda:N`` (argparse type; one-line error otherwise)."""
+    name = text.strip().lower()
+    if name in ("cpu", "cuda") or (name.startswith("cuda:") and name[5:].isdigit()):
+        return name
+    raise argparse.ArgumentTypeError(f"invalid device {text!r}: valid devices are cpu, cuda "
+                                     "and cuda:N (N the GPU's index)")
+
+
 def check_device(name: str) -> None:
     """The cuda device needs CuPy and a GPU: say so before loading data or building models."""
-    if name != "cuda":
+    if not name.startswith("cuda"):
         return
     if importlib.util.find_spec("cupy") is None:
-        raise RuntimeFailure("--device cuda needs CuPy, which is not installed: pip install "
+        raise RuntimeFailure(f"--device {name} needs CuPy, which is not installed: pip install "
                              "'minidl[cuda]' (cupy-cuda12x), or use --device cpu")
     try:
-        make_device("cuda", capacity=512)  # a tiny arena: CuPy imports and a GPU answers
-    except RuntimeError as e:
-        raise RuntimeFailure(f"--device cuda: {e}") from None
+        make_device(name, capacity=512)  # a tiny arena: CuPy imports and a GPU answers
+    except (RuntimeError, ValueError) as e:
+        raise RuntimeFailure(f"--device {name}: {e}") from None
 
 
 def shape_and_classes(args: argparse.Namespace) -> tuple[tuple[int, ...] | None, int]:
