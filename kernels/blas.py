@@ -95,18 +95,21 @@ def gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, trans_a: bool = False,
     """``c = op(a) @ op(b) + beta * c`` in place on 2-D arrays (``op(x) = x.T`` when asked),
     with no temporary: ``beta = 1`` accumulates a product into ``c`` (a micro-batch's weight
     gradient into the gradient). BLAS through :func:`mm` for float32 / float64 operands with
-    unit-stride rows; other layouts go through NumPy (with a temporary when ``beta != 0``)."""
+    unit-stride rows; other layouts and device arrays go through the arrays' own ``matmul``
+    (with a temporary when ``beta != 0``)."""
     m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
     n = b.shape[0] if trans_b else b.shape[1]
     if c.shape != (m, n) or (b.shape[1] if trans_b else b.shape[0]) != k:
         raise ValueError(f"gemm shapes: op(a) {m}x{k}, op(b) {b.shape}, c {c.shape}")
     same = a.dtype == b.dtype == c.dtype and c.dtype in (np.float32, np.float64)
-    if same and m and n and k and all(_rows_ok(x) for x in (a, b, c)):
+    host = all(type(x) is np.ndarray for x in (a, b, c))
+    if host and same and m and n and k and all(_rows_ok(x) for x in (a, b, c)):
         mm(a, b, c, trans_a, trans_b, 1.0, beta, m, n, k, np.empty(8, np.int32))
         return
     prod = (a.T if trans_a else a) @ (b.T if trans_b else b)
     if beta == 0.0:
         np.copyto(c, prod, casting="same_kind")
     else:
-        c *= beta
+        if beta != 1.0:
+            c *= beta
         c += prod

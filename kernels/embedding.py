@@ -1,9 +1,20 @@
-"""Embedding backward: scatter-add of output-gradient rows into the weight gradient."""
+"""Embedding rows: the gather of forward and the scatter-add of backward into the weight
+gradient (Numba for NumPy arrays; the arrays' own ``take`` / ``add.at`` otherwise)."""
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
+
+def take_rows(table, idx, out) -> None:
+    """``out[...] = table[idx]`` (rows of ``table`` (V, ...) at the in-range indices ``idx``),
+    with no temporary. NumPy needs ``mode="clip"`` to write ``out`` unbuffered; CuPy's
+    ``take`` has no ``mode`` (it wraps), which is the same for in-range indices."""
+    if type(table) is np.ndarray:
+        np.take(table, idx, axis=0, out=out, mode="clip")
+    else:
+        np.take(table, idx, axis=0, out=out)
 
 
 def embedding_backward_ref(idx: np.ndarray, dy: np.ndarray, gw: np.ndarray) -> None:

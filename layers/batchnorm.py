@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from ..kernels import batchnorm as bnk
+from ..kernels.array_api import namespace
 from .base import Layer, ParamSpec
 
 
@@ -90,12 +91,13 @@ class _BatchNorm(Layer):
     def _scale_shift(self, params, invstd, dtype):
         if self.affine:
             return params["weight"] * invstd, params["bias"]
-        return invstd, np.zeros(self.num_features, dtype)
+        return invstd, namespace(invstd).zeros(self.num_features, dtype)
 
     def forward(self, ctx, inputs, outputs, params, stash, workspace) -> None:
         x = self._view3(inputs[0])
         y = self._view3(outputs[0])
         dt = x.dtype
+        xp = namespace(x)  # float64 statistics on x's device
         mean, invstd = stash["mean"], stash["invstd"]
         if self._batch_stats(ctx):
             count = x.shape[0] * x.shape[2]
@@ -104,11 +106,11 @@ class _BatchNorm(Layer):
                     f"layer {self.name or type(self).__name__} ({self.describe()}): expected "
                     f"more than 1 value per channel when training, got input {inputs[0].shape}"
                 )
-            m64 = np.empty(self.num_features)
-            v64 = np.empty(self.num_features)
+            m64 = xp.empty(self.num_features)
+            v64 = xp.empty(self.num_features)
             bnk.stats(x, m64, v64)
             mean[...] = m64
-            invstd[...] = 1.0 / np.sqrt(v64 + self.eps)
+            invstd[...] = 1.0 / xp.sqrt(v64 + self.eps)
             if ctx.training and self.track_running_stats and not ctx.recomputing:
                 tracked = params["num_batches_tracked"]
                 tracked += 1
@@ -118,7 +120,7 @@ class _BatchNorm(Layer):
                 rv[...] = (1.0 - mom) * rv + mom * v64 * (count / (count - 1))
         else:
             mean[...] = params["running_mean"]
-            invstd[...] = 1.0 / np.sqrt(params["running_var"].astype(np.float64) + self.eps)
+            invstd[...] = 1.0 / xp.sqrt(params["running_var"].astype(np.float64) + self.eps)
         scale, shift = self._scale_shift(params, invstd, dt)
         bnk.apply(x, mean, scale.astype(dt, copy=False), shift.astype(dt, copy=False), y)
 
@@ -129,8 +131,9 @@ class _BatchNorm(Layer):
         dt = x.dtype
         mean, invstd = stash["mean"], stash["invstd"]
         c = self.num_features
-        sum_dy = np.empty(c)
-        sum_dy_xmu = np.empty(c)
+        xp = namespace(x)
+        sum_dy = xp.empty(c)
+        sum_dy_xmu = xp.empty(c)
         bnk.reduce(dy, x, mean, sum_dy, sum_dy_xmu)
         inv64 = invstd.astype(np.float64)
         dgamma = sum_dy_xmu * inv64
@@ -151,9 +154,9 @@ class _BatchNorm(Layer):
             shift = sum_dy / count
             coef = inv64 * dgamma / count
         else:  # running statistics are constants: dx = gamma * invstd * dy
-            shift = np.zeros(c)
-            coef = np.zeros(c)
-        bnk.backward_apply(dy, x, mean, np.asarray(k, dt), shift.astype(dt), coef.astype(dt), dx)
+            shift = xp.zeros(c)
+            coef = xp.zeros(c)
+        bnk.backward_apply(dy, x, mean, k.astype(dt), shift.astype(dt), coef.astype(dt), dx)
 
     def describe(self) -> str:
         extra = ""

@@ -65,7 +65,9 @@ class Concat(Layer):
     def forward(self, ctx, inputs, outputs, params, stash, workspace) -> None:
         ax = self._axis(outputs[0].ndim)
         np.concatenate(inputs, axis=ax, out=outputs[0])
-        stash["sizes"][...] = [x.shape[ax] for x in inputs]
+        sizes = stash["sizes"]
+        for i, x in enumerate(inputs):  # element by element: no host list into device memory
+            sizes[i] = x.shape[ax]
 
     def backward(self, ctx, grad_outputs, grad_inputs, inputs, outputs, params, grad_params,
                  stash, workspace) -> None:

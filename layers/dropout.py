@@ -6,21 +6,20 @@ import math
 
 import numpy as np
 
+from ..kernels.dropout import dropout_forward, workspace_bytes
 from .base import Layer
-
-#: Uniform draws per chunk (bounds the forward workspace).
-_CHUNK = 1 << 16
 
 
 class Dropout(Layer):
-    """Training: y = x * mask / (1 - p), mask ~ Bernoulli(1 - p) drawn from
-    ``np.random.default_rng(ctx.seed)``, so a recomputed forward with the same seed replays the
-    same mask (the mask depends on the seed and the shape only, not on the dtype).
+    """Training: y = x * mask / (1 - p), mask ~ Bernoulli(1 - p) from a counter-based hash
+    of ``(ctx.seed, element index)`` (:mod:`minidl.kernels.dropout`), so a recomputed forward
+    with the same seed replays the same mask, and the CPU and a GPU draw the same one (the
+    mask depends on the seed and the size only, not on the dtype or the device).
     Eval: identity. ``p`` in [0, 1]; p = 1 zeroes everything (as PyTorch).
 
     The mask is stashed as uint8 of the input's shape (always declared; written in eval too).
-    The forward workspace (``min(size, 65536)`` float64, provided by the engine) holds the
-    uniform draws chunk by chunk. Runs in place; retains no tensors.
+    The forward workspace (``min(size, 65536)`` * 8 bytes, provided by the engine) holds the
+    hashes chunk by chunk on devices without the CPU kernel. Runs in place; retains no tensors.
     """
 
     kind = "dropout"
@@ -37,7 +36,7 @@ class Dropout(Layer):
         return {"mask": (tuple(in_shapes[0]), np.uint8)}
 
     def forward_workspace_bytes(self, in_shapes, dtype):
-        return min(math.prod(in_shapes[0]), _CHUNK) * 8  # float64 draws
+        return workspace_bytes(math.prod(in_shapes[0]))
 
     def forward(self, ctx, inputs, outputs, params, stash, workspace) -> None:
         x, y, mask = inputs[0], outputs[0], stash["mask"]
@@ -53,19 +52,7 @@ class Dropout(Layer):
             return
         if not (y.flags.c_contiguous and mask.flags.c_contiguous):
             raise ValueError("Dropout writes C-contiguous output and mask arrays only")
-        rng = np.random.default_rng(ctx.seed)
-        xf, yf, mf = x.reshape(-1), y.reshape(-1), mask.reshape(-1)
-        n = xf.size
-        chunk = min(n, _CHUNK)
-        buf = workspace[: chunk * 8].view(np.float64) if n else None
-        scale = x.dtype.type(1.0 / (1.0 - p))
-        for lo in range(0, n, chunk):
-            hi = min(lo + chunk, n)
-            u = buf[: hi - lo]
-            rng.random(out=u)
-            np.greater_equal(u, p, out=mf[lo:hi])
-            np.multiply(xf[lo:hi], mf[lo:hi], out=yf[lo:hi])
-            yf[lo:hi] *= scale
+        dropout_forward(x, p, ctx.seed, y, mask, workspace)
 
     def backward(self, ctx, grad_outputs, grad_inputs, inputs, outputs, params, grad_params,
                  stash, workspace) -> None:

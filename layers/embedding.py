@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels.embedding import embedding_accumulate, embedding_backward
+from ..kernels.embedding import embedding_accumulate, embedding_backward, take_rows
 from .base import Layer, ParamSpec
 
 
@@ -77,8 +77,7 @@ class Embedding(Layer):
                 f"layer {self.name or 'Embedding'} ({self.describe()}): weight dtype {w.dtype} "
                 f"differs from the declared output dtype {y.dtype} (pass dtype=...)"
             )
-        # mode="clip" is unbuffered (mode="raise" would buffer the output); range checked above.
-        np.take(w, idx, axis=0, out=y, mode="clip")
+        take_rows(w, idx, y)  # range checked above
 
     def backward(self, ctx, grad_outputs, grad_inputs, inputs, outputs, params, grad_params,
                  stash, workspace) -> None:

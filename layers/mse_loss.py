@@ -43,7 +43,8 @@ class MSELoss(Layer):
             for lo in range(0, n, chunk):
                 b = buf[: min(chunk, n - lo)]
                 np.subtract(p[lo:lo + chunk], t[lo:lo + chunk], out=b)
-                total += float(np.dot(b, b))
+                # a float64 sum, on the data's device (no host synchronisation per chunk)
+                total = total + np.dot(b, b).astype(np.float64)
         outputs[0][...] = total / n if n else np.nan
 
     def backward(self, ctx, grad_outputs, grad_inputs, inputs, outputs, params, grad_params,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels.blas import gemm
-from ..kernels.embedding import embedding_accumulate
+from ..kernels.embedding import embedding_accumulate, take_rows
 from .embedding import check_index_range
 
 
@@ -60,7 +60,7 @@ class _UnitOps:
         n, m = x.shape[0], u1 - u0
         g2 = gx[:m].reshape(m * n, -1)
         if k == 0 and table.size:  # gather the rows of embedding @ weight_ih_l0.T
-            np.take(table, x[:, u0:u1].T, axis=0, out=gx[:m], mode="clip")
+            take_rows(table, x[:, u0:u1].T, gx[:m])
         else:
             if k == 0:
                 self._layer_input(params, x, u0, u1, xs)
@@ -73,7 +73,7 @@ class _UnitOps:
     def _layer_input(self, params, x, u0, u1, xs) -> None:
         """Steps u0..u1-1 of the first layer's input, time-major, into ``xs``."""
         if self.vocab_size is not None:
-            np.take(params["embedding"], x[:, u0:u1].T, axis=0, out=xs[:u1 - u0], mode="clip")
+            take_rows(params["embedding"], x[:, u0:u1].T, xs[:u1 - u0])
         else:
             np.copyto(xs[:u1 - u0], x[:, u0:u1].transpose(1, 0, 2))
 

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from ..kernels.array_api import namespace
 from .base import Layer
 
 #: Elements per chunk of the forward pass (bounds its workspace).
@@ -83,7 +84,8 @@ class SoftmaxCrossEntropy(Layer):
         eps = self.label_smoothing
         rows = self._rows_per_chunk([inputs[0].shape])
         buf = workspace[: rows * k * x.dtype.itemsize].view(x.dtype).reshape(rows, k)
-        total = 0.0
+        xp = namespace(x)
+        total = 0.0  # a float64 sum, on x's device (no host synchronisation per chunk)
         for lo in range(0, m, rows):
             xc, tc = x[lo:lo + rows], t[lo:lo + rows]
             b = buf[: xc.shape[0]]
@@ -91,10 +93,10 @@ class SoftmaxCrossEntropy(Layer):
             np.subtract(xc, mx[:, None], out=b)
             np.exp(b, out=b)
             lse = np.log(b.sum(axis=1)) + mx
-            nll = lse - xc[np.arange(xc.shape[0]), tc]
+            nll = lse - xc[xp.arange(xc.shape[0]), tc]
             if eps:
                 nll = (1.0 - eps) * nll + eps * (lse - xc.mean(axis=1))
-            total += float(nll.sum(dtype=np.float64))
+            total = total + nll.sum(dtype=np.float64)
         outputs[0][...] = total / m if m else np.nan
 
     def backward(self, ctx, grad_outputs, grad_inputs, inputs, outputs, params, grad_params,
@@ -117,7 +119,7 @@ class SoftmaxCrossEntropy(Layer):
         d *= (scale / d.sum(axis=1))[:, None]
         if eps:
             d -= scale * (eps / k)
-        d[np.arange(m), t] -= scale * (1.0 - eps)
+        d[namespace(d).arange(m), t] -= scale * (1.0 - eps)
 
     def describe(self) -> str:
         if self.label_smoothing:

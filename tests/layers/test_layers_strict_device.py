@@ -1,0 +1,402 @@
+"""Every layer (but the convolution and pooling ones), loss, optimizer update and codec on the
+strict CUDA test device (:mod:`minidl.memory.strict_device`): arrays that refuse implicit host
+conversion and whose every NumPy call is checked against the installed ``cupy`` package.
+
+Each case runs one engine-like forward and backward twice, on NumPy arrays and on strict
+device arrays (arena views at distinct offsets, NaN-filled outputs, stash, gradients and
+0xFF workspaces, unretained inputs and outputs overwritten before backward), and compares:
+bit-identical where both run the same operations, else within 1e-6 relative (float32; the CPU
+runs Numba kernels, the device the NumPy references, i.e. what CuPy would run).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import gc
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from minidl.layers import (
+    GRU,
+    LSTM,
+    Add,
+    BatchNorm1d,
+    BatchNorm2d,
+    Concat,
+    Context,
+    Dropout,
+    Embedding,
+    Flatten,
+    GRUCell,
+    Layer,
+    LeakyReLU,
+    Linear,
+    LSTMCell,
+    MSELoss,
+    ReLU,
+    RNNInputProjection,
+    Sigmoid,
+    SoftmaxCrossEntropy,
+    Tanh,
+    TimeStack,
+    ZeroState,
+)
+
+strict = pytest.importorskip("minidl.memory.strict_device")
+if not strict.cupy_available():
+    pytest.skip("the strict device reads CuPy's API from the cupy package", allow_module_level=True)
+
+from minidl.memory import bptt  # noqa: E402
+
+ALIGN = 512
+RTOL = 1e-6
+
+
+@pytest.fixture(scope="module")
+def dev():
+    return strict.StrictCudaDevice("64MiB")
+
+
+# ---------------------------------------------------------------- memory for one run
+class HostMem:
+    """NumPy arrays."""
+
+    device = False
+
+    def empty(self, shape, dtype) -> np.ndarray:
+        return np.empty(shape, dtype)
+
+    def put(self, host: np.ndarray) -> np.ndarray:
+        return np.array(host, copy=True)
+
+    def get(self, a: Any) -> np.ndarray:
+        return np.array(a, copy=True)
+
+    def fill(self, a: Any, value: Any) -> None:
+        a.fill(value)
+
+
+class DeviceMem(HostMem):
+    """Views of the strict device's arena, each at its own 512-byte aligned offset."""
+
+    device = True
+
+    def __init__(self, dev) -> None:
+        self.dev = dev
+        self.offset = 0
+
+    def empty(self, shape, dtype):
+        dtype = np.dtype(dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        off = self.offset
+        self.offset += -(-max(nbytes, 1) // ALIGN) * ALIGN
+        return self.dev.view(off, nbytes, tuple(shape), dtype)
+
+    def put(self, host: np.ndarray):
+        v = self.empty(host.shape, host.dtype)
+        self.dev.copy_from_host(v, host)
+        return v
+
+    def get(self, a: Any) -> np.ndarray:
+        assert isinstance(a, strict.StrictArray), f"a {type(a).__name__} on the device"
+        return a.get()
+
+
+def _garbage(mem, shape, dtype):
+    a = mem.empty(shape, dtype)
+    dt = np.dtype(dtype)
+    if dt.kind == "f":
+        mem.fill(a, np.nan)
+    elif dt.kind in "iu":
+        mem.fill(a, np.iinfo(dt).max)
+    else:
+        mem.fill(a, 1)
+    return a
+
+
+def _workspace(mem, nbytes: int):
+    if not nbytes:
+        return None
+    ws = mem.empty((nbytes,), np.uint8)
+    mem.fill(ws, 0xFF)  # NaN in float32 and float64
+    return ws
+
+
+def _opts(layer: Layer, ctx: Context) -> dict:
+    return {"options": ctx.options} if layer.option_names else {}
+
+
+def _step(layer: Layer, ctx: Context, inputs, params, grads, mem, *, inplace: bool = False,
+          need=None, grad_init=None) -> dict[str, np.ndarray]:
+    """One forward and backward as the engine runs them; every result as a host array.
+
+    ``grad_init`` holds the starting value of the gradients named in ``ctx.accumulate``."""
+    xs = [mem.put(x) for x in inputs]
+    ps = {k: mem.put(v) for k, v in params.items()}
+    shapes = [tuple(x.shape) for x in inputs]
+    dtype = next((a.dtype for a in list(inputs) + list(params.values()) if a.dtype.kind == "f"),
+                 np.dtype(np.float32))
+    out_shapes = layer.output_shapes(shapes)
+    out_dtypes = layer.output_dtypes([x.dtype for x in inputs])
+    ys = [_garbage(mem, s, d) for s, d in zip(out_shapes, out_dtypes, strict=True)]
+    if inplace:
+        ys[0] = xs[0].reshape(out_shapes[0])
+    opts = _opts(layer, ctx)
+    stash = {k: _garbage(mem, s, d)
+             for k, (s, d) in layer.stash_specs(shapes, dtype, **opts).items()}
+    ws = _workspace(mem, layer.forward_workspace_bytes(shapes, dtype, **opts))
+    layer.forward(ctx, xs, ys, ps, stash, ws)
+    out = {f"y{i}": mem.get(y) for i, y in enumerate(ys)}
+    out.update({f"stash.{k}": mem.get(v) for k, v in stash.items()})
+    out.update({f"param.{k}": mem.get(v) for k, v in ps.items()})
+    if grads is None:
+        return out
+    kept_in = [x if i in layer.retain_inputs else None for i, x in enumerate(xs)]
+    kept_out = [y if i in layer.retain_outputs else None for i, y in enumerate(ys)]
+    kept = [a for a in kept_in + kept_out if a is not None]
+    for a in xs + ys:  # the engine may reuse what backward does not retain
+        if not any(np.shares_memory(a, k) for k in kept):
+            if a.dtype.kind == "f":
+                mem.fill(a, np.nan)
+    dys = [None if g is None else mem.put(g) for g in grads]
+    need = [True] * len(xs) if need is None else need
+    dxs = [None if (i in layer.nondiff_inputs or not need[i]) else _garbage(mem, x.shape,
+                                                                             x.dtype)
+           for i, x in enumerate(inputs)]
+    if inplace and layer.inplace_backward and dxs[0] is not None:
+        dxs[0] = dys[0].reshape(inputs[0].shape)
+    specs = layer.param_specs()
+    gps = {}
+    for k, v in params.items():
+        if specs[k].trainable:
+            if k in ctx.accumulate:
+                gps[k] = mem.put(grad_init[k])
+            else:
+                gps[k] = _garbage(mem, v.shape, v.dtype)
+    bws = _workspace(mem, layer.backward_workspace_bytes(shapes, dtype, **opts))
+    layer.backward(ctx, dys, dxs, kept_in, kept_out, ps, gps, stash, bws)
+    out.update({f"dx{i}": mem.get(d) for i, d in enumerate(dxs) if d is not None})
+    out.update({f"grad.{k}": mem.get(v) for k, v in gps.items()})
+    return out
+
+
+def _compare(got: dict, want: dict, exact: bool, what: str) -> None:
+    assert got.keys() == want.keys(), what
+    for k, w in want.items():
+        g = got[k]
+        assert g.dtype == w.dtype and g.shape == w.shape, f"{what}: {k}"
+        if exact or w.dtype.kind not in "fc":
+            np.testing.assert_array_equal(g, w, err_msg=f"{what}: {k}")
+        else:
+            scale = float(np.max(np.abs(w))) if w.size else 0.0
+            np.testing.assert_allclose(g, w, rtol=RTOL, atol=RTOL * scale,
+                                       err_msg=f"{what}: {k}")
+
+
+def check(dev, layer: Layer, inputs, params=None, grads="random", *, ctx=None, exact=False,
+          inplace=None, need=None, seed=0, accumulate=()) -> dict:
+    """The layer on NumPy and on strict device arrays, compared (see the module docstring);
+    also in place when the layer declares it (or ``inplace``), and with gradients
+    accumulated into the parameters named in ``accumulate``."""
+    rng = np.random.default_rng(seed)
+    if params is None:
+        params = {}
+        for name, spec in layer.param_specs().items():
+            v = spec.initial_value(rng, np.float32)
+            if spec.init in ("ones", "zeros") and spec.dtype is None:
+                v = rng.uniform(0.5, 2.0, spec.shape).astype(np.float32)
+            params[name] = v
+    ctx = ctx or Context(seed=seed)
+    if isinstance(grads, str):
+        shapes = layer.output_shapes([tuple(x.shape) for x in inputs])
+        dts = layer.output_dtypes([x.dtype for x in inputs])
+        grads = [rng.standard_normal(s).astype(d) for s, d in zip(shapes, dts, strict=True)]
+    if accumulate:
+        ctx = dataclasses.replace(ctx, accumulate=frozenset(accumulate))
+    grad_init = {k: rng.standard_normal(params[k].shape).astype(params[k].dtype)
+                 for k in accumulate}
+    want = _step(layer, copy.deepcopy(ctx), inputs, params, grads, HostMem(), need=need,
+                 grad_init=grad_init)
+    calls = dev.checked_calls
+    got = _step(layer, copy.deepcopy(ctx), inputs, params, grads, DeviceMem(dev), need=need,
+                grad_init=grad_init)
+    assert dev.checked_calls > calls
+    _compare(got, want, exact, layer.describe())
+    if inplace is None:
+        inplace = layer.inplace_forward
+    if inplace:
+        got = _step(layer, copy.deepcopy(ctx), inputs, params, grads, DeviceMem(dev),
+                    inplace=True, need=need, grad_init=grad_init)
+        _compare(got, want, exact, f"{layer.describe()} in place")
+    gc.collect()
+    assert dev.default_pool_bytes == 0, "temporaries outlived the step"
+    return want
+
+
+def _normal(rng, *shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+# ---------------------------------------------------------------- simple layers
+@pytest.mark.parametrize("layer", [ReLU(), Sigmoid(), Tanh(), LeakyReLU(0.1), LeakyReLU(-0.2)],
+                         ids=lambda x: x.describe())
+def test_activations(dev, layer):
+    rng = np.random.default_rng(1)
+    check(dev, layer, [_normal(rng, 3, 5, 7)], exact=isinstance(layer, ReLU))
+
+
+def test_flatten_add_concat_time_stack_zero_state(dev):
+    rng = np.random.default_rng(2)
+    check(dev, Flatten(), [_normal(rng, 2, 3, 4, 5)], exact=True)
+    check(dev, Flatten(2, 3), [_normal(rng, 2, 3, 4, 5)], exact=True)
+    check(dev, Add(), [_normal(rng, 4, 6), _normal(rng, 4, 6), _normal(rng, 4, 6)], exact=True)
+    check(dev, Concat(1), [_normal(rng, 2, 3, 4), _normal(rng, 2, 5, 4)], exact=True)
+    check(dev, Concat(-1), [_normal(rng, 2, 3, 4), _normal(rng, 2, 3, 1)], exact=True,
+          need=[False, True])
+    check(dev, TimeStack(), [_normal(rng, 3, 4) for _ in range(5)], exact=True)
+    check(dev, ZeroState(2, 5), [_normal(rng, 3, 7)], exact=True)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear(dev, bias):
+    rng = np.random.default_rng(3)
+    check(dev, Linear(6, 5, bias), [_normal(rng, 4, 6)])
+    check(dev, Linear(6, 5, bias), [_normal(rng, 2, 3, 6)], accumulate=(
+        ("weight", "bias") if bias else ("weight",)))
+
+
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("cls,shape", [(BatchNorm1d, (6, 3)), (BatchNorm1d, (4, 3, 5)),
+                                       (BatchNorm2d, (2, 3, 4, 5))])
+def test_batchnorm(dev, cls, shape, training):
+    rng = np.random.default_rng(4)
+    x = _normal(rng, *shape) * 3 + 1
+    check(dev, cls(3), [x], ctx=Context(training=training))
+    check(dev, cls(3, momentum=None), [x], ctx=Context(training=training),
+          accumulate=("weight", "bias"))
+    check(dev, cls(3, affine=False, track_running_stats=False), [x],
+          ctx=Context(training=training))
+
+
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("p", [0.0, 0.3, 1.0])
+def test_dropout(dev, p, training):
+    rng = np.random.default_rng(5)
+    check(dev, Dropout(p), [_normal(rng, 3, 50, 7)], ctx=Context(training=training, seed=11),
+          exact=True)
+
+
+def test_dropout_large_crosses_chunks(dev):
+    rng = np.random.default_rng(6)
+    check(dev, Dropout(0.5), [_normal(rng, 3, 70_000)], ctx=Context(seed=3), exact=True)
+
+
+def test_embedding(dev):
+    rng = np.random.default_rng(7)
+    idx = rng.integers(0, 9, (4, 5))
+    check(dev, Embedding(9, 6), [idx], exact=True)
+    check(dev, Embedding(9, 6), [idx], exact=True, accumulate=("weight",))
+
+
+def test_losses(dev):
+    rng = np.random.default_rng(8)
+    check(dev, MSELoss(), [_normal(rng, 4, 5), _normal(rng, 4, 5)])
+    for eps in (0.0, 0.1):
+        check(dev, SoftmaxCrossEntropy(eps), [_normal(rng, 6, 7), rng.integers(0, 7, 6)])
+        check(dev, SoftmaxCrossEntropy(eps), [_normal(rng, 2, 3, 4), rng.integers(0, 4, (2, 3))])
+
+
+# ---------------------------------------------------------------- RNN layers
+@pytest.mark.parametrize("bias", [True, False])
+def test_rnn_cells_and_projection(dev, bias):
+    rng = np.random.default_rng(9)
+    n, h = 3, 4
+    check(dev, LSTMCell(h, bias), [_normal(rng, n, 4 * h), _normal(rng, n, h),
+                                   _normal(rng, n, h)])
+    check(dev, LSTMCell(h, bias), [_normal(rng, n, 4 * h), _normal(rng, n, h),
+                                   _normal(rng, n, h)], need=[False, True, False])
+    check(dev, GRUCell(h, bias), [_normal(rng, n, 3 * h), _normal(rng, n, h)])
+    check(dev, GRUCell(h, bias), [_normal(rng, n, 3 * h), _normal(rng, n, h)],
+          need=[False, True])
+    check(dev, RNNInputProjection(5, 8, 3, bias), [_normal(rng, n, 3, 5)])
+    check(dev, RNNInputProjection(5, 8, 3, bias, step_inputs=True),
+          [_normal(rng, n, 5) for _ in range(3)])
+
+
+RNN_CASES = [
+    ("lstm", {}),
+    ("gru", {}),
+    ("lstm", {"num_layers": 2, "initial_state": True}),
+    ("gru", {"num_layers": 2, "initial_state": True, "bias": False}),
+    ("lstm", {"vocab_size": 5}),  # table path (V <= N*T)
+    ("gru", {"vocab_size": 40}),  # gather path (V > N*T)
+]
+
+
+@pytest.mark.parametrize("scheduled", [False, True], ids=["keep_all", "scheduled"])
+@pytest.mark.parametrize("cell,kw", RNN_CASES, ids=lambda c: str(c))
+def test_fused_rnn(dev, cell, kw, scheduled):
+    rng = np.random.default_rng(10)
+    n, t, i, h, us = 3, 7, 4, 5, 3
+    units = -(-t // us)
+    kw = dict(kw)
+    sched = bptt.sqrt_schedule(units) if scheduled else None
+    layer = {"lstm": LSTM, "gru": GRU}[cell](i, h, unit_steps=us, schedule=sched, **kw)
+    if layer.vocab_size is not None:
+        xs = [rng.integers(0, layer.vocab_size, (n, t))]
+    else:
+        xs = [_normal(rng, n, t, i)]
+    if layer.initial_state:
+        xs += [_normal(rng, layer.num_layers, n, h) for _ in range(layer.state_parts)]
+    grads = layer.param_specs().keys()
+    check(dev, layer, xs)
+    check(dev, layer, xs, accumulate=tuple(grads), seed=1)
+
+
+# ---------------------------------------------------------------- optimizer updates
+def _update_both(dev, fn, arrays: list[np.ndarray], steps: int, **kw) -> None:
+    """``fn`` (an update kernel) ``steps`` times on NumPy and on device copies: bit-identical
+    (the Numba loops compute exactly what the reference's ufuncs compute)."""
+    host = [a.copy() for a in arrays]
+    mem = DeviceMem(dev)
+    devs = [mem.put(a) for a in arrays]
+    calls = dev.checked_calls
+    for s in range(steps):
+        extra = {"step": s + 1} if "beta1" in kw else {"first_step": s == 0}
+        fn(*host, **kw, **extra)
+        fn(*devs, **kw, **extra)
+    assert dev.checked_calls > calls
+    for h, d in zip(host, devs, strict=True):
+        np.testing.assert_array_equal(d.get(), h, err_msg=str(kw))
+    gc.collect()
+    assert dev.default_pool_bytes == 0
+
+
+@pytest.mark.parametrize("shape", [(), (7,), (3, 50)])
+@pytest.mark.parametrize("hyper", [
+    {"momentum": 0.0}, {"momentum": 0.0, "weight_decay": 0.01}, {"momentum": 0.9},
+    {"momentum": 0.9, "nesterov": True, "weight_decay": 1e-3},
+    {"momentum": 0.8, "dampening": 0.3, "weight_decay": 1e-3}])
+def test_sgd_update(dev, shape, hyper):
+    from minidl.kernels.optim import sgd_update
+
+    rng = np.random.default_rng(12)
+    p, g, buf = (_normal(rng, *shape) for _ in range(3))
+    _update_both(dev, sgd_update, [p, g, buf], 3, lr=0.05, **hyper)
+
+
+@pytest.mark.parametrize("shape", [(), (7,), (3, 50)])
+@pytest.mark.parametrize("hyper", [{}, {"weight_decay": 0.01},
+                                   {"weight_decay": 0.01, "decoupled": True},
+                                   {"beta1": 0.3, "beta2": 0.9, "eps": 1e-6}])
+def test_adam_update(dev, shape, hyper):
+    from minidl.kernels.optim import adam_update
+
+    rng = np.random.default_rng(13)
+    p, g = (_normal(rng, *shape) for _ in range(2))
+    m = np.zeros_like(p)
+    v = np.zeros_like(p)
+    _update_both(dev, adam_update, [p, g, m, v], 3, lr=1e-2, **{"beta1": 0.9, **hyper})
