@@ -42,7 +42,8 @@ def copy_into(dst: Any, src: Any) -> None:
     elif dst_host:
         np.copyto(dst, src.get(), casting="unsafe")
     elif src_host:
-        host = np.ascontiguousarray(np.broadcast_to(np.asarray(src, dtype=dst.dtype), dst.shape))
+        # (np.ascontiguousarray would make a 0-d array 1-d)
+        host = np.array(np.broadcast_to(np.asarray(src, dtype=dst.dtype), dst.shape), order="C")
         if not dst.flags.c_contiguous:
             raise ValueError("copy_into: a host source needs a C-contiguous device destination")
         dst.set(host)
