@@ -14,8 +14,13 @@ class _KeepAllPath:
     """Forward and backward with ``schedule=None`` (a mixin of
     :class:`~minidl.layers.recurrent._Recurrent`)."""
 
-    def _lanes(self) -> int:
-        """Threads of the pipelined paths (1: everything on the calling thread)."""
+    def _lanes(self, x) -> int:
+        """Threads of the pipelined paths (1: everything on the calling thread). Device arrays
+        take 1: a device library queues each thread's work on that thread's current stream
+        (CuPy's is per thread), so other threads would leave the step's stream, and the device
+        runs the queued work in order anyway."""
+        if type(x) is not np.ndarray:
+            return 1
         return max(1, min(2, self.threads if self.threads is not None else num_threads()))
 
     def _keep_all_forward_layout(self, n: int, t: int) -> Layout:
@@ -78,7 +83,7 @@ class _KeepAllPath:
                         [("r", k, u - 2)] if u > 1 else []), proj(k, u)))
                     tasks.append((("r", k, u), [("p", k, u)] + (
                         [("r", k, u - 1)] if u > 0 else []), rec(k, u)))
-        run_tasks(tasks, self._lanes())
+        run_tasks(tasks, self._lanes(x))
 
     def _backward_keep_all(self, inputs, dy, grad_inputs, params, grad_params, stash, ws,
                            accumulate) -> None:
@@ -170,4 +175,4 @@ class _KeepAllPath:
                         [(name, k, u + 1)] if u + 1 < U else []), fn(k, u)))
         # the recurrences and the input gradients they wait for are the critical path: a free
         # worker takes them first, weight gradients fill the gaps
-        run_tasks(tasks + later, self._lanes())
+        run_tasks(tasks + later, self._lanes(x))

@@ -338,13 +338,19 @@ RNN_CASES = [
 
 @pytest.mark.parametrize("scheduled", [False, True], ids=["keep_all", "scheduled"])
 @pytest.mark.parametrize("cell,kw", RNN_CASES, ids=lambda c: str(c))
-def test_fused_rnn(dev, cell, kw, scheduled):
+def test_fused_rnn(dev, cell, kw, scheduled, monkeypatch):
+    from minidl.layers import recurrent_keep_all
+
+    workers = []
+    run_tasks = recurrent_keep_all.run_tasks
+    monkeypatch.setattr(recurrent_keep_all, "run_tasks",
+                        lambda tasks, n: (workers.append(n), run_tasks(tasks, n)))
     rng = np.random.default_rng(10)
     n, t, i, h, us = 3, 7, 4, 5, 3
     units = -(-t // us)
-    kw = dict(kw)
     sched = bptt.sqrt_schedule(units) if scheduled else None
-    layer = {"lstm": LSTM, "gru": GRU}[cell](i, h, unit_steps=us, schedule=sched, **kw)
+    layer = {"lstm": LSTM, "gru": GRU}[cell](i, h, unit_steps=us, schedule=sched, threads=2,
+                                             **kw)
     if layer.vocab_size is not None:
         xs = [rng.integers(0, layer.vocab_size, (n, t))]
     else:
@@ -354,6 +360,9 @@ def test_fused_rnn(dev, cell, kw, scheduled):
     grads = layer.param_specs().keys()
     check(dev, layer, xs)
     check(dev, layer, xs, accumulate=tuple(grads), seed=1)
+    # keeping everything, the CPU pipelines units on two threads; a device stays on the
+    # calling thread (its current stream)
+    assert workers == ([] if scheduled else [2, 2, 1, 1] * 2)
 
 
 # ---------------------------------------------------------------- optimizer updates
