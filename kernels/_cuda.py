@@ -1,40 +1,83 @@
-"""Dispatch by array type and lazily loaded Numba CUDA helpers for the codec kernels.
+"""Dispatch by array type, and launching the Numba CUDA kernels of the codec modules.
 
-Importing this module does not import ``numba.cuda``: :func:`bind` does, the first time a CUDA
-path runs, so ``minidl.kernels`` imports on machines without CUDA. The kernel modules keep
-their CUDA kernels as plain functions that refer to a module-level global ``cuda`` and compile
-them with :func:`bind` (the Numba CUDA simulator, ``NUMBA_ENABLE_CUDASIM=1``, swaps exactly
-such a global for its fake module, so the same source runs there on small inputs).
+Importing this module does not import ``numba.cuda``: the first real CUDA launch does, so
+``minidl.kernels`` imports on machines without CUDA. The kernel modules keep their CUDA kernels
+as plain functions that refer to a module-level global ``cuda`` (and, for device functions, to
+globals named in :func:`bind`); :func:`bind` wraps each in a :class:`Kernel` that keeps the
+Python function and makes the Numba CUDA dispatcher on first use. The Numba CUDA simulator
+(``NUMBA_ENABLE_CUDASIM=1``) swaps exactly such a ``cuda`` global for its fake module, so the
+same source runs there on small inputs.
 
 CUDA kernels avoid the ``min`` / ``max`` builtins on integers (in this Numba they resolve to an
-overload that fails to type in CUDA code) and use conditional expressions instead.
+overload that fails to type in CUDA code) and use conditional expressions instead. Their work
+is written as grid-stride loops, so any launch shape covers it.
 
-Device arrays are CuPy arrays, Numba device arrays, or anything else with
-``__cuda_array_interface__`` (and the simulator's fake device arrays). Temporaries are
-allocated with CuPy when the caller's array is a CuPy array (so they go through whatever
-allocator CuPy uses, e.g. minidl's pool), else with ``numba.cuda.device_array``.
+Device arrays are CuPy arrays, Numba device arrays, anything else with
+``__cuda_array_interface__``, the simulator's fake device arrays, and *emulated* device arrays
+(below). Temporaries are allocated like the caller's array: through its
+``__array_namespace__()`` when it has one, with CuPy for CuPy arrays (so they go through
+whatever allocator CuPy uses, e.g. minidl's pool), else with ``numba.cuda.device_array``.
+
+Launching (:func:`launch`, :func:`run`):
+
+* CuPy arrays run on CuPy's current stream unless a stream is given: the kernel is launched on
+  ``numba.cuda.external_stream(cupy.cuda.get_current_stream().ptr)``, so it is ordered after
+  the CuPy work queued before it, and each CuPy argument is passed as
+  ``numba.cuda.as_cuda_array(a, sync=False)``. Handing Numba the CuPy array itself would make it
+  synchronise the host with the stream exported in the array's ``__cuda_array_interface__``,
+  once per argument and launch; a ``cupy.cuda.Stream`` given as ``stream`` is wrapped the same
+  way. Numba attaches to the CUDA context current on the thread when it is first used (the
+  primary context of CuPy's current device: make ``cuda:N`` current before the first launch).
+* Numba device arrays (and the simulator's) run on ``stream`` as given (default: stream 0).
+* Emulated device arrays: an object with a method ``__emulated_device_buffer__()`` (returning
+  the NumPy array that holds its data) is a device array for :func:`choose`, and a launch with
+  such arguments runs the kernel's Python function on the host buffers as ONE CUDA thread (its
+  grid-stride loops then cover all the work), compiled with ``numba.njit`` after its global
+  ``cuda`` is replaced by a single-thread module (``grid(1) = 0``, ``gridsize(1) = 1``, thread
+  and block index 0, block and grid size 1, ``syncthreads`` a no-op, ``shared.array`` /
+  ``local.array`` host arrays, ``atomic.add`` read-add-write, ``popc``) and its device
+  functions by njit versions. This lets a strict test device (arrays that behave as CuPy's but
+  live on the host) run the same kernel code without a GPU.
+
+:func:`compile_ptx` compiles a kernel to PTX for a chosen compute capability without a GPU
+(NVVM and libdevice come from the CUDA toolkit wheels, found by ``cuda-pathfinder``).
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import functools
 import math
-from collections.abc import Callable
+import sys
+import threading
+import types
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 IMPLS = ("auto", "numpy", "numba", "cuda")
-cuda: Any = None  # numba.cuda once bind() ran (read by the kernels below)
+cuda: Any = None  # numba.cuda once a real CUDA kernel is made (read by the kernels below)
+
+
+def _emulated(a: Any) -> bool:
+    return hasattr(type(a), "__emulated_device_buffer__")
+
+
+def _is_cupy(a: Any) -> bool:
+    return type(a).__module__.partition(".")[0] == "cupy"
 
 
 def is_device_array(a: Any) -> bool:
-    """True for CuPy / Numba device arrays (and the simulator's), False for host arrays."""
+    """True for CuPy / Numba / emulated device arrays (and the simulator's), False for host
+    arrays. Looks at the type only: it never reads a property that could touch the device."""
     if isinstance(a, np.ndarray) or a is None:
         return False
-    return hasattr(a, "__cuda_array_interface__") or type(a).__module__.startswith(
-        "numba.cuda.simulator")
+    t = type(a)
+    return (hasattr(t, "__cuda_array_interface__") or hasattr(t, "__emulated_device_buffer__")
+            or t.__module__.startswith("numba.cuda.simulator"))
 
 
 def choose(impl: str, *arrays: Any) -> str:
@@ -70,7 +113,50 @@ def typed_view(out: Any, dtype: Any, count: int, what: str = "out") -> Any:
     return byte_view(out, count * dtype.itemsize, what).view(dtype)
 
 
-# ----------------------------------------------------------------------------- CUDA side
+def flat(a: Any, what: str = "out") -> Any:
+    """Flat view of a C-contiguous array (a device array's ``reshape`` could otherwise copy)."""
+    if not a.flags["C_CONTIGUOUS"]:
+        raise ValueError(f"{what} must be C-contiguous")
+    return a.reshape(-1)
+
+
+# ----------------------------------------------------------------------------- device memory
+def empty(like: Any, count: int, dtype: Any) -> Any:
+    """A flat device array on the same kind of allocator as ``like``: its array namespace's
+    ``empty`` when it has one, CuPy for CuPy arrays, else Numba."""
+    if hasattr(type(like), "__array_namespace__"):
+        return like.__array_namespace__().empty(count, dtype)
+    if _is_cupy(like):
+        import cupy
+
+        return cupy.empty(count, dtype)
+    return load().device_array(count, dtype)
+
+
+def to_host(a: Any) -> np.ndarray:
+    """Copy a device array to a new NumPy array (Numba's ``copy_to_host`` or CuPy's ``get``)."""
+    return a.copy_to_host() if hasattr(a, "copy_to_host") else a.get()
+
+
+def from_host(dst: Any, src: np.ndarray) -> None:
+    """Copy the NumPy array ``src`` into the device array ``dst`` (same shape)."""
+    if hasattr(dst, "copy_to_device"):
+        dst.copy_to_device(src)
+    else:
+        dst.set(src)
+
+
+def copy(dst: Any, src: Any) -> None:
+    """Device-to-device copy of equally sized arrays."""
+    if dst.size == 0:
+        return
+    if hasattr(dst, "copy_to_device"):
+        dst.copy_to_device(src)
+    else:
+        dst[...] = src
+
+
+# ----------------------------------------------------------------------------- kernels
 def load() -> Any:
     """``numba.cuda`` (imported on first call)."""
     global cuda
@@ -88,10 +174,79 @@ def simulator() -> bool:
     return bool(config.ENABLE_CUDASIM)
 
 
-def bind(globs: dict[str, Any], names: list[str]) -> SimpleNamespace:
-    """Set ``globs["cuda"]`` to ``numba.cuda`` and return ``cuda.jit`` of each named function."""
-    globs["cuda"] = load()
-    return SimpleNamespace(**{n.lstrip("_"): cuda.jit(globs[n]) for n in names})
+def _rebind(fn: Callable, overrides: dict[str, Any]) -> Callable:
+    """``fn`` with the same code over a copy of its globals updated with ``overrides``."""
+    return types.FunctionType(fn.__code__, {**fn.__globals__, **overrides}, fn.__name__,
+                              fn.__defaults__, fn.__closure__)
+
+
+class Kernel:
+    """A CUDA kernel written as a plain function ``py_func`` of a kernel module.
+
+    ``device`` maps the globals the kernel calls as device functions to the names of the Python
+    functions implementing them. The Numba CUDA dispatcher (:attr:`dispatcher`) is made on first
+    use; ``kernel[blocks, threads, stream]`` launches it. :meth:`emulate` runs it on the host
+    as one CUDA thread.
+    """
+
+    def __init__(self, py_func: Callable, globs: dict[str, Any],
+                 device: dict[str, str] | None = None) -> None:
+        self.py_func = py_func
+        self.globs = globs
+        self.device = dict(device or {})
+        self._dispatcher: Any = None
+        self._emulation: Any = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<Kernel {self.py_func.__module__}.{self.py_func.__name__}>"
+
+    @property
+    def dispatcher(self) -> Any:
+        """``numba.cuda.jit`` of the function (its module's ``cuda`` and device globals set)."""
+        if self._dispatcher is not None:
+            return self._dispatcher
+        with self._lock:
+            if self._dispatcher is None:
+                c = load()
+                self.globs["cuda"] = c
+                for name, src in self.device.items():
+                    if self.globs.get(name) is None:
+                        self.globs[name] = c.jit(device=True)(self.globs[src])
+                self._dispatcher = c.jit(self.py_func)
+            return self._dispatcher
+
+    def __getitem__(self, config: tuple) -> Any:
+        return self.dispatcher[config]
+
+    def emulate(self, *args: Any) -> None:
+        """Run the kernel as one CUDA thread on the host buffers of emulated device arrays."""
+        host = []
+        for a in args:
+            if _emulated(a):
+                host.append(a.__emulated_device_buffer__())
+            elif isinstance(a, np.ndarray) or is_device_array(a):
+                raise TypeError(f"{self!r}: a launch with emulated device arrays got a "
+                                f"{type(a).__name__}")
+            else:
+                host.append(a)
+        with self._lock:
+            if self._emulation is None:
+                self._emulation = _single_thread(self.py_func, self.device)
+        self._emulation(*host)
+
+
+def bind(globs: dict[str, Any], names: list[str],
+         device: dict[str, str] | None = None) -> SimpleNamespace:
+    """A :class:`Kernel` for each named function of a kernel module (``globs``: its globals),
+    as attributes named without the leading underscore; ``device`` as in :class:`Kernel`.
+
+    The module's ``cuda`` global is set here when ``numba.cuda`` is already imported (so its
+    functions compile with ``numba.cuda.compile_ptx`` as they are), else on first launch.
+    """
+    if globs.get("cuda") is None and "numba.cuda" in sys.modules:
+        globs["cuda"] = load()
+    return SimpleNamespace(**{n.lstrip("_"): Kernel(globs[n], globs, device) for n in names})
 
 
 def grid(work: int, threads: int = 256) -> tuple[int, int]:
@@ -104,44 +259,146 @@ def grid(work: int, threads: int = 256) -> tuple[int, int]:
     return max(1, min(4096, math.ceil(work / threads))), threads
 
 
-def launch(kernel: Callable, work: int, *args: Any, stream: Any = 0) -> None:
-    """Run ``kernel[grid(work)](*args)`` on ``stream`` (nothing when ``work`` is 0)."""
-    if work <= 0:
+def _launch_args(args: tuple, stream: Any) -> tuple[tuple, Any]:
+    """Arguments and stream for a Numba launch: CuPy arrays as Numba views without a host
+    synchronisation, on CuPy's current stream unless ``stream`` is given."""
+    if not any(_is_cupy(a) for a in args):
+        return args, 0 if stream is None else stream
+    c = load()
+    if stream is None:
+        import cupy
+
+        stream = cupy.cuda.get_current_stream()
+    if _is_cupy(stream):
+        stream = c.external_stream(stream.ptr)
+    return tuple(c.as_cuda_array(a, sync=False) if _is_cupy(a) else a for a in args), stream
+
+
+def run(kernel: Kernel, blocks: int, threads: int, *args: Any, stream: Any = None) -> None:
+    """Launch ``kernel[blocks, threads, stream](*args)`` as described in the module notes
+    (``stream=None``: CuPy's current stream for CuPy arrays, else stream 0; emulated device
+    arrays: one host thread)."""
+    if any(_emulated(a) for a in args):
+        kernel.emulate(*args)
         return
-    blocks, threads = grid(work)
+    args, stream = _launch_args(args, stream)
     kernel[blocks, threads, stream](*args)
 
 
-def empty(like: Any, count: int, dtype: Any) -> Any:
-    """A flat device array on the same kind of allocator as ``like`` (CuPy or Numba)."""
-    if type(like).__module__.startswith("cupy"):
-        import cupy
-
-        return cupy.empty(count, dtype)
-    return load().device_array(count, dtype)
-
-
-def to_host(a: Any) -> np.ndarray:
-    """Copy a device array to a NumPy array."""
-    return a.get() if hasattr(a, "get") and not hasattr(a, "copy_to_host") else a.copy_to_host()
-
-
-def from_host(dst: Any, src: np.ndarray) -> None:
-    """Copy the NumPy array ``src`` into the device array ``dst`` (same size)."""
-    if hasattr(dst, "copy_to_device"):
-        dst.copy_to_device(src)
-    else:
-        dst.set(src)
-
-
-def copy(dst: Any, src: Any) -> None:
-    """Device-to-device copy of equally sized arrays."""
-    if dst.size == 0:
+def launch(kernel: Kernel, work: int, *args: Any, stream: Any = None) -> None:
+    """:func:`run` ``kernel`` on ``grid(work)`` (nothing when ``work`` is 0)."""
+    if work <= 0:
         return
-    if hasattr(dst, "copy_to_device"):
-        dst.copy_to_device(src)
-    else:
-        dst[...] = src
+    run(kernel, *grid(work), *args, stream=stream)
+
+
+# ----------------------------------------------------------------------------- one-thread CUDA
+# The single-thread stand-in for ``numba.cuda`` that emulated launches compile against.
+def _st_grid(ndim):
+    return 0  # one-dimensional launches only (the kernels use grid(1))
+
+
+def _st_gridsize(ndim):
+    return 1
+
+
+def _st_syncthreads():
+    pass
+
+
+def _st_empty(shape, dtype):
+    return np.empty(shape, dtype)
+
+
+def _st_zeros(shape, dtype):
+    return np.zeros(shape, dtype)
+
+
+def _st_atomic_add(ary, idx, val):
+    old = ary[idx]
+    ary[idx] = old + val
+    return old
+
+
+def _st_popc(x):
+    n = 0
+    while x:
+        x &= x - 1
+        n += 1
+    return n
+
+
+_ST_MODULE: types.ModuleType | None = None
+_ST_LOCK = threading.Lock()
+
+
+def _single_thread_cuda() -> types.ModuleType:
+    """The module ``cuda`` is replaced by in emulated kernels (built once)."""
+    global _ST_MODULE
+    with _ST_LOCK:
+        if _ST_MODULE is None:
+            from numba import njit
+
+            dim3 = collections.namedtuple("Dim3", "x y z")
+            m = types.ModuleType("minidl_single_thread_cuda", "numba.cuda as one CUDA thread")
+            m.grid, m.gridsize = njit(_st_grid), njit(_st_gridsize)
+            m.syncthreads, m.popc = njit(_st_syncthreads), njit(_st_popc)
+            m.threadIdx = m.blockIdx = dim3(0, 0, 0)
+            m.blockDim = m.gridDim = dim3(1, 1, 1)
+            for name, fn in (("shared", _st_empty), ("local", _st_zeros)):
+                sub = types.ModuleType(f"{m.__name__}.{name}")
+                sub.array = njit(fn)
+                setattr(m, name, sub)
+            m.atomic = types.ModuleType(f"{m.__name__}.atomic")
+            m.atomic.add = njit(_st_atomic_add)
+            _ST_MODULE = m
+        return _ST_MODULE
+
+
+def _single_thread(fn: Callable, device: dict[str, str]) -> Callable:
+    """``numba.njit`` of kernel ``fn`` over the one-thread ``cuda`` and njit device functions."""
+    from numba import njit
+
+    fake = {"cuda": _single_thread_cuda()}
+    for name, src in device.items():
+        fake[name] = njit(_rebind(fn.__globals__[src], fake))
+    return njit(_rebind(fn, fake))
+
+
+# ----------------------------------------------------------------------------- PTX
+@contextlib.contextmanager
+def _current_device_cc(cc: tuple[int, int]) -> Iterator[None]:
+    """While compiling, answer Numba's "current device" query with compute capability ``cc``.
+
+    Numba compiles the device functions a kernel calls for the current device, which a machine
+    without a GPU lacks; ``compile_ptx`` itself takes ``cc`` as an argument.
+    """
+    from numba.cuda import dispatcher
+
+    saved = dispatcher.get_current_device
+    dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=cc)
+    try:
+        yield
+    finally:
+        dispatcher.get_current_device = saved
+
+
+_PTX_LOCK = threading.Lock()
+
+
+def compile_ptx(kernel: Kernel, argtypes: tuple, cc: tuple[int, int]) -> str:
+    """PTX of ``kernel`` for the Numba types ``argtypes`` on compute capability ``cc``.
+
+    Needs no GPU, only NVVM (the CUDA toolkit wheels of the ``cuda`` extra). The device
+    functions are compiled afresh for ``cc``.
+    """
+    c = load()
+    over: dict[str, Any] = {"cuda": c}
+    for name, src in kernel.device.items():
+        over[name] = c.jit(device=True)(_rebind(kernel.py_func.__globals__[src], over))
+    with _PTX_LOCK, _current_device_cc(cc):
+        ptx, _ = c.compile_ptx(_rebind(kernel.py_func, over), argtypes, cc=cc)
+    return ptx
 
 
 def _k_exclusive_scan(counts, offsets, n):
@@ -176,7 +433,7 @@ def _kernels() -> SimpleNamespace:
     return bind(globals(), ["_k_exclusive_scan"])
 
 
-def exclusive_scan(counts: Any, offsets: Any, stream: Any = 0) -> None:
+def exclusive_scan(counts: Any, offsets: Any, stream: Any = None) -> None:
     """Device exclusive prefix sum of ``counts`` (n) into ``offsets`` (n + 1, last = total)."""
     threads = 32 if simulator() else 1024
-    _kernels().k_exclusive_scan[1, threads, stream](counts, offsets, counts.size)
+    run(_kernels().k_exclusive_scan, 1, threads, counts, offsets, counts.size, stream=stream)

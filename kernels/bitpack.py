@@ -8,8 +8,9 @@ the unused high bits of the last byte are 0. The sign of a ReLU's output equals 
 input, so either can be packed.
 
 Each op has a NumPy reference (``impl="numpy"``), a Numba CPU version (``"numba"``, parallel
-over chunks) and a Numba CUDA version (``"cuda"``, grid-stride loops, launched on ``stream``);
-``impl="auto"`` picks CUDA for device arrays and Numba for NumPy arrays. Packed outputs go
+over chunks) and a Numba CUDA version (``"cuda"``, grid-stride loops, launched on ``stream``:
+by default CuPy's current stream for CuPy arrays, see :mod:`_cuda`); ``impl="auto"`` picks
+CUDA for device arrays and Numba for NumPy arrays. Packed outputs go
 into ``out`` when given: any C-contiguous buffer with enough bytes (a byte block from the
 pool will do); the function returns the ``uint8`` view of the bytes it wrote.
 """
@@ -210,14 +211,8 @@ def _kernels() -> SimpleNamespace:
     return _cuda.bind(globals(), ["_k_pack", "_k_unpack", "_k_relu_bwd"])
 
 
-def _device_flat(a: Any, what: str) -> Any:
-    if not a.flags["C_CONTIGUOUS"]:
-        raise ValueError(f"{what} must be a C-contiguous device array")
-    return a.reshape(-1)
-
-
 # ----------------------------------------------------------------------------- public API
-def pack_sign(x: Any, out: Any = None, *, impl: str = "auto", stream: Any = 0) -> Any:
+def pack_sign(x: Any, out: Any = None, *, impl: str = "auto", stream: Any = None) -> Any:
     """Pack ``x > 0`` (flattened, C order) into ``packed_nbytes(x.size)`` bytes.
 
     Works for any real dtype (float32, float64, bool, ints). Returns the ``uint8`` bytes written
@@ -228,7 +223,7 @@ def pack_sign(x: Any, out: Any = None, *, impl: str = "auto", stream: Any = 0) -
     nb = packed_nbytes(n)
     if impl == "cuda":
         o = _cuda.empty(x, nb, np.uint8) if out is None else _cuda.byte_view(out, nb)
-        _cuda.launch(_kernels().k_pack, nb, _device_flat(x, "x"), o, n, stream=stream)
+        _cuda.launch(_kernels().k_pack, nb, _cuda.flat(x, "x"), o, n, stream=stream)
         return o
     o = np.empty(nb, np.uint8) if out is None else _cuda.byte_view(out, nb)
     xf = np.ravel(x)
@@ -240,7 +235,7 @@ def pack_sign(x: Any, out: Any = None, *, impl: str = "auto", stream: Any = 0) -
 
 
 def unpack_sign(packed: Any, shape: int | tuple[int, ...], out: Any = None,
-                dtype: Any = np.float32, *, impl: str = "auto", stream: Any = 0) -> Any:
+                dtype: Any = np.float32, *, impl: str = "auto", stream: Any = None) -> Any:
     """Unpack a mask made by :func:`pack_sign` into 0/1 values (or False/True) of ``shape``.
 
     ``dtype`` (float32, float64, bool, ...) is used when ``out`` is not given; ``out`` must have
@@ -252,7 +247,7 @@ def unpack_sign(packed: Any, shape: int | tuple[int, ...], out: Any = None,
     n = int(np.prod(shape))
     pk = _cuda.byte_view(packed, packed_nbytes(n), "packed")
     if impl == "cuda":
-        o = _cuda.empty(packed, n, dtype) if out is None else _device_flat(out, "out")
+        o = _cuda.empty(packed, n, dtype) if out is None else _cuda.flat(out, "out")
         _cuda.launch(_kernels().k_unpack, n, pk, o, n, stream=stream)
         return o.reshape(shape)
     o = np.empty(shape, dtype) if out is None else _check_size(out, n)
@@ -264,7 +259,7 @@ def unpack_sign(packed: Any, shape: int | tuple[int, ...], out: Any = None,
 
 
 def relu_backward_packed(dy: Any, packed: Any, out: Any = None, *, impl: str = "auto",
-                         stream: Any = 0) -> Any:
+                         stream: Any = None) -> Any:
     """ReLU backward from a packed mask: ``out = dy`` where the bit is set, else ``+0.0``.
 
     No full-size mask is built. ``out`` (default: a new array like ``dy``) may be ``dy`` itself
@@ -274,8 +269,8 @@ def relu_backward_packed(dy: Any, packed: Any, out: Any = None, *, impl: str = "
     n = dy.size
     pk = _cuda.byte_view(packed, packed_nbytes(n), "packed")
     if impl == "cuda":
-        o = _cuda.empty(dy, n, dy.dtype) if out is None else _device_flat(out, "out")
-        _cuda.launch(_kernels().k_relu_bwd, n, _device_flat(dy, "dy"), pk, o, n,
+        o = _cuda.empty(dy, n, dy.dtype) if out is None else _cuda.flat(out, "out")
+        _cuda.launch(_kernels().k_relu_bwd, n, _cuda.flat(dy, "dy"), pk, o, n,
                      o.dtype.type(0), stream=stream)
         return o.reshape(dy.shape)
     o = np.empty(dy.shape, dy.dtype) if out is None else _check_size(out, n)

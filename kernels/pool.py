@@ -355,7 +355,7 @@ def _geom(x_shape, y_shape, kernel, stride, padding) -> tuple:
 # ----------------------------------------------------------------------------- public API
 def maxpool2d_forward(x: np.ndarray, y: np.ndarray, idx: np.ndarray, kernel: Pair,
                       stride: Pair, padding: Pair = (0, 0), threads: int | None = None,
-                      stream: Any = 0) -> None:
+                      stream: Any = None) -> None:
     """Write the max pooling of ``x`` into ``y`` and the argmax window index into ``idx``
     (NumPy arrays: Numba CPU kernels; device arrays: CUDA on ``stream``)."""
     if _cuda.choose("auto", x, y, idx) == "cuda":
@@ -370,7 +370,7 @@ def maxpool2d_forward(x: np.ndarray, y: np.ndarray, idx: np.ndarray, kernel: Pai
 
 def maxpool2d_backward(dy: np.ndarray, idx: np.ndarray, dx: np.ndarray, kernel: Pair,
                        stride: Pair, padding: Pair = (0, 0), threads: int | None = None,
-                       stream: Any = 0) -> None:
+                       stream: Any = None) -> None:
     """Overwrite ``dx`` with ``dy`` scattered to the argmax of each window (device arrays:
     CUDA on ``stream``)."""
     if _cuda.choose("auto", dy, idx, dx) == "cuda":

@@ -191,7 +191,7 @@ def _kernels() -> SimpleNamespace:
 
 # ----------------------------------------------------------------------------- public API
 def pack_indices(idx: Any, bits: int, out: Any = None, *, impl: str = "auto",
-                 stream: Any = 0) -> Any:
+                 stream: Any = None) -> Any:
     """Pack window indices (any integer dtype, values in ``[0, 2**bits)``; only the low ``bits``
     bits are kept) into ``packed_index_nbytes(idx.size, bits)`` bytes; returns them."""
     impl = _cuda.choose(impl, idx, out)
@@ -199,7 +199,7 @@ def pack_indices(idx: Any, bits: int, out: Any = None, *, impl: str = "auto",
     nb = packed_index_nbytes(n, bits)
     if impl == "cuda":
         o = _cuda.empty(idx, nb, np.uint8) if out is None else _cuda.byte_view(out, nb)
-        _cuda.launch(_kernels().k_pack, nb, idx.reshape(-1), o, n, bits, stream=stream)
+        _cuda.launch(_kernels().k_pack, nb, _cuda.flat(idx, "idx"), o, n, bits, stream=stream)
         return o
     o = np.empty(nb, np.uint8) if out is None else _cuda.byte_view(out, nb)
     flat = np.ravel(idx)
@@ -215,7 +215,7 @@ def pack_indices(idx: Any, bits: int, out: Any = None, *, impl: str = "auto",
 
 
 def unpack_indices(packed: Any, bits: int, shape: int | tuple[int, ...], out: Any = None,
-                   dtype: Any = np.uint8, *, impl: str = "auto", stream: Any = 0) -> Any:
+                   dtype: Any = np.uint8, *, impl: str = "auto", stream: Any = None) -> Any:
     """Unpack indices made by :func:`pack_indices`: into ``out`` (``prod(shape)`` elements, any
     layout) and return it, or into a new array of ``shape`` and ``dtype``."""
     impl = _cuda.choose(impl, packed, out)
@@ -223,7 +223,7 @@ def unpack_indices(packed: Any, bits: int, shape: int | tuple[int, ...], out: An
     n = int(np.prod(shape))
     pk = _cuda.byte_view(packed, packed_index_nbytes(n, bits), "packed")
     if impl == "cuda":
-        o = _cuda.empty(packed, n, dtype) if out is None else out.reshape(-1)
+        o = _cuda.empty(packed, n, dtype) if out is None else _cuda.flat(out)
         _cuda.launch(_kernels().k_unpack, n, pk, o, n, bits, stream=stream)
         return o.reshape(shape)
     o = np.empty(shape, dtype) if out is None else _check_size(out, n)
@@ -240,7 +240,7 @@ def unpack_indices(packed: Any, bits: int, shape: int | tuple[int, ...], out: An
 def maxpool_backward_packed(dy: Any, packed: Any, x_shape: tuple[int, int, int, int],
                             kernel: int | Pair, stride: int | Pair | None = None,
                             padding: int | Pair = 0, out: Any = None, *, impl: str = "auto",
-                            stream: Any = 0) -> Any:
+                            stream: Any = None) -> Any:
     """Max-pool backward from packed argmax indices (``index_bits(kh * kw)`` bits each).
 
     ``dy`` is ``(N, C, Ho, Wo)``; ``out`` (default: new) is ``dx`` of ``x_shape``
@@ -259,9 +259,9 @@ def maxpool_backward_packed(dy: Any, packed: Any, x_shape: tuple[int, int, int, 
     ho, wo = int(dy.shape[2]), int(dy.shape[3])
     pk = _cuda.byte_view(packed, packed_index_nbytes(dy.size, bits), "packed")
     if impl == "cuda":
-        o = _cuda.empty(dy, n * c * h * w, dy.dtype) if out is None else out.reshape(-1)
-        _cuda.launch(_kernels().k_maxpool_bwd, o.size, dy.reshape(-1), pk, o, n * c, h, w, ho,
-                     wo, bits, kh, kw, sh, sw, ph, pw, o.dtype.type(0), stream=stream)
+        o = _cuda.empty(dy, n * c * h * w, dy.dtype) if out is None else _cuda.flat(out)
+        _cuda.launch(_kernels().k_maxpool_bwd, o.size, _cuda.flat(dy, "dy"), pk, o, n * c, h, w,
+                     ho, wo, bits, kh, kw, sh, sw, ph, pw, o.dtype.type(0), stream=stream)
         return o.reshape((n, c, h, w))
     o = np.empty((n, c, h, w), dy.dtype) if out is None else out
     if o.shape != (n, c, h, w):

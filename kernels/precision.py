@@ -35,7 +35,7 @@ from . import _cuda
 from .bitpack import _prefetch, _run
 
 cuda: Any = None  # numba.cuda, set by _cuda.bind on first CUDA use
-# CUDA device versions of the scalar rules, set by _kernels()
+# CUDA device versions of the scalar rules, set on first CUDA use (_kernels: bind's device=)
 _d_fp16_code: Any = None
 _d_bf16_code: Any = None
 _d_fp8_code: Any = None
@@ -288,15 +288,13 @@ def _k_decode(c, out, n, fmt):
 
 @functools.cache
 def _kernels() -> SimpleNamespace:
-    c = _cuda.load()
-    g = globals()
-    for name in ("fp16_code", "bf16_code", "fp8_code", "fp16_bits", "fp8_bits"):
-        g[f"_d_{name}"] = c.jit(device=True)(g[f"_{name}_py"])
-    return _cuda.bind(g, ["_k_encode", "_k_decode"])
+    rules = ("fp16_code", "bf16_code", "fp8_code", "fp16_bits", "fp8_bits")
+    return _cuda.bind(globals(), ["_k_encode", "_k_decode"],
+                      device={f"_d_{r}": f"_{r}_py" for r in rules})
 
 
 # ----------------------------------------------------------------------------- public API
-def encode(x: Any, fmt: str, out: Any = None, *, impl: str = "auto", stream: Any = 0) -> Any:
+def encode(x: Any, fmt: str, out: Any = None, *, impl: str = "auto", stream: Any = None) -> Any:
     """Codes of the float32 array ``x`` in ``fmt`` (``"fp16"``, ``"bf16"``, ``"fp8"``), shaped
     like ``x``; written into ``out`` when given."""
     impl = _cuda.choose(impl, x, out)
@@ -306,7 +304,7 @@ def encode(x: Any, fmt: str, out: Any = None, *, impl: str = "auto", stream: Any
     n = x.size
     if impl == "cuda":
         o = _cuda.empty(x, n, cd) if out is None else _cuda.typed_view(out, cd, n)
-        u = x.reshape(-1).view(np.uint32)
+        u = _cuda.flat(x, "x").view(np.uint32)
         _cuda.launch(_kernels().k_encode, n, u, o, n, FORMATS.index(fmt), stream=stream)
         return o.reshape(x.shape)
     o = np.empty(n, cd) if out is None else _cuda.typed_view(out, cd, n)
@@ -323,7 +321,7 @@ def encode(x: Any, fmt: str, out: Any = None, *, impl: str = "auto", stream: Any
 
 
 def decode(codes: Any, fmt: str, out: Any = None, dtype: Any = np.float32, *,
-           shape: tuple[int, ...] | None = None, impl: str = "auto", stream: Any = 0) -> Any:
+           shape: tuple[int, ...] | None = None, impl: str = "auto", stream: Any = None) -> Any:
     """Exact float32 (or ``dtype`` / ``out``'s dtype, e.g. float64) values of ``codes``.
 
     ``codes``: an array of ``code_dtype(fmt)``, or any C-contiguous buffer holding them (a pool
@@ -343,11 +341,14 @@ def decode(codes: Any, fmt: str, out: Any = None, dtype: Any = np.float32, *,
         codes = np.ascontiguousarray(codes)
     c = _cuda.typed_view(codes, cd, n, "codes")
     if impl == "cuda":
-        o = _cuda.empty(codes, n, np.float32) if out is None else out.reshape(-1)
-        if o.dtype != np.float32:
-            raise TypeError("CUDA decode writes float32 only")
-        _cuda.launch(_kernels().k_decode, n, c, o.view(np.uint32), n, FORMATS.index(fmt),
+        o = _cuda.empty(codes, n, dtype) if out is None else _cuda.flat(out, "out")
+        f = o if o.dtype == np.float32 else _cuda.empty(o, n, np.float32)
+        if f is not o and hasattr(o, "copy_to_device"):
+            raise TypeError("CUDA decode into a Numba device array writes float32 only")
+        _cuda.launch(_kernels().k_decode, n, c, f.view(np.uint32), n, FORMATS.index(fmt),
                      stream=stream)
+        if f is not o:
+            o[...] = f  # exact widening on the device (CuPy-like arrays)
         return o.reshape(shape)
     o = np.empty(shape, dtype) if out is None else out
     if impl == "numpy":

@@ -331,7 +331,8 @@ def _kernels() -> SimpleNamespace:
                                   "_k_zvc_decode", "_k_csr_encode", "_k_csr_decode"])
 
 
-def _cuda_scan(like: Any, counts: Any, offsets: Any = None, stream: Any = 0) -> tuple[Any, int]:
+def _cuda_scan(like: Any, counts: Any, offsets: Any = None,
+               stream: Any = None) -> tuple[Any, int]:
     """Exclusive scan of device ``counts`` into ``offsets`` (new int64 if None); the total."""
     if offsets is None:
         offsets = _cuda.empty(like, counts.size + 1, np.int64)
@@ -340,7 +341,7 @@ def _cuda_scan(like: Any, counts: Any, offsets: Any = None, stream: Any = 0) -> 
 
 
 # ----------------------------------------------------------------------------- public API
-def count_nonzero(x: Any, *, impl: str = "auto", stream: Any = 0) -> int:
+def count_nonzero(x: Any, *, impl: str = "auto", stream: Any = None) -> int:
     """Number of elements whose bits are not all zero (-0.0 and NaN count; +0.0 does not)."""
     impl = _cuda.choose(impl, x)
     xb = _bits(x if _cuda.is_device_array(x) else np.ascontiguousarray(x))
@@ -356,7 +357,7 @@ def count_nonzero(x: Any, *, impl: str = "auto", stream: Any = 0) -> int:
 
 
 def encode(x: Any, buf: Any, fmt: str = "zvc", row_width: int = 256, *, impl: str = "auto",
-           stream: Any = 0) -> int:
+           stream: Any = None) -> int:
     """Encode ``x`` (flattened, C order) into the bytes of ``buf``; return the bytes used.
 
     ``buf``: any C-contiguous host or device buffer of at least
@@ -423,7 +424,7 @@ def encode(x: Any, buf: Any, fmt: str = "zvc", row_width: int = 256, *, impl: st
 
 
 def decode(buf: Any, out: Any, fmt: str | None = None, *, impl: str = "auto",
-           stream: Any = 0) -> Any:
+           stream: Any = None) -> Any:
     """Decode ``buf`` into ``out`` (C-contiguous, ``n`` elements of the encoded itemsize);
     the format comes from the header, or ``fmt="dense"`` for raw bytes. Returns ``out``."""
     impl = _cuda.choose(impl, buf, out)

@@ -1,10 +1,13 @@
-"""CUDA versions of the codec kernels (bitpack, poolidx, sparse, precision).
+"""CUDA kernels (bitpack, poolidx, sparse, precision, max pooling, the scan) in the simulator.
 
-The Numba CUDA simulator must be switched on before ``numba.cuda`` is first imported, and
-other test files import numba in this process, so the simulator checks run in a subprocess
-with ``NUMBA_ENABLE_CUDASIM=1`` on small inputs (launches of at most [4, 32]). A second
-subprocess compiles every kernel to PTX for a real GPU (compute capability 7.5) when NVVM is
-installed, which catches typing errors the simulator (plain Python) cannot see.
+The Numba CUDA simulator must be switched on before ``numba.cuda`` is first imported, and other
+test files import numba in this process, so each check runs in a subprocess with
+``NUMBA_ENABLE_CUDASIM=1``, on Numba (simulator) device arrays. Launches there are at most
+``[4, 32]`` (128 threads; the scan runs one block of 32), so the sizes below give every thread
+several grid-stride steps (work > 128, and > 128 chunks of 256 elements for the sparse
+counts), with lengths that are not multiples of 8 or 32. Results are compared bit for bit with
+the NumPy references. PTX compilation is in test_cuda_ptx.py, the emulated (one-thread) launches
+in test_cuda_launch.py.
 """
 
 from __future__ import annotations
@@ -18,129 +21,133 @@ import numpy as np
 import pytest
 from minidl.kernels import _cuda
 
-SIM_SCRIPT = textwrap.dedent("""
+PRELUDE = textwrap.dedent("""
     import numpy as np
     from numba import config, cuda
-    from minidl.kernels import bitpack as bp, poolidx as pi, sparse as sp, precision as pr
-    assert config.ENABLE_CUDASIM
+    from minidl.kernels import _cuda
+    assert config.ENABLE_CUDASIM and _cuda.grid(10**6) == (4, 32)
     rng = np.random.default_rng(0)
     D, H = cuda.to_device, (lambda a: a.copy_to_host())
 
     def same(a, b):
         assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, b.shape, a.dtype, b.dtype)
-        assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
-
-    # bitpack: lengths not multiple of 8, -0.0, NaN, inf; in-place ReLU backward; a stream
-    n = 1003
-    x = rng.standard_normal(n).astype(np.float32)
-    x[::7] = 0; x[3] = -0.0; x[5] = np.nan; x[6] = np.inf
-    pk = bp.pack_sign(D(x), stream=cuda.stream())
-    same(H(pk), np.packbits(x > 0, bitorder="little"))
-    for dt in (np.float32, bool):
-        same(H(bp.unpack_sign(pk, n, dtype=dt)), (x > 0).astype(dt))
-    dy = rng.standard_normal(n).astype(np.float32)
-    want = np.where(x > 0, dy, np.float32(0))
-    same(H(bp.relu_backward_packed(D(dy), pk)), want)
-    ddy = D(dy)
-    bp.relu_backward_packed(ddy, pk, out=ddy)
-    same(H(ddy), want)
-    same(H(bp.pack_sign(D(np.zeros(0, np.float32)))), np.zeros(0, np.uint8))
-
-    # poolidx: every bit width; backward with overlapping windows and padding
-    for bits in (1, 2, 4, 8):
-        idx = rng.integers(0, 2**bits, 301).astype(np.uint8)
-        p = pi.pack_indices(D(idx), bits)
-        same(H(p), pi.pack_indices(idx, bits, impl="numpy"))
-        same(H(pi.unpack_indices(p, bits, idx.size)), idx)
-    for k, s, pad, hw in [((2, 2), (2, 2), (0, 0), (8, 9)), ((3, 3), (2, 2), (1, 1), (7, 8)),
-                          ((3, 3), (1, 1), (1, 1), (5, 5))]:
-        ho = (hw[0] + 2 * pad[0] - k[0]) // s[0] + 1
-        wo = (hw[1] + 2 * pad[1] - k[1]) // s[1] + 1
-        idx = rng.integers(0, k[0] * k[1], (2, 2, ho, wo)).astype(np.uint8)
-        g = rng.standard_normal(idx.shape).astype(np.float32)
-        p = pi.pack_indices(idx, pi.index_bits(k[0] * k[1]))
-        want = pi.maxpool_backward_packed(g, p, (2, 2) + hw, k, s, pad, impl="numpy")
-        same(H(pi.maxpool_backward_packed(D(g), D(p), (2, 2) + hw, k, s, pad)), want)
-
-    # sparse: both dtypes, every format, byte-identical buffers, bit-exact decode
-    for dt in (np.float32, np.float64):
-        xs = (rng.standard_normal(2000) * (rng.random(2000) < 0.3)).astype(dt)
-        xs[-50:] = 0; xs[1] = -0.0; xs[2] = np.nan
-        nnz = sp.count_nonzero(D(xs))
-        assert nnz == sp.count_nonzero(xs, impl="numpy")
-        for fmt, w in (("zvc", 256), ("csr", 256), ("csr", 300), ("csr", 65536), ("dense", 256)):
-            nb = sp.encoded_nbytes(xs.size, nnz, fmt, xs.itemsize, w)
-            hb = np.zeros(nb, np.uint8)
-            sp.encode(xs, hb, fmt, w, impl="numpy")
-            db = D(np.zeros(nb, np.uint8))
-            assert sp.encode(D(xs), db, fmt, w) == nb
-            same(H(db), hb)
-            out = D(np.full(xs.size, 9, dt))
-            sp.decode(db, out, "dense" if fmt == "dense" else None)
-            same(H(out), xs)
-
-    # precision: specials, subnormals, overflow
-    xf = np.concatenate([rng.standard_normal(300).astype(np.float32) * 100, np.array(
-        [0, -0.0, np.inf, -np.inf, np.nan, 1e-8, 6e-8, 3e-5, 2.0**-10, 500, 65520, 1e-3],
-        np.float32)])
-    for fmt in pr.FORMATS:
-        c = pr.encode(D(xf), fmt)
-        same(H(c), pr.encode(xf, fmt, impl="numpy"))
-        codes = np.arange(256, dtype=np.uint8) if fmt == "fp8" else rng.integers(
-            0, 65536, 2000).astype(np.uint16)
-        want = pr.decode(codes, fmt, impl="numpy")
-        got = H(pr.decode(D(codes), fmt))
-        fin = ~np.isnan(want)
-        same(got[fin], want[fin])
-        assert np.isnan(got[~fin]).all()
-        assert np.array_equal(np.signbit(got), np.signbit(want))
-    print("SIM OK")
+        assert np.array_equal(np.ascontiguousarray(a).view(np.uint8),
+                              np.ascontiguousarray(b).view(np.uint8))
 """)
 
-PTX_SCRIPT = textwrap.dedent("""
-    from types import SimpleNamespace
-    from numba import cuda, types as t
-    import numba.cuda.dispatcher as disp
-    from minidl.kernels import _cuda, bitpack as bp, poolidx as pi, sparse as sp, precision as pr
-    # No GPU: device functions (and overloaded builtins) are compiled for the current
-    # device's compute capability; pretend it is 7.5 so that compile_ptx can type everything.
-    disp.get_current_device = lambda: SimpleNamespace(compute_capability=(7, 5))
-    for m in (bp, pi, sp, pr, _cuda):
-        m._kernels()
-    A = lambda d: d[::1]
-    f32, f64, u8, u16, u32, u64 = t.float32, t.float64, t.uint8, t.uint16, t.uint32, t.uint64
-    i8, i32, i64, b1 = t.int8, t.int32, t.int64, t.boolean
-    checks = [
-        (bp._k_pack, (A(f32), A(u8), i64)), (bp._k_pack, (A(b1), A(u8), i64)),
-        (bp._k_unpack, (A(u8), A(f32), i64)), (bp._k_unpack, (A(u8), A(b1), i64)),
-        (bp._k_relu_bwd, (A(f32), A(u8), A(f32), i64, f32)),
-        (bp._k_relu_bwd, (A(f64), A(u8), A(f64), i64, f64)),
-        (pi._k_pack, (A(u8), A(u8), i64, i64)), (pi._k_pack, (A(i8), A(u8), i64, i64)),
-        (pi._k_unpack, (A(u8), A(u8), i64, i64)),
-        (pi._k_maxpool_bwd, (A(f32), A(u8), A(f32)) + (i64,) * 12 + (f32,)),
-        (sp._k_counts, (A(u32), A(i64), i64, i64, u32)),
-        (sp._k_counts, (A(u64), A(i64), i64, i64, u64)),
-        (sp._k_zvc_encode, (A(u32), A(u8), A(u32), A(i64), i64, i64, u32)),
-        (sp._k_mask_counts, (A(u8), A(i64), i64)),
-        (sp._k_zvc_decode, (A(u8), A(u32), A(i64), A(u32), i64, i64, u32)),
-        (sp._k_csr_encode, (A(u32), A(i32), A(u32), A(u8), i64, i64, u32)),
-        (sp._k_csr_encode, (A(u64), A(i64), A(u64), A(u16), i64, i64, u64)),
-        (sp._k_csr_decode, (A(u32), A(u8), A(i32), A(u32), i64, i64, u32)),
-        (sp._k_csr_decode, (A(u64), A(u16), A(i64), A(u64), i64, i64, u64)),
-        (_cuda._k_exclusive_scan, (A(i64), A(i64), i64)),
-        (_cuda._k_exclusive_scan, (A(i64), A(i32), i64)),
-        (pr._k_encode, (A(u32), A(u16), i64, i64)), (pr._k_encode, (A(u32), A(u8), i64, i64)),
-        (pr._k_decode, (A(u16), A(u32), i64, i64)), (pr._k_decode, (A(u8), A(u32), i64, i64)),
-    ]
-    try:
-        cuda.compile_ptx(checks[0][0], checks[0][1], cc=(7, 5))
-    except Exception as e:  # no NVVM / CUDA toolkit on this machine
-        print("SKIP", type(e).__name__, str(e).strip().splitlines()[0][:200])
-        raise SystemExit(0)
-    for fn, sig in checks:
-        cuda.compile_ptx(fn, sig, cc=(7, 5))
-    print("PTX OK", len(checks))
-""")
+SCRIPTS = {
+    # lengths not multiple of 8, -0.0, NaN, inf; in-place ReLU backward; an explicit stream
+    "bitpack": """
+        from minidl.kernels import bitpack as bp
+        for n, dt in ((2053, np.float32), (1111, np.float64), (1029, np.bool_)):
+            x = rng.standard_normal(n)
+            x[::7] = 0; x[3] = -0.0; x[5] = np.nan; x[6] = np.inf
+            x = x.astype(dt)
+            for stream in (None, cuda.stream()):
+                pk = bp.pack_sign(D(x), stream=stream)
+                same(H(pk), np.packbits(x > 0, bitorder="little"))
+            for udt in (np.float32, bool):
+                same(H(bp.unpack_sign(pk, n, dtype=udt)), (x > 0).astype(udt))
+            if dt == np.bool_:
+                continue
+            dy = rng.standard_normal(n).astype(dt)
+            want = bp.relu_backward_packed(dy, H(pk), impl="numpy")
+            same(H(bp.relu_backward_packed(D(dy), pk)), want)
+            ddy = D(dy)
+            bp.relu_backward_packed(ddy, pk, out=ddy)
+            same(H(ddy), want)
+        same(H(bp.pack_sign(D(np.zeros(0, np.float32)))), np.zeros(0, np.uint8))
+    """,
+    # every bit width; backward with overlapping windows and padding
+    "poolidx": """
+        from minidl.kernels import poolidx as pi
+        for bits in (1, 2, 4, 8):
+            idx = rng.integers(0, 2**bits, 1301).astype(np.uint8)
+            p = pi.pack_indices(D(idx), bits)
+            same(H(p), pi.pack_indices(idx, bits, impl="numpy"))
+            same(H(pi.unpack_indices(p, bits, idx.size)), idx)
+        for k, s, pad, hw in [((2, 2), (2, 2), (0, 0), (17, 19)),
+                              ((3, 3), (2, 2), (1, 1), (15, 13)),
+                              ((3, 3), (1, 1), (1, 1), (9, 11))]:
+            ho = (hw[0] + 2 * pad[0] - k[0]) // s[0] + 1
+            wo = (hw[1] + 2 * pad[1] - k[1]) // s[1] + 1
+            idx = rng.integers(0, k[0] * k[1], (2, 3, ho, wo)).astype(np.uint8)
+            for dt in (np.float32, np.float64):
+                g = rng.standard_normal(idx.shape).astype(dt)
+                p = pi.pack_indices(idx, pi.index_bits(k[0] * k[1]))
+                want = pi.maxpool_backward_packed(g, p, (2, 3) + hw, k, s, pad, impl="numpy")
+                same(H(pi.maxpool_backward_packed(D(g), D(p), (2, 3) + hw, k, s, pad)), want)
+    """,
+    # count / zvc / csr with more chunks (256 elements) and rows than the 128 threads
+    "sparse": """
+        from minidl.kernels import sparse as sp
+        for dt, n in ((np.float32, 33333), (np.float64, 4101)):
+            xs = (rng.standard_normal(n) * (rng.random(n) < 0.3)).astype(dt)
+            xs[-50:] = 0; xs[1] = -0.0; xs[2] = np.nan
+            nnz = sp.count_nonzero(D(xs))
+            assert nnz == sp.count_nonzero(xs, impl="numpy")
+            fmts = (("zvc", 256), ("csr", 256), ("csr", 30), ("dense", 256))
+            for fmt, w in fmts:
+                nb = sp.encoded_nbytes(n, nnz, fmt, xs.itemsize, w)
+                hb = np.zeros(nb, np.uint8)
+                sp.encode(xs, hb, fmt, w, impl="numpy")
+                db = D(np.zeros(nb, np.uint8))
+                assert sp.encode(D(xs), db, fmt, w) == nb
+                same(H(db), hb)
+                out = D(np.full(n, 9, dt))
+                sp.decode(db, out, "dense" if fmt == "dense" else None)
+                same(H(out), xs)
+    """,
+    # the scan on its own: one block of 32 threads over many more counts, both offset types
+    "scan": """
+        for n, odt in ((1, np.int64), (31, np.int32), (1000, np.int64), (4097, np.int32)):
+            counts = rng.integers(0, 300, n).astype(np.int64)
+            offsets = D(np.full(n + 1, -1, odt))
+            _cuda.exclusive_scan(D(counts), offsets)
+            want = np.zeros(n + 1, odt)
+            np.cumsum(counts, out=want[1:])
+            same(H(offsets), want)
+    """,
+    # specials, subnormals, overflow; every fp8 code; float64 output
+    "precision": """
+        from minidl.kernels import precision as pr
+        xf = np.concatenate([rng.standard_normal(301).astype(np.float32) * 100, np.array(
+            [0, -0.0, np.inf, -np.inf, np.nan, 1e-8, 6e-8, 3e-5, 2.0**-10, 500, 65520, 1e-3,
+             448, 464], np.float32)])
+        for fmt in pr.FORMATS:
+            c = pr.encode(D(xf), fmt)
+            same(H(c), pr.encode(xf, fmt, impl="numpy"))
+            codes = np.arange(256, dtype=np.uint8) if fmt == "fp8" else rng.integers(
+                0, 65536, 777).astype(np.uint16)
+            want = pr.decode(codes, fmt, impl="numpy")
+            got = H(pr.decode(D(codes), fmt))
+            fin = ~np.isnan(want)
+            same(got[fin], want[fin])
+            assert np.isnan(got[~fin]).all()
+            assert np.array_equal(np.signbit(got), np.signbit(want))
+    """,
+    # max pooling forward (ties, NaN, -inf, padding) and backward (overlapping windows)
+    "maxpool": """
+        from minidl.kernels import pool as P
+        for k, s, pad, shape in [((2, 2), (2, 2), (0, 0), (2, 3, 17, 19)),
+                                 ((3, 3), (2, 2), (1, 1), (1, 3, 15, 13)),
+                                 ((3, 3), (1, 1), (1, 1), (2, 1, 9, 11)),
+                                 ((17, 17), (1, 1), (8, 8), (1, 1, 12, 13))]:  # uint16 argmax
+            for dt in (np.float32, np.float64):
+                x = np.round(rng.standard_normal(shape) * 2).astype(dt)
+                x.reshape(-1)[::41] = np.nan
+                x.reshape(-1)[3::37] = -np.inf
+                y_ref, i_ref = P.maxpool2d_forward_ref(x, k, s, pad)
+                y, idx = D(np.full(y_ref.shape, 7, dt)), D(np.full(y_ref.shape, 3, i_ref.dtype))
+                P.maxpool2d_forward(D(x), y, idx, k, s, pad)
+                same(H(y), y_ref)
+                same(H(idx), i_ref)
+                dy = rng.standard_normal(y_ref.shape).astype(dt)
+                dx = D(np.full(shape, 7, dt))
+                P.maxpool2d_backward(D(dy), D(i_ref), dx, k, s, pad)
+                same(H(dx), P.maxpool2d_backward_ref(dy, i_ref, shape, k, s, pad))
+    """,
+}
 
 
 def _run(script: str, sim: bool, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -151,22 +158,16 @@ def _run(script: str, sim: bool, timeout: float = 300) -> subprocess.CompletedPr
                           text=True, timeout=timeout)
 
 
-def test_cuda_kernels_under_simulator():
-    r = _run(SIM_SCRIPT, sim=True)
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_cuda_kernels_under_simulator(name):
+    script = PRELUDE + textwrap.dedent(SCRIPTS[name]) + "\nprint('SIM OK')\n"
+    r = _run(script, sim=True)
     assert r.returncode == 0 and "SIM OK" in r.stdout, r.stdout + r.stderr
-
-
-def test_cuda_kernels_compile_to_ptx():
-    r = _run(PTX_SCRIPT, sim=False)
-    assert r.returncode == 0, r.stdout + r.stderr
-    if r.stdout.startswith("SKIP"):
-        pytest.skip(r.stdout.strip())
-    assert "PTX OK" in r.stdout
 
 
 def test_import_does_not_load_numba_cuda():
     script = ("import sys, numpy as np\n"
-              "from minidl.kernels import bitpack, poolidx, sparse, precision\n"
+              "from minidl.kernels import bitpack, poolidx, sparse, precision, pool\n"
               "bitpack.pack_sign(np.ones(9, np.float32))\n"
               "assert 'numba.cuda' not in sys.modules, 'numba.cuda imported'\n"
               "print('LAZY OK')\n")

@@ -1,0 +1,365 @@
+"""Launching the CUDA kernels without a GPU: emulated device arrays and CuPy launches.
+
+Emulated device arrays (``__emulated_device_buffer__``) run each kernel's own Python function,
+compiled with njit as one CUDA thread; every kernel must then be bit-equal to its NumPy
+reference (``impl="numpy"``) on sizes around 1024 and 4096. The CuPy launch path is checked
+with real ``cupy.ndarray`` objects over fake pointers and a recording stand-in for
+``numba.cuda`` (no device access happens before the kernel call).
+
+``CASES`` also serves tests/kernels/test_cuda_ptx.py, which compiles to PTX every signature
+these cases launch.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from minidl.kernels import _cuda
+from minidl.kernels import bitpack as bp
+from minidl.kernels import pool as P
+from minidl.kernels import poolidx as pi
+from minidl.kernels import precision as pr
+from minidl.kernels import sparse as sp
+
+SIZES = (1, 7, 1023, 1024, 1025, 4095, 4096, 4097, 9001)
+
+
+class EmuArray:
+    """A minimal CuPy-like array over a host buffer, seen by ``_cuda`` as a device array."""
+
+    def __init__(self, a: np.ndarray) -> None:
+        self._a = a
+
+    def __emulated_device_buffer__(self) -> np.ndarray:
+        return self._a
+
+    def __array__(self, *args, **kwargs):
+        raise TypeError("implicit conversion of a device array")
+
+    def __array_namespace__(self) -> SimpleNamespace:
+        # new device memory holds garbage, as it would on a GPU
+        return SimpleNamespace(empty=lambda shape, dtype: EmuArray(
+            np.full(np.dtype(dtype).itemsize * int(np.prod(shape)), 0xA5, np.uint8)
+            .view(dtype).reshape(shape)))
+
+    shape = property(lambda self: self._a.shape)
+    dtype = property(lambda self: self._a.dtype)
+    size = property(lambda self: self._a.size)
+    nbytes = property(lambda self: self._a.nbytes)
+    flags = property(lambda self: self._a.flags)
+
+    def reshape(self, *shape) -> EmuArray:
+        return EmuArray(self._a.reshape(*shape))
+
+    def view(self, dtype) -> EmuArray:
+        return EmuArray(self._a.view(dtype))
+
+    def __getitem__(self, key) -> EmuArray:
+        return EmuArray(self._a[key])
+
+    def __setitem__(self, key, value) -> None:
+        if isinstance(value, np.ndarray):
+            raise TypeError("implicit host-to-device copy")
+        self._a[key] = value._a if isinstance(value, EmuArray) else value
+
+    def get(self) -> np.ndarray:
+        return self._a.copy()
+
+    def set(self, host: np.ndarray) -> None:
+        assert isinstance(host, np.ndarray) and host.shape == self._a.shape
+        self._a[...] = host
+
+
+def D(a: np.ndarray) -> EmuArray:
+    return EmuArray(np.array(a, copy=True))
+
+
+def H(a: EmuArray) -> np.ndarray:
+    assert isinstance(a, EmuArray), type(a)
+    return a.get()
+
+
+def same(got: np.ndarray, want: np.ndarray) -> None:
+    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, want.shape,
+                                                                 got.dtype, want.dtype)
+    assert np.array_equal(np.ascontiguousarray(got).view(np.uint8),
+                          np.ascontiguousarray(want).view(np.uint8))
+
+
+def _specials(x: np.ndarray) -> np.ndarray:
+    x = x.copy()
+    x[::7] = 0
+    x[3 % x.size] = -0.0
+    if x.size > 6:
+        x[5], x[6] = np.nan, np.inf
+    return x
+
+
+# ----------------------------------------------------------------------------- cases
+def case_bitpack(rng: np.random.Generator) -> None:
+    for n in SIZES:
+        for dt in (np.float32, np.float64, np.bool_):
+            x = _specials(rng.standard_normal(n)).astype(dt)
+            pk = bp.pack_sign(D(x))
+            same(H(pk), bp.pack_sign(x, impl="numpy"))
+            for udt in (np.float32, np.float64, np.bool_):
+                same(H(bp.unpack_sign(pk, n, dtype=udt)), bp.unpack_sign(
+                    H(pk), n, dtype=udt, impl="numpy"))
+            if dt == np.bool_:
+                continue
+            dy = rng.standard_normal(n).astype(dt)
+            want = bp.relu_backward_packed(dy, H(pk), impl="numpy")
+            same(H(bp.relu_backward_packed(D(dy), pk)), want)
+            ddy = D(dy)
+            bp.relu_backward_packed(ddy, pk, out=ddy)  # in place
+            same(H(ddy), want)
+
+
+def case_poolidx(rng: np.random.Generator) -> None:
+    for bits in (1, 2, 4, 8):
+        for n in SIZES:
+            for dt in (np.uint8, np.uint16):
+                idx = rng.integers(0, 2**bits, n).astype(dt)
+                p = pi.pack_indices(D(idx), bits)
+                same(H(p), pi.pack_indices(idx, bits, impl="numpy"))
+                same(H(pi.unpack_indices(p, bits, n)), pi.unpack_indices(H(p), bits, n,
+                                                                         impl="numpy"))
+    for k, s, pad, hw, planes in [((2, 2), (2, 2), (0, 0), (64, 65), (2, 3)),
+                                  ((3, 3), (2, 2), (1, 1), (45, 46), (2, 2)),
+                                  ((3, 3), (1, 1), (1, 1), (33, 31), (1, 4))]:
+        ho = (hw[0] + 2 * pad[0] - k[0]) // s[0] + 1
+        wo = (hw[1] + 2 * pad[1] - k[1]) // s[1] + 1
+        for dt in (np.float32, np.float64):
+            idx = rng.integers(0, k[0] * k[1], (*planes, ho, wo)).astype(np.uint8)
+            g = rng.standard_normal(idx.shape).astype(dt)
+            p = pi.pack_indices(idx, pi.index_bits(k[0] * k[1]))
+            want = pi.maxpool_backward_packed(g, p, (*planes, *hw), k, s, pad, impl="numpy")
+            same(H(pi.maxpool_backward_packed(D(g), D(p), (*planes, *hw), k, s, pad)), want)
+
+
+def case_sparse(rng: np.random.Generator) -> None:
+    for dt in (np.float32, np.float64):
+        for n in SIZES + (33000,):
+            xs = (rng.standard_normal(n) * (rng.random(n) < 0.3)).astype(dt)
+            xs[-min(n, 50):] = 0
+            if n > 2:
+                xs[1], xs[2] = -0.0, np.nan
+            nnz = sp.count_nonzero(D(xs))
+            assert nnz == sp.count_nonzero(xs, impl="numpy")
+            for fmt, w in (("zvc", 256), ("csr", 256), ("csr", 300), ("csr", 65536),
+                           ("dense", 256)):
+                nb = sp.encoded_nbytes(n, nnz, fmt, xs.itemsize, w)
+                hb = np.zeros(nb, np.uint8)
+                sp.encode(xs, hb, fmt, w, impl="numpy")
+                db = D(np.zeros(nb + 5, np.uint8))
+                assert sp.encode(D(xs), db, fmt, w) == nb
+                same(H(db)[:nb], hb)
+                out = D(np.full(n, 9, dt))
+                sp.decode(db, out, "dense" if fmt == "dense" else None)
+                same(H(out), xs)
+
+
+def case_precision(rng: np.random.Generator) -> None:
+    specials = np.array([0, -0.0, np.inf, -np.inf, np.nan, 1e-8, 6e-8, 3e-5, 2.0**-10, 500,
+                         65520, 1e-3, 448, 464, -2.0**-9], np.float32)
+    for n in SIZES:
+        xf = np.concatenate([rng.standard_normal(n).astype(np.float32) * 100, specials])
+        for fmt in pr.FORMATS:
+            same(H(pr.encode(D(xf), fmt)), pr.encode(xf, fmt, impl="numpy"))
+    for fmt in pr.FORMATS:
+        cd = pr.code_dtype(fmt)
+        codes = np.arange(np.iinfo(cd).max + 1, dtype=np.int64).astype(cd)  # every code
+        for dt in (np.float32, np.float64):
+            want = pr.decode(codes, fmt, dtype=dt, impl="numpy")
+            got = H(pr.decode(D(codes), fmt, dtype=dt))
+            fin = ~np.isnan(want)
+            same(got[fin], want[fin])
+            assert np.isnan(got[~fin]).all()
+            assert np.array_equal(np.signbit(got), np.signbit(want))
+            out = D(np.zeros(codes.size, dt))
+            pr.decode(D(codes), fmt, out=out)
+            same(H(out), got)
+
+
+def case_maxpool(rng: np.random.Generator) -> None:
+    for k, s, pad, shape in [((2, 2), (2, 2), (0, 0), (2, 3, 64, 65)),
+                             ((3, 3), (2, 2), (1, 1), (2, 2, 45, 46)),
+                             ((3, 3), (1, 1), (1, 1), (1, 4, 33, 31)),
+                             ((17, 17), (1, 1), (8, 8), (1, 2, 20, 21))]:  # uint16 argmax
+        for dt in (np.float32, np.float64):
+            x = np.round(rng.standard_normal(shape) * 2).astype(dt)  # ties: first max wins
+            x.reshape(-1)[::97] = np.nan
+            x.reshape(-1)[5::89] = -np.inf
+            y_ref, i_ref = P.maxpool2d_forward_ref(x, k, s, pad)
+            y, idx = D(np.full(y_ref.shape, 7, dt)), D(np.full(y_ref.shape, 3, i_ref.dtype))
+            P.maxpool2d_forward(D(x), y, idx, k, s, pad)
+            same(H(y), y_ref)
+            same(H(idx), i_ref)
+            dy = rng.standard_normal(y_ref.shape).astype(dt)
+            dx = D(np.full(shape, 7, dt))
+            P.maxpool2d_backward(D(dy), D(i_ref), dx, k, s, pad)
+            same(H(dx), P.maxpool2d_backward_ref(dy, i_ref, shape, k, s, pad))
+
+
+def case_scan(rng: np.random.Generator) -> None:
+    for n in SIZES:
+        for odt in (np.int64, np.int32):
+            counts = rng.integers(0, 300, n).astype(np.int64)
+            offsets = D(np.full(n + 1, -1, odt))
+            _cuda.exclusive_scan(D(counts), offsets)
+            want = np.zeros(n + 1, odt)
+            np.cumsum(counts, out=want[1:])
+            same(H(offsets), want)
+
+
+CASES = {"bitpack": case_bitpack, "poolidx": case_poolidx, "sparse": case_sparse,
+         "precision": case_precision, "maxpool": case_maxpool, "scan": case_scan}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_emulated_kernels_bit_equal_to_numpy(name):
+    with np.errstate(invalid="ignore"):  # signalling NaN codes widened to float64
+        CASES[name](np.random.default_rng(0))
+
+
+# ----------------------------------------------------------------------------- emulation rules
+def _k_probe(x, hist, firsts, out):
+    """Uses the parts of ``numba.cuda`` the codec kernels do not (atomics, local memory)."""
+    tmp = cuda.local.array(4, dtype=np.int64)
+    for j in range(4):
+        tmp[j] += j  # local arrays start at zero in the emulation
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        old = cuda.atomic.add(hist, x[i] & 3, 1)
+        if old == 0:
+            firsts[x[i] & 3] = i
+    out[0] = cuda.threadIdx.x + cuda.blockIdx.x * cuda.blockDim.x + cuda.gridDim.x
+    out[1] = tmp[3] + cuda.popc(np.uint32(x[0]))
+
+
+cuda = None  # replaced in the emulation, as in a kernel module
+
+
+def test_emulation_single_thread_module():
+    k = _cuda.bind(globals(), ["_k_probe"]).k_probe
+    before = globals()["cuda"]
+    x = np.array([5, 2, 7, 1, 6, 11], np.int64)
+    hist, firsts, out = D(np.zeros(4, np.int32)), D(np.full(4, -1, np.int64)), D(np.zeros(2,
+                                                                                        np.int64))
+    _cuda.launch(k, x.size, D(x), hist, firsts, out)
+    same(H(hist), np.bincount(x & 3, minlength=4).astype(np.int32))
+    same(H(firsts), np.array([-1, 0, 1, 2], np.int64))
+    same(H(out), np.array([1, 3 + 2], np.int64))  # thread 0 of a 1x1 grid; popc(5) = 2
+    assert globals()["cuda"] is before  # the emulation leaves the module's global alone
+
+
+def test_emulated_arrays_are_device_arrays():
+    e, h = D(np.zeros(3, np.float32)), np.zeros(3, np.float32)
+    assert _cuda.is_device_array(e) and not _cuda.is_device_array(h)
+    assert _cuda.choose("auto", e, e) == "cuda"
+    with pytest.raises(TypeError, match="mix"):
+        _cuda.choose("auto", e, h)
+    with pytest.raises(TypeError):
+        bp.pack_sign(e, out=np.zeros(1, np.uint8))
+    # a launch that mixes emulated and host arrays is refused, not run
+    with pytest.raises(TypeError, match="ndarray"):
+        _cuda.launch(bp._kernels().k_pack, 1, e, np.zeros(1, np.uint8), 3)
+
+
+def test_device_memory_helpers_on_array_objects():
+    like = D(np.zeros(2, np.float32))
+    t = _cuda.empty(like, 5, np.int64)
+    assert isinstance(t, EmuArray) and t.shape == (5,) and t.dtype == np.int64
+    _cuda.from_host(t, np.arange(5, dtype=np.int64))
+    u = _cuda.empty(like, 5, np.int64)
+    _cuda.copy(u, t)
+    host = _cuda.to_host(u)
+    assert isinstance(host, np.ndarray)
+    same(host, np.arange(5, dtype=np.int64))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        _cuda.flat(D(np.zeros((4, 4), np.float32))[:, ::2])
+
+
+def test_emulation_does_not_import_numba_cuda():
+    script = (f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+              "import numpy as np\n"
+              "from test_cuda_launch import D, H, same\n"
+              "from minidl.kernels import bitpack, precision\n"
+              "x = np.linspace(-1, 1, 999, dtype=np.float32)\n"
+              "same(H(bitpack.pack_sign(D(x))), bitpack.pack_sign(x, impl='numpy'))\n"
+              "same(H(precision.encode(D(x), 'fp16')), precision.encode(x, 'fp16', "
+              "impl='numpy'))\n"
+              "assert 'numba.cuda' not in sys.modules, 'numba.cuda imported'\n"
+              "print('EMU OK')\n")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and "EMU OK" in r.stdout, r.stdout + r.stderr
+
+
+# ----------------------------------------------------------------------------- CuPy launches
+class _RecordingNumbaCuda:
+    """Stand-in for ``numba.cuda``: records stream wrapping and array views."""
+
+    def __init__(self) -> None:
+        self.views: list[tuple[object, bool]] = []
+
+    def external_stream(self, ptr: int) -> tuple[str, int]:
+        return ("external", ptr)
+
+    def as_cuda_array(self, a: object, sync: bool = True) -> tuple[str, int]:
+        self.views.append((a, sync))
+        return ("view", id(a))
+
+
+class _RecordingKernel:
+    def __init__(self) -> None:
+        self.launches: list[tuple[tuple, tuple]] = []
+
+    def __getitem__(self, config: tuple):
+        return lambda *args: self.launches.append((config, args))
+
+
+def _fake_cupy_array(cupy, n: int, dtype) -> object:
+    """A real ``cupy.ndarray`` over a made-up device pointer (never dereferenced here)."""
+    mem = cupy.cuda.UnownedMemory(0x7F0000000000, n * np.dtype(dtype).itemsize, None,
+                                  device_id=0)
+    return cupy.ndarray((n,), dtype, memptr=cupy.cuda.MemoryPointer(mem, 0))
+
+
+@pytest.mark.filterwarnings("ignore:ExternalStream is deprecated:DeprecationWarning")
+def test_cupy_launch_on_current_stream_without_synchronisation(monkeypatch):
+    cupy = pytest.importorskip("cupy")
+    fake = _RecordingNumbaCuda()
+    monkeypatch.setattr(_cuda, "cuda", fake)
+    monkeypatch.setattr(cupy.cuda, "get_current_stream",
+                        lambda *a: cupy.cuda.ExternalStream(0x5EED, device_id=0))
+    monkeypatch.setattr(_cuda, "simulator", lambda: False)
+    a, b = _fake_cupy_array(cupy, 3000, np.float32), _fake_cupy_array(cupy, 375, np.uint8)
+    assert _cuda.is_device_array(a) and _cuda.choose("auto", a, b) == "cuda"
+    k = _RecordingKernel()
+    _cuda.launch(k, 3000, a, b, 3000, np.float32(0))
+    (config, args), = k.launches
+    assert config == (12, 256, ("external", 0x5EED))  # CuPy's current stream
+    assert args == (("view", id(a)), ("view", id(b)), 3000, np.float32(0))
+    assert [(x is a or x is b, sync) for x, sync in fake.views] == [(True, False)] * 2
+    # a CuPy stream given explicitly is wrapped the same way; others pass through
+    _cuda.run(k, 1, 32, a, stream=cupy.cuda.ExternalStream(0xAB, device_id=0))
+    assert k.launches[-1][0] == (1, 32, ("external", 0xAB))
+    numba_stream = object()
+    _cuda.run(k, 1, 32, a, stream=numba_stream)
+    assert k.launches[-1][0][2] is numba_stream
+    assert all(sync is False for _, sync in fake.views)
+
+
+def test_non_cupy_launch_keeps_arguments_and_stream_zero(monkeypatch):
+    fake = _RecordingNumbaCuda()
+    monkeypatch.setattr(_cuda, "cuda", fake)
+    k = _RecordingKernel()
+    arr = object()  # e.g. a Numba device array: passed through untouched
+    _cuda.run(k, 2, 64, arr, 5)
+    assert k.launches == [((2, 64, 0), (arr, 5))] and fake.views == []

@@ -1,0 +1,110 @@
+"""Every Numba CUDA kernel of minidl.kernels compiles to PTX for real GPUs (sm_70, sm_80, sm_90).
+
+The signatures are the ones the kernels are launched with: the emulated launches of
+test_cuda_launch.py's cases (every public CUDA entry point, every dtype it is used with) are
+recorded, and each recorded ``(kernel, argument types)`` is compiled with
+``numba.cuda.compile_ptx`` for each compute capability. Numba types a Numba/CuPy device array
+argument exactly as it types the host buffer of an emulated one (C-contiguous, aligned), so the
+recorded signatures are those of a GPU run. No GPU is needed: NVVM and libdevice come from the
+CUDA toolkit wheels of the ``cuda`` extra; without numba-cuda installed the tests skip.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import pkgutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from minidl.kernels import _cuda, sparse
+
+CCS = [(7, 0), (8, 0), (9, 0)]
+
+needs_numba_cuda = pytest.mark.skipif(
+    importlib.util.find_spec("numba_cuda") is None,
+    reason="numba-cuda is not installed (pip install minidl[cuda])")
+
+
+def _launch_cases():
+    spec = importlib.util.spec_from_file_location(
+        "_minidl_cuda_launch_cases", Path(__file__).with_name("test_cuda_launch.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.CASES
+
+
+def _all_kernel_functions() -> set:
+    """Every ``_k_*`` function defined in a module of minidl.kernels."""
+    found = set()
+    pkg = importlib.import_module(_cuda.__package__)
+    for info in pkgutil.iter_modules(pkg.__path__):
+        mod = importlib.import_module(f"{pkg.__name__}.{info.name}")
+        for name, obj in vars(mod).items():
+            if name.startswith("_k_") and inspect.isfunction(obj) and \
+                    obj.__module__ == mod.__name__:
+                found.add(obj)
+    return found
+
+
+@pytest.fixture(scope="module")
+def launched() -> dict:
+    """``{(kernel, argument types)}`` of every launch the emulated cases make."""
+    from numba import typeof, types
+
+    seen: dict = {}
+    original = _cuda.Kernel.emulate
+
+    def record(self, *args):
+        sig = []
+        for a in args:
+            t = typeof(a.__emulated_device_buffer__() if _cuda._emulated(a) else a)
+            if isinstance(t, types.Array):  # as Numba types a device array
+                t = types.Array(t.dtype, t.ndim, t.layout)
+            sig.append(t)
+        seen.setdefault((self, tuple(sig)), None)
+        return original(self, *args)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(_cuda.Kernel, "emulate", record)
+    try:
+        with np.errstate(invalid="ignore"):
+            for case in _launch_cases().values():
+                case(np.random.default_rng(1))
+    finally:
+        mp.undo()
+    return seen
+
+
+def test_every_kernel_is_launched_by_the_cases(launched):
+    kernels = _all_kernel_functions()
+    assert len(kernels) >= 15, kernels  # the scan, bitpack, poolidx, sparse, precision, pool
+    missing = kernels - {k.py_func for k, _ in launched}
+    assert not missing, f"kernels no case launches: {sorted(f.__qualname__ for f in missing)}"
+
+
+def _unreachable_signatures() -> list:
+    """Launch signatures the cases cannot reach: csr row pointers are int64 from 2**31
+    elements on."""
+    from numba import types as t
+
+    k, a = sparse._kernels(), (lambda d: d[::1])
+    out = []
+    for u in (t.uint32, t.uint64):
+        for col in (t.uint8, t.uint16):
+            out.append((k.k_csr_encode, (a(u), a(t.int64), a(u), a(col), t.int64, t.int64, u)))
+            out.append((k.k_csr_decode, (a(u), a(col), a(t.int64), a(u), t.int64, t.int64, u)))
+    return out
+
+
+@needs_numba_cuda
+@pytest.mark.parametrize("cc", CCS, ids=lambda cc: f"sm_{cc[0]}{cc[1]}")
+def test_every_launched_signature_compiles_to_ptx(launched, cc):
+    target = f".target sm_{cc[0]}{cc[1]}"
+    for kernel, sig in list(launched) + _unreachable_signatures():
+        ptx = _cuda.compile_ptx(kernel, sig, cc)
+        assert target in ptx.splitlines(), (kernel, sig)
+        entries = [ln for ln in ptx.splitlines() if ".entry" in ln]
+        assert len(entries) == 1 and kernel.py_func.__name__ in entries[0], (kernel, sig)
