@@ -28,6 +28,12 @@ from __future__ import annotations
 import numpy as np
 
 from . import _cuda, winograd
+from .conv_device import (
+    check_conv_shapes,
+    conv2d_backward_device,
+    conv2d_device_workspace_bytes,
+    conv2d_forward_device,
+)
 from .conv_geometry import (
     GEMM_MAX_COL_BYTES,
     GEMM_MIN_COLS,
@@ -57,7 +63,8 @@ __all__ = [
     "GEMM_MAX_COL_BYTES", "GEMM_MIN_COLS", "GRAD_PARTS", "MAX_THREADS", "SERIAL_MACS",
     "WINOGRAD_MAX_IMAGE_BYTES", "WINOGRAD_MAX_WEIGHTS", "WINOGRAD_MIN_CIN",
     "WINOGRAD_MIN_TILES", "Pair", "block_bounds", "choose_algo", "col2im", "conv2d_backward",
-    "conv2d_backward_ref", "conv2d_forward", "conv2d_forward_ref", "conv2d_workspace_bytes",
+    "conv2d_backward_device", "conv2d_backward_ref", "conv2d_device_workspace_bytes",
+    "conv2d_forward", "conv2d_forward_device", "conv2d_forward_ref", "conv2d_workspace_bytes",
     "conv_output_hw", "grad_parts", "im2col", "im2col_ref",
 ]
 
@@ -78,19 +85,12 @@ def _parallel(n: int, rows: int, macs: int, threads: int | None) -> bool:
 
 def _check(x, w, groups, stride, padding, dilation, **arrays) -> None:
     """Validate shapes before the kernels index blindly."""
-    if _cuda.is_device_array(x):
-        raise NotImplementedError("conv2d has CPU kernels only (no CUDA kernel for device "
-                                  "arrays)")
-    n, c, h, wd = x.shape
-    cout, cg, kh, kw = w.shape
-    if c != cg * groups or cout % groups:
-        raise ValueError(f"conv2d: input {x.shape} / weight {w.shape} / groups {groups} mismatch")
-    ho, wo = conv_output_hw((h, wd), (kh, kw), stride, padding, dilation)
-    want = {"y": (n, cout, ho, wo), "dy": (n, cout, ho, wo), "dx": x.shape, "dw": w.shape,
-            "b": (cout,), "db": (cout,)}
-    for name, a in arrays.items():
-        if a is not None and tuple(a.shape) != tuple(want[name]):
-            raise ValueError(f"conv2d: {name} has shape {a.shape}, expected {want[name]}")
+    check_conv_shapes(x, w, groups, stride, padding, dilation, **arrays)
+
+
+def _on_device(*arrays) -> bool:
+    """Device arrays take :mod:`.conv_device`'s path (host and device mixed: ``TypeError``)."""
+    return _cuda.choose("auto", *arrays) == "cuda"
 
 
 def conv2d_forward(
@@ -100,7 +100,12 @@ def conv2d_forward(
 ) -> None:
     """Write ``conv2d(x, w) + b`` into ``y`` (NCHW). ``workspace``: ``uint8`` of at least
     :func:`conv2d_workspace_bytes` (``backward=False``); ``None`` allocates one. ``algo``
-    (``"gemm"`` / ``"winograd"``) overrides :func:`choose_algo`."""
+    (``"gemm"`` / ``"winograd"``) overrides :func:`choose_algo`. Device arrays run
+    :func:`~.conv_device.conv2d_forward_device` (workspace:
+    :func:`~.conv_device.conv2d_device_workspace_bytes`; ``threads`` and ``algo`` unused)."""
+    if _on_device(x, w, b, y, workspace):
+        conv2d_forward_device(x, w, b, y, stride, padding, dilation, groups, workspace)
+        return
     ensure_blas_policy()
     _check(x, w, groups, stride, padding, dilation, y=y, b=b)
     n = x.shape[0]
@@ -139,10 +144,27 @@ def conv2d_backward(
     db: np.ndarray | None, stride: Pair = (1, 1), padding: Pair = (0, 0),
     dilation: Pair = (1, 1), groups: int = 1, workspace: np.ndarray | None = None,
     threads: int | None = None, algo: str | None = None, accumulate: bool = False,
+    accumulate_bias: bool | None = None,
 ) -> None:
     """Overwrite ``dw``, ``db`` (if given) and ``dx`` (if given) with the gradients of
     :func:`conv2d_forward`; with ``accumulate``, add into ``dw`` and ``db`` instead (``dx`` is
-    still overwritten). ``workspace``: :func:`conv2d_workspace_bytes`, ``backward=True``."""
+    still overwritten); ``accumulate_bias`` (default: ``accumulate``) decides for ``db`` alone.
+    ``workspace``: :func:`conv2d_workspace_bytes`, ``backward=True``. Device arrays run
+    :func:`~.conv_device.conv2d_backward_device`."""
+    if _on_device(x, w, dy, dx, dw, db, workspace):
+        conv2d_backward_device(x, w, dy, dx, dw, db, stride, padding, dilation, groups,
+                               workspace, accumulate, accumulate_bias)
+        return
+    if db is not None and accumulate_bias is not None and accumulate_bias != accumulate:
+        # a shared bias beside an unshared weight, or the reverse: the bias on its own
+        conv2d_backward(x, w, dy, dx, dw, None, stride, padding, dilation, groups, workspace,
+                        threads, algo, accumulate)
+        sums = dy.sum(axis=(0, 2, 3), dtype=db.dtype)
+        if accumulate_bias:
+            db += sums
+        else:
+            db[...] = sums
+        return
     ensure_blas_policy()
     _check(x, w, groups, stride, padding, dilation, dy=dy, dx=dx, dw=dw, db=db)
     n = x.shape[0]

@@ -6,7 +6,8 @@ gradient there and needs neither the input nor the output. Semantics follow PyTo
 counts as ``-inf``, the first maximum wins, NaN propagates; average pooling divides by
 ``kh * kw`` (``count_include_pad=True``). CPU kernels split the ``N * C`` planes over threads;
 max pooling also has Numba CUDA kernels (grid-stride loops, chosen for device arrays such as
-CuPy's; backward gathers per input element, so it needs no atomics and is deterministic).
+CuPy's; backward gathers per input element, so it needs no atomics and is deterministic);
+average pooling on device arrays is array operations (:mod:`.pool_device`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from numba import njit, prange
 
 from . import _cuda
 from .parallel import ensure_blas_policy, num_threads, split
+from .pool_device import avgpool2d_backward_device, avgpool2d_forward_device
 
 cuda: Any = None  # numba.cuda, set by _cuda.bind on first CUDA use
 
@@ -281,11 +283,6 @@ def _run_pool(serial, par, inputs: tuple, outputs: tuple, nplanes: int, work: in
             o[...] = t
 
 
-def _host_only(*arrays: Any) -> None:
-    if any(_cuda.is_device_array(a) for a in arrays):
-        raise NotImplementedError("average pooling has CPU kernels only (no CUDA kernel)")
-
-
 def _writable(out: np.ndarray) -> np.ndarray:
     return out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
 
@@ -385,15 +382,21 @@ def maxpool2d_backward(dy: np.ndarray, idx: np.ndarray, dx: np.ndarray, kernel: 
 
 def avgpool2d_forward(x: np.ndarray, y: np.ndarray, kernel: Pair, stride: Pair,
                       padding: Pair = (0, 0), threads: int | None = None) -> None:
-    """Write the average pooling of ``x`` (padding counted) into ``y``."""
-    _host_only(x, y)
+    """Write the average pooling of ``x`` (padding counted) into ``y`` (device arrays: array
+    operations, :func:`~.pool_device.avgpool2d_forward_device`)."""
+    if _cuda.choose("auto", x, y) == "cuda":
+        avgpool2d_forward_device(x, y, kernel, stride, padding)
+        return
     _run_pool(_avgpool_fwd, _avgpool_fwd_par, (x,), (y,), x.shape[0] * x.shape[1], x.size,
               (*kernel, *stride, *padding), threads)
 
 
 def avgpool2d_backward(dy: np.ndarray, dx: np.ndarray, kernel: Pair, stride: Pair,
                        padding: Pair = (0, 0), threads: int | None = None) -> None:
-    """Overwrite ``dx`` with the gradient of average pooling."""
-    _host_only(dy, dx)
+    """Overwrite ``dx`` with the gradient of average pooling (device arrays:
+    :func:`~.pool_device.avgpool2d_backward_device`)."""
+    if _cuda.choose("auto", dy, dx) == "cuda":
+        avgpool2d_backward_device(dy, dx, kernel, stride, padding)
+        return
     _run_pool(_avgpool_bwd, _avgpool_bwd_par, (dy,), (dx,), dx.shape[0] * dx.shape[1], dx.size,
               (*kernel, *stride, *padding), threads)
