@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.conv import conv2d_backward, conv2d_forward, conv2d_workspace_bytes, conv_output_hw
+from ..kernels.conv import (
+    conv2d_backward,
+    conv2d_device_workspace_bytes,
+    conv2d_forward,
+    conv2d_workspace_bytes,
+    conv_output_hw,
+)
 from .base import Layer, ParamSpec, Shape
 
 
@@ -22,7 +28,9 @@ class Conv2d(Layer):
 
     ``weight`` is ``(out_channels, in_channels // groups, kh, kw)``, ``bias`` ``(out_channels,)``,
     both initialised U(-1/sqrt(fan_in), 1/sqrt(fan_in)) as in PyTorch. Backward keeps only
-    the input; the im2col buffers live in the declared workspace.
+    the input; the im2col buffers live in the declared workspace, whose size depends on the
+    ``"device_kind"`` option (``"cpu"``: the Numba kernels'; ``"cuda"``: the device path's,
+    :func:`~minidl.kernels.conv_device.conv2d_device_workspace_bytes`).
     """
 
     kind = "conv"
@@ -30,6 +38,7 @@ class Conv2d(Layer):
     convolution = True
     retain_inputs = (0,)
     accumulates_grads = True
+    option_names = ("device_kind",)
 
     def __init__(
         self,
@@ -97,17 +106,27 @@ class Conv2d(Layer):
             specs["bias"] = ParamSpec((self.out_channels,), "uniform", fan_in)
         return specs
 
-    def _workspace(self, in_shapes: list[Shape], dtype: np.dtype, backward: bool) -> int:
+    def stash_specs(self, in_shapes: list[Shape], dtype: np.dtype,
+                    options: dict | None = None) -> dict[str, tuple]:
+        return {}
+
+    def _workspace(self, in_shapes: list[Shape], dtype: np.dtype, backward: bool,
+                   options: dict | None) -> int:
         self.output_shapes(in_shapes)
-        return conv2d_workspace_bytes(
-            tuple(in_shapes[0]), self.out_channels, self.kernel_size, self.stride,
-            self.padding, self.dilation, self.groups, dtype, backward)
+        kind = (options or {}).get("device_kind", "cpu")
+        if kind not in ("cpu", "cuda"):
+            raise ValueError(f"Conv2d: unknown device kind {kind!r} (cpu or cuda)")
+        size = conv2d_device_workspace_bytes if kind == "cuda" else conv2d_workspace_bytes
+        return size(tuple(in_shapes[0]), self.out_channels, self.kernel_size, self.stride,
+                    self.padding, self.dilation, self.groups, dtype, backward)
 
-    def forward_workspace_bytes(self, in_shapes: list[Shape], dtype: np.dtype) -> int:
-        return self._workspace(in_shapes, dtype, backward=False)
+    def forward_workspace_bytes(self, in_shapes: list[Shape], dtype: np.dtype,
+                                options: dict | None = None) -> int:
+        return self._workspace(in_shapes, dtype, False, options)
 
-    def backward_workspace_bytes(self, in_shapes: list[Shape], dtype: np.dtype) -> int:
-        return self._workspace(in_shapes, dtype, backward=True)
+    def backward_workspace_bytes(self, in_shapes: list[Shape], dtype: np.dtype,
+                                 options: dict | None = None) -> int:
+        return self._workspace(in_shapes, dtype, True, options)
 
     def flops(self, in_shapes: list[Shape]) -> int:
         n, cout, ho, wo = self.output_shapes(in_shapes)[0]
@@ -121,19 +140,12 @@ class Conv2d(Layer):
 
     def backward(self, ctx, grad_outputs, grad_inputs, inputs, outputs, params, grad_params,
                  stash, workspace) -> None:
-        add_w = "weight" in ctx.accumulate  # micro-batches: add into .grad, no partial
-        db = grad_params.get("bias")
-        separate_bias = db is not None and ("bias" in ctx.accumulate) != add_w
+        # micro-batches: add into .grad, no partial (a shared bias may differ from its weight)
         conv2d_backward(
             inputs[0], params["weight"], grad_outputs[0], grad_inputs[0],
-            grad_params["weight"], None if separate_bias else db, self.stride, self.padding,
-            self.dilation, self.groups, workspace, accumulate=add_w)
-        if separate_bias:  # a shared bias beside an unshared weight, or the reverse
-            sums = grad_outputs[0].sum(axis=(0, 2, 3), dtype=db.dtype)
-            if "bias" in ctx.accumulate:
-                db += sums
-            else:
-                db[...] = sums
+            grad_params["weight"], grad_params.get("bias"), self.stride, self.padding,
+            self.dilation, self.groups, workspace, accumulate="weight" in ctx.accumulate,
+            accumulate_bias="bias" in ctx.accumulate)
 
 
 __all__ = ["Conv2d"]

@@ -1,18 +1,23 @@
 """GlobalAvgPool2d: (N, C, H, W) -> (N, C), the mean over each feature map.
 
 Equivalent to PyTorch's ``AdaptiveAvgPool2d(1)`` followed by ``flatten(1)``: the output is
-(N, C), ready for a Linear layer.
+(N, C), ready for a Linear layer. On device arrays forward is one GEMM against a column of
+``1 / (H*W)`` in its workspace, declared for the ``"cuda"`` device kind only
+(:mod:`minidl.kernels.pool_device`); on NumPy arrays a sum, with no workspace.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..kernels._cuda import is_device_array
+from ..kernels.pool_device import global_avgpool2d_forward_device, global_avgpool2d_workspace_bytes
 from .base import Layer
 
 
 class GlobalAvgPool2d(Layer):
     kind = "pool"
+    option_names = ("device_kind",)
 
     def output_shapes(self, in_shapes):
         (s,) = in_shapes
@@ -24,8 +29,23 @@ class GlobalAvgPool2d(Layer):
         n, c, h, w = in_shapes[0]
         return n * c * h * w
 
+    def stash_specs(self, in_shapes, dtype, options=None):
+        return {}
+
+    def forward_workspace_bytes(self, in_shapes, dtype, options=None) -> int:
+        self.output_shapes(in_shapes)
+        if (options or {}).get("device_kind", "cpu") == "cuda":
+            return global_avgpool2d_workspace_bytes(tuple(in_shapes[0]), dtype)
+        return 0
+
+    def backward_workspace_bytes(self, in_shapes, dtype, options=None) -> int:
+        return 0
+
     def forward(self, ctx, inputs, outputs, params, stash, workspace) -> None:
         x, y = inputs[0], outputs[0]
+        if is_device_array(x):
+            global_avgpool2d_forward_device(x, y, workspace)
+            return
         np.sum(x, axis=(2, 3), out=y)
         y *= 1.0 / (x.shape[2] * x.shape[3])
 
