@@ -409,3 +409,75 @@ def test_adam_update(dev, shape, hyper):
     m = np.zeros_like(p)
     v = np.zeros_like(p)
     _update_both(dev, adam_update, [p, g, m, v], 3, lr=1e-2, **{"beta1": 0.9, **hyper})
+
+
+# ---------------------------------------------------------------- codecs
+def _codec_round_trip(mem: DeviceMem, codec: str, x: np.ndarray, attrs: dict) -> tuple:
+    """Encode on NumPy and on the device (the bytes used must be identical), then decode both
+    (identical, NaN included); returns (host buffer, device buffer, host attrs)."""
+    from minidl.memory import codecs
+
+    dev = mem.dev
+    hbuf, hattrs = np.zeros(x.nbytes + 1024, np.uint8), dict(attrs)
+    dbuf, dattrs = mem.put(hbuf), dict(attrs)
+    want = codecs.encode(codec, x.copy(), hbuf, hattrs)
+    calls = dev.checked_calls
+    got = codecs.encode(codec, mem.put(x), dbuf, dattrs)
+    assert dev.checked_calls > calls
+    assert got == want and dattrs == hattrs, codec
+    np.testing.assert_array_equal(dbuf.get()[:want], hbuf[:want], err_msg=codec)
+    assert codecs.density(mem.put(x)) == codecs.density(x)
+    if codec not in ("sign", "poolidx"):  # decoded by backward_from_encoded
+        hout = np.full_like(x, 7)
+        codecs.decode(codec, hbuf, hout, hattrs)
+        dout = _garbage(mem, x.shape, x.dtype)
+        codecs.decode(codec, dbuf, dout, dattrs)
+        np.testing.assert_array_equal(dout.get(), hout, err_msg=codec)
+    return hbuf, dbuf, hattrs
+
+
+@pytest.mark.parametrize("codec", ["sign", "sparse", "fp16", "bf16", "fp8"])
+@pytest.mark.parametrize("shape", [(3, 5, 7), (2, 40, 70)])
+def test_codecs(dev, codec, shape):
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal(shape).astype(np.float32) * 50
+    x[rng.random(shape) < 0.7] = 0.0
+    x.flat[:4] = [np.inf, -np.nan, -0.0, 1e-42]
+    _codec_round_trip(DeviceMem(dev), codec, x, {})
+    gc.collect()
+    assert dev.default_pool_bytes == 0
+
+
+def test_sparse_codec_dense_fallback_and_short_buffer(dev):
+    from minidl.memory import codecs
+
+    rng = np.random.default_rng(15)
+    x = rng.standard_normal((4, 300)).astype(np.float32)  # no zeros: stored dense
+    mem = DeviceMem(dev)
+    _, _, attrs = _codec_round_trip(mem, "sparse", x, {})
+    assert attrs["_fmt"] == "dense"
+    x[:, 5:] = 0.0
+    small = mem.put(np.full(16, 0xAB, np.uint8))
+    assert codecs.encode("sparse", mem.put(x), small, {}) > small.size
+    assert (small.get() == 0xAB).all()  # nothing written
+
+
+def test_pool_index_codec(dev):
+    rng = np.random.default_rng(16)
+    for window in (4, 9):
+        idx = rng.integers(0, window, (3, 5, 7)).astype(np.uint8)
+        _codec_round_trip(DeviceMem(dev), "poolidx", idx, {"window": window})
+
+
+def test_relu_backward_from_sign_encoding(dev):
+    rng = np.random.default_rng(17)
+    y = np.maximum(rng.standard_normal((3, 4, 11)).astype(np.float32), 0)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    mem = DeviceMem(dev)
+    hbuf, dbuf, _ = _codec_round_trip(mem, "sign", y, {})
+    want = np.empty_like(dy)
+    ReLU().backward_from_encoded("sign", hbuf, dy, want)
+    got = _garbage(mem, dy.shape, dy.dtype)
+    ReLU().backward_from_encoded("sign", dbuf, mem.put(dy), got)
+    np.testing.assert_array_equal(got.get(), want)
+    np.testing.assert_array_equal(want, dy * (y > 0))
