@@ -14,9 +14,9 @@ import sys
 
 import numpy as np
 import pytest
+from minidl.memory.transfer import to_host
 
 import minidl
-from minidl.memory.transfer import to_host
 from minidl.models import resnet, smallcnn
 from minidl.optim import SGD
 from minidl.rnn import char_rnn
@@ -106,7 +106,6 @@ def test_dry_run_peak_equals_gpu_peak_and_cupy_pool_stays_empty(spec):
 def test_offload_waits_for_its_producer():
     """A device-to-host copy queued right after a long kernel reads the kernel's result."""
     import cupy
-
     from minidl.memory.cuda_device import CudaDevice
 
     with CudaDevice("64MiB") as dev:
@@ -124,7 +123,6 @@ def test_offload_waits_for_its_producer():
 def test_prefetch_waits_for_queued_readers():
     """A host-to-device copy into a block a queued kernel still reads does not overtake it."""
     import cupy
-
     from minidl.memory.cuda_device import CudaDevice
 
     with CudaDevice("64MiB") as dev:

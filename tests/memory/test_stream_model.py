@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from minidl.memory.stream_model import StreamModel, StreamRace
 
 BLOCK = ((0, 256),)

@@ -34,8 +34,9 @@ def test_torch_runs_in_its_own_process():
 
 
 def test_compare_torch_refuses_an_unpicklable_model_factory():
-    from minidl.bench import run_bench
     from minidl.memory.config import MemoryConfig
+
+    from minidl.bench import run_bench
     from minidl.models import get_model
 
     with pytest.raises(ValueError, match="picklable make_net"):

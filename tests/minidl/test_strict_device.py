@@ -12,11 +12,12 @@ import pytest
 
 pytest.importorskip("cupy")
 
+from minidl.memory.stream_model import StreamRace  # noqa: E402
+from minidl.memory.strict_device import StrictCopyEvent, StrictCudaDevice  # noqa: E402
+from minidl.memory.transfer import to_host  # noqa: E402
+
 import minidl  # noqa: E402
 from minidl import layers as L  # noqa: E402
-from minidl.memory.strict_device import StrictCopyEvent, StrictCudaDevice  # noqa: E402
-from minidl.memory.stream_model import StreamRace  # noqa: E402
-from minidl.memory.transfer import to_host  # noqa: E402
 from minidl.models import resnet, smallcnn  # noqa: E402
 from minidl.optim import SGD  # noqa: E402
 from minidl.rnn import char_rnn  # noqa: E402
