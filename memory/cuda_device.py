@@ -195,6 +195,10 @@ class CudaCopyEngine:
         self.close()
 
 
+#: Host arrays up to this size go to the device through the pinned staging buffer.
+STAGING_MAX_BYTES = 64 << 20
+
+
 class CudaStepTimer:
     """Times of the steps of one iteration from CUDA events recorded on the compute stream.
 
@@ -274,6 +278,8 @@ class CudaDevice:
         self.base_ptr: int = int(self._mem.ptr)
         self._pinned = _PinnedCounter()
         self._copy_engine: CudaCopyEngine | None = None
+        self._staging: np.ndarray | None = None  # pinned bytes for copy_from_host
+        self._staging_done: Any = None
 
     def _arena(self) -> Any:
         if self._mem is None:
@@ -344,8 +350,31 @@ class CudaDevice:
         return CudaStepTimer(self._cp, num_steps)
 
     def copy_from_host(self, dst: Any, src: np.ndarray) -> None:
-        """Host-to-device copy into ``dst`` (``ndarray.set``)."""
-        dst.set(np.ascontiguousarray(src).reshape(dst.shape))
+        """Host-to-device copy of ``src`` into the C-contiguous ``dst``, asynchronous on the
+        compute stream from a pinned staging buffer (kernels queued after it see the data; the
+        host does not wait unless the staging buffer is still being read by the last copy).
+        Arrays above :data:`STAGING_MAX_BYTES` go synchronously (``ndarray.set``)."""
+        cp = self._cp
+        host = np.array(src, dtype=dst.dtype, order="C", copy=None).reshape(dst.shape)
+        nbytes = int(host.nbytes)
+        if nbytes == 0:
+            return
+        if nbytes > STAGING_MAX_BYTES or not dst.flags.c_contiguous:
+            dst.set(host)
+            return
+        with self._device:
+            if self._staging_done is not None:
+                self._staging_done.synchronize()  # the last staged copy has read the buffer
+            if self._staging is None or self._staging.nbytes < nbytes:
+                self._staging = None
+                self._staging = self.host_empty((max(nbytes, 1 << 20),), np.uint8)
+            stage = self._staging[:nbytes]
+            stage[...] = host.reshape(-1).view(np.uint8)
+            stream = cp.cuda.get_current_stream()
+            dst.data.copy_from_host_async(stage.ctypes.data, nbytes, stream)
+            done = cp.cuda.Event(disable_timing=True)
+            done.record(stream)
+            self._staging_done = done
 
     def copy_to_host(self, src: Any) -> np.ndarray:
         """Device-to-host copy of ``src`` (``ndarray.get``)."""

@@ -148,14 +148,18 @@ class Executor:
         compute = self.compute
         loss_value: float | None = None
         make_timer = getattr(self.pool.device, "step_timer", None)
+        upload = getattr(self.pool.device, "copy_from_host", None)
         timer = make_timer(len(plan_steps)) if compute and make_timer is not None else None
         for a in self.plan.begin:
             rt.apply(a)
         if compute:
             for tid, x in zip(prog.inputs, feeds):
                 dst = rt.array(tid)
-                copy_into(dst, np.asarray(x).astype(dst.dtype, casting="same_kind",
-                                                    copy=False))
+                host = np.asarray(x).astype(dst.dtype, casting="same_kind", copy=False)
+                if upload is None:
+                    copy_into(dst, host)
+                else:
+                    upload(dst, host)  # a GPU: asynchronous, from pinned staging
         forward_done = False
         for i, st in enumerate(self.steps):
             rt.position = i

@@ -145,3 +145,18 @@ def test_cli_smoke_run_on_cuda():
                        env={**os.environ})
     assert r.returncode == 0, r.stdout + r.stderr
     assert "memory report" in r.stdout
+
+
+def test_batches_go_up_asynchronously_from_pinned_staging():
+    """copy_from_host stages through pinned memory on the compute stream; a second upload
+    reuses the buffer only after the first copy has read it."""
+    from minidl.memory.cuda_device import CudaDevice
+
+    with CudaDevice("16MiB") as dev:
+        a = dev.view(0, 4 << 20, (1 << 20,), np.float32)
+        b = dev.view(4 << 20, 4 << 20, (1 << 20,), np.float32)
+        first = np.arange(1 << 20, dtype=np.float32)
+        dev.copy_from_host(a, first)
+        dev.copy_from_host(b, first[::-1].copy())
+        assert np.array_equal(a.get(), first) and np.array_equal(b.get(), first[::-1])
+        assert dev.pinned_in_use >= 4 << 20

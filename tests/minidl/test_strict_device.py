@@ -142,3 +142,30 @@ def test_reference_model_step_equals_cpu(model, spec):
         np.testing.assert_allclose(gpu[1][k], cpu[1][k], rtol=1e-5,
                                    atol=scale * np.abs(cpu[1][k]).max() + 1e-7, err_msg=k)
     assert dev.default_pool_bytes == 0, "CuPy temporaries escaped the arena"
+
+
+def test_fit_evaluate_predict_save_load_equal_cpu(tmp_path):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((48, 20)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+
+    def run(device, name):
+        net = minidl.Sequential([L.Linear(20, 16), L.ReLU(), L.Linear(16, 2)], input_shape=(20,))
+        tr = minidl.Trainer(net, minidl.optim.Adam(net.parameters(), lr=0.01),
+                            memory="reuse,swap=all", device=device, device_memory="8MiB",
+                            clip_grad_norm=1.0)
+        tr.fit((x, y), epochs=2, batch_size=16)
+        metrics = tr.evaluate(x, y, batch_size=32)
+        pred = tr.predict(x[:5])
+        path = tmp_path / f"{name}.npz"
+        tr.save(path)
+        tr.load(path)
+        state = net.state_dict()
+        tr.close()
+        return metrics, pred, state
+
+    cpu = run("cpu", "cpu")
+    gpu = run(StrictCudaDevice("8MiB"), "gpu")
+    assert gpu[0] == cpu[0] and np.array_equal(gpu[1], cpu[1])
+    for k in cpu[2]:
+        assert np.array_equal(gpu[2][k], cpu[2][k]), k
