@@ -33,6 +33,9 @@ class _BatchNorm(Layer):
     retain_inputs = (0,)
     accumulates_grads = True
     inplace_backward = True
+    #: On a GPU, backward needs one array of the input's size as scratch (the forward uses its
+    #: output): the workspace is that array for ``device_kind="cuda"``, nothing for ``"cpu"``.
+    option_names = ("device_kind",)
     _ranks: tuple[int, ...] = ()
     _layout = ""
 
@@ -69,9 +72,17 @@ class _BatchNorm(Layer):
             specs["num_batches_tracked"] = ParamSpec((), "zeros", trainable=False, dtype="int64")
         return specs
 
-    def stash_specs(self, in_shapes, dtype):
+    def stash_specs(self, in_shapes, dtype, options=None):
         c = (self.num_features,)
         return {"mean": (c, np.dtype(dtype)), "invstd": (c, np.dtype(dtype))}
+
+    def forward_workspace_bytes(self, in_shapes, dtype, options=None) -> int:
+        return 0
+
+    def backward_workspace_bytes(self, in_shapes, dtype, options=None) -> int:
+        if (options or {}).get("device_kind", "cpu") != "cuda":
+            return 0
+        return math.prod(in_shapes[0]) * np.dtype(dtype).itemsize
 
     def flops(self, in_shapes):
         return 4 * math.prod(in_shapes[0])  # stats (2 passes) + normalise and scale-shift
@@ -108,7 +119,7 @@ class _BatchNorm(Layer):
                 )
             m64 = xp.empty(self.num_features)
             v64 = xp.empty(self.num_features)
-            bnk.stats(x, m64, v64)
+            bnk.stats(x, m64, v64, scratch=None if type(x) is np.ndarray else y)
             mean[...] = m64
             invstd[...] = 1.0 / xp.sqrt(v64 + self.eps)
             if ctx.training and self.track_running_stats and not ctx.recomputing:
@@ -134,7 +145,10 @@ class _BatchNorm(Layer):
         xp = namespace(x)
         sum_dy = xp.empty(c)
         sum_dy_xmu = xp.empty(c)
-        bnk.reduce(dy, x, mean, sum_dy, sum_dy_xmu)
+        scratch = None
+        if type(x) is not np.ndarray:  # a device: the declared workspace, x's size
+            scratch = workspace[:x.nbytes].view(dt).reshape(x.shape)
+        bnk.reduce(dy, x, mean, sum_dy, sum_dy_xmu, scratch)
         inv64 = invstd.astype(np.float64)
         dgamma = sum_dy_xmu * inv64
         if self.affine:
@@ -156,7 +170,8 @@ class _BatchNorm(Layer):
         else:  # running statistics are constants: dx = gamma * invstd * dy
             shift = xp.zeros(c)
             coef = xp.zeros(c)
-        bnk.backward_apply(dy, x, mean, k.astype(dt), shift.astype(dt), coef.astype(dt), dx)
+        bnk.backward_apply(dy, x, mean, k.astype(dt), shift.astype(dt), coef.astype(dt), dx,
+                           scratch)
 
     def describe(self) -> str:
         extra = ""

@@ -1,4 +1,6 @@
-"""Devices built by name: ``make_device("cpu" | "meta" | "cuda" | "cuda:<id>", capacity)``."""
+"""Devices built by name: ``make_device("cpu" | "meta" | "cuda" | "cuda:<id>" | "cuda-strict",
+capacity)`` (``cuda-strict``: the CUDA code path on the CPU with CuPy's rules checked, for tests
+without a GPU; see :mod:`.strict_device`)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from .device import CpuDevice, MetaDevice
 __all__ = ["DEVICE_NAMES", "make_device"]
 
 #: Names accepted by :func:`make_device`.
-DEVICE_NAMES = ("cpu", "meta", "cuda")
+DEVICE_NAMES = ("cpu", "meta", "cuda", "cuda-strict")
 
 
 def make_device(name: str, capacity: int | str | None = None, **kwargs: Any) -> Any:
@@ -23,6 +25,10 @@ def make_device(name: str, capacity: int | str | None = None, **kwargs: Any) -> 
         return CpuDevice("256MiB" if capacity is None else capacity, **kwargs)
     if key == "meta":
         return MetaDevice(capacity, **kwargs)
+    if key == "cuda-strict":
+        from .strict_device import StrictCudaDevice
+
+        return StrictCudaDevice("256MiB" if capacity is None else capacity, **kwargs)
     if isinstance(key, str) and (key == "cuda" or key.startswith("cuda:")):
         if capacity is None:
             raise ValueError("the cuda device needs a capacity, e.g. make_device('cuda', '4GiB')")

@@ -99,7 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bound on host memory holding swapped tensors (e.g. 2GiB)")
     t.add_argument("--optimizer", default="sgd", choices=["sgd", "adam", "adamw"])
     t.add_argument("--device", default="cpu", type=device_name,
-                   help="cpu (default), cuda or cuda:N (needs the cuda extra and a GPU)")
+                   help="cpu (default), cuda or cuda:N (needs the cuda extra and a GPU); "
+                        "cuda-strict runs the CUDA code path on the CPU with every array call "
+                        "checked against CuPy (for tests)")
     t.add_argument("--device-memory", default="auto",
                    help="device arena size (e.g. 256MiB) or 'auto' (what a dry run needs)")
     t.add_argument("--memory", default="none", help="memory spec, e.g. reuse,inplace")

@@ -94,6 +94,8 @@ def dry_run(
         "live_at_peak": [{"tensor": n, "category": c_, "bytes": b} for n, c_, b in info.live[:top]],
         "num_steps": len(prog.steps),
         "num_tensors": len(prog.tensors),
+        "largest_tensor_bytes": max((t.nbytes for t in prog.tensors if not t.persistent),
+                                    default=0),
         "host_peak_bytes": engine.host_pool.peak_bytes,
         "split": split,
         "micro_batch_size": micro,
@@ -109,13 +111,20 @@ def dry_run(
 
 
 def auto_device_memory(net: Network, batch_size: int, memory: str | MemoryConfig,
-                       optimizer: str, input_shape: tuple[int, ...]) -> int:
+                       optimizer: str, input_shape: tuple[int, ...],
+                       device_kind: str = "cpu") -> int:
     """Device bytes a run needs: the larger reserved peak of a training and an evaluation
-    iteration (dry runs), rounded up to a MiB, plus one MiB of headroom."""
-    train = dry_run(net, batch_size, memory, optimizer, input_shape=input_shape)
+    iteration (dry runs for ``device_kind``), rounded up to a MiB, plus one MiB of headroom.
+    On a GPU also room for CuPy's own temporaries, which the first step measures (a dry run
+    cannot): the largest tensor of the program (they are masks and small reductions of
+    feature maps: at most a quarter of the largest map in the reference models)."""
+    train = dry_run(net, batch_size, memory, optimizer, input_shape=input_shape,
+                    device_kind=device_kind)
     evaluate = dry_run(net, batch_size, memory, optimizer, input_shape=input_shape,
-                       training=False)
+                       training=False, device_kind=device_kind)
     need = max(train["peak_reserved_bytes"], evaluate["peak_reserved_bytes"])
+    if device_kind != "cpu":
+        need += max(train["largest_tensor_bytes"], evaluate["largest_tensor_bytes"])
     mib = 1 << 20
     return (-(-need // mib) + 1) * mib
 

@@ -109,6 +109,7 @@ class Trainer:
         if isinstance(device, str):
             extra = {}
             if device.strip().lower().startswith("cuda") and host_memory is not None:
+                # (cuda-strict takes the same bound for its stand-in of pinned memory)
                 extra["pinned_capacity"] = host_memory  # swapped tensors live in pinned memory
             self.device = make_device(device, device_memory, **extra)
         else:

@@ -121,10 +121,11 @@ def require_module(module: str, extra: str, what: str) -> None:
 def device_name(text: str) -> str:
     """``--device``: ``cpu``, ``cuda`` or ``cuda:N`` (argparse type; one-line error otherwise)."""
     name = text.strip().lower()
-    if name in ("cpu", "cuda") or (name.startswith("cuda:") and name[5:].isdigit()):
+    if name in ("cpu", "cuda", "cuda-strict") or (name.startswith("cuda:") and name[5:].isdigit()):
         return name
-    raise argparse.ArgumentTypeError(f"invalid device {text!r}: valid devices are cpu, cuda "
-                                     "and cuda:N (N the GPU's index)")
+    raise argparse.ArgumentTypeError(f"invalid device {text!r}: valid devices are cpu, cuda, "
+                                     "cuda:N (N the GPU's index) and cuda-strict (the CUDA "
+                                     "path checked against CuPy on the CPU, for tests)")
 
 
 def check_device(name: str) -> None:
@@ -134,6 +135,8 @@ def check_device(name: str) -> None:
     if importlib.util.find_spec("cupy") is None:
         raise RuntimeFailure(f"--device {name} needs CuPy, which is not installed: pip install "
                              "'minidl[cuda]' (cupy-cuda12x), or use --device cpu")
+    if name == "cuda-strict":
+        return  # CuPy's API only: no GPU needed
     try:
         make_device(name, capacity=512)  # a tiny arena: CuPy imports and a GPU answers
     except (RuntimeError, ValueError) as e:

@@ -54,8 +54,9 @@ def cmd_train_text(args: argparse.Namespace, spec) -> int:
     opt = make_optimizer(args.optimizer, net.parameters(), args.lr, 0.0)
     device_memory = args.device_memory
     if device_memory == "auto":
-        device_memory = spec.budget or auto_device_memory(net, args.batch_size, spec,
-                                                          args.optimizer, (args.seq_len,))
+        device_memory = spec.budget or auto_device_memory(
+            net, args.batch_size, spec, args.optimizer, (args.seq_len,),
+            device_kind="cuda" if args.device.startswith("cuda") else "cpu")
     trainer = Trainer(net, opt, memory=spec, device=args.device, device_memory=device_memory,
                       seed=args.seed, clip_grad_norm=5.0, host_memory=args.host_memory)
     steps = args.max_steps or max(1, args.epochs) * 100
@@ -133,8 +134,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if device_memory == "auto" and spec.budget is not None:
         device_memory = spec.budget
     elif device_memory == "auto":
-        device_memory = auto_device_memory(net, args.batch_size, spec, args.optimizer,
-                                           ds.input_shape)
+        device_memory = auto_device_memory(
+            net, args.batch_size, spec, args.optimizer, ds.input_shape,
+            device_kind="cuda" if args.device.startswith("cuda") else "cpu")
     try:
         trainer = Trainer(net, opt, memory=spec, device=args.device, device_memory=device_memory,
                           seed=args.seed, scheduler=scheduler, host_memory=args.host_memory,

@@ -125,8 +125,15 @@ def _workspace(mem, nbytes: int):
     return ws
 
 
-def _opts(layer: Layer, ctx: Context) -> dict:
-    return {"options": ctx.options} if layer.option_names else {}
+def _opts(layer: Layer, ctx: Context, mem=None) -> dict:
+    """The options keyword of the layer's declarations, with the device kind the engine's
+    lowering would set (``cuda`` on the strict device)."""
+    if not layer.option_names:
+        return {}
+    options = dict(ctx.options)
+    if "device_kind" in layer.option_names:
+        options["device_kind"] = "cuda" if isinstance(mem, DeviceMem) else "cpu"
+    return {"options": options}
 
 
 def _step(layer: Layer, ctx: Context, inputs, params, grads, mem, *, inplace: bool = False,
@@ -144,7 +151,7 @@ def _step(layer: Layer, ctx: Context, inputs, params, grads, mem, *, inplace: bo
     ys = [_garbage(mem, s, d) for s, d in zip(out_shapes, out_dtypes, strict=True)]
     if inplace:
         ys[0] = xs[0].reshape(out_shapes[0])
-    opts = _opts(layer, ctx)
+    opts = _opts(layer, ctx, mem)
     stash = {k: _garbage(mem, s, d)
              for k, (s, d) in layer.stash_specs(shapes, dtype, **opts).items()}
     ws = _workspace(mem, layer.forward_workspace_bytes(shapes, dtype, **opts))
