@@ -36,6 +36,31 @@ def test_make_device_cuda_arguments():
         make_device("cuda:first", "1MiB")
 
 
+def test_cupy_allocations_routed_into_the_arena_without_a_gpu():
+    """Real CuPy (no GPU needed to allocate through a custom allocator): arrays CuPy creates
+    inside route_allocations sit at arena offsets and give their bytes back when freed."""
+    cp = pytest.importorskip("cupy")
+    from types import SimpleNamespace
+
+    from minidl.memory.cuda_device import route_allocations
+
+    device = SimpleNamespace(_cp=cp, base_ptr=1 << 40, device_id=0)  # a fake arena address
+    events = []
+
+    def allocate(nbytes):
+        events.append(("alloc", nbytes))
+        return 4096 * len(events), lambda: events.append(("free", nbytes))
+
+    previous = cp.cuda.get_allocator()
+    with route_allocations(device, allocate):
+        a = cp.empty((10,), np.float32)
+        assert a.data.ptr == (1 << 40) + 4096
+        del a
+        gc.collect()
+    assert events == [("alloc", 40), ("free", 40)]
+    assert cp.cuda.get_allocator() is previous
+
+
 # --------------------------------------------------------------------------- on a GPU
 
 
