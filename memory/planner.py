@@ -19,7 +19,8 @@ __all__ = ["iteration_peak", "make_plan"]
 
 def make_plan(program: Program, config: MemoryConfig,
               step_times: list[float] | None = None,
-              densities: dict[str, float] | None = None) -> Plan:
+              densities: dict[str, float] | None = None,
+              bandwidth: float | None = None) -> Plan:
     """The plan for ``program`` under ``config`` (a pure function of both).
 
     ``recompute`` first rewrites the program (dropped feature maps are recomputed from
@@ -28,9 +29,13 @@ def make_plan(program: Program, config: MemoryConfig,
     outputs with dead inputs; ``swap`` offloads feature maps to host and prefetches them back
     (``step_times`` measured in a first iteration drive ``swap=auto``); ``cache`` keeps
     released blocks while memory allows; ``static`` fixes every block's offset ahead of time.
+    ``bandwidth`` (bytes/s of the host link; default :data:`~.swap.DEFAULT_BANDWIDTH`) and
+    ``step_times`` may come from a target device's cost model (:mod:`.cost_model`) instead
+    of a measurement.
     """
+    link = {} if bandwidth is None else {"bandwidth": bandwidth}
     if config.has("auto") and program.training:
-        return replace(auto_plan(program, config.budget, step_times), spec=config.spec)
+        return replace(auto_plan(program, config.budget, step_times, **link), spec=config.spec)
     if config.has("recompute") and program.training:
         program = policy_program(program, config.get("recompute"),
                                  peak_of=lambda p: iteration_peak(p, config))
@@ -59,7 +64,7 @@ def make_plan(program: Program, config: MemoryConfig,
             f"{m['dropped_layers']} layers dropped, {m['recomputed_steps']} forward steps "
             f"recomputed per iteration ({m['recomputed_flops']:,} FLOPs)")
     if config.has("swap"):
-        plan = replace(swap_plan(plan, config.get("swap"), step_times=step_times),
+        plan = replace(swap_plan(plan, config.get("swap"), step_times=step_times, **link),
                        cache=config.has("cache"))
     if config.has("static"):
         plan = static_plan(plan, base=program.persistent_bytes())
