@@ -180,7 +180,7 @@ def _recompute_time(plan: Plan, costs: list[float]) -> float:
 
 
 def auto_plan(program: Program, budget: int | None, step_times: list[float] | None = None,
-              **kwargs) -> Plan:
+              cost_source: str = "measured step times", **kwargs) -> Plan:
     """The auto plan for ``budget`` (static offsets, notes saying what was chosen).
 
     Raises :class:`BudgetTooSmall` when even the end of the path does not fit."""
@@ -201,7 +201,7 @@ def auto_plan(program: Program, budget: int | None, step_times: list[float] | No
             + ("the persistent state alone exceeds the budget" if by_cat["persistent"] >= budget
                else "a larger budget, a smaller batch or batch splitting (split=K) would fit"))
     plan = static_plan(plan, base=program.persistent_bytes())
-    how = "measured step times" if measured else "cost model: FLOPs at an assumed rate"
+    how = cost_source if measured else "cost model: FLOPs at an assumed rate"
     plan = plan.with_notes(
         f"auto: budget {budget:,} B; {len(choice.swapped)} feature maps swapped, "
         f"{len(choice.dropped)} layers recomputed; estimated overhead "

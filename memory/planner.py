@@ -20,7 +20,8 @@ __all__ = ["iteration_peak", "make_plan"]
 def make_plan(program: Program, config: MemoryConfig,
               step_times: list[float] | None = None,
               densities: dict[str, float] | None = None,
-              bandwidth: float | None = None) -> Plan:
+              bandwidth: float | None = None,
+              cost_source: str = "measured step times") -> Plan:
     """The plan for ``program`` under ``config`` (a pure function of both).
 
     ``recompute`` first rewrites the program (dropped feature maps are recomputed from
@@ -31,9 +32,11 @@ def make_plan(program: Program, config: MemoryConfig,
     released blocks while memory allows; ``static`` fixes every block's offset ahead of time.
     ``bandwidth`` (bytes/s of the host link; default :data:`~.swap.DEFAULT_BANDWIDTH`) and
     ``step_times`` may come from a target device's cost model (:mod:`.cost_model`) instead
-    of a measurement.
+    of a measurement (``cost_source`` names where they came from in the notes).
     """
-    link = {} if bandwidth is None else {"bandwidth": bandwidth}
+    link = {"cost_source": cost_source}
+    if bandwidth is not None:
+        link["bandwidth"] = bandwidth
     if config.has("auto") and program.training:
         return replace(auto_plan(program, config.budget, step_times, **link), spec=config.spec)
     if config.has("recompute") and program.training:

@@ -90,11 +90,13 @@ def hides_transfer(c: SwapCandidate, step_times: list[float], bandwidth: float) 
 
 def swap_plan(plan: Plan, mode: str, lookahead: int = 2, lag: int = 1,
               step_times: list[float] | None = None,
-              bandwidth: float = DEFAULT_BANDWIDTH, only: set[int] | None = None) -> Plan:
+              bandwidth: float = DEFAULT_BANDWIDTH, only: set[int] | None = None,
+              cost_source: str = "measured step times") -> Plan:
     """``plan`` with offload / release / prefetch / await actions inserted (a new plan).
 
     ``only`` restricts swapping to the blocks holding these tensors (the auto planner's
-    choice); ``mode`` then only names the candidates considered."""
+    choice); ``mode`` then only names the candidates considered. ``cost_source`` says in the
+    note where ``step_times`` came from."""
     program = plan.program
     chosen = []
     measured = step_times is not None and len(step_times) == len(program.steps) \
@@ -118,7 +120,7 @@ def swap_plan(plan: Plan, mode: str, lookahead: int = 2, lag: int = 1,
         before[fetch_at].append(Prefetch(c.root))
         before[c.first_backward].append(Await(c.root))
     swapped = sum(c.nbytes for c in chosen)
-    how = "measured step times" if measured else (
+    how = cost_source if measured else (
         "no measurement yet: behaving as swap=conv" if mode == "auto" else f"swap={mode}")
     note = (f"swap: {len(chosen)} feature maps offloaded ({swapped:,} B per iteration), "
             f"prefetch lookahead {lookahead} steps ({how})")
