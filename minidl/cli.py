@@ -117,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--memory", default="none")
     pl.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                     help="the kind of device to plan for (its layers' workspaces); no GPU needed")
+    pl.add_argument("--target", default=None,
+                    help="plan for this GPU with its cost model (v100, a100, titanx-maxwell, "
+                         "p100, h100, rtx4090, ... or custom:flops=,hbm=,link=,mem=): predicted "
+                         "step time and overhead; the budget defaults to its memory")
     pl.add_argument("--optimizer", default="sgd", choices=["sgd", "adam", "adamw"])
     pl.add_argument("--budget", default=None,
                     help="device bytes the auto planner must fit (with --memory auto)")

@@ -12,8 +12,10 @@ from .layers import SoftmaxCrossEntropy
 from .layers.base import Layer
 from .memory.auto import BudgetTooSmall
 from .memory.config import MemoryConfig
+from .memory.cost_model import simulate
 from .memory.device import MetaDevice
 from .memory.pool import Pool
+from .memory.targets import DeviceProfile, get_target
 from .memory.units import ALLOCATION_UNIT
 from .optim import make_optimizer
 
@@ -34,6 +36,7 @@ def dry_run(
     alignment: int = ALLOCATION_UNIT,
     device_kind: str = "cpu",
     scratch_bytes: int | None = None,
+    target: str | DeviceProfile | None = None,
 ) -> dict[str, Any]:
     """Run one training iteration of ``net`` on the meta device and report its memory.
 
@@ -48,8 +51,19 @@ def dry_run(
     layers' workspaces); ``scratch_bytes`` is the block a GPU run reserves for CuPy's own
     temporaries (measured at its first step: ``Trainer.engine.scratch.size``), without which
     the dry run's peak leaves it out.
+
+    ``target`` (a name of :mod:`~minidl.memory.targets` or a profile) plans for that GPU: the
+    cuda kind's workspaces, the planners' step times and link rate from its cost model, ``auto``
+    without ``budget=`` gets the target's capacity, and the report's ``prediction`` gives the
+    predicted iteration time, an unlimited-memory device's (vDNN's oracle), the overhead, the
+    stall and the bytes over the host link (:func:`~minidl.memory.cost_model.simulate`).
     """
     config = MemoryConfig.parse(memory)
+    profile = get_target(target) if isinstance(target, str) else target
+    if profile is not None:
+        device_kind = "cuda"
+        if config.has("auto") and config.budget is None:
+            config = MemoryConfig.parse(f"{config.spec},budget={profile.capacity_bytes}")
     shape = tuple(input_shape) if input_shape is not None else net.input_shapes[0]
     if shape is None:
         raise ValueError("the network has no input shape: pass input_shape")
@@ -57,7 +71,7 @@ def dry_run(
     loss = loss if loss is not None else SoftmaxCrossEntropy()
     opt = make_optimizer(optimizer, net.parameters()) if training else None
     engine = Engine(net, pool, config, loss if training else None, opt, bind=False,
-                    scratch_bytes=scratch_bytes)
+                    scratch_bytes=scratch_bytes, target=profile)
     batch = (int(batch_size), *shape)
     labels = tuple(label_shape or default_label_shape(net, batch))
     split = engine.split_for([batch], labels) if training else 1
@@ -106,8 +120,22 @@ def dry_run(
                    f"the layer table are one micro-batch's"] if split > 1 else [])
         + list(c.plan.notes),
         "layers": report.layer_table(c),
+        "prediction": {} if profile is None else _prediction(c, profile, split),
         **{k: v for k, v in report.strategy_costs(c).items() if k == "bptt"},
     }
+
+
+def _prediction(c: Any, profile: DeviceProfile, split: int) -> dict[str, Any]:
+    """The cost model's iteration on ``profile`` (``split`` micro-batches run one after
+    another: times and bytes scale with it)."""
+    p = simulate(c.plan, profile)
+    out = p.as_dict()
+    for key in ("step_s", "oracle_s", "stall_s", "recompute_s", "codec_s", "offloaded_bytes",
+                "prefetched_bytes"):
+        out[key] *= split
+    out["target_description"] = profile.describe()
+    out["capacity_bytes"] = profile.capacity_bytes
+    return out
 
 
 def auto_device_memory(net: Network, batch_size: int, memory: str | MemoryConfig,

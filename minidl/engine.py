@@ -21,12 +21,14 @@ from .lowering import Lowered, lower
 from .memory import bptt_options
 from .memory.auto import BudgetTooSmall
 from .memory.config import MemoryConfig
+from .memory.cost_model import step_costs
 from .memory.device import MetaDevice
 from .memory.host_pool import HostPool
 from .memory.plan import Plan
 from .memory.planner import make_plan
 from .memory.pool import Pool
 from .memory.program import aligned
+from .memory.targets import DeviceProfile
 from .memory.transfer import copy_into, to_host
 
 #: Why a network with batch statistics is never split into micro-batches.
@@ -74,6 +76,7 @@ class Engine:
         bind: bool = True,
         host_memory: int | None = None,
         scratch_bytes: int | None = None,
+        target: DeviceProfile | None = None,
     ) -> None:
         # BLAS single-threaded from the first product on (else the first step's products ran
         # on OpenBLAS's threads, cut by thread count, and the bits depended on it)
@@ -87,6 +90,9 @@ class Engine:
         self.compute = bool(getattr(pool.device, "has_storage", True))
         #: "cpu" or "cuda": what the program is lowered for (a meta device names its kind)
         self.device_kind = getattr(pool.device, "kind", "cpu")
+        #: The device the plans are made for (its cost model's step times and host link drive
+        #: swap=auto and auto), or ``None``: this device's measured times.
+        self.target = target
         self.persistent_blocks: list[Any] = []
         #: The block reserved for the device library's own temporaries (CuPy's), sized from
         #: the first step's measured peak, or from ``scratch_bytes`` (a dry run for a GPU
@@ -195,7 +201,7 @@ class Engine:
                 options = bptt_options.options_for(first.program, policy)
                 lowered = lowered_with(options) if options else first
                 try:
-                    plan = make_plan(lowered.program, config)
+                    plan = make_plan(lowered.program, config, **self._target_costs(lowered))
                 except BudgetTooSmall:
                     if i == len(policies) - 1:
                         raise
@@ -209,6 +215,15 @@ class Engine:
             c.notes = [n for n in plan.notes if n.startswith("recurrent layers")]
             self._cache[key] = c
         return c
+
+    def _target_costs(self, lowered: Lowered) -> dict[str, Any]:
+        """Step times and link rate from the target's cost model (none without a target)."""
+        if self.target is None:
+            return {}
+        return {"step_times": step_costs(lowered.program, self.target),
+                "bandwidth": min(self.target.link_h2d_bytes_per_s,
+                                 self.target.link_d2h_bytes_per_s),
+                "cost_source": f"{self.target.name}'s cost model"}
 
     def _compile(self, lowered: Lowered, plan: Plan) -> Compiled:
         """The executor for ``plan`` on this engine's pool, host pool and debug setting."""
@@ -272,7 +287,7 @@ class Engine:
         transfer hides under compute (``swap=auto``, ``auto``: Capuchin) and the sizes of
         sparse stashes (from the densities seen, with a 10% margin)."""
         need_times = (self.config.get("swap") == "auto" or self.config.has("auto")) \
-            and not c.plan.measured
+            and not c.plan.measured and self.target is None  # a target's costs stand
         need_dens = self.config.has("sparse") and not c.plan.densities_measured \
             and bool(c.executor.densities)
         self.note_temporaries(c.executor)
@@ -282,7 +297,11 @@ class Engine:
             return c
         times = list(c.executor.step_times) if need_times else None
         dens = {k: min(1.0, 1.1 * v + 1e-3) for k, v in c.executor.densities.items()}
-        plan = make_plan(c.lowered.program, self.config, step_times=times, densities=dens)
+        costs = self._target_costs(c.lowered)
+        if times is not None:
+            costs["step_times"] = times
+            costs["cost_source"] = "measured step times"
+        plan = make_plan(c.lowered.program, self.config, densities=dens, **costs)
         # choices made before planning (the BPTT schedule) stay in the notes
         plan = replace(plan, measured=plan.measured or need_times).with_notes(*c.notes)
         if need_times and not need_dens and any(

@@ -8,6 +8,7 @@ import sys
 
 from ..dryrun import dry_run, max_batch_size, suggest_specs
 from ..memory.auto import BudgetTooSmall
+from ..memory.targets import get_target
 from ..memory.units import parse_size
 from ..report import format_layer_table
 from .common import (
@@ -22,7 +23,33 @@ from .common import (
 )
 
 
+def _target(args: argparse.Namespace):
+    """``--target``: a device profile, or ``None``; a bad name is a one-line usage error."""
+    if args.target is None:
+        return None
+    try:
+        return get_target(args.target)
+    except ValueError as e:
+        raise UsageError(f"--target: {e}") from None
+
+
+def print_prediction(pred: dict, out=sys.stdout) -> None:
+    """The cost model's lines of ``minidl plan --target``."""
+    print(f"predicted on {pred['target_description']}:", file=out)
+    print(f"  step time:             {1e3 * pred['step_s']:.1f} ms (an unlimited-memory "
+          f"device: {1e3 * pred['oracle_s']:.1f} ms; overhead {100 * pred['overhead']:.1f} %)",
+          file=out)
+    print(f"  stall waiting for copies: {1e3 * pred['stall_s']:.1f} ms per step; recomputed "
+          f"forward {1e3 * pred['recompute_s']:.1f} ms; codecs {1e3 * pred['codec_s']:.1f} ms",
+          file=out)
+    print(f"  host link per step:    {format_bytes(pred['offloaded_bytes'])} to host, "
+          f"{format_bytes(pred['prefetched_bytes'])} back", file=out)
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
+    profile = _target(args)
+    if profile is not None and args.budget is None:
+        args.budget = str(profile.capacity_bytes)  # the target's memory is the budget
     spec = parse_memory(with_budget(args.memory, args.budget))
     shape, classes = shape_and_classes(args)
     net = build_model(args.model, shape, classes, args.width)
@@ -53,7 +80,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     try:
         rep = dry_run(net, args.batch_size, spec, args.optimizer, input_shape=shape,
                       plot=args.plot, trace=args.trace, budget=budget,
-                      device_kind=args.device)
+                      device_kind=args.device, target=profile)
     except BudgetTooSmall as e:
         print(f"minidl: {e}", file=sys.stderr)
         fits = suggest_specs(lambda: build_model(args.model, shape, classes, args.width),
@@ -72,6 +99,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
               f"{'x'.join(map(str, rep['input']))}, {classes} classes: "
               f"{rep['num_steps']} steps, {rep['num_tensors']} tensors")
         print_memory_report(rep, out=sys.stdout)  # the stream now (tests capture it)
+        if rep.get("prediction"):
+            print_prediction(rep["prediction"])
         if budget is not None:
             print(f"  budget {format_bytes(budget)}: the plan "
                   + ("fits" if rep["fits_budget"] else "does NOT fit")

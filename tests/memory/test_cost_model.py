@@ -1,0 +1,107 @@
+"""Device profiles and the cost model: roofline step times and the simulated iteration."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+from minidl.memory.cost_model import simulate, step_costs, step_time
+from minidl.memory.device import MetaDevice
+from minidl.memory.pool import Pool
+from minidl.memory.targets import PROFILES, get_target
+
+import minidl
+from minidl.models import smallcnn
+
+
+def test_profiles_and_aliases():
+    assert get_target("V100") is PROFILES["v100"]
+    assert get_target("a100").capacity_bytes == 40 << 30
+    assert get_target("titanx").name == "titanx-maxwell"
+    for p in PROFILES.values():
+        assert p.flops_per_s > 1e12 and p.hbm_bytes_per_s > 1e11 and p.capacity_bytes > 1 << 30
+        assert 1e9 < p.link_h2d_bytes_per_s < p.hbm_bytes_per_s
+
+
+def test_custom_profile():
+    p = get_target("custom:flops=10T,hbm=500G,link=8G,mem=8GiB,d2h=6G,launch=1e-5")
+    assert (p.flops_per_s, p.hbm_bytes_per_s, p.link_h2d_bytes_per_s) == (1e13, 5e11, 8e9)
+    assert p.link_d2h_bytes_per_s == 6e9 and p.capacity_bytes == 8 << 30 and p.launch_s == 1e-5
+    with pytest.raises(ValueError, match="missing"):
+        get_target("custom:flops=10T")
+    with pytest.raises(ValueError, match="not a rate"):
+        get_target("custom:flops=fast,hbm=1G,link=1G,mem=1GiB")
+    with pytest.raises(ValueError, match="valid targets"):
+        get_target("gtx480")
+
+
+def _compiled(spec, batch=16):
+    from minidl.layers import SoftmaxCrossEntropy
+
+    from minidl.engine import Engine
+    from minidl.optim import make_optimizer
+
+    net = smallcnn()
+    eng = Engine(net, Pool(MetaDevice(kind="cuda")), spec, SoftmaxCrossEntropy(),
+                 make_optimizer("sgd", net.parameters()), bind=False)
+    return eng.compiled([(batch, 1, 28, 28)], (batch,), True)
+
+
+def test_roofline_step_times():
+    c = _compiled("none")
+    prog = c.plan.program
+    v100 = get_target("v100")
+    for i, st in enumerate(prog.steps):
+        touched = sum(prog.tensors[t].nbytes for t in set(st.reads) | set(st.writes))
+        want = max(st.flops / v100.flops_per_s, touched / v100.hbm_bytes_per_s) + v100.launch_s
+        assert step_time(prog, i, v100) == pytest.approx(want)
+    fast = replace(v100, flops_per_s=v100.flops_per_s * 1000, hbm_bytes_per_s=1e18)
+    assert sum(step_costs(prog, fast)) < sum(step_costs(prog, v100))
+
+
+def test_simulation_without_transfers_is_the_oracle():
+    p = simulate(_compiled("reuse,inplace").plan, get_target("v100"))
+    assert p.step_s == pytest.approx(p.oracle_s) and p.stall_s == 0 and p.overhead == 0
+    assert p.offloaded_bytes == p.prefetched_bytes == 0
+
+
+def test_simulation_of_swapping_stalls_on_a_slow_link():
+    plan = _compiled("reuse,swap=all").plan
+    assert plan.swapped
+    moved = sum(plan.program.block_size(plan.program.tensors[t].nbytes) for t in plan.swapped)
+    fast = simulate(plan, get_target("custom:flops=15T,hbm=900G,link=1e18,mem=16GiB"))
+    slow = simulate(plan, get_target("custom:flops=15T,hbm=900G,link=1e6,mem=16GiB"))
+    assert fast.offloaded_bytes == slow.offloaded_bytes == moved == slow.prefetched_bytes
+    assert fast.stall_s == pytest.approx(0, abs=1e-9) and fast.overhead == pytest.approx(0)
+    # at 1 MB/s every byte's two transfers are on the critical path at least once
+    assert slow.stall_s >= moved / 1e6 and slow.step_s == pytest.approx(slow.oracle_s
+                                                                      + slow.stall_s)
+
+
+def test_recomputation_counts_its_forward_steps():
+    p = simulate(_compiled("reuse,recompute=sqrt").plan, get_target("v100"))
+    assert p.recompute_s > 0 and p.step_s == pytest.approx(p.oracle_s + p.recompute_s)
+
+
+def test_dry_run_for_a_target_predicts_and_budgets_auto():
+    rep = minidl.dry_run(smallcnn(), 64, "vdnn", target="v100")
+    pred = rep["prediction"]
+    assert pred["target"] == "v100" and pred["step_s"] >= pred["oracle_s"] > 0
+    assert rep["device"] == "meta (cuda kind)"
+    auto = minidl.dry_run(smallcnn(), 64, "auto", target="custom:flops=15T,hbm=900G,link=12G,"
+                                                         "mem=12MiB")
+    assert auto["peak_reserved_bytes"] <= 12 << 20  # the target's memory is auto's budget
+    assert "cost model" in " ".join(auto["notes"])
+
+
+def test_cli_plan_with_a_target():
+    r = subprocess.run([sys.executable, "-m", "minidl", "plan", "smallcnn", "--batch-size", "64",
+                        "--memory", "vdnn", "--target", "v100"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "predicted on v100" in r.stdout and "overhead" in r.stdout
+    bad = subprocess.run([sys.executable, "-m", "minidl", "plan", "smallcnn", "--target", "gtx"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "valid targets" in bad.stderr and "Traceback" not in bad.stderr
