@@ -88,6 +88,24 @@ def hides_transfer(c: SwapCandidate, step_times: list[float], bandwidth: float) 
     return idle >= 2.0 * c.nbytes / bandwidth
 
 
+def _timed(c: SwapCandidate, step_times: list[float], bandwidth: float, release_at: int,
+           fetch_at: int) -> tuple[int, int]:
+    """With step times: release the block once the compute since the offload covers the copy
+    (vDNN frees a layer's input when its transfer completes, so compute never waits for it)
+    and start the prefetch early enough that the compute before the first backward use covers
+    the copy back — within the idle window, release before prefetch."""
+    copy = c.nbytes / bandwidth
+    covered = sum(step_times[c.last_forward + 1:release_at + 1])
+    while covered < copy and release_at + 1 < fetch_at - 1:
+        release_at += 1
+        covered += step_times[release_at]
+    ahead = sum(step_times[fetch_at:c.first_backward])
+    while ahead < copy and fetch_at - 1 > release_at:
+        fetch_at -= 1
+        ahead += step_times[fetch_at]
+    return release_at, fetch_at
+
+
 def swap_plan(plan: Plan, mode: str, lookahead: int = 2, lag: int = 1,
               step_times: list[float] | None = None,
               bandwidth: float = DEFAULT_BANDWIDTH, only: set[int] | None = None,
@@ -115,6 +133,8 @@ def swap_plan(plan: Plan, mode: str, lookahead: int = 2, lag: int = 1,
     for c in chosen:
         release_at = c.last_forward + lag
         fetch_at = max(release_at + 1, c.first_backward - lookahead)
+        if measured:
+            release_at, fetch_at = _timed(c, step_times, bandwidth, release_at, fetch_at)
         after[c.last_forward].append(Offload(c.root))
         after[release_at].append(Release(c.root))
         before[fetch_at].append(Prefetch(c.root))
