@@ -17,6 +17,7 @@ device with unlimited memory (no recomputation, no transfers, no codecs).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .plan import Await, Offload, Plan, Prefetch, Release
@@ -71,10 +72,12 @@ class Prediction:
                 "prefetched_bytes": self.prefetched_bytes}
 
 
-def simulate(plan: Plan, profile: DeviceProfile) -> Prediction:
-    """Predict one iteration of ``plan`` on ``profile`` (see the module docstring)."""
+def simulate(plan: Plan, profile: DeviceProfile,
+             step_times: Sequence[float] | None = None) -> Prediction:
+    """Predict one iteration of ``plan`` on ``profile`` (see the module docstring);
+    ``step_times`` (seconds per step, e.g. measured) replace the roofline's step costs."""
     program = plan.program
-    costs = step_costs(program, profile)
+    costs = step_costs(program, profile) if step_times is None else [float(t) for t in step_times]
     tensors = program.tensors
     now = 0.0  # the compute stream's clock
     d2h_free = h2d_free = 0.0
