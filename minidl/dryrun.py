@@ -37,6 +37,7 @@ def dry_run(
     device_kind: str = "cpu",
     scratch_bytes: int | None = None,
     target: str | DeviceProfile | None = None,
+    emulated: bool = False,
 ) -> dict[str, Any]:
     """Run one training iteration of ``net`` on the meta device and report its memory.
 
@@ -57,10 +58,12 @@ def dry_run(
     without ``budget=`` gets the target's capacity, and the report's ``prediction`` gives the
     predicted iteration time, an unlimited-memory device's (vDNN's oracle), the overhead, the
     stall and the bytes over the host link (:func:`~minidl.memory.cost_model.simulate`).
+    ``emulated=True``: the plans a CPU run emulating the target's link makes
+    (``Trainer(emulate_link=)``): the target's costs, ``device_kind`` and ``budget`` as given.
     """
     config = MemoryConfig.parse(memory)
     profile = get_target(target) if isinstance(target, str) else target
-    if profile is not None:
+    if profile is not None and not emulated:
         device_kind = "cuda"
         if config.has("auto") and config.budget is None:
             config = MemoryConfig.parse(f"{config.spec},budget={profile.capacity_bytes}")
@@ -140,16 +143,19 @@ def _prediction(c: Any, profile: DeviceProfile, split: int) -> dict[str, Any]:
 
 def auto_device_memory(net: Network, batch_size: int, memory: str | MemoryConfig,
                        optimizer: str, input_shape: tuple[int, ...],
-                       device_kind: str = "cpu") -> int:
+                       device_kind: str = "cpu",
+                       emulate_link: str | DeviceProfile | None = None) -> int:
     """Device bytes a run needs: the larger reserved peak of a training and an evaluation
     iteration (dry runs for ``device_kind``), rounded up to a MiB, plus one MiB of headroom.
     On a GPU also room for CuPy's own temporaries, which the first step measures (a dry run
     cannot): the largest tensor of the program (they are masks and small reductions of
-    feature maps: at most a quarter of the largest map in the reference models)."""
+    feature maps: at most a quarter of the largest map in the reference models).
+    ``emulate_link``: for a run emulating that target's link (its plans)."""
     train = dry_run(net, batch_size, memory, optimizer, input_shape=input_shape,
-                    device_kind=device_kind)
+                    device_kind=device_kind, target=emulate_link, emulated=True)
     evaluate = dry_run(net, batch_size, memory, optimizer, input_shape=input_shape,
-                       training=False, device_kind=device_kind)
+                       training=False, device_kind=device_kind, target=emulate_link,
+                       emulated=True)
     need = max(train["peak_reserved_bytes"], evaluate["peak_reserved_bytes"])
     if device_kind != "cpu":
         need += max(train["largest_tensor_bytes"], evaluate["largest_tensor_bytes"])
