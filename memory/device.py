@@ -142,13 +142,35 @@ class CopyEvent:
 
 
 class _EngineStats:
-    __slots__ = ("total_bytes", "busy_s", "num_copies", "error")
+    __slots__ = ("total_bytes", "busy_s", "num_copies", "error", "bytes_per_s", "link_free")
 
     def __init__(self) -> None:
         self.total_bytes = 0
         self.busy_s = 0.0
         self.num_copies = 0
         self.error: BaseException | None = None
+        #: The throttle (``None``: copies at memory speed) and when the emulated link is next
+        #: free (``perf_counter`` seconds): the end of the last throttled copy's time slot.
+        self.bytes_per_s: float | None = None
+        self.link_free = 0.0
+
+
+def _throttle(stats: _EngineStats, nbytes: int, queued: float | None, t0: float) -> float:
+    """Sleep until a link of ``stats.bytes_per_s`` would have finished this copy; returns
+    when its slot on the link began. The slot starts when the copy was queued or when the
+    link's previous slot ended, whichever is later, and lasts ``nbytes / rate``: a FIFO link
+    whose timing errors (sleep overshoot, waiting for the GIL) do not add up from copy to
+    copy."""
+    rate = stats.bytes_per_s
+    if not rate:
+        return t0
+    start = max(t0 if queued is None else queued, stats.link_free)
+    end = start + nbytes / rate
+    rest = end - time.perf_counter()
+    if rest > 0:
+        time.sleep(rest)
+    stats.link_free = end if rest > 0 else time.perf_counter()
+    return start
 
 
 def _copy_worker(q: queue.Queue, stats: _EngineStats) -> None:
@@ -158,13 +180,15 @@ def _copy_worker(q: queue.Queue, stats: _EngineStats) -> None:
         try:
             if item is None:
                 return
-            event, dst, src = item
+            event, dst, src, queued = item
             t0 = time.perf_counter()
             try:
                 np.copyto(dst, src, casting="no")
                 error = None
             except BaseException as e:  # reported through the event
                 error = e
+            if stats.bytes_per_s and error is None:
+                t0 = _throttle(stats, event.nbytes, queued, t0)
             dt = time.perf_counter() - t0
             stats.busy_s += dt
             stats.num_copies += 1
@@ -184,21 +208,48 @@ def _check_copy(dst: Any, src: Any) -> int:
     return int(dst.nbytes)
 
 
+def _check_rate(bytes_per_s: float | None) -> float | None:
+    if bytes_per_s is None:
+        return None
+    rate = float(bytes_per_s)
+    if not (rate > 0 and math.isfinite(rate)):
+        raise ValueError(f"a copy engine's rate must be a positive finite number of bytes per "
+                         f"second (or None: unthrottled), got {bytes_per_s!r}")
+    return rate
+
+
 class CopyEngine:
     """One worker thread copying arrays in FIFO order (``np.copyto`` releases the GIL).
 
     The thread is started on the first copy and stopped by :meth:`close` (or when the engine is
     garbage collected). Not meant to be shared between threads that submit copies concurrently
     with :meth:`close`.
+
+    ``bytes_per_s`` throttles it to a slower link (link emulation, :mod:`.link_emulation`): a
+    copy of ``n`` bytes then takes at least ``n / bytes_per_s`` seconds — its slot on the link
+    starts when it is queued or when the previous copy's slot ends, and the worker sleeps out
+    what the real copy did not use, so compute overlaps it as it would a DMA. ``None``
+    (default): copies at memory speed.
     """
 
-    def __init__(self, name: str = "copy") -> None:
+    def __init__(self, name: str = "copy", bytes_per_s: float | None = None) -> None:
         self.name = name
         self._queue: queue.Queue = queue.Queue()
         self._stats = _EngineStats()
+        self._stats.bytes_per_s = _check_rate(bytes_per_s)
         self._thread: threading.Thread | None = None
         self._closed = False
         self._finalizer: weakref.finalize | None = None
+
+    @property
+    def bytes_per_s(self) -> float | None:
+        """The throttle's rate, or ``None`` (unthrottled). Settable at any time; copies already
+        queued take the rate in force when the worker reaches them."""
+        return self._stats.bytes_per_s
+
+    @bytes_per_s.setter
+    def bytes_per_s(self, value: float | None) -> None:
+        self._stats.bytes_per_s = _check_rate(value)
 
     def _start(self) -> None:
         self._thread = threading.Thread(target=_copy_worker, args=(self._queue, self._stats),
@@ -216,7 +267,8 @@ class CopyEngine:
         event = CopyEvent(_check_copy(dst, src))
         if self._thread is None:
             self._start()
-        self._queue.put((event, dst, src))
+        self._queue.put((event, dst, src,
+                         time.perf_counter() if self._stats.bytes_per_s else None))
         return event
 
     def synchronize(self) -> None:
@@ -249,7 +301,7 @@ class CopyEngine:
 
     @property
     def busy_s(self) -> float:
-        """Seconds the worker spent copying."""
+        """Seconds the worker spent copying (throttled: the copies' slots on the link)."""
         return self._stats.busy_s
 
     @property
@@ -308,7 +360,9 @@ class CpuDevice:
 
     The arena is ``np.empty`` (pages are touched only when used) with a base aligned to
     the allocation unit (``ALLOCATION_UNIT`` bytes).
-    A capacity larger than the host's available memory is refused.
+    A capacity larger than the host's available memory is refused. ``link_bytes_per_s``
+    throttles the copy engine to a slower host link (see :class:`CopyEngine`; settable later
+    as the attribute of the same name); ``None`` (default): copies at memory speed.
     """
 
     name = "cpu"
@@ -316,7 +370,9 @@ class CpuDevice:
     has_storage = True
     xp = np
 
-    def __init__(self, capacity: int | str = "256MiB") -> None:
+    def __init__(self, capacity: int | str = "256MiB",
+                 link_bytes_per_s: float | None = None) -> None:
+        self._link_bytes_per_s = _check_rate(link_bytes_per_s)
         self.capacity = parse_size(capacity)
         avail = available_host_memory()
         if self.capacity > avail:
@@ -366,8 +422,19 @@ class CpuDevice:
         if self._copy_engine is None:
             if self._arena is None:
                 raise RuntimeError("cpu device is closed")
-            self._copy_engine = CopyEngine("cpu-copy")
+            self._copy_engine = CopyEngine("cpu-copy", self._link_bytes_per_s)
         return self._copy_engine
+
+    @property
+    def link_bytes_per_s(self) -> float | None:
+        """The copy engine's throttle (bytes/s of the emulated host link), or ``None``."""
+        return self._link_bytes_per_s
+
+    @link_bytes_per_s.setter
+    def link_bytes_per_s(self, value: float | None) -> None:
+        self._link_bytes_per_s = _check_rate(value)
+        if self._copy_engine is not None:
+            self._copy_engine.bytes_per_s = self._link_bytes_per_s
 
     def close(self) -> None:
         """Stop the copy engine and release the arena. Idempotent."""
@@ -382,7 +449,9 @@ class CpuDevice:
         self.close()
 
     def __repr__(self) -> str:
-        return f"CpuDevice(capacity={format_size(self.capacity)!r})"
+        link = "" if self._link_bytes_per_s is None else \
+            f", link_bytes_per_s={self._link_bytes_per_s:.4g}"
+        return f"CpuDevice(capacity={format_size(self.capacity)!r}{link})"
 
 
 class MetaArray:

@@ -63,9 +63,12 @@ def run_bench(
     progress: bool = True,
     lr: float = 0.01,
     block: int = 5,
+    emulate_link: Any = None,
 ) -> dict[str, Any]:
     """Train ``steps`` counted steps (+ ``warmup``) per spec on one synthetic batch, the
-    configurations alternating in blocks of ``block`` steps (+1 uncounted)."""
+    configurations alternating in blocks of ``block`` steps (+1 uncounted). ``emulate_link``
+    (a target name or profile): each Trainer emulates its host link (``Trainer(emulate_link=)``).
+    """
     from tqdm.auto import tqdm
 
     torch = None  # started first: an unusable model factory fails before any minidl work
@@ -80,9 +83,10 @@ def run_bench(
     try:
         for spec in specs:
             net = make_net()
-            cap = auto_device_memory(net, batch_size, spec, "sgd", shape)
+            cap = auto_device_memory(net, batch_size, spec, "sgd", shape,
+                                     emulate_link=emulate_link)
             tr = Trainer(net, SGD(net.parameters(), lr=lr, momentum=0.9), memory=spec,
-                         device_memory=cap, seed=seed)
+                         device_memory=cap, seed=seed, emulate_link=emulate_link)
             trainers.append(tr)
         x, y = synthetic_batch(trainers[0].net, shape, batch_size, seed)
         for spec, tr in zip(specs, trainers):
@@ -121,7 +125,7 @@ def run_bench(
             "step_time_median_s": med,
             "time_ratio": med / base,
         }
-        for key in ("swap", "recompute", "compression", "split", "bptt"):
+        for key in ("swap", "recompute", "compression", "split", "bptt", "link_emulation"):
             if key in rep:
                 row[key] = rep[key]
         results.append(row)

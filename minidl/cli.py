@@ -17,6 +17,7 @@ from .commands.common import (
     UsageError,
     check_model_name,
     device_name,
+    emulated_target,
     format_bytes,
     parse_memory,
     parse_size_flag,
@@ -26,6 +27,10 @@ from .commands.plan import cmd_plan
 from .commands.train import cmd_train
 from .executor import NonFiniteError
 from .memory.pool import DeviceOutOfMemory
+
+EMULATE_LINK_HELP = (
+    "throttle the cpu device's copy engine so that copy time / compute time is this GPU's "
+    "(v100, titanx-maxwell, ... or custom:flops=,hbm=,link=,mem=) and plan with its costs")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -63,6 +68,8 @@ def validate_args(args: argparse.Namespace) -> None:
         parse_memory(spec)
     if getattr(args, "plot", None):
         require_module("matplotlib", "plot", "--plot")
+    if getattr(args, "emulate_link", None) is not None:
+        emulated_target(args.emulate_link, getattr(args, "device", "cpu"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--save", default=None, help="checkpoint path (.npz), written atomically")
     t.add_argument("--no-progress", action="store_true")
+    t.add_argument("--emulate-link", default=None, metavar="TARGET", help=EMULATE_LINK_HELP)
     t.set_defaults(func=cmd_train)
 
     pl = sub.add_parser("plan", help="dry run on the meta device: the exact peak, no compute")
@@ -140,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--warmup", type=int, default=3)
     b.add_argument("--compare-torch", action="store_true")
     b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--emulate-link", default=None, metavar="TARGET", help=EMULATE_LINK_HELP)
     b.set_defaults(func=cmd_bench)
     return p
 

@@ -19,8 +19,11 @@ from .layers import SoftmaxCrossEntropy
 from .layers.base import Layer
 from .memory.cache import without_cache
 from .memory.config import MemoryConfig
+from .memory.device import CpuDevice
 from .memory.device_factory import make_device
+from .memory.link_emulation import LinkEmulation
 from .memory.pool import DeviceOutOfMemory, Pool
+from .memory.targets import DeviceProfile, get_target
 from .memory.units import ALLOCATION_UNIT, parse_size
 from .optim import SGD, clip_grad_norm_
 from .report import strategy_costs
@@ -86,6 +89,10 @@ class Trainer:
     ``MINIDL_DEBUG_POOL``, see :mod:`minidl.settings`). ``threads`` sets the CPU kernels'
     thread count, process-wide (default: ``MINIDL_NUM_THREADS`` as applied at import, else
     Numba's count). ``alignment`` is the pool's allocation unit (plans are made for it).
+    ``emulate_link`` (a target name such as ``"v100"`` or a profile; cpu device only) plans
+    with that GPU's cost model and throttles the copy engine so that copy time / compute time
+    is the GPU's (see :mod:`minidl.memory.link_emulation`; ``link_emulation`` holds the
+    measured slowdown and the rate).
     """
 
     def __init__(
@@ -103,9 +110,18 @@ class Trainer:
         host_memory: int | str | None = None,
         threads: int | None = None,
         alignment: int = ALLOCATION_UNIT,
+        emulate_link: str | DeviceProfile | None = None,
     ) -> None:
         self.net = net
         self.config = MemoryConfig.parse(memory)
+        target = get_target(emulate_link) if isinstance(emulate_link, str) else emulate_link
+        cpu = isinstance(device, CpuDevice) or (isinstance(device, str)
+                                                and device.strip().lower() == "cpu")
+        if target is not None and not cpu:
+            raise ValueError(f"emulate_link throttles the cpu device's copy engine: it needs "
+                             f"device='cpu', not {device!r}")
+        #: The emulated host link (``emulate_link``), or ``None``.
+        self.link_emulation = None if target is None else LinkEmulation(target)
         if isinstance(device, str):
             extra = {}
             if device.strip().lower().startswith("cuda") and host_memory is not None:
@@ -126,7 +142,8 @@ class Trainer:
         self.seed = int(seed)
         self.iteration = 0
         self.engine = Engine(net, self.pool, self.config, self.loss_layer, self.optimizer,
-                             host_memory=None if host_memory is None else parse_size(host_memory))
+                             host_memory=None if host_memory is None else parse_size(host_memory),
+                             target=target)
         self.swap_stats: dict[str, Any] = {}
         self.last_split = 1
         #: With ``fetch_logits``, each training step keeps a copy of the network output in
@@ -194,6 +211,7 @@ class Trainer:
         if outs:
             self.last_logits = outs[0]
         self.last_compiled = c
+        self._calibrate_link(c)
         if self.engine.compute and (loss is None or not np.isfinite(loss)):
             self._diagnose(c, x, y)
             raise NonFiniteError(
@@ -233,12 +251,21 @@ class Trainer:
             if self.engine.compute and (loss is None or not np.isfinite(loss)):
                 raise NonFiniteError(f"the loss is {loss} at iteration {self.iteration}")
             total += (loss or 0.0) * share
+            self._calibrate_link(c)
             info = self.engine.peak_info(c)
             if self.peak is None or info.bytes > self.peak.bytes:
                 self.peak = info
             self.last_compiled = c
         self.last_split = k
         return total
+
+    def _calibrate_link(self, c: Compiled) -> None:
+        """With link emulation: the CPU's slowdown from this iteration's measured step times,
+        and the copy engine's throttle from it (the first few training iterations only)."""
+        emu = self.link_emulation
+        if emu is not None and emu.calibrating and self.engine.compute:
+            if emu.observe(c.plan.program, c.executor.step_times):
+                self.device.link_bytes_per_s = emu.bytes_per_s
 
     def step(self, x: Any, y: Any) -> float:
         """One training step on a batch; returns the loss. Afterwards every parameter's
@@ -406,6 +433,8 @@ class Trainer:
             rep["swap"]["cache_fallbacks"] = self.cache_fallbacks
         if self.last_split > 1:
             rep["split"] = self.last_split
+        if self.link_emulation is not None:
+            rep["link_emulation"] = self.link_emulation.as_dict()
         c = self.last_compiled
         if c is not None:
             rep.update(strategy_costs(c))

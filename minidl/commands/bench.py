@@ -7,11 +7,12 @@ import functools
 import json
 
 from ..bench import run_bench
-from .common import build_model, parse_memory, shape_and_classes
+from .common import build_model, emulated_target, parse_memory, shape_and_classes
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     specs = [parse_memory(s) for s in args.memory]
+    link = None if args.emulate_link is None else emulated_target(args.emulate_link)
     shape, classes = shape_and_classes(args)
     net0 = build_model(args.model, shape, classes, args.width)
     shape = shape or net0.input_shapes[0]
@@ -19,6 +20,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         functools.partial(build_model, args.model, shape, classes, args.width), shape,
         args.batch_size, specs, steps=args.steps, warmup=args.warmup,
         compare_torch=args.compare_torch, seed=args.seed, progress=not args.json,
+        emulate_link=link,
     )
     if args.json:
         print(json.dumps(result))
@@ -34,6 +36,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
                          f"{1000 * s['stall_s']:.2f} ms, cache hits {s['cache_hits']}")
             if "recompute" in r:
                 extra += f"   recomputed {1000 * r['recompute']['time_s']:.1f} ms"
+            if "link_emulation" in r and r["link_emulation"]["slowdown"] is not None:
+                e = r["link_emulation"]
+                extra += (f"   {e['target']} link emulated: {e['slowdown']:.0f}x slower "
+                          f"compute, {e['link_bytes_per_s'] / 1e6:.1f} MB/s")
             for b in r.get("bptt", []):
                 extra += (f"   {b['layer']}: {b['states_kept']} states, "
                           f"{b['unit_forwards'] / b['units']:.2f} forwards/unit")

@@ -13,6 +13,7 @@ from typing import Any
 from ..layers.base import ShapeError
 from ..memory.config import MemoryConfig
 from ..memory.device_factory import make_device
+from ..memory.targets import get_target
 from ..memory.units import format_size, parse_size
 from ..models import MODEL_NAMES, MODELS, TEXT_MODELS, get_model, resnet_layout
 
@@ -151,6 +152,18 @@ def shape_and_classes(args: argparse.Namespace) -> tuple[tuple[int, ...] | None,
             raise UsageError(f"--seq-len must be positive, got {args.seq_len}")
         return (args.seq_len,), args.vocab
     return parse_chw(args.input), args.classes
+
+
+def emulated_target(name: str, device: str = "cpu"):
+    """``--emulate-link``: the target's profile; a bad name, or a device other than the cpu,
+    is a one-line usage error."""
+    if device != "cpu":
+        raise UsageError(f"--emulate-link throttles the cpu device's copy engine: it needs "
+                         f"--device cpu, not {device}")
+    try:
+        return get_target(name)
+    except ValueError as e:
+        raise UsageError(f"--emulate-link: {e}") from None
 
 
 def parse_memory(spec: str):

@@ -25,6 +25,7 @@ from .common import (
     UsageError,
     build_model,
     check_device,
+    emulated_target,
     format_bytes,
     parse_chw,
     parse_memory,
@@ -40,6 +41,25 @@ def _save(trainer, path: str) -> None:
         raise RuntimeFailure(f"cannot write checkpoint {path}: {e}") from None
 
 
+def _emulate_link(args: argparse.Namespace):
+    """``--emulate-link``: the target's profile (or ``None``)."""
+    if args.emulate_link is None:
+        return None
+    return emulated_target(args.emulate_link, args.device)
+
+
+def _print_link(rep: dict) -> None:
+    """The emulated link's line of the report (``--emulate-link``)."""
+    link = rep.get("link_emulation")
+    if link and link["slowdown"] is not None:
+        stall = rep.get("swap", {}).get("stall_s")
+        print(f"emulated {link['target']} link: this CPU computes {link['slowdown']:.0f}x "
+              f"slower than a {link['target']}, so copies were throttled to "
+              f"{link['link_bytes_per_s'] / 1e6:.1f} MB/s ({link['target']}: "
+              f"{link['target_link_bytes_per_s'] / 1e9:.1f} GB/s)"
+              + ("" if stall is None else f"; last step's stall {1000 * stall:.2f} ms"))
+
+
 def cmd_train_text(args: argparse.Namespace, spec) -> int:
     """Character-level language model on Shakespeare (or synthetic text)."""
     name = "synthetic-text" if args.dataset == "synthetic" else args.dataset
@@ -53,12 +73,14 @@ def cmd_train_text(args: argparse.Namespace, spec) -> int:
     net = build_model(args.model, (args.seq_len,), ds.vocab_size, args.width)
     opt = make_optimizer(args.optimizer, net.parameters(), args.lr, 0.0)
     device_memory = args.device_memory
+    link = _emulate_link(args)
     if device_memory == "auto":
         device_memory = spec.budget or auto_device_memory(
             net, args.batch_size, spec, args.optimizer, (args.seq_len,),
-            device_kind="cuda" if args.device.startswith("cuda") else "cpu")
+            device_kind="cuda" if args.device.startswith("cuda") else "cpu", emulate_link=link)
     trainer = Trainer(net, opt, memory=spec, device=args.device, device_memory=device_memory,
-                      seed=args.seed, clip_grad_norm=5.0, host_memory=args.host_memory)
+                      seed=args.seed, clip_grad_norm=5.0, host_memory=args.host_memory,
+                      emulate_link=link)
     steps = args.max_steps or max(1, args.epochs) * 100
     if not args.json:
         print(f"training {net.name} ({net.num_parameters():,} parameters) on {ds.name}: "
@@ -84,6 +106,7 @@ def cmd_train_text(args: argparse.Namespace, spec) -> int:
               f"{1000 * result['step_time_median_s']:.1f} ms, wall time {res['wall_time_s']:.1f} s")
         print(f"validation loss {res['val_loss']:.4f} nats/char, perplexity "
               f"{res['val_perplexity']:.2f}")
+        _print_link(rep)
         print_memory_report(rep)
     return 0
 
@@ -131,16 +154,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     elif args.schedule == "step":
         scheduler = StepLR(opt, step_size=max(1, args.epochs // 3))
     device_memory = args.device_memory
+    link = _emulate_link(args)
     if device_memory == "auto" and spec.budget is not None:
         device_memory = spec.budget
     elif device_memory == "auto":
         device_memory = auto_device_memory(
             net, args.batch_size, spec, args.optimizer, ds.input_shape,
-            device_kind="cuda" if args.device.startswith("cuda") else "cpu")
+            device_kind="cuda" if args.device.startswith("cuda") else "cpu", emulate_link=link)
     try:
         trainer = Trainer(net, opt, memory=spec, device=args.device, device_memory=device_memory,
                           seed=args.seed, scheduler=scheduler, host_memory=args.host_memory,
-                          loss=SoftmaxCrossEntropy(label_smoothing=defaults.label_smoothing))
+                          loss=SoftmaxCrossEntropy(label_smoothing=defaults.label_smoothing),
+                          emulate_link=link)
     except RuntimeError as e:  # the cuda device without a GPU
         raise RuntimeFailure(str(e)) from None
     augment = None
@@ -201,5 +226,6 @@ def cmd_train(args: argparse.Namespace) -> int:
               f"wall time {wall:.1f} s")
         if hist.test_accuracy is not None:
             print(f"test loss {hist.test_loss:.4f}, test accuracy {100 * hist.test_accuracy:.2f}%")
+        _print_link(rep)
         print_memory_report(rep)
     return 0
