@@ -186,6 +186,14 @@ def auto_plan(program: Program, budget: int | None, step_times: list[float] | No
     Raises :class:`BudgetTooSmall` when even the end of the path does not fit."""
     choice = auto_choose(program, budget, step_times, **kwargs) if budget is not None \
         else AutoChoice(peak=program.persistent_bytes() + plan_peak(build(program, AutoChoice())))
+    return plan_for_choice(program, budget, choice, step_times, cost_source)
+
+
+def plan_for_choice(program: Program, budget: int | None, choice: AutoChoice,
+                    step_times: list[float] | None = None,
+                    cost_source: str = "measured step times") -> Plan:
+    """The auto plan of a planner's ``choice`` (static offsets, notes); raises
+    :class:`BudgetTooSmall` when the choice does not fit ``budget``."""
     plan = build(program, choice)
     measured = step_times is not None and len(step_times) == len(program.steps)
     if budget is not None and choice.peak > budget:
