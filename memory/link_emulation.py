@@ -14,57 +14,71 @@ copy time / compute time is ``P``'s:
 
 A copy of ``n`` bytes then takes ``slowdown`` times what it takes on ``P``, as every step
 does, so the model's prediction for ``P`` scaled by ``slowdown`` is what the CPU run should
-measure. The slowdown is measured at the first training iteration and refined at the next
-:data:`CALIBRATION_ITERATIONS` - 1 (the lowest seen: the first iteration's compute carries
-one-time costs — page faults on fresh arena memory, first calls), then fixed.
+measure. The slowdown is measured at every training iteration and the throttle follows it:
+the first iteration sets it (its compute carries one-time costs — first calls, page faults on
+fresh arena memory — so the link starts too slow), then the median of the last
+:data:`WINDOW` iterations' slowdowns, the first left out. A machine whose speed drifts (clock,
+other processes) keeps its copy/compute ratio.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from .cost_model import step_costs
 from .program import Program
 from .targets import DeviceProfile
 
-__all__ = ["CALIBRATION_ITERATIONS", "LinkEmulation", "compute_slowdown"]
+__all__ = ["WINDOW", "LinkEmulation", "compute_slowdown"]
 
-#: Training iterations whose step times set the slowdown (the lowest of them is kept).
-CALIBRATION_ITERATIONS = 3
+#: Iterations whose median slowdown sets the throttle.
+WINDOW = 5
 
 #: Phases whose steps are compared (those of an unlimited-memory device's iteration).
 _COMPARED = ("forward", "backward")
+
+
+def _compared(program: Program, profile: DeviceProfile) -> tuple[np.ndarray, float]:
+    """The mask of ``program``'s compared steps and ``profile``'s roofline seconds of them."""
+    mask = np.array([st.phase in _COMPARED for st in program.steps], dtype=bool)
+    costs = np.asarray(step_costs(program, profile))
+    return mask, float(costs[mask].sum()) if mask.any() else 0.0
+
+
+def _slowdown(mask: np.ndarray, predicted: float, step_times: Sequence[float]) -> float:
+    times = np.asarray(step_times, dtype=float)
+    if times.shape != mask.shape:
+        raise ValueError(f"{times.size} step times for a program of {mask.size} steps")
+    measured = float(times[mask].sum())
+    if measured <= 0 or predicted <= 0:
+        raise ValueError("no measured forward or backward step time to compare with the target")
+    return measured / predicted
 
 
 def compute_slowdown(program: Program, step_times: Sequence[float],
                      profile: DeviceProfile) -> float:
     """Measured seconds of ``program``'s forward and backward steps (``step_times``, one per
     step) over ``profile``'s roofline seconds of the same steps."""
-    if len(step_times) != len(program.steps):
-        raise ValueError(f"{len(step_times)} step times for a program of "
-                         f"{len(program.steps)} steps")
-    costs = step_costs(program, profile)
-    measured = predicted = 0.0
-    for st, t, c in zip(program.steps, step_times, costs):
-        if st.phase in _COMPARED:
-            measured += float(t)
-            predicted += c
-    if measured <= 0 or predicted <= 0:
-        raise ValueError("no measured forward or backward step time to compare with the target")
-    return measured / predicted
+    return _slowdown(*_compared(program, profile), step_times)
 
 
 @dataclass
 class LinkEmulation:
     """The emulated link of one run: ``profile``'s link slowed by the measured ``slowdown``
-    (``None`` until the first iteration has been measured)."""
+    (``None`` until a first iteration has been measured)."""
 
     profile: DeviceProfile
     slowdown: float | None = None
-    #: Training iterations measured so far (calibration stops at
-    #: :data:`CALIBRATION_ITERATIONS`).
+    #: Training iterations measured so far.
     iterations: int = 0
+    #: The last :data:`WINDOW` slowdowns after the first iteration's.
+    recent: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
+    _programs: dict = field(default_factory=dict, repr=False)
 
     @property
     def target_link_bytes_per_s(self) -> float:
@@ -73,26 +87,25 @@ class LinkEmulation:
 
     @property
     def bytes_per_s(self) -> float | None:
-        """The throttle's rate: the target's link / ``slowdown`` (``None`` before calibration)."""
+        """The throttle's rate: the target's link / ``slowdown`` (``None`` before a first
+        measurement)."""
         return None if self.slowdown is None else self.target_link_bytes_per_s / self.slowdown
 
-    @property
-    def calibrating(self) -> bool:
-        return self.iterations < CALIBRATION_ITERATIONS
-
-    def observe(self, program: Program, step_times: Sequence[float]) -> bool:
+    def observe(self, program: Program, step_times: Sequence[float]) -> float:
         """Take one training iteration's measured ``step_times`` of ``program`` into the
-        slowdown while calibrating; True when the rate changed."""
-        if not self.calibrating:
-            return False
+        slowdown; returns that iteration's own slowdown."""
+        key = id(program)
+        entry = self._programs.get(key)
+        if entry is None or entry[0] is not program:
+            entry = self._programs[key] = (program, *_compared(program, self.profile))
+        s = _slowdown(entry[1], entry[2], step_times)
         self.iterations += 1
-        s = compute_slowdown(program, step_times, self.profile)
-        if self.slowdown is not None and s >= self.slowdown:
-            return False
-        self.slowdown = s
-        return True
+        if self.iterations > 1:
+            self.recent.append(s)
+        self.slowdown = statistics.median(self.recent) if self.recent else s
+        return s
 
     def as_dict(self) -> dict[str, float | int | str | None]:
         return {"target": self.profile.name, "slowdown": self.slowdown,
                 "target_link_bytes_per_s": self.target_link_bytes_per_s,
-                "link_bytes_per_s": self.bytes_per_s, "calibration_iterations": self.iterations}
+                "link_bytes_per_s": self.bytes_per_s, "iterations": self.iterations}

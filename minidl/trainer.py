@@ -261,11 +261,11 @@ class Trainer:
 
     def _calibrate_link(self, c: Compiled) -> None:
         """With link emulation: the CPU's slowdown from this iteration's measured step times,
-        and the copy engine's throttle from it (the first few training iterations only)."""
+        and the copy engine's throttle from it."""
         emu = self.link_emulation
-        if emu is not None and emu.calibrating and self.engine.compute:
-            if emu.observe(c.plan.program, c.executor.step_times):
-                self.device.link_bytes_per_s = emu.bytes_per_s
+        if emu is not None and self.engine.compute:
+            emu.observe(c.plan.program, c.executor.step_times)
+            self.device.link_bytes_per_s = emu.bytes_per_s
 
     def step(self, x: Any, y: Any) -> float:
         """One training step on a batch; returns the loss. Afterwards every parameter's

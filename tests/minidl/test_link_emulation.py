@@ -11,7 +11,7 @@ import pytest
 from minidl.layers import SoftmaxCrossEntropy
 from minidl.memory.cost_model import simulate, step_costs
 from minidl.memory.device import CopyEngine, CpuDevice
-from minidl.memory.link_emulation import CALIBRATION_ITERATIONS, LinkEmulation, compute_slowdown
+from minidl.memory.link_emulation import WINDOW, LinkEmulation, compute_slowdown
 from minidl.memory.targets import get_target
 
 import minidl
@@ -100,14 +100,17 @@ def test_slowdown_compares_forward_and_backward_steps_with_the_roofline():
         compute_slowdown(prog, costs[:-1], v100)
     emu = LinkEmulation(v100)
     assert emu.bytes_per_s is None
-    assert emu.observe(prog, [5 * c for c in costs])  # first iteration: warm-up, slow
-    assert emu.observe(prog, [2 * c for c in costs])  # the lowest slowdown is kept
-    assert not emu.observe(prog, [4 * c for c in costs])
-    assert emu.slowdown == pytest.approx(2.0)
-    assert emu.bytes_per_s == pytest.approx(12e9 / 2)
-    assert emu.iterations == CALIBRATION_ITERATIONS and not emu.calibrating
-    assert not emu.observe(prog, [1 * c for c in costs])  # calibrated: fixed from now on
-    assert emu.slowdown == pytest.approx(2.0)
+    assert emu.observe(prog, [9 * c for c in costs]) == pytest.approx(9.0)
+    assert emu.slowdown == pytest.approx(9.0)  # the first iteration's, until others come
+    for k in (2, 4, 3):  # then the median of the recent ones, the first (warm-up) left out
+        emu.observe(prog, [k * c for c in costs])
+    assert emu.slowdown == pytest.approx(3.0)
+    assert emu.bytes_per_s == pytest.approx(12e9 / 3)
+    for _ in range(WINDOW):  # the window slides: the machine got faster
+        emu.observe(prog, [1.5 * c for c in costs])
+    assert emu.slowdown == pytest.approx(1.5) and emu.iterations == 4 + WINDOW
+    with pytest.raises(ValueError, match="step times"):
+        emu.observe(prog, costs[:-1])
 
 
 # ----------------------------------------------------------------------- the Trainer
@@ -125,12 +128,12 @@ def _train(steps: int, memory: str = "vdnn", **kwargs):
 
 
 def test_trainer_emulates_the_link_and_results_are_bit_identical():
-    steps = CALIBRATION_ITERATIONS + 1
+    steps = 4
     ref, ref_losses, ref_state = _train(steps)
     tr, losses, state = _train(steps, emulate_link=SLOW)
     emu = tr.link_emulation
     assert emu.profile.name == "custom" and tr.engine.target is emu.profile
-    assert emu.slowdown > 0 and not emu.calibrating
+    assert emu.slowdown > 0 and emu.iterations == 4
     assert tr.device.link_bytes_per_s == tr.device.copy_engine.bytes_per_s == emu.bytes_per_s
     assert emu.bytes_per_s == pytest.approx(200e6 / emu.slowdown)
     assert any("cost model" in n for n in tr.last_compiled.plan.notes)
