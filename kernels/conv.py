@@ -38,11 +38,13 @@ from .conv_geometry import (
     GEMM_MAX_COL_BYTES,
     GEMM_MIN_COLS,
     GRAD_PARTS,
+    LEAN_COL_BYTES,
     MAX_THREADS,
     WINOGRAD_MAX_IMAGE_BYTES,
     WINOGRAD_MAX_WEIGHTS,
     WINOGRAD_MIN_CIN,
     WINOGRAD_MIN_TILES,
+    ConvConfig,
     Pair,
     _gemm_blocking,
     _slab_elems,
@@ -50,6 +52,7 @@ from .conv_geometry import (
     block_bounds,
     choose_algo,
     conv2d_workspace_bytes,
+    conv_config,
     conv_output_hw,
     grad_parts,
 )
@@ -60,12 +63,13 @@ from .parallel import ensure_blas_policy, split
 # the geometry, reference and Numba kernels live in conv_geometry, conv_ref and conv_numba;
 # their public names stay importable from here
 __all__ = [
-    "GEMM_MAX_COL_BYTES", "GEMM_MIN_COLS", "GRAD_PARTS", "MAX_THREADS", "SERIAL_MACS",
-    "WINOGRAD_MAX_IMAGE_BYTES", "WINOGRAD_MAX_WEIGHTS", "WINOGRAD_MIN_CIN",
-    "WINOGRAD_MIN_TILES", "Pair", "block_bounds", "choose_algo", "col2im", "conv2d_backward",
-    "conv2d_backward_device", "conv2d_backward_ref", "conv2d_device_workspace_bytes",
-    "conv2d_forward", "conv2d_forward_device", "conv2d_forward_ref", "conv2d_workspace_bytes",
-    "conv_output_hw", "grad_parts", "im2col", "im2col_ref",
+    "GEMM_MAX_COL_BYTES", "GEMM_MIN_COLS", "GRAD_PARTS", "LEAN_COL_BYTES", "MAX_THREADS",
+    "SERIAL_MACS", "WINOGRAD_MAX_IMAGE_BYTES", "WINOGRAD_MAX_WEIGHTS", "WINOGRAD_MIN_CIN",
+    "WINOGRAD_MIN_TILES", "ConvConfig", "Pair", "block_bounds", "choose_algo", "col2im",
+    "conv2d_backward", "conv2d_backward_device", "conv2d_backward_ref",
+    "conv2d_device_workspace_bytes", "conv2d_forward", "conv2d_forward_device",
+    "conv2d_forward_ref", "conv2d_workspace_bytes", "conv_config", "conv_output_hw",
+    "grad_parts", "im2col", "im2col_ref",
 ]
 
 
@@ -97,23 +101,27 @@ def conv2d_forward(
     x: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.ndarray, stride: Pair = (1, 1),
     padding: Pair = (0, 0), dilation: Pair = (1, 1), groups: int = 1,
     workspace: np.ndarray | None = None, threads: int | None = None, algo: str | None = None,
+    max_workspace: int | None = None,
 ) -> None:
     """Write ``conv2d(x, w) + b`` into ``y`` (NCHW). ``workspace``: ``uint8`` of at least
-    :func:`conv2d_workspace_bytes` (``backward=False``); ``None`` allocates one. ``algo``
-    (``"gemm"`` / ``"winograd"``) overrides :func:`choose_algo`. Device arrays run
-    :func:`~.conv_device.conv2d_forward_device` (workspace:
+    :func:`conv2d_workspace_bytes` (``backward=False``, the same ``max_workspace``); ``None``
+    allocates one. ``algo`` (``"gemm"`` / ``"winograd"``) overrides :func:`choose_algo`;
+    ``max_workspace`` (bytes) runs the configuration :func:`conv_config` picks under that cap.
+    Device arrays run :func:`~.conv_device.conv2d_forward_device` (workspace:
     :func:`~.conv_device.conv2d_device_workspace_bytes`; ``threads`` and ``algo`` unused)."""
     if _on_device(x, w, b, y, workspace):
-        conv2d_forward_device(x, w, b, y, stride, padding, dilation, groups, workspace)
+        conv2d_forward_device(x, w, b, y, stride, padding, dilation, groups, workspace,
+                              max_workspace)
         return
     ensure_blas_policy()
     _check(x, w, groups, stride, padding, dilation, y=y, b=b)
     n = x.shape[0]
     cout, cg, kh, kw = w.shape
-    algo = algo or choose_algo(x.shape, (kh, kw), stride, dilation, groups, padding, cout,
-                               x.dtype.itemsize)
+    cfg = conv_config(x.shape, cout, (kh, kw), stride, padding, dilation, groups,
+                      x.dtype.itemsize, False, max_workspace, algo)
+    algo = cfg.algo
     layout = _slab_elems(x.shape, cout, (kh, kw), stride, padding, dilation, groups, False,
-                         algo, x.dtype.itemsize)
+                         algo, x.dtype.itemsize, cfg.col_bytes, cfg.parts)
     slabs, offs, _ = _slabs(workspace, layout, x.dtype, n, False, threads)
     x, w = _c(x), _c(w)
     out = y if y.flags.c_contiguous else np.empty(y.shape, y.dtype)
@@ -129,7 +137,8 @@ def conv2d_forward(
             winograd.forward_par(x, w, bb, has_bias, out, slabs, offs, bounds, nb, *padding)
     else:
         w3 = w.reshape(groups, cout // groups, cg * kh * kw)
-        band = _gemm_blocking(x.shape, cg * kh * kw, *out.shape[2:], x.dtype.itemsize)[1]
+        band = _gemm_blocking(x.shape, cg * kh * kw, *out.shape[2:], x.dtype.itemsize,
+                              cfg.col_bytes)[1]
         geom = (nb, band, kh, kw, *stride, *padding, *dilation)
         if not parallel:
             _fwd_gemm(x, w3, bb, has_bias, out, slabs[0], offs, 0, n, *geom)
@@ -144,21 +153,22 @@ def conv2d_backward(
     db: np.ndarray | None, stride: Pair = (1, 1), padding: Pair = (0, 0),
     dilation: Pair = (1, 1), groups: int = 1, workspace: np.ndarray | None = None,
     threads: int | None = None, algo: str | None = None, accumulate: bool = False,
-    accumulate_bias: bool | None = None,
+    accumulate_bias: bool | None = None, max_workspace: int | None = None,
 ) -> None:
     """Overwrite ``dw``, ``db`` (if given) and ``dx`` (if given) with the gradients of
     :func:`conv2d_forward`; with ``accumulate``, add into ``dw`` and ``db`` instead (``dx`` is
     still overwritten); ``accumulate_bias`` (default: ``accumulate``) decides for ``db`` alone.
-    ``workspace``: :func:`conv2d_workspace_bytes`, ``backward=True``. Device arrays run
+    ``workspace``: :func:`conv2d_workspace_bytes`, ``backward=True`` (the same
+    ``max_workspace``, as in :func:`conv2d_forward`). Device arrays run
     :func:`~.conv_device.conv2d_backward_device`."""
     if _on_device(x, w, dy, dx, dw, db, workspace):
         conv2d_backward_device(x, w, dy, dx, dw, db, stride, padding, dilation, groups,
-                               workspace, accumulate, accumulate_bias)
+                               workspace, accumulate, accumulate_bias, max_workspace)
         return
     if db is not None and accumulate_bias is not None and accumulate_bias != accumulate:
         # a shared bias beside an unshared weight, or the reverse: the bias on its own
         conv2d_backward(x, w, dy, dx, dw, None, stride, padding, dilation, groups, workspace,
-                        threads, algo, accumulate)
+                        threads, algo, accumulate, max_workspace=max_workspace)
         sums = dy.sum(axis=(0, 2, 3), dtype=db.dtype)
         if accumulate_bias:
             db += sums
@@ -169,10 +179,11 @@ def conv2d_backward(
     _check(x, w, groups, stride, padding, dilation, dy=dy, dx=dx, dw=dw, db=db)
     n = x.shape[0]
     cout, cg, kh, kw = w.shape
-    algo = algo or choose_algo(x.shape, (kh, kw), stride, dilation, groups, padding, cout,
-                               x.dtype.itemsize)
+    cfg = conv_config(x.shape, cout, (kh, kw), stride, padding, dilation, groups,
+                      x.dtype.itemsize, True, max_workspace, algo)
+    algo = cfg.algo
     layout = _slab_elems(x.shape, cout, (kh, kw), stride, padding, dilation, groups, True,
-                         algo, x.dtype.itemsize)
+                         algo, x.dtype.itemsize, cfg.col_bytes, cfg.parts)
     slabs, offs, (dbparts, dwparts) = _slabs(workspace, layout, x.dtype, n, True, threads)
     x, w, dy = _c(x), _c(w), _c(dy)
     need_dx = dx is not None
@@ -196,7 +207,8 @@ def conv2d_backward(
         winograd.finish_grads(dwparts, dbparts, dwo, dbo, add)
     else:
         w3 = w.reshape(groups, cout // groups, cg * kh * kw)
-        band = _gemm_blocking(x.shape, cg * kh * kw, *dy.shape[2:], x.dtype.itemsize)[1]
+        band = _gemm_blocking(x.shape, cg * kh * kw, *dy.shape[2:], x.dtype.itemsize,
+                              cfg.col_bytes)[1]
         geom = (nb, band, kh, kw, *stride, *padding, *dilation)
         dwf = dwo.reshape(-1)
         if not parallel:

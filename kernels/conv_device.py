@@ -47,6 +47,9 @@ from .conv_geometry import Pair, conv_output_hw
 
 #: A tile's column matrix stays below this many bytes (a band of rows of one image if need be).
 DEVICE_MAX_COL_BYTES = 16 << 20
+#: Column-matrix caps a workspace cap (``max_workspace``) may choose from, largest first; 0 is
+#: one output row of one image per tile.
+DEVICE_LEAN_COL_BYTES = (DEVICE_MAX_COL_BYTES, 4 << 20, 1 << 20, 256 << 10, 64 << 10, 0)
 #: Images are put side by side in a tile until it has this many GEMM columns.
 DEVICE_MIN_COLS = 4096
 #: Alignment of the buffers carved out of the workspace (cuBLAS and vector loads).
@@ -63,15 +66,17 @@ def tap_range(offset: int, stride: int, size: int, out_size: int) -> tuple[int, 
 
 
 def device_tiling(x_shape: tuple[int, ...], kernel: Pair, stride: Pair, padding: Pair,
-                  dilation: Pair, itemsize: int) -> tuple[int, int]:
-    """``(images per tile, output rows per tile)``: several whole images, or bands of one."""
+                  dilation: Pair, itemsize: int, max_col_bytes: int = DEVICE_MAX_COL_BYTES
+                  ) -> tuple[int, int]:
+    """``(images per tile, output rows per tile)``: several whole images, or bands of one,
+    the column matrix below ``max_col_bytes`` (one output row at the least)."""
     n, c, h, w = x_shape
     ho, wo = conv_output_hw((h, w), kernel, stride, padding, dilation)
     row = max(1, c * kernel[0] * kernel[1] * wo * itemsize)  # column bytes of one output row
-    if row * ho > DEVICE_MAX_COL_BYTES:
-        return 1, max(1, min(ho, DEVICE_MAX_COL_BYTES // row))
+    if row * ho > max_col_bytes:
+        return 1, max(1, min(ho, max_col_bytes // row))
     m = -(-DEVICE_MIN_COLS // max(1, ho * wo))
-    m = min(m, DEVICE_MAX_COL_BYTES // (row * ho), max(1, n))
+    m = min(m, max_col_bytes // (row * ho), max(1, n))
     return max(1, m), ho
 
 
@@ -96,12 +101,30 @@ class DeviceLayout:
 
 
 def device_layout(x_shape: tuple[int, ...], cout: int, kernel: Pair, stride: Pair,
-                  padding: Pair, dilation: Pair, groups: int, itemsize: int, backward: bool
-                  ) -> DeviceLayout:
-    """The tiling and the buffers of :func:`conv2d_forward_device` / ``_backward_device``."""
+                  padding: Pair, dilation: Pair, groups: int, itemsize: int, backward: bool,
+                  max_workspace: int | None = None) -> DeviceLayout:
+    """The tiling and the buffers of :func:`conv2d_forward_device` / ``_backward_device``;
+    with ``max_workspace`` (bytes), the largest tiles of :data:`DEVICE_LEAN_COL_BYTES` whose
+    workspace fits it (the smallest if none does)."""
+    if max_workspace is not None:
+        lay = None
+        for col in DEVICE_LEAN_COL_BYTES:
+            lay = _device_layout(x_shape, cout, kernel, stride, padding, dilation, groups,
+                                 itemsize, backward, col)
+            if lay.nbytes <= max_workspace:
+                break
+        assert lay is not None
+        return lay
+    return _device_layout(x_shape, cout, kernel, stride, padding, dilation, groups, itemsize,
+                          backward, DEVICE_MAX_COL_BYTES)
+
+
+def _device_layout(x_shape: tuple[int, ...], cout: int, kernel: Pair, stride: Pair,
+                   padding: Pair, dilation: Pair, groups: int, itemsize: int, backward: bool,
+                   max_col_bytes: int) -> DeviceLayout:
     n, c, h, w = x_shape
     ho, wo = conv_output_hw((h, w), kernel, stride, padding, dilation)
-    m, rows = device_tiling(x_shape, kernel, stride, padding, dilation, itemsize)
+    m, rows = device_tiling(x_shape, kernel, stride, padding, dilation, itemsize, max_col_bytes)
     blocked = m > 1 or rows < ho
     cols = m * rows * wo
     k = c // groups * kernel[0] * kernel[1]
@@ -119,15 +142,16 @@ def device_layout(x_shape: tuple[int, ...], cout: int, kernel: Pair, stride: Pai
 
 def conv2d_device_workspace_bytes(
     x_shape: tuple[int, ...], cout: int, kernel: Pair, stride: Pair, padding: Pair,
-    dilation: Pair, groups: int, dtype: Any, backward: bool,
+    dilation: Pair, groups: int, dtype: Any, backward: bool, max_workspace: int | None = None,
 ) -> int:
     """Workspace bytes of :func:`conv2d_forward_device` / :func:`conv2d_backward_device`:
     ``align(C*kh*kw*cols) + align(Cout*cols)`` (the block buffer, only when tiles hold several
     images or a band) ``[+ align(Cout/G*K) + align(Cout)]`` (backward partials), in items of
     ``dtype``, each buffer rounded up to :data:`DEVICE_ALIGN` bytes; ``cols`` = images per
-    tile x rows per tile x Wo (:func:`device_tiling`)."""
+    tile x rows per tile x Wo (:func:`device_tiling`); ``max_workspace``: smaller tiles to
+    fit it (:func:`device_layout`)."""
     return device_layout(tuple(x_shape), cout, kernel, stride, padding, dilation, groups,
-                         np.dtype(dtype).itemsize, backward).nbytes
+                         np.dtype(dtype).itemsize, backward, max_workspace).nbytes
 
 
 def check_conv_shapes(x: Any, w: Any, groups: int, stride: Pair, padding: Pair,
@@ -268,10 +292,12 @@ def _col2im(dcol6: Any, dx: Any, taps: _Taps, n0: int, n1: int, r0: int, r1: int
 def conv2d_forward_device(
     x: Any, w: Any, b: Any | None, y: Any, stride: Pair = (1, 1), padding: Pair = (0, 0),
     dilation: Pair = (1, 1), groups: int = 1, workspace: Any | None = None,
+    max_workspace: int | None = None,
 ) -> None:
     """Write ``conv2d(x, w) + b`` into ``y`` (NCHW) by array operations (module docstring).
-    ``workspace``: at least :func:`conv2d_device_workspace_bytes` (``backward=False``) bytes;
-    ``None`` allocates one for NumPy arrays only. ``w`` and ``y`` must be C-contiguous."""
+    ``workspace``: at least :func:`conv2d_device_workspace_bytes` (``backward=False``, the same
+    ``max_workspace``) bytes; ``None`` allocates one for NumPy arrays only. ``w`` and ``y``
+    must be C-contiguous."""
     check_conv_shapes(x, w, groups, stride, padding, dilation, y=y, b=b)
     _contiguous(w, "the weight")
     _contiguous(y, "y")
@@ -280,7 +306,7 @@ def conv2d_forward_device(
     og, k = cout // groups, cg * kh * kw
     dt = y.dtype
     lay = device_layout(x.shape, cout, (kh, kw), stride, padding, dilation, groups,
-                        dt.itemsize, False)
+                        dt.itemsize, False, max_workspace)
     ws = _workspace(workspace, lay, x)
     taps = _taps(x.shape, (kh, kw), stride, padding, dilation, lay.ho, lay.wo)
     w3 = w.reshape(groups, og, k)
@@ -304,12 +330,13 @@ def conv2d_backward_device(
     x: Any, w: Any, dy: Any, dx: Any | None, dw: Any, db: Any | None,
     stride: Pair = (1, 1), padding: Pair = (0, 0), dilation: Pair = (1, 1), groups: int = 1,
     workspace: Any | None = None, accumulate: bool = False, accumulate_bias: bool | None = None,
+    max_workspace: int | None = None,
 ) -> None:
     """Gradients of :func:`conv2d_forward_device`: overwrite ``dw``, ``db`` (if given) and
     ``dx`` (if given); with ``accumulate`` add into ``dw`` (and ``db``, unless
     ``accumulate_bias`` says otherwise) instead; ``dx`` is always overwritten. ``workspace``:
-    :func:`conv2d_device_workspace_bytes` with ``backward=True``. ``w``, ``dy`` and ``dw``
-    must be C-contiguous."""
+    :func:`conv2d_device_workspace_bytes` with ``backward=True`` (and the same
+    ``max_workspace``). ``w``, ``dy`` and ``dw`` must be C-contiguous."""
     check_conv_shapes(x, w, groups, stride, padding, dilation, dy=dy, dx=dx, dw=dw, db=db)
     for a, what in ((w, "the weight"), (dy, "dy"), (dw, "dw")):
         _contiguous(a, what)
@@ -318,7 +345,7 @@ def conv2d_backward_device(
     og, k = cout // groups, cg * kh * kw
     dt = dy.dtype
     lay = device_layout(x.shape, cout, (kh, kw), stride, padding, dilation, groups,
-                        dt.itemsize, True)
+                        dt.itemsize, True, max_workspace)
     ws = _workspace(workspace, lay, x)
     if db is not None:
         if accumulate if accumulate_bias is None else accumulate_bias:
@@ -361,7 +388,8 @@ def conv2d_backward_device(
 
 
 __all__ = [
-    "DEVICE_ALIGN", "DEVICE_MAX_COL_BYTES", "DEVICE_MIN_COLS", "DeviceLayout", "add_into",
-    "check_conv_shapes", "conv2d_backward_device", "conv2d_device_workspace_bytes",
-    "conv2d_forward_device", "device_layout", "device_tiling", "gemm", "tap_range",
+    "DEVICE_ALIGN", "DEVICE_LEAN_COL_BYTES", "DEVICE_MAX_COL_BYTES", "DEVICE_MIN_COLS",
+    "DeviceLayout", "add_into", "check_conv_shapes", "conv2d_backward_device",
+    "conv2d_device_workspace_bytes", "conv2d_forward_device", "device_layout", "device_tiling",
+    "gemm", "tap_range",
 ]

@@ -1,8 +1,16 @@
 """Convolution geometry, algorithm choice and workspace layout: output sizes, image blocks,
-gradient parts, and how the workspace is cut into per-thread rows and gradient partials."""
+gradient parts, and how the workspace is cut into per-thread rows and gradient partials.
+
+A :class:`ConvConfig` holds the choices that decide the bits of a result (the algorithm, the
+cap on the column matrix that sets the images per product and the rows per band, the number
+of gradient parts); the workspace rows (threads) never change them. :func:`conv_config`
+picks the default, or under a workspace cap (``max_workspace``, vDNN's memory-optimal
+algorithms) the fastest configuration whose workspace fits it.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -70,40 +78,44 @@ GEMM_MIN_COLS = 256
 GEMM_MAX_COL_BYTES = 4 << 20
 
 
-def _gemm_blocking(x_shape: tuple[int, ...], k: int, ho: int, wo: int, itemsize: int
-                   ) -> tuple[int, int]:
-    """``(images per product, output rows per band)`` of the im2col path."""
+def _gemm_blocking(x_shape: tuple[int, ...], k: int, ho: int, wo: int, itemsize: int,
+                   col_bytes: int = GEMM_MAX_COL_BYTES) -> tuple[int, int]:
+    """``(images per product, output rows per band)`` of the im2col path, its column matrix
+    kept below ``col_bytes`` (one output row of one image at the least)."""
     row = max(1, k * wo * itemsize)
-    band = max(1, min(ho, GEMM_MAX_COL_BYTES // row))
+    band = max(1, min(ho, col_bytes // row))
     if band < ho:
         return 1, band
     nb = -(-GEMM_MIN_COLS // max(ho * wo, 1))
-    nb = min(nb, max(1, GEMM_MAX_COL_BYTES // (row * ho)))
+    nb = min(nb, max(1, col_bytes // (row * ho)))
     return max(1, min(nb, x_shape[0])), ho
 
 
 def _slab_elems(
     x_shape: tuple[int, ...], cout: int, kernel: Pair, stride: Pair, padding: Pair,
     dilation: Pair, groups: int, backward: bool, algo: str, itemsize: int,
+    col_bytes: int = GEMM_MAX_COL_BYTES, parts: int | None = None,
 ) -> tuple[list[int], list[tuple[int, int]], int]:
     """Element counts of one thread's buffers (in the order the kernels take them); the
-    gradient partials as ``(count, elements)`` pairs; and the images per block."""
+    gradient partials as ``(count, elements)`` pairs; and the images per block. ``col_bytes``
+    and ``parts`` (at most, default :data:`GRAD_PARTS`) are those of a :class:`ConvConfig`."""
     if algo == "winograd":
-        nb = _winograd_nb(x_shape, cout, padding, itemsize)
+        nb = _winograd_nb(x_shape, cout, padding, itemsize) if col_bytes >= GEMM_MAX_COL_BYTES \
+            else 1  # lean: one image transformed at a time
         row = winograd.slab_elems(x_shape, cout, padding, nb, backward)
         if not backward:
             return row, [], nb
-        p = grad_parts(x_shape[0], nb)
+        p = grad_parts(x_shape[0], nb, parts)
         return row, [(p, cout), (p, 16 * cout * x_shape[1])], nb  # db, transformed dW
     _, c, h, w = x_shape
     ho, wo = conv_output_hw((h, w), kernel, stride, padding, dilation)
     k = c // groups * kernel[0] * kernel[1]
-    nb, band = _gemm_blocking(x_shape, k, ho, wo, itemsize)
+    nb, band = _gemm_blocking(x_shape, k, ho, wo, itemsize, col_bytes)
     ln = nb * band * wo
     side = cout // groups * ln if nb > 1 else 0  # products of several images side by side
     if not backward:
         return [k * ln, side], [], nb  # col, y block
-    p = grad_parts(x_shape[0], nb)
+    p = grad_parts(x_shape[0], nb, parts)
     # col, dcol, dy block; db per part, dW per part but the first (it goes straight to dw)
     return [k * ln, k * ln, side], [(p, cout), (p - 1, cout * k)], nb
 
@@ -117,9 +129,10 @@ def _slab_elems(
 GRAD_PARTS = 2
 
 
-def grad_parts(n: int, nb: int) -> int:
-    """Parts the gradient sums of an ``n``-image batch in blocks of ``nb`` are cut into."""
-    return max(1, min(GRAD_PARTS, -(-n // nb)))
+def grad_parts(n: int, nb: int, parts: int | None = None) -> int:
+    """Parts the gradient sums of an ``n``-image batch in blocks of ``nb`` are cut into (at
+    most ``parts``, default :data:`GRAD_PARTS`)."""
+    return max(1, min(GRAD_PARTS if parts is None else parts, -(-n // nb)))
 
 
 def block_bounds(n: int, nb: int, parts: int) -> np.ndarray:
@@ -155,20 +168,136 @@ def _parts_elems(parts: list[tuple[int, int]], itemsize: int) -> int:
     return sum(count * _aligned(e, itemsize) // itemsize for count, e in parts)
 
 
+# ----------------------------------------------------------------------------- configurations
+@dataclass(frozen=True)
+class ConvConfig:
+    """What decides the bits of one convolution call: the algorithm, the cap on the im2col
+    matrix (``col_bytes``: images per product, output rows per band; below the default,
+    Winograd transforms one image at a time) and the most gradient parts (backward: each part
+    past the first costs a weight-sized partial, and one part runs on one thread)."""
+
+    algo: str
+    col_bytes: int = GEMM_MAX_COL_BYTES
+    parts: int = GRAD_PARTS
+
+    def describe(self) -> str:
+        col = "default blocks" if self.col_bytes >= GEMM_MAX_COL_BYTES else (
+            f"im2col <= {self.col_bytes >> 10} KiB" if self.col_bytes else "one row")
+        return f"{self.algo}, {col}, {self.parts} part{'s' if self.parts > 1 else ''}"
+
+
+#: Column-matrix caps a workspace cap may choose from (bytes), largest first; 0 is one output
+#: row of one image per product (the least workspace, the smallest products).
+LEAN_COL_BYTES = (GEMM_MAX_COL_BYTES, 1 << 20, 256 << 10, 64 << 10, 0)
+#: Workspace rows (threads) the choice under a cap is costed for. The choice changes sums'
+#: order, so it must not depend on the machine's thread count: results under one cap are
+#: bit-identical for any thread count (only the rows that fit the workspace follow it).
+REFERENCE_ROWS = 2
+#: Time of Winograd relative to im2col where :func:`choose_algo` picks it (measured 0.5-0.8).
+WINOGRAD_TIME = 0.65
+#: Products of ``c`` columns cost ``1 + SMALL_PRODUCT_COLS / c`` times a large one's per
+#: multiply-add (a one-column product streams the whole weight for a matrix-vector product).
+SMALL_PRODUCT_COLS = 16
+
+
+@dataclass(frozen=True)
+class _Sized:
+    config: ConvConfig
+    layout: tuple[list[int], list[tuple[int, int]], int]
+    per: int  # bytes of one workspace row
+    fixed: int  # bytes of the gradient partials
+    units: int  # blocks (forward) or gradient parts (backward) to share out over rows
+
+
+def _sized(x_shape: tuple[int, ...], cout: int, kernel: Pair, stride: Pair, padding: Pair,
+           dilation: Pair, groups: int, backward: bool, itemsize: int,
+           config: ConvConfig) -> _Sized:
+    layout = _slab_elems(x_shape, cout, kernel, stride, padding, dilation, groups, backward,
+                         config.algo, itemsize, config.col_bytes, config.parts)
+    per = sum(_aligned(e, itemsize) for e in layout[0])
+    fixed = _parts_elems(layout[1], itemsize) * itemsize
+    units = layout[1][0][0] if backward else -(-max(1, x_shape[0]) // layout[2])
+    return _Sized(config, layout, per, fixed, units)
+
+
+def _product_cols(x_shape: tuple[int, ...], kernel: Pair, stride: Pair, padding: Pair,
+                  dilation: Pair, groups: int, itemsize: int, s: _Sized) -> int:
+    """Columns of the products a configuration makes."""
+    ho, wo = conv_output_hw(x_shape[2:], kernel, stride, padding, dilation)
+    if s.config.algo == "winograd":
+        th, tw = winograd.tiles(ho, wo)
+        return s.layout[2] * th * tw
+    k = x_shape[1] // groups * kernel[0] * kernel[1]
+    nb, band = _gemm_blocking(x_shape, k, ho, wo, itemsize, s.config.col_bytes)
+    return nb * band * wo
+
+
+def conv_config(
+    x_shape: tuple[int, ...], cout: int, kernel: Pair, stride: Pair, padding: Pair,
+    dilation: Pair, groups: int, itemsize: int, backward: bool,
+    max_workspace: int | None = None, algo: str | None = None,
+) -> ConvConfig:
+    """The configuration of one call: without ``max_workspace`` the default (``algo`` or
+    :func:`choose_algo`, :data:`GEMM_MAX_COL_BYTES`, :data:`GRAD_PARTS`), which no cap ever
+    changes when it fits (with the rows of :data:`REFERENCE_ROWS` threads); with it, the
+    configuration of least estimated time (algorithm:
+    :data:`WINOGRAD_TIME`; products: :data:`SMALL_PRODUCT_COLS`; over the rows of
+    :data:`REFERENCE_ROWS` threads that fit the cap) among the default algorithm and im2col,
+    the column caps of :data:`LEAN_COL_BYTES` and one or :data:`GRAD_PARTS` gradient parts,
+    whose workspace with one row fits ``max_workspace``; if none fits, the one of least
+    workspace. A function of the shapes and the cap alone (never of the thread count)."""
+    default_algo = algo or choose_algo(x_shape, kernel, stride, dilation, groups, padding,
+                                       cout, itemsize)
+    default = ConvConfig(default_algo)
+    if max_workspace is None:
+        return default
+    geom = (x_shape, cout, kernel, stride, padding, dilation, groups, backward, itemsize)
+    s = _sized(*geom, default)
+    if min(REFERENCE_ROWS, s.units) * s.per + s.fixed <= max_workspace:
+        return default  # the default fits with all its rows: a cap changes nothing
+    algos = [default_algo] + (["gemm"] if default_algo == "winograd" and algo is None else [])
+    best: tuple[float, int, ConvConfig] | None = None
+    least: tuple[int, int, ConvConfig] | None = None
+    order = 0
+    for a in algos:
+        cols = LEAN_COL_BYTES if a == "gemm" else (LEAN_COL_BYTES[0], LEAN_COL_BYTES[-1])
+        for col in cols:
+            for parts in ((GRAD_PARTS, 1) if backward else (GRAD_PARTS,)):
+                s = _sized(*geom, ConvConfig(a, col, parts))
+                order += 1
+                need = s.per + s.fixed
+                if least is None or (need, order) < least[:2]:
+                    least = (need, order, s.config)
+                if need > max_workspace:
+                    continue
+                rows = min(REFERENCE_ROWS, s.units, (max_workspace - s.fixed) // s.per)
+                pcols = _product_cols(x_shape, kernel, stride, padding, dilation, groups,
+                                      itemsize, s)
+                time = (WINOGRAD_TIME if a == "winograd" else 1.0) * \
+                    (1.0 + SMALL_PRODUCT_COLS / max(1, pcols)) / rows
+                if best is None or (time, order) < best[:2]:
+                    best = (time, order, s.config)
+    assert least is not None
+    return best[2] if best is not None else least[2]
+
+
 def conv2d_workspace_bytes(
     x_shape: tuple[int, ...], cout: int, kernel: Pair, stride: Pair, padding: Pair,
     dilation: Pair, groups: int, dtype: Any, backward: bool, threads: int | None = None,
-    algo: str | None = None,
+    algo: str | None = None, max_workspace: int | None = None,
 ) -> int:
-    """Workspace bytes of :func:`conv2d_forward` / :func:`conv2d_backward` (all threads)."""
+    """Workspace bytes of :func:`conv2d_forward` / :func:`conv2d_backward` (all threads).
+    With ``max_workspace``: the configuration :func:`conv_config` picks under it, with as many
+    rows as fit (at least one: more than the cap if even the leanest does not fit)."""
     itemsize = np.dtype(dtype).itemsize
-    algo = algo or choose_algo(x_shape, kernel, stride, dilation, groups, padding, cout,
-                               itemsize)
-    layout = _slab_elems(x_shape, cout, kernel, stride, padding, dilation, groups, backward,
-                         algo, itemsize)
-    t = _threads(layout, x_shape[0], backward, threads)
-    per = sum(_aligned(e, itemsize) for e in layout[0])
-    return t * per + _parts_elems(layout[1], itemsize) * itemsize
+    cfg = conv_config(x_shape, cout, kernel, stride, padding, dilation, groups, itemsize,
+                      backward, max_workspace, algo)
+    s = _sized(x_shape, cout, kernel, stride, padding, dilation, groups, backward, itemsize,
+               cfg)
+    t = _threads(s.layout, x_shape[0], backward, threads)
+    if max_workspace is not None:
+        t = max(1, min(t, (max_workspace - s.fixed) // s.per))
+    return t * s.per + s.fixed
 
 
 def _slabs(workspace: np.ndarray | None, layout: tuple[list[int], list[tuple[int, int]], int],

@@ -23,6 +23,20 @@ def _pair(v: int | tuple[int, int], name: str, minimum: int) -> tuple[int, int]:
     return int(p[0]), int(p[1])
 
 
+def workspace_cap(options: dict | None, backward: bool) -> int | None:
+    """The ``"conv_ws"`` option's cap (bytes) for the forward or backward step: one int >= 0
+    for both, or a ``(forward, backward)`` pair of them; ``None``: no cap."""
+    cap = (options or {}).get("conv_ws")
+    if isinstance(cap, (tuple, list)) and len(cap) == 2:
+        cap = cap[int(bool(backward))]
+    if cap is None:
+        return None
+    if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 0:
+        raise ValueError(f"Conv2d: the conv_ws option is a workspace cap in bytes (an int "
+                         f">= 0, None, or a (forward, backward) pair of them), got {cap!r}")
+    return int(cap)
+
+
 class Conv2d(Layer):
     """``y = conv2d(x, weight) + bias`` like ``torch.nn.Conv2d`` (zero padding, NCHW).
 
@@ -30,7 +44,15 @@ class Conv2d(Layer):
     both initialised U(-1/sqrt(fan_in), 1/sqrt(fan_in)) as in PyTorch. Backward keeps only
     the input; the im2col buffers live in the declared workspace, whose size depends on the
     ``"device_kind"`` option (``"cpu"``: the Numba kernels'; ``"cuda"``: the device path's,
-    :func:`~minidl.kernels.conv_device.conv2d_device_workspace_bytes`).
+    :func:`~minidl.kernels.conv_device.conv2d_device_workspace_bytes`) and on the
+    ``"conv_ws"`` option: a cap in bytes on each step's workspace, or a ``(forward,
+    backward)`` pair of caps (absent or ``None``: the fastest configuration). Under a cap the
+    kernels run the fastest algorithm and chunking that fit it
+    (:func:`~minidl.kernels.conv_geometry.conv_config`: im2col instead of Winograd, fewer
+    images per product and smaller bands, one gradient part, fewer threads' rows): the whole
+    batch still goes in and out, computed a sub-batch of images (or a band of one image) at a
+    time. Results then agree with the default's to float32 rounding (sums in another order),
+    and stay bit-identical across thread counts for a given cap.
     """
 
     kind = "conv"
@@ -38,7 +60,7 @@ class Conv2d(Layer):
     convolution = True
     retain_inputs = (0,)
     accumulates_grads = True
-    option_names = ("device_kind",)
+    option_names = ("device_kind", "conv_ws")
 
     def __init__(
         self,
@@ -113,12 +135,16 @@ class Conv2d(Layer):
     def _workspace(self, in_shapes: list[Shape], dtype: np.dtype, backward: bool,
                    options: dict | None) -> int:
         self.output_shapes(in_shapes)
-        kind = (options or {}).get("device_kind", "cpu")
+        options = options or {}
+        kind = options.get("device_kind", "cpu")
         if kind not in ("cpu", "cuda"):
             raise ValueError(f"Conv2d: unknown device kind {kind!r} (cpu or cuda)")
-        size = conv2d_device_workspace_bytes if kind == "cuda" else conv2d_workspace_bytes
-        return size(tuple(in_shapes[0]), self.out_channels, self.kernel_size, self.stride,
-                    self.padding, self.dilation, self.groups, dtype, backward)
+        cap = workspace_cap(options, backward)
+        geom = (tuple(in_shapes[0]), self.out_channels, self.kernel_size, self.stride,
+                self.padding, self.dilation, self.groups, dtype, backward)
+        if kind == "cuda":
+            return conv2d_device_workspace_bytes(*geom, max_workspace=cap)
+        return conv2d_workspace_bytes(*geom, max_workspace=cap)
 
     def forward_workspace_bytes(self, in_shapes: list[Shape], dtype: np.dtype,
                                 options: dict | None = None) -> int:
@@ -136,7 +162,8 @@ class Conv2d(Layer):
     def forward(self, ctx, inputs, outputs, params, stash, workspace) -> None:
         conv2d_forward(
             inputs[0], params["weight"], params.get("bias"), outputs[0], self.stride,
-            self.padding, self.dilation, self.groups, workspace)
+            self.padding, self.dilation, self.groups, workspace,
+            max_workspace=workspace_cap(ctx.options, False))
 
     def backward(self, ctx, grad_outputs, grad_inputs, inputs, outputs, params, grad_params,
                  stash, workspace) -> None:
@@ -145,7 +172,8 @@ class Conv2d(Layer):
             inputs[0], params["weight"], grad_outputs[0], grad_inputs[0],
             grad_params["weight"], grad_params.get("bias"), self.stride, self.padding,
             self.dilation, self.groups, workspace, accumulate="weight" in ctx.accumulate,
-            accumulate_bias="bias" in ctx.accumulate)
+            accumulate_bias="bias" in ctx.accumulate,
+            max_workspace=workspace_cap(ctx.options, True))
 
 
 __all__ = ["Conv2d"]

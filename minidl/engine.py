@@ -18,7 +18,7 @@ from .graph import Network
 from .kernels.parallel import ensure_blas_policy
 from .layers.base import Layer
 from .lowering import Lowered, lower
-from .memory import bptt_options
+from .memory import bptt_options, workspace_options
 from .memory.auto import BudgetTooSmall
 from .memory.config import MemoryConfig
 from .memory.cost_model import step_costs
@@ -101,6 +101,9 @@ class Engine:
         self.params: list[Any] = []  # the network's parameters and buffers, bound in order
         self.opt_state_specs: list[tuple[str, tuple[int, ...], str]] = []
         self._cache: dict[tuple, Compiled] = {}
+        #: Under a budget no plan fits, cap convolutions' workspaces (leaner algorithms and
+        #: chunking, :mod:`~minidl.memory.workspace_options`) and plan again.
+        self.cap_workspaces = True
         self.bound = False
         self._allocate_persistent(bind, scratch_bytes)
 
@@ -201,7 +204,7 @@ class Engine:
                 options = bptt_options.options_for(first.program, policy)
                 lowered = lowered_with(options) if options else first
                 try:
-                    plan = make_plan(lowered.program, config, **self._target_costs(lowered))
+                    lowered, plan = self._plan_fitting(lowered, options, lowered_with, config)
                 except BudgetTooSmall:
                     if i == len(policies) - 1:
                         raise
@@ -212,9 +215,22 @@ class Engine:
                         f"the budget ({len(policies)} candidates, most states first)")
                 break
             c = self._compile(lowered, plan)
-            c.notes = [n for n in plan.notes if n.startswith("recurrent layers")]
+            c.notes = [n for n in plan.notes if n.startswith(
+                ("recurrent layers", workspace_options.NOTE_PREFIX))]
             self._cache[key] = c
         return c
+
+    def _plan_fitting(self, lowered: Lowered, options: dict, lowered_with: Any,
+                      config: MemoryConfig) -> tuple[Lowered, Plan]:
+        """The plan of ``lowered``; when none fits the budget, convolutions' workspaces capped
+        and planned again (:func:`~minidl.memory.workspace_options.plan_fitting`)."""
+
+        def plan_with(opts: dict | None, cfg: MemoryConfig) -> tuple[Lowered, Plan]:
+            low = lowered if opts is None else lowered_with(opts)
+            return low, make_plan(low.program, cfg, **self._target_costs(low))
+
+        return workspace_options.plan_fitting(lowered.program, options, config, plan_with,
+                                              self.cap_workspaces)
 
     def _target_costs(self, lowered: Lowered) -> dict[str, Any]:
         """Step times and link rate from the target's cost model (none without a target)."""

@@ -40,7 +40,8 @@ def test_steps_carry_the_declared_capabilities():
     caps = {s.layer: s.caps for s in prog.steps if s.phase == "forward"}
     conv, relu, pool, _, fc, loss = caps.values()
     assert conv == OpCaps(RecomputeCost.EXPENSIVE, convolution=True,
-                          options=frozenset({"device_kind"}))  # its workspace per kind
+                          options=frozenset({"device_kind", "conv_ws"}))  # workspace per
+    # kind, and under a cap (memory/workspace_options.py)
     assert relu == OpCaps(backward_from=frozenset({StashEncoding.SIGN}), sparse_output=True)
     assert pool.backward_from == frozenset({StashEncoding.PACKED_ARGMAX})
     assert fc.cost is RecomputeCost.EXPENSIVE and loss == OpCaps()

@@ -1,0 +1,107 @@
+"""Convolution workspace caps chosen by the engine under a budget
+(memory/workspace_options.py): only under pressure, recorded in the notes, dry-run peak ==
+real peak, training equal to the uncapped run within float32 rounding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from minidl.layers import SoftmaxCrossEntropy
+from minidl.memory import workspace_options as W
+from minidl.memory.auto import BudgetTooSmall
+from minidl.memory.device import MetaDevice
+from minidl.memory.pool import Pool
+
+import minidl
+from minidl import layers as L
+from minidl.engine import Engine
+from minidl.optim import SGD
+
+SHAPE = (8, 16, 16)
+BATCH = 8
+
+
+def _net():
+    """BatchNorm keeps auto from splitting the batch: the budget must be met by the plan
+    alone. The conv workspaces dominate the peak (the 128-channel backward's most of all)."""
+    return minidl.Sequential([
+        L.Conv2d(8, 64, 3, padding=1), L.BatchNorm2d(64), L.ReLU(),
+        L.Conv2d(64, 128, 3, padding=1), L.ReLU(), L.MaxPool2d(2),
+        L.Conv2d(128, 128, 3, padding=1), L.ReLU(), L.GlobalAvgPool2d(), L.Linear(128, 10),
+    ], input_shape=SHAPE)
+
+
+def _caps(compiled) -> dict[str, int]:
+    return {st.layer: st.options[W.OPTION] for st in compiled.plan.program.steps
+            if st.options.get(W.OPTION) is not None}
+
+
+def _engine_plan(spec, cap_workspaces=True):
+    """A training compile on the meta device, as the dry run makes it."""
+    net = _net()
+    eng = Engine(net, Pool(MetaDevice()), spec, SoftmaxCrossEntropy(),
+                 SGD(net.parameters(), lr=0.1, momentum=0.9), bind=False)
+    eng.cap_workspaces = cap_workspaces
+    return eng.compiled([(BATCH, *SHAPE)], (BATCH,), True)
+
+
+def _smallest(cap_workspaces: bool) -> int:
+    with pytest.raises(BudgetTooSmall) as e:
+        _engine_plan("auto,budget=1", cap_workspaces)
+    return int(str(e.value).split("reaches is ")[1].split(" B")[0].replace(",", ""))
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal((BATCH, *SHAPE)).astype(np.float32),
+            rng.integers(0, 10, BATCH))
+
+
+def _train(spec, device_memory, steps=3):
+    net = _net()
+    tr = minidl.Trainer(net, SGD(net.parameters(), lr=0.05, momentum=0.9), memory=spec,
+                        device_memory=device_memory, debug=True)
+    x, y = _data()
+    losses = [tr.step(x, y) for _ in range(steps)]
+    return losses, {n: np.array(p.data) for n, p in net.named_parameters()}, tr
+
+
+def test_caps_lower_the_smallest_budget_and_only_come_under_pressure():
+    before, after = _smallest(False), _smallest(True)
+    assert after < before
+    roomy = minidl.dry_run(_net(), BATCH, "reuse,inplace")["peak_allocated_bytes"]
+    for spec in ("reuse,inplace", "auto", f"auto,budget={roomy}", "none"):
+        c = _engine_plan(spec)
+        assert _caps(c) == {} and not any(n.startswith(W.NOTE_PREFIX) for n in c.plan.notes)
+    mid = (before + after) // 2
+    with pytest.raises(BudgetTooSmall):
+        _engine_plan(f"auto,budget={mid}", cap_workspaces=False)
+    c = _engine_plan(f"auto,budget={mid}")
+    caps = _caps(c)
+    assert caps and set(caps) <= {st.layer for st in c.plan.program.steps if st.kind == "conv"}
+    note = [n for n in c.plan.notes if n.startswith(W.NOTE_PREFIX)]
+    assert len(note) == 1 and all(name in note[0] for name in caps)
+    with pytest.raises(BudgetTooSmall, match="least workspace"):
+        _engine_plan(f"auto,budget={after - 4096}")
+
+
+def test_capped_plan_runs_at_the_dry_run_peak_and_trains_like_the_uncapped_one():
+    before, after = _smallest(False), _smallest(True)
+    budget = (before + after) // 2
+    spec = f"auto,budget={budget}"
+    rep = minidl.dry_run(_net(), BATCH, spec)
+    assert rep["peak_allocated_bytes"] <= budget
+    assert any(n.startswith(W.NOTE_PREFIX) for n in rep["notes"])
+    losses, params, tr = _train(spec, budget)
+    real = tr.memory_report()
+    assert real["peak_allocated_bytes"] == rep["peak_allocated_bytes"]
+    assert real["peak_reserved_bytes"] == rep["peak_reserved_bytes"]
+    assert _caps(tr.engine.compiled([(BATCH, *SHAPE)], (BATCH,), True))
+    ref_losses, ref_params, _ = _train("none", "64MiB")
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    for n, p in ref_params.items():  # other summation orders: float32 rounding apart
+        np.testing.assert_allclose(params[n], p, rtol=1e-4, atol=1e-5)
+    again, again_params, _ = _train(spec, budget)
+    assert again == losses  # the same caps: the same bits
+    for n, p in params.items():
+        assert np.array_equal(again_params[n], p)
