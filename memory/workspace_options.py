@@ -18,6 +18,10 @@ fastest configuration back, and a smaller budget never leads to a higher peak), 
 engine plans once more (with half that room if the first try does not fit), keeping the plan
 with more workspace if it is no worse (:func:`better`). Without a budget nothing changes.
 Plain data, like the BPTT schedule of :mod:`.bptt_options`.
+
+Results under given caps are bit-identical whatever the thread count, and so are the caps:
+the least workspaces, hence the lean plan and its headroom, do not depend on it. Whether caps
+are needed at all does: uncapped workspaces hold one row per thread.
 """
 
 from __future__ import annotations
@@ -66,8 +70,11 @@ def workspaces(program: Program) -> dict[Key, int]:
 
 
 def lean_options(program: Program) -> dict[int, dict[str, Any]]:
-    """Every convolution at its least workspace (cap 0, forward and backward)."""
-    return {node: {OPTION: 0} for node in sorted({n for n, _ in workspaces(program)})}
+    """Every convolution at its least workspace: cap 0 on each of its steps that has one
+    (the form :func:`headroom_options` gives)."""
+    ws = workspaces(program)
+    return {node: {OPTION: tuple(0 if (node, b) in ws else None for b in (False, True))}
+            for node in sorted({n for n, _ in ws})}
 
 
 def _live_curve(plan: Plan) -> tuple[dict[tuple[int, int], tuple[int, int, int]], np.ndarray]:
@@ -81,16 +88,16 @@ def _live_curve(plan: Plan) -> tuple[dict[tuple[int, int], tuple[int, int, int]]
     return iv, np.cumsum(diff)[:end]
 
 
-def headroom_options(plan: Plan, budget: int, fast: dict[Key, int], share: float = 1.0
-                     ) -> dict[int, dict[str, Any]]:
+def headroom_options(plan: Plan, budget: int, share: float = 1.0) -> dict[int, dict[str, Any]]:
     """Caps for the convolutions of ``plan`` (made with every one at its least workspace) that
     keep every point of it within ``budget`` (bytes, the persistent state included) and
     within its own peak: each workspace may grow by ``share`` of what the plan leaves free
     below them while it is live. (Below its own peak: so a smaller budget never leads to a
-    higher peak, as along the auto planner's path.) ``fast``:
-    the uncapped workspaces (:func:`workspaces` of the uncapped program). The option is a
-    ``(forward, backward)`` pair of caps; ``None`` where the cap reaches the uncapped size
-    (that step's fastest configuration), no option where both do."""
+    higher peak, as along the auto planner's path.) The option is a ``(forward, backward)``
+    pair of caps (``None`` for a step without a workspace). Every convolution gets one, even
+    where it is above the uncapped workspace: the layer then runs its fastest configuration,
+    and a cap, unlike the uncapped size, does not depend on the thread count (so neither do
+    the results)."""
     program = plan.program
     iv, live = _live_curve(plan)
     free = min(budget - program.persistent_bytes(), int(live.max(initial=0)))
@@ -106,13 +113,8 @@ def headroom_options(plan: Plan, budget: int, fast: dict[Key, int], share: float
     for tid, key in key_of.items():
         if tid in plan.aliases:  # shares another block: its size is not its own to grow
             caps[key] = 0
-    out: dict[int, dict[str, Any]] = {}
-    for node in sorted({n for n, _ in caps}):
-        pair = tuple(caps[(node, b)] if (node, b) in caps and caps[(node, b)] < fast.get(
-            (node, b), 0) else None for b in (False, True))
-        if pair != (None, None):
-            out[node] = {OPTION: pair}
-    return out
+    return {node: {OPTION: (caps.get((node, False)), caps.get((node, True)))}
+            for node in sorted({n for n, _ in caps})}
 
 
 def arena_fits(plan: Plan, budget: int) -> bool:
@@ -132,17 +134,19 @@ def better(new: Plan, old: Plan, budget: int) -> bool:
 
 
 def describe(program: Program, fast: dict[Key, int]) -> str:
-    """A note naming the convolutions ``program`` caps, largest saving first."""
+    """A note naming the convolutions whose workspace ``program`` makes smaller than in
+    ``fast`` (the uncapped :func:`workspaces`), largest saving first."""
     now = workspaces(program)
-    capped = {program.steps[i].node: program.steps[i].layer for i in capped_steps(program)
-              if program.steps[i].options.get(OPTION) is not None}
+    names = {program.steps[i].node: program.steps[i].layer for i in capped_steps(program)}
     nodes = {n for n, _ in fast}
 
     def most(sizes: dict[Key, int], n: int) -> int:
         return max(sizes.get((n, False), 0), sizes.get((n, True), 0))
 
-    rows = sorted(((most(fast, n) - most(now, n), name, most(fast, n), most(now, n))
-                   for n, name in capped.items()), key=lambda r: (-r[0], r[1]))
+    rows = sorted(((most(fast, n) - most(now, n), names.get(n, str(n)), most(fast, n),
+                    most(now, n)) for n in nodes
+                   if any(now.get((n, b), 0) < fast.get((n, b), 0) for b in (False, True))),
+                  key=lambda r: (-r[0], r[1]))
     shown = ", ".join(f"{name} {old / 2**20:.2f}->{new / 2**20:.2f} MiB"
                       for _, name, old, new in rows[:8])
     more = f", and {len(rows) - 8} more" if len(rows) > 8 else ""
@@ -197,7 +201,7 @@ def plan_fitting(program: Program, options: dict[int, dict[str, Any]], config: M
             f"auto planned to {tight.budget:,} B so that its static offsets fit {budget:,} B")
     tried = [lean_options(program)]
     for share in (1.0, 0.5):  # give back the room the lean plan leaves (or half of it)
-        caps = headroom_options(plan, budget, fast, share)
+        caps = headroom_options(plan, budget, share)
         if caps in tried:
             continue
         tried.append(caps)

@@ -58,9 +58,9 @@ def test_steps_taking_the_option_and_lean_options():
     assert len(W.capped_steps(p)) == 3  # conv1 has no forward workspace
     assert W.workspaces(p) == {(0, False): 2 * UNIT * 4, (0, True): 3 * UNIT * 4,
                                (2, True): 5 * UNIT * 4}
-    assert W.lean_options(p) == {0: {"conv_ws": 0}, 2: {"conv_ws": 0}}
+    assert W.lean_options(p) == {0: {"conv_ws": (0, 0)}, 2: {"conv_ws": (None, 0)}}
     assert W.merged({0: {"bptt": "x"}}, W.lean_options(p)) == {
-        0: {"bptt": "x", "conv_ws": 0}, 2: {"conv_ws": 0}}
+        0: {"bptt": "x", "conv_ws": (0, 0)}, 2: {"conv_ws": (None, 0)}}
     no_option = lower_layers([HandLayer("c", "conv", ("x",), 4, fwd_workspace=2)])
     assert W.capped_steps(no_option) == [] and W.lean_options(no_option) == {}
 
@@ -75,22 +75,24 @@ def test_headroom_caps_keep_every_point_within_the_budget(ws, grow, slack):
     budget = persistent + plan_peak(plan) + slack * 512
     small = W.workspaces(lean)
     fast = {k: b + g * 512 for (k, b), g in zip(sorted(small.items()), grow + grow)}
-    caps = W.headroom_options(plan, budget, fast)
-    sizes = dict(fast)  # every capped workspace at its cap, every other at its fast size
+    caps = W.headroom_options(plan, budget)
+    assert set(caps) == {n for n, _ in small}  # every convolution gets a cap
+    sizes = dict(fast)  # every workspace at its cap, or its fast size if smaller
     for node, o in caps.items():
-        assert set(o) == {"conv_ws"} and o["conv_ws"] != (None, None)
+        assert set(o) == {"conv_ws"}
         for backward, cap in zip((False, True), o["conv_ws"]):
+            assert (cap is None) == ((node, backward) not in small)
             if cap is not None:
-                assert cap < fast[(node, backward)] and cap % 512 == 0
-                sizes[(node, backward)] = max(cap, small[(node, backward)])
+                assert cap >= 0 and cap % 512 == 0
+                sizes[(node, backward)] = max(min(cap, fast[(node, backward)]),
+                                              small[(node, backward)])
     peak = plan_peak(base_plan(_resized(lean, sizes), REUSE))
     assert persistent + peak <= budget and peak <= plan_peak(plan)  # never above its peak
-    # room for every fast workspace under the plan's peak: no caps at all
+    # room for every fast workspace under the plan's peak: every cap reaches it
     if plan_peak(base_plan(_resized(lean, fast), REUSE)) <= plan_peak(plan):
-        assert caps == {}
-    assert W.headroom_options(plan, budget, small) == {}  # nothing to give back
-    # a smaller budget: caps never larger (no cap: unbounded)
-    tighter = W.headroom_options(plan, budget - 1024, fast)
+        assert all(_cap(caps, n, b) >= size for (n, b), size in fast.items())
+    # a smaller budget: caps never larger
+    tighter = W.headroom_options(plan, budget - 1024)
     for node, b in fast:
         assert _cap(tighter, node, b) <= _cap(caps, node, b)
 
@@ -105,8 +107,7 @@ def test_at_the_peak_the_workspace_live_there_stays_lean():
     plan = base_plan(lean, REUSE)
     budget = lean.persistent_bytes() + plan_peak(plan)
     small = W.workspaces(lean)
-    fast = {k: b + 4096 for k, b in small.items()}
-    caps = W.headroom_options(plan, budget, fast)
+    caps = W.headroom_options(plan, budget)
     at_peak = [(n, b) for n, o in caps.items() for b, c in zip((False, True), o["conv_ws"])
                if c == small[(n, b)]]
     assert at_peak  # no room left where the plan peaks: that workspace cannot grow
@@ -116,9 +117,7 @@ def test_note_names_capped_layers_largest_saving_first():
     p = _program([(2, 3), (2, 5)])
     fast = {(0, False): 2 * UNIT * 4, (0, True): 3 * UNIT * 4 + (8 << 20),
             (2, False): 2 * UNIT * 4 + (1 << 20), (2, True): 5 * UNIT * 4}
-    capped = replace(p, steps=[replace(st, options={"conv_ws": 0}) if st.kind == "conv"
-                               else st for st in p.steps])
-    note = W.describe(capped, fast)
+    note = W.describe(p, fast)  # p's workspaces: the smaller ones
     assert note.startswith(W.NOTE_PREFIX) and "2 of 2 convolutions" in note
-    assert note.index("conv0") < note.index("conv1")
-    assert W.describe(p, fast).startswith(f"{W.NOTE_PREFIX}: 0 of 2")
+    assert note.index("conv0") < note.index("conv1")  # 8 MiB saved before 1 MiB
+    assert W.describe(p, W.workspaces(p)).startswith(f"{W.NOTE_PREFIX}: 0 of 2")
