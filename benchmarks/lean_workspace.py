@@ -1,7 +1,7 @@
 """The smallest budget ``auto`` reaches, without and with convolution workspace caps
 (memory/workspace_options.py), on the meta device (no compute: seconds per model):
 
-    python benchmarks/lean_workspace.py          # vgg16 224 b64, alexnet b128, resnet50 b32
+    python benchmarks/lean_workspace.py          # vgg16 224 b64, alexnet 224 b128
     python benchmarks/lean_workspace.py vgg16    # one of them
 
 For each case: the smallest peak the planner reaches (from its ``BudgetTooSmall`` at a 1-byte
@@ -23,8 +23,9 @@ from minidl.labels import default_label_shape
 from minidl.models import get_model
 from minidl.optim import make_optimizer
 
-CASES = {"vgg16": ((3, 224, 224), 64, 1000), "alexnet": ((3, 224, 224), 128, 1000),
-         "resnet50": ((3, 224, 224), 32, 1000)}
+#: ResNets are left out: their greedy walk ends at auto's 20 s search limit, so the smallest
+#: budget depends on the machine's load (a plan at the reported budget may not be found again).
+CASES = {"vgg16": ((3, 224, 224), 64, 1000), "alexnet": ((3, 224, 224), 128, 1000)}
 
 
 def _engine(model: str, spec: str, caps: bool) -> tuple[Engine, tuple, tuple]:
