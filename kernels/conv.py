@@ -18,7 +18,14 @@ on its own row of the workspace). Weight and bias gradients are summed over :dat
 fixed runs of blocks, each into its own partial, then added in order. Every matrix product and
 every sum therefore has the same shape and order for any thread count: results are
 bit-identical across thread counts (on one machine: BLAS kernels differ between CPU models).
-Small calls run on the calling thread. A direct (no im2col) kernel
+Small calls run on the calling thread.
+
+Under a workspace cap (``max_workspace``, the ``conv_ws`` option of the plan) the call runs
+the configuration :func:`conv_config` picks: the fastest whose workspace fits (im2col rather
+than Winograd, fewer images per product, i.e. a smaller sub-batch at a time, bands of output
+rows, one gradient part, fewer threads' rows), down to one output row of one image. Another
+configuration sums in another order (results equal to float32 rounding); for one cap, the
+bits still never depend on the thread count. A direct (no im2col) kernel
 for one-input-channel layers was measured slower than im2col + GEMM (conv1 of smallcnn:
 0.73 / 1.6 ms against 0.47 / 0.51 ms forward / backward) and was dropped.
 """

@@ -180,11 +180,6 @@ class ConvConfig:
     col_bytes: int = GEMM_MAX_COL_BYTES
     parts: int = GRAD_PARTS
 
-    def describe(self) -> str:
-        col = "default blocks" if self.col_bytes >= GEMM_MAX_COL_BYTES else (
-            f"im2col <= {self.col_bytes >> 10} KiB" if self.col_bytes else "one row")
-        return f"{self.algo}, {col}, {self.parts} part{'s' if self.parts > 1 else ''}"
-
 
 #: Column-matrix caps a workspace cap may choose from (bytes), largest first; 0 is one output
 #: row of one image per product (the least workspace, the smallest products).
