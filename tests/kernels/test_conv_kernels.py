@@ -29,7 +29,7 @@ def conv_cases(draw, max_k: int = 3):
                 seed=draw(st.integers(0, 2**31)))
 
 
-def _run(case, dtype=np.float64, need_dx=True, workspace_pad=0, algo=None):
+def _run(case, dtype=np.float64, need_dx=True, workspace_pad=0, algo=None, cap=None):
     rng = np.random.default_rng(case["seed"])
     n, cin, h, w = case["x_shape"]
     cout, g = case["cout"], case["groups"]
@@ -43,15 +43,18 @@ def _run(case, dtype=np.float64, need_dx=True, workspace_pad=0, algo=None):
 
     t = case["threads"]
     y = np.full(y_ref.shape, np.nan, dtype)
-    nb = K.conv2d_workspace_bytes(x.shape, cout, case["kernel"], *geom, dtype, False, t, algo)
+    nb = K.conv2d_workspace_bytes(x.shape, cout, case["kernel"], *geom, dtype, False, t, algo,
+                                  cap)
     ws = np.full(nb + workspace_pad, 0xA5, np.uint8)
-    K.conv2d_forward(x, wt, b, y, *geom, workspace=ws, threads=t, algo=algo)
+    K.conv2d_forward(x, wt, b, y, *geom, workspace=ws, threads=t, algo=algo, max_workspace=cap)
     dx = np.full(x.shape, np.nan, dtype) if need_dx else None
     dw = np.full(wt.shape, np.nan, dtype)
     db = np.full(cout, np.nan, dtype) if case["bias"] else None
-    nb = K.conv2d_workspace_bytes(x.shape, cout, case["kernel"], *geom, dtype, True, t, algo)
+    nb = K.conv2d_workspace_bytes(x.shape, cout, case["kernel"], *geom, dtype, True, t, algo,
+                                  cap)
     ws = np.full(nb + workspace_pad, 0xA5, np.uint8)
-    K.conv2d_backward(x, wt, dy, dx, dw, db, *geom, workspace=ws, threads=t, algo=algo)
+    K.conv2d_backward(x, wt, dy, dx, dw, db, *geom, workspace=ws, threads=t, algo=algo,
+                      max_workspace=cap)
     return (y, dx, dw, db), (y_ref, dx_ref, dw_ref, db_ref)
 
 
@@ -208,15 +211,17 @@ def test_im2col_col2im_match_reference(c, h, w, kh, kw, sh, sw, ph, pw, dh, dw):
                                atol=1e-10)
 
 
-@pytest.mark.parametrize("max_bytes", [1, 700, 5000])
-def test_banded_and_blocked_gemm(monkeypatch, max_bytes):
-    """Small GEMM_MAX_COL_BYTES: large planes in bands of output rows (one row at the least),
+@pytest.mark.parametrize("cap", [0, 700, 5000])
+def test_banded_and_blocked_gemm(cap):
+    """Small workspace caps: large planes in bands of output rows (one row at the least),
     small ones several images per product; float64 and the threaded float32 path."""
-    monkeypatch.setattr(K, "GEMM_MAX_COL_BYTES", max_bytes)
     for dtype, threads in ((np.float64, None), (np.float32, 2)):
         case = dict(x_shape=(5, 4, 9, 7), cout=6, kernel=(3, 2), stride=(2, 1), padding=(1, 1),
                     dilation=(1, 2), groups=2, bias=True, threads=threads, seed=5)
-        got, want = _run(case, dtype, algo="gemm")
+        cfg = K.conv_config(case["x_shape"], 6, (3, 2), (2, 1), (1, 1), (1, 2), 2,
+                            np.dtype(dtype).itemsize, True, cap, "gemm")
+        assert cfg.col_bytes < K.GEMM_MAX_COL_BYTES  # banded or fewer images per product
+        got, want = _run(case, dtype, algo="gemm", cap=cap)
         _close(got, want, dtype)
 
 
