@@ -1,6 +1,6 @@
 """The cost model's predicted stall against the stall measured on the CPU with an emulated link.
 
-    python benchmarks/link_emulation.py            # every case (under ~5 minutes on 2 cores)
+    python benchmarks/link_emulation.py            # every case (about a minute on 2 quiet cores)
     python benchmarks/link_emulation.py --quick    # one small case per spec
 
 Each case trains a model on the CPU under a swapping spec with ``Trainer(emulate_link=P)``:
