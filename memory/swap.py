@@ -88,21 +88,81 @@ def hides_transfer(c: SwapCandidate, step_times: list[float], bandwidth: float) 
     return idle >= 2.0 * c.nbytes / bandwidth
 
 
-def _timed(c: SwapCandidate, step_times: list[float], bandwidth: float, release_at: int,
-           fetch_at: int) -> tuple[int, int]:
-    """With step times: release the block once the compute since the offload covers the copy
-    (vDNN frees a layer's input when its transfer completes, so compute never waits for it)
-    and start the prefetch early enough that the compute before the first backward use covers
-    the copy back — within the idle window, release before prefetch."""
-    copy = c.nbytes / bandwidth
-    covered = sum(step_times[c.last_forward + 1:release_at + 1])
-    while covered < copy and release_at + 1 < fetch_at - 1:
+def hidden_on_one_link(candidates: list[SwapCandidate], step_times: list[float],
+                       bandwidth: float) -> list[SwapCandidate]:
+    """The candidates whose transfers hide under compute when all of them share the link:
+    offloads queue on it in forward order, prefetches in backward order, each copy taking
+    ``nbytes / bandwidth``. A candidate is kept when its offload ends, behind the offloads
+    already kept, early enough for its prefetch to arrive before its first backward use, and
+    that prefetch fits, behind the later ones kept, after its offload (Capuchin's rule with the
+    link's queue; ``hides_transfer`` looks at one tensor as if the link were free)."""
+    ends = []
+    total = 0.0
+    for t in step_times:
+        total += t
+        ends.append(total)
+
+    def done_by(i: int) -> float:  # compute time at the end of step i (0 before step 0)
+        return ends[i] if i >= 0 else 0.0
+
+    kept, off_end, link = [], {}, 0.0
+    for c in sorted(candidates, key=lambda c: c.last_forward):
+        copy = c.nbytes / bandwidth
+        end = max(done_by(c.last_forward), link) + copy
+        if end + copy <= done_by(c.first_backward - 1):
+            kept.append(c)
+            off_end[c.root] = end
+            link = end
+    final, next_start = [], float("inf")
+    for c in sorted(kept, key=lambda c: -c.first_backward):
+        copy = c.nbytes / bandwidth
+        start = min(done_by(c.first_backward - 1), next_start) - copy
+        if start >= off_end[c.root]:
+            final.append(c)
+            next_start = start
+    return sorted(final, key=lambda c: c.last_forward)
+
+
+def _link_schedule(chosen: list[SwapCandidate], step_times: list[float],
+                   bandwidth: float) -> dict[int, tuple[float, float]]:
+    """When each chosen tensor's offload ends and its prefetch should start, in compute time,
+    with the offloads queued on the link in forward order and the prefetches in backward
+    order, each as late as its first backward use allows (never before its offload ends)."""
+    ends, total = [], 0.0
+    for t in step_times:
+        total += t
+        ends.append(total)
+
+    def done_by(i: int) -> float:
+        return ends[i] if i >= 0 else 0.0
+
+    off_end, link = {}, 0.0
+    for c in sorted(chosen, key=lambda c: c.last_forward):
+        link = off_end[c.root] = max(done_by(c.last_forward), link) + c.nbytes / bandwidth
+    out, next_start = {}, float("inf")
+    for c in sorted(chosen, key=lambda c: -c.first_backward):
+        start = max(off_end[c.root],
+                    min(done_by(c.first_backward - 1), next_start) - c.nbytes / bandwidth)
+        out[c.root] = (off_end[c.root], start)
+        next_start = start
+    return out
+
+
+def _timed(c: SwapCandidate, step_times: list[float], when: tuple[float, float],
+           release_at: int, fetch_at: int) -> tuple[int, int]:
+    """With step times: release the block once compute has reached the end of its offload
+    (vDNN frees a layer's input when its transfer completes, so compute does not wait for it)
+    and issue the prefetch at the last step boundary before its planned start — within the
+    idle window, release before prefetch."""
+    off_end, pre_start = when
+    done = sum(step_times[:release_at + 1])
+    while done < off_end and release_at + 1 < fetch_at - 1:
         release_at += 1
-        covered += step_times[release_at]
-    ahead = sum(step_times[fetch_at:c.first_backward])
-    while ahead < copy and fetch_at - 1 > release_at:
+        done += step_times[release_at]
+    issued = sum(step_times[:fetch_at])  # compute done when issued before step fetch_at
+    while issued > pre_start and fetch_at - 1 > release_at:
         fetch_at -= 1
-        ahead += step_times[fetch_at]
+        issued -= step_times[fetch_at]
     return release_at, fetch_at
 
 
@@ -128,13 +188,16 @@ def swap_plan(plan: Plan, mode: str, lookahead: int = 2, lag: int = 1,
         if only is not None and c.root not in only:
             continue
         chosen.append(c)
+    if base_mode == "auto":  # all of them share one link
+        chosen = hidden_on_one_link(chosen, step_times, bandwidth)
     before = [list(sp.before) for sp in plan.steps]
     after = [list(sp.after) for sp in plan.steps]
+    schedule = _link_schedule(chosen, step_times, bandwidth) if measured else {}
     for c in chosen:
         release_at = c.last_forward + lag
         fetch_at = max(release_at + 1, c.first_backward - lookahead)
         if measured:
-            release_at, fetch_at = _timed(c, step_times, bandwidth, release_at, fetch_at)
+            release_at, fetch_at = _timed(c, step_times, schedule[c.root], release_at, fetch_at)
         after[c.last_forward].append(Offload(c.root))
         after[release_at].append(Release(c.root))
         before[fetch_at].append(Prefetch(c.root))
