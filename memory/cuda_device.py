@@ -3,8 +3,9 @@
 * The arena is one ``cupy.cuda.Memory(capacity)`` (a raw ``cudaMalloc``, so it never comes from
   CuPy's caching pool nor from an allocator routed to our own pool); views are ``cupy.ndarray``
   over ``MemoryPointer(arena, offset)``.
-* Copies run on one non-blocking copy stream; each returns a :class:`CudaCopyEvent` (the
-  interface of :class:`~.device.CopyEvent`) built on two CUDA events.
+* Copies run on two non-blocking copy streams, one per direction; each returns a
+  :class:`CudaCopyEvent` (the interface of :class:`~.device.CopyEvent`) built on two CUDA
+  events.
 * Host memory is pinned (``cupy.cuda.alloc_pinned_memory``) and bounded by ``pinned_capacity``
   (default: the host's available memory; the trainer passes ``--host-memory``).
 * ``cuda:N``: :meth:`CudaDevice.activate` makes device N current; the executor runs every
@@ -14,8 +15,9 @@
 * :func:`route_cupy_allocations` sends CuPy's own temporaries to a :class:`~.pool.Pool`.
 
 Stream ordering: blocks freed by the pool may be handed out again at once. That is safe for work
-on one stream; a consumer that uses a block on the copy stream must order it after the compute
-stream's last use (and vice versa) with events — the memory runtime's job, not this module's.
+on one stream; across streams, every copy waits for the compute queued before it
+(:meth:`CudaCopyEngine.copy_async`) and the memory runtime makes compute wait for a copy's
+event before it touches the block again (:meth:`CudaCopyEvent.order_compute`).
 """
 
 from __future__ import annotations
@@ -113,7 +115,8 @@ class CudaCopyEvent:
 
 
 class CudaCopyEngine:
-    """Copies on one non-blocking stream, in FIFO order, between device and (pinned) host.
+    """Copies between device and (pinned) host on two non-blocking streams, one per direction
+    (a GPU's two copy engines: an offload and a prefetch overlap), each in FIFO order.
 
     Each copy first makes the copy stream wait (on the device) for an event recorded on the
     compute stream (CuPy's current stream) when it is queued: a device-to-host copy then never
@@ -126,7 +129,9 @@ class CudaCopyEngine:
         self._cp = cp
         self._device = cp.cuda.Device(device_id)
         with self._device:
-            self.stream = cp.cuda.Stream(non_blocking=True)
+            #: ``"h2d"`` and ``"d2h"``; a device-to-device copy goes on ``d2h``.
+            self.streams = {"h2d": cp.cuda.Stream(non_blocking=True),
+                            "d2h": cp.cuda.Stream(non_blocking=True)}
         self._inflight: deque[CudaCopyEvent] = deque()
         self.total_bytes = 0
         self.busy_s = 0.0
@@ -146,22 +151,23 @@ class CudaCopyEngine:
         nbytes = int(dst.nbytes)
         d_dev = isinstance(dst, cp.ndarray)
         s_dev = isinstance(src, cp.ndarray)
+        if not (d_dev or s_dev):
+            raise ValueError("a cuda copy needs at least one cupy array")
+        stream = self.streams["h2d" if d_dev and not s_dev else "d2h"]
         with self._device:
             start = cp.cuda.Event()
             end = cp.cuda.Event()
             produced = cp.cuda.Event(disable_timing=True)
             produced.record(cp.cuda.get_current_stream())
-            self.stream.wait_event(produced)
-            start.record(self.stream)
+            stream.wait_event(produced)
+            start.record(stream)
             if d_dev and s_dev:
-                dst.data.copy_from_device_async(src.data, nbytes, self.stream)
+                dst.data.copy_from_device_async(src.data, nbytes, stream)
             elif d_dev:
-                dst.data.copy_from_host_async(src.ctypes.data, nbytes, self.stream)
-            elif s_dev:
-                src.data.copy_to_host_async(dst.ctypes.data, nbytes, self.stream)
+                dst.data.copy_from_host_async(src.ctypes.data, nbytes, stream)
             else:
-                raise ValueError("a cuda copy needs at least one cupy array")
-            end.record(self.stream)
+                src.data.copy_to_host_async(dst.ctypes.data, nbytes, stream)
+            end.record(stream)
         event = CudaCopyEvent(cp, nbytes, start, end, (dst, src))
         self.total_bytes += nbytes
         self.num_copies += 1
@@ -176,7 +182,8 @@ class CudaCopyEngine:
 
     def synchronize(self) -> None:
         """Wait for every queued copy."""
-        self.stream.synchronize()
+        for stream in self.streams.values():
+            stream.synchronize()
         self._retire()
 
     def close(self) -> None:
@@ -251,7 +258,7 @@ class _PinnedCounter:
 
 
 class CudaDevice:
-    """One CUDA device: an arena of ``capacity`` bytes, a copy stream, bounded pinned memory."""
+    """One CUDA device: an arena of ``capacity`` bytes, copy streams, bounded pinned memory."""
 
     name = "cuda"
     kind = "cuda"

@@ -1,6 +1,7 @@
 """A recording model of CUDA streams and events that fails on unordered conflicting accesses.
 
-Every operation is issued on one stream (``"compute"`` or ``"copy"``) with the byte ranges of
+Every operation is issued on one stream (``"compute"``, or a copy stream per direction:
+``"h2d"`` and ``"d2h"``, as a GPU's two copy engines) with the byte ranges of
 device memory it reads and writes. Operations on one stream run in issue order; across streams
 an operation is ordered after another only through events: ``record`` captures a stream's
 position, ``wait_event`` makes a stream wait for it on the device, ``host_wait`` (event or
@@ -21,8 +22,8 @@ from dataclasses import dataclass, field
 
 __all__ = ["Op", "StreamEvent", "StreamModel", "StreamRace", "STREAMS"]
 
-#: The streams of one device: kernels on ``compute``, transfers on ``copy``.
-STREAMS = ("compute", "copy")
+#: The streams of one device: kernels on ``compute``, transfers on ``h2d`` and ``d2h``.
+STREAMS = ("compute", "h2d", "d2h")
 
 Range = tuple[int, int]
 

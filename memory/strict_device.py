@@ -440,20 +440,22 @@ class StrictCopyEngine:
             raise ValueError(f"copy needs arrays of the same shape and dtype, got dst "
                              f"{dst.shape} {dst.dtype} and src {src.shape} {src.dtype}")
         streams = dev.streams
-        if dev.copy_waits_for_compute:
-            streams.wait_event("copy", streams.record("compute"))
         d_dev, s_dev = isinstance(dst, StrictArray), isinstance(src, StrictArray)
         if not (d_dev or s_dev):
             raise ValueError("a device copy needs at least one device array")
-        streams.issue("copy", dev._ranges((src,)) if s_dev else (),
-                      dev._ranges((dst,)) if d_dev else (), "a copy")
+        stream = "h2d" if d_dev and not s_dev else "d2h"  # one copy stream per direction
+        if dev.copy_waits_for_compute:
+            streams.wait_event(stream, streams.record("compute"))
+        streams.issue(stream, dev._ranges((src,)) if s_dev else (),
+                      dev._ranges((dst,)) if d_dev else (), f"a {stream} copy")
         np.copyto(dst._a if d_dev else dst, src._a if s_dev else src)
         self.total_bytes += int(dst.nbytes)
         self.num_copies += 1
-        return StrictCopyEvent(dev, int(dst.nbytes), streams.record("copy"))
+        return StrictCopyEvent(dev, int(dst.nbytes), streams.record(stream))
 
     def synchronize(self) -> None:
-        self._dev.streams.host_wait(self._dev.streams.record("copy"))
+        for stream in ("h2d", "d2h"):
+            self._dev.streams.host_wait(self._dev.streams.record(stream))
 
     def close(self) -> None:
         self.closed = True
