@@ -31,6 +31,9 @@ FLAGS: dict[str, tuple[tuple[str, ...] | None, str]] = {
     "auto": (None, "choose keep / swap / recompute per feature map to fit budget=SIZE at the "
                    "least estimated time (Capuchin, moDNN)"),
     "budget": (("<size>",), "device bytes the auto planner must fit, e.g. budget=2GiB"),
+    "planner": (("greedy", "optimal"), "how auto chooses: a greedy walk (default) or a "
+                                       "mixed-integer program solved by HiGHS, taken when it "
+                                       "fits at no more estimated time (Checkmate + swapping)"),
     "split": (("<int>",), "run each batch as K micro-batches, accumulating weight gradients "
                           "(moDNN's batch splitting; auto picks K when nothing else fits)"),
 }
@@ -108,6 +111,9 @@ class MemoryConfig:
             raise ValueError("memory flag 'split' needs a value: split=K")
         if "budget" in flags and "auto" not in flags:
             raise ValueError("budget=SIZE is for the auto planner: add 'auto' to the spec")
+        if "planner" in flags and "auto" not in flags:
+            raise ValueError("planner=greedy|optimal is for the auto planner: add 'auto' to the "
+                             "spec")
         if "auto" in flags:
             ignored = [f for f in AUTO_EXCLUDES if f in flags]
             if ignored:

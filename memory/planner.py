@@ -38,6 +38,11 @@ def make_plan(program: Program, config: MemoryConfig,
     if bandwidth is not None:
         link["bandwidth"] = bandwidth
     if config.has("auto") and program.training:
+        if config.get("planner") == "optimal":
+            from .optimal import optimal_plan
+
+            return replace(optimal_plan(program, config.budget, step_times, **link),
+                           spec=config.spec)
         return replace(auto_plan(program, config.budget, step_times, **link), spec=config.spec)
     if config.has("recompute") and program.training:
         program = policy_program(program, config.get("recompute"),

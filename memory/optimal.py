@@ -1,0 +1,812 @@
+"""``auto,planner=optimal``: the keep / swap / recompute choice of :mod:`.auto` made by a
+mixed-integer program instead of a greedy walk — Checkmate's idea (Jain et al. 2020: binary
+recompute / keep decisions, memory at every stage under the budget, the least added compute)
+extended with swapping priced as Capuchin prices it, and restricted to the schedules
+:func:`.auto.build` makes, so the same executor runs the result.
+
+Decisions: ``d[k] = 1`` drops forward step ``k`` (its outputs and stash are recomputed in
+backward, one recomputation per run of consecutive dropped steps, before that run's first
+backward step); ``s[t] = 1`` swaps feature map ``t``. The objective is the estimated extra time
+exactly as the greedy planner estimates it: per swap the transfer time its idle compute does not
+hide, per recomputed step its cost, once per group of backward steps that needs it — a map whose
+producer's input was dropped too pays for the whole chain.
+
+Memory is constrained at every *position*: each forward step, each backward step and, before
+each backward step, the recomputations placed there. What is live:
+
+* blocks (tensors sharing one block in the ``reuse,inplace`` plan) no decision changes: constant;
+* a forward block: from its definition to its last forward use, then as long as a later read
+  remains — a backward read while its producer is kept, a recomputation reading it while a
+  consumer is recomputed there; a swapped block is away from its release to its prefetch;
+* a clone (a dropped step's output or stash) from its group's recomputation to its group's last
+  backward read; a recomputation also holds one step's scratch and transient clones.
+
+Products of binaries ("these steps are in one segment", "recomputed in this group") are
+linearised with lower bounds only: the objective and the budget push them down, and at integral
+decisions their least values are the products. The model approximates the allocator (sharing
+is the decision-free plan's, prefetches land within a step or two of where the model puts them),
+so every solution is checked with :func:`.auto.build` and :func:`.base_plan.plan_peak`: one that
+does not fit is cut off and the budget lowered by the excess at the position of its true peak,
+then re-solved (a few rounds). The checked best is polished (actions whose removal still fits
+are removed) and the greedy choice is the fallback; :func:`optimal_plan` takes the optimal
+choice only when it fits at no more estimated time than the greedy one.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import csr_array
+
+from .auto import (
+    DEFAULT_FLOPS_PER_S,
+    auto_choose,
+    auto_plan,
+    build,
+    plan_for_choice,
+    step_costs,
+)
+from .base_plan import plan_peak
+from .liveness import lifetimes, root_of
+from .plan import ENDS, STARTS, AutoChoice, Plan
+from .program import Program
+from .swap import DEFAULT_BANDWIDTH, swap_candidates
+
+#: swap_plan's defaults: a block is released ``LAG`` steps after its last forward use and
+#: prefetched ``LOOKAHEAD`` steps before its first backward use.
+LAG, LOOKAHEAD = 1, 2
+#: Seconds added per decision in the objective: among equal estimated times, fewer actions.
+EPS_ACTION = 1e-9
+#: Longest run of consecutive dropped steps the model considers on deep programs (all of them
+#: up to :data:`FULL_WINDOW_STEPS` forward steps).
+MAX_RUN = 24
+FULL_WINDOW_STEPS = 48
+#: Objective per memory unit over the budget (the objective counts iterations).
+OVERFLOW_COST = 1e4
+#: Above this many decisions, the whole MILP gets WHOLE_SHARE of the time limit, then windows
+#: of WINDOW_STEPS consecutive forward steps are re-solved (WINDOW_TIME_S at most each).
+FULL_SOLVE_BINARIES = 160
+WHOLE_SHARE = 0.3
+WINDOW_STEPS = 32
+WINDOW_TIME_S = 8.0
+
+
+class Unsupported(ValueError):
+    """The program has a shape the model does not describe (steps other than forward then
+    backward): the greedy planner decides alone."""
+
+
+# ---------------------------------------------------------------- estimates shared by both
+
+
+def swap_costs(program: Program, costs: list[float], bandwidth: float) -> dict[int, float]:
+    """Extra seconds of swapping each candidate feature map, as the greedy planner prices it
+    (two transfers minus the compute between its last forward and first backward use)."""
+    out = {}
+    for c in swap_candidates(program, {}, "all"):
+        if c.first_backward - c.last_forward >= LAG + 2:
+            idle = sum(costs[c.last_forward + 1:c.first_backward])
+            out[c.root] = max(0.0, 2.0 * c.nbytes / bandwidth - idle)
+    return out
+
+
+def evaluate(program: Program, choice: AutoChoice, costs: list[float],
+             swap_cost: dict[int, float]) -> tuple[int, float, Plan]:
+    """(total peak bytes, estimated extra seconds, plan) of a choice, exactly: the peak of the
+    built plan plus the persistent state, the recomputed steps' costs plus the swaps' costs."""
+    plan = build(program, choice)
+    recompute = sum(costs[s.origin] for s in plan.program.steps if s.phase == "recompute")
+    extra = recompute + sum(swap_cost.get(t, 0.0) for t in choice.swapped)
+    return program.persistent_bytes() + plan_peak(plan), extra, plan
+
+
+# ---------------------------------------------------------------- the model
+
+
+class _Lp:
+    """Variables, a sparse constraint matrix and the objective of a mixed-integer program."""
+
+    def __init__(self) -> None:
+        self.lb: list[float] = []
+        self.ub: list[float] = []
+        self.integer: list[int] = []
+        self.cost: list[float] = []
+        self.rows: list[tuple[list[tuple[int, float]], float, float]] = []
+        self.names: list[str] = []
+
+    def var(self, ub: float = 1.0, integer: bool = False, cost: float = 0.0,
+            name: str = "") -> int:
+        self.names.append(name)
+        self.lb.append(0.0)
+        self.ub.append(ub)
+        self.integer.append(1 if integer else 0)
+        self.cost.append(cost)
+        return len(self.lb) - 1
+
+    def ge(self, terms: list[tuple[int, float]], rhs: float) -> int:
+        """Add ``sum(coef * x) >= rhs``; returns the row."""
+        self.rows.append((terms, rhs, math.inf))
+        return len(self.rows) - 1
+
+    def le(self, terms: list[tuple[int, float]], rhs: float) -> int:
+        self.rows.append((terms, -math.inf, rhs))
+        return len(self.rows) - 1
+
+    def matrix(self) -> csr_array:
+        data, ri, ci = [], [], []
+        for r, (terms, _, _) in enumerate(self.rows):
+            for c, v in terms:
+                ri.append(r)
+                ci.append(c)
+                data.append(v)
+        return csr_array((data, (ri, ci)), shape=(len(self.rows), len(self.lb)))
+
+
+@dataclass
+class _Model:
+    """The program's MILP and what is needed to read a solution back."""
+
+    lp: _Lp
+    drop: dict[int, int]  # forward step index -> variable
+    swap: dict[int, int]  # tensor id -> variable
+    mem_rows: list[int]  # per position: the memory row
+    mem_const: list[int]  # per position: bytes no decision changes
+    positions: list[tuple[str, int]]  # ("F" | "P" | "B", step index) in time order
+    pos_of_step: dict[int, int]
+    region_pos: dict[int, int]  # backward step index -> position of the recomputation before it
+    window: int
+    mem_unit: float  # bytes per unit of the memory rows
+    region_rows: dict[int, list[int]]  # region position -> its step-by-step rows
+    stats: dict = field(default_factory=dict)
+
+
+def _build_model(program: Program, costs: list[float], swap_cost: dict[int, float],
+                 budget_iter: int, window: int | None = None) -> _Model:
+    steps, tensors = program.steps, program.tensors
+    nf = sum(1 for s in steps if s.phase == "forward")
+    if any(s.phase != "forward" for s in steps[:nf]) or \
+            any(s.phase != "backward" for s in steps[nf:]):
+        raise Unsupported("steps other than forward then backward")
+    size = {t.id: program.block_size(t.nbytes) for t in tensors}
+    # memory in units of the largest block's power of two: coefficients <= 1 (bytes beside
+    # binaries would leave HiGHS with a badly scaled matrix)
+    mu = float(2 ** math.ceil(math.log2(max(size.values(), default=1) or 1)))
+    fs = {t: b / mu for t, b in size.items()}
+    producer = {t: s.index for s in steps[:nf] for t in s.writes}
+    loss_step = producer.get(program.loss)
+    droppable = [s.index for s in steps[:nf] if s.index != loss_step
+                 and any(tensors[t].role == "value" for t in s.writes)]
+    dset = set(droppable)
+    W = window if window is not None else (nf if nf <= FULL_WINDOW_STEPS else MAX_RUN)
+    fwd_of_node = {s.node: s.index for s in steps[:nf]}
+    node_f = {b.index: fwd_of_node.get(b.node) for b in steps[nf:]}
+    bwd_of_f: dict[int, int] = {}
+    for b in steps[nf:]:
+        f = node_f[b.index]
+        if f is not None:
+            bwd_of_f.setdefault(f, b.index)
+    consumers: dict[int, list[int]] = {}
+    for s in steps[:nf]:
+        for t in set(s.reads):
+            if not tensors[t].persistent and producer.get(t) != s.index:
+                consumers.setdefault(t, []).append(s.index)
+    breaders: dict[int, list[int]] = {}
+    for b in steps[nf:]:
+        for t in set(b.reads):
+            if not tensors[t].persistent:
+                breaders.setdefault(t, []).append(b.index)
+    outs = {k: [t for t in steps[k].writes if not tensors[t].persistent] for k in droppable}
+    last_fwd: dict[int, int] = {}
+    for s in steps[:nf]:
+        for t in (*s.reads, *s.writes, *((s.workspace,) if s.workspace >= 0 else ())):
+            last_fwd[t] = s.index
+
+    # positions in time order: forward steps, then per backward step its recomputation region
+    # (before the first backward step of a node) and the step itself
+    positions: list[tuple[str, int]] = []
+    pos_of_step: dict[int, int] = {}
+    region_pos: dict[int, int] = {}
+    for s in steps[:nf]:
+        pos_of_step[s.index] = len(positions)
+        positions.append(("F", s.index))
+    for b in steps[nf:]:
+        f = node_f[b.index]
+        if f is not None and bwd_of_f[f] == b.index:
+            region_pos[b.index] = len(positions)
+            positions.append(("P", b.index))
+        pos_of_step[b.index] = len(positions)
+        positions.append(("B", b.index))
+    npos = len(positions)
+    node_positions: dict[int, list[int]] = {}  # forward node f -> positions of its backward
+    for q, (kind, s) in enumerate(positions):
+        if kind != "F" and node_f[s] is not None:
+            node_positions.setdefault(node_f[s], []).append(q)
+
+    lp = _Lp()
+    drop = {k: lp.var(integer=True, cost=EPS_ACTION, name=f"d{k}") for k in droppable}
+
+    # run(f, g) = d[f] * ... * d[g-1]: f and g in one segment (None: zero)
+    runs: dict[tuple[int, int], int] = {}
+
+    def run(f: int, g: int):
+        if g == f:
+            return "one"
+        if g - f > W or any(i not in dset for i in range(f, g)):
+            return None
+        if g == f + 1:
+            return drop[f]
+        key = (f, g)
+        if key not in runs:
+            prev = run(f, g - 1)
+            v = lp.var(name=f"run{f},{g}")
+            lp.ge([(v, 1.0)] + ([(prev, -1.0)] if prev != "one" else [])
+                  + [(drop[g - 1], -1.0)], -1.0 if prev != "one" else 0.0)
+            runs[key] = v
+        return runs[key]
+
+    # need[k][e]: step k recomputed in the group ending at kept step e
+    need: dict[int, dict[int, int]] = {}
+    cap = 3 * W + 4
+    n_need_rows = 0
+    for k in reversed(droppable):
+        rows: dict[int, list[list[tuple[int, float]]]] = {}  # e -> lower-bound rows (rhs -1)
+        for t in outs[k]:
+            for b in breaders.get(t, ()):
+                f = node_f[b]
+                if f is None:
+                    continue
+                for e in range(f, min(nf, f + W + 1)):
+                    r = run(f, e)
+                    if r is None:
+                        break
+                    if e not in bwd_of_f or e - k > cap:
+                        continue
+                    terms = [(drop[k], -1.0)]
+                    if r != "one":
+                        terms.append((r, -1.0))
+                    if e in dset:
+                        terms.append((drop[e], 1.0))
+                    rhs = -1.0 if r != "one" else 0.0
+                    rows.setdefault(e, []).append((terms, rhs))
+            for j in consumers.get(t, ()):
+                for e, nv in need.get(j, {}).items():
+                    if e - k <= cap:
+                        rows.setdefault(e, []).append(([(drop[k], -1.0), (nv, -1.0)], -1.0))
+        if rows:
+            need[k] = {}
+            for e, rs in rows.items():
+                v = lp.var(cost=costs[k], name=f"need{k},{e}")
+                need[k][e] = v
+                for terms, rhs in rs:
+                    lp.ge([(v, 1.0)] + terms, rhs)
+                    n_need_rows += 1
+
+    # memory rows, filled below
+    mem_terms: list[list[tuple[int, float]]] = [[] for _ in range(npos)]
+    # per region position: blocks a recomputation there reads (bytes, live-at-the-region var,
+    # live-after var or None, last step of the region that may read it)
+    region_reads: dict[int, list[tuple[float, int, int | None, int]]] = {}
+    const = np.zeros(npos + 1, dtype=np.int64)
+
+    def add_const(q0: int, q1: int, nbytes: int) -> None:  # positions q0..q1 inclusive
+        if q1 >= q0:
+            const[q0] += nbytes
+            const[q1 + 1] -= nbytes
+
+    # clones of dropped steps' outputs read in backward, live at a node's backward positions
+    clone_terms: list[list[tuple[int, float]]] = [[] for _ in range(npos)]
+    clone_at: dict[int, list[tuple[int, int, int]]] = {}  # node -> (step, tensor, variable)
+    n_clones = 0
+    for k in droppable:
+        for t in outs[k]:
+            readers = sorted({node_f[b] for b in breaders.get(t, ()) if node_f[b] is not None})
+            if not readers:
+                continue
+            for g in range(readers[0], min(nf, readers[-1] + W + 1)):
+                lows = []
+                for fr in readers:
+                    if fr > g:
+                        break
+                    r = run(fr, g)
+                    if r is None:
+                        continue
+                    lows.append(r)
+                if not lows or g not in node_positions:
+                    continue
+                v = lp.var(name=f"clone{t},{g}")
+                n_clones += 1
+                for r in lows:
+                    if r == "one":
+                        lp.ge([(v, 1.0), (drop[k], -1.0)], 0.0)
+                    else:
+                        lp.ge([(v, 1.0), (drop[k], -1.0), (r, -1.0)], -1.0)
+                clone_at.setdefault(g, []).append((k, t, v))
+                for q in node_positions[g]:
+                    clone_terms[q].append((v, fs[t]))
+
+    # swap variables, one per candidate whose block can be swapped
+    base = build(program, AutoChoice())
+    aliases = base.aliases
+    life = lifetimes(program)
+    members: dict[int, list[int]] = {}
+    for t in life:
+        members.setdefault(root_of(aliases, t), []).append(t)
+    swap: dict[int, int] = {}
+    n_chain = 0
+    z_cache: dict[int, tuple[int | None, int | None]] = {}
+    for r, ms in members.items():
+        first = min(life[t].first for t in ms)
+        last = max(life[t].last for t in ms)
+        if first >= nf:  # gradients and backward scratch: no decision changes them
+            # (a region before step b holds it only if it was allocated before b: the range
+            # starts at b's own position, after b's region)
+            add_const(pos_of_step[first], pos_of_step[last], size[r])
+            continue
+        lf = max((last_fwd[t] for t in ms if t in last_fwd), default=first)
+        q_def = 0 if first < 0 else pos_of_step[first]
+        dependent = any(producer.get(t) in dset for t in ms) or any(
+            j in dset for t in ms for j in consumers.get(t, ())) or any(
+            t in swap_cost for t in ms)
+        # events: (position, rhs constant, terms) meaning "live at and before position"
+        events: list[tuple[int, float, list[tuple[int, float]]]] = []
+        reads: list[tuple[int, int, list[tuple[int, float]]]] = []  # recomputations reading it
+        for t in ms:
+            p = producer.get(t)
+            for b in breaders.get(t, ()):
+                events.append((pos_of_step[b], 1.0, [(drop[p], -1.0)] if p in dset else []))
+            for j in consumers.get(t, ()):
+                for e, nv in need.get(j, {}).items():
+                    terms = [(nv, 1.0)] + ([(drop[p], -1.0)] if p in dset else [])
+                    events.append((region_pos[bwd_of_f[e]], 0.0, terms))
+                    reads.append((j, e, terms))
+        add_const(q_def, pos_of_step[lf], size[r])
+        events = [ev for ev in events if ev[0] > pos_of_step[lf]]
+        if not events:
+            continue
+        qmax = max(ev[0] for ev in events)
+        q0 = pos_of_step[lf] + 1
+        # the swap gap: away from the release (LAG steps after the last forward use) to the
+        # prefetch (LOOKAHEAD steps before the first backward use)
+        gap = None
+        late = None
+        svars: list[int] = []
+        fb = min((b for t in ms for b in breaders.get(t, ())), default=None)
+        cands = [t for t in ms if t in swap_cost]
+        if cands and fb is not None and fb - lf >= LAG + 2:
+            fetch = max(lf + LAG + 1, fb - LOOKAHEAD)
+            if fetch == fb - LOOKAHEAD and fetch >= nf:
+                late = fb  # the lookahead counts recomputations before fb: refined below
+                fetch = fb
+            g0, g1 = pos_of_step[lf + LAG] + 1, pos_of_step[fetch]
+            if g1 > g0:
+                gap = (g0, g1)
+                for t in cands:
+                    swap[t] = lp.var(integer=True, cost=swap_cost[t] + EPS_ACTION, name=f"s{t}")
+                    svars.append(swap[t])
+                if len(svars) > 1:
+                    lp.le([(v, 1.0) for v in svars], 1.0)
+                tails = {producer.get(t) for t in ms if breaders.get(t)} & dset
+                for v in svars:
+                    for p in tails:
+                        lp.le([(v, 1.0), (drop[p], 1.0)], 1.0)
+        if gap is not None:
+            # a recomputation of consumer j reading the swapped block has it prefetched
+            # LOOKAHEAD steps ahead: from the backward step before its region, and from the
+            # one before that unless another recomputation runs before j in the region
+            for j, e, terms in reads:
+                b = bwd_of_f[e]
+                q = region_pos[b]
+                if b - 1 < nf:
+                    continue
+                for q2 in range(pos_of_step[b - 1], q):
+                    events.append((q2, 0.0, terms))
+                if b - LOOKAHEAD < nf:
+                    continue
+                # (another input's dropped producer runs first; the binaries are exact where
+                # the relaxed "recomputed here" variables would let the solver cheat)
+                first = [(drop[producer[u]], -1.0) for u in set(steps[j].reads)
+                         if u not in ms and producer.get(u) in dset]
+                for q2 in range(pos_of_step[b - LOOKAHEAD], pos_of_step[b - 1]):
+                    events.append((q2, 0.0, terms + first))
+        if gap is None and (not dependent or all(not ev[2] for ev in events)):
+            add_const(q0, qmax, size[r])
+            continue
+        cuts = {q0, qmax + 1} | {ev[0] + 1 for ev in events}
+        if gap:
+            cuts |= {gap[0], gap[1]}
+        if late is not None:
+            cuts |= set(range(pos_of_step[late - LOOKAHEAD], pos_of_step[late] + 1))
+        cuts = sorted(c for c in cuts if q0 <= c <= qmax + 1)
+        spans = list(zip(cuts[:-1], cuts[1:]))  # [start, end) per run
+        vs = [lp.var(name=f"live{r}@{a}") for a, _ in spans]
+        last_reader: dict[int, int] = {}  # region position -> last step there reading it
+        for j, e, _ in reads:
+            q = region_pos[bwd_of_f[e]]
+            last_reader[q] = max(last_reader.get(q, -1), j)
+        n_chain += len(vs)
+        for i, (a, b) in enumerate(spans):
+            for q in range(a, b):
+                if q in last_reader:  # read inside the region: live after it only if read later
+                    nxt = next((vs[i2] for i2, (a2, b2) in enumerate(spans) if a2 <= q + 1 < b2),
+                               None)
+                    region_reads.setdefault(q, []).append((fs[r], vs[i], nxt, last_reader[q]))
+                    if nxt is not None:
+                        mem_terms[q].append((nxt, fs[r]))
+                else:
+                    mem_terms[q].append((vs[i], fs[r]))
+            in_gap = gap is not None and gap[0] <= a < gap[1]
+            if i + 1 < len(spans):
+                lp.ge([(vs[i], 1.0), (vs[i + 1], -1.0)] + [(s, 1.0) for s in svars if in_gap],
+                      0.0)
+            for q, rhs, terms in events:
+                if q == b - 1:
+                    lp.ge([(vs[i], 1.0)] + [(v, -c) for v, c in terms], rhs)
+        if late is not None:
+            # prefetched LOOKAHEAD steps before its first backward use fb, counting the
+            # recomputations placed before fb: at the region before fb always, at the step
+            # before unless the region runs two steps, before that unless it runs one
+            def var_at(q: int, spans=spans, vs=vs) -> int:
+                return next(vs[i] for i, (a, b) in enumerate(spans) if a <= q < b)
+
+            vfb = var_at(pos_of_step[late])
+            z1, z2 = _region_steps(lp, drop, dset, node_f[late], late in region_pos, z_cache)
+            if late in region_pos:
+                lp.ge([(var_at(region_pos[late]), 1.0), (vfb, -1.0)], 0.0)
+            for q in range(pos_of_step[late - LOOKAHEAD], pos_of_step[late - 1] + 1):
+                z = z2 if q == pos_of_step[late - 1] else z1
+                lp.ge([(var_at(q), 1.0), (vfb, -1.0)] + ([(z, 1.0)] if z is not None else []),
+                      0.0)
+        if gap is not None:  # released after LAG steps only: held until the gap starts
+            after = next((i for i, (a, _) in enumerate(spans) if a >= gap[1]), None)
+            before = [i for i, (a, _) in enumerate(spans) if a < gap[0]]
+            if after is not None and before:
+                lp.ge([(vs[before[-1]], 1.0), (vs[after], -1.0)], 0.0)
+
+    mem_const = np.cumsum(const[:npos]).tolist()
+    mem_rows = [lp.le(mem_terms[q] + clone_terms[q], (budget_iter - mem_const[q]) / mu)
+                for q in range(npos)]
+    region_rows: dict[int, list[int]] = {}
+    # inside a recomputation region, step by step: what is live across the region, the clones
+    # made so far (steps run in forward order), and this step's scratch: its workspace, its
+    # outputs no backward step reads and the inputs it reads from such transient clones
+    no_breader = {t for t in size if not breaders.get(t)}
+    for e in sorted({e for ne in need.values() for e in ne}):
+        q = region_pos[bwd_of_f[e]]
+        across = lp.var(ub=math.inf, name=f"across{e}")
+        lp.ge([(across, 1.0)] + [(v, -c) for v, c in mem_terms[q]], mem_const[q] / mu)
+        made = sorted(clone_at.get(e, []))
+        for k in sorted(k for k, ne in need.items() if e in ne):
+            ne = need[k]
+            st = steps[k]
+            trans = sum(size[t] for t in outs[k] if t in no_breader)
+            if st.workspace >= 0:
+                trans += size[st.workspace]
+            terms = [(across, 1.0), (ne[e], trans / mu)]
+            terms += [(v, fs[t]) for j, t, v in made if j <= k]
+            for f, here, nxt, last in region_reads.get(q, ()):
+                if k <= last:
+                    terms += [(here, f)] + ([(nxt, -f)] if nxt is not None else [])
+            rhs = budget_iter / mu
+            for t in set(st.reads):
+                p = producer.get(t)
+                if p in need and e in need[p] and t in no_breader and p != k:
+                    terms += [(need[p][e], fs[t]), (ne[e], fs[t])]
+                    rhs += fs[t]
+            region_rows.setdefault(q, []).append(lp.le(terms, rhs))
+
+    # at most W consecutive dropped steps (the windows above cover every segment)
+    for f in range(nf - W):
+        if all(i in dset for i in range(f, f + W + 1)):
+            lp.le([(drop[i], 1.0) for i in range(f, f + W + 1)], float(W))
+    # dropping an in-place op's output but keeping the block it writes over never saves memory
+    # (the block is held until the recomputation) and costs time: drop the whole block
+    for ms in members.values():
+        tails = [t for t in ms if breaders.get(t)]
+        if len(ms) < 2 or len(tails) != 1:
+            continue
+        p = producer.get(tails[0])
+        if p not in dset or any(tensors[t].role == "stash" for t in steps[p].writes):
+            continue
+        for t in ms:
+            q = producer.get(t)
+            if q in dset and q != p:
+                lp.ge([(drop[q], 1.0), (drop[p], -1.0)], 0.0)
+    model = _Model(lp, drop, swap, mem_rows, mem_const, positions, pos_of_step, region_pos, W,
+                   mu, region_rows)
+    model.stats = dict(variables=len(lp.lb), binaries=len(drop) + len(swap),
+                       constraints=len(lp.rows), window=W, clones=n_clones, need_rows=n_need_rows,
+                       chain_vars=n_chain)
+    return model
+
+
+# ---------------------------------------------------------------- solving
+
+
+def _region_steps(lp: _Lp, drop: dict[int, int], dset: set[int], e: int | None,
+                  has_region: bool, cache: dict) -> tuple[int | None, int | None]:
+    """Exact indicators (at integral drops) that the recomputation region before node ``e``'s
+    backward runs at least one step (``e - 1`` dropped, ``e`` kept) and at least two (``e - 2``
+    dropped too), as a chain recomputes; None where impossible."""
+    if e is None or not has_region or e - 1 not in dset:
+        return None, None
+    if e not in cache:
+        z1 = lp.var(name=f"region1@{e}")
+        lp.le([(z1, 1.0), (drop[e - 1], -1.0)], 0.0)
+        if e in dset:
+            lp.le([(z1, 1.0), (drop[e], 1.0)], 1.0)
+            lp.ge([(z1, 1.0), (drop[e - 1], -1.0), (drop[e], 1.0)], 0.0)
+        else:
+            lp.ge([(z1, 1.0), (drop[e - 1], -1.0)], 0.0)
+        z2 = None
+        if e - 2 in dset:
+            z2 = lp.var(name=f"region2@{e}")
+            lp.le([(z2, 1.0), (drop[e - 2], -1.0)], 0.0)
+            lp.le([(z2, 1.0), (z1, -1.0)], 0.0)
+            lp.ge([(z2, 1.0), (drop[e - 2], -1.0), (z1, -1.0)], -1.0)
+        cache[e] = (z1, z2)
+    return cache[e]
+
+
+def _solve(model: _Model, time_limit: float, gap: float, fixed: dict[int, float] | None = None):
+    lp = model.lp
+    lo = np.array([r[1] for r in lp.rows])
+    hi = np.array([r[2] for r in lp.rows])
+    lb, ub = np.array(lp.lb), np.array(lp.ub)
+    for v, x in (fixed or {}).items():
+        lb[v] = ub[v] = x
+    return milp(c=np.array(lp.cost), integrality=np.array(lp.integer), bounds=Bounds(lb, ub),
+                constraints=[LinearConstraint(lp.matrix(), lo, hi)],
+                options={"time_limit": max(0.5, time_limit), "disp": False,
+                         "mip_rel_gap": gap})
+
+
+def _choice_of(model: _Model, x: np.ndarray) -> AutoChoice:
+    return AutoChoice(swapped={t for t, v in model.swap.items() if x[v] > 0.5},
+                      dropped={k for k, v in model.drop.items() if x[v] > 0.5})
+
+
+def _no_good(model: _Model, choice: AutoChoice) -> None:
+    """Cut off exactly this assignment of the decisions."""
+    terms, ones = [], 0
+    for k, v in model.drop.items():
+        terms.append((v, -1.0 if k in choice.dropped else 1.0))
+        ones += k in choice.dropped
+    for t, v in model.swap.items():
+        terms.append((v, -1.0 if t in choice.swapped else 1.0))
+        ones += t in choice.swapped
+    model.lp.ge(terms, 1.0 - ones)
+
+
+def _peak_position(model: _Model, plan: Plan) -> int:
+    """The model position of the built plan's peak (the step running when it is reached; a
+    recomputation maps to the region before the backward step it precedes)."""
+    steps = plan.program.steps
+    live, best, where = 0, -1, 0
+    sizes = {}
+    for pos, a in plan.actions():
+        if a.tensor in plan.aliases:
+            continue
+        if isinstance(a, STARTS):
+            sizes[a.tensor] = plan.program.block_size(plan.program.tensors[a.tensor].nbytes)
+            live += sizes[a.tensor]
+            if live > best:
+                best, where = live, pos
+        elif isinstance(a, ENDS) and a.tensor in sizes:
+            live -= sizes.pop(a.tensor)
+    where = min(max(where, 0), len(steps) - 1)
+    st = steps[where]
+    if st.phase == "recompute":
+        nxt = next((s for s in steps[where:] if s.phase == "backward"), None)
+        if nxt is not None:
+            return model.region_pos.get(nxt.origin, model.pos_of_step[nxt.origin])
+    return model.pos_of_step.get(st.origin, 0)
+
+
+def _polish(program: Program, choice: AutoChoice, extra: float, budget: int,
+            costs: list[float], swap_cost: dict[int, float], deadline: float,
+            ) -> tuple[AutoChoice, float, int, int]:
+    """Remove actions while the exact plan still fits at no more estimated time."""
+    peak = -1
+    moves = 0
+    improved = True
+    while improved and time.perf_counter() < deadline:
+        improved = False
+        acts = [("s", t) for t in choice.swapped] + [("d", k) for k in choice.dropped]
+        acts.sort(key=lambda a: -(swap_cost.get(a[1], 0.0) if a[0] == "s" else costs[a[1]]))
+        for kind, x in acts:
+            trial = AutoChoice(set(choice.swapped) - ({x} if kind == "s" else set()),
+                               set(choice.dropped) - ({x} if kind == "d" else set()))
+            tpeak, textra, _ = evaluate(program, trial, costs, swap_cost)
+            if tpeak <= budget and textra <= extra:
+                choice, extra, peak, improved = trial, textra, tpeak, True
+                moves += 1
+                break
+            if time.perf_counter() > deadline:
+                break
+    return choice, extra, peak, moves
+
+
+def optimal_choose(program: Program, budget: int, costs: list[float],
+                   bandwidth: float = DEFAULT_BANDWIDTH, time_limit_s: float = 60.0,
+                   greedy: AutoChoice | None = None, mip_rel_gap: float = 1e-6,
+                   max_rounds: int = 12, window: int | None = None) -> AutoChoice:
+    """The keep / swap / recompute choice of least estimated extra time whose plan fits
+    ``budget`` (total bytes, persistent state included), from the MILP of this module.
+
+    ``costs`` are seconds per step (:func:`.auto.step_costs`). Small programs (up to
+    :data:`FULL_SOLVE_BINARIES` decisions) are solved whole; larger ones get a share of
+    ``time_limit_s`` for the whole MILP, then windows of :data:`WINDOW_STEPS` consecutive layers
+    are re-solved with every other decision fixed to the best checked choice so far (starting
+    from ``greedy``'s, computed here when not given) until the time is up. Every solution is
+    checked on the built plan; ``choice.path`` records each solve (time, status, objective,
+    bound, gap) and the decisions. When nothing checked beats the greedy choice, it is returned
+    with a ``("fallback", why, ...)`` entry last."""
+    t0 = time.perf_counter()
+    deadline = t0 + time_limit_s
+    persistent = program.persistent_bytes()
+    swap_cost = swap_costs(program, costs, bandwidth)
+    unit = max(sum(costs), 1e-30)  # the objective in iterations: well-scaled for HiGHS
+    if greedy is None:
+        greedy = auto_choose(program, budget, costs, bandwidth=bandwidth)
+    g_peak, g_extra, _ = evaluate(program, greedy, costs, swap_cost)
+
+    def fallback(why: str, log: list[tuple[str, str, int, float]]) -> AutoChoice:
+        g = AutoChoice(set(greedy.swapped), set(greedy.dropped), greedy.extra_time_s,
+                       greedy.peak, list(greedy.path) + log)
+        g.path.append(("fallback", f"greedy choice kept: {why}", g.peak, g.extra_time_s))
+        return g
+
+    try:
+        model = _build_model(program, [c / unit for c in costs],
+                             {t: c / unit for t, c in swap_cost.items()}, budget - persistent,
+                             window)
+    except Unsupported as e:
+        return fallback(f"the optimal planner does not model this program ({e})", [])
+    # memory over the budget is allowed at a prohibitive price: every (sub)problem has a
+    # solution, and one with overflow says the model finds no plan that fits
+    overflow = model.lp.var(ub=math.inf, cost=OVERFLOW_COST, name="overflow")
+    for row in [*model.mem_rows, *(r for rs in model.region_rows.values() for r in rs)]:
+        terms, lo, hi = model.lp.rows[row]
+        model.lp.rows[row] = ([*terms, (overflow, -1.0)], lo, hi)
+    build_s = time.perf_counter() - t0
+    log: list[str] = []
+    best: tuple[float, AutoChoice, int, str] | None = None
+    if g_peak <= budget:
+        best = (g_extra, greedy, g_peak, "greedy")
+    large = model.stats["binaries"] > FULL_SOLVE_BINARIES
+    last = None
+
+    def check(res, what: str, solve_s: float, rnd: int) -> str:
+        """Read, check and log a solution: 'fits', 'over' (cut off) or 'none'."""
+        nonlocal best, last
+        last = res
+        status = {0: "optimal", 1: "time limit", 2: "infeasible"}.get(res.status, res.message)
+        if res.x is None:
+            log.append(f"{what}: {status} after {solve_s:.2f} s, no solution")
+            return "none"
+        gap = getattr(res, "mip_gap", None)
+        bound = getattr(res, "mip_dual_bound", None)
+        head = (f"{what}: {status} in {solve_s:.2f} s, objective {1000 * res.fun * unit:.3f} ms"
+                + (f", bound {1000 * bound * unit:.3f} ms, gap {100 * gap:.2f} %"
+                   if gap is not None and bound is not None and res.x[overflow] <= 1e-9 else ""))
+        if res.x[overflow] > 1e-9:
+            log.append(f"{head}; no plan fits in the model (over by "
+                       f"{res.x[overflow] * model.mem_unit:,.0f} B)")
+            return "none"
+        choice = _choice_of(model, res.x)
+        peak, extra, plan = evaluate(program, choice, costs, swap_cost)
+        log.append(f"{head}; {len(choice.swapped)} swaps, {len(choice.dropped)} drops: checked "
+                   f"peak {peak:,} B ({'fits' if peak <= budget else f'{peak - budget:,} B over'}"
+                   f"), estimated {1000 * extra:.3f} ms")
+        if peak <= budget:
+            if best is None or extra < best[0] or best[3] == "greedy" and extra <= best[0]:
+                best = (extra, choice, peak, "milp")
+            return "fits"
+        # the model under-estimated this plan's memory: cut it off, and (after a few exact
+        # cuts alone) lower the budget at the position of its true peak by the excess
+        _no_good(model, choice)
+        if rnd >= 2:
+            q = _peak_position(model, plan)
+            for row in [model.mem_rows[q], *model.region_rows.get(q, ())]:
+                terms, lo, hi = model.lp.rows[row]
+                model.lp.rows[row] = (terms, lo, hi - (peak - budget) / model.mem_unit)
+        return "over"
+
+    # the whole MILP (a share of the time on large programs)
+    whole_deadline = t0 + (WHOLE_SHARE * time_limit_s if large else time_limit_s)
+    for r in range(max_rounds):
+        left = whole_deadline - time.perf_counter()
+        if left <= 0.2:
+            break
+        ts = time.perf_counter()
+        res = _solve(model, left, mip_rel_gap)
+        if check(res, f"whole MILP, round {r + 1}", time.perf_counter() - ts, r) != "over":
+            break
+    # windows of consecutive layers re-solved around the best checked choice
+    n_windows = 0
+    if large and best is not None:
+        producer = {t: s.index for s in program.steps if s.phase == "forward" for t in s.writes}
+        nf = max(model.drop) + 1
+        starts = list(range(0, nf, WINDOW_STEPS // 2))
+        improved = True
+        while improved and time.perf_counter() < deadline - 0.5:
+            improved = False
+            for a in starts:
+                left = deadline - time.perf_counter()
+                if left <= 0.5:
+                    break
+                inc = best[1]
+                b = a + WINDOW_STEPS
+                fixed = {v: float(k in inc.dropped) for k, v in model.drop.items()
+                         if not a <= k < b}
+                fixed.update({v: float(t in inc.swapped) for t, v in model.swap.items()
+                              if not a <= producer.get(t, 0) < b})
+                ts = time.perf_counter()
+                res = _solve(model, min(left, WINDOW_TIME_S), mip_rel_gap, fixed)
+                before = best[0]
+                n_windows += 1
+                check(res, f"window {a}-{min(b, nf) - 1}", time.perf_counter() - ts, 3)
+                improved |= best[0] < before - 1e-12 * max(before, 1e-30)
+    polish_moves = 0
+    if best is not None and best[3] != "greedy":
+        extra, choice, peak, src = best
+        until = max(deadline, time.perf_counter() + 1.0)
+        choice, extra, ppeak, polish_moves = _polish(program, choice, extra, budget, costs,
+                                                     swap_cost, until)
+        best = (extra, choice, ppeak if ppeak >= 0 else peak, src)
+    total = time.perf_counter() - t0
+    st = model.stats
+    gap = getattr(last, "mip_gap", None) if last is not None else None
+    summary = (f"MILP of {st['variables']:,} variables ({st['binaries']} binary), "
+               f"{st['constraints']:,} constraints, segments up to {st['window'] + 1} steps; "
+               f"built in {build_s:.2f} s; {len(log)} solve(s)"
+               + (f" ({n_windows} windows)" if n_windows else "") + f", {total:.2f} s in all"
+               + (f"; polished by removing {polish_moves} action(s)" if polish_moves else "")
+               + (f"; last gap {100 * gap:.2f} %" if gap is not None else ""))
+    entries = [("solve", s, 0, 0.0) for s in log] + [("milp", summary, 0, 0.0)]
+    if best is None or best[3] == "greedy":
+        why = ("no checked MILP solution fits" if best is None
+               else "no checked MILP solution fits at less estimated time")
+        return fallback(why + (f" ({log[-1]})" if log else ""), entries)
+    extra, choice, peak, _ = best
+    out = AutoChoice(set(choice.swapped), set(choice.dropped), extra, peak)
+    for t in sorted(choice.swapped):
+        out.path.append(("swap", program.tensors[t].name, peak, swap_cost.get(t, 0.0)))
+    for k in sorted(choice.dropped):
+        out.path.append(("recompute", program.steps[k].layer, peak, costs[k]))
+    out.path += [(kind, text, peak, extra) for kind, text, _, _ in entries]
+    return out
+
+
+def optimal_plan(program: Program, budget: int | None, step_times: list[float] | None = None,
+                 bandwidth: float = DEFAULT_BANDWIDTH, flops_per_s: float = DEFAULT_FLOPS_PER_S,
+                 cost_source: str = "measured step times", time_limit_s: float = 60.0,
+                 **greedy_kwargs) -> Plan:
+    """``auto`` with ``planner=optimal``: both the greedy and the optimal choice are made and
+    the optimal one is taken only when it fits at no more estimated time; the notes say which.
+    Raises :class:`~.auto.BudgetTooSmall` as the greedy planner does when neither fits."""
+    if budget is None:
+        return auto_plan(program, None, step_times, cost_source=cost_source)
+    costs = step_costs(program, step_times, flops_per_s)
+    greedy = auto_choose(program, budget, step_times, bandwidth, flops_per_s, **greedy_kwargs)
+    swap_cost = swap_costs(program, costs, bandwidth)
+    g_peak, g_extra, _ = evaluate(program, greedy, costs, swap_cost)
+    opt = optimal_choose(program, budget, costs, bandwidth, time_limit_s, greedy=greedy)
+    why = next((p[1] for p in opt.path if p[0] == "fallback"), None)
+    milp_note = next((p[1] for p in opt.path if p[0] == "milp"), "no MILP solved")
+    take = why is None and opt.peak <= budget and (g_peak > budget
+                                                   or opt.extra_time_s <= g_extra)
+    picked = opt if take else greedy
+    plan = plan_for_choice(program, budget, picked, step_times, cost_source)
+    g_text = (f"greedy {1000 * g_extra:.1f} ms" if g_peak <= budget
+              else f"greedy does not fit (smallest peak {g_peak:,} B)")
+    if take:
+        verdict = (f"optimal choice taken (estimated overhead {1000 * opt.extra_time_s:.1f} ms, "
+                   f"{g_text} per iteration)")
+    else:
+        verdict = f"{why or 'greedy choice kept'} ({g_text} per iteration)"
+    return plan.with_notes(f"planner=optimal: {verdict}; {milp_note}")

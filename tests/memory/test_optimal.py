@@ -1,0 +1,234 @@
+"""``auto,planner=optimal``: the MILP planner against exhaustive search on small random programs,
+against the greedy planner on reference models, its plans, its fallback, its flag."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hand_programs import HandLayer, linear_chain, lower_layers
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from minidl.memory import optimal
+from minidl.memory.auto import BudgetTooSmall, auto_choose, auto_plan, step_costs
+from minidl.memory.base_plan import plan_peak
+from minidl.memory.config import MemoryConfig
+from minidl.memory.optimal import evaluate, optimal_choose, swap_costs
+from minidl.memory.plan import AutoChoice
+from minidl.memory.planner import make_plan
+
+
+def exhaustive(program, budget, costs, bandwidth):
+    """The least estimated extra time over every keep / swap / recompute assignment (every
+    droppable forward step, every swap candidate), or None when none fits."""
+    producer = {t: s.index for s in program.steps if s.phase == "forward" for t in s.writes}
+    loss = producer[program.loss]
+    drops = [s.index for s in program.steps if s.phase == "forward" and s.index != loss
+             and any(program.tensors[t].role == "value" for t in s.writes)]
+    sc = swap_costs(program, costs, bandwidth)
+    swaps = sorted(sc)
+    best = None
+    for dm in itertools.product((0, 1), repeat=len(drops)):
+        dropped = {k for k, b in zip(drops, dm) if b}
+        for sm in itertools.product((0, 1), repeat=len(swaps)):
+            swapped = {t for t, b in zip(swaps, sm) if b}
+            if any(producer.get(t) in dropped for t in swapped):
+                continue  # swapping a recomputed map: no memory saved, its cost counted
+            peak, extra, _ = evaluate(program, AutoChoice(swapped, dropped), costs, sc)
+            if peak <= budget and (best is None or extra < best):
+                best = extra
+    return best
+
+
+@st.composite
+def random_programs(draw):
+    """Chains of 2..5 layers where an ``add`` also reads an earlier value (forks and joins),
+    with random sizes, workspaces, in-place flags and FLOPs."""
+    n = draw(st.integers(2, 5))
+    layers: list[HandLayer] = []
+    units = {"x": draw(st.integers(1, 4))}
+    prev = "x"
+    for i in range(n):
+        kind = draw(st.sampled_from(["conv", "relu", "pool", "linear", "add"]))
+        flops = draw(st.sampled_from([100, 1000, 4000, 8000]))
+        same = [v for v in units if v not in (prev, "x") and units[v] == units[prev]]
+        if kind == "add" and not same:
+            kind = "relu"
+        name = f"{kind}{i}"
+        if kind == "relu":
+            ly = HandLayer(name, kind, (prev,), units[prev], keeps="output", flops=flops,
+                           inplace_forward=draw(st.booleans()),
+                           inplace_backward=draw(st.booleans()))
+        elif kind == "add":
+            ly = HandLayer(name, kind, (prev, draw(st.sampled_from(same))), units[prev],
+                           keeps="", inplace_forward=draw(st.booleans()), flops=flops)
+        elif kind == "pool":
+            half = max(1, units[prev] // 2)
+            ly = HandLayer(name, kind, (prev,), half, stash={"argmax": half}, keeps="",
+                           attrs={"op": "max", "window": 4, "kernel": (2, 2), "stride": (2, 2),
+                                  "padding": (0, 0)}, flops=flops)
+        else:
+            ly = HandLayer(name, kind, (prev,), draw(st.integers(1, 6)), params=("w",),
+                           fwd_workspace=draw(st.integers(0, 2)) if kind == "conv" else 0,
+                           bwd_workspace=draw(st.integers(0, 2)) if kind == "conv" else 0,
+                           flops=flops)
+        layers.append(ly)
+        units[name] = ly.units
+        prev = name
+    return lower_layers(layers, input_units=units["x"])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_programs(), st.sampled_from([1e9, 1e10, 1e11]),
+       st.sampled_from([0.0, 0.25, 0.5, 0.75]))
+def test_equal_to_exhaustive_search_on_random_programs(program, bandwidth, frac):
+    costs = step_costs(program, None)
+    n_drop = sum(1 for s in program.steps if s.phase == "forward") - 1
+    assume(n_drop + len(swap_costs(program, costs, bandwidth)) <= 10)
+    lo = program.lower_bound_bytes()
+    hi = evaluate(program, AutoChoice(), costs, {})[0]
+    budget = int(lo + frac * (hi - lo))
+    best = exhaustive(program, budget, costs, bandwidth)
+    # the MILP alone: its only incumbent to beat is doing nothing (no greedy walk)
+    nothing = AutoChoice(peak=hi)
+    opt = optimal_choose(program, budget, costs, bandwidth, time_limit_s=30, greedy=nothing)
+    peak = program.persistent_bytes() + plan_peak(optimal.build(program, opt))
+    assert peak == opt.peak
+    if best is None:
+        assert opt.peak > budget  # nothing fits: the fallback, which does not fit either
+    else:
+        assert opt.peak <= budget
+        assert opt.extra_time_s == pytest.approx(best, rel=1e-9, abs=1e-18)
+        if best > 0:  # something had to be done: the MILP did it
+            assert opt.path[-1][0] == "milp"
+
+
+def test_joint_recomputation_beats_the_greedy_walk():
+    """conv -> pool -> relu -> add(relu, pool): recomputing the three first layers together costs
+    less than the swap the greedy walk takes one move at a time."""
+    p = lower_layers([
+        HandLayer("conv0", "conv", ("x",), 2, params=("w",), fwd_workspace=2, flops=8000),
+        HandLayer("pool1", "pool", ("conv0",), 1, stash={"argmax": 1}, keeps="", flops=100,
+                  attrs={"op": "max", "window": 4, "kernel": (2, 2), "stride": (2, 2),
+                         "padding": (0, 0)}),
+        HandLayer("relu2", "relu", ("pool1",), 1, keeps="output", inplace_backward=True,
+                  flops=4000),
+        HandLayer("add3", "add", ("relu2", "pool1"), 1, keeps="", flops=1000),
+    ], input_units=2)
+    costs, bw, budget = step_costs(p, None), 1e9, 4608
+    greedy = auto_choose(p, budget, costs, bandwidth=bw)
+    g_peak, g_extra, _ = evaluate(p, greedy, costs, swap_costs(p, costs, bw))
+    opt = optimal_choose(p, budget, costs, bw)
+    assert g_peak <= budget and opt.peak <= budget
+    assert opt.extra_time_s < 0.6 * g_extra
+    assert opt.dropped == {0, 1, 2} and not opt.swapped
+    assert opt.extra_time_s == pytest.approx(exhaustive(p, budget, costs, bw))
+    assert [kind for kind, *_ in opt.path[:3]] == ["recompute"] * 3
+    assert any(kind == "milp" and "variables" in text for kind, text, *_ in opt.path)
+
+
+def _reference(name: str, shape: tuple[int, ...], batch: int):
+    from minidl.layers import SoftmaxCrossEntropy
+
+    from minidl.lowering import lower
+    from minidl.models import get_model
+
+    net = get_model(name, shape, 10)
+    return lower(net, [(batch, *shape)], loss=SoftmaxCrossEntropy(),
+                 label_shape=(batch,)).program
+
+
+@pytest.mark.parametrize("target", [None, "v100"])
+@pytest.mark.parametrize("model", [("smallcnn", (1, 28, 28), 32), ("resnet8", (3, 32, 32), 16)])
+def test_never_worse_than_greedy_on_reference_models(model, target):
+    p = _reference(*model)
+    if target is None:
+        costs, bw = step_costs(p, None), optimal.DEFAULT_BANDWIDTH
+    else:
+        from minidl.memory.cost_model import step_costs as roofline
+        from minidl.memory.targets import get_target
+
+        prof = get_target(target)
+        costs = roofline(p, prof)
+        bw = min(prof.link_h2d_bytes_per_s, prof.link_d2h_bytes_per_s)
+    sc = swap_costs(p, costs, bw)
+    lo, hi = p.lower_bound_bytes(), evaluate(p, AutoChoice(), costs, sc)[0]
+    for frac in (0.1, 0.3, 0.6, 0.9):
+        budget = int(lo + frac * (hi - lo))
+        greedy = auto_choose(p, budget, costs, bandwidth=bw)
+        g_peak, g_extra, _ = evaluate(p, greedy, costs, sc)
+        opt = optimal_choose(p, budget, costs, bw, time_limit_s=30, greedy=greedy)
+        if g_peak <= budget:
+            assert opt.peak <= budget
+            assert opt.extra_time_s <= g_extra * (1 + 1e-12)
+        if opt.peak <= budget:  # the recorded peak is the built plan's
+            assert opt.peak == p.persistent_bytes() + plan_peak(optimal.build(p, opt))
+
+
+def test_make_plan_with_planner_optimal_fits_and_says_which_choice_it_took():
+    p = _reference("resnet8", (3, 32, 32), 16)
+    lo = p.lower_bound_bytes()
+    reuse = auto_plan(p, None).auto.peak
+    budget = (lo + reuse) // 2
+    plan = make_plan(p, MemoryConfig.parse(f"auto,budget={budget},planner=optimal"))
+    plan.validate()
+    assert plan.spec == f"auto,budget={budget},planner=optimal"
+    assert plan.auto.peak <= budget
+    assert plan.auto.peak == p.persistent_bytes() + plan_peak(plan)
+    assert plan.static_base == p.persistent_bytes()
+    assert plan.notes[0].startswith(f"auto: budget {budget:,} B;")
+    note = next(n for n in plan.notes if n.startswith("planner=optimal: "))
+    assert ("optimal choice taken" in note) != ("greedy choice kept" in note)
+    assert "MILP of" in note and "gap" in note
+    greedy = make_plan(p, MemoryConfig.parse(f"auto,budget={budget}"))
+    assert not any(n.startswith("planner=") for n in greedy.notes)
+
+
+def test_budget_below_the_lower_bound_raises_as_greedy_does():
+    p = linear_chain(8)
+    budget = p.lower_bound_bytes() - 512
+    with pytest.raises(BudgetTooSmall) as greedy_err:
+        make_plan(p, MemoryConfig.parse(f"auto,budget={budget}"))
+    with pytest.raises(BudgetTooSmall) as optimal_err:
+        make_plan(p, MemoryConfig.parse(f"auto,budget={budget},planner=optimal"))
+    assert str(optimal_err.value) == str(greedy_err.value)
+    opt = optimal_choose(p, budget, step_costs(p, None))
+    assert opt.path[-1][0] == "fallback" and "no checked MILP solution fits" in opt.path[-1][1]
+
+
+def test_large_programs_are_solved_by_windows_around_the_best_choice(monkeypatch):
+    monkeypatch.setattr(optimal, "FULL_SOLVE_BINARIES", 0)
+    monkeypatch.setattr(optimal, "WINDOW_STEPS", 8)
+    p = linear_chain(24, units=2)
+    costs = step_costs(p, None)
+    lo, hi = p.lower_bound_bytes(), evaluate(p, AutoChoice(), costs, {})[0]
+    budget = (lo + hi) // 2
+    greedy = auto_choose(p, budget, costs)
+    g_peak, g_extra, _ = evaluate(p, greedy, costs, swap_costs(p, costs, 4e9))
+    opt = optimal_choose(p, budget, costs, time_limit_s=20, greedy=greedy)
+    texts = [text for kind, text, *_ in opt.path if kind == "solve"]
+    assert texts[0].startswith("whole MILP")
+    assert any(t.startswith("window 0-7") for t in texts)
+    assert g_peak <= budget and opt.peak <= budget and opt.extra_time_s <= g_extra
+
+
+def test_dry_run_with_planner_optimal():
+    from minidl import dry_run
+    from minidl.models import smallcnn
+
+    base = dry_run(smallcnn(), 32, "auto")
+    budget = (base["lower_bound_bytes"] + base["peak_reserved_bytes"]) // 2
+    rep = dry_run(smallcnn(), 32, f"auto,budget={budget},planner=optimal")
+    assert rep["peak_reserved_bytes"] <= budget
+    assert any(n.startswith("planner=optimal: ") for n in rep["notes"])
+
+
+def test_planner_flag():
+    assert MemoryConfig.parse("auto,budget=1GiB,planner=optimal").get("planner") == "optimal"
+    assert MemoryConfig.parse("auto,planner=greedy").get("planner") == "greedy"
+    with pytest.raises(ValueError, match=r"'planner' needs a value in greedy\|optimal"):
+        MemoryConfig.parse("auto,planner=fast")
+    with pytest.raises(ValueError, match=r"'planner' needs a value in greedy\|optimal"):
+        MemoryConfig.parse("auto,planner")
+    with pytest.raises(ValueError, match="planner=greedy|optimal is for the auto planner"):
+        MemoryConfig.parse("reuse,inplace,planner=optimal")
