@@ -282,16 +282,18 @@ def conv2d_workspace_bytes(
     algo: str | None = None, max_workspace: int | None = None,
 ) -> int:
     """Workspace bytes of :func:`conv2d_forward` / :func:`conv2d_backward` (all threads).
-    With ``max_workspace``: the configuration :func:`conv_config` picks under it, with as many
-    rows as fit (at least one: more than the cap if even the leanest does not fit)."""
+    With ``max_workspace``: the configuration :func:`conv_config` picks under it, with the
+    rows of ``threads`` (default :data:`REFERENCE_ROWS`, whatever the machine's thread count)
+    that fit, at least one (more than the cap if even the leanest does not fit)."""
     itemsize = np.dtype(dtype).itemsize
     cfg = conv_config(x_shape, cout, kernel, stride, padding, dilation, groups, itemsize,
                       backward, max_workspace, algo)
     s = _sized(x_shape, cout, kernel, stride, padding, dilation, groups, backward, itemsize,
                cfg)
-    t = _threads(s.layout, x_shape[0], backward, threads)
-    if max_workspace is not None:
-        t = max(1, min(t, (max_workspace - s.fixed) // s.per))
+    if max_workspace is None:
+        t = _threads(s.layout, x_shape[0], backward, threads)
+    else:  # rows for REFERENCE_ROWS threads: a capped workspace is the same on every machine
+        t = max(1, min(threads or REFERENCE_ROWS, s.units, (max_workspace - s.fixed) // s.per))
     return t * s.per + s.fixed
 
 

@@ -10,18 +10,19 @@ gradient part, fewer threads' rows. Without the option (or ``None``) it runs the
 configuration whatever its workspace; cap 0 asks for the least workspace.
 
 Under a budget the engine plans with no caps first. If no plan fits, it lowers again with
-every convolution at its least workspace (:func:`lean_options`) and plans (tighter, if the
-plan's static offsets need more than its peak); if that fits, :func:`headroom_options` gives
-each convolution back the memory that plan leaves free around its workspace, below that
-plan's peak (so the largest workspaces live at the peak stay lean, the others get their
-fastest configuration back, and a smaller budget never leads to a higher peak), and the
-engine plans once more (with half that room if the first try does not fit), keeping the plan
-with more workspace if it is no worse (:func:`better`). Without a budget nothing changes.
-Plain data, like the BPTT schedule of :mod:`.bptt_options`.
+every convolution capped at 1 MiB, then at its least workspace (:data:`LEVELS`,
+:func:`lean_options`), and plans (tighter, if the plan's static offsets need more than its
+peak). Once one fits, :func:`headroom_options` gives each convolution back the memory that
+plan leaves free around its workspace, below that plan's peak (so the workspaces live at the
+peak stay lean, the others get their fastest configuration back, and a smaller budget never
+leads to a higher peak), and the engine plans once more (with half that room if the first
+try does not fit), keeping the plan with more workspace if it is no worse (:func:`better`).
+Without a budget nothing changes. Plain data, like the BPTT schedule of :mod:`.bptt_options`.
 
 Results under given caps are bit-identical whatever the thread count, and so are the caps:
-the least workspaces, hence the lean plan and its headroom, do not depend on it. Whether caps
-are needed at all does: uncapped workspaces hold one row per thread.
+capped workspaces hold rows for a fixed number of threads, so the plans at the levels and
+their headroom do not depend on it. Whether caps are needed at all does: uncapped workspaces
+hold one row per thread.
 """
 
 from __future__ import annotations
@@ -69,11 +70,17 @@ def workspaces(program: Program) -> dict[Key, int]:
     return out
 
 
-def lean_options(program: Program) -> dict[int, dict[str, Any]]:
-    """Every convolution at its least workspace: cap 0 on each of its steps that has one
-    (the form :func:`headroom_options` gives)."""
+#: Caps tried in turn on every convolution at once when no uncapped plan fits: a moderate
+#: one (measured on VGG layers: 1.0-1.9x the time of forward + backward), then the least
+#: workspace (2.3-4x: one output row of one image per product, one thread in backward).
+LEVELS = (1 << 20, 0)
+
+
+def lean_options(program: Program, cap: int = 0) -> dict[int, dict[str, Any]]:
+    """Every convolution capped at ``cap`` (default: its least workspace) on each of its
+    steps that has a workspace (the form :func:`headroom_options` gives)."""
     ws = workspaces(program)
-    return {node: {OPTION: tuple(0 if (node, b) in ws else None for b in (False, True))}
+    return {node: {OPTION: tuple(cap if (node, b) in ws else None for b in (False, True))}
             for node in sorted({n for n, _ in ws})}
 
 
@@ -164,6 +171,27 @@ def merged(*options: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
     return out
 
 
+def _fit(options: dict[int, dict[str, Any]], config: MemoryConfig,
+         plan_with: Callable[[dict[int, dict[str, Any]] | None, MemoryConfig], tuple[T, Plan]]
+         ) -> tuple[T, Plan]:
+    """``plan_with(options, config)``, planned tighter when the plan's static offsets need
+    more than its peak, until they fit the budget (else :class:`BudgetTooSmall`)."""
+    budget, tight = config.budget, config
+    for _ in range(4):
+        low, plan = plan_with(options, tight)
+        if arena_fits(plan, budget):
+            break
+        over = plan.program.persistent_bytes() + plan.static_arena - budget
+        tight = MemoryConfig({**tight.flags, "budget": str(tight.budget - over)})
+    else:
+        raise BudgetTooSmall(f"the peak fits the budget of {budget:,} B, but not the "
+                             f"{plan.static_arena:,} B its static offsets need")
+    if tight is not config:
+        plan = replace(plan, spec=config.spec).with_notes(
+            f"auto planned to {tight.budget:,} B so that its static offsets fit {budget:,} B")
+    return low, plan
+
+
 def plan_fitting(program: Program, options: dict[int, dict[str, Any]], config: MemoryConfig,
                  plan_with: Callable[[dict[int, dict[str, Any]] | None, MemoryConfig],
                                      tuple[T, Plan]],
@@ -181,26 +209,19 @@ def plan_fitting(program: Program, options: dict[int, dict[str, Any]], config: M
             raise
         uncapped = e
     budget = config.budget
-    lean_opts = merged(options, lean_options(program))
-    tight = config
-    for _ in range(4):  # static offsets may need more than the peak: plan tighter
+    for i, level in enumerate(LEVELS):
         try:
-            low, plan = plan_with(lean_opts, tight)
-        except BudgetTooSmall as e:
-            raise BudgetTooSmall(f"{e} (every convolution at its least workspace)") from None
-        if arena_fits(plan, budget):
+            low, plan = _fit(merged(options, lean_options(program, level)), config, plan_with)
             break
-        over = plan.program.persistent_bytes() + plan.static_arena - budget
-        tight = MemoryConfig({**tight.flags, "budget": str(tight.budget - over)})
-    else:
-        raise BudgetTooSmall(
-            f"{uncapped}; with every convolution at its least workspace the peak fits, but not "
-            f"the {plan.static_arena:,} B its static offsets need") from None
-    if tight is not config:
-        plan = replace(plan, spec=config.spec).with_notes(
-            f"auto planned to {tight.budget:,} B so that its static offsets fit {budget:,} B")
-    tried = [lean_options(program)]
-    for share in (1.0, 0.5):  # give back the room the lean plan leaves (or half of it)
+        except BudgetTooSmall as e:
+            if i < len(LEVELS) - 1:
+                continue
+            if "static offsets" in str(e):  # the planner's peak fitted, its arena did not
+                raise BudgetTooSmall(f"{uncapped}; with every convolution at its least "
+                                     f"workspace {e}") from None
+            raise BudgetTooSmall(f"{e} (every convolution at its least workspace)") from None
+    tried = [lean_options(program, level)]
+    for share in (1.0, 0.5):  # give back the room that plan leaves (or half of it)
         caps = headroom_options(plan, budget, share)
         if caps in tried:
             continue

@@ -88,8 +88,11 @@ def test_no_cap_or_a_large_one_is_the_default():
                 geom["padding"], cout))
             full = _ws_bytes(x_shape, cout, backward, None, REFERENCE_ROWS, geom)
             assert _config(x_shape, cout, backward, full, geom) == default
+            assert _ws_bytes(x_shape, cout, backward, 10 * full, REFERENCE_ROWS, geom) == \
+                _ws_bytes(x_shape, cout, backward, None, REFERENCE_ROWS, geom)
+            # a cap declares rows for REFERENCE_ROWS threads, whatever the machine has
             assert _ws_bytes(x_shape, cout, backward, 10 * full, None, geom) == \
-                _ws_bytes(x_shape, cout, backward, None, None, geom)
+                _ws_bytes(x_shape, cout, backward, 10 * full, REFERENCE_ROWS, geom)
     assert _config((6, 32, 16, 16), 32, True, None).algo == "winograd"
 
 
