@@ -338,6 +338,13 @@ def _build_model(program: Program, costs: list[float], swap_cost: dict[int, floa
     swap: dict[int, int] = {}
     n_chain = 0
     z_cache: dict[int, tuple[int | None, int | None]] = {}
+    reads_of: dict[int, set[int]] = {}  # node -> droppable producers its backward reads
+    for b in steps[nf:]:
+        if node_f[b.index] is not None:
+            reads_of.setdefault(node_f[b.index], set()).update(
+                producer[t] for t in b.reads if producer.get(t) in dset)
+    inputs_of = {k: {producer[t] for t in steps[k].reads if producer.get(t) in dset}
+                 for k in droppable}
     for r, ms in members.items():
         first = min(life[t].first for t in ms)
         last = max(life[t].last for t in ms)
@@ -453,7 +460,8 @@ def _build_model(program: Program, costs: list[float], swap_cost: dict[int, floa
                 return next(vs[i] for i, (a, b) in enumerate(spans) if a <= q < b)
 
             vfb = var_at(pos_of_step[late])
-            z1, z2 = _region_steps(lp, drop, dset, node_f[late], late in region_pos, z_cache)
+            z1, z2 = _region_steps(lp, drop, dset, reads_of, inputs_of, node_f[late],
+                                   late in region_pos, z_cache)
             if late in region_pos:
                 lp.ge([(var_at(region_pos[late]), 1.0), (vfb, -1.0)], 0.0)
             for q in range(pos_of_step[late - LOOKAHEAD], pos_of_step[late - 1] + 1):
@@ -526,28 +534,52 @@ def _build_model(program: Program, costs: list[float], swap_cost: dict[int, floa
 # ---------------------------------------------------------------- solving
 
 
-def _region_steps(lp: _Lp, drop: dict[int, int], dset: set[int], e: int | None,
-                  has_region: bool, cache: dict) -> tuple[int | None, int | None]:
-    """Exact indicators (at integral drops) that the recomputation region before node ``e``'s
-    backward runs at least one step (``e - 1`` dropped, ``e`` kept) and at least two (``e - 2``
-    dropped too), as a chain recomputes; None where impossible."""
-    if e is None or not has_region or e - 1 not in dset:
+def _region_steps(lp: _Lp, drop: dict[int, int], dset: set[int], reads_of: dict[int, set[int]],
+                  inputs_of: dict[int, set[int]], e: int | None, has_region: bool, cache: dict
+                  ) -> tuple[int | None, int | None]:
+    """Indicators that the recomputation region before node ``e``'s backward certainly runs at
+    least one step and at least two, bounded from above by products of drops only (exact
+    binaries: relaxed "recomputed here" variables would let the solver pay a little to move a
+    prefetch). One step: ``e`` kept and its backward (or, ``e - 1`` dropped, that of ``e - 1``)
+    reads the output of a dropped step ``k``; two: ``k``'s input comes from a dropped step too.
+    ``reads_of``: node -> droppable producers its backward reads; ``inputs_of``: step ->
+    droppable producers of its forward inputs. None where no such reason exists."""
+    if e is None or not has_region:
         return None, None
-    if e not in cache:
-        z1 = lp.var(name=f"region1@{e}")
-        lp.le([(z1, 1.0), (drop[e - 1], -1.0)], 0.0)
-        if e in dset:
-            lp.le([(z1, 1.0), (drop[e], 1.0)], 1.0)
-            lp.ge([(z1, 1.0), (drop[e - 1], -1.0), (drop[e], 1.0)], 0.0)
-        else:
-            lp.ge([(z1, 1.0), (drop[e - 1], -1.0)], 0.0)
-        z2 = None
-        if e - 2 in dset:
-            z2 = lp.var(name=f"region2@{e}")
-            lp.le([(z2, 1.0), (drop[e - 2], -1.0)], 0.0)
-            lp.le([(z2, 1.0), (z1, -1.0)], 0.0)
-            lp.ge([(z2, 1.0), (drop[e - 2], -1.0), (z1, -1.0)], -1.0)
-        cache[e] = (z1, z2)
+    if e in cache:
+        return cache[e]
+
+    def conj(*vs: int) -> int:  # <= each factor
+        if len(set(vs)) == 1:
+            return vs[0]
+        z = lp.var(name="and" + ",".join(map(str, vs)))
+        for v in set(vs):
+            lp.le([(z, 1.0), (v, -1.0)], 0.0)
+        return z
+
+    one: list[int] = []
+    two: list[int] = []
+    readers = [(e, ())] + ([(e - 1, (drop[e - 1],))] if e - 1 in dset else [])
+    for f, extra in readers:
+        for k in sorted(reads_of.get(f, ())):
+            if k == e:
+                continue
+            one.append(conj(drop[k], *extra))
+            for k2 in sorted(inputs_of.get(k, ())):
+                two.append(conj(drop[k], drop[k2], *extra))
+    if not one:
+        cache[e] = (None, None)
+        return cache[e]
+    z1 = lp.var(name=f"region1@{e}")
+    lp.le([(z1, 1.0)] + [(v, -1.0) for v in one], 0.0)
+    if e in dset:
+        lp.le([(z1, 1.0), (drop[e], 1.0)], 1.0)
+    z2 = None
+    if two:
+        z2 = lp.var(name=f"region2@{e}")
+        lp.le([(z2, 1.0)] + [(v, -1.0) for v in two], 0.0)
+        lp.le([(z2, 1.0), (z1, -1.0)], 0.0)
+    cache[e] = (z1, z2)
     return cache[e]
 
 
