@@ -710,12 +710,13 @@ def optimal_choose(program: Program, budget: int, costs: list[float],
     if g_peak <= budget:
         best = (g_extra, greedy, g_peak, "greedy")
     large = model.stats["binaries"] > FULL_SOLVE_BINARIES
-    last = None
+    whole_bound: float | None = None  # the whole MILP's dual bound (seconds)
 
     def check(res, what: str, solve_s: float, rnd: int) -> str:
         """Read, check and log a solution: 'fits', 'over' (cut off) or 'none'."""
-        nonlocal best, last
-        last = res
+        nonlocal best, whole_bound
+        if what.startswith("whole") and getattr(res, "mip_dual_bound", None) is not None:
+            whole_bound = float(res.mip_dual_bound) * unit
         status = {0: "optimal", 1: "time limit", 2: "infeasible"}.get(res.status, res.message)
         if res.x is None:
             log.append(f"{what}: {status} after {solve_s:.2f} s, no solution")
@@ -792,13 +793,19 @@ def optimal_choose(program: Program, budget: int, costs: list[float],
         best = (extra, choice, ppeak if ppeak >= 0 else peak, src)
     total = time.perf_counter() - t0
     st = model.stats
-    gap = getattr(last, "mip_gap", None) if last is not None else None
+    if whole_bound is not None and best is not None:
+        lb = max(whole_bound, 0.0)
+        gap_pct = 100 * max(0.0, 1 - lb / best[0]) if best[0] > 0 else 0.0
+        bound_text = (f"; whole-program bound {1000 * lb:.3f} ms, gap {gap_pct:.2f} % for the "
+                      "choice")
+    else:
+        bound_text = "; no whole-program bound"
     summary = (f"MILP of {st['variables']:,} variables ({st['binaries']} binary), "
                f"{st['constraints']:,} constraints, segments up to {st['window'] + 1} steps; "
                f"built in {build_s:.2f} s; {len(log)} solve(s)"
                + (f" ({n_windows} windows)" if n_windows else "") + f", {total:.2f} s in all"
                + (f"; polished by removing {polish_moves} action(s)" if polish_moves else "")
-               + (f"; last gap {100 * gap:.2f} %" if gap is not None else ""))
+               + bound_text)
     entries = [("solve", s, 0, 0.0) for s in log] + [("milp", summary, 0, 0.0)]
     if best is None or best[3] == "greedy":
         why = ("no checked MILP solution fits" if best is None
