@@ -23,13 +23,22 @@ each backward step, the recomputations placed there. What is live:
 
 Products of binaries ("these steps are in one segment", "recomputed in this group") are
 linearised with lower bounds only: the objective and the budget push them down, and at integral
-decisions their least values are the products. The model approximates the allocator (sharing
-is the decision-free plan's, prefetches land within a step or two of where the model puts them),
-so every solution is checked with :func:`.auto.build` and :func:`.base_plan.plan_peak`: one that
-does not fit is cut off and the budget lowered by the excess at the position of its true peak,
-then re-solved (a few rounds). The checked best is polished (actions whose removal still fits
-are removed) and the greedy choice is the fallback; :func:`optimal_plan` takes the optimal
-choice only when it fits at no more estimated time than the greedy one.
+decisions their least values are the products; no such relaxed variable can lower memory (where
+a product would, it is bounded from above by drop binaries instead). Dropping an in-place op's
+output while keeping the op it writes over is left out (the block is held until the
+recomputation anyway: never less memory, more time).
+
+The model approximates the allocator (sharing is the decision-free plan's; prefetches land within
+a step or two of where the model puts them), so every solution is checked with
+:func:`.auto.build` and :func:`.base_plan.plan_peak`: one that does not fit is cut off and (after
+a few rounds) the budget lowered by the excess at the position of its true peak, then
+re-solved. Memory over the budget is allowed at a prohibitive price, so every solve returns a
+solution and overflow means the model finds nothing that fits. Large programs get a share of the
+time for the whole MILP, then windows of consecutive layers are re-solved with every other
+decision fixed to the best checked choice (starting from the greedy one). The checked best is
+polished (actions whose removal still fits at no more time are removed); the greedy choice is the
+fallback, and :func:`optimal_plan` takes the optimal choice only when it fits at no more
+estimated time than the greedy one.
 """
 
 from __future__ import annotations
@@ -59,7 +68,7 @@ from .swap import DEFAULT_BANDWIDTH, swap_candidates
 #: swap_plan's defaults: a block is released ``LAG`` steps after its last forward use and
 #: prefetched ``LOOKAHEAD`` steps before its first backward use.
 LAG, LOOKAHEAD = 1, 2
-#: Seconds added per decision in the objective: among equal estimated times, fewer actions.
+#: Objective added per decision (in iterations): among equal estimated times, fewer actions.
 EPS_ACTION = 1e-9
 #: Longest run of consecutive dropped steps the model considers on deep programs (all of them
 #: up to :data:`FULL_WINDOW_STEPS` forward steps).
@@ -166,6 +175,10 @@ class _Model:
 
 def _build_model(program: Program, costs: list[float], swap_cost: dict[int, float],
                  budget_iter: int, window: int | None = None) -> _Model:
+    """The MILP of ``program`` for ``budget_iter`` bytes of iteration tensors, objective in the
+    units of ``costs`` / ``swap_cost`` (per step, per candidate); ``window``: the longest run
+    of consecutive dropped steps minus one (default: all of them on programs up to
+    :data:`FULL_WINDOW_STEPS` forward steps, else :data:`MAX_RUN`)."""
     steps, tensors = program.steps, program.tensors
     nf = sum(1 for s in steps if s.phase == "forward")
     if any(s.phase != "forward" for s in steps[:nf]) or \
@@ -253,7 +266,7 @@ def _build_model(program: Program, costs: list[float], swap_cost: dict[int, floa
     cap = 3 * W + 4
     n_need_rows = 0
     for k in reversed(droppable):
-        rows: dict[int, list[list[tuple[int, float]]]] = {}  # e -> lower-bound rows (rhs -1)
+        rows: dict[int, list[tuple[list[tuple[int, float]], float]]] = {}  # e -> (terms, rhs)
         for t in outs[k]:
             for b in breaders.get(t, ()):
                 f = node_f[b]
@@ -435,6 +448,9 @@ def _build_model(program: Program, costs: list[float], swap_cost: dict[int, floa
             q = region_pos[bwd_of_f[e]]
             last_reader[q] = max(last_reader.get(q, -1), j)
         n_chain += len(vs)
+        events_at: dict[int, list[tuple[float, list[tuple[int, float]]]]] = {}
+        for q, rhs, terms in events:
+            events_at.setdefault(q, []).append((rhs, terms))
         for i, (a, b) in enumerate(spans):
             for q in range(a, b):
                 if q in last_reader:  # read inside the region: live after it only if read later
@@ -449,9 +465,8 @@ def _build_model(program: Program, costs: list[float], swap_cost: dict[int, floa
             if i + 1 < len(spans):
                 lp.ge([(vs[i], 1.0), (vs[i + 1], -1.0)] + [(s, 1.0) for s in svars if in_gap],
                       0.0)
-            for q, rhs, terms in events:
-                if q == b - 1:
-                    lp.ge([(vs[i], 1.0)] + [(v, -c) for v, c in terms], rhs)
+            for rhs, terms in events_at.get(b - 1, ()):
+                lp.ge([(vs[i], 1.0)] + [(v, -c) for v, c in terms], rhs)
         if late is not None:
             # prefetched LOOKAHEAD steps before its first backward use fb, counting the
             # recomputations placed before fb: at the region before fb always, at the step
