@@ -18,6 +18,7 @@ rest). Overheads are estimates, not timings.
 from __future__ import annotations
 
 import argparse
+import re
 import time
 
 from minidl.layers import SoftmaxCrossEntropy
@@ -86,8 +87,9 @@ def main() -> None:
                 kept = any(p[0] == "fallback" for p in opt.path)
                 fits = opt.peak <= budget
                 taken = "-" if not fits else "greedy" if kept else "optimal"
-                gap = next((p[1].rsplit(", gap ", 1)[1].split(" for")[0] for p in opt.path
-                            if p[0] == "milp" and "whole-program bound" in p[1]), "")
+                gap = next((m.group(1) for p in opt.path if p[0] == "milp"
+                            for m in [re.search(r"gap ([0-9.]+ %) for the choice", p[1])] if m),
+                           "")
                 note = ("greedy does not fit" if g_peak > budget and fits
                         else "neither fits" if not fits else "")
                 label = f"{name} {shape_text} b{batch}"
