@@ -707,6 +707,8 @@ def optimal_choose(program: Program, budget: int, costs: list[float],
         g.path.append(("fallback", f"greedy choice kept: {why}", g.peak, g.extra_time_s))
         return g
 
+    if g_peak <= budget and g_extra <= 0.0:
+        return fallback("it fits at no estimated extra time, which nothing beats", [])
     try:
         model = _build_model(program, [c / unit for c in costs],
                              {t: c / unit for t, c in swap_cost.items()}, budget - persistent,
@@ -781,11 +783,11 @@ def optimal_choose(program: Program, budget: int, costs: list[float],
         nf = max(model.drop) + 1
         starts = list(range(0, nf, WINDOW_STEPS // 2))
         improved = True
-        while improved and time.perf_counter() < deadline - 0.5:
+        while improved and best[0] > 0.0 and time.perf_counter() < deadline - 0.5:
             improved = False
             for a in starts:
                 left = deadline - time.perf_counter()
-                if left <= 0.5:
+                if left <= 0.5 or best[0] <= 0.0:
                     break
                 inc = best[1]
                 b = a + WINDOW_STEPS

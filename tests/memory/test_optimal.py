@@ -170,7 +170,8 @@ def test_make_plan_with_planner_optimal_fits_and_says_which_choice_it_took():
     lo = p.lower_bound_bytes()
     reuse = auto_plan(p, None).auto.peak
     budget = (lo + reuse) // 2
-    plan = make_plan(p, MemoryConfig.parse(f"auto,budget={budget},planner=optimal"))
+    slow = {"bandwidth": 1e7}  # a slow link: swapping costs time, so the MILP has work to do
+    plan = make_plan(p, MemoryConfig.parse(f"auto,budget={budget},planner=optimal"), **slow)
     plan.validate()
     assert plan.spec == f"auto,budget={budget},planner=optimal"
     assert plan.auto.peak <= budget
@@ -180,8 +181,13 @@ def test_make_plan_with_planner_optimal_fits_and_says_which_choice_it_took():
     note = next(n for n in plan.notes if n.startswith("planner=optimal: "))
     assert ("optimal choice taken" in note) != ("greedy choice kept" in note)
     assert "MILP of" in note and "gap" in note
-    greedy = make_plan(p, MemoryConfig.parse(f"auto,budget={budget}"))
+    greedy = make_plan(p, MemoryConfig.parse(f"auto,budget={budget}"), **slow)
     assert not any(n.startswith("planner=") for n in greedy.notes)
+    assert plan.auto.extra_time_s <= greedy.auto.extra_time_s
+    # where the greedy choice costs nothing, it is kept without solving anything
+    free = make_plan(p, MemoryConfig.parse(f"auto,budget={reuse},planner=optimal"))
+    note = next(n for n in free.notes if n.startswith("planner=optimal: "))
+    assert "greedy choice kept: it fits at no estimated extra time" in note
 
 
 def test_budget_below_the_lower_bound_raises_as_greedy_does():
@@ -200,12 +206,13 @@ def test_large_programs_are_solved_by_windows_around_the_best_choice(monkeypatch
     monkeypatch.setattr(optimal, "FULL_SOLVE_BINARIES", 0)
     monkeypatch.setattr(optimal, "WINDOW_STEPS", 8)
     p = linear_chain(24, units=2)
-    costs = step_costs(p, None)
+    costs, bw = step_costs(p, None), 1e7
     lo, hi = p.lower_bound_bytes(), evaluate(p, AutoChoice(), costs, {})[0]
     budget = (lo + hi) // 2
-    greedy = auto_choose(p, budget, costs)
-    g_peak, g_extra, _ = evaluate(p, greedy, costs, swap_costs(p, costs, 4e9))
-    opt = optimal_choose(p, budget, costs, time_limit_s=20, greedy=greedy)
+    greedy = auto_choose(p, budget, costs, bandwidth=bw)
+    g_peak, g_extra, _ = evaluate(p, greedy, costs, swap_costs(p, costs, bw))
+    assert g_extra > 0
+    opt = optimal_choose(p, budget, costs, bw, time_limit_s=20, greedy=greedy)
     texts = [text for kind, text, *_ in opt.path if kind == "solve"]
     assert texts[0].startswith("whole MILP")
     assert any(t.startswith("window 0-7") for t in texts)
