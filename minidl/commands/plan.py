@@ -48,8 +48,8 @@ def print_prediction(pred: dict, out=sys.stdout) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     profile = _target(args)
-    if profile is not None and args.budget is None:
-        args.budget = str(profile.capacity_bytes)  # the target's memory is the budget
+    if profile is not None and args.budget is None and "budget=" not in args.memory:
+        args.budget = str(profile.capacity_bytes)  # the target's memory is the default budget
     spec = parse_memory(with_budget(args.memory, args.budget))
     shape, classes = shape_and_classes(args)
     net = build_model(args.model, shape, classes, args.width)
