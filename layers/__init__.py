@@ -8,13 +8,16 @@ from .conv2d import Conv2d
 from .dropout import Dropout
 from .embedding import Embedding
 from .flatten import Flatten
+from .gelu import GELU
 from .global_avg_pool import GlobalAvgPool2d
 from .gru import GRUCell
+from .layernorm import LayerNorm
 from .leaky_relu import LeakyReLU
 from .linear import Linear
 from .lstm import LSTMCell
 from .mse_loss import MSELoss
 from .pool import AvgPool2d, MaxPool2d
+from .positional_embedding import PositionalEmbedding
 from .recurrent import GRU, LSTM
 from .relu import ReLU
 from .rnn_projection import RNNInputProjection
@@ -30,4 +33,5 @@ __all__ = [
     "Embedding", "Flatten", "GlobalAvgPool2d", "Layer", "LeakyReLU", "Linear", "MaxPool2d",
     "MSELoss", "ParamSpec", "ReLU", "ShapeError", "Sigmoid", "SoftmaxCrossEntropy", "Symbol",
     "Tanh", "TimeStack", "ZeroState",
+    "GELU", "LayerNorm", "PositionalEmbedding",
 ]

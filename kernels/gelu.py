@@ -1,0 +1,134 @@
+"""GELU forward / backward, exact (erf) and tanh-approximated, as PyTorch's ``nn.GELU``.
+
+    exact: y = x * Phi(x) = 0.5 * x * (1 + erf(x / sqrt(2)))
+           dy/dx = Phi(x) + x * exp(-x**2 / 2) / sqrt(2 * pi)
+    tanh:  u = sqrt(2 / pi) * (x + 0.044715 * x**3), y = 0.5 * x * (1 + tanh(u))
+           dy/dx = 0.5 * (1 + tanh(u)) + 0.5 * x * (1 - tanh(u)**2) * du/dx
+
+The Numba loops (C-contiguous NumPy arrays, split over threads, element by element so results
+never depend on the thread count) compute each element in float64 and round once. Other
+arrays take the references (the arrays' own library; erf from SciPy, or CuPy's
+``cupyx.scipy.special`` for device arrays). ``out`` may be the first operand (in place).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from .array_api import namespace
+from .parallel import ensure_blas_policy, num_threads, split
+
+APPROXIMATIONS = ("none", "tanh")
+_SQRT_HALF = math.sqrt(0.5)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_K = 0.044715
+#: Elements below which a call runs on the calling thread alone.
+SERIAL_ELEMS = 1 << 16
+
+
+# ---------------------------------------------------------------- Numba CPU
+@njit(nogil=True, cache=True)
+def _fwd(x, out, tanh_form, i0, i1):
+    for i in range(i0, i1):
+        v = float(x[i])
+        if tanh_form:
+            y = 0.5 * v * (1.0 + math.tanh(_SQRT_2_OVER_PI * (v + _K * v * v * v)))
+        else:
+            y = 0.5 * v * (1.0 + math.erf(v * _SQRT_HALF))
+        out[i] = y
+
+
+@njit(nogil=True, cache=True)
+def _bwd(dy, x, out, tanh_form, i0, i1):
+    for i in range(i0, i1):
+        v = float(x[i])
+        if tanh_form:
+            t = math.tanh(_SQRT_2_OVER_PI * (v + _K * v * v * v))
+            d = 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * _SQRT_2_OVER_PI * (
+                1.0 + 3.0 * _K * v * v)
+        else:
+            d = 0.5 * (1.0 + math.erf(v * _SQRT_HALF)) + v * math.exp(-0.5 * v * v) * \
+                _INV_SQRT_2PI
+        out[i] = dy[i] * d
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def _fwd_par(x, out, tanh_form, bounds):
+    for t in prange(bounds.size - 1):
+        _fwd(x, out, tanh_form, bounds[t], bounds[t + 1])
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def _bwd_par(dy, x, out, tanh_form, bounds):
+    for t in prange(bounds.size - 1):
+        _bwd(dy, x, out, tanh_form, bounds[t], bounds[t + 1])
+
+
+# ---------------------------------------------------------------- references
+def _erf(x):
+    if namespace(x) is np:
+        from scipy.special import erf
+    else:  # a device array: its library's erf
+        from cupyx.scipy.special import erf
+    return erf(x)
+
+
+def gelu_forward_ref(x, out, approximate: str = "none") -> None:
+    """Reference of :func:`gelu_forward`."""
+    if approximate == "tanh":
+        u = np.tanh(_SQRT_2_OVER_PI * (x + _K * x * x * x))
+    else:
+        u = _erf(x * _SQRT_HALF)
+    np.multiply(0.5 * x, 1.0 + u, out=out)
+
+
+def gelu_backward_ref(dy, x, out, approximate: str = "none") -> None:
+    """Reference of :func:`gelu_backward`."""
+    if approximate == "tanh":
+        t = np.tanh(_SQRT_2_OVER_PI * (x + _K * x * x * x))
+        d = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _SQRT_2_OVER_PI * (1.0 + 3 * _K * x * x)
+    else:
+        d = 0.5 * (1.0 + _erf(x * _SQRT_HALF)) + x * np.exp(-0.5 * x * x) * _INV_SQRT_2PI
+    np.multiply(dy, d, out=out)
+
+
+# ---------------------------------------------------------------- dispatchers
+def _check(approximate: str) -> bool:
+    if approximate not in APPROXIMATIONS:
+        raise ValueError(f"GELU approximate must be one of {APPROXIMATIONS}, got {approximate!r}")
+    return approximate == "tanh"
+
+
+def _fast(*arrays) -> bool:
+    return all(type(a) is np.ndarray and a.flags.c_contiguous for a in arrays)
+
+
+def _run(serial, par, arrays: tuple, tanh_form: bool, n: int) -> None:
+    ensure_blas_policy()
+    bounds = split(n // 1024, num_threads(), n, SERIAL_ELEMS)
+    if bounds is None:
+        serial(*arrays, tanh_form, 0, n)
+    else:
+        bounds *= 1024
+        bounds[-1] = n
+        par(*arrays, tanh_form, bounds)
+
+
+def gelu_forward(x, out, approximate: str = "none") -> None:
+    """``out = gelu(x)``; ``out`` may be ``x``."""
+    tanh_form = _check(approximate)
+    if not _fast(x, out):
+        return gelu_forward_ref(x, out, approximate)
+    _run(_fwd, _fwd_par, (x.reshape(-1), out.reshape(-1)), tanh_form, x.size)
+
+
+def gelu_backward(dy, x, out, approximate: str = "none") -> None:
+    """``out = dy * gelu'(x)``; ``out`` may be ``dy``."""
+    tanh_form = _check(approximate)
+    if not _fast(dy, x, out):
+        return gelu_backward_ref(dy, x, out, approximate)
+    _run(_bwd, _bwd_par, (dy.reshape(-1), x.reshape(-1), out.reshape(-1)), tanh_form, dy.size)
