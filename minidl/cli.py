@@ -52,7 +52,8 @@ def validate_args(args: argparse.Namespace) -> None:
     at_least("--batch-size", args.batch_size, 1)
     at_least("--width", args.width, 1)
     at_least("--seq-len", args.seq_len, 1)
-    for flag in ("epochs", "max_steps", "classes", "vocab", "steps"):
+    for flag in ("epochs", "max_steps", "classes", "vocab", "steps", "save_every", "log_every",
+                 "early_stopping", "val_every"):
         at_least(f"--{flag.replace('_', '-')}", getattr(args, flag, None), 1)
     for flag in ("warmup", "seed", "weight_decay"):
         at_least(f"--{flag.replace('_', '-')}", getattr(args, flag, None), 0)
@@ -114,7 +115,25 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--memory", default="none", help="memory spec, e.g. reuse,inplace")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--save", default=None, help="checkpoint path (.npz), written atomically")
-    t.add_argument("--no-progress", action="store_true")
+    t.add_argument("--save-every", type=int, default=None, metavar="N",
+                   help="also write the --save checkpoint every N steps (resumable)")
+    t.add_argument("--resume", default=None, metavar="FILE",
+                   help="continue the run a --save checkpoint stopped (same flags: model, data, "
+                        "optimizer, schedule, epochs); weights, optimizer, schedule, epoch, "
+                        "batch and random state are restored, so the result is bit-identical")
+    t.add_argument("--log", default=None, metavar="FILE",
+                   help="metric log, one row per epoch (and every --log-every steps): CSV, or "
+                        "JSON lines for .jsonl; appended to with --resume")
+    t.add_argument("--log-every", type=int, default=None, metavar="N",
+                   help="also log (and, when not on a terminal, print) a line every N steps")
+    t.add_argument("--val-every", type=int, default=None, metavar="N",
+                   help="evaluate on the test split every N epochs (val_loss, val_accuracy)")
+    t.add_argument("--early-stopping", type=int, default=None, metavar="PATIENCE",
+                   help="stop once val_loss has not improved for PATIENCE epochs (validates "
+                        "every epoch unless --val-every says otherwise)")
+    t.add_argument("--no-progress", action="store_true",
+                   help="no progress display (by default a bar on a terminal, else one line "
+                        "per epoch)")
     t.add_argument("--emulate-link", default=None, metavar="TARGET", help=EMULATE_LINK_HELP)
     t.set_defaults(func=cmd_train)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import time
@@ -154,6 +155,14 @@ class Trainer:
         self.cache_fallbacks = 0
         self.peak: PeakInfo | None = None
         self.step_times: list[float] = []
+        #: Where :meth:`fit` stands: epochs completed, batches done in the current epoch, and
+        #: the generator of the current epoch's augmentation (saved and restored on resume).
+        self.epoch = 0
+        self.epoch_step = 0
+        self.steps_per_epoch: int | None = None
+        self.augment_rng: np.random.Generator | None = None
+        #: Set by a callback (e.g. :class:`~minidl.callbacks.EarlyStopping`) to end :meth:`fit`.
+        self.stop_training = False
 
     # ------------------------------------------------------------------ input checks
     def _check_inputs(self, x: Any, y: Any | None) -> tuple[np.ndarray, np.ndarray | None]:
@@ -340,23 +349,43 @@ class Trainer:
         evaluate: bool = True,
         shuffle: bool = True,
         augment: Any = None,
+        callbacks: Any = (),
+        validation_data: tuple[Any, Any] | None = None,
+        val_every: int | None = None,
+        progress_every: int | None = None,
     ) -> History:
-        """Train on ``data`` (a :class:`~minidl.data.Dataset` or ``(x, y)``) for ``epochs``
-        (or ``max_steps``), showing a progress bar; evaluates on the test split at the end;
-        ``augment(x_batch, rng)`` transforms each train batch (see :func:`minidl.fitting.fit`)."""
+        """Train on ``data`` (a :class:`~minidl.data.Dataset` or ``(x, y)``) until ``epochs``
+        epochs (or ``max_steps`` batches) counted from the start of the run have been trained
+        (a resumed trainer continues); validates every ``val_every`` epochs on
+        ``validation_data`` (or the test split), calls ``callbacks``
+        (:mod:`minidl.callbacks`), evaluates on the test split at the end; see
+        :func:`minidl.fitting.fit`."""
         return fit(self, data, epochs=epochs, batch_size=batch_size, max_steps=max_steps,
-                   progress=progress, evaluate=evaluate, shuffle=shuffle, augment=augment)
+                   progress=progress, evaluate=evaluate, shuffle=shuffle, augment=augment,
+                   callbacks=callbacks, validation_data=validation_data, val_every=val_every,
+                   progress_every=progress_every)
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str | os.PathLike) -> None:
-        """Parameters, buffers, optimizer state and the iteration counter to ``.npz``,
-        written atomically (a temporary file renamed into place)."""
+        """Parameters, buffers, optimizer and scheduler state, the iteration counter and where
+        :meth:`fit` stands (epoch, batch, augmentation generator) to ``.npz``, written
+        atomically (a temporary file renamed into place): everything
+        ``load(path, resume=True)`` needs to continue bit for bit."""
         path = os.fspath(path)
         arrays: dict[str, Any] = {f"param/{k}": v for k, v in self.net.state_dict().items()}
         for k, v in self.optimizer.state_dict().items():
             arrays[f"optim/{k}"] = np.asarray(v)
+        if self.scheduler is not None:
+            for k, v in self.scheduler.state_dict().items():
+                arrays[f"sched/{k}"] = np.asarray(v)
         arrays["trainer/iteration"] = np.asarray(self.iteration)
         arrays["trainer/seed"] = np.asarray(self.seed)
+        arrays["trainer/epoch"] = np.asarray(self.epoch)
+        arrays["trainer/epoch_step"] = np.asarray(self.epoch_step)
+        arrays["trainer/steps_per_epoch"] = np.asarray(self.steps_per_epoch or 0)
+        if self.augment_rng is not None:
+            arrays["trainer/augment_rng"] = np.asarray(
+                json.dumps(self.augment_rng.bit_generator.state))
         folder = check_writable(path)
         fd, tmp = tempfile.mkstemp(suffix=".npz", dir=folder)
         try:
@@ -368,8 +397,13 @@ class Trainer:
                 os.unlink(tmp)
             raise
 
-    def load(self, path: str | os.PathLike) -> None:
+    def load(self, path: str | os.PathLike, resume: bool = False) -> None:
         """Restore what :meth:`save` wrote (names and shapes must match this network).
+
+        Always: parameters, buffers, optimizer state and the iteration counter. With
+        ``resume=True`` also the scheduler, the epoch and batch :meth:`fit` stood at and the
+        augmentation generator, so that the next :meth:`fit` call continues the run exactly
+        (same batches, masks and updates as without the interruption).
 
         Raises :class:`CheckpointError` saying what the file is when it is not a minidl
         checkpoint of this network (a plain ``np.savez``, a PyTorch file, text...) and
@@ -393,7 +427,14 @@ class Trainer:
                                       f"not {expected}")
             params = {k[6:]: z[k] for k in z.files if k.startswith("param/")}
             optim = {k[6:]: z[k] for k in z.files if k.startswith("optim/")}
+            sched = {k[6:]: z[k].item() for k in z.files if k.startswith("sched/")}
             iteration = int(z["trainer/iteration"])
+            position = self._resume_position(path, z) if resume else None
+        if resume and (self.scheduler is None) != (not sched):
+            has = "has" if sched else "has no"
+            raise CheckpointError(f"checkpoint {path} {has} learning-rate scheduler state but "
+                                  f"this trainer {'has no' if self.scheduler is None else 'has a'}"
+                                  " scheduler: resume with the schedule the run was started with")
         before = (self.net.state_dict(), self.optimizer.state_dict(), self.iteration)
         try:
             self.net.load_state_dict(params)
@@ -408,6 +449,25 @@ class Trainer:
             raise CheckpointError(f"checkpoint {path} does not match this network "
                                   f"({self.net.name}) or optimizer "
                                   f"({type(self.optimizer).__name__}): {reason}") from None
+        if position is not None:
+            if self.scheduler is not None:
+                self.scheduler.load_state_dict(sched)
+            self.epoch, self.epoch_step, self.steps_per_epoch, self.augment_rng = position
+
+    @staticmethod
+    def _resume_position(path: str, z: Any) -> tuple[int, int, int | None,
+                                                     np.random.Generator | None]:
+        """(epoch, batch in epoch, steps per epoch, augmentation generator) from a checkpoint."""
+        if "trainer/epoch" not in z.files:
+            raise CheckpointError(f"checkpoint {path} holds no training position (written by an "
+                                  "older minidl): load it without resume=True to start a new "
+                                  "run from its weights")
+        rng = None
+        if "trainer/augment_rng" in z.files:
+            rng = np.random.default_rng()
+            rng.bit_generator.state = json.loads(str(z["trainer/augment_rng"]))
+        return (int(z["trainer/epoch"]), int(z["trainer/epoch_step"]),
+                int(z["trainer/steps_per_epoch"]) or None, rng)
 
     # ------------------------------------------------------------------ reports
     def memory_report(self) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 
+from .. import callbacks as C
 from .. import data as D
 from ..dryrun import auto_device_memory, suggest_specs
 from ..layers import SoftmaxCrossEntropy
@@ -19,7 +20,7 @@ from ..models import TEXT_MODELS, default_input_shape
 from ..optim import CosineAnnealingLR, StepLR, make_optimizer
 from ..rnn import train_language_model
 from ..text import TEXT_DATASETS, load_text_dataset
-from ..trainer import Trainer, check_writable
+from ..trainer import CheckpointError, Trainer, check_writable
 from .common import (
     RuntimeFailure,
     UsageError,
@@ -39,6 +40,51 @@ def _save(trainer, path: str) -> None:
         trainer.save(path)
     except OSError as e:
         raise RuntimeFailure(f"cannot write checkpoint {path}: {e}") from None
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """The files a run writes and reads, checked before any work starts."""
+    if args.save_every is not None and not args.save:
+        raise UsageError("--save-every N writes the checkpoint named by --save FILE: add --save")
+    for flag in ("save", "log"):
+        path = getattr(args, flag)
+        if path:
+            try:
+                check_writable(path)
+            except OSError as e:
+                raise UsageError(f"--{flag} {path}: {e}") from None
+    if args.resume and not os.path.isfile(args.resume):
+        raise UsageError(f"--resume {args.resume}: no such checkpoint file")
+
+
+def _refuse_epoch_flags(args: argparse.Namespace) -> None:
+    """The text models train on random windows, not epochs: no fit callbacks."""
+    used = [f for f in ("resume", "save_every", "log", "early_stopping", "val_every")
+            if getattr(args, f) is not None]
+    if used:
+        raise UsageError(f"--{used[0].replace('_', '-')} is for the image models' epochs; "
+                         f"{args.model} trains on random windows of text")
+
+
+def _callbacks(args: argparse.Namespace) -> list:
+    """The callbacks the flags ask for: checkpoints every N steps, the metric log, early
+    stopping."""
+    out: list = []
+    if args.save_every is not None:
+        out.append(C.ModelCheckpoint(args.save, every_steps=args.save_every))
+    if args.log:
+        out.append(C.MetricLogger(args.log, every_steps=args.log_every,
+                                  append=args.resume is not None))
+    if args.early_stopping is not None:
+        out.append(C.EarlyStopping("val_loss", patience=args.early_stopping))
+    return out
+
+
+def _resume(trainer: Trainer, path: str) -> None:
+    try:
+        trainer.load(path, resume=True)
+    except (CheckpointError, OSError) as e:
+        raise UsageError(f"--resume {path}: {e}") from None
 
 
 def _emulate_link(args: argparse.Namespace):
@@ -62,6 +108,7 @@ def _print_link(rep: dict) -> None:
 
 def cmd_train_text(args: argparse.Namespace, spec) -> int:
     """Character-level language model on Shakespeare (or synthetic text)."""
+    _refuse_epoch_flags(args)
     name = "synthetic-text" if args.dataset == "synthetic" else args.dataset
     if name not in TEXT_DATASETS:
         raise UsageError(f"unknown dataset {args.dataset!r} for {args.model}; valid: "
@@ -119,11 +166,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         args.weight_decay = defaults.weight_decay
     spec = parse_memory(with_budget(args.memory, args.budget))
     check_device(args.device)
-    if args.save:
-        try:
-            check_writable(args.save)
-        except OSError as e:
-            raise UsageError(f"--save {args.save}: {e}") from None
+    _check_outputs(args)
     if args.model in TEXT_MODELS:
         return cmd_train_text(args, spec)
     if args.dataset not in D.DATASETS:
@@ -168,6 +211,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                           emulate_link=link)
     except RuntimeError as e:  # the cuda device without a GPU
         raise RuntimeFailure(str(e)) from None
+    if args.resume:
+        _resume(trainer, args.resume)
     augment = None
     if defaults.shift_probability > 0:
         augment = functools.partial(D.random_shift, probability=defaults.shift_probability,
@@ -186,7 +231,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         hist = trainer.fit(ds, epochs=args.epochs, batch_size=args.batch_size,
                            max_steps=args.max_steps, progress=not args.no_progress,
-                           augment=augment)
+                           augment=augment, callbacks=_callbacks(args),
+                           val_every=args.val_every if args.val_every is not None else (
+                               1 if args.early_stopping is not None else None),
+                           progress_every=args.log_every)
     except DeviceOutOfMemory as e:
         fits = suggest_specs(lambda: build_model(args.model, ds.input_shape, ds.num_classes,
                                             args.width), args.batch_size, ds.input_shape,
@@ -210,7 +258,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         "step_time_median_s": float(np.median(hist.step_times)) if hist.step_times else None,
         "wall_time_s": wall,
         "steps": len(hist.losses),
+        "iteration": trainer.iteration,
         "epochs": args.epochs,
+        "epoch_logs": hist.epochs,
+        "stopped_early": hist.stopped_early,
         "weight_decay": args.weight_decay,
         "input_mean": ds.mean,
         "input_std": ds.std,
@@ -221,9 +272,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"steps: {len(hist.losses)}, final training loss {result['final_loss']:.4f}, "
-              f"median step {1000 * (result['step_time_median_s'] or 0):.1f} ms, "
-              f"wall time {wall:.1f} s")
+        if hist.losses:
+            print(f"steps: {len(hist.losses)}, final training loss {result['final_loss']:.4f}, "
+                  f"median step {1000 * (result['step_time_median_s'] or 0):.1f} ms, "
+                  f"wall time {wall:.1f} s")
+        else:
+            print(f"nothing to train: the run already stands at epoch {trainer.epoch} of "
+                  f"{args.epochs} (step {trainer.iteration})")
+        if hist.stopped_early:
+            print(hist.stop_reason)
         if hist.test_accuracy is not None:
             print(f"test loss {hist.test_loss:.4f}, test accuracy {100 * hist.test_accuracy:.2f}%")
         _print_link(rep)
