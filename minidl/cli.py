@@ -80,12 +80,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp, batch_default: int) -> None:
-        sp.add_argument("model", help="smallcnn, lenet5, alexnet, vgg11, vgg16, resnet<N>")
+        sp.add_argument("model", help="smallcnn, lenet5, alexnet, vgg11, vgg16, resnet<N>, "
+                                       "char-lstm, char-gru, gpt-char, gpt2-small, bert-base")
         sp.add_argument("--input", help="per-sample input shape CxHxW (e.g. 3x32x32)")
         sp.add_argument("--batch-size", type=int, default=batch_default)
         sp.add_argument("--width", type=int, default=None, help="first-stage width of the model")
         sp.add_argument("--json", action="store_true", help="print one JSON object")
-        sp.add_argument("--seq-len", type=int, default=64, help="sequence length (char models)")
+        sp.add_argument("--seq-len", type=int, default=None,
+                        help="sequence length of the text models (default: a transformer's "
+                             "context, 64 for the char RNNs); a transformer's context follows it")
 
     t = sub.add_parser("train", help="train a model with progress bars and a memory report")
     common(t, 32)
@@ -105,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="device bytes the auto planner must fit (with --memory auto)")
     t.add_argument("--host-memory", default=None,
                    help="bound on host memory holding swapped tensors (e.g. 2GiB)")
-    t.add_argument("--optimizer", default="sgd", choices=["sgd", "adam", "adamw"])
+    t.add_argument("--optimizer", default=None, choices=["sgd", "adam", "adamw"],
+                   help="default: adamw for the transformers, sgd for the others")
     t.add_argument("--device", default="cpu", type=device_name,
                    help="cpu (default), cuda or cuda:N (needs the cuda extra and a GPU); "
                         "cuda-strict runs the CUDA code path on the CPU with every array call "
@@ -140,7 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plan", help="dry run on the meta device: the exact peak, no compute")
     common(pl, 64)
     pl.add_argument("--classes", type=int, default=10)
-    pl.add_argument("--vocab", type=int, default=65, help="vocabulary size (char models)")
+    pl.add_argument("--vocab", type=int, default=None,
+                    help="vocabulary size of the text models (default: the model's, 65 for the "
+                         "char RNNs)")
     pl.add_argument("--memory", default="none")
     pl.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                     help="the kind of device to plan for (its layers' workspaces); no GPU needed")
@@ -161,7 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="median step time and peak per memory spec")
     common(b, 64)
     b.add_argument("--classes", type=int, default=10)
-    b.add_argument("--vocab", type=int, default=65, help="vocabulary size (char models)")
+    b.add_argument("--vocab", type=int, default=None,
+                    help="vocabulary size of the text models (default: the model's, 65 for the "
+                         "char RNNs)")
     b.add_argument("--memory", nargs="+", default=["none"])
     b.add_argument("--steps", type=int, default=20)
     b.add_argument("--warmup", type=int, default=3)

@@ -16,6 +16,8 @@ from .builder import named as _named
 from .graph import Input, Network
 from .layers.base import Layer, Symbol
 from .rnn import char_rnn
+from .transformers import CONFIGS as TRANSFORMER_CONFIGS
+from .transformers import TRANSFORMER_MODELS, transformer
 
 Shape = tuple[int, ...]
 
@@ -261,7 +263,19 @@ MODELS: dict[str, Callable[..., Network]] = {
 }
 
 TEXT_MODELS = ("char-lstm", "char-gru", "char-lstm-unrolled", "char-gru-unrolled")
-MODEL_NAMES = tuple(MODELS) + ("resnet<N>",) + TEXT_MODELS
+MODEL_NAMES = tuple(MODELS) + ("resnet<N>",) + TEXT_MODELS + TRANSFORMER_MODELS
+#: Models over (batch, seq_len) token arrays, trained on text (``--seq-len``, ``--vocab``).
+SEQUENCE_MODELS = TEXT_MODELS + TRANSFORMER_MODELS
+
+
+def default_seq_len(name: str) -> int:
+    """A sequence model's default ``--seq-len``: a transformer's context, else 64."""
+    return TRANSFORMER_CONFIGS[name].context if name in TRANSFORMER_CONFIGS else 64
+
+
+def default_vocab(name: str) -> int:
+    """A sequence model's default vocabulary: a transformer's, else 65 (Shakespeare's)."""
+    return TRANSFORMER_CONFIGS[name].vocab if name in TRANSFORMER_CONFIGS else 65
 
 
 def default_input_shape(name: str) -> Shape:
@@ -269,10 +283,17 @@ def default_input_shape(name: str) -> Shape:
                              else (1, 28, 28))
 
 
-def get_model(name: str, input_shape: Shape | None = None, num_classes: int = 10,
+def get_model(name: str, input_shape: Shape | None = None, num_classes: int | None = None,
               **kwargs) -> Network:
-    """Build a reference model by name (``resnet<N>`` for any valid depth N)."""
+    """Build a reference model by name (``resnet<N>`` for any valid depth N). For sequence
+    models ``input_shape`` is (seq_len,) and ``num_classes`` the vocabulary (default
+    :func:`default_vocab`); for the others ``num_classes`` defaults to 10."""
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    if name in TRANSFORMER_MODELS:
+        return transformer(name, seq_len=None if input_shape is None else int(input_shape[0]),
+                           vocab=num_classes, width=kwargs.get("width"))
+    if num_classes is None:
+        num_classes = default_vocab(name) if name in TEXT_MODELS else 10
     if name in TEXT_MODELS:
         steps = int(input_shape[0]) if input_shape is not None else 64
         hidden = kwargs.get("width", 256)

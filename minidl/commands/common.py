@@ -15,7 +15,15 @@ from ..memory.config import MemoryConfig
 from ..memory.device_factory import make_device
 from ..memory.targets import get_target
 from ..memory.units import format_size, parse_size
-from ..models import MODEL_NAMES, MODELS, TEXT_MODELS, get_model, resnet_layout
+from ..models import (
+    MODEL_NAMES,
+    MODELS,
+    SEQUENCE_MODELS,
+    default_seq_len,
+    default_vocab,
+    get_model,
+    resnet_layout,
+)
 
 EXIT_USAGE = 2
 EXIT_OOM = 1
@@ -90,7 +98,7 @@ def build_model(name: str, input_shape, num_classes: int, width: int | None = No
 
 def check_model_name(name: str) -> None:
     """Raise :class:`UsageError` listing the valid names unless ``name`` is a model."""
-    if name in MODELS or name in TEXT_MODELS:
+    if name in MODELS or name in SEQUENCE_MODELS:
         return
     depth = re.fullmatch(r"resnet(\d+)", name)
     if depth is None:
@@ -146,12 +154,21 @@ def check_device(name: str) -> None:
 
 def shape_and_classes(args: argparse.Namespace) -> tuple[tuple[int, ...] | None, int]:
     """Per-sample input shape and output classes: images take --input and --classes; the
-    character models take --seq-len and --vocab."""
-    if args.model in TEXT_MODELS:
-        if args.seq_len < 1:
-            raise UsageError(f"--seq-len must be positive, got {args.seq_len}")
-        return (args.seq_len,), args.vocab
+    sequence models take --seq-len and --vocab (defaults: the model's context and vocabulary,
+    64 and 65 for the character RNNs)."""
+    if args.model in SEQUENCE_MODELS:
+        seq_len = resolved_seq_len(args)
+        vocab = getattr(args, "vocab", None)
+        return (seq_len,), default_vocab(args.model) if vocab is None else vocab
     return parse_chw(args.input), args.classes
+
+
+def resolved_seq_len(args: argparse.Namespace) -> int:
+    """``--seq-len``, or the model's default (:func:`~minidl.models.default_seq_len`)."""
+    seq_len = default_seq_len(args.model) if args.seq_len is None else args.seq_len
+    if seq_len < 1:
+        raise UsageError(f"--seq-len must be positive, got {seq_len}")
+    return seq_len
 
 
 def emulated_target(name: str, device: str = "cpu"):

@@ -16,7 +16,7 @@ from .. import data as D
 from ..dryrun import auto_device_memory, suggest_specs
 from ..layers import SoftmaxCrossEntropy
 from ..memory.pool import DeviceOutOfMemory
-from ..models import TEXT_MODELS, default_input_shape
+from ..models import SEQUENCE_MODELS, TRANSFORMER_MODELS, default_input_shape
 from ..optim import CosineAnnealingLR, StepLR, make_optimizer
 from ..rnn import train_language_model
 from ..text import TEXT_DATASETS, load_text_dataset
@@ -31,6 +31,7 @@ from .common import (
     parse_chw,
     parse_memory,
     print_memory_report,
+    resolved_seq_len,
     with_budget,
 )
 
@@ -117,6 +118,7 @@ def cmd_train_text(args: argparse.Namespace, spec) -> int:
         ds = load_text_dataset(name)
     except (ImportError, OSError, ValueError) as e:
         raise RuntimeFailure(f"cannot load dataset {name!r}: {e}") from None
+    args.seq_len = resolved_seq_len(args)
     net = build_model(args.model, (args.seq_len,), ds.vocab_size, args.width)
     opt = make_optimizer(args.optimizer, net.parameters(), args.lr, 0.0)
     device_memory = args.device_memory
@@ -160,6 +162,8 @@ def cmd_train_text(args: argparse.Namespace, spec) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     defaults = D.train_defaults(args.dataset)
+    if args.optimizer is None:
+        args.optimizer = "adamw" if args.model in TRANSFORMER_MODELS else "sgd"
     if args.epochs is None:
         args.epochs = defaults.epochs
     if args.weight_decay is None:
@@ -167,7 +171,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     spec = parse_memory(with_budget(args.memory, args.budget))
     check_device(args.device)
     _check_outputs(args)
-    if args.model in TEXT_MODELS:
+    if args.model in SEQUENCE_MODELS:
         return cmd_train_text(args, spec)
     if args.dataset not in D.DATASETS:
         raise UsageError(f"unknown dataset {args.dataset!r}; valid: {', '.join(D.DATASETS)}")
