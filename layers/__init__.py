@@ -1,6 +1,7 @@
 """minidl.layers: pure math with declared needs (one layer per file). Imports no framework code."""
 
 from .add import Add
+from .attention import MultiHeadAttention
 from .base import Context, Layer, ParamSpec, ShapeError, Symbol
 from .batchnorm import BatchNorm1d, BatchNorm2d
 from .concat import Concat
@@ -33,5 +34,5 @@ __all__ = [
     "Embedding", "Flatten", "GlobalAvgPool2d", "Layer", "LeakyReLU", "Linear", "MaxPool2d",
     "MSELoss", "ParamSpec", "ReLU", "ShapeError", "Sigmoid", "SoftmaxCrossEntropy", "Symbol",
     "Tanh", "TimeStack", "ZeroState",
-    "GELU", "LayerNorm", "PositionalEmbedding",
+    "GELU", "LayerNorm", "MultiHeadAttention", "PositionalEmbedding",
 ]

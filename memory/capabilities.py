@@ -52,8 +52,9 @@ class OpCaps:
 #: Per-op options a pass may set: ``"bptt"``, a fused RNN's BPTT schedule (:mod:`.bptt_options`);
 #: ``"device_kind"``, the kind of device the program is lowered for (``cpu`` | ``cuda``), for
 #: layers whose workspace differs per kind; ``"conv_ws"``, a cap in bytes on a convolution's
-#: workspace, which picks its algorithm and chunking (:mod:`.workspace_options`).
-OPTIONS = ("bptt", "device_kind", "conv_ws")
+#: workspace, which picks its algorithm and chunking (:mod:`.workspace_options`); ``"attn"``,
+#: attention's memory form, probabilities kept or blockwise (:mod:`.attention_options`).
+OPTIONS = ("bptt", "device_kind", "conv_ws", "attn")
 
 
 def op_caps(owner: str, cost: str = "cheap", backward_from: tuple[str, ...] = (),
