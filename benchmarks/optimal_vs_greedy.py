@@ -7,9 +7,9 @@ estimated overheads at budgets from the lower bound to twice it, per model and t
 
 One line per point: the budget (and its multiple of the lower bound: persistent state plus the
 largest step's own tensors, SGD with momentum as ``minidl plan`` uses), each planner's estimated
-extra time per iteration (the same estimate for both: swaps' unhidden transfer time plus
-recomputed steps' costs, from the target's roofline costs; ``cpu`` is the FLOP-rate model used
-without a target) or ``-`` when its plan does not fit, which choice ``planner=optimal`` takes,
+extra time per iteration (the same estimate for both, the cost model's walk of the built plan:
+stalls of the swaps' copies queued on the link, plus recomputed steps, at the target's roofline
+costs; ``cpu`` is the FLOP-rate model used without a target) or ``-`` when its plan does not fit, which choice ``planner=optimal`` takes,
 and the MILP's solve time and optimality gap (of the choice against the whole MILP's dual
 bound; on large programs the whole MILP gets a share of the time and windows of layers the
 rest). Overheads are estimates, not timings.
@@ -27,7 +27,7 @@ from minidl.memory.auto import step_costs as flop_costs
 from minidl.memory.config import MemoryConfig
 from minidl.memory.cost_model import step_costs
 from minidl.memory.device import MetaDevice
-from minidl.memory.optimal import evaluate, optimal_choose, swap_costs
+from minidl.memory.optimal import evaluate, optimal_choose
 from minidl.memory.pool import Pool
 from minidl.memory.program import Program
 from minidl.memory.swap import DEFAULT_BANDWIDTH
@@ -75,11 +75,10 @@ def main() -> None:
         lb = program.lower_bound_bytes()
         for target in args.targets.split(","):
             costs, bandwidth = costs_for(program, target)
-            sc = swap_costs(program, costs, bandwidth)
             for mult in (float(m) for m in args.multiples.split(",")):
                 budget = int(lb * mult)
                 greedy = auto_choose(program, budget, costs, bandwidth=bandwidth)
-                g_peak, g_extra, _ = evaluate(program, greedy, costs, sc)
+                g_peak, g_extra, _ = evaluate(program, greedy, costs, bandwidth)
                 t0 = time.perf_counter()
                 opt = optimal_choose(program, budget, costs, bandwidth, args.time_limit,
                                      greedy=greedy)

@@ -2,14 +2,19 @@
 recompute so the iteration fits the budget at the least estimated time (Capuchin, moDNN, DTR).
 
 The planner walks a greedy path from the plain ``reuse,inplace`` plan. At each point it looks
-at the tensors live at the plan's peak and tries, for each, to swap it (extra time: the part of
-its two transfers that its idle time between forward and backward does not hide — Capuchin's
-rule) or to recompute the layer that made it (extra time: the forward steps recomputed).
-It takes the action with the most peak reduction per second of extra time, and only actions
-that lower the peak, so the peak falls strictly along the path. A budget stops the walk at the
-first plan that fits; a smaller budget walks further, so the peak never rises as the budget
-falls. Costs come from measured step times when there are any, else from FLOPs at an assumed
-throughput. Offsets are then planned statically (no fragmentation: the budget is the arena).
+at the tensors live at the plan's peak and tries, for each, to swap it or to recompute the
+layer that made it. A plan's extra time is that of its walk on the clock
+(:func:`.cost_model.extra_time`): the steps at their costs, the swaps' copies queued on one
+link per direction, compute waiting where a copy is late, the recomputed steps. Swapped blocks
+are released once their offload has ended, as compute reaches it (vDNN), so a congested link
+costs memory rather than time; when that path cannot reach the budget, the walk is run again
+releasing each block one step after its offload (compute waits for the copy: time bought for
+memory). It takes the action with the most peak reduction per second of extra time, and only
+actions that lower the peak, so the peak falls strictly along the path. A budget stops the
+walk at the first plan that fits; a smaller budget walks further, so the peak never rises as
+the budget falls. Costs come from measured step times when there are any, else from FLOPs at
+an assumed throughput. Offsets are then planned statically (no fragmentation: the budget is
+the arena).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import replace
 
 from .base_plan import base_plan, plan_peak
 from .config import MemoryConfig
+from .cost_model import extra_time
 from .liveness import root_of
 from .plan import AutoChoice, Plan
 from .program import Program
@@ -48,8 +54,11 @@ def _values(program: Program) -> list[int]:
             if program.tensors[t].role == "value"]
 
 
-def build(program: Program, choice: AutoChoice) -> Plan:
-    """The plan for a choice: recompute rewrite, sharing and liveness, then swapping."""
+def build(program: Program, choice: AutoChoice, costs: list[float] | None = None,
+          bandwidth: float = DEFAULT_BANDWIDTH) -> Plan:
+    """The plan for a choice: recompute rewrite, sharing and liveness, then swapping. With
+    ``costs`` (seconds per step of ``program``) and unless ``choice.early_release``, swapped
+    blocks are released when compute reaches the end of their offload on the link."""
     prog = program
     if choice.dropped:
         producer_of = {t: st.index for st in program.steps if st.phase == "forward"
@@ -69,8 +78,25 @@ def build(program: Program, choice: AutoChoice) -> Plan:
     plan = base_plan(prog, _BASE)
     if choice.swapped:
         roots = {root_of(plan.aliases, t) for t in choice.swapped}
-        plan = swap_plan(plan, "all", only=roots)
+        timed = costs is not None and not choice.early_release
+        plan = swap_plan(plan, "all", only=roots, bandwidth=bandwidth,
+                         step_times=plan_costs(plan, costs) if timed else None,
+                         cost_source="timed on the auto planner's step costs")
     return plan
+
+
+def plan_costs(plan: Plan, costs: list[float]) -> list[float]:
+    """Seconds per step of ``plan``'s program from ``costs`` of the program it was made from
+    (a recomputation costs its forward step; steps a pass added, nothing)."""
+    return [costs[s.origin] if 0 <= s.origin < len(costs) else 0.0 for s in plan.program.steps]
+
+
+def plan_extra(plan: Plan, costs: list[float], bandwidth: float) -> float:
+    """Estimated seconds ``plan`` adds to an iteration (stalls on the link, recomputation)."""
+    return extra_time(plan, plan_costs(plan, costs), bandwidth)
+
+
+
 
 
 def _pressure(plan: Plan) -> tuple[int, int]:
@@ -108,25 +134,46 @@ def auto_choose(program: Program, budget: int | None, step_times: list[float] | 
     """Walk the greedy path until the total peak (persistent + iteration) fits ``budget``
     (``None``: walk to the end, the smallest peak this planner reaches).
 
-    Each move tries the ``max_candidates`` largest feature maps live at the peak; the walk
-    stops after ``time_limit_s`` seconds (deep networks), saying so in ``choice.path``."""
+    Swapped blocks are released when their copy has ended; when that path does not reach the
+    budget (or, without one, a lower peak), it is walked again releasing them one step after
+    the offload. Each move tries the ``max_candidates`` largest feature maps live at the peak;
+    the walks stop after ``time_limit_s`` seconds in all (deep networks), saying so in
+    ``choice.path``."""
     import time
 
-    t_start = time.perf_counter()
-    persistent = program.persistent_bytes()
+    deadline = time.perf_counter() + time_limit_s
     costs = step_costs(program, step_times, flops_per_s)
+    timed = _walk_path(program, budget, costs, bandwidth, False, max_moves, max_candidates,
+                       deadline, time_limit_s)
+    if budget is not None and timed.peak <= budget or time.perf_counter() >= deadline \
+            or not swap_candidates(program, {}, "all"):
+        return timed
+    early = _walk_path(program, budget, costs, bandwidth, True, max_moves, max_candidates,
+                       deadline, time_limit_s)
+    better = early.peak < timed.peak if budget is None or early.peak > budget \
+        else timed.peak > budget
+    return early if better else timed
+
+
+def _walk_path(program: Program, budget: int | None, costs: list[float], bandwidth: float,
+               early_release: bool, max_moves: int, max_candidates: int, deadline: float,
+               time_limit_s: float) -> AutoChoice:
+    """One greedy path (see :func:`auto_choose`)."""
+    import time
+
+    persistent = program.persistent_bytes()
     producer = {t: st for st in program.steps if st.phase == "forward" for t in st.writes}
     loss_step = producer.get(program.loss)
-    cands = {c.root: c for c in swap_candidates(program, {}, "all")
+    cands = {c.root for c in swap_candidates(program, {}, "all")
              if c.first_backward - c.last_forward >= 3}
-    choice = AutoChoice()
-    plan = build(program, choice)
+    choice = AutoChoice(early_release=early_release)
+    plan = build(program, choice, costs, bandwidth)
     peak0, area = _pressure(plan)
     choice.peak = persistent + peak0
     for _ in range(max_moves):
         if budget is not None and choice.peak <= budget:
             break
-        if time.perf_counter() - t_start > time_limit_s:
+        if time.perf_counter() > deadline:
             choice.path.append(("stopped", f"search time limit {time_limit_s:.0f} s", 0, 0.0))
             break
         best = None
@@ -139,35 +186,33 @@ def auto_choose(program: Program, budget: int | None, step_times: list[float] | 
                 continue
             options = []
             if t in cands and t not in choice.swapped:
-                c = cands[t]
-                idle = sum(costs[c.last_forward + 1:c.first_backward])
-                extra = max(0.0, 2.0 * c.nbytes / bandwidth - idle)
-                options.append(("swap", extra))
+                options.append("swap")
             st = producer.get(t)
             if st is not None and st is not loss_step and spec.category == "feature_map" \
                     and st.index not in choice.dropped:
-                options.append(("recompute", costs[st.index]))
-            for kind, extra in options:
-                trial = AutoChoice(set(choice.swapped), set(choice.dropped))
+                options.append("recompute")
+            for kind in options:
+                trial = AutoChoice(set(choice.swapped), set(choice.dropped),
+                                   early_release=early_release)
                 if kind == "swap":
                     trial.swapped.add(t)
                 else:
                     trial.dropped.add(producer[t].index)
-                tplan = build(program, trial)
+                tplan = build(program, trial, costs, bandwidth)
                 tpeak, tarea = _pressure(tplan)
                 peak = persistent + tpeak
                 if peak > choice.peak or (peak == choice.peak and tarea >= area):
                     continue  # the peak never rises; on a plateau the area must fall
-                if kind == "recompute":
-                    extra = max(0.0, _recompute_time(tplan, costs) - _recompute_time(plan, costs))
+                total = plan_extra(tplan, costs, bandwidth)
+                extra = max(0.0, total - choice.extra_time_s)
                 # peak reductions first; area reductions only break ties on a plateau
                 score = ((choice.peak - peak) / (extra + 1e-9), (area - tarea) / (extra + 1e-9))
                 if best is None or score > best[0]:
-                    best = (score, kind, t, extra, trial, tplan, peak, tarea)
+                    best = (score, kind, t, extra, total, trial, tplan, peak, tarea)
         if best is None:
             break
-        _, kind, t, extra, trial, tplan, peak, area = best
-        trial.extra_time_s = choice.extra_time_s + extra
+        _, kind, t, extra, total, trial, tplan, peak, area = best
+        trial.extra_time_s = total
         trial.peak = peak
         trial.path = [p for p in choice.path if p[0] != "stopped"] + [
             (kind, program.tensors[t].name, peak, extra)]
@@ -175,26 +220,28 @@ def auto_choose(program: Program, budget: int | None, step_times: list[float] | 
     return choice
 
 
-def _recompute_time(plan: Plan, costs: list[float]) -> float:
-    return sum(costs[s.origin] for s in plan.program.steps if s.phase == "recompute")
-
-
 def auto_plan(program: Program, budget: int | None, step_times: list[float] | None = None,
-              cost_source: str = "measured step times", **kwargs) -> Plan:
+              cost_source: str = "measured step times", bandwidth: float = DEFAULT_BANDWIDTH,
+              flops_per_s: float = DEFAULT_FLOPS_PER_S, **kwargs) -> Plan:
     """The auto plan for ``budget`` (static offsets, notes saying what was chosen).
 
     Raises :class:`BudgetTooSmall` when even the end of the path does not fit."""
-    choice = auto_choose(program, budget, step_times, **kwargs) if budget is not None \
+    choice = auto_choose(program, budget, step_times, bandwidth, flops_per_s, **kwargs) \
+        if budget is not None \
         else AutoChoice(peak=program.persistent_bytes() + plan_peak(build(program, AutoChoice())))
-    return plan_for_choice(program, budget, choice, step_times, cost_source)
+    return plan_for_choice(program, budget, choice, step_times, cost_source, bandwidth,
+                           flops_per_s)
 
 
 def plan_for_choice(program: Program, budget: int | None, choice: AutoChoice,
                     step_times: list[float] | None = None,
-                    cost_source: str = "measured step times") -> Plan:
+                    cost_source: str = "measured step times",
+                    bandwidth: float = DEFAULT_BANDWIDTH,
+                    flops_per_s: float = DEFAULT_FLOPS_PER_S) -> Plan:
     """The auto plan of a planner's ``choice`` (static offsets, notes); raises
-    :class:`BudgetTooSmall` when the choice does not fit ``budget``."""
-    plan = build(program, choice)
+    :class:`BudgetTooSmall` when the choice does not fit ``budget``. ``step_times`` (or FLOPs
+    at ``flops_per_s``) and ``bandwidth`` time the swaps as the planner did."""
+    plan = build(program, choice, step_costs(program, step_times, flops_per_s), bandwidth)
     measured = step_times is not None and len(step_times) == len(program.steps)
     if budget is not None and choice.peak > budget:
         smallest = choice  # the walk ended without fitting: this is the smallest peak
@@ -214,5 +261,7 @@ def plan_for_choice(program: Program, budget: int | None, choice: AutoChoice,
         f"auto: budget {budget:,} B; {len(choice.swapped)} feature maps swapped, "
         f"{len(choice.dropped)} layers recomputed; estimated overhead "
         f"{1000 * choice.extra_time_s:.1f} ms per iteration ({how})"
+        + ("; swapped blocks released one step after their offload (compute waits for the "
+           "copy)" if choice.early_release and choice.swapped else "")
         if budget is not None else "auto without a budget: reuse,inplace,static", first=True)
     return replace(plan, measured=measured, auto=choice)

@@ -24,7 +24,7 @@ from .plan import Await, Offload, Plan, Prefetch, Release
 from .program import Program
 from .targets import DeviceProfile
 
-__all__ = ["Prediction", "simulate", "step_costs", "step_time"]
+__all__ = ["Prediction", "extra_time", "simulate", "step_costs", "step_time"]
 
 
 def step_time(program: Program, index: int, profile: DeviceProfile) -> float:
@@ -72,12 +72,22 @@ class Prediction:
                 "prefetched_bytes": self.prefetched_bytes}
 
 
-def simulate(plan: Plan, profile: DeviceProfile,
-             step_times: Sequence[float] | None = None) -> Prediction:
-    """Predict one iteration of ``plan`` on ``profile`` (see the module docstring);
-    ``step_times`` (seconds per step, e.g. measured) replace the roofline's step costs."""
+@dataclass(frozen=True)
+class _Walk:
+    """One walk of a plan: the compute clock at the end and where its time went."""
+
+    end_s: float
+    stall_s: float
+    recompute_s: float
+    codec_s: float
+    offloaded_bytes: int
+    prefetched_bytes: int
+
+
+def _walk(plan: Plan, costs: Sequence[float], d2h_bytes_per_s: float,
+          h2d_bytes_per_s: float) -> _Walk:
+    """Run ``plan``'s steps (``costs`` seconds each) and copies on the clock (module docstring)."""
     program = plan.program
-    costs = step_costs(program, profile) if step_times is None else [float(t) for t in step_times]
     tensors = program.tensors
     now = 0.0  # the compute stream's clock
     d2h_free = h2d_free = 0.0
@@ -97,12 +107,12 @@ def simulate(plan: Plan, profile: DeviceProfile,
         if isinstance(action, Offload):
             nbytes = program.block_size(tensors[action.tensor].nbytes)
             start = max(now, d2h_free)
-            d2h_free = d2h_end[action.tensor] = start + nbytes / profile.link_d2h_bytes_per_s
+            d2h_free = d2h_end[action.tensor] = start + nbytes / d2h_bytes_per_s
             offloaded += nbytes
         elif isinstance(action, Prefetch):
             nbytes = program.block_size(tensors[action.tensor].nbytes)
             start = max(now, h2d_free)
-            h2d_free = h2d_end[action.tensor] = start + nbytes / profile.link_h2d_bytes_per_s
+            h2d_free = h2d_end[action.tensor] = start + nbytes / h2d_bytes_per_s
             prefetched += nbytes
         elif isinstance(action, Await):
             wait_for(h2d_end.get(action.tensor, 0.0))
@@ -123,5 +133,27 @@ def simulate(plan: Plan, profile: DeviceProfile,
             apply(action)
     for action in plan.end:
         apply(action)
-    oracle = sum(c for c, st in zip(costs, program.steps) if st.phase in ("forward", "backward"))
-    return Prediction(profile.name, now, oracle, stall, recompute, codec, offloaded, prefetched)
+    return _Walk(now, stall, recompute, codec, offloaded, prefetched)
+
+
+def _oracle(program: Program, costs: Sequence[float]) -> float:
+    return sum(c for c, st in zip(costs, program.steps) if st.phase in ("forward", "backward"))
+
+
+def extra_time(plan: Plan, costs: Sequence[float], bandwidth: float) -> float:
+    """Seconds ``plan`` adds to an iteration over its forward and backward steps (stalls on a
+    link of ``bandwidth`` bytes/s each way, recomputation, codecs): what the planners
+    minimise, by the same walk as :func:`simulate`."""
+    walk = _walk(plan, costs, bandwidth, bandwidth)
+    return walk.end_s - _oracle(plan.program, costs)
+
+
+def simulate(plan: Plan, profile: DeviceProfile,
+             step_times: Sequence[float] | None = None) -> Prediction:
+    """Predict one iteration of ``plan`` on ``profile`` (see the module docstring);
+    ``step_times`` (seconds per step, e.g. measured) replace the roofline's step costs."""
+    program = plan.program
+    costs = step_costs(program, profile) if step_times is None else [float(t) for t in step_times]
+    w = _walk(plan, costs, profile.link_d2h_bytes_per_s, profile.link_h2d_bytes_per_s)
+    return Prediction(profile.name, w.end_s, _oracle(program, costs), w.stall_s, w.recompute_s,
+                      w.codec_s, w.offloaded_bytes, w.prefetched_bytes)

@@ -56,6 +56,7 @@ from .auto import (
     auto_choose,
     auto_plan,
     build,
+    plan_extra,
     plan_for_choice,
     step_costs,
 )
@@ -104,16 +105,30 @@ def swap_costs(program: Program, costs: list[float], bandwidth: float) -> dict[i
 
 
 def evaluate(program: Program, choice: AutoChoice, costs: list[float],
-             swap_cost: dict[int, float]) -> tuple[int, float, Plan]:
+             bandwidth: float = DEFAULT_BANDWIDTH) -> tuple[int, float, Plan]:
     """(total peak bytes, estimated extra seconds, plan) of a choice, exactly: the peak of the
-    built plan plus the persistent state, the recomputed steps' costs plus the swaps' costs."""
-    plan = build(program, choice)
-    recompute = sum(costs[s.origin] for s in plan.program.steps if s.phase == "recompute")
-    extra = recompute + sum(swap_cost.get(t, 0.0) for t in choice.swapped)
-    return program.persistent_bytes() + plan_peak(plan), extra, plan
+    built plan plus the persistent state, and the extra time of its walk on the clock
+    (:func:`.auto.plan_extra`: stalls on the link, recomputed steps)."""
+    plan = build(program, choice, costs, bandwidth)
+    return (program.persistent_bytes() + plan_peak(plan), plan_extra(plan, costs, bandwidth),
+            plan)
 
 
-# ---------------------------------------------------------------- the model
+def evaluate_placements(program: Program, choice: AutoChoice, costs: list[float],
+                        bandwidth: float, budget: int) -> tuple[AutoChoice, int, float, Plan]:
+    """``choice`` with the better release placement of its swapped blocks (when the copy ends,
+    or one step after the offload — the placement the MILP's memory model assumes): the one
+    that fits ``budget`` at less extra time, else the smaller peak. Returns (choice, peak,
+    extra seconds, plan)."""
+    out = None
+    for early in (False, True) if choice.swapped else (False,):
+        c = AutoChoice(set(choice.swapped), set(choice.dropped), early_release=early)
+        peak, extra, plan = evaluate(program, c, costs, bandwidth)
+        key = (peak > budget, extra if peak <= budget else peak)
+        if out is None or key < out[0]:
+            out = (key, c, peak, extra, plan)
+    assert out is not None
+    return out[1], out[2], out[3], out[4]
 
 
 class _Lp:
@@ -174,11 +189,14 @@ class _Model:
 
 
 def _build_model(program: Program, costs: list[float], swap_cost: dict[int, float],
-                 budget_iter: int, window: int | None = None) -> _Model:
+                 budget_iter: int, window: int | None = None,
+                 copy_cost: dict[int, float] | None = None) -> _Model:
     """The MILP of ``program`` for ``budget_iter`` bytes of iteration tensors, objective in the
     units of ``costs`` / ``swap_cost`` (per step, per candidate); ``window``: the longest run
     of consecutive dropped steps minus one (default: all of them on programs up to
-    :data:`FULL_WINDOW_STEPS` forward steps, else :data:`MAX_RUN`)."""
+    :data:`FULL_WINDOW_STEPS` forward steps, else :data:`MAX_RUN`). ``copy_cost``: one
+    transfer's time per candidate; with it the swaps' time is at least the link's congestion
+    (:func:`_link_rows`) instead of the sum of their own costs alone."""
     steps, tensors = program.steps, program.tensors
     nf = sum(1 for s in steps if s.phase == "forward")
     if any(s.phase != "forward" for s in steps[:nf]) or \
@@ -349,6 +367,7 @@ def _build_model(program: Program, costs: list[float], swap_cost: dict[int, floa
     for t in life:
         members.setdefault(root_of(aliases, t), []).append(t)
     swap: dict[int, int] = {}
+    swap_window: dict[int, tuple[int, int]] = {}  # candidate -> (last forward, first backward)
     n_chain = 0
     z_cache: dict[int, tuple[int | None, int | None]] = {}
     reads_of: dict[int, set[int]] = {}  # node -> droppable producers its backward reads
@@ -406,6 +425,7 @@ def _build_model(program: Program, costs: list[float], swap_cost: dict[int, floa
                 gap = (g0, g1)
                 for t in cands:
                     swap[t] = lp.var(integer=True, cost=swap_cost[t] + EPS_ACTION, name=f"s{t}")
+                    swap_window[t] = (lf, fb)
                     svars.append(swap[t])
                 if len(svars) > 1:
                     lp.le([(v, 1.0) for v in svars], 1.0)
@@ -521,6 +541,7 @@ def _build_model(program: Program, costs: list[float], swap_cost: dict[int, floa
                     rhs += fs[t]
             region_rows.setdefault(q, []).append(lp.le(terms, rhs))
 
+    n_link_rows = _link_rows(lp, swap, swap_window, swap_cost, copy_cost or {}, costs)
     # at most W consecutive dropped steps (the windows above cover every segment)
     for f in range(nf - W):
         if all(i in dset for i in range(f, f + W + 1)):
@@ -542,8 +563,48 @@ def _build_model(program: Program, costs: list[float], swap_cost: dict[int, floa
                    mu, region_rows)
     model.stats = dict(variables=len(lp.lb), binaries=len(drop) + len(swap),
                        constraints=len(lp.rows), window=W, clones=n_clones, need_rows=n_need_rows,
-                       chain_vars=n_chain)
+                       chain_vars=n_chain, link_rows=n_link_rows)
     return model
+
+
+#: At most this many link-congestion rows (the most congested windows first).
+MAX_LINK_ROWS = 2000
+
+
+def _link_rows(lp: _Lp, swap: dict[int, int], window: dict[int, tuple[int, int]],
+               swap_cost: dict[int, float], copy_cost: dict[int, float],
+               costs: list[float]) -> int:
+    """The swaps' time as one variable ``z`` >= the sum of their own costs, and >= each
+    window's congestion: the candidates whose last forward use is at or after step ``a`` and
+    whose first backward use is at or before step ``b`` copy, each way, within the compute
+    between the two plus any stall, so the stall is at least their copies' time minus that
+    compute. Returns the number of congestion rows (none: swaps keep their own costs)."""
+    inside = [t for t in swap if t in copy_cost]
+    if not inside:
+        return 0
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    rows = []
+    for a in sorted({window[t][0] for t in inside}):
+        for b in sorted({window[t][1] for t in inside}):
+            members = [t for t in inside if window[t][0] >= a and window[t][1] <= b]
+            if len(members) < 2:
+                continue  # one candidate: its own cost says as much
+            avail = prefix[b] - prefix[a + 1]
+            need = sum(copy_cost[t] for t in members)
+            if need > avail:
+                rows.append((need - avail, members, avail))
+    if not rows:
+        return 0
+    rows.sort(key=lambda r: -r[0])
+    z = lp.var(ub=math.inf, cost=1.0, name="link")
+    for v in swap.values():
+        lp.cost[v] = EPS_ACTION
+    lp.ge([(z, 1.0)] + [(v, -swap_cost[t]) for t, v in swap.items()], 0.0)
+    for _, members, avail in rows[:MAX_LINK_ROWS]:
+        lp.ge([(z, 1.0)] + [(swap[t], -copy_cost[t]) for t in members], -avail)
+    return min(len(rows), MAX_LINK_ROWS)
 
 
 # ---------------------------------------------------------------- solving
@@ -654,8 +715,8 @@ def _peak_position(model: _Model, plan: Plan) -> int:
 
 
 def _polish(program: Program, choice: AutoChoice, extra: float, budget: int,
-            costs: list[float], swap_cost: dict[int, float], deadline: float,
-            ) -> tuple[AutoChoice, float, int, int]:
+            costs: list[float], swap_cost: dict[int, float], bandwidth: float,
+            deadline: float) -> tuple[AutoChoice, float, int, int]:
     """Remove actions while the exact plan still fits at no more estimated time."""
     peak = -1
     moves = 0
@@ -666,8 +727,9 @@ def _polish(program: Program, choice: AutoChoice, extra: float, budget: int,
         acts.sort(key=lambda a: -(swap_cost.get(a[1], 0.0) if a[0] == "s" else costs[a[1]]))
         for kind, x in acts:
             trial = AutoChoice(set(choice.swapped) - ({x} if kind == "s" else set()),
-                               set(choice.dropped) - ({x} if kind == "d" else set()))
-            tpeak, textra, _ = evaluate(program, trial, costs, swap_cost)
+                               set(choice.dropped) - ({x} if kind == "d" else set()),
+                               early_release=choice.early_release)
+            tpeak, textra, _ = evaluate(program, trial, costs, bandwidth)
             if tpeak <= budget and textra <= extra:
                 choice, extra, peak, improved = trial, textra, tpeak, True
                 moves += 1
@@ -689,9 +751,11 @@ def optimal_choose(program: Program, budget: int, costs: list[float],
     ``time_limit_s`` for the whole MILP, then windows of :data:`WINDOW_STEPS` consecutive layers
     are re-solved with every other decision fixed to the best checked choice so far (starting
     from ``greedy``'s, computed here when not given) until the time is up. Every solution is
-    checked on the built plan; ``choice.path`` records each solve (time, status, objective,
-    bound, gap) and the decisions. When nothing checked beats the greedy choice, it is returned
-    with a ``("fallback", why, ...)`` entry last."""
+    checked on the built plan and priced by its walk on the clock (:func:`evaluate`); a
+    solution the model priced below that is cut off and the MILP solved again while its
+    objective stays below the best checked time. ``choice.path`` records each solve (time,
+    status, objective, bound, gap) and the decisions. When nothing checked beats the greedy
+    choice, it is returned with a ``("fallback", why, ...)`` entry last."""
     t0 = time.perf_counter()
     deadline = t0 + time_limit_s
     persistent = program.persistent_bytes()
@@ -699,20 +763,22 @@ def optimal_choose(program: Program, budget: int, costs: list[float],
     unit = max(sum(costs), 1e-30)  # the objective in iterations: well-scaled for HiGHS
     if greedy is None:
         greedy = auto_choose(program, budget, costs, bandwidth=bandwidth)
-    g_peak, g_extra, _ = evaluate(program, greedy, costs, swap_cost)
+    g_peak, g_extra, _ = evaluate(program, greedy, costs, bandwidth)
 
     def fallback(why: str, log: list[tuple[str, str, int, float]]) -> AutoChoice:
         g = AutoChoice(set(greedy.swapped), set(greedy.dropped), greedy.extra_time_s,
-                       greedy.peak, list(greedy.path) + log)
+                       greedy.peak, list(greedy.path) + log, greedy.early_release)
         g.path.append(("fallback", f"greedy choice kept: {why}", g.peak, g.extra_time_s))
         return g
 
     if g_peak <= budget and g_extra <= 0.0:
         return fallback("it fits at no estimated extra time, which nothing beats", [])
     try:
+        copy_cost = {c.root: c.nbytes / bandwidth / unit
+                     for c in swap_candidates(program, {}, "all")}
         model = _build_model(program, [c / unit for c in costs],
                              {t: c / unit for t, c in swap_cost.items()}, budget - persistent,
-                             window)
+                             window, copy_cost)
     except Unsupported as e:
         return fallback(f"the optimal planner does not model this program ({e})", [])
     # memory over the budget is allowed at a prohibitive price: every (sub)problem has a
@@ -747,8 +813,8 @@ def optimal_choose(program: Program, budget: int, costs: list[float],
             log.append(f"{head}; no plan fits in the model (over by "
                        f"{res.x[overflow] * model.mem_unit:,.0f} B)")
             return "none"
-        choice = _choice_of(model, res.x)
-        peak, extra, plan = evaluate(program, choice, costs, swap_cost)
+        choice, peak, extra, plan = evaluate_placements(program, _choice_of(model, res.x), costs,
+                                                        bandwidth, budget)
         log.append(f"{head}; {len(choice.swapped)} swaps, {len(choice.dropped)} drops: checked "
                    f"peak {peak:,} B ({'fits' if peak <= budget else f'{peak - budget:,} B over'}"
                    f"), estimated {1000 * extra:.3f} ms")
@@ -774,7 +840,13 @@ def optimal_choose(program: Program, budget: int, costs: list[float],
             break
         ts = time.perf_counter()
         res = _solve(model, left, mip_rel_gap)
-        if check(res, f"whole MILP, round {r + 1}", time.perf_counter() - ts, r) != "over":
+        verdict = check(res, f"whole MILP, round {r + 1}", time.perf_counter() - ts, r)
+        if verdict == "fits" and best is not None and res.fun * unit < best[0] * (1 - 1e-9):
+            # the model priced this choice below its walk on the clock (queued copies): cut it
+            # off and look again while the model still sees something cheaper than the best
+            _no_good(model, _choice_of(model, res.x))
+            continue
+        if verdict != "over":
             break
     # windows of consecutive layers re-solved around the best checked choice
     n_windows = 0
@@ -806,7 +878,7 @@ def optimal_choose(program: Program, budget: int, costs: list[float],
         extra, choice, peak, src = best
         until = max(deadline, time.perf_counter() + 1.0)
         choice, extra, ppeak, polish_moves = _polish(program, choice, extra, budget, costs,
-                                                     swap_cost, until)
+                                                     swap_cost, bandwidth, until)
         best = (extra, choice, ppeak if ppeak >= 0 else peak, src)
     total = time.perf_counter() - t0
     st = model.stats
@@ -829,7 +901,8 @@ def optimal_choose(program: Program, budget: int, costs: list[float],
                else "no checked MILP solution fits at less estimated time")
         return fallback(why + (f" ({log[-1]})" if log else ""), entries)
     extra, choice, peak, _ = best
-    out = AutoChoice(set(choice.swapped), set(choice.dropped), extra, peak)
+    out = AutoChoice(set(choice.swapped), set(choice.dropped), extra, peak,
+                     early_release=choice.early_release)
     for t in sorted(choice.swapped):
         out.path.append(("swap", program.tensors[t].name, peak, swap_cost.get(t, 0.0)))
     for k in sorted(choice.dropped):
@@ -846,18 +919,18 @@ def optimal_plan(program: Program, budget: int | None, step_times: list[float] |
     the optimal one is taken only when it fits at no more estimated time; the notes say which.
     Raises :class:`~.auto.BudgetTooSmall` as the greedy planner does when neither fits."""
     if budget is None:
-        return auto_plan(program, None, step_times, cost_source=cost_source)
+        return auto_plan(program, None, step_times, cost_source, bandwidth, flops_per_s)
     costs = step_costs(program, step_times, flops_per_s)
     greedy = auto_choose(program, budget, step_times, bandwidth, flops_per_s, **greedy_kwargs)
-    swap_cost = swap_costs(program, costs, bandwidth)
-    g_peak, g_extra, _ = evaluate(program, greedy, costs, swap_cost)
+    g_peak, g_extra, _ = evaluate(program, greedy, costs, bandwidth)
     opt = optimal_choose(program, budget, costs, bandwidth, time_limit_s, greedy=greedy)
     why = next((p[1] for p in opt.path if p[0] == "fallback"), None)
     milp_note = next((p[1] for p in opt.path if p[0] == "milp"), "no MILP solved")
     take = why is None and opt.peak <= budget and (g_peak > budget
                                                    or opt.extra_time_s <= g_extra)
     picked = opt if take else greedy
-    plan = plan_for_choice(program, budget, picked, step_times, cost_source)
+    plan = plan_for_choice(program, budget, picked, step_times, cost_source, bandwidth,
+                           flops_per_s)
     g_text = (f"greedy {1000 * g_extra:.1f} ms" if g_peak <= budget
               else f"greedy does not fit (smallest peak {g_peak:,} B)")
     if take:

@@ -76,13 +76,16 @@ ENDS = (Free, Release)
 @dataclass
 class AutoChoice:
     """What the auto planner (:mod:`.auto`) decided: original value tensors swapped, forward
-    steps dropped (recomputed in backward), and the resulting estimated overhead."""
+    steps dropped (recomputed in backward), and the resulting estimated overhead.
+    ``early_release``: swapped blocks are released one step after their offload (compute
+    waits for the copy) instead of when the copy has ended."""
 
     swapped: set[int] = field(default_factory=set)
     dropped: set[int] = field(default_factory=set)
     extra_time_s: float = 0.0
     peak: int = 0
     path: list[tuple[str, str, int, float]] = field(default_factory=list)
+    early_release: bool = False
 
 
 @dataclass(frozen=True)

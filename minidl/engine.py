@@ -18,7 +18,7 @@ from .graph import Network
 from .kernels.parallel import ensure_blas_policy
 from .layers.base import Layer
 from .lowering import Lowered, lower
-from .memory import bptt_options, workspace_options
+from .memory import attention_options, bptt_options, workspace_options
 from .memory.auto import BudgetTooSmall
 from .memory.config import MemoryConfig
 from .memory.cost_model import step_costs
@@ -197,26 +197,34 @@ class Engine:
                              device_kind=self.device_kind)
 
             first = lowered_with(None)
-            # per-op options (fused RNNs' BPTT schedules): the spec's policy, or under an auto
-            # budget the candidates, most states kept first
+            # per-op options (fused RNNs' BPTT schedules, attention's memory forms): the
+            # spec's, or under an auto budget the candidates, most kept first
             policies = bptt_options.policies(first.program, config)
-            for i, policy in enumerate(policies):
-                options = bptt_options.options_for(first.program, policy)
+            forms = attention_options.policies(first.program, config)
+            choices = [(policy, form) for policy in policies for form in forms]
+            for i, (policy, form) in enumerate(choices):
+                options = workspace_options.merged(
+                    bptt_options.options_for(first.program, policy),
+                    attention_options.options_for(first.program, form))
                 lowered = lowered_with(options) if options else first
                 try:
                     lowered, plan = self._plan_fitting(lowered, options, lowered_with, config)
                 except BudgetTooSmall:
-                    if i == len(policies) - 1:
+                    if i == len(choices) - 1:
                         raise
                     continue
                 if len(policies) > 1:
                     plan = plan.with_notes(
                         f"recurrent layers' BPTT schedule {policy or 'keep all'} chosen to fit "
                         f"the budget ({len(policies)} candidates, most states first)")
+                if len(forms) > 1:
+                    plan = plan.with_notes(attention_options.describe(
+                        lowered.program, form, forms.index(form) + 1))
                 break
             c = self._compile(lowered, plan)
             c.notes = [n for n in plan.notes if n.startswith(
-                ("recurrent layers", workspace_options.NOTE_PREFIX))]
+                ("recurrent layers", workspace_options.NOTE_PREFIX,
+                 attention_options.NOTE_PREFIX))]
             self._cache[key] = c
         return c
 
@@ -267,7 +275,8 @@ class Engine:
     def split_for(self, batch_shapes: list[tuple[int, ...]], label_shape: tuple[int, ...] | None,
                   label_dtype: str = "int64", max_split: int = 64) -> int:
         """Micro-batches per batch: ``split=K`` when given; with ``auto``, the fewest (1, 2, 4,
-        ...) whose plan fits the budget (moDNN's batch splitting).
+        ...) whose plan fits the budget (moDNN's batch splitting) or, with a target, more while
+        its cost model predicts a faster iteration.
 
         Training a network with batch statistics (BatchNorm) is never split: micro-batches would
         normalise with their own statistics. ``split=K`` then raises ``ValueError`` and ``auto``
@@ -290,13 +299,42 @@ class Engine:
         k, last = 1, None
         while k <= min(max_split, batch):
             try:
-                self.compiled(*micro_shapes(batch_shapes, label_shape, -(-batch // k)),
-                              True, label_dtype, accumulate=k > 1)
-                return k
+                c = self.compiled(*micro_shapes(batch_shapes, label_shape, -(-batch // k)),
+                                  True, label_dtype, accumulate=k > 1)
             except BudgetTooSmall as e:
                 last = e
                 k *= 2
+                continue
+            return self._faster_split(k, c, batch_shapes, label_shape, label_dtype,
+                                      min(max_split, batch))
         raise last
+
+    def _faster_split(self, k: int, c: Compiled, batch_shapes: list[tuple[int, ...]],
+                      label_shape: tuple[int, ...] | None, label_dtype: str, most: int) -> int:
+        """With a target, more micro-batches while the cost model predicts a shorter iteration
+        (``k`` micro-batches whose plan swaps or recomputes can be slower than ``2k`` whose
+        plans need neither); without one, ``k``."""
+        if self.target is None:
+            return k
+
+        def iteration_s(c: Compiled, k: int) -> float:
+            extra = c.plan.auto.extra_time_s if c.plan.auto is not None else 0.0
+            return k * (sum(step_costs(c.lowered.program, self.target)) + extra)
+
+        best = iteration_s(c, k)
+        while best > 0 and c.plan.auto is not None and c.plan.auto.extra_time_s > 0 \
+                and 2 * k <= most:
+            try:
+                c2 = self.compiled(*micro_shapes(batch_shapes, label_shape, -(-batch_shapes[0][0]
+                                                                               // (2 * k))),
+                                   True, label_dtype, accumulate=True)
+            except BudgetTooSmall:
+                break
+            t2 = iteration_s(c2, 2 * k)
+            if t2 >= best:
+                break
+            k, c, best = 2 * k, c2, t2
+        return k
 
     def refine(self, c: Compiled) -> Compiled:
         """After a measured iteration, re-plan what depends on measurements: the tensors whose

@@ -105,3 +105,51 @@ def test_cli_plan_with_a_target():
     bad = subprocess.run([sys.executable, "-m", "minidl", "plan", "smallcnn", "--target", "gtx"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "valid targets" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("planner", ["greedy", "optimal"])
+def test_auto_estimate_is_the_simulated_overhead(planner):
+    """Both planners price a choice by the same walk as the simulator: the estimated overhead of
+    the plan taken equals the predicted one, swaps queued on a slow link included."""
+    from minidl.memory.auto import auto_choose, auto_plan, plan_extra
+    from minidl.memory.optimal import optimal_plan
+
+    prof = get_target("custom:flops=15T,hbm=900G,link=2G,mem=16GiB")
+    prog = _compiled("reuse,inplace", batch=64).lowered.program
+    costs = step_costs(prog, prof)
+    free = auto_choose(prog, None, costs, bandwidth=2e9).peak  # the smallest peak reached
+    top = auto_plan(prog, None, costs).auto.peak
+    make = auto_plan if planner == "greedy" else optimal_plan
+    seen_extra = False
+    for frac in (0.2, 0.5, 0.8):
+        budget = int(free + frac * (top - free))
+        plan = make(prog, budget, costs, bandwidth=2e9, time_limit_s=20)
+        pred = simulate(plan, prof)
+        assert plan.auto.extra_time_s == pytest.approx(pred.step_s - pred.oracle_s, rel=1e-9,
+                                                       abs=1e-12)
+        assert plan_extra(plan, costs, 2e9) == pytest.approx(plan.auto.extra_time_s, abs=1e-12)
+        seen_extra |= plan.auto.extra_time_s > 0
+    assert seen_extra  # the slow link made some budget cost time
+
+
+def test_auto_splits_the_batch_when_the_target_predicts_it_faster():
+    """With a target, auto takes the number of micro-batches whose plan the cost model predicts
+    fastest (one batch that must swap over a slow link against two that need not, or the
+    reverse where two micro-batches' launches cost more)."""
+    chosen = set()
+    for link, frac in (("1G", 1.1), ("1G", 1.15), ("0.2G", 1.1)):
+        target = f"custom:flops=15T,hbm=900G,link={link},mem=16GiB"
+        half = minidl.dry_run(smallcnn(), 32, "reuse,inplace", target=target)
+        budget = int(half["peak_reserved_bytes"] * frac)
+        rep = minidl.dry_run(smallcnn(), 64, f"auto,budget={budget}", target=target)
+        assert rep["peak_reserved_bytes"] <= budget
+        forced = {}
+        for k in (1, 2):
+            try:
+                forced[k] = minidl.dry_run(smallcnn(), 64, f"auto,budget={budget},split={k}",
+                                           target=target)["prediction"]["step_s"]
+            except MemoryError:
+                pass
+        assert rep["prediction"]["step_s"] == pytest.approx(min(forced.values()))
+        chosen.add(rep["split"])
+    assert chosen == {1, 2}

@@ -13,7 +13,7 @@ from minidl.memory import optimal
 from minidl.memory.auto import BudgetTooSmall, auto_choose, auto_plan, step_costs
 from minidl.memory.base_plan import plan_peak
 from minidl.memory.config import MemoryConfig
-from minidl.memory.optimal import evaluate, optimal_choose, swap_costs
+from minidl.memory.optimal import evaluate, evaluate_placements, optimal_choose, swap_costs
 from minidl.memory.plan import AutoChoice
 from minidl.memory.planner import make_plan
 
@@ -34,7 +34,8 @@ def exhaustive(program, budget, costs, bandwidth):
             swapped = {t for t, b in zip(swaps, sm) if b}
             if any(producer.get(t) in dropped for t in swapped):
                 continue  # swapping a recomputed map: no memory saved, its cost counted
-            peak, extra, _ = evaluate(program, AutoChoice(swapped, dropped), costs, sc)
+            _, peak, extra, _ = evaluate_placements(program, AutoChoice(swapped, dropped),
+                                                    costs, bandwidth, budget)
             if peak <= budget and (best is None or extra < best):
                 best = extra
     return best
@@ -86,13 +87,13 @@ def test_equal_to_exhaustive_search_on_random_programs(program, bandwidth, frac)
     n_drop = sum(1 for s in program.steps if s.phase == "forward") - 1
     assume(n_drop + len(swap_costs(program, costs, bandwidth)) <= 10)
     lo = program.lower_bound_bytes()
-    hi = evaluate(program, AutoChoice(), costs, {})[0]
+    hi = evaluate(program, AutoChoice(), costs, bandwidth)[0]
     budget = int(lo + frac * (hi - lo))
     best = exhaustive(program, budget, costs, bandwidth)
     # the MILP alone: its only incumbent to beat is doing nothing (no greedy walk)
     nothing = AutoChoice(peak=hi)
     opt = optimal_choose(program, budget, costs, bandwidth, time_limit_s=30, greedy=nothing)
-    peak = program.persistent_bytes() + plan_peak(optimal.build(program, opt))
+    peak = program.persistent_bytes() + plan_peak(optimal.build(program, opt, costs, bandwidth))
     assert peak == opt.peak
     if best is None:
         assert opt.peak > budget  # nothing fits: the fallback, which does not fit either
@@ -117,7 +118,7 @@ def test_joint_recomputation_beats_the_greedy_walk():
     ], input_units=2)
     costs, bw, budget = step_costs(p, None), 1e9, 4608
     greedy = auto_choose(p, budget, costs, bandwidth=bw)
-    g_peak, g_extra, _ = evaluate(p, greedy, costs, swap_costs(p, costs, bw))
+    g_peak, g_extra, _ = evaluate(p, greedy, costs, bw)
     opt = optimal_choose(p, budget, costs, bw)
     assert g_peak <= budget and opt.peak <= budget
     assert opt.extra_time_s < 0.6 * g_extra
@@ -151,18 +152,17 @@ def test_never_worse_than_greedy_on_reference_models(model, target):
         prof = get_target(target)
         costs = roofline(p, prof)
         bw = min(prof.link_h2d_bytes_per_s, prof.link_d2h_bytes_per_s)
-    sc = swap_costs(p, costs, bw)
-    lo, hi = p.lower_bound_bytes(), evaluate(p, AutoChoice(), costs, sc)[0]
+    lo, hi = p.lower_bound_bytes(), evaluate(p, AutoChoice(), costs, bw)[0]
     for frac in (0.1, 0.3, 0.6, 0.9):
         budget = int(lo + frac * (hi - lo))
         greedy = auto_choose(p, budget, costs, bandwidth=bw)
-        g_peak, g_extra, _ = evaluate(p, greedy, costs, sc)
+        g_peak, g_extra, _ = evaluate(p, greedy, costs, bw)
         opt = optimal_choose(p, budget, costs, bw, time_limit_s=30, greedy=greedy)
         if g_peak <= budget:
             assert opt.peak <= budget
             assert opt.extra_time_s <= g_extra * (1 + 1e-12)
         if opt.peak <= budget:  # the recorded peak is the built plan's
-            assert opt.peak == p.persistent_bytes() + plan_peak(optimal.build(p, opt))
+            assert opt.peak == p.persistent_bytes() + plan_peak(optimal.build(p, opt, costs, bw))
 
 
 def test_make_plan_with_planner_optimal_fits_and_says_which_choice_it_took():
@@ -207,10 +207,10 @@ def test_large_programs_are_solved_by_windows_around_the_best_choice(monkeypatch
     monkeypatch.setattr(optimal, "WINDOW_STEPS", 8)
     p = linear_chain(24, units=2)
     costs, bw = step_costs(p, None), 1e7
-    lo, hi = p.lower_bound_bytes(), evaluate(p, AutoChoice(), costs, {})[0]
+    lo, hi = p.lower_bound_bytes(), evaluate(p, AutoChoice(), costs, bw)[0]
     budget = (lo + hi) // 2
     greedy = auto_choose(p, budget, costs, bandwidth=bw)
-    g_peak, g_extra, _ = evaluate(p, greedy, costs, swap_costs(p, costs, bw))
+    g_peak, g_extra, _ = evaluate(p, greedy, costs, bw)
     assert g_extra > 0
     opt = optimal_choose(p, budget, costs, bw, time_limit_s=20, greedy=greedy)
     texts = [text for kind, text, *_ in opt.path if kind == "solve"]
