@@ -68,7 +68,7 @@ CONFIGS: dict[str, TransformerConfig] = {
 }
 TRANSFORMER_MODELS = tuple(CONFIGS)
 #: Parameters projecting back into a GPT's residual stream (initialised 0.02 / sqrt(2 L)).
-GPT_RESIDUAL = (".mlp.c_proj.", ".attn.out_proj", ".attn.c_proj")
+GPT_RESIDUAL = (".mlp.c_proj.", ".attn.proj.")
 
 
 class _Graph:
