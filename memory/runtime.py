@@ -78,7 +78,7 @@ class MemoryRuntime:
         self.poison_offloaded = poison_offloaded
         self.records: dict[int, TensorRecord] = {}
         self.cache = TensorCache(plan.cache)
-        self.position = -1
+        self._position = -1
         self.peak_bytes = -1
         self.peak_position = -1
         self.peak_live: list[int] = []
@@ -88,8 +88,14 @@ class MemoryRuntime:
         self.reallocs = 0
         self.kept_for_backward: dict[str, int] = {}
         self._swap = SwapStats()
-        #: With ``record=True``: (time, step, op, category, byte delta, tensor) per block event.
+        #: With ``record=True``: (time, step, op, category, byte delta, tensor) per block event;
+        #: ``op`` is ``alloc`` / ``free``, ``prefetch`` (a block for a copy back) or
+        #: ``release`` (an offloaded tensor's block given back, or evicted from the cache).
         self.events: list[tuple] | None = None
+        #: While recording: (start, end, step, action, tensor, copy event or None) per action
+        #: applied, and (time, step) each time ``position`` moves to a new step.
+        self.actions: list[tuple] = []
+        self.step_marks: list[tuple[float, int]] = []
 
     @property
     def swap_stats(self) -> SwapStats:
@@ -97,6 +103,17 @@ class MemoryRuntime:
         c = self.cache.stats
         return replace(self._swap, cache_hits=c.hits, cache_misses=c.misses,
                        evictions=c.evictions)
+
+    @property
+    def position(self) -> int:
+        """The step being run (-1 before the first, ``len(steps)`` after the last)."""
+        return self._position
+
+    @position.setter
+    def position(self, value: int) -> None:
+        self._position = value
+        if self.events is not None:
+            self.step_marks.append((time.perf_counter(), value))
 
     def residency(self, tid: int) -> Residency:
         """Where ``tid`` is now; a live alias is where its root's block is."""
@@ -121,7 +138,23 @@ class MemoryRuntime:
 
     # ------------------------------------------------------------------ actions
     def apply(self, action: Action) -> None:
-        """Carry out one plan action (see :mod:`.plan`)."""
+        """Carry out one plan action (see :mod:`.plan`); while recording, note when it ran
+        and the copy it started."""
+        if self.events is None:
+            self._apply(action)
+            return
+        t0 = time.perf_counter()
+        self._apply(action)
+        rec = self.records.get(action.tensor)
+        copy = None
+        if rec is not None and isinstance(action, Offload):
+            copy = rec.d2h
+        elif rec is not None and isinstance(action, Prefetch):
+            copy = rec.h2d  # None when the tensor cache still held the block
+        self.actions.append((t0, time.perf_counter(), self._position,
+                             type(action).__name__.lower(), action.tensor, copy))
+
+    def _apply(self, action: Action) -> None:
         if isinstance(action, Alloc):
             self.alloc(action.tensor, action.offset)
         elif isinstance(action, Free):
@@ -163,7 +196,7 @@ class MemoryRuntime:
     def _log(self, op: str, blk: Any, tid: int) -> None:
         if self.events is not None:
             t = self.program.tensors[tid]
-            delta = blk.size if op == "alloc" else -blk.size
+            delta = blk.size if op in ("alloc", "prefetch") else -blk.size
             self.events.append((time.perf_counter(), self.position, op, t.category, delta,
                                 t.name))
 
@@ -310,7 +343,7 @@ class MemoryRuntime:
         blk = rec.block
         if self.poison_offloaded and getattr(self.pool.device, "has_storage", False):
             self.pool.device.fill(blk.offset, blk.size, float("nan"))
-        self._log("free", blk, rec.tensor)
+        self._log("release", blk, rec.tensor)
         self.pool.free(blk)
 
     def prefetch(self, root: int, offset: int = -1) -> None:
@@ -320,7 +353,7 @@ class MemoryRuntime:
             return
         rec.check("prefetch")
         blk = self._allocate(root, offset, rec.nbytes)
-        self._log("alloc", blk, root)
+        self._log("prefetch", blk, root)
         nbytes = rec.nbytes
         rec.prefetch(blk, None)
         self._assign_block(rec)

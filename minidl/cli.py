@@ -24,6 +24,7 @@ from .commands.common import (
     require_module,
 )
 from .commands.plan import cmd_plan
+from .commands.show_memory import cmd_show_memory
 from .commands.train import cmd_train
 from .executor import NonFiniteError
 from .memory.pool import DeviceOutOfMemory
@@ -43,6 +44,8 @@ class _Parser(argparse.ArgumentParser):
 def validate_args(args: argparse.Namespace) -> None:
     """Every number and size on the command line, checked before any work starts: one
     :class:`UsageError` naming the flag, the bad value and what is valid."""
+    if not hasattr(args, "model"):
+        return  # show-memory checks its own
     check_model_name(args.model)
 
     def at_least(flag: str, value, low) -> None:
@@ -135,6 +138,15 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--early-stopping", type=int, default=None, metavar="PATIENCE",
                    help="stop once val_loss has not improved for PATIENCE epochs (validates "
                         "every epoch unless --val-every says otherwise)")
+    t.add_argument("--trace", default=None, metavar="FILE.json",
+                   help="record the run's memory: Chrome / Perfetto trace of the iteration with "
+                        "the highest peak (bytes by category, compute and copy threads)")
+    t.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="record the run's memory: timeline of device bytes with the peak and "
+                        "the budget (needs the plot extra)")
+    t.add_argument("--snapshot", default=None, metavar="FILE",
+                   help="record the run's memory: every event of the iteration with the highest "
+                        "peak, for minidl show-memory FILE")
     t.add_argument("--no-progress", action="store_true",
                    help="no progress display (by default a bar on a terminal, else one line "
                         "per epoch)")
@@ -163,6 +175,16 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--max-batch", action="store_true",
                     help="find the largest batch that fits --budget (dry runs)")
     pl.set_defaults(func=cmd_plan)
+
+    sm = sub.add_parser("show-memory", help="the peak, largest tensors and timeline of a "
+                                            "memory snapshot (minidl train --snapshot)")
+    sm.add_argument("file", help="a snapshot written by minidl train --snapshot")
+    sm.add_argument("--top", type=int, default=10, help="how many of the largest tensors")
+    sm.add_argument("--no-timeline", action="store_true", help="leave out the per-step lines")
+    sm.add_argument("--plot", default=None, metavar="FILE.png", help="also save the PNG timeline")
+    sm.add_argument("--trace", default=None, metavar="FILE.json",
+                    help="also save the Chrome / Perfetto trace")
+    sm.set_defaults(func=cmd_show_memory)
 
     b = sub.add_parser("bench", help="median step time and peak per memory spec")
     common(b, 64)

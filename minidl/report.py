@@ -80,9 +80,10 @@ def save_trace(c: Compiled, path: str, measured: bool) -> None:
 
 
 def plot_timeline(series: dict[str, Any], path: str, title: str = "",
-                  budget: int | None = None) -> None:
+                  budget: int | None = None, budget_label: str = "budget") -> None:
     """Stacked area of device bytes by category over one iteration (one point per allocation
-    event, so the peak is drawn), saved as PNG; ``budget`` (bytes) as a red line."""
+    event, so the peak is drawn), saved as PNG; ``budget`` (bytes) as a red line named
+    ``budget_label``."""
     try:
         import matplotlib
 
@@ -108,7 +109,7 @@ def plot_timeline(series: dict[str, Any], path: str, title: str = "",
                     textcoords="offset points", xytext=(5, 5), fontsize=9)
     if budget is not None:
         ax.axhline(budget / 2**20, color="r", lw=1.0)
-        ax.annotate(f"budget {budget / 2**20:.1f} MiB", (1.0, budget / 2**20),
+        ax.annotate(f"{budget_label} {budget / 2**20:.1f} MiB", (1.0, budget / 2**20),
                     xycoords=("axes fraction", "data"), textcoords="offset points",
                     xytext=(-5, 4), ha="right", fontsize=9, color="r")
         ax.set_ylim(top=max(ax.get_ylim()[1], budget / 2**20 * 1.08))

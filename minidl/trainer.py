@@ -6,6 +6,8 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -26,6 +28,7 @@ from .memory.link_emulation import LinkEmulation
 from .memory.pool import DeviceOutOfMemory, Pool
 from .memory.targets import DeviceProfile, get_target
 from .memory.units import ALLOCATION_UNIT, parse_size
+from .memory_record import MemoryRecorder
 from .optim import SGD, clip_grad_norm_
 from .report import strategy_costs
 from .settings import Settings
@@ -163,6 +166,7 @@ class Trainer:
         self.augment_rng: np.random.Generator | None = None
         #: Set by a callback (e.g. :class:`~minidl.callbacks.EarlyStopping`) to end :meth:`fit`.
         self.stop_training = False
+        self._recorder: MemoryRecorder | None = None
 
     # ------------------------------------------------------------------ input checks
     def _check_inputs(self, x: Any, y: Any | None) -> tuple[np.ndarray, np.ndarray | None]:
@@ -204,9 +208,11 @@ class Trainer:
         if k > 1:
             return self._compute_gradients_split(x, y, k)
         c = self._compiled(x, y, training=True)
+        record = self._recorder is not None
         try:
             loss, outs = c.executor.run([x, y], training=True, seed=self.seed,
-                                        iteration=self.iteration, fetch_outputs=self.fetch_logits)
+                                        iteration=self.iteration, fetch_outputs=self.fetch_logits,
+                                        record=record)
         except DeviceOutOfMemory:
             if not c.plan.cache:
                 raise
@@ -216,7 +222,7 @@ class Trainer:
             self.cache_fallbacks += 1
             loss, outs = c.executor.run([x, y], training=True, seed=self.seed,
                                         iteration=self.iteration,
-                                        fetch_outputs=self.fetch_logits)
+                                        fetch_outputs=self.fetch_logits, record=record)
         if outs:
             self.last_logits = outs[0]
         self.last_compiled = c
@@ -229,6 +235,8 @@ class Trainer:
         info = self.engine.peak_info(c)
         if self.peak is None or info.bytes > self.peak.bytes:
             self.peak = info
+        if self._recorder is not None:
+            self._recorder.capture(c, info, self.iteration, timed=self.engine.compute)
         rt = c.executor.last_runtime
         if c.plan.swapped:
             self.swap_stats = rt.swap_stats.as_dict()
@@ -256,7 +264,8 @@ class Trainer:
                                      accumulate=True)
             share = len(xb) / n
             loss, _ = c.executor.run([xb, yb], training=True, seed=self.seed,
-                                     iteration=self.iteration, loss_scale=share)
+                                     iteration=self.iteration, loss_scale=share,
+                                     record=self._recorder is not None)
             if self.engine.compute and (loss is None or not np.isfinite(loss)):
                 raise NonFiniteError(f"the loss is {loss} at iteration {self.iteration}")
             total += (loss or 0.0) * share
@@ -264,6 +273,8 @@ class Trainer:
             info = self.engine.peak_info(c)
             if self.peak is None or info.bytes > self.peak.bytes:
                 self.peak = info
+            if self._recorder is not None:
+                self._recorder.capture(c, info, self.iteration, timed=self.engine.compute)
             self.last_compiled = c
         self.last_split = k
         return total
@@ -470,6 +481,28 @@ class Trainer:
                 int(z["trainer/steps_per_epoch"]) or None, rng)
 
     # ------------------------------------------------------------------ reports
+    @contextmanager
+    def record_memory(self) -> Iterator[MemoryRecorder]:
+        """Record the memory of every training iteration run inside the ``with`` block
+        (:meth:`step` or :meth:`fit`): each block event (alloc, free, prefetch, release) and
+        plan action (offload, await, ...) with its time, tensor, owning layer, category and
+        bytes, each step's compute span, the host-link copies and the peak. The recorder
+        keeps the iteration with the highest peak; its ``snapshot()``, ``save_snapshot``,
+        ``save_trace`` (Chrome / Perfetto) and ``save_plot`` (PNG) report it, as does
+        :func:`minidl.memory_record.show_memory`::
+
+            with trainer.record_memory() as rec:
+                trainer.fit(data, epochs=1)
+            rec.save_trace("run.json")
+        """
+        recorder = MemoryRecorder(self.net.name, self.config.spec, self.device.name,
+                                  self.device.capacity, self.config.budget)
+        outer, self._recorder = self._recorder, recorder
+        try:
+            yield recorder
+        finally:
+            self._recorder = outer
+
     def memory_report(self) -> dict[str, Any]:
         """Peak allocated and reserved bytes, bytes by category at the peak, and where."""
         s = self.pool.stats()

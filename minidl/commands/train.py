@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -47,7 +48,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
     """The files a run writes and reads, checked before any work starts."""
     if args.save_every is not None and not args.save:
         raise UsageError("--save-every N writes the checkpoint named by --save FILE: add --save")
-    for flag in ("save", "log"):
+    for flag in ("save", "log", "trace", "plot", "snapshot"):
         path = getattr(args, flag)
         if path:
             try:
@@ -79,6 +80,33 @@ def _callbacks(args: argparse.Namespace) -> list:
     if args.early_stopping is not None:
         out.append(C.EarlyStopping("val_loss", patience=args.early_stopping))
     return out
+
+
+@contextlib.contextmanager
+def _recorded(trainer: Trainer, args: argparse.Namespace):
+    """With --trace / --plot / --snapshot: record the run's memory and write those files."""
+    if not (args.trace or args.plot or args.snapshot):
+        yield
+        return
+    with trainer.record_memory() as rec:
+        yield
+    try:
+        if args.snapshot:
+            rec.save_snapshot(args.snapshot)
+        if args.trace:
+            rec.save_trace(args.trace)
+        if args.plot:
+            rec.save_plot(args.plot)
+    except OSError as e:
+        raise RuntimeFailure(f"cannot write {e.filename}: {e.strerror}") from None
+    out = sys.stderr if args.json else sys.stdout
+    for what, path in (("memory snapshot", args.snapshot), ("trace", args.trace),
+                       ("timeline", args.plot)):
+        if path:
+            print(f"{what} of iteration {rec.snapshot()['iteration']} (the highest peak) saved "
+                  f"to {path}" + (f" (minidl show-memory {path})" if what == "memory snapshot"
+                                  else " (open it in https://ui.perfetto.dev)"
+                                  if what == "trace" else ""), file=out)
 
 
 def _resume(trainer: Trainer, path: str) -> None:
@@ -136,8 +164,9 @@ def cmd_train_text(args: argparse.Namespace, spec) -> int:
               f"{len(ds.train):,} train / {len(ds.val):,} validation characters, vocabulary "
               f"{ds.vocab_size}, seq-len {args.seq_len}, batch {args.batch_size}, {steps} steps, "
               f"memory {spec.spec!r}", file=sys.stderr)
-    res = train_language_model(trainer, ds, args.batch_size, args.seq_len, steps,
-                               progress=not args.no_progress, seed=args.seed)
+    with _recorded(trainer, args):
+        res = train_language_model(trainer, ds, args.batch_size, args.seq_len, steps,
+                                   progress=not args.no_progress, seed=args.seed)
     if args.save:
         _save(trainer, args.save)
     rep = trainer.memory_report()
@@ -233,12 +262,13 @@ def cmd_train(args: argparse.Namespace) -> int:
               file=sys.stderr)
     t0 = time.perf_counter()
     try:
-        hist = trainer.fit(ds, epochs=args.epochs, batch_size=args.batch_size,
-                           max_steps=args.max_steps, progress=not args.no_progress,
-                           augment=augment, callbacks=_callbacks(args),
-                           val_every=args.val_every if args.val_every is not None else (
-                               1 if args.early_stopping is not None else None),
-                           progress_every=args.log_every)
+        with _recorded(trainer, args):
+            hist = trainer.fit(ds, epochs=args.epochs, batch_size=args.batch_size,
+                               max_steps=args.max_steps, progress=not args.no_progress,
+                               augment=augment, callbacks=_callbacks(args),
+                               val_every=args.val_every if args.val_every is not None else (
+                                   1 if args.early_stopping is not None else None),
+                               progress_every=args.log_every)
     except DeviceOutOfMemory as e:
         fits = suggest_specs(lambda: build_model(args.model, ds.input_shape, ds.num_classes,
                                             args.width), args.batch_size, ds.input_shape,
