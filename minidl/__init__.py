@@ -14,17 +14,20 @@ set_openblas_thread_timeout()
 
 # the public submodules, reachable as attributes after ``import minidl`` (``minidl.optim.SGD``)
 from . import (  # noqa: E402
+    callbacks,
     data,
     dryrun,
     graph,
     kernels,
     layers,
     memory,
+    memory_record,
     models,
     optim,
     report,
     rnn,
     settings,
+    summary,
     text,
     torch_bridge,
     trainer,
@@ -36,7 +39,9 @@ from .graph import Input, Network, Sequential  # noqa: E402
 from .layers.base import ShapeError  # noqa: E402
 from .memory.config import MemoryConfig  # noqa: E402
 from .memory.pool import DeviceOutOfMemory  # noqa: E402
+from .memory_record import show_memory  # noqa: E402
 from .parameter import Parameter  # noqa: E402
+from .summary import memory_summary  # noqa: E402
 from .trainer import Trainer  # noqa: E402
 
 # The kernels' thread counts: MINIDL_NUM_THREADS / MINIDL_BLAS_THREADS (minidl/settings.py).
@@ -67,6 +72,7 @@ __all__ = [
     "Settings",
     "ShapeError",
     "Trainer",
+    "callbacks",
     "data",
     "dry_run",
     "dryrun",
@@ -74,11 +80,15 @@ __all__ = [
     "kernels",
     "layers",
     "memory",
+    "memory_record",
+    "memory_summary",
     "models",
     "optim",
     "report",
     "rnn",
     "settings",
+    "show_memory",
+    "summary",
     "text",
     "torch_bridge",
     "trainer",

@@ -15,6 +15,7 @@ import numpy as np
 
 from .layers.base import Layer, ShapeError, Symbol
 from .memory.transfer import copy_into, to_host
+from .memory.units import format_size
 from .parameter import Parameter
 
 Shape = tuple[int, ...]
@@ -263,19 +264,47 @@ class Network:
         sequence length (:class:`~minidl.rnn.SequenceModel`)."""
         return self
 
-    def summary(self, batch_shapes: Sequence[Shape] | None = None) -> str:
-        """One line per layer: name, layer, output shape, parameter count."""
+    def summary(self, batch_shapes: Sequence[Shape] | None = None,
+                memory: dict[str, dict[str, int]] | None = None,
+                memory_note: str = "") -> str:
+        """One line per layer: name, layer, output shape (with ``batch_shapes``), parameter
+        count, in columns as wide as their longest entry. ``memory`` (per layer name:
+        ``output``, ``kept`` for backward and ``workspace`` bytes, as
+        :func:`minidl.summary.layer_memory` gives for a batch and memory spec; or call
+        :func:`minidl.summary.summary`) adds those columns; ``memory_note`` says for what."""
         shapes = None
         if batch_shapes is not None:
             shapes, _ = self.infer(batch_shapes)
-        lines = [f"{'layer':<16}{'type':<36}{'output':<22}{'params':>10}"]
+        head = ["layer", "type", "output", "params"]
+        mem_keys = ("output", "kept", "workspace")
+        if memory is not None:
+            head += ["output bytes", "kept for bwd", "workspace"]
+        rows = []
         for node in self.nodes:
             params = [p for p in self._params[node.name].values()
                       if getattr(node.layer, "bound_params", None) is None]
             n = sum(int(np.prod(p.shape)) for p in params if p.trainable)
             out = str(shapes[node.out_values[0]]) if shapes else ""
-            lines.append(f"{node.name:<16}{node.layer.describe():<36}{out:<22}{n:>10,}")
+            row = [node.name, node.layer.describe(), out, f"{n:,}"]
+            if memory is not None:
+                m = memory.get(node.name, {})
+                row += [format_size(m[k]) if m.get(k) else "-" for k in mem_keys]
+            rows.append(row)
+        widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+        right = set(range(3, len(head)))  # numbers right-aligned
+
+        def line(cells: list[str]) -> str:
+            return "  ".join(c.rjust(w) if i in right else c.ljust(w)
+                             for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+        lines = [line(head), *[line(r) for r in rows]]
         lines.append(f"total trainable parameters: {self.num_parameters():,}")
+        if memory is not None:
+            total = {k: sum(m.get(k, 0) for m in memory.values()) for k in mem_keys[:2]}
+            ws = max((m.get("workspace", 0) for m in memory.values()), default=0)
+            lines.append(f"memory{f' ({memory_note})' if memory_note else ''}: outputs "
+                         f"{format_size(total['output'])}, kept for backward "
+                         f"{format_size(total['kept'])}, largest workspace {format_size(ws)}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
