@@ -147,9 +147,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--snapshot", default=None, metavar="FILE",
                    help="record the run's memory: every event of the iteration with the highest "
                         "peak, for minidl show-memory FILE")
+    t.add_argument("--tensorboard", default=None, metavar="DIR",
+                   help="TensorBoard scalars (loss, lr, epoch metrics) in DIR (needs "
+                        "tensorboardX, or torch with tensorboard)")
     t.add_argument("--no-progress", action="store_true",
                    help="no progress display (by default a bar on a terminal, else one line "
                         "per epoch)")
+    t.add_argument("--quiet", action="store_true",
+                   help="no progress display and no header line: only the results")
     t.add_argument("--emulate-link", default=None, metavar="TARGET", help=EMULATE_LINK_HELP)
     t.set_defaults(func=cmd_train)
 

@@ -61,7 +61,8 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 def _refuse_epoch_flags(args: argparse.Namespace) -> None:
     """The text models train on random windows, not epochs: no fit callbacks."""
-    used = [f for f in ("resume", "save_every", "log", "early_stopping", "val_every")
+    used = [f for f in ("resume", "save_every", "log", "early_stopping", "val_every",
+                        "tensorboard")
             if getattr(args, f) is not None]
     if used:
         raise UsageError(f"--{used[0].replace('_', '-')} is for the image models' epochs; "
@@ -79,6 +80,11 @@ def _callbacks(args: argparse.Namespace) -> list:
                                   append=args.resume is not None))
     if args.early_stopping is not None:
         out.append(C.EarlyStopping("val_loss", patience=args.early_stopping))
+    if args.tensorboard:
+        try:
+            out.append(C.TensorBoard(args.tensorboard))
+        except ImportError as e:
+            raise RuntimeFailure(f"--tensorboard: {e}") from None
     return out
 
 
@@ -159,7 +165,7 @@ def cmd_train_text(args: argparse.Namespace, spec) -> int:
                       seed=args.seed, clip_grad_norm=5.0, host_memory=args.host_memory,
                       emulate_link=link)
     steps = args.max_steps or max(1, args.epochs) * 100
-    if not args.json:
+    if not (args.json or args.quiet):
         print(f"training {net.name} ({net.num_parameters():,} parameters) on {ds.name}: "
               f"{len(ds.train):,} train / {len(ds.val):,} validation characters, vocabulary "
               f"{ds.vocab_size}, seq-len {args.seq_len}, batch {args.batch_size}, {steps} steps, "
@@ -200,6 +206,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     spec = parse_memory(with_budget(args.memory, args.budget))
     check_device(args.device)
     _check_outputs(args)
+    if args.quiet:
+        args.no_progress = True
     if args.model in SEQUENCE_MODELS:
         return cmd_train_text(args, spec)
     if args.dataset not in D.DATASETS:
@@ -250,7 +258,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if defaults.shift_probability > 0:
         augment = functools.partial(D.random_shift, probability=defaults.shift_probability,
                                     fill=ds.background)
-    if not args.json:
+    if not (args.json or args.quiet):
         print(f"training {net.name} ({net.num_parameters():,} parameters) on {ds.name}: "
               f"{len(ds.x_train)} train / {len(ds.x_test)} test samples, input "
               f"{'x'.join(map(str, ds.input_shape))}"

@@ -183,3 +183,18 @@ def test_cli_progress_is_one_line_per_epoch_in_a_log(tmp_path):
 def test_cli_flag_errors(capsys, argv, needle):
     assert main(["train", "smallcnn", "--dataset", "synthetic", *argv]) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_cli_quiet_and_tensorboard(tmp_path, capsys):
+    argv = ["train", "smallcnn", "--dataset", "synthetic", "--input", "1x8x8", "--max-steps",
+            "2", "--quiet"]
+    try:
+        tensorboard_writer(str(tmp_path / "probe")).close()
+    except ImportError as e:
+        assert main([*argv, "--tensorboard", str(tmp_path / "tb")]) == 1
+        assert "--tensorboard: TensorBoard logging needs" in capsys.readouterr().err
+        pytest.skip(f"TensorBoard logging is optional: {e}")
+    assert main([*argv, "--tensorboard", str(tmp_path / "tb")]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and captured.out.startswith("steps: 2,")
+    assert any(f.startswith("events.out.tfevents") for f in os.listdir(tmp_path / "tb"))
