@@ -2,8 +2,8 @@
 
 Two kinds, both little-endian, both starting with ``kind: u8, ndim: u8, dims: u32 * ndim``:
 
-- ``RAW`` (0): the float32 values (biases, BatchNorm parameters and statistics, or any tensor
-  left uncompressed).
+- ``RAW`` (0): a dtype code (:data:`RAW_DTYPES`) and the values (biases, BatchNorm
+  parameters and statistics, or any tensor left uncompressed).
 - ``SHARED`` (1): a pruned, weight-shared tensor (Deep Compression). Then
   ``value_bits: u8, index_bits: u8, k: u16, entries: u32``, the codebook (``k`` float32: the
   values of codes 1..k; code 0 is the value zero), the canonical Huffman code lengths of the
@@ -30,6 +30,8 @@ from . import huffman, relative_csr
 
 RAW = 0
 SHARED = 1
+#: The dtypes a ``RAW`` record holds, by the code byte after its shape.
+RAW_DTYPES = ("<f4", "<i8", "<f8", "<f2", "<i4")
 _SHARED_HEAD = struct.Struct("<BBHI")
 
 
@@ -61,9 +63,14 @@ def _head(kind: int, shape: tuple[int, ...]) -> bytes:
 
 
 def raw_record(values: Any) -> bytes:
-    """A ``RAW`` record of ``values`` (stored as float32)."""
-    a = np.ascontiguousarray(values, dtype="<f4")
-    return _head(RAW, a.shape) + a.tobytes()
+    """A ``RAW`` record of ``values`` in their own dtype (one of :data:`RAW_DTYPES`)."""
+    a = np.asarray(values)
+    dt = a.dtype.newbyteorder("<") if a.dtype.byteorder != "|" else a.dtype
+    codes = [np.dtype(d) for d in RAW_DTYPES]
+    if dt not in codes:
+        raise ValueError(f"raw records hold {', '.join(RAW_DTYPES)}, not {a.dtype}")
+    a = np.asarray(a, dtype=dt, order="C")
+    return _head(RAW, a.shape) + bytes([codes.index(dt)]) + a.tobytes()
 
 
 def shared_record(codes: Any, codebook: Any, value_bits: int, index_bits: int) -> bytes:
@@ -108,7 +115,11 @@ def _parse(buf: Any) -> tuple[RecordInfo, dict[str, Any]]:
     shape = struct.unpack(f"<{ndim}I", r.take(4 * ndim, "shape"))
     size = int(np.prod(shape, dtype=np.int64))
     if kind == RAW:
-        values = np.frombuffer(r.take(4 * size, "values"), dtype="<f4")
+        (code,) = r.take(1, "dtype")
+        if code >= len(RAW_DTYPES):
+            raise RecordError(f"raw weight record has an unknown dtype code {code}")
+        dt = np.dtype(RAW_DTYPES[code])
+        values = np.frombuffer(r.take(dt.itemsize * size, "values"), dtype=dt)
         return RecordInfo(RAW, shape, nbytes=len(data)), {"values": values}
     if kind != SHARED:
         raise RecordError(f"unknown weight record kind {kind} (valid: {RAW} raw, "
@@ -189,7 +200,7 @@ def decode_reference(buf: Any) -> np.ndarray:
     relative indices, then the codebook): the reference :func:`decode_into` is tested on."""
     rec, parts = _parse(buf)
     if rec.kind == RAW:
-        return parts["values"].astype(np.float32).reshape(rec.shape)
+        return parts["values"].reshape(rec.shape).copy()
     values = huffman.decode(parts["v_stream"], parts["v_len"], rec.entries, impl="numpy")
     gaps = huffman.decode(parts["i_stream"], parts["i_len"], rec.entries, impl="numpy")
     codes = relative_csr.decode(gaps, values, rec.size)

@@ -23,6 +23,7 @@ from .commands.common import (
     parse_size_flag,
     require_module,
 )
+from .commands.compress import add_parser as add_compress_parser
 from .commands.plan import cmd_plan
 from .commands.show_memory import cmd_show_memory
 from .commands.train import cmd_train
@@ -46,7 +47,8 @@ def validate_args(args: argparse.Namespace) -> None:
     :class:`UsageError` naming the flag, the bad value and what is valid."""
     if not hasattr(args, "model"):
         return  # show-memory checks its own
-    check_model_name(args.model)
+    if args.model is not None:  # plan --compressed FILE takes its model from the file
+        check_model_name(args.model)
 
     def at_least(flag: str, value, low) -> None:
         if value is not None and not value >= low:  # "not >=" also catches NaN
@@ -82,9 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"minidl {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    def common(sp, batch_default: int) -> None:
-        sp.add_argument("model", help="smallcnn, lenet5, alexnet, vgg11, vgg16, resnet<N>, "
-                                       "char-lstm, char-gru, gpt-char, gpt2-small, bert-base")
+    def common(sp, batch_default: int, model_required: bool = True) -> None:
+        sp.add_argument("model", nargs=None if model_required else "?",
+                        help="smallcnn, lenet5, alexnet, vgg11, vgg16, resnet<N>, "
+                             "char-lstm, char-gru, gpt-char, gpt2-small, bert-base")
         sp.add_argument("--input", help="per-sample input shape CxHxW (e.g. 3x32x32)")
         sp.add_argument("--batch-size", type=int, default=batch_default)
         sp.add_argument("--width", type=int, default=None, help="first-stage width of the model")
@@ -159,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_train)
 
     pl = sub.add_parser("plan", help="dry run on the meta device: the exact peak, no compute")
-    common(pl, 64)
+    common(pl, 64, model_required=False)  # not with --compressed FILE
     pl.add_argument("--classes", type=int, default=10)
     pl.add_argument("--vocab", type=int, default=None,
                     help="vocabulary size of the text models (default: the model's, 65 for the "
@@ -179,7 +182,14 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--layers", action="store_true", help="print the per-layer table")
     pl.add_argument("--max-batch", action="store_true",
                     help="find the largest batch that fits --budget (dry runs)")
+    pl.add_argument("--inference", action="store_true",
+                    help="plan an inference pass (no backward) instead of a training step")
+    pl.add_argument("--compressed", default=None, metavar="FILE",
+                    help="with --inference: the model of a minidl compress file, its weights "
+                         "decoded layer by layer into device memory")
     pl.set_defaults(func=cmd_plan)
+
+    add_compress_parser(sub)
 
     sm = sub.add_parser("show-memory", help="the peak, largest tensors and timeline of a "
                                             "memory snapshot (minidl train --snapshot)")

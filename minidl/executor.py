@@ -225,8 +225,11 @@ class Executor:
             rt.realloc(out, need)
             codecs.encode(codec, x, rt.array(out), state)
 
-    def _params(self, st: Step) -> dict[str, Any]:
-        return {k: self.parameters[t].data for k, t in st.params.items()}
+    def _params(self, st: Step, rt: MemoryRuntime) -> dict[str, Any]:
+        """The step's parameters: a :class:`Parameter`'s array, or a block of the iteration
+        for a parameter the program materialises itself (decoded from a compressed model)."""
+        return {k: self.parameters[t].data if t in self.parameters else rt.array(t)
+                for k, t in st.params.items()}
 
     def _forward(self, st: Step, rt: MemoryRuntime, ctx: Context) -> None:
         arr = rt.array
@@ -234,7 +237,7 @@ class Executor:
             ctx,
             [arr(t) for t in st.inputs],
             [arr(t) for t in st.outputs],
-            self._params(st),
+            self._params(st, rt),
             {k: arr(t) for k, t in st.stash.items()},
             arr(st.workspace) if st.workspace >= 0 else None,
         )
@@ -269,7 +272,7 @@ class Executor:
         grads = {k: arr(st.param_partials[k]) if k in st.param_partials
                  else self.parameters[st.params[k]].grad for k in st.grad_params}
         layer.backward(
-            ctx, g_out, g_in, inputs, outputs, self._params(st), grads,
+            ctx, g_out, g_in, inputs, outputs, self._params(st, rt), grads,
             {k: arr(t) for k, t in st.stash.items()},
             arr(st.workspace) if st.workspace >= 0 else None,
         )

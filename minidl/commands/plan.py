@@ -21,6 +21,7 @@ from .common import (
     shape_and_classes,
     with_budget,
 )
+from .compress import cmd_plan_inference
 
 
 def _target(args: argparse.Namespace):
@@ -47,6 +48,10 @@ def print_prediction(pred: dict, out=sys.stdout) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    if args.inference or args.compressed is not None:
+        return cmd_plan_inference(args)
+    if args.model is None:
+        raise UsageError("minidl plan needs a MODEL (or --inference --compressed FILE)")
     profile = _target(args)
     if profile is not None and args.budget is None and "budget=" not in args.memory:
         args.budget = str(profile.capacity_bytes)  # the target's memory is the default budget

@@ -1,0 +1,224 @@
+"""Deep Compression end to end (Han, Mao and Dally, ICLR 2016): prune with retraining, share
+weights and fine-tune the shared values, Huffman-code, write the file, and measure the
+accuracy after every stage (the last one from the file itself, through the inference path).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..data import Dataset
+from ..dryrun import auto_device_memory
+from ..graph import Network
+from ..kernels import weight_record
+from ..memory.transfer import to_host
+from ..optim import Optimizer, make_optimizer
+from ..parameter import Parameter
+from ..trainer import Trainer
+from . import container, report
+from .container import CompressedModel
+from .inference import CompressedRunner
+from .layer_spec import bit_width, compressible_weights, fraction, parse_setting
+from .pruning import MaskedOptimizer, magnitude_mask, schedule
+from .quantization import ClusterOptimizer, SharedWeights, share_weights
+
+
+@dataclass
+class CompressionSettings:
+    """What :func:`deep_compress` does.
+
+    ``prune``: fraction of each layer's weights removed (``0.9``, or per kind / layer:
+    ``conv=0.6,fc=0.92,conv1=0.3``), reached over ``rounds`` rounds of pruning, each followed
+    by ``retrain_steps`` steps of retraining with the survivors masked. ``bits``: bits of the
+    shared-value codes per layer (``conv=8,fc=5``: 255 and 31 shared values, code 0 is zero);
+    the shared values are then fine-tuned for ``retrain_steps`` steps. ``index_bits``: bits
+    of a relative index (the paper's 8 for convolutions and 5 for fully connected layers).
+    Retraining uses ``optimizer`` at ``lr`` (default: a tenth of ``minidl train``'s default),
+    fine-tuning at ``finetune_lr`` (default ``lr``); ``memory`` is the training memory spec.
+    """
+
+    prune: str = "0.9"
+    bits: str = "conv=8,fc=5"
+    index_bits: str = "conv=8,fc=5"
+    rounds: int = 3
+    retrain_steps: int = 300
+    batch_size: int = 64
+    optimizer: str = "sgd"
+    lr: float | None = None
+    finetune_lr: float | None = None
+    weight_decay: float = 0.0
+    memory: str = "reuse,inplace"
+    seed: int = 0
+    eval_batch_size: int = 256
+
+    def check(self, net: Network) -> None:
+        """Raise ``ValueError`` (one line) for a bad setting."""
+        weights = compressible_weights(net)
+        layers = [c.layer for c in weights]
+        for flag, text, convert, valid in (
+                ("--prune", self.prune, fraction, "a fraction in [0, 1)"),
+                ("--bits", self.bits, bit_width, "an integer in [1, 12]"),
+                ("--index-bits", self.index_bits, bit_width, "an integer in [1, 12]")):
+            setting = parse_setting(text, flag, convert, valid, layers)
+            missing = [c.layer for c in weights if setting.for_layer(c.layer, c.kind) is None]
+            if missing:
+                raise ValueError(f"{flag} {text!r} gives no value for {', '.join(missing)}: "
+                                 f"add a default (a bare value) or KIND=VALUE for conv and fc")
+        if self.rounds < 1 or self.retrain_steps < 0 or self.batch_size < 1:
+            raise ValueError(f"rounds and batch_size must be >= 1 and retrain_steps >= 0, got "
+                             f"{self.rounds}, {self.batch_size} and {self.retrain_steps}")
+        make_optimizer(self.optimizer, [], self.lr)
+
+
+@dataclass
+class CompressionResult:
+    """The compressed model, its per-layer report and the accuracy after each stage."""
+
+    model: CompressedModel
+    rows: list[report.LayerRow]
+    accuracy: dict[str, float | None] = field(default_factory=dict)
+    file_bytes: int = 0
+    predictions_match: bool | None = None  # the file's predictions == the decompressed net's
+
+    @property
+    def dense_bytes(self) -> int:
+        return sum(r.dense_bytes for r in self.rows)
+
+    @property
+    def ratio(self) -> float:
+        """Dense float32 bytes over the file's bytes."""
+        return self.dense_bytes / max(self.file_bytes, 1)
+
+    def table(self) -> str:
+        return report.format_table(self.rows, self.accuracy, self.file_bytes)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"model": self.model.model, "file_bytes": self.file_bytes,
+                "dense_bytes": self.dense_bytes, "ratio": self.ratio,
+                "stage_bytes": report.totals(self.rows), "accuracy": self.accuracy,
+                "predictions_match": self.predictions_match,
+                "layers": report.rows_as_dicts(self.rows)}
+
+
+class _Stages:
+    """The trainers of the stages (one per optimizer) on one dataset."""
+
+    def __init__(self, net: Network, ds: Dataset, s: CompressionSettings,
+                 progress: bool) -> None:
+        self.net, self.ds, self.s, self.progress = net, ds, s, progress
+        self.device_memory = auto_device_memory(net, s.batch_size, s.memory, "adam",
+                                                ds.input_shape)
+
+    def lr(self, finetune: bool = False) -> float:
+        base = 0.005 if self.s.optimizer == "sgd" else 1e-4
+        lr = self.s.lr if self.s.lr is not None else base
+        return self.s.finetune_lr if finetune and self.s.finetune_lr is not None else lr
+
+    def optimizer(self, params: list[Parameter], finetune: bool = False) -> Optimizer:
+        return make_optimizer(self.s.optimizer, params, self.lr(finetune), self.s.weight_decay)
+
+    def trainer(self, optimizer: Any) -> Trainer:
+        return Trainer(self.net, optimizer, memory=self.s.memory,
+                       device_memory=self.device_memory, seed=self.s.seed)
+
+    def accuracy(self, trainer: Trainer) -> float:
+        return trainer.evaluate(self.ds.x_test, self.ds.y_test, self.s.eval_batch_size)[1]
+
+    def train(self, trainer: Trainer, steps: int) -> None:
+        if steps > 0:
+            per_epoch = math.ceil(self.ds.n_train / self.s.batch_size)
+            trainer.fit(self.ds, epochs=math.ceil(steps / per_epoch), max_steps=steps,
+                        batch_size=self.s.batch_size, progress=self.progress, evaluate=False)
+
+
+def deep_compress(net: Network, ds: Dataset, model: dict[str, Any],
+                  settings: CompressionSettings | None = None, out: str | None = None,
+                  progress: bool = True, log: Callable[[str], None] | None = None
+                  ) -> CompressionResult:
+    """Compress the trained ``net`` (whose builder ``model`` names: ``name``,
+    ``input_shape``, ``num_classes``, ``width``) on dataset ``ds``; write the file to ``out``
+    (atomically) when given. ``net``'s weights end as the decompressed model's."""
+    s = settings or CompressionSettings()
+    s.check(net)
+    say = log or (lambda _: None)
+    layers = [c.layer for c in compressible_weights(net)]
+    prune = parse_setting(s.prune, "--prune", fraction, "", layers)
+    bits = parse_setting(s.bits, "--bits", bit_width, "", layers)
+    index_bits = parse_setting(s.index_bits, "--index-bits", bit_width, "", layers)
+    targets = {c.param.name: c for c in compressible_weights(net)}
+    stages = _Stages(net, ds, s, progress)
+    accuracy: dict[str, float | None] = {}
+
+    t = stages.trainer(stages.optimizer(net.parameters()))
+    accuracy["baseline"] = stages.accuracy(t)
+    t.close()
+    say(f"baseline: top-1 {100 * accuracy['baseline']:.2f}%")
+
+    masks: dict[str, np.ndarray] = {}
+    for r in range(s.rounds):
+        for name, c in targets.items():
+            frac = schedule(prune.for_layer(c.layer, c.kind), s.rounds)[r]
+            masks[name] = magnitude_mask(to_host(c.param.data), frac)
+        opt = MaskedOptimizer(stages.optimizer(net.parameters()), masks)
+        t = stages.trainer(opt)
+        opt.apply()
+        kept = sum(int(m.sum()) for m in masks.values()) / sum(m.size for m in masks.values())
+        stages.train(t, s.retrain_steps)
+        accuracy[f"pruned {r + 1}/{s.rounds}"] = acc = stages.accuracy(t)
+        t.close()
+        say(f"pruning round {r + 1}/{s.rounds}: {100 * kept:.1f}% of the weights kept, top-1 "
+            f"after {s.retrain_steps} retraining steps {100 * acc:.2f}%")
+    accuracy["pruned"] = accuracy.pop(f"pruned {s.rounds}/{s.rounds}")
+
+    shared: dict[str, SharedWeights] = {}
+    for name, c in targets.items():
+        w = to_host(c.param.data) * masks[name]
+        shared[name] = share_weights(w, bits.for_layer(c.layer, c.kind))
+        c.param.data[...] = shared[name].dense(c.param.dtype)
+    opt = ClusterOptimizer(net.parameters(), shared,
+                           lambda ps: stages.optimizer(ps, finetune=True))
+    t = stages.trainer(opt)
+    accuracy["quantized"] = stages.accuracy(t)
+    say(f"weight sharing: top-1 {100 * accuracy['quantized']:.2f}% before fine-tuning")
+    stages.train(t, s.retrain_steps)
+    accuracy["fine-tuned"] = stages.accuracy(t)
+    t.close()
+    say(f"shared values fine-tuned for {s.retrain_steps} steps: top-1 "
+        f"{100 * accuracy['fine-tuned']:.2f}%")
+
+    records: dict[str, bytes] = {}
+    rows: list[report.LayerRow] = []
+    for name, p in net.named_parameters(include_buffers=True):
+        layer = name.rpartition(".")[0]
+        if name in shared:
+            c = targets[name]
+            ib = index_bits.for_layer(c.layer, c.kind)
+            records[name] = weight_record.shared_record(shared[name].codes,
+                                                        shared[name].codebook,
+                                                        shared[name].bits, ib)
+            rows.append(report.shared_row(name, c.layer, c.kind, shared[name], ib,
+                                          records[name]))
+        else:
+            records[name] = weight_record.raw_record(to_host(p.data))
+            rows.append(report.raw_row(name, layer, p.data, records[name]))
+    cm = CompressedModel(dict(model), records,
+                         {"mean": ds.mean, "std": ds.std} if ds.mean is not None else {})
+    result = CompressionResult(cm, rows, accuracy)
+    data = container.to_bytes(cm)
+    result.file_bytes = len(data)
+    if out is not None:
+        container.write(cm, out)
+    result.model = container.from_bytes(data, os.fspath(out) if out else "the compressed model")
+    logits = CompressedRunner(result.model).predict(ds.x_test, s.eval_batch_size)
+    accuracy["huffman (from the file)"] = float((logits.argmax(axis=1) == ds.y_test).mean())
+    t = stages.trainer(stages.optimizer(net.parameters()))
+    result.predictions_match = bool((t.predict(ds.x_test, s.eval_batch_size).argmax(axis=1)
+                                     == logits.argmax(axis=1)).all())
+    t.close()
+    return result
