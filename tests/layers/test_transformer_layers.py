@@ -145,6 +145,13 @@ def test_gelu_reference_equals_numba_and_errors():
         k.gelu_backward(x, x, a, approx)
         k.gelu_backward_ref(x, x, b, approx)
         np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-13)
+    x32 = np.concatenate([x, [0.0, 1e-30, -40.0, 40.0, -5.6, 5.6]]).astype(np.float32)
+    a, b = np.empty_like(x32), np.empty_like(x32)
+    k.gelu_forward(x32, a)  # float32: the rational erf
+    b = np.empty(x32.shape)
+    k.gelu_forward_ref(x32.astype(np.float64), b, "none")
+    np.testing.assert_allclose(a, b, rtol=3e-7, atol=3e-7)
+    assert a[-3] == 40.0 and a[-4] == 0.0
     with pytest.raises(ValueError, match="approximate"):
         GELU("fast")
     assert GELU("tanh").describe() == "GELU(approximate='tanh')"
