@@ -81,6 +81,19 @@ def lenet5(input_shape: Shape = (1, 28, 28), num_classes: int = 10) -> Network:
     return Network(b.x, y, name="lenet5")
 
 
+def lenet300_100(input_shape: Shape = (1, 28, 28), num_classes: int = 10) -> Network:
+    """LeNet-300-100 (LeCun et al. 1998; the fully connected net of Deep Compression's
+    Table 1): flatten → 300 → ReLU → 100 → ReLU → classes."""
+    b = _Builder(input_shape)
+    y = b(_named(L.Flatten(), "flatten"), b.x)
+    y = b(_named(L.Linear(b.shape(y)[0], 300), "fc1"), y)
+    y = b(_named(L.ReLU(), "relu1"), y)
+    y = b(_named(L.Linear(300, 100), "fc2"), y)
+    y = b(_named(L.ReLU(), "relu2"), y)
+    y = b(_named(L.Linear(100, num_classes), "fc3"), y)
+    return Network(b.x, y, name="lenet300_100")
+
+
 def alexnet(input_shape: Shape = (3, 224, 224), num_classes: int = 1000,
             width: int = 64) -> Network:
     """AlexNet as in torchvision (ImageNet inputs), or a CIFAR-style variant for small inputs."""
@@ -244,6 +257,7 @@ def resnet(depth: int, input_shape: Shape = (3, 224, 224), num_classes: int = 10
 DEFAULT_INPUT: dict[str, Shape] = {
     "smallcnn": (1, 28, 28),
     "lenet5": (1, 28, 28),
+    "lenet300_100": (1, 28, 28),
     "alexnet": (3, 224, 224),
     "vgg11": (3, 224, 224),
     "vgg16": (3, 224, 224),
@@ -252,6 +266,7 @@ DEFAULT_INPUT: dict[str, Shape] = {
 MODELS: dict[str, Callable[..., Network]] = {
     "smallcnn": smallcnn,
     "lenet5": lenet5,
+    "lenet300_100": lenet300_100,
     "alexnet": alexnet,
     "vgg11": lambda **kw: vgg(11, **kw),
     "vgg16": lambda **kw: vgg(16, **kw),
