@@ -60,6 +60,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="learning rate of the shared values (default --lr)")
     c.add_argument("--memory", default="reuse,inplace", help="memory spec of retraining")
     c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--eval-each-round", action="store_true",
+                   help="measure the test accuracy after every pruning round, not only the last")
     c.add_argument("--out", required=True, help="the compressed model file to write")
     c.add_argument("--json", action="store_true", help="print one JSON object")
     c.add_argument("--no-progress", action="store_true")
@@ -112,7 +114,8 @@ def cmd_compress(args: argparse.Namespace) -> int:
     settings = CompressionSettings(
         prune=args.prune, bits=args.bits, index_bits=args.index_bits, rounds=args.rounds,
         retrain_steps=args.retrain_steps, batch_size=args.batch_size, optimizer=args.optimizer,
-        lr=args.lr, finetune_lr=args.finetune_lr, memory=args.memory, seed=args.seed)
+        lr=args.lr, finetune_lr=args.finetune_lr, memory=args.memory, seed=args.seed,
+        evaluate_rounds=args.eval_each_round)
     try:
         settings.check(net)
     except ValueError as e:

@@ -75,6 +75,9 @@ def write(cm: CompressedModel, path: str | os.PathLike) -> int:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as open() would make it (mkstemp's is 0600)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
