@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,6 +11,14 @@ from typing import Any
 
 import numpy as np
 
+from .checkpoint import (  # CheckpointError, check_writable: re-exported for the commands
+    CheckpointError,
+    check_writable,  # noqa: F401
+    describe_file,
+    describe_npz,
+    resume_position,
+    write_npz,
+)
 from .engine import Compiled, Engine, PeakInfo
 from .executor import NonFiniteError
 from .fitting import History, fit
@@ -36,52 +43,6 @@ from .settings import Settings
 
 def _default_optimizer(net: Network) -> SGD:
     return SGD(net.parameters(), lr=0.01, momentum=0.9)
-
-
-class CheckpointError(ValueError):
-    """A file that is not a minidl checkpoint of this network; the message says what it is."""
-
-
-def check_writable(path: str | os.PathLike) -> str:
-    """The folder a checkpoint at ``path`` goes to, after checking it exists and is writable
-    and that ``path`` is not a folder (so that a run can fail before training, not after)."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise IsADirectoryError(f"cannot write checkpoint {path}: it is a folder")
-    if not os.path.isdir(folder):
-        raise FileNotFoundError(f"cannot write checkpoint {path}: folder {folder} does not exist")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise PermissionError(f"cannot write checkpoint {path}: folder {folder} is not writable")
-    return folder
-
-
-def _describe_file(path: str) -> str:
-    """What a file that NumPy cannot load looks like, from its first bytes."""
-    with open(path, "rb") as f:
-        head = f.read(512)
-    if not head:
-        return "an empty file"
-    if head[:1] == b"\x80":
-        return "a Python pickle (such as a PyTorch file from an old torch.save)"
-    try:
-        head.decode("utf-8")
-    except UnicodeDecodeError:
-        return "a binary file of an unknown format"
-    return "a text file"
-
-
-def _describe_npz(names: list[str], net: Network) -> str:
-    """What a zip / ``.npz`` file without minidl's ``trainer/iteration`` entry holds."""
-    if any(n.endswith("data.pkl") for n in names):
-        return ("a PyTorch file (torch.save); to load its weights use "
-                "net.load_state_dict(torch.load(path))")
-    own = set(net.state_dict())
-    if names and set(names) <= own:
-        return ("a plain .npz of this network's state dict (np.savez); load it with "
-                "net.load_state_dict(dict(np.load(path)))")
-    shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
-    return f"an .npz of {len(names)} arrays ({shown or 'none'}) without minidl's entries"
 
 
 class Trainer:
@@ -397,16 +358,7 @@ class Trainer:
         if self.augment_rng is not None:
             arrays["trainer/augment_rng"] = np.asarray(
                 json.dumps(self.augment_rng.bit_generator.state))
-        folder = check_writable(path)
-        fd, tmp = tempfile.mkstemp(suffix=".npz", dir=folder)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, **arrays)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        write_npz(path, arrays)
 
     def load(self, path: str | os.PathLike, resume: bool = False) -> None:
         """Restore what :meth:`save` wrote (names and shapes must match this network).
@@ -428,19 +380,19 @@ class Trainer:
         try:
             z = np.load(path, allow_pickle=False)
         except (ValueError, OSError, EOFError):
-            raise CheckpointError(f"{path} is {_describe_file(path)}, not {expected}") from None
+            raise CheckpointError(f"{path} is {describe_file(path)}, not {expected}") from None
         if not isinstance(z, np.lib.npyio.NpzFile):
             raise CheckpointError(f"{path} is a single NumPy array (.npy) of shape {z.shape}, "
                                   f"not {expected}")
         with z:
             if "trainer/iteration" not in z.files:
-                raise CheckpointError(f"{path} is {_describe_npz(z.files, self.net)}, "
+                raise CheckpointError(f"{path} is {describe_npz(z.files, self.net)}, "
                                       f"not {expected}")
             params = {k[6:]: z[k] for k in z.files if k.startswith("param/")}
             optim = {k[6:]: z[k] for k in z.files if k.startswith("optim/")}
             sched = {k[6:]: z[k].item() for k in z.files if k.startswith("sched/")}
             iteration = int(z["trainer/iteration"])
-            position = self._resume_position(path, z) if resume else None
+            position = resume_position(path, z) if resume else None
         if resume and (self.scheduler is None) != (not sched):
             has = "has" if sched else "has no"
             raise CheckpointError(f"checkpoint {path} {has} learning-rate scheduler state but "
@@ -464,21 +416,6 @@ class Trainer:
             if self.scheduler is not None:
                 self.scheduler.load_state_dict(sched)
             self.epoch, self.epoch_step, self.steps_per_epoch, self.augment_rng = position
-
-    @staticmethod
-    def _resume_position(path: str, z: Any) -> tuple[int, int, int | None,
-                                                     np.random.Generator | None]:
-        """(epoch, batch in epoch, steps per epoch, augmentation generator) from a checkpoint."""
-        if "trainer/epoch" not in z.files:
-            raise CheckpointError(f"checkpoint {path} holds no training position (written by an "
-                                  "older minidl): load it without resume=True to start a new "
-                                  "run from its weights")
-        rng = None
-        if "trainer/augment_rng" in z.files:
-            rng = np.random.default_rng()
-            rng.bit_generator.state = json.loads(str(z["trainer/augment_rng"]))
-        return (int(z["trainer/epoch"]), int(z["trainer/epoch_step"]),
-                int(z["trainer/steps_per_epoch"]) or None, rng)
 
     # ------------------------------------------------------------------ reports
     @contextmanager
