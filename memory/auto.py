@@ -130,9 +130,11 @@ def _live_at_peak(plan: Plan) -> list[int]:
 def auto_choose(program: Program, budget: int | None, step_times: list[float] | None = None,
                 bandwidth: float = DEFAULT_BANDWIDTH,
                 flops_per_s: float = DEFAULT_FLOPS_PER_S, max_moves: int = 400,
-                max_candidates: int = 8, time_limit_s: float = 20.0) -> AutoChoice:
+                max_candidates: int = 8, time_limit_s: float = 20.0,
+                only: str | None = None) -> AutoChoice:
     """Walk the greedy path until the total peak (persistent + iteration) fits ``budget``
-    (``None``: walk to the end, the smallest peak this planner reaches).
+    (``None``: walk to the end, the smallest peak this planner reaches). ``only``:
+    ``"recompute"`` or ``"swap"`` restricts the actions.
 
     Swapped blocks are released when their copy has ended; when that path does not reach the
     budget (or, without one, a lower peak), it is walked again releasing them one step after
@@ -144,12 +146,12 @@ def auto_choose(program: Program, budget: int | None, step_times: list[float] | 
     deadline = time.perf_counter() + time_limit_s
     costs = step_costs(program, step_times, flops_per_s)
     timed = _walk_path(program, budget, costs, bandwidth, False, max_moves, max_candidates,
-                       deadline, time_limit_s)
+                       deadline, time_limit_s, only)
     if budget is not None and timed.peak <= budget or time.perf_counter() >= deadline \
-            or not swap_candidates(program, {}, "all"):
+            or not swap_candidates(program, {}, "all") or only == "recompute":
         return timed
     early = _walk_path(program, budget, costs, bandwidth, True, max_moves, max_candidates,
-                       deadline, time_limit_s)
+                       deadline, time_limit_s, only)
     better = early.peak < timed.peak if budget is None or early.peak > budget \
         else timed.peak > budget
     return early if better else timed
@@ -157,7 +159,7 @@ def auto_choose(program: Program, budget: int | None, step_times: list[float] | 
 
 def _walk_path(program: Program, budget: int | None, costs: list[float], bandwidth: float,
                early_release: bool, max_moves: int, max_candidates: int, deadline: float,
-               time_limit_s: float) -> AutoChoice:
+               time_limit_s: float, only: str | None = None) -> AutoChoice:
     """One greedy path (see :func:`auto_choose`)."""
     import time
 
@@ -166,7 +168,7 @@ def _walk_path(program: Program, budget: int | None, costs: list[float], bandwid
     loss_step = producer.get(program.loss)
     cands = {c.root for c in swap_candidates(program, {}, "all")
              if c.first_backward - c.last_forward >= 3}
-    choice = AutoChoice(early_release=early_release)
+    choice = AutoChoice(early_release=early_release, only=only)
     plan = build(program, choice, costs, bandwidth)
     peak0, area = _pressure(plan)
     choice.peak = persistent + peak0
@@ -185,15 +187,15 @@ def _walk_path(program: Program, budget: int | None, costs: list[float], bandwid
             if spec.role != "value" or spec.category not in ("feature_map", "input"):
                 continue
             options = []
-            if t in cands and t not in choice.swapped:
+            if t in cands and t not in choice.swapped and only != "recompute":
                 options.append("swap")
             st = producer.get(t)
             if st is not None and st is not loss_step and spec.category == "feature_map" \
-                    and st.index not in choice.dropped:
+                    and st.index not in choice.dropped and only != "swap":
                 options.append("recompute")
             for kind in options:
                 trial = AutoChoice(set(choice.swapped), set(choice.dropped),
-                                   early_release=early_release)
+                                   early_release=early_release, only=only)
                 if kind == "swap":
                     trial.swapped.add(t)
                 else:
@@ -259,7 +261,8 @@ def plan_for_choice(program: Program, budget: int | None, choice: AutoChoice,
     how = cost_source if measured else "cost model: FLOPs at an assumed rate"
     plan = plan.with_notes(
         f"auto: budget {budget:,} B; {len(choice.swapped)} feature maps swapped, "
-        f"{len(choice.dropped)} layers recomputed; estimated overhead "
+        f"{len(choice.dropped)} layers recomputed"
+        + (f" ({choice.only} only)" if choice.only else "") + "; estimated overhead "
         f"{1000 * choice.extra_time_s:.1f} ms per iteration ({how})"
         + ("; swapped blocks released one step after their offload (compute waits for the "
            "copy)" if choice.early_release and choice.swapped else "")

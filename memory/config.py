@@ -34,6 +34,8 @@ FLAGS: dict[str, tuple[tuple[str, ...] | None, str]] = {
     "planner": (("greedy", "optimal"), "how auto chooses: a greedy walk (default) or a "
                                        "mixed-integer program solved by HiGHS, taken when it "
                                        "fits at no more estimated time (Checkmate + swapping)"),
+    "only": (("recompute", "swap"), "restrict auto to one kind of action: recompute only "
+                                    "(Checkmate's setting) or swap only (vDNN's)"),
     "split": (("<int>",), "run each batch as K micro-batches, accumulating weight gradients "
                           "(moDNN's batch splitting; auto picks K when nothing else fits)"),
 }
@@ -111,6 +113,9 @@ class MemoryConfig:
             raise ValueError("memory flag 'split' needs a value: split=K")
         if "budget" in flags and "auto" not in flags:
             raise ValueError("budget=SIZE is for the auto planner: add 'auto' to the spec")
+        if "only" in flags and "auto" not in flags:
+            raise ValueError("only=recompute|swap is for the auto planner: add 'auto' to the "
+                             "spec")
         if "planner" in flags and "auto" not in flags:
             raise ValueError("planner=greedy|optimal is for the auto planner: add 'auto' to the "
                              "spec")

@@ -76,7 +76,8 @@ def evaluate_placements(program: Program, choice: AutoChoice, costs: list[float]
     extra seconds, plan)."""
     out = None
     for early in (False, True) if choice.swapped else (False,):
-        c = AutoChoice(set(choice.swapped), set(choice.dropped), early_release=early)
+        c = AutoChoice(set(choice.swapped), set(choice.dropped), early_release=early,
+                       only=choice.only)
         peak, extra, plan = evaluate(program, c, costs, bandwidth)
         key = (peak > budget, extra if peak <= budget else peak)
         if out is None or key < out[0]:
@@ -156,7 +157,7 @@ def _polish(program: Program, choice: AutoChoice, extra: float, budget: int,
         for kind, x in acts:
             trial = AutoChoice(set(choice.swapped) - ({x} if kind == "s" else set()),
                                set(choice.dropped) - ({x} if kind == "d" else set()),
-                               early_release=choice.early_release)
+                               early_release=choice.early_release, only=choice.only)
             tpeak, textra, _ = evaluate(program, trial, costs, bandwidth)
             if tpeak <= budget and textra <= extra:
                 choice, extra, peak, improved = trial, textra, tpeak, True
@@ -170,7 +171,8 @@ def _polish(program: Program, choice: AutoChoice, extra: float, budget: int,
 def optimal_choose(program: Program, budget: int, costs: list[float],
                    bandwidth: float = DEFAULT_BANDWIDTH, time_limit_s: float = 60.0,
                    greedy: AutoChoice | None = None, mip_rel_gap: float = 1e-6,
-                   max_rounds: int = 12, window: int | None = None) -> AutoChoice:
+                   max_rounds: int = 12, window: int | None = None,
+                   only: str | None = None) -> AutoChoice:
     """The keep / swap / recompute choice of least estimated extra time whose plan fits
     ``budget`` (total bytes, persistent state included), from the MILP of this module.
 
@@ -187,7 +189,7 @@ def optimal_choose(program: Program, budget: int, costs: list[float],
     t0 = time.perf_counter()
     deadline = t0 + time_limit_s
     persistent = program.persistent_bytes()
-    swap_cost = swap_costs(program, costs, bandwidth)
+    swap_cost = {} if only == "recompute" else swap_costs(program, costs, bandwidth)
     unit = max(sum(costs), 1e-30)  # the objective in iterations: well-scaled for HiGHS
     if greedy is None:
         greedy = auto_choose(program, budget, costs, bandwidth=bandwidth)
@@ -195,7 +197,7 @@ def optimal_choose(program: Program, budget: int, costs: list[float],
 
     def fallback(why: str, log: list[tuple[str, str, int, float]]) -> AutoChoice:
         g = AutoChoice(set(greedy.swapped), set(greedy.dropped), greedy.extra_time_s,
-                       greedy.peak, list(greedy.path) + log, greedy.early_release)
+                       greedy.peak, list(greedy.path) + log, greedy.early_release, only)
         g.path.append(("fallback", f"greedy choice kept: {why}", g.peak, g.extra_time_s))
         return g
 
@@ -206,7 +208,7 @@ def optimal_choose(program: Program, budget: int, costs: list[float],
                      for c in swap_candidates(program, {}, "all")}
         model = build_model(program, [c / unit for c in costs],
                              {t: c / unit for t, c in swap_cost.items()}, budget - persistent,
-                             window, copy_cost)
+                             window, copy_cost, allow_drop=only != "swap")
     except Unsupported as e:
         return fallback(f"the optimal planner does not model this program ({e})", [])
     # memory over the budget is allowed at a prohibitive price: every (sub)problem has a
@@ -280,7 +282,7 @@ def optimal_choose(program: Program, budget: int, costs: list[float],
     n_windows = 0
     if large and best is not None:
         producer = {t: s.index for s in program.steps if s.phase == "forward" for t in s.writes}
-        nf = max(model.drop) + 1
+        nf = max(model.drop, default=0) + 1
         starts = list(range(0, nf, WINDOW_STEPS // 2))
         improved = True
         while improved and best[0] > 0.0 and time.perf_counter() < deadline - 0.5:
@@ -330,7 +332,7 @@ def optimal_choose(program: Program, budget: int, costs: list[float],
         return fallback(why + (f" ({log[-1]})" if log else ""), entries)
     extra, choice, peak, _ = best
     out = AutoChoice(set(choice.swapped), set(choice.dropped), extra, peak,
-                     early_release=choice.early_release)
+                     early_release=choice.early_release, only=only)
     for t in sorted(choice.swapped):
         out.path.append(("swap", program.tensors[t].name, peak, swap_cost.get(t, 0.0)))
     for k in sorted(choice.dropped):
@@ -351,7 +353,8 @@ def optimal_plan(program: Program, budget: int | None, step_times: list[float] |
     costs = step_costs(program, step_times, flops_per_s)
     greedy = auto_choose(program, budget, step_times, bandwidth, flops_per_s, **greedy_kwargs)
     g_peak, g_extra, _ = evaluate(program, greedy, costs, bandwidth)
-    opt = optimal_choose(program, budget, costs, bandwidth, time_limit_s, greedy=greedy)
+    opt = optimal_choose(program, budget, costs, bandwidth, time_limit_s, greedy=greedy,
+                         only=greedy_kwargs.get("only"))
     why = next((p[1] for p in opt.path if p[0] == "fallback"), None)
     milp_note = next((p[1] for p in opt.path if p[0] == "milp"), "no MILP solved")
     take = why is None and opt.peak <= budget and (g_peak > budget

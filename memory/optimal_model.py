@@ -131,13 +131,14 @@ class Model:
 
 def build_model(program: Program, costs: list[float], swap_cost: dict[int, float],
                  budget_iter: int, window: int | None = None,
-                 copy_cost: dict[int, float] | None = None) -> Model:
+                 copy_cost: dict[int, float] | None = None, allow_drop: bool = True) -> Model:
     """The MILP of ``program`` for ``budget_iter`` bytes of iteration tensors, objective in the
     units of ``costs`` / ``swap_cost`` (per step, per candidate); ``window``: the longest run
     of consecutive dropped steps minus one (default: all of them on programs up to
     :data:`FULL_WINDOW_STEPS` forward steps, else :data:`MAX_RUN`). ``copy_cost``: one
     transfer's time per candidate; with it the swaps' time is at least the link's congestion
-    (:func:`link_rows`) instead of the sum of their own costs alone."""
+    (:func:`link_rows`) instead of the sum of their own costs alone. ``allow_drop=False``:
+    no recomputation (swaps only; ``swap_cost`` empty: recomputation only)."""
     steps, tensors = program.steps, program.tensors
     nf = sum(1 for s in steps if s.phase == "forward")
     if any(s.phase != "forward" for s in steps[:nf]) or \
@@ -150,7 +151,7 @@ def build_model(program: Program, costs: list[float], swap_cost: dict[int, float
     fs = {t: b / mu for t, b in size.items()}
     producer = {t: s.index for s in steps[:nf] for t in s.writes}
     loss_step = producer.get(program.loss)
-    droppable = [s.index for s in steps[:nf] if s.index != loss_step
+    droppable = [s.index for s in steps[:nf] if allow_drop and s.index != loss_step
                  and any(tensors[t].role == "value" for t in s.writes)]
     dset = set(droppable)
     W = window if window is not None else (nf if nf <= FULL_WINDOW_STEPS else MAX_RUN)

@@ -78,7 +78,8 @@ class AutoChoice:
     """What the auto planner (:mod:`.auto`) decided: original value tensors swapped, forward
     steps dropped (recomputed in backward), and the resulting estimated overhead.
     ``early_release``: swapped blocks are released one step after their offload (compute
-    waits for the copy) instead of when the copy has ended."""
+    waits for the copy) instead of when the copy has ended. ``only``: the one kind of action
+    the planner was allowed (``"recompute"`` / ``"swap"``), or ``None``."""
 
     swapped: set[int] = field(default_factory=set)
     dropped: set[int] = field(default_factory=set)
@@ -86,6 +87,7 @@ class AutoChoice:
     peak: int = 0
     path: list[tuple[str, str, int, float]] = field(default_factory=list)
     early_release: bool = False
+    only: str | None = None
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,9 @@ def make_plan(program: Program, config: MemoryConfig,
     ``step_times`` may come from a target device's cost model (:mod:`.cost_model`) instead
     of a measurement (``cost_source`` names where they came from in the notes).
     """
-    link = {"cost_source": cost_source}
+    link: dict = {"cost_source": cost_source}
+    if config.get("only"):
+        link["only"] = config.get("only")
     if bandwidth is not None:
         link["bandwidth"] = bandwidth
     if config.has("auto") and program.training:

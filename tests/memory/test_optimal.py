@@ -239,3 +239,37 @@ def test_planner_flag():
         MemoryConfig.parse("auto,planner")
     with pytest.raises(ValueError, match="planner=greedy|optimal is for the auto planner"):
         MemoryConfig.parse("reuse,inplace,planner=optimal")
+
+
+@pytest.mark.parametrize("planner", ["greedy", "optimal"])
+def test_only_restricts_the_actions(planner):
+    """``auto,only=recompute`` never swaps and ``only=swap`` never recomputes, with either
+    planner; each fits a budget the other kind of action alone would meet differently."""
+    p = linear_chain(10, units=2)
+    lo = p.lower_bound_bytes()
+    reuse = auto_plan(p, None).auto.peak
+    slow = {"bandwidth": 1e7}
+    seen = {}
+    for only in ("recompute", "swap"):
+        budget = (lo + reuse) // 2
+        while True:
+            spec = f"auto,budget={budget},only={only},planner={planner}"
+            try:
+                plan = make_plan(p, MemoryConfig.parse(spec), **slow)
+                break
+            except BudgetTooSmall:
+                budget += (reuse - lo) // 8
+        plan.validate()
+        choice = plan.auto
+        assert choice.peak <= budget and choice.only == only
+        assert not choice.swapped if only == "recompute" else not choice.dropped
+        assert f"({only} only)" in plan.notes[0]
+        seen[only] = choice
+    assert seen["recompute"].dropped and seen["swap"].swapped
+
+
+def test_only_needs_auto_and_a_known_value():
+    with pytest.raises(ValueError, match="only=recompute|swap is for the auto planner"):
+        MemoryConfig.parse("reuse,only=recompute")
+    with pytest.raises(ValueError, match="recompute|swap"):
+        MemoryConfig.parse("auto,only=encode")
