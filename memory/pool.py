@@ -90,7 +90,9 @@ class Pool:
 
     ``policy`` is ``"best_fit"`` or ``"first_fit"``; ``alignment`` the allocation unit, a power
     of two (offsets and sizes are multiples of it; programs must be lowered for it);
-    ``debug=True`` poisons freed bytes with float32 NaN.
+    ``debug=True`` poisons with float32 NaN every byte not in a live block: freed blocks when
+    freed, and arena bytes never handed out before when a block first reaches them (the
+    device's own initial contents, often zeros, would hide a read before the first write).
     """
 
     def __init__(self, device: Any, policy: str = "best_fit", alignment: int = ALLOCATION_UNIT,
@@ -107,6 +109,8 @@ class Pool:
         self._mask = alignment - 1
         self._best_fit = policy == "best_fit"
         self._poison = debug and bool(getattr(device, "has_storage", False))
+        #: With poisoning: arena bytes below this were poisoned on first touch (or are live).
+        self._poisoned_to = 0
         # Chunks. Live blocks by offset; interior free chunks by start (-> size) and by end
         # (-> start); a (size, offset) index for best fit and an offset index for first fit and
         # fixed placement. Everything from ``_top`` to the capacity is the top region.
@@ -174,6 +178,8 @@ class Pool:
                     break
             else:
                 off = self._take_top(size, nbytes, tag, category)
+        if self._poison and off + size > self._poisoned_to:
+            self._poison_fresh(off + size)
         block = Block(self, off, size, nbytes, tag, category)
         self._live[off] = block
         self._num_allocs += 1
@@ -190,6 +196,13 @@ class Pool:
         if self._top > self._reserved_peak:
             self._reserved_peak = self._top
         return block
+
+    def _poison_fresh(self, end: int) -> None:
+        # Bytes up to ``end`` never handed out before (a fixed offset may leave a gap below the
+        # block: it is poisoned too, so every byte below ``_poisoned_to`` not in a live block
+        # holds NaN).
+        self.device.fill(self._poisoned_to, end - self._poisoned_to, float("nan"))
+        self._poisoned_to = end
 
     def _take_interior(self, off: int, csize: int, size: int) -> None:
         # The chunk (off, csize) is already out of _by_size; carve ``size`` from its start.
