@@ -22,12 +22,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .base_plan import base_plan, plan_peak
+from .block_choices import block_choices
 from .config import MemoryConfig
 from .cost_model import extra_time
 from .liveness import root_of
 from .plan import AutoChoice, Plan
 from .program import Program
-from .recompute import recompute_program
+from .recompute import dropping_program
 from .static_plan import block_intervals, static_plan
 from .swap import DEFAULT_BANDWIDTH, swap_candidates, swap_plan
 
@@ -49,32 +50,12 @@ def step_costs(program: Program, step_times: list[float] | None,
     return [max(s.flops, 1) / flops_per_s for s in program.steps]
 
 
-def _values(program: Program) -> list[int]:
-    return [t for st in program.steps if st.phase == "forward" for t in st.writes
-            if program.tensors[t].role == "value"]
-
-
 def build(program: Program, choice: AutoChoice, costs: list[float] | None = None,
           bandwidth: float = DEFAULT_BANDWIDTH) -> Plan:
     """The plan for a choice: recompute rewrite, sharing and liveness, then swapping. With
     ``costs`` (seconds per step of ``program``) and unless ``choice.early_release``, swapped
     blocks are released when compute reaches the end of their offload on the link."""
-    prog = program
-    if choice.dropped:
-        producer_of = {t: st.index for st in program.steps if st.phase == "forward"
-                       for t in st.writes}
-        keep = {t for t in _values(program) if producer_of.get(t) not in choice.dropped}
-        fwd_of_node = {s.node: s.index for s in program.steps if s.phase == "forward"}
-        # one recomputation per run of consecutive dropped layers (speed-centric)
-        seg, s = {}, 0
-        for st in program.steps:
-            if st.phase == "forward":
-                seg[st.index] = s
-                if st.index not in choice.dropped:
-                    s += 1
-        groups = {st.index: seg.get(fwd_of_node.get(st.node, -1), -1 - st.index)
-                  for st in program.steps if st.phase == "backward"}
-        prog = recompute_program(program, keep, groups)
+    prog = dropping_program(program, choice.dropped)
     plan = base_plan(prog, _BASE)
     if choice.swapped:
         roots = {root_of(plan.aliases, t) for t in choice.swapped}
@@ -127,6 +108,15 @@ def _live_at_peak(plan: Plan) -> list[int]:
     return out
 
 
+def forced_choice(program: Program, early_release: bool = False,
+                  only: str | None = None) -> AutoChoice:
+    """The choice the network's blocks force (:mod:`.block_choices`): where every planner's
+    search starts, and what it never undoes."""
+    blocks = block_choices(program)
+    return AutoChoice(set(blocks.swapped), set(blocks.dropped), early_release=early_release,
+                      only=only)
+
+
 def auto_choose(program: Program, budget: int | None, step_times: list[float] | None = None,
                 bandwidth: float = DEFAULT_BANDWIDTH,
                 flops_per_s: float = DEFAULT_FLOPS_PER_S, max_moves: int = 400,
@@ -138,23 +128,33 @@ def auto_choose(program: Program, budget: int | None, step_times: list[float] | 
 
     Swapped blocks are released when their copy has ended; when that path does not reach the
     budget (or, without one, a lower peak), it is walked again releasing them one step after
-    the offload. Each move tries the ``max_candidates`` largest feature maps live at the peak;
-    the walks stop after ``time_limit_s`` seconds in all (deep networks), saying so in
-    ``choice.path``."""
+    the offload; when the path taken costs time, a recompute-only path is walked too (a greedy
+    swap can cost more than the recomputations it avoided), and the fitting path of least
+    estimated time is taken. Each move tries the ``max_candidates`` largest feature maps live at
+    the peak; the walks stop after ``time_limit_s`` seconds in all (deep networks), saying so
+    in ``choice.path``."""
     import time
 
     deadline = time.perf_counter() + time_limit_s
     costs = step_costs(program, step_times, flops_per_s)
-    timed = _walk_path(program, budget, costs, bandwidth, False, max_moves, max_candidates,
-                       deadline, time_limit_s, only)
-    if budget is not None and timed.peak <= budget or time.perf_counter() >= deadline \
-            or not swap_candidates(program, {}, "all") or only == "recompute":
-        return timed
-    early = _walk_path(program, budget, costs, bandwidth, True, max_moves, max_candidates,
-                       deadline, time_limit_s, only)
-    better = early.peak < timed.peak if budget is None or early.peak > budget \
-        else timed.peak > budget
-    return early if better else timed
+    def walk(early: bool, kind: str | None) -> AutoChoice:
+        return _walk_path(program, budget, costs, bandwidth, early, max_moves, max_candidates,
+                          deadline, time_limit_s, kind)
+
+    def key(c: AutoChoice) -> tuple:  # fits first, then the least time; else the least peak
+        fits = budget is not None and c.peak <= budget
+        return (not fits, c.extra_time_s if fits else c.peak)
+
+    paths = [walk(False, only)]
+    can_swap = only != "recompute" and bool(swap_candidates(program, {}, "all"))
+    if key(paths[0])[0] and can_swap and time.perf_counter() < deadline:
+        paths.append(walk(True, only))  # time bought for memory: compute waits for copies
+    if only is None and can_swap and budget is not None and time.perf_counter() < deadline \
+            and (key(min(paths, key=key))[0] or min(paths, key=key).extra_time_s > 0):
+        paths.append(walk(False, "recompute"))  # a swap taken early can cost more later
+    best = min(paths, key=key)
+    best.only = only
+    return best
 
 
 def _walk_path(program: Program, budget: int | None, costs: list[float], bandwidth: float,
@@ -168,7 +168,8 @@ def _walk_path(program: Program, budget: int | None, costs: list[float], bandwid
     loss_step = producer.get(program.loss)
     cands = {c.root for c in swap_candidates(program, {}, "all")
              if c.first_backward - c.last_forward >= 3}
-    choice = AutoChoice(early_release=early_release, only=only)
+    blocks = block_choices(program)  # the user's choices: fixed, never revisited
+    choice = forced_choice(program, early_release, only)
     plan = build(program, choice, costs, bandwidth)
     peak0, area = _pressure(plan)
     choice.peak = persistent + peak0
@@ -180,7 +181,8 @@ def _walk_path(program: Program, budget: int | None, costs: list[float], bandwid
             break
         best = None
         live = [t for t in dict.fromkeys(_live_at_peak(plan))  # clones of stashes: not ours
-                if t < len(program.tensors) and program.tensors[t].role == "value"]
+                if t < len(program.tensors) and program.tensors[t].role == "value"
+                and t not in blocks.fixed]
         live.sort(key=lambda t: -program.tensors[t].nbytes)
         for t in live[:max_candidates]:
             spec = program.tensors[t]
@@ -230,7 +232,8 @@ def auto_plan(program: Program, budget: int | None, step_times: list[float] | No
     Raises :class:`BudgetTooSmall` when even the end of the path does not fit."""
     choice = auto_choose(program, budget, step_times, bandwidth, flops_per_s, **kwargs) \
         if budget is not None \
-        else AutoChoice(peak=program.persistent_bytes() + plan_peak(build(program, AutoChoice())))
+        else replace(forced_choice(program), peak=program.persistent_bytes()
+                     + plan_peak(build(program, forced_choice(program))))
     return plan_for_choice(program, budget, choice, step_times, cost_source, bandwidth,
                            flops_per_s)
 
@@ -267,4 +270,7 @@ def plan_for_choice(program: Program, budget: int | None, choice: AutoChoice,
         + ("; swapped blocks released one step after their offload (compute waits for the "
            "copy)" if choice.early_release and choice.swapped else "")
         if budget is not None else "auto without a budget: reuse,inplace,static", first=True)
+    blocks = block_choices(program)
+    if blocks:
+        plan = plan.with_notes(blocks.describe())
     return replace(plan, measured=measured, auto=choice)
