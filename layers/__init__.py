@@ -4,6 +4,7 @@ from .add import Add
 from .attention import MultiHeadAttention
 from .base import Context, Layer, ParamSpec, ShapeError, Symbol
 from .batchnorm import BatchNorm1d, BatchNorm2d
+from .checkpoint import Checkpoint
 from .concat import Concat
 from .conv2d import Conv2d
 from .dropout import Dropout
@@ -34,5 +35,5 @@ __all__ = [
     "Embedding", "Flatten", "GlobalAvgPool2d", "Layer", "LeakyReLU", "Linear", "MaxPool2d",
     "MSELoss", "ParamSpec", "ReLU", "ShapeError", "Sigmoid", "SoftmaxCrossEntropy", "Symbol",
     "Tanh", "TimeStack", "ZeroState",
-    "GELU", "LayerNorm", "MultiHeadAttention", "PositionalEmbedding",
+    "GELU", "LayerNorm", "MultiHeadAttention", "PositionalEmbedding", "Checkpoint",
 ]

@@ -155,12 +155,21 @@ class Layer:
     nondiff_inputs: tuple[int, ...] = ()
     #: Backward adds into the ``grad_params`` named in ``ctx.accumulate`` (see module docstring).
     accumulates_grads: bool = False
+    #: The user's memory choice for this node's feature maps (``"recompute"``, ``"swap"``,
+    #: ``"keep"``; ``""``: the planner decides), set by ``layer(x, memory=...)`` or a
+    #: :class:`~minidl.layers.checkpoint.Checkpoint` block. A mark of the graph, not of the
+    #: math: lowering puts it on the node's steps and the network checks the value.
+    memory_choice: str = ""
 
     def __init__(self) -> None:
         self.name: str | None = None
 
     # ----------------------------------------------------------------- graph building
-    def __call__(self, *inputs: Symbol) -> Symbol | tuple[Symbol, ...]:
+    def __call__(self, *inputs: Symbol, memory: str | None = None
+                 ) -> Symbol | tuple[Symbol, ...]:
+        """Apply the layer to symbolic tensors. ``memory`` forces the planners' choice for its
+        feature maps: ``"recompute"`` (dropped in forward, recomputed in backward),
+        ``"swap"`` (offloaded to host and prefetched) or ``"keep"``."""
         for s in inputs:
             if not isinstance(s, Symbol):
                 raise TypeError(
@@ -171,6 +180,8 @@ class Layer:
             raise TypeError(
                 f"{type(self).__name__} takes {self.num_inputs} input(s), got {len(inputs)}"
             )
+        if memory is not None:
+            self.memory_choice = memory
         outs = tuple(Symbol(self, tuple(inputs), i) for i in range(self.num_outputs))
         return outs[0] if self.num_outputs == 1 else outs
 

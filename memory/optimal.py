@@ -37,6 +37,7 @@ from .auto import (
     step_costs,
 )
 from .base_plan import plan_peak
+from .block_choices import block_choices
 from .optimal_model import Model, Unsupported, build_model, swap_costs
 from .plan import ENDS, STARTS, AutoChoice, Plan
 from .program import Program
@@ -143,16 +144,43 @@ def _peak_position(model: Model, plan: Plan) -> int:
     return model.pos_of_step.get(st.origin, 0)
 
 
+def _fix_blocks(model: Model, program: Program) -> None:
+    """Fix the decisions the network's blocks force (:mod:`.block_choices`): a forced
+    recompute is d=1, a forced swap s=1 where the model can swap the map (and d=0 for its
+    producer), a kept feature map neither. Raises :class:`Unsupported` when the model has no
+    decision for a forced recompute (the greedy planner, which honours it, decides)."""
+    blocks = block_choices(program)
+    producer = {t: s.index for s in program.steps if s.phase == "forward" for t in s.writes}
+    fixed: dict[int, float] = {}
+    for k in blocks.dropped:
+        if k not in model.drop:
+            raise Unsupported(f"no recompute decision for {program.steps[k].layer}, which a "
+                              "block forces to recompute")
+        fixed[model.drop[k]] = 1.0
+    for t in blocks.swapped & model.swap.keys():  # others: nothing to swap (as in greedy)
+        fixed[model.swap[t]] = 1.0
+    for t in blocks.swapped | blocks.kept | blocks.recomputed:
+        if t in model.swap and t not in blocks.swapped:
+            fixed[model.swap[t]] = 0.0
+        if producer.get(t) in model.drop and t not in blocks.recomputed:
+            fixed[model.drop[producer[t]]] = 0.0
+    for v, x in fixed.items():
+        model.lp.lb[v] = model.lp.ub[v] = x
+
+
 def _polish(program: Program, choice: AutoChoice, extra: float, budget: int,
             costs: list[float], swap_cost: dict[int, float], bandwidth: float,
             deadline: float) -> tuple[AutoChoice, float, int, int]:
-    """Remove actions while the exact plan still fits at no more estimated time."""
+    """Remove actions while the exact plan still fits at no more estimated time (never those
+    the network's blocks force)."""
+    blocks = block_choices(program)
     peak = -1
     moves = 0
     improved = True
     while improved and time.perf_counter() < deadline:
         improved = False
-        acts = [("s", t) for t in choice.swapped] + [("d", k) for k in choice.dropped]
+        acts = [("s", t) for t in choice.swapped - blocks.swapped] + \
+            [("d", k) for k in choice.dropped - blocks.dropped]
         acts.sort(key=lambda a: -(swap_cost.get(a[1], 0.0) if a[0] == "s" else costs[a[1]]))
         for kind, x in acts:
             trial = AutoChoice(set(choice.swapped) - ({x} if kind == "s" else set()),
@@ -209,6 +237,7 @@ def optimal_choose(program: Program, budget: int, costs: list[float],
         model = build_model(program, [c / unit for c in costs],
                              {t: c / unit for t, c in swap_cost.items()}, budget - persistent,
                              window, copy_cost, allow_drop=only != "swap")
+        _fix_blocks(model, program)
     except Unsupported as e:
         return fallback(f"the optimal planner does not model this program ({e})", [])
     # memory over the budget is allowed at a prohibitive price: every (sub)problem has a

@@ -6,11 +6,13 @@ from dataclasses import replace
 
 from .auto import auto_plan
 from .base_plan import base_plan, iteration_peak
+from .block_choices import block_choices
 from .compress import ASSUMED_DENSITY, compress_program
 from .config import MemoryConfig
+from .liveness import root_of
 from .plan import Plan
 from .program import Program
-from .recompute import policy_program
+from .recompute import dropping_program, policy_program
 from .static_plan import static_plan
 from .swap import swap_plan
 
@@ -46,9 +48,12 @@ def make_plan(program: Program, config: MemoryConfig,
             return replace(optimal_plan(program, config.budget, step_times, **link),
                            spec=config.spec)
         return replace(auto_plan(program, config.budget, step_times, **link), spec=config.spec)
+    blocks = block_choices(program)
     if config.has("recompute") and program.training:
         program = policy_program(program, config.get("recompute"),
                                  peak_of=lambda p: iteration_peak(p, config))
+    elif blocks.dropped:
+        program = dropping_program(program, set(blocks.dropped))
     compressing = config.has("binarize") or config.has("sparse") or config.has("dpr")
     if compressing and program.training:
         program = compress_program(program, config.has("binarize"), config.has("sparse"),
@@ -73,9 +78,15 @@ def make_plan(program: Program, config: MemoryConfig,
             f"recompute={config.get('recompute')}: {m['checkpoints']} checkpoints, "
             f"{m['dropped_layers']} layers dropped, {m['recomputed_steps']} forward steps "
             f"recomputed per iteration ({m['recomputed_flops']:,} FLOPs)")
-    if config.has("swap"):
-        plan = replace(swap_plan(plan, config.get("swap"), step_times=step_times, **link),
+    if config.has("swap") or blocks.swapped:
+        force = frozenset(root_of(plan.aliases, t) for t in blocks.swapped)
+        plan = replace(swap_plan(plan, config.get("swap") or "all", step_times=step_times,
+                                 only=None if config.has("swap") else set(force), force=force,
+                                 exclude=frozenset(root_of(plan.aliases, t)
+                                                   for t in blocks.kept), **link),
                        cache=config.has("cache"))
+    if blocks:
+        plan = plan.with_notes(blocks.describe())
     if config.has("static"):
         plan = static_plan(plan, base=program.persistent_bytes())
     return replace(plan, spec=config.spec)

@@ -97,6 +97,10 @@ class Step:
     caps: OpCaps = OpCaps()
     #: Per-op options the plan set (``{"bptt": schedule}``), handed to the layer at run time.
     options: dict = field(default_factory=dict)
+    #: The user's choice for the feature maps this op's forward writes, from a block the
+    #: network marks (``"recompute"``, ``"swap"`` or ``"keep"``; ``""``: the planner's to make).
+    #: Every planner honours it (:mod:`.block_choices`).
+    forced: str = ""
     #: Index of the lowered step this one runs (itself for lowered steps; a recomputation's
     #: forward step; -1 for steps a pass added): measured step times are keyed by it.
     origin: int = -1

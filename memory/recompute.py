@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from .block_choices import BlockChoices, block_choices
 from .capabilities import RecomputeCost
 from .liveness import lifetimes
 from .program import Program, Step
@@ -208,14 +209,43 @@ def recompute_program(program: Program, checkpoints: set[int],
                    training=program.training, meta=meta, alignment=program.alignment)
 
 
+def honour_blocks(checkpoints: set[int], blocks: BlockChoices) -> set[int]:
+    """A policy's checkpoints with the network's block choices applied: feature maps of
+    forced-recompute ops dropped, forced-keep and forced-swap ones kept."""
+    return (set(checkpoints) - blocks.recomputed) | blocks.kept | blocks.swapped
+
+
+def dropping_program(program: Program, dropped: set[int]) -> Program:
+    """``program`` with exactly the forward steps ``dropped`` (indices) recomputed in backward,
+    once per run of consecutive dropped steps (speed-centric): the rewrite of the auto
+    planner's choice and of blocks forced to recompute."""
+    if not dropped:
+        return program
+    producer_of = {t: st.index for st in program.steps if st.phase == "forward"
+                   for t in st.writes}
+    keep = {t for st in _forward_steps(program) for t in _outputs(program, st)
+            if producer_of.get(t) not in dropped}
+    fwd_of_node = {s.node: s.index for s in program.steps if s.phase == "forward"}
+    seg, s = {}, 0
+    for st in program.steps:
+        if st.phase == "forward":
+            seg[st.index] = s
+            if st.index not in dropped:
+                s += 1
+    groups = {st.index: seg.get(fwd_of_node.get(st.node, -1), -1 - st.index)
+              for st in program.steps if st.phase == "backward"}
+    return recompute_program(program, keep, groups)
+
+
 def policy_program(program: Program, policy: str, peak_of=None) -> Program:
     """The rewritten program for ``policy``; ``peak_of(program) -> bytes`` is needed by
-    ``cost`` to compare candidate rewrites."""
+    ``cost`` to compare candidate rewrites. Blocks the network forces (:mod:`.block_choices`)
+    are honoured: forced-recompute ops are never checkpoints, forced keep / swap ones are."""
     if policy not in POLICIES:
         raise ValueError(f"unknown recompute policy {policy!r}; valid: {', '.join(POLICIES)}")
     if not program.training:
         return program
-    checkpoints = choose_checkpoints(program, policy)
+    checkpoints = honour_blocks(choose_checkpoints(program, policy), block_choices(program))
     seg = _segments(program, checkpoints)
     bwd = [s for s in program.steps if s.phase == "backward"]
     fwd_of_node = {s.node: s.index for s in program.steps if s.phase == "forward"}

@@ -169,20 +169,26 @@ def _timed(c: SwapCandidate, step_times: list[float], when: tuple[float, float],
 def swap_plan(plan: Plan, mode: str, lookahead: int = 2, lag: int = 1,
               step_times: list[float] | None = None,
               bandwidth: float = DEFAULT_BANDWIDTH, only: set[int] | None = None,
-              cost_source: str = "measured step times") -> Plan:
+              cost_source: str = "measured step times", force: frozenset[int] = frozenset(),
+              exclude: frozenset[int] = frozenset()) -> Plan:
     """``plan`` with offload / release / prefetch / await actions inserted (a new plan).
 
     ``only`` restricts swapping to the blocks holding these tensors (the auto planner's
     choice); ``mode`` then only names the candidates considered. ``cost_source`` says in the
-    note where ``step_times`` came from."""
+    note where ``step_times`` came from. Blocks (roots) in ``force`` are swapped whatever the
+    mode and ``only`` say, those in ``exclude`` never (the network's block choices,
+    :mod:`.block_choices`)."""
     program = plan.program
-    chosen = []
+    chosen, forced = [], []
     measured = step_times is not None and len(step_times) == len(program.steps) \
         and sum(step_times) > 0
     base_mode = "conv" if mode == "auto" and not measured else mode
     for c in swap_candidates(program, plan.aliases, "all" if base_mode == "auto" else base_mode):
-        if c.first_backward - c.last_forward < lag + 2:
-            continue  # no idle time to hide anything
+        if c.first_backward - c.last_forward < lag + 2 or c.root in exclude:
+            continue  # no idle time to hide anything, or kept by the user
+        if c.root in force:
+            forced.append(c)
+            continue
         if base_mode == "auto" and not hides_transfer(c, step_times, bandwidth):
             continue
         if only is not None and c.root not in only:
@@ -190,6 +196,7 @@ def swap_plan(plan: Plan, mode: str, lookahead: int = 2, lag: int = 1,
         chosen.append(c)
     if base_mode == "auto":  # all of them share one link
         chosen = hidden_on_one_link(chosen, step_times, bandwidth)
+    chosen = sorted(chosen + forced, key=lambda c: c.last_forward)
     before = [list(sp.before) for sp in plan.steps]
     after = [list(sp.after) for sp in plan.steps]
     schedule = _link_schedule(chosen, step_times, bandwidth) if measured else {}

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from .layers.base import Layer, ShapeError, Symbol
+from .memory.block_choices import BLOCK_CHOICES
 from .memory.transfer import copy_into, to_host
 from .memory.units import format_size
 from .parameter import Parameter
@@ -42,6 +43,9 @@ class Node:
     layer: Layer
     in_values: list[int]
     out_values: list[int]
+    #: The user's memory choice for its feature maps (``layer(x, memory=...)``, a
+    #: ``Checkpoint`` block; one of :data:`~minidl.memory.block_choices.BLOCK_CHOICES`) or "".
+    memory: str = ""
 
 
 @dataclass
@@ -110,7 +114,11 @@ class Network:
                     outs.append(len(self.values))
                     suffix = "" if layer.num_outputs == 1 else f".{j}"
                     self.values.append(Value(f"{name}{suffix}", idx, j))
-                node = Node(idx, name, layer, in_values, outs)
+                if layer.memory_choice and layer.memory_choice not in BLOCK_CHOICES:
+                    raise ValueError(
+                        f"layer {name}: memory={layer.memory_choice!r} is not a memory choice; "
+                        f"valid: {', '.join(BLOCK_CHOICES)}")
+                node = Node(idx, name, layer, in_values, outs, layer.memory_choice)
                 self.nodes.append(node)
                 layer_node[id(layer)] = node
             elif in_values != node.in_values:

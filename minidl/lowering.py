@@ -134,6 +134,7 @@ class _Lowering:
         self.node_in = [list(nd.in_values) for nd in nodes]
         self.node_out = [list(nd.out_values) for nd in nodes]
         self.node_names = [nd.name for nd in nodes]
+        self.node_memory = [nd.memory for nd in nodes] + [""]  # the loss: the planner's
         self.node_params = [net.layer_params(nd.name) for nd in nodes]
         self.label_v = self.loss_v = -1
         loss = self.loss
@@ -173,7 +174,7 @@ class _Lowering:
         self.steps.append(Step(
             index=len(self.steps), origin=len(self.steps), layer=self.node_names[i],
             kind=self.layers[i].kind, node=i, attrs=self.layers[i].memory_attrs(in_shapes),
-            caps=self.caps[i], options=self.options.get(i, {}),
+            caps=self.caps[i], options=self.options.get(i, {}), forced=self.node_memory[i],
             inputs=tuple(self.val_t[v] for v in self.node_in[i]),
             outputs=tuple(self.val_t[v] for v in self.node_out[i]),
             params={k: self.param_t[p.name] for k, p in self.node_params[i].items()},
