@@ -19,9 +19,10 @@ cached, every build sharing the same parameter objects, with PyTorch's names
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -195,28 +196,54 @@ def sequence_classifier(vocab_size: int, num_classes: int, embedding_dim: int = 
     return SequenceModel(build, steps, name=f"{cell}-classifier", seed=seed)
 
 
+#: Steps between two progress lines of :func:`train_language_model` off a terminal (the text
+#: models' "epoch": ``minidl train`` runs 100 steps per ``--epochs``).
+LOG_EVERY_STEPS = 100
+
+
 def train_language_model(trainer: Any, data: Any, batch_size: int, seq_len: int,
                          steps: int, eval_batches: int = 20, progress: bool = True,
-                         seed: int = 0) -> dict[str, Any]:
+                         seed: int = 0, progress_every: int | None = None,
+                         stream: TextIO | None = None,
+                         interactive: bool | None = None) -> dict[str, Any]:
     """Train on random windows of ``data.train`` for ``steps`` steps, then report validation
-    loss (nats per character) and perplexity on ``eval_batches`` fixed windows of ``data.val``."""
-    from tqdm.auto import tqdm
+    loss (nats per character) and perplexity on ``eval_batches`` fixed windows of ``data.val``.
 
+    Progress goes to ``stream`` (default stderr) as :func:`~minidl.fitting.fit` shows it: a bar
+    on a terminal; otherwise (a log file, a pipe) no carriage returns, one line every
+    ``progress_every`` steps (default :data:`LOG_EVERY_STEPS`) and one after the last step.
+    ``interactive`` overrides the terminal check."""
+    stream = stream if stream is not None else sys.stderr
+    if interactive is None:
+        isatty = getattr(stream, "isatty", None)
+        interactive = bool(isatty and isatty())
+    every = progress_every or LOG_EVERY_STEPS
     losses, times = [], []
     t0 = time.perf_counter()
-    bar = tqdm(total=steps, disable=not progress, unit="step", dynamic_ncols=True)
+    bar = None
+    if progress and interactive:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=steps, unit="step", dynamic_ncols=True, file=stream)
     try:
-        for xb, yb in sequence_batches(data.train, batch_size, seq_len, seed=seed,
-                                       num_batches=steps):
+        for k, (xb, yb) in enumerate(sequence_batches(data.train, batch_size, seq_len,
+                                                      seed=seed, num_batches=steps), start=1):
             ts = time.perf_counter()
             loss = trainer.step(xb, yb)
             times.append(time.perf_counter() - ts)
             losses.append(loss)
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss:.3f}", chars_s=f"{xb.size / times[-1]:,.0f}",
-                            refresh=False)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.3f}", chars_s=f"{xb.size / times[-1]:,.0f}",
+                                refresh=False)
+            elif progress and (k % every == 0 or k == steps):
+                since = k - (k - 1) // every * every  # steps since the last line
+                print(f"step {k}/{steps}: loss {np.mean(losses[-since:]):.4f} (mean of the "
+                      f"last {since}), {xb.size * since / sum(times[-since:]):,.0f} chars/s, "
+                      f"{time.perf_counter() - t0:.1f} s", file=stream, flush=True)
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
     val = [trainer.evaluate(xb, yb, batch_size)[0] for xb, yb in sequence_batches(
         data.val, batch_size, seq_len, seed=seed + 1, num_batches=eval_batches)]
     val_loss = float(np.mean(val))

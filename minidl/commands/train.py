@@ -172,7 +172,8 @@ def cmd_train_text(args: argparse.Namespace, spec) -> int:
               f"memory {spec.spec!r}", file=sys.stderr)
     with _recorded(trainer, args):
         res = train_language_model(trainer, ds, args.batch_size, args.seq_len, steps,
-                                   progress=not args.no_progress, seed=args.seed)
+                                   progress=not args.no_progress, seed=args.seed,
+                                   progress_every=args.log_every)
     if args.save:
         _save(trainer, args.save)
     rep = trainer.memory_report()
