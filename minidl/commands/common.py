@@ -19,6 +19,7 @@ from ..models import (
     MODEL_NAMES,
     MODELS,
     SEQUENCE_MODELS,
+    TRANSFORMER_CONFIGS,
     default_seq_len,
     default_vocab,
     get_model,
@@ -93,6 +94,8 @@ def build_model(name: str, input_shape, num_classes: int, width: int | None = No
     except ValueError as e:
         if "unknown model" in str(e) or "no ResNet" in str(e):
             raise UsageError(str(e)) from None
+        if name in TRANSFORMER_CONFIGS:  # a width the heads do not divide
+            raise UsageError(f"{name}: {e}") from None
         raise
 
 

@@ -142,3 +142,5 @@ def test_cli_plans_and_trains_the_transformers(capsys, tmp_path):
     assert out["steps"] == 3 and np.isfinite(out["val_loss"])
     assert main(["plan", "gpt-char", "--seq-len", "0"]) == 2
     assert "--seq-len must be >= 1" in capsys.readouterr().err
+    assert main(["plan", "gpt-char", "--width", "100"]) == 2
+    assert "width 100 is not a multiple of the 6 heads" in capsys.readouterr().err
