@@ -204,10 +204,16 @@ LOG_EVERY_STEPS = 100
 def train_language_model(trainer: Any, data: Any, batch_size: int, seq_len: int,
                          steps: int, eval_batches: int = 20, progress: bool = True,
                          seed: int = 0, progress_every: int | None = None,
-                         stream: TextIO | None = None,
-                         interactive: bool | None = None) -> dict[str, Any]:
-    """Train on random windows of ``data.train`` for ``steps`` steps, then report validation
-    loss (nats per character) and perplexity on ``eval_batches`` fixed windows of ``data.val``.
+                         stream: TextIO | None = None, interactive: bool | None = None,
+                         on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Train on random windows of ``data.train`` until the trainer has run ``steps`` steps,
+    then report validation loss (nats per character) and perplexity on ``eval_batches`` fixed
+    windows of ``data.val``.
+
+    The run starts at ``trainer.iteration``: after ``Trainer.load(path, resume=True)`` it
+    continues with the windows the interrupted run had not reached (the window sequence is
+    fixed by ``seed``), so 10 steps + save + resume + 10 equal 20 steps bit for bit.
+    ``on_step(k)`` is called after step ``k`` (counted from the run's start; checkpoints).
 
     Progress goes to ``stream`` (default stderr) as :func:`~minidl.fitting.fit` shows it: a bar
     on a terminal; otherwise (a log file, a pipe) no carriage returns, one line every
@@ -218,16 +224,20 @@ def train_language_model(trainer: Any, data: Any, batch_size: int, seq_len: int,
         isatty = getattr(stream, "isatty", None)
         interactive = bool(isatty and isatty())
     every = progress_every or LOG_EVERY_STEPS
+    start = trainer.iteration
     losses, times = [], []
     t0 = time.perf_counter()
     bar = None
     if progress and interactive:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=steps, unit="step", dynamic_ncols=True, file=stream)
+        bar = tqdm(total=steps, initial=min(start, steps), unit="step", dynamic_ncols=True,
+                   file=stream)
     try:
         for k, (xb, yb) in enumerate(sequence_batches(data.train, batch_size, seq_len,
                                                       seed=seed, num_batches=steps), start=1):
+            if k <= start:
+                continue  # reached before the run was resumed
             ts = time.perf_counter()
             loss = trainer.step(xb, yb)
             times.append(time.perf_counter() - ts)
@@ -237,10 +247,12 @@ def train_language_model(trainer: Any, data: Any, batch_size: int, seq_len: int,
                 bar.set_postfix(loss=f"{loss:.3f}", chars_s=f"{xb.size / times[-1]:,.0f}",
                                 refresh=False)
             elif progress and (k % every == 0 or k == steps):
-                since = k - (k - 1) // every * every  # steps since the last line
+                since = min(k - (k - 1) // every * every, len(losses))  # since the last line
                 print(f"step {k}/{steps}: loss {np.mean(losses[-since:]):.4f} (mean of the "
                       f"last {since}), {xb.size * since / sum(times[-since:]):,.0f} chars/s, "
                       f"{time.perf_counter() - t0:.1f} s", file=stream, flush=True)
+            if on_step is not None:
+                on_step(k)
     finally:
         if bar is not None:
             bar.close()

@@ -35,6 +35,7 @@ from .common import (
     resolved_seq_len,
     with_budget,
 )
+from .distributed import mpi_job, quiet_other_ranks, ranks_stop_together, refuse_for_text
 
 
 def _save(trainer, path: str) -> None:
@@ -60,9 +61,9 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 
 def _refuse_epoch_flags(args: argparse.Namespace) -> None:
-    """The text models train on random windows, not epochs: no fit callbacks."""
-    used = [f for f in ("resume", "save_every", "log", "early_stopping", "val_every",
-                        "tensorboard")
+    """The text models train on random windows, not epochs: no epoch callbacks (they do take
+    --resume and --save-every)."""
+    used = [f for f in ("log", "early_stopping", "val_every", "tensorboard")
             if getattr(args, f) is not None]
     if used:
         raise UsageError(f"--{used[0].replace('_', '-')} is for the image models' epochs; "
@@ -115,6 +116,13 @@ def _recorded(trainer: Trainer, args: argparse.Namespace):
                                   if what == "trace" else ""), file=out)
 
 
+def _saver(trainer: Trainer, path: str | None, every: int | None):
+    """``on_step`` of the text models' loop: a checkpoint every ``every`` steps (or None)."""
+    if not every:
+        return None
+    return lambda k: _save(trainer, path) if k % every == 0 else None
+
+
 def _resume(trainer: Trainer, path: str) -> None:
     try:
         trainer.load(path, resume=True)
@@ -165,6 +173,12 @@ def cmd_train_text(args: argparse.Namespace, spec) -> int:
                       seed=args.seed, clip_grad_norm=5.0, host_memory=args.host_memory,
                       emulate_link=link)
     steps = args.max_steps or max(1, args.epochs) * 100
+    if args.resume:
+        _resume(trainer, args.resume)
+        if trainer.iteration >= steps:
+            raise UsageError(f"--resume {args.resume}: the run is already at step "
+                             f"{trainer.iteration} of {steps} (raise --max-steps to train "
+                             "further)")
     if not (args.json or args.quiet):
         print(f"training {net.name} ({net.num_parameters():,} parameters) on {ds.name}: "
               f"{len(ds.train):,} train / {len(ds.val):,} validation characters, vocabulary "
@@ -173,7 +187,8 @@ def cmd_train_text(args: argparse.Namespace, spec) -> int:
     with _recorded(trainer, args):
         res = train_language_model(trainer, ds, args.batch_size, args.seq_len, steps,
                                    progress=not args.no_progress, seed=args.seed,
-                                   progress_every=args.log_every)
+                                   progress_every=args.log_every,
+                                   on_step=_saver(trainer, args.save, args.save_every))
     if args.save:
         _save(trainer, args.save)
     rep = trainer.memory_report()
@@ -207,9 +222,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     spec = parse_memory(with_budget(args.memory, args.budget))
     check_device(args.device)
     _check_outputs(args)
+    comm = mpi_job()  # under mpiexec -n N (N > 1): data-parallel, rank 0 prints and writes
+    quiet_other_ranks(args, comm)
     if args.quiet:
         args.no_progress = True
     if args.model in SEQUENCE_MODELS:
+        refuse_for_text(args, comm)
         return cmd_train_text(args, spec)
     if args.dataset not in D.DATASETS:
         raise UsageError(f"unknown dataset {args.dataset!r}; valid: {', '.join(D.DATASETS)}")
@@ -250,9 +268,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         trainer = Trainer(net, opt, memory=spec, device=args.device, device_memory=device_memory,
                           seed=args.seed, scheduler=scheduler, host_memory=args.host_memory,
                           loss=SoftmaxCrossEntropy(label_smoothing=defaults.label_smoothing),
-                          emulate_link=link)
+                          emulate_link=link, comm=comm)
     except RuntimeError as e:  # the cuda device without a GPU
         raise RuntimeFailure(str(e)) from None
+    except ValueError as e:  # ranks of an mpiexec job that disagree (model, spec, ...)
+        raise UsageError(str(e)) from None
     if args.resume:
         _resume(trainer, args.resume)
     augment = None
@@ -267,11 +287,12 @@ def cmd_train(args: argparse.Namespace) -> int:
               f"{f', {defaults.shift_probability:.0%} shifted by 1 px' if augment else ''}, "
               f"{args.epochs} epochs of batch {args.batch_size}, memory "
               f"{spec.spec!r}, {trainer.device.name} device with "
-              f"{format_bytes(trainer.device.capacity)}",
+              f"{format_bytes(trainer.device.capacity)}"
+              + (f"; data-parallel over {comm.size} MPI ranks" if comm else ""),
               file=sys.stderr)
     t0 = time.perf_counter()
     try:
-        with _recorded(trainer, args):
+        with ranks_stop_together(comm), _recorded(trainer, args):
             hist = trainer.fit(ds, epochs=args.epochs, batch_size=args.batch_size,
                                max_steps=args.max_steps, progress=not args.no_progress,
                                augment=augment, callbacks=_callbacks(args),
@@ -287,6 +308,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - t0
     if args.save:
         _save(trainer, args.save)
+    if comm is not None and comm.rank != 0:
+        return 0
     rep = trainer.memory_report()
     result = {
         "model": args.model,
@@ -309,6 +332,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         "input_mean": ds.mean,
         "input_std": ds.std,
         "label_smoothing": defaults.label_smoothing,
+        "ranks": 1 if comm is None else comm.size,
         "shift_probability": defaults.shift_probability,
         "memory_report": rep,
     }

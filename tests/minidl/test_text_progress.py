@@ -1,6 +1,7 @@
 """The text models' training loop (``rnn.train_language_model``, ``minidl train char-*`` and
 the transformers) shows progress as ``fit`` does: a bar on a terminal, plain lines (every N
-steps and after the last) without carriage returns in logs."""
+steps and after the last) without carriage returns in logs; it resumes bit for bit and saves
+every N steps."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import os
 import subprocess
 import sys
 
+import numpy as np
+
 from minidl import Trainer
+from minidl.cli import main
 from minidl.optim import SGD
 from minidl.rnn import char_rnn, train_language_model
 from minidl.text import load_text_dataset
@@ -52,3 +56,34 @@ def test_cli_without_a_terminal_writes_lines():
     steps = [ln.split(":")[0] for ln in p.stderr.splitlines() if ln.startswith("step ")]
     assert steps == ["step 2/5", "step 4/5", "step 5/5"]
     assert "validation loss" in p.stdout
+
+
+def _cli(tmp_path, *argv):
+    base = ["train", "char-gru", "--dataset", "synthetic", "--batch-size", "4", "--seq-len",
+            "16", "--width", "32", "--memory", "reuse", "--quiet"]
+    return main([*base, *argv])
+
+
+def test_resume_continues_bit_for_bit(tmp_path, capsys):
+    whole, part = tmp_path / "whole.npz", tmp_path / "part.npz"
+    assert _cli(tmp_path, "--max-steps", "6", "--save", str(whole)) == 0
+    assert _cli(tmp_path, "--max-steps", "3", "--save", str(part)) == 0
+    assert _cli(tmp_path, "--max-steps", "6", "--save", str(part), "--resume", str(part)) == 0
+    a, b = np.load(whole), np.load(part)
+    assert int(b["trainer/iteration"]) == 6
+    names = [k for k in a.files if k.startswith(("param/", "optim/"))]
+    assert names and all(np.array_equal(a[k], b[k]) for k in names)
+    capsys.readouterr()
+    assert _cli(tmp_path, "--max-steps", "6", "--resume", str(part)) == 2
+    assert "already at step 6" in capsys.readouterr().err
+
+
+def test_save_every(tmp_path, monkeypatch):
+    saved = []
+    real_save = Trainer.save
+    monkeypatch.setattr(Trainer, "save",
+                        lambda self, path: (saved.append(self.iteration), real_save(self, path)))
+    ck = tmp_path / "ck.npz"
+    assert _cli(tmp_path, "--max-steps", "5", "--save-every", "2", "--save", str(ck)) == 0
+    assert saved == [2, 4, 5]  # every 2 steps, and at the end
+    assert _cli(tmp_path, "--max-steps", "3", "--log", str(tmp_path / "m.csv")) == 2
