@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -119,9 +120,12 @@ class Executor:
         recomputing: bool = False,
         loss_scale: float = 1.0,
         record: bool = False,
+        grad_ready: Callable[[Executor, int], None] | None = None,
     ) -> tuple[float | None, list[np.ndarray]]:
         """Run every step. Returns the loss (if the program has one) and, if asked, copies of
-        the network outputs. On any error every block of the iteration is freed."""
+        the network outputs. On any error every block of the iteration is freed.
+        ``grad_ready(self, i)`` is called after each backward step ``i`` (data parallelism
+        launches the gradient buckets it completed)."""
         prog = self.plan.program
         rt = MemoryRuntime(self.pool, prog, self.plan, self.host_pool,
                            poison_offloaded=self.debug, info=self.tensor_info)
@@ -134,7 +138,8 @@ class Executor:
         try:
             with activate(), self._temporaries():
                 self._run_steps(rt, feeds, training, seed, iteration, fetch_outputs,
-                                check_finite, recomputing, loss_scale, outputs, loss_box)
+                                check_finite, recomputing, loss_scale, outputs, loss_box,
+                                grad_ready)
         except BaseException:
             rt.release_all()
             raise
@@ -142,7 +147,8 @@ class Executor:
 
     def _run_steps(self, rt: MemoryRuntime, feeds: list, training: bool, seed: int,
                    iteration: int, fetch_outputs: bool, check_finite: bool, recomputing: bool,
-                   loss_scale: float, outputs: list, loss_box: list) -> None:
+                   loss_scale: float, outputs: list, loss_box: list,
+                   grad_ready: Callable[[Executor, int], None] | None = None) -> None:
         prog = self.plan.program
         plan_steps = self.plan.steps
         compute = self.compute
@@ -201,6 +207,8 @@ class Executor:
                     self.step_times[i] = time.perf_counter() - t0
                 else:
                     timer.stop(i)
+                if grad_ready is not None and st.phase == "backward":
+                    grad_ready(self, i)
             for a in sp.after:
                 rt.apply(a)
         rt.position = len(plan_steps)

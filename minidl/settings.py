@@ -18,6 +18,9 @@ defaults when a user passes nothing. The variables:
     a multi-threaded OpenBLAS also changes results by thread count). Applied at import too.
     This module imports nothing but the standard library, so that ``minidl/__init__.py`` can
     read it before NumPy loads.
+``OMPI_COMM_WORLD_SIZE``, ``PMI_SIZE``
+    Set by ``mpiexec`` (Open MPI; MPICH and Intel MPI): the number of ranks of the job. More
+    than one makes ``minidl train`` train data-parallel over MPI (:mod:`minidl.data_parallel`).
 ``OPENBLAS_THREAD_TIMEOUT``
     Not read by minidl: *set* (to ``22`` unless already set) when ``minidl`` is imported, the
     one side effect of the import. OpenBLAS's idle workers spin ~2^28 cycles (~0.1 s) after
@@ -33,6 +36,9 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
 __all__ = ["OPENBLAS_THREAD_TIMEOUT", "Settings", "set_openblas_thread_timeout"]
+
+#: Variables in which MPI launchers give each process the number of ranks of its job.
+MPI_SIZE_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 #: Value given to ``OPENBLAS_THREAD_TIMEOUT`` at import unless the user set one.
 OPENBLAS_THREAD_TIMEOUT = "22"
@@ -61,11 +67,13 @@ class Settings:
 
     ``debug_pool``: poison freed device bytes with NaN. ``num_threads``: threads of the CPU
     kernels (``None``: Numba's count). ``blas_threads``: threads of NumPy's/SciPy's BLAS.
+    ``mpi_ranks``: ranks of the MPI job this process was launched in by ``mpiexec`` (1 outside).
     """
 
     debug_pool: bool = False
     num_threads: int | None = None
     blas_threads: int = 1
+    mpi_ranks: int = 1
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -73,7 +81,8 @@ class Settings:
         env = os.environ if environ is None else environ
         return cls(debug_pool=_flag(env.get("MINIDL_DEBUG_POOL")),
                    num_threads=_count(env, "MINIDL_NUM_THREADS"),
-                   blas_threads=_count(env, "MINIDL_BLAS_THREADS") or 1)
+                   blas_threads=_count(env, "MINIDL_BLAS_THREADS") or 1,
+                   mpi_ranks=max(_count(env, v) or 1 for v in MPI_SIZE_VARIABLES))
 
 
 def set_openblas_thread_timeout(environ: MutableMapping[str, str] | None = None) -> None:

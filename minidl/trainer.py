@@ -19,6 +19,8 @@ from .checkpoint import (  # CheckpointError, check_writable: re-exported for th
     resume_position,
     write_npz,
 )
+from .comm import Communicator
+from .data_parallel import DEFAULT_BUCKET_BYTES, DataParallel
 from .engine import Compiled, Engine, PeakInfo
 from .executor import NonFiniteError
 from .fitting import History, fit
@@ -57,7 +59,10 @@ class Trainer:
     ``emulate_link`` (a target name such as ``"v100"`` or a profile; cpu device only) plans
     with that GPU's cost model and throttles the copy engine so that copy time / compute time
     is the GPU's (see :mod:`minidl.memory.link_emulation`; ``link_emulation`` holds the
-    measured slowdown and the rate).
+    measured slowdown and the rate). ``comm`` (a :class:`~minidl.comm.Communicator` of more
+    than one rank) trains data-parallel (:mod:`minidl.data_parallel`; gradients all-reduced in
+    buckets of ``bucket_bytes``): each step's batch is the global batch, this rank trains on its
+    shard, and only rank 0 writes checkpoints.
     """
 
     def __init__(
@@ -76,6 +81,8 @@ class Trainer:
         threads: int | None = None,
         alignment: int = ALLOCATION_UNIT,
         emulate_link: str | DeviceProfile | None = None,
+        comm: Communicator | None = None,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     ) -> None:
         self.net = net
         self.config = MemoryConfig.parse(memory)
@@ -128,6 +135,9 @@ class Trainer:
         #: Set by a callback (e.g. :class:`~minidl.callbacks.EarlyStopping`) to end :meth:`fit`.
         self.stop_training = False
         self._recorder: MemoryRecorder | None = None
+        self.parallel = None if comm is None or comm.size == 1 else DataParallel(
+            comm, net, self.config.spec, self.optimizer, self.seed, bucket_bytes)
+        self._grad_ready = self.parallel and self.parallel.sync.on_backward_step
 
     # ------------------------------------------------------------------ input checks
     def _check_inputs(self, x: Any, y: Any | None) -> tuple[np.ndarray, np.ndarray | None]:
@@ -163,8 +173,17 @@ class Trainer:
     # ------------------------------------------------------------------ training
     def compute_gradients(self, x: Any, y: Any) -> float:
         """Forward and backward on a batch without updating: returns the loss, and every
-        parameter's ``.grad`` holds its gradient. The iteration counter does not advance."""
+        parameter's ``.grad`` holds its gradient. The iteration counter does not advance.
+        Data-parallel: the global batch's loss and mean gradient, this rank ran its shard."""
         x, y = self._check_inputs(x, y)
+        if self.parallel is None:
+            return self._local_gradients(x, y)
+        loss = self.parallel.compute_gradients(self._local_gradients, x, y)
+        if self.fetch_logits:
+            self.last_logits = self.parallel.gather_rows(self.last_logits)
+        return loss
+
+    def _local_gradients(self, x: np.ndarray, y: np.ndarray) -> float:
         k = self.engine.split_for([x.shape], tuple(y.shape), y.dtype.name)
         if k > 1:
             return self._compute_gradients_split(x, y, k)
@@ -173,7 +192,7 @@ class Trainer:
         try:
             loss, outs = c.executor.run([x, y], training=True, seed=self.seed,
                                         iteration=self.iteration, fetch_outputs=self.fetch_logits,
-                                        record=record)
+                                        record=record, grad_ready=self._grad_ready)
         except DeviceOutOfMemory:
             if not c.plan.cache:
                 raise
@@ -183,7 +202,8 @@ class Trainer:
             self.cache_fallbacks += 1
             loss, outs = c.executor.run([x, y], training=True, seed=self.seed,
                                         iteration=self.iteration,
-                                        fetch_outputs=self.fetch_logits, record=record)
+                                        fetch_outputs=self.fetch_logits, record=record,
+                                        grad_ready=self._grad_ready)
         if outs:
             self.last_logits = outs[0]
         self.last_compiled = c
@@ -358,7 +378,10 @@ class Trainer:
         if self.augment_rng is not None:
             arrays["trainer/augment_rng"] = np.asarray(
                 json.dumps(self.augment_rng.bit_generator.state))
-        write_npz(path, arrays)
+        if self.parallel is None:
+            write_npz(path, arrays)
+        else:
+            self.parallel.root_writes(lambda: write_npz(path, arrays))
 
     def load(self, path: str | os.PathLike, resume: bool = False) -> None:
         """Restore what :meth:`save` wrote (names and shapes must match this network).
@@ -473,4 +496,6 @@ class Trainer:
 
     def close(self) -> None:
         """Move parameters back to host memory and free the device pool's blocks."""
+        if self.parallel is not None:
+            self.parallel.close()
         self.engine.release()

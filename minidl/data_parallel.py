@@ -1,0 +1,320 @@
+"""Data-parallel training: every rank trains on its shard of each global batch, and the
+gradients are averaged across ranks in buckets as backward produces them (PyTorch DDP's
+bucketing, Li et al. 2020).
+
+* **Shards.** Rank ``r`` of ``N`` takes the contiguous rows :func:`shard_bounds` gives of
+  every global batch (the batches themselves are the single-process ones: same seed, same
+  order, same augmentation), so the ranks' shards are disjoint and cover the epoch.
+* **Buckets.** The trainable parameters, in reverse order of the network (backward produces
+  the last layer's gradients first), are cut into buckets of about ``bucket_bytes``
+  (:func:`make_buckets`). After each backward step the executor calls
+  :meth:`GradientSync.on_backward_step`; a bucket whose every gradient is final (its
+  parameter's last gradient write in the program has run) is copied, scaled by the rank's
+  share of the batch, into the bucket's host buffer and all-reduced (summed) on a
+  communication thread while backward goes on. :meth:`GradientSync.finish` launches what is
+  left (parameters without a gradient step; every bucket when the batch ran as micro-batches),
+  waits, and the summed buffers are copied back into ``.grad``.
+
+  The sum of share-weighted shard gradients is the global batch's mean gradient, up to
+  summation order. The bucket buffers are host memory outside the device pool (as DDP's
+  bucket views are outside the caching allocator's plan).
+* **BatchNorm** normalises with each rank's own shard statistics (DDP's default); running
+  statistics stay per rank and rank 0's are the ones checkpoints hold.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .comm import Communicator
+
+#: PyTorch DDP's default bucket size (``bucket_cap_mb=25``).
+DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
+
+
+def shard_bounds(n: int, rank: int, size: int) -> tuple[int, int]:
+    """Rows ``[lo, hi)`` of an ``n``-row batch that rank ``rank`` of ``size`` trains on:
+    contiguous, disjoint, covering the batch, sizes differing by at most one."""
+    if n < size:
+        raise ValueError(f"a batch of {n} samples cannot be shared by {size} ranks: use a "
+                         f"batch size of at least {size}")
+    base, extra = divmod(n, size)
+    lo = rank * base + min(rank, extra)
+    return lo, lo + base + (rank < extra)
+
+
+def make_buckets(nbytes: Sequence[int], bucket_bytes: int) -> list[list[int]]:
+    """Indices of parameters (of the given byte sizes, in network order) grouped into buckets
+    in reverse order: a bucket is closed once it holds at least ``bucket_bytes``."""
+    if bucket_bytes < 1:
+        raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    filled = 0
+    for i in reversed(range(len(nbytes))):
+        current.append(i)
+        filled += nbytes[i]
+        if filled >= bucket_bytes:
+            buckets.append(current)
+            current, filled = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+@dataclass(frozen=True)
+class SyncStats:
+    """One step's communication: bytes all-reduced, time spent in the collectives (on the
+    communication thread), and the part of it the main thread waited for after backward."""
+
+    buckets: int
+    bytes: int
+    comm_s: float
+    exposed_s: float
+
+    @property
+    def hidden_fraction(self) -> float:
+        """Share of the collectives' time hidden under backward (1 - exposed / comm)."""
+        if self.comm_s <= 0:
+            return 0.0
+        return min(1.0, max(0.0, 1.0 - self.exposed_s / self.comm_s))
+
+
+class GradientSync:
+    """Bucketed gradient averaging for the trainable ``params`` over ``comm`` (see the module
+    docstring). ``overlap=False`` all-reduces every bucket after backward, on the caller's
+    thread."""
+
+    def __init__(self, comm: Communicator, params: Sequence[Any],
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, overlap: bool = True) -> None:
+        self.comm = comm
+        self.params = [p for p in params if p.trainable]
+        self.overlap = overlap
+        self.buckets = make_buckets([p.data.nbytes for p in self.params], bucket_bytes)
+        self._bucket_of = {}
+        self._buffers: list[np.ndarray] = []
+        self._offsets: list[list[int]] = []
+        for b, members in enumerate(self.buckets):
+            offs, total = [], 0
+            dtypes = {np.dtype(self.params[i].dtype) for i in members}
+            if len(dtypes) > 1:
+                raise ValueError(f"bucket {b} mixes parameter dtypes {sorted(map(str, dtypes))}")
+            for i in members:
+                self._bucket_of[i] = b
+                offs.append(total)
+                total += int(np.prod(self.params[i].shape))
+            self._offsets.append(offs)
+            self._buffers.append(np.empty(total, dtype=dtypes.pop()))
+        self._index = {id(p): i for i, p in enumerate(self.params)}
+        self._ready_cache: dict[int, tuple[Any, dict[int, list[int]]]] = {}
+        self._pending: list[int] = []
+        self._launched: list[bool] = []
+        self._share = 1.0
+        self._queue: queue.Queue = queue.Queue()
+        self._comm_s = 0.0
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self.last: SyncStats | None = None
+
+    # ------------------------------------------------------------------ per step
+    def begin(self, share: float) -> None:
+        """Start a step in which this rank's gradients count ``share`` of the global batch."""
+        self._share = float(share)
+        self._pending = [len(m) for m in self.buckets]
+        self._launched = [False] * len(self.buckets)
+        self._comm_s = 0.0
+        self._error = None
+
+    def _ready_after(self, executor: Any) -> dict[int, list[int]]:
+        """Step index -> parameters (our indices) whose last gradient write is that step."""
+        prog = executor.plan.program
+        hit = self._ready_cache.get(id(prog))
+        if hit is not None and hit[0] is prog:
+            return hit[1]
+        last: dict[int, int] = {}
+        for i, st in enumerate(executor.steps):
+            if st.phase != "backward":
+                continue
+            for k in st.grad_params:
+                p = executor.parameters.get(st.params[k])
+                if p is not None and id(p) in self._index:
+                    last[self._index[id(p)]] = i
+        ready: dict[int, list[int]] = {}
+        for j, i in last.items():
+            ready.setdefault(i, []).append(j)
+        self._ready_cache[id(prog)] = (prog, ready)
+        return ready
+
+    def on_backward_step(self, executor: Any, index: int) -> None:
+        """The executor's hook after backward step ``index``: launch the buckets it completed."""
+        for j in self._ready_after(executor).get(index, ()):
+            b = self._bucket_of[j]
+            self._pending[b] -= 1
+            if self._pending[b] == 0 and self.overlap:
+                self._launch(b)
+
+    def _launch(self, b: int) -> None:
+        self._launched[b] = True
+        buf = self._buffers[b]
+        for i, off in zip(self.buckets[b], self._offsets[b]):
+            g = self.params[i].grad
+            np.multiply(g.reshape(-1), self._share, out=buf[off:off + g.size])
+        if self.overlap:
+            self._start_thread()
+            self._queue.put(b)
+        else:
+            self._reduce(b)
+
+    def _reduce(self, b: int) -> None:
+        """All-reduce bucket ``b`` and copy the sums back into the gradients."""
+        t0 = time.perf_counter()
+        buf = self._buffers[b]
+        self.comm.allreduce(buf)
+        self._comm_s += time.perf_counter() - t0
+        for i, off in zip(self.buckets[b], self._offsets[b]):
+            g = self.params[i].grad
+            np.copyto(g, buf[off:off + g.size].reshape(g.shape))
+
+    def _start_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._work, name="minidl-allreduce",
+                                            daemon=True)
+            self._thread.start()
+
+    def _work(self) -> None:
+        while True:
+            b = self._queue.get()
+            try:
+                if b is None:
+                    return
+                if self._error is None:
+                    self._reduce(b)
+            except BaseException as e:  # re-raised on the main thread by finish()
+                self._error = e
+            finally:
+                self._queue.task_done()
+
+    def finish(self) -> SyncStats:
+        """Launch the buckets not launched yet, wait for every collective, and return the
+        step's :class:`SyncStats`; the gradients then hold the global batch's mean."""
+        t0 = time.perf_counter()
+        for b in range(len(self.buckets)):
+            if not self._launched[b]:
+                self._launch(b)
+        if self.overlap:
+            self._queue.join()
+        exposed = time.perf_counter() - t0
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+        self.last = SyncStats(len(self.buckets), sum(b.nbytes for b in self._buffers),
+                              self._comm_s, exposed)
+        return self.last
+
+    def abandon(self) -> None:
+        """After a failed step: wait for the collectives already launched (so the buffers are
+        free) without raising theirs."""
+        if self.overlap and self._thread is not None:
+            self._queue.join()
+        self._error = None
+
+    def close(self) -> None:
+        """Stop the communication thread."""
+        if self._thread is not None and self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        self._thread = None
+
+
+def fingerprint(net: Any, spec: str, optimizer: Any, seed: int, size: int) -> dict[str, str]:
+    """What every rank must agree on, as short strings: the world size, the model (name and
+    every parameter's name, shape and dtype), the memory spec, the optimizer and the seed."""
+    h = hashlib.sha256()
+    for name, p in net.named_parameters(include_buffers=True):
+        h.update(f"{name}:{tuple(p.shape)}:{np.dtype(p.dtype).name};".encode())
+    opt = type(optimizer).__name__
+    lr = getattr(optimizer, "lr", None)
+    return {"world size": str(size),
+            "model": f"{net.name} ({net.num_parameters():,} parameters, {h.hexdigest()[:12]})",
+            "memory spec": spec,
+            "optimizer": opt if lr is None else f"{opt}(lr={lr:g})",
+            "seed": str(seed)}
+
+
+def check_agreement(comm: Communicator, mine: dict[str, str]) -> None:
+    """Raise ``ValueError`` naming the first field on which a rank differs from rank 0 (every
+    rank sees the same gathered fingerprints, so every rank raises the same error)."""
+    everyone = comm.allgather_object(mine)
+    root = everyone[0]
+    for rank, theirs in enumerate(everyone[1:], start=1):
+        for key in root:
+            if theirs.get(key) != root[key]:
+                raise ValueError(f"data-parallel ranks disagree on the {key}: rank 0 has "
+                                 f"{root[key]!r}, rank {rank} has {theirs.get(key)!r}")
+
+
+class DataParallel:
+    """The trainer's side of data parallelism over ``comm``: shards, gradient sync, the
+    global loss and logits, parameters broadcast from rank 0, and rank-0-only checkpoints."""
+
+    def __init__(self, comm: Communicator, net: Any, spec: str, optimizer: Any, seed: int,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, overlap: bool = True) -> None:
+        self.comm = comm
+        for _, p in net.named_parameters(include_buffers=True):
+            if not isinstance(p.data, np.ndarray):
+                raise ValueError(f"data parallelism over {comm.name} runs on the cpu device "
+                                 f"(host arrays); parameter {p.name} is a "
+                                 f"{type(p.data).__name__}")
+        check_agreement(comm, fingerprint(net, spec, optimizer, seed, comm.size))
+        for _, p in net.named_parameters(include_buffers=True):
+            comm.broadcast(p.data, root=0)
+        self.sync = GradientSync(comm, net.parameters(), bucket_bytes, overlap)
+        self.stats: list[SyncStats] = []
+
+    @property
+    def is_root(self) -> bool:
+        """Whether this rank prints and writes files (rank 0)."""
+        return self.comm.rank == 0
+
+    def compute_gradients(self, local: Callable[[np.ndarray, np.ndarray], float],
+                          x: np.ndarray, y: np.ndarray) -> float:
+        """Run ``local`` (forward and backward on this rank's shard, calling
+        :meth:`GradientSync.on_backward_step`) and average the gradients; returns the global
+        batch's mean loss."""
+        n = len(x)
+        lo, hi = shard_bounds(n, self.comm.rank, self.comm.size)
+        share = (hi - lo) / n
+        self.sync.begin(share)
+        try:
+            loss = local(x[lo:hi], y[lo:hi])
+        except BaseException:
+            self.sync.abandon()
+            raise
+        self.stats.append(self.sync.finish())
+        total = np.array([loss * share], dtype=np.float64)
+        self.comm.allreduce(total)
+        return float(total[0])
+
+    def gather_rows(self, rows: np.ndarray | None) -> np.ndarray | None:
+        """Every rank's shard rows (the network outputs) concatenated in rank order."""
+        parts = self.comm.allgather_object(rows)
+        return None if any(p is None for p in parts) else np.concatenate(parts)
+
+    def root_writes(self, write: Callable[[], None]) -> None:
+        """Rank 0 runs ``write``; every rank returns once it has (a barrier)."""
+        try:
+            if self.is_root:
+                write()
+        finally:
+            self.comm.barrier()
+
+    def close(self) -> None:
+        self.sync.close()

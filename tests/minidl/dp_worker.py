@@ -1,0 +1,65 @@
+"""Worker of tests/minidl/test_data_parallel.py, run as ``mpiexec -n 2 python dp_worker.py OUT``
+(every rank trains; rank 0 saves losses and parameters to OUT/<case>.npz), and imported by the
+test for the single-process reference (:func:`train` with ``SingleProcess``).
+
+``python dp_worker.py OUT --mismatch``: the ranks ask for different memory specs; each prints
+the error it gets and exits with status 3.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from minidl import models
+from minidl.comm import MpiCommunicator
+from minidl.optim import SGD
+from minidl.trainer import Trainer
+
+#: (case name, memory spec, global batch, bucket bytes): small buckets give several buckets
+#: launched during backward; a batch of 15 gives shards of 8 and 7 rows.
+CASES = (("none", "none", 16, 1024), ("reuse_inplace", "reuse,inplace", 16, 1024),
+         ("uneven", "none", 15, 1 << 20))
+STEPS = 10
+
+
+def train(comm, spec: str, batch: int, bucket_bytes: int) -> dict[str, np.ndarray]:
+    """Ten SGD steps of a small smallcnn on one seeded global batch: losses, parameters and
+    (data-parallel) the number of gradient buckets."""
+    net = models.smallcnn((1, 8, 8), 10, width=4)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((batch, 1, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 10, batch)
+    opt = SGD(net.parameters(), lr=0.1, momentum=0.9)
+    trainer = Trainer(net, opt, memory=spec, device_memory="16MiB", comm=comm,
+                      bucket_bytes=bucket_bytes)
+    losses = [trainer.step(x, y) for _ in range(STEPS)]
+    out = {f"param/{k}": np.array(v) for k, v in net.state_dict().items()}
+    out["losses"] = np.array(losses)
+    out["buckets"] = np.array(0 if trainer.parallel is None else len(
+        trainer.parallel.sync.buckets))
+    trainer.close()
+    return out
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[0])
+    comm = MpiCommunicator()
+    if "--mismatch" in argv:
+        try:
+            train(comm, "none" if comm.rank == 0 else "reuse", 16, 1024)
+        except ValueError as e:
+            print(f"rank {comm.rank}: {e}", flush=True)
+            return 3
+        return 0
+    for name, spec, batch, bucket_bytes in CASES:
+        res = train(comm, spec, batch, bucket_bytes)
+        if comm.rank == 0:
+            np.savez(out / f"{name}.npz", **res)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

