@@ -16,9 +16,15 @@ rank's chunk ``r``; ``allgather`` is its inverse.
 
 from __future__ import annotations
 
+import pickle
+import sys
+import time
 from typing import Any, Protocol
 
 import numpy as np
+
+#: How long a rank waits in one collective before it decides another rank failed (seconds).
+DEFAULT_TIMEOUT_S = 300.0
 
 
 class Communicator(Protocol):
@@ -100,10 +106,16 @@ def _contiguous(buf: np.ndarray, what: str) -> np.ndarray:
 class MpiCommunicator:
     """MPI through mpi4py (``comm``: an mpi4py communicator, default ``COMM_WORLD``).
 
+    Every collective is started non-blocking and waited for at most ``timeout_s`` seconds: a
+    rank that raised (and so never joins) or stalls would otherwise keep the others waiting
+    forever. On timeout this rank prints one line naming the collective and aborts the job
+    (``MPI_Abort``: every rank ends, the launcher reports a failure). A rank that dies is
+    noticed by ``mpiexec`` itself, which ends the others. ``None`` waits without a bound.
+
     Raises ``ImportError`` naming the package when mpi4py is not installed.
     """
 
-    def __init__(self, comm: Any = None) -> None:
+    def __init__(self, comm: Any = None, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> None:
         try:
             from mpi4py import MPI
         except ImportError as e:
@@ -114,28 +126,54 @@ class MpiCommunicator:
         self.rank = int(self.comm.Get_rank())
         self.size = int(self.comm.Get_size())
         self.name = f"MPI ({MPI.Get_library_version().splitlines()[0].strip()})"
+        self.timeout_s = timeout_s
+
+    def _wait(self, request: Any, what: str) -> None:
+        """Poll ``request`` (sleeping 20 us growing to 2 ms between polls, GIL released) until
+        it completes; abort the job after ``timeout_s``."""
+        start = time.perf_counter()
+        pause = 2e-5
+        while not request.Test():
+            waited = time.perf_counter() - start
+            if self.timeout_s is not None and waited > self.timeout_s:
+                print(f"minidl: error: rank {self.rank} of {self.size}: no reply from the other "
+                      f"ranks in {what} within {self.timeout_s:g} s (a rank failed or stalled); "
+                      "aborting the job", file=sys.stderr, flush=True)
+                self.abort(1)
+            time.sleep(pause)
+            pause = min(pause * 2, 2e-3)
 
     def allreduce(self, buf: np.ndarray) -> None:
-        self.comm.Allreduce(self._mpi.IN_PLACE, _contiguous(buf, "allreduce"),
-                            op=self._mpi.SUM)
+        self._wait(self.comm.Iallreduce(self._mpi.IN_PLACE, _contiguous(buf, "allreduce"),
+                                        op=self._mpi.SUM), "an all-reduce")
 
     def reduce_scatter(self, send: np.ndarray, out: np.ndarray) -> None:
         _check_split(send, out, self.size)
-        self.comm.Reduce_scatter_block(_contiguous(send, "reduce_scatter"),
-                                       _contiguous(out, "reduce_scatter"), op=self._mpi.SUM)
+        self._wait(self.comm.Ireduce_scatter_block(
+            _contiguous(send, "reduce_scatter"), _contiguous(out, "reduce_scatter"),
+            op=self._mpi.SUM), "a reduce-scatter")
 
     def allgather(self, chunk: np.ndarray, out: np.ndarray) -> None:
         _check_split(out, chunk, self.size)
-        self.comm.Allgather(_contiguous(chunk, "allgather"), _contiguous(out, "allgather"))
+        self._wait(self.comm.Iallgather(_contiguous(chunk, "allgather"),
+                                        _contiguous(out, "allgather")), "an all-gather")
 
     def broadcast(self, buf: np.ndarray, root: int = 0) -> None:
-        self.comm.Bcast(_contiguous(buf, "broadcast"), root=root)
+        self._wait(self.comm.Ibcast(_contiguous(buf, "broadcast"), root=root), "a broadcast")
 
     def barrier(self) -> None:
-        self.comm.Barrier()
+        self._wait(self.comm.Ibarrier(), "a barrier")
 
     def allgather_object(self, obj: Any) -> list[Any]:
-        return list(self.comm.allgather(obj))
+        data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+        sizes = np.zeros(self.size, dtype=np.int64)
+        self.allgather(np.array([data.size], dtype=np.int64), sizes)
+        out = np.empty(int(sizes.sum()), dtype=np.uint8)
+        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        self._wait(self.comm.Iallgatherv(data, [out, (sizes.tolist(), offsets.tolist()),
+                                                 self._mpi.BYTE]),
+                   "an all-gather")
+        return [pickle.loads(out[o:o + n].tobytes()) for o, n in zip(offsets, sizes)]
 
     def abort(self, code: int = 1) -> None:
         self.comm.Abort(code)

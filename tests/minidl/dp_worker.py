@@ -3,7 +3,8 @@
 test for the single-process reference (:func:`train` with ``SingleProcess``).
 
 ``python dp_worker.py OUT --mismatch``: the ranks ask for different memory specs; each prints
-the error it gets and exits with status 3.
+the error it gets and exits with status 3. ``--fail``: rank 1 raises at its third step; rank 0
+must give up waiting (a 10 s collective timeout) and abort the job.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ CASES = (("none", "none", 16, 1024), ("reuse_inplace", "reuse,inplace", 16, 1024
 STEPS = 10
 
 
-def train(comm, spec: str, batch: int, bucket_bytes: int) -> dict[str, np.ndarray]:
+def train(comm, spec: str, batch: int, bucket_bytes: int,
+          fail_at: int | None = None) -> dict[str, np.ndarray]:
     """Ten SGD steps of a small smallcnn on one seeded global batch: losses, parameters and
     (data-parallel) the number of gradient buckets."""
     net = models.smallcnn((1, 8, 8), 10, width=4)
@@ -35,7 +37,11 @@ def train(comm, spec: str, batch: int, bucket_bytes: int) -> dict[str, np.ndarra
     opt = SGD(net.parameters(), lr=0.1, momentum=0.9)
     trainer = Trainer(net, opt, memory=spec, device_memory="16MiB", comm=comm,
                       bucket_bytes=bucket_bytes)
-    losses = [trainer.step(x, y) for _ in range(STEPS)]
+    losses = []
+    for i in range(STEPS):
+        if i == fail_at and comm.rank == 1:
+            raise RuntimeError(f"rank 1 fails at step {i}")
+        losses.append(trainer.step(x, y))
     out = {f"param/{k}": np.array(v) for k, v in net.state_dict().items()}
     out["losses"] = np.array(losses)
     out["buckets"] = np.array(0 if trainer.parallel is None else len(
@@ -46,13 +52,16 @@ def train(comm, spec: str, batch: int, bucket_bytes: int) -> dict[str, np.ndarra
 
 def main(argv: list[str]) -> int:
     out = Path(argv[0])
-    comm = MpiCommunicator()
+    comm = MpiCommunicator(timeout_s=10)
     if "--mismatch" in argv:
         try:
             train(comm, "none" if comm.rank == 0 else "reuse", 16, 1024)
         except ValueError as e:
             print(f"rank {comm.rank}: {e}", flush=True)
             return 3
+        return 0
+    if "--fail" in argv:
+        train(comm, "none", 16, 1024, fail_at=2)
         return 0
     for name, spec, batch, bucket_bytes in CASES:
         res = train(comm, spec, batch, bucket_bytes)

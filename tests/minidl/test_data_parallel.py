@@ -172,6 +172,15 @@ def test_ranks_that_disagree_stop_with_the_mismatch_named(mpiexec, tmp_path):
                 "'none', rank 1 has 'reuse'") in res.stdout
 
 
+def test_a_rank_that_raises_stops_the_job_within_the_timeout(mpiexec, tmp_path):
+    res = subprocess.run([*mpiexec, sys.executable, str(HERE / "dp_worker.py"), str(tmp_path),
+                          "--fail"], capture_output=True, text=True, timeout=120, env=_env())
+    assert res.returncode != 0
+    assert "rank 1 fails at step 2" in res.stderr
+    assert ("rank 0 of 2: no reply from the other ranks in an all-reduce within 10 s (a rank "
+            "failed or stalled); aborting the job") in res.stderr
+
+
 def test_cli_two_ranks_match_one_process(mpiexec, tmp_path):
     args = ["-m", "minidl", "train", "smallcnn", "--dataset", "synthetic", "--input", "1x8x8",
             "--width", "4", "--batch-size", "16", "--max-steps", "6", "--epochs", "1",
