@@ -125,7 +125,7 @@ class MpiCommunicator:
         self.comm = MPI.COMM_WORLD if comm is None else comm
         self.rank = int(self.comm.Get_rank())
         self.size = int(self.comm.Get_size())
-        self.name = f"MPI ({MPI.Get_library_version().splitlines()[0].strip()})"
+        self.name = f"MPI ({MPI.Get_library_version().split(',')[0].strip()})"
         self.timeout_s = timeout_s
 
     def _wait(self, request: Any, what: str) -> None:
