@@ -28,7 +28,7 @@ from .cost_model import extra_time
 from .liveness import root_of
 from .plan import AutoChoice, Plan
 from .program import Program
-from .recompute import dropping_program
+from .recompute import choose_checkpoints, dropping_program
 from .static_plan import block_intervals, static_plan
 from .swap import DEFAULT_BANDWIDTH, swap_candidates, swap_plan
 
@@ -126,28 +126,38 @@ def auto_choose(program: Program, budget: int | None, step_times: list[float] | 
     (``None``: walk to the end, the smallest peak this planner reaches). ``only``:
     ``"recompute"`` or ``"swap"`` restricts the actions.
 
-    Swapped blocks are released when their copy has ended; when that path does not reach the
-    budget (or, without one, a lower peak), it is walked again releasing them one step after
-    the offload; when the path taken costs time, a recompute-only path is walked too (a greedy
-    swap can cost more than the recomputations it avoided), and the fitting path of least
-    estimated time is taken. Each move tries the ``max_candidates`` largest feature maps live at
-    the peak; the walks stop after ``time_limit_s`` seconds in all (deep networks), saying so
-    in ``choice.path``."""
+    Swapped blocks are released when their copy has ended. When that path does not reach the
+    budget (or, without one, to find a lower peak), a path starting from Chen et al.'s sqrt(n)
+    checkpoints (segments of layers recomputed) is walked, then one releasing swapped blocks
+    one step after the offload; when the path taken costs time, a recompute-only path is walked
+    too (a greedy swap can cost more than the recomputations it avoided), and the fitting path
+    of least estimated time is taken. Each move tries the ``max_candidates`` largest feature
+    maps live at the peak; the walks stop after ``time_limit_s`` seconds in all (the first two
+    after half of it each: deep networks), saying so in ``choice.path``."""
     import time
 
     deadline = time.perf_counter() + time_limit_s
     costs = step_costs(program, step_times, flops_per_s)
-    def walk(early: bool, kind: str | None) -> AutoChoice:
+    def walk(early: bool, kind: str | None, start: set[int] | None = None,
+             share: float = 1.0) -> AutoChoice:
+        until = min(deadline, time.perf_counter() + share * time_limit_s)
         return _walk_path(program, budget, costs, bandwidth, early, max_moves, max_candidates,
-                          deadline, time_limit_s, kind)
+                          until, time_limit_s, kind, start)
 
     def key(c: AutoChoice) -> tuple:  # fits first, then the least time; else the least peak
         fits = budget is not None and c.peak <= budget
         return (not fits, c.extra_time_s if fits else c.peak)
 
-    paths = [walk(False, only)]
+    def unfit() -> bool:
+        return key(min(paths, key=key))[0] and time.perf_counter() < deadline
+
+    paths = [walk(False, only, share=0.5)]
+    if unfit() and only != "swap":
+        # one layer at a time cannot reach what segments of layers reach (bottleneck blocks):
+        # walk on from Chen's sqrt(n) checkpoints
+        paths.append(walk(False, only, sqrt_dropped(program), share=0.5))
     can_swap = only != "recompute" and bool(swap_candidates(program, {}, "all"))
-    if key(paths[0])[0] and can_swap and time.perf_counter() < deadline:
+    if unfit() and can_swap:
         paths.append(walk(True, only))  # time bought for memory: compute waits for copies
     if only is None and can_swap and budget is not None and time.perf_counter() < deadline \
             and (key(min(paths, key=key))[0] or min(paths, key=key).extra_time_s > 0):
@@ -157,10 +167,26 @@ def auto_choose(program: Program, budget: int | None, step_times: list[float] | 
     return best
 
 
+def sqrt_dropped(program: Program) -> set[int]:
+    """The forward steps Chen et al.'s sqrt(n) policy recomputes
+    (:func:`.recompute.choose_checkpoints`): those whose value outputs are not all kept."""
+    keep = choose_checkpoints(program, "sqrt")
+    out = set()
+    for st in program.steps:
+        if st.phase != "forward" or program.loss in st.writes:
+            continue
+        values = [t for t in st.writes if program.tensors[t].role == "value"]
+        if values and not set(values) <= keep:
+            out.add(st.index)
+    return out
+
+
 def _walk_path(program: Program, budget: int | None, costs: list[float], bandwidth: float,
                early_release: bool, max_moves: int, max_candidates: int, deadline: float,
-               time_limit_s: float, only: str | None = None) -> AutoChoice:
-    """One greedy path (see :func:`auto_choose`)."""
+               time_limit_s: float, only: str | None = None,
+               start: set[int] | None = None) -> AutoChoice:
+    """One greedy path (see :func:`auto_choose`), from the forced choice plus ``start``
+    (forward steps to drop whose maps the blocks leave free)."""
     import time
 
     persistent = program.persistent_bytes()
@@ -170,9 +196,17 @@ def _walk_path(program: Program, budget: int | None, costs: list[float], bandwid
              if c.first_backward - c.last_forward >= 3}
     blocks = block_choices(program)  # the user's choices: fixed, never revisited
     choice = forced_choice(program, early_release, only)
+    if start:
+        free = {k for k in start
+                if not any(t in blocks.fixed for t in program.steps[k].writes)}
+        choice.dropped |= free
     plan = build(program, choice, costs, bandwidth)
     peak0, area = _pressure(plan)
     choice.peak = persistent + peak0
+    if start:
+        choice.extra_time_s = plan_extra(plan, costs, bandwidth)
+        choice.path.append(("recompute", f"{len(choice.dropped)} layers between sqrt(n) "
+                            "checkpoints", choice.peak, choice.extra_time_s))
     for _ in range(max_moves):
         if budget is not None and choice.peak <= budget:
             break
