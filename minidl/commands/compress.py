@@ -57,7 +57,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--lr", type=float, default=None,
                    help="retraining learning rate (default 0.005 for sgd, 1e-4 for adam)")
     c.add_argument("--finetune-lr", type=float, default=None,
-                   help="learning rate of the shared values (default --lr)")
+                   help="learning rate of the shared values (default --lr / 10)")
+    c.add_argument("--weight-decay", type=float, default=0.0,
+                   help="L2 weight decay while retraining (pruned weights stay zero)")
+    c.add_argument("--shift", type=float, default=None, metavar="P",
+                   help="move each retraining image by one pixel with probability P (default: "
+                        "minidl train's for the dataset)")
     c.add_argument("--memory", default="reuse,inplace", help="memory spec of retraining")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--eval-each-round", action="store_true",
@@ -114,7 +119,10 @@ def cmd_compress(args: argparse.Namespace) -> int:
     settings = CompressionSettings(
         prune=args.prune, bits=args.bits, index_bits=args.index_bits, rounds=args.rounds,
         retrain_steps=args.retrain_steps, batch_size=args.batch_size, optimizer=args.optimizer,
-        lr=args.lr, finetune_lr=args.finetune_lr, memory=args.memory, seed=args.seed,
+        lr=args.lr, finetune_lr=args.finetune_lr, weight_decay=args.weight_decay,
+        memory=args.memory, seed=args.seed, shift_probability=(
+            D.train_defaults(args.dataset).shift_probability if args.shift is None
+            else args.shift),
         evaluate_rounds=args.eval_each_round)
     try:
         settings.check(net)

@@ -5,6 +5,7 @@ accuracy after every stage (the last one from the file itself, through the infer
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable
@@ -13,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..data import Dataset
+from ..data import Dataset, random_shift
 from ..dryrun import auto_device_memory
 from ..graph import Network
 from ..kernels import weight_record
@@ -39,8 +40,10 @@ class CompressionSettings:
     shared-value codes per layer (``conv=8,fc=5``: 255 and 31 shared values, code 0 is zero);
     the shared values are then fine-tuned for ``retrain_steps`` steps. ``index_bits``: bits
     of a relative index (the paper's 8 for convolutions and 5 for fully connected layers).
-    Retraining uses ``optimizer`` at ``lr`` (default: a tenth of ``minidl train``'s default),
-    fine-tuning at ``finetune_lr`` (default ``lr``); ``memory`` is the training memory spec.
+    Retraining uses ``optimizer`` at ``lr`` (default: a tenth of ``minidl train``'s default)
+    with ``weight_decay`` and, with ``shift_probability``, images moved by one pixel;
+    fine-tuning uses ``finetune_lr`` (default ``lr / 10``: a centroid's gradient is the sum over
+    its cluster, so it grows with the cluster). ``memory`` is the training memory spec.
     """
 
     prune: str = "0.9"
@@ -58,6 +61,9 @@ class CompressionSettings:
     eval_batch_size: int = 256
     #: Measure the test accuracy after every pruning round (not only the last).
     evaluate_rounds: bool = False
+    #: Probability that a retraining image is moved by one pixel (:func:`~minidl.data.
+    #: random_shift`): a network that fits its train split exactly gets no gradient from it.
+    shift_probability: float = 0.0
 
     def check(self, net: Network) -> None:
         """Raise ``ValueError`` (one line) for a bad setting."""
@@ -120,7 +126,9 @@ class _Stages:
     def lr(self, finetune: bool = False) -> float:
         base = 0.005 if self.s.optimizer == "sgd" else 1e-4
         lr = self.s.lr if self.s.lr is not None else base
-        return self.s.finetune_lr if finetune and self.s.finetune_lr is not None else lr
+        if not finetune:
+            return lr
+        return self.s.finetune_lr if self.s.finetune_lr is not None else lr / 10
 
     def optimizer(self, params: list[Parameter], finetune: bool = False) -> Optimizer:
         return make_optimizer(self.s.optimizer, params, self.lr(finetune), self.s.weight_decay)
@@ -135,8 +143,11 @@ class _Stages:
     def train(self, trainer: Trainer, steps: int) -> None:
         if steps > 0:
             per_epoch = math.ceil(self.ds.n_train / self.s.batch_size)
+            augment = None if self.s.shift_probability <= 0 else functools.partial(
+                random_shift, probability=self.s.shift_probability, fill=self.ds.background)
             trainer.fit(self.ds, epochs=math.ceil(steps / per_epoch), max_steps=steps,
-                        batch_size=self.s.batch_size, progress=self.progress, evaluate=False)
+                        batch_size=self.s.batch_size, progress=self.progress, evaluate=False,
+                        augment=augment)
 
 
 def deep_compress(net: Network, ds: Dataset, model: dict[str, Any],
