@@ -38,6 +38,8 @@ FLAGS: dict[str, tuple[tuple[str, ...] | None, str]] = {
                                     "(Checkmate's setting) or swap only (vDNN's)"),
     "split": (("<int>",), "run each batch as K micro-batches, accumulating weight gradients "
                           "(moDNN's batch splitting; auto picks K when nothing else fits)"),
+    "zero": (("1", "2", "3"), "data-parallel ranks shard the optimizer state (1), also the "
+                              "gradients (2), also the parameters (3) (ZeRO, DeepSpeed)"),
 }
 
 #: Presets: name -> the spec they expand to.
@@ -143,6 +145,11 @@ class MemoryConfig:
         """Micro-batches per batch when ``split=K`` is given."""
         s = self.flags.get("split")
         return int(s) if s else None
+
+    @property
+    def zero(self) -> int:
+        """ZeRO stage (0 without ``zero=K``)."""
+        return int(self.flags.get("zero") or 0)
 
     @property
     def budget(self) -> int | None:

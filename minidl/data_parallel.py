@@ -240,6 +240,7 @@ def fingerprint(net: Any, spec: str, optimizer: Any, seed: int, size: int) -> di
     h = hashlib.sha256()
     for name, p in net.named_parameters(include_buffers=True):
         h.update(f"{name}:{tuple(p.shape)}:{np.dtype(p.dtype).name};".encode())
+    optimizer = getattr(optimizer, "inner", optimizer)  # a ZeroOptimizer's
     opt = type(optimizer).__name__
     lr = getattr(optimizer, "lr", None)
     return {"world size": str(size),

@@ -19,7 +19,7 @@ from .checkpoint import (  # CheckpointError, check_writable: re-exported for th
     resume_position,
     write_npz,
 )
-from .comm import Communicator
+from .comm import Communicator, SingleProcess
 from .data_parallel import DEFAULT_BUCKET_BYTES, DataParallel
 from .engine import Compiled, Engine, PeakInfo
 from .executor import NonFiniteError
@@ -41,6 +41,7 @@ from .memory_record import MemoryRecorder
 from .optim import SGD, clip_grad_norm_
 from .report import strategy_costs
 from .settings import Settings
+from .zero import sharded_optimizer
 
 
 def _default_optimizer(net: Network) -> SGD:
@@ -108,7 +109,9 @@ class Trainer:
             set_thread_policy(threads, num_blas_threads())
         self.pool = Pool(self.device, alignment=alignment, debug=debug)
         self.loss_layer = loss if loss is not None else SoftmaxCrossEntropy()
-        self.optimizer = optimizer if optimizer is not None else _default_optimizer(net)
+        self.optimizer = sharded_optimizer(optimizer if optimizer is not None else
+                                           _default_optimizer(net), comm or SingleProcess(),
+                                           self.config.zero)  # zero=1: this rank's share
         self.scheduler = scheduler
         self.clip_grad_norm = clip_grad_norm
         self.seed = int(seed)

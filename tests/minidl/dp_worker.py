@@ -19,10 +19,13 @@ from minidl.comm import MpiCommunicator
 from minidl.optim import SGD
 from minidl.trainer import Trainer
 
-#: (case name, memory spec, global batch, bucket bytes): small buckets give several buckets
-#: launched during backward; a batch of 15 gives shards of 8 and 7 rows.
-CASES = (("none", "none", 16, 1024), ("reuse_inplace", "reuse,inplace", 16, 1024),
-         ("uneven", "none", 15, 1 << 20))
+#: (case name, memory spec, the single-process reference's spec, global batch, bucket bytes):
+#: small buckets give several buckets launched during backward; a batch of 15 gives shards of
+#: 8 and 7 rows; zero=1 shards SGD's momentum.
+CASES = (("none", "none", "none", 16, 1024),
+         ("reuse_inplace", "reuse,inplace", "reuse,inplace", 16, 1024),
+         ("uneven", "none", "none", 15, 1 << 20),
+         ("zero1", "reuse,inplace,zero=1", "reuse,inplace", 16, 1024))
 STEPS = 10
 
 
@@ -43,6 +46,7 @@ def train(comm, spec: str, batch: int, bucket_bytes: int,
             raise RuntimeError(f"rank 1 fails at step {i}")
         losses.append(trainer.step(x, y))
     out = {f"param/{k}": np.array(v) for k, v in net.state_dict().items()}
+    out.update({f"optim/{k}": np.asarray(v) for k, v in trainer.optimizer.state_dict().items()})
     out["losses"] = np.array(losses)
     out["buckets"] = np.array(0 if trainer.parallel is None else len(
         trainer.parallel.sync.buckets))
@@ -63,7 +67,7 @@ def main(argv: list[str]) -> int:
     if "--fail" in argv:
         train(comm, "none", 16, 1024, fail_at=2)
         return 0
-    for name, spec, batch, bucket_bytes in CASES:
+    for name, spec, _, batch, bucket_bytes in CASES:
         res = train(comm, spec, batch, bucket_bytes)
         if comm.rank == 0:
             np.savez(out / f"{name}.npz", **res)

@@ -148,13 +148,14 @@ def test_two_ranks_match_one_process(mpiexec, tmp_path):
                          capture_output=True, text=True, timeout=180, env=_env())
     assert res.returncode == 0, res.stderr[-2000:]
     worker = _worker()
-    for name, spec, batch, bucket_bytes in worker.CASES:
-        ref = worker.train(SingleProcess(), spec, batch, bucket_bytes)
+    for name, _, ref_spec, batch, bucket_bytes in worker.CASES:
+        ref = worker.train(SingleProcess(), ref_spec, batch, bucket_bytes)
         got = np.load(tmp_path / f"{name}.npz")
         np.testing.assert_allclose(got["losses"], ref["losses"], rtol=RTOL, atol=ATOL,
                                    err_msg=name)
+        assert sorted(got.files) == sorted(ref)  # zero=1 gathers the momentum in the same names
         for k in ref:
-            if k.startswith("param/"):
+            if k.startswith(("param/", "optim/")):
                 np.testing.assert_allclose(got[k], ref[k], rtol=RTOL, atol=ATOL,
                                            err_msg=f"{name} {k}")
         if bucket_bytes < 4096:
@@ -200,3 +201,64 @@ def test_cli_two_ranks_match_one_process(mpiexec, tmp_path):
             if k.startswith("param/"):
                 np.testing.assert_allclose(zb[k], za[k], rtol=RTOL, atol=ATOL, err_msg=k)
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".") or ".tmp" in f]
+
+
+def test_zero1_on_one_rank_is_bit_identical_and_checkpoints_unsharded(tmp_path):
+    worker = _worker()
+    plain = worker.train(SingleProcess(), "reuse,inplace", 16, 1024)
+    zero = worker.train(SingleProcess(), "reuse,inplace,zero=1", 16, 1024)
+    assert sorted(plain) == sorted(zero)
+    for k in plain:
+        assert np.array_equal(plain[k], zero[k]), k
+
+
+def test_zero2_is_refused_in_training():
+    from minidl import models
+    from minidl.trainer import Trainer
+
+    with pytest.raises(ValueError, match=r"zero=2 is planned \(minidl plan --ranks N\) but not "
+                                         "trained yet"):
+        Trainer(models.smallcnn((1, 8, 8), 10, width=2), memory="zero=2",
+                device_memory="4MiB")
+
+
+class _Rank:
+    def __init__(self, rank, size):
+        self.rank, self.size = rank, size
+
+
+def test_zero_bytes_are_what_the_engine_allocates_for_each_rank():
+    from minidl.layers import SoftmaxCrossEntropy
+    from minidl.memory.device import MetaDevice
+    from minidl.memory.pool import Pool
+    from minidl.memory.zero import zero_bytes
+
+    from minidl import models
+    from minidl.engine import Engine
+    from minidl.optim import Adam
+    from minidl.zero import ZeroOptimizer
+
+    def engine(make_opt):
+        net = models.smallcnn((1, 8, 8), 10, width=3)
+        return Engine(net, Pool(MetaDevice()), "reuse", SoftmaxCrossEntropy(),
+                      make_opt(net), bind=False)
+
+    full = engine(lambda net: Adam(net.parameters()))
+    prog = full.compiled([(4, 1, 8, 8)], (4,), True).lowered.program
+    for ranks in (1, 2, 3):
+        for rank in range(ranks):
+            e = engine(lambda net, r=rank, n=ranks: ZeroOptimizer(Adam(net.parameters()),
+                                                                  _Rank(r, n)))
+            allocated: dict[str, int] = {}
+            for blk in e.persistent_blocks:
+                allocated[blk.category] = allocated.get(blk.category, 0) + blk.size
+            zb = zero_bytes(prog, 1, ranks, rank)
+            assert zb.persistent == allocated, (ranks, rank)
+            if ranks > 1:
+                assert zb.persistent["optimizer_state"] < zb.unsharded["optimizer_state"]
+    two = zero_bytes(prog, 3, 2)
+    assert two.persistent["parameter"] < two.unsharded["parameter"]
+    assert two.persistent["gradient"] < two.unsharded["gradient"]
+    assert [c.name for c in two.collectives] == [
+        "reduce-scatter gradients", "all-gather parameters (forward)",
+        "all-gather parameters (backward)"]

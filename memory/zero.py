@@ -1,0 +1,113 @@
+"""ZeRO's sharded training state (Rajbhandari et al., "ZeRO: Memory Optimizations Toward
+Training Trillion Parameter Models", 2020): what one data-parallel rank keeps.
+
+The trainable parameters, each flattened and concatenated in program order (``T`` elements),
+are cut into ``ranks`` contiguous ranges of ``S = ceil(T / ranks)`` elements; rank ``r`` owns
+``[r S, (r + 1) S)`` (:func:`owned_ranges`). Stage 1 keeps only the owned ranges of the
+optimizer state, stage 2 also of the gradients, stage 3 also of the parameters (buffers such as
+BatchNorm's running statistics are never sharded). Every owned range of a tensor is its own
+block in the pool, rounded to the program's allocation unit, as the engine allocates it.
+
+:func:`zero_bytes` reads a program lowered without sharding and gives one rank's persistent
+bytes by category and the collectives of one step with the bytes each moves.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .program import Program
+
+#: Stages and what each shards (cumulative, as in the paper).
+STAGES = {1: "optimizer state", 2: "optimizer state and gradients",
+          3: "optimizer state, gradients and parameters"}
+
+
+def owned_ranges(sizes: Sequence[int], ranks: int, rank: int) -> list[tuple[int, int, int]]:
+    """``(tensor index, lo, hi)``: the flat element ranges of tensors of ``sizes`` (in order)
+    that ``rank`` of ``ranks`` owns; empty ranges are left out."""
+    if ranks < 1 or not 0 <= rank < ranks:
+        raise ValueError(f"rank {rank} is not a rank of {ranks}")
+    shard = -(-sum(sizes) // ranks)
+    start, stop = rank * shard, (rank + 1) * shard
+    out, base = [], 0
+    for i, n in enumerate(sizes):
+        lo, hi = max(start, base), min(stop, base + n)
+        if lo < hi:
+            out.append((i, lo - base, hi - base))
+        base += n
+    return out
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective of a step: its name, the buffer it works on (payload bytes) and the bytes
+    each rank sends with the ring algorithm."""
+
+    name: str
+    payload_bytes: int
+    sent_bytes: int
+
+
+@dataclass(frozen=True)
+class ZeroBytes:
+    """One rank's persistent bytes by category under ``stage`` (0: no sharding), the same
+    without sharding, and the step's collectives."""
+
+    stage: int
+    ranks: int
+    rank: int
+    persistent: dict[str, int]
+    unsharded: dict[str, int]
+    collectives: tuple[Collective, ...]
+
+    @property
+    def saved_bytes(self) -> int:
+        """Persistent bytes this rank does not hold thanks to sharding."""
+        return sum(self.unsharded.values()) - sum(self.persistent.values())
+
+
+def zero_bytes(program: Program, stage: int, ranks: int, rank: int = 0) -> ZeroBytes:
+    """One rank's persistent bytes under ZeRO ``stage`` (0-3) over ``ranks`` ranks, from
+    ``program`` lowered for training without sharding (see the module docstring)."""
+    if stage not in (0, *STAGES):
+        raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {stage}")
+    persistent = [t for t in program.tensors if t.persistent]
+    grads = {t.name: t for t in persistent if t.role == "param_grad"}
+    trainable = [t for t in persistent if t.role == "param" and t.name + ".grad" in grads]
+    sizes = [math.prod(t.shape) for t in trainable]
+    owned = owned_ranges(sizes, ranks, rank)
+
+    def sharded(itemsizes: list[int]) -> int:
+        return sum(program.block_size((hi - lo) * itemsizes[i]) for i, lo, hi in owned)
+
+    def full(tensors) -> int:
+        return sum(program.block_size(t.nbytes) for t in tensors)
+
+    items = [t.nbytes // max(n, 1) for t, n in zip(trainable, sizes)]
+    state = [t for t in persistent if t.role == "opt_state"]
+    slots = len(state) // max(len(trainable), 1)
+    buffers = [t for t in persistent if t.role == "param" and t.name + ".grad" not in grads]
+    unsharded = {"parameter": full(trainable) + full(buffers),
+                 "gradient": full(grads.values()), "optimizer_state": full(state)}
+    mine = dict(unsharded)
+    if stage >= 1:
+        mine["optimizer_state"] = slots * sharded(items)
+    if stage >= 2:
+        mine["gradient"] = sharded(items)
+    if stage >= 3:
+        mine["parameter"] = sharded(items) + full(buffers)
+    flat = -(-sum(sizes) // ranks) * ranks * (items[0] if items else 4)
+    share = flat * (ranks - 1) // ranks
+    if stage <= 1:
+        colls = [Collective("all-reduce gradients", flat, 2 * share)]
+    else:
+        colls = [Collective("reduce-scatter gradients", flat, share)]
+    if stage in (1, 2):
+        colls.append(Collective("all-gather parameters", flat, share))
+    if stage == 3:
+        colls += [Collective("all-gather parameters (forward)", flat, share),
+                  Collective("all-gather parameters (backward)", flat, share)]
+    return ZeroBytes(stage, ranks, rank, mine, unsharded, tuple(colls))
