@@ -144,3 +144,15 @@ def test_cli_plans_and_trains_the_transformers(capsys, tmp_path):
     assert "--seq-len must be >= 1" in capsys.readouterr().err
     assert main(["plan", "gpt-char", "--width", "100"]) == 2
     assert "width 100 is not a multiple of the 6 heads" in capsys.readouterr().err
+
+
+def test_bert_base_at_full_size_plans_on_the_meta_device(capsys):
+    """The issue's command at full size: 109.5 M parameters; the largest tensor is the
+    masked-LM logits of 64 x 512 positions over 30522 words (no array of it is ever made)."""
+    assert main(["plan", "bert-base", "--seq-len", "512", "--batch-size", "64", "--memory",
+                 "none", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    params = transformer("bert-base", seq_len=8).num_parameters() + (512 - 8) * 768
+    assert rep["breakdown"]["parameter"] == pytest.approx(4 * params, rel=1e-3)
+    assert rep["largest_tensor_bytes"] == 64 * 512 * 30522 * 4
+    assert rep["peak_reserved_bytes"] > 2 * 64 * 512 * 30522 * 4
