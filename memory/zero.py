@@ -62,11 +62,15 @@ class ZeroBytes:
     persistent: dict[str, int]
     unsharded: dict[str, int]
     collectives: tuple[Collective, ...]
+    #: Stage 3: the largest layer's parameters, gathered whole just before use (a transient
+    #: block the unsharded iteration does not have); 0 otherwise.
+    gather_bytes: int = 0
 
     @property
     def saved_bytes(self) -> int:
-        """Persistent bytes this rank does not hold thanks to sharding."""
-        return sum(self.unsharded.values()) - sum(self.persistent.values())
+        """Bytes this rank does not hold at its peak thanks to sharding (persistent bytes
+        saved, less the stage-3 gather block)."""
+        return sum(self.unsharded.values()) - sum(self.persistent.values()) - self.gather_bytes
 
 
 def zero_bytes(program: Program, stage: int, ranks: int, rank: int = 0) -> ZeroBytes:
@@ -110,4 +114,8 @@ def zero_bytes(program: Program, stage: int, ranks: int, rank: int = 0) -> ZeroB
     if stage == 3:
         colls += [Collective("all-gather parameters (forward)", flat, share),
                   Collective("all-gather parameters (backward)", flat, share)]
-    return ZeroBytes(stage, ranks, rank, mine, unsharded, tuple(colls))
+    layers: dict[str, int] = {}
+    for t in trainable:
+        layers[t.layer] = layers.get(t.layer, 0) + program.block_size(t.nbytes)
+    gather = max(layers.values(), default=0) if stage == 3 else 0
+    return ZeroBytes(stage, ranks, rank, mine, unsharded, tuple(colls), gather)

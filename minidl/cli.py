@@ -175,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "p100, h100, rtx4090, ... or custom:flops=,hbm=,link=,mem=): predicted "
                          "step time and overhead; the budget defaults to its memory")
     pl.add_argument("--optimizer", default="sgd", choices=["sgd", "adam", "adamw"])
+    pl.add_argument("--ranks", type=int, default=1, metavar="N",
+                    help="plan one rank of data-parallel training over N ranks (the batch is "
+                         "global; with --memory ...,zero=K: ZeRO's sharded bytes per rank)")
     pl.add_argument("--budget", default=None,
                     help="device bytes the auto planner must fit (with --memory auto)")
     pl.add_argument("--plot", default=None, help="save the timeline of device bytes (PNG)")

@@ -17,6 +17,7 @@ from .memory.device import MetaDevice
 from .memory.pool import Pool
 from .memory.targets import DeviceProfile, get_target
 from .memory.units import ALLOCATION_UNIT
+from .memory.zero import ZeroBytes, zero_bytes
 from .optim import make_optimizer
 
 
@@ -38,6 +39,7 @@ def dry_run(
     scratch_bytes: int | None = None,
     target: str | DeviceProfile | None = None,
     emulated: bool = False,
+    ranks: int = 1,
 ) -> dict[str, Any]:
     """Run one training iteration of ``net`` on the meta device and report its memory.
 
@@ -60,6 +62,15 @@ def dry_run(
     stall and the bytes over the host link (:func:`~minidl.memory.cost_model.simulate`).
     ``emulated=True``: the plans a CPU run emulating the target's link makes
     (``Trainer(emulate_link=)``): the target's costs, ``device_kind`` and ``budget`` as given.
+
+    ``ranks``: one rank of data-parallel training over that many ranks: ``batch_size`` is the
+    global batch and the iteration is rank 0's shard (the largest); ``zero`` in the report
+    gives the rank's persistent bytes under the spec's ``zero=K``
+    (:func:`~minidl.memory.zero.zero_bytes`) and the step's collectives, and
+    ``peak_allocated_bytes`` is that rank's: the persistent blocks sharding removes live the
+    whole iteration, so they are subtracted, and stage 3 adds its largest layer's gathered
+    parameters (``peak_reserved_bytes`` stays the unsharded run's). Stages 2 and 3 are
+    planned only: training runs stage 1.
     """
     config = MemoryConfig.parse(memory)
     profile = get_target(target) if isinstance(target, str) else target
@@ -70,6 +81,8 @@ def dry_run(
     shape = tuple(input_shape) if input_shape is not None else net.input_shapes[0]
     if shape is None:
         raise ValueError("the network has no input shape: pass input_shape")
+    global_batch = int(batch_size)
+    batch_size = -(-global_batch // ranks)  # rank 0's shard
     pool = Pool(MetaDevice(kind=device_kind), alignment=alignment)
     loss = loss if loss is not None else SoftmaxCrossEntropy()
     opt = make_optimizer(optimizer, net.parameters()) if training else None
@@ -96,6 +109,10 @@ def dry_run(
     swap["host_peak_bytes"] = engine.host_pool.peak_bytes
     stats = pool.stats()
     prog = c.lowered.program
+    zero = zero_bytes(prog, config.zero, ranks) if training and (ranks > 1 or config.zero) \
+        else None
+    if zero is not None:
+        stats["allocated_bytes.peak"] -= zero.saved_bytes
     return {
         "model": net.name,
         "device": "meta" if device_kind == "cpu" else f"meta ({device_kind} kind)",
@@ -125,7 +142,17 @@ def dry_run(
         "layers": report.layer_table(c),
         "prediction": {} if profile is None else _prediction(c, profile, split),
         **{k: v for k, v in report.strategy_costs(c).items() if k == "bptt"},
+        **({} if zero is None else {"ranks": ranks, "global_batch_size": global_batch,
+                                    "zero": _zero_report(zero)}),
     }
+
+
+def _zero_report(z: ZeroBytes) -> dict[str, Any]:
+    return {"stage": z.stage, "persistent_bytes": dict(z.persistent),
+            "unsharded_bytes": dict(z.unsharded), "saved_bytes": z.saved_bytes,
+            "gather_bytes": z.gather_bytes,
+            "collectives": [{"name": c.name, "payload_bytes": c.payload_bytes,
+                             "sent_bytes_per_rank": c.sent_bytes} for c in z.collectives]}
 
 
 def _prediction(c: Any, profile: DeviceProfile, split: int) -> dict[str, Any]:

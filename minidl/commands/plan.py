@@ -47,6 +47,27 @@ def print_prediction(pred: dict, out=sys.stdout) -> None:
           f"{format_bytes(pred['prefetched_bytes'])} back", file=out)
 
 
+def print_ranks(rep: dict, out=sys.stdout) -> None:
+    """The data-parallel lines of ``minidl plan --ranks N``: one rank's persistent bytes under
+    its ZeRO stage against unsharded, and the bytes each collective moves per step."""
+    z = rep["zero"]
+    print(f"one of {rep['ranks']} data-parallel ranks (shard {rep['batch_size']} of the global "
+          f"batch {rep['global_batch_size']}), ZeRO stage {z['stage']}: peak allocated "
+          f"{format_bytes(rep['peak_allocated_bytes'])}", file=out)
+    for cat, label in (("parameter", "parameters"), ("gradient", "gradients"),
+                       ("optimizer_state", "optimizer state")):
+        print(f"  {label + ':':18s}{format_bytes(z['persistent_bytes'][cat]):>12s} per rank "
+              f"(unsharded {format_bytes(z['unsharded_bytes'][cat])})", file=out)
+    if z["gather_bytes"]:
+        print(f"  (the peak includes the largest layer's parameters gathered whole: "
+              f"{format_bytes(z['gather_bytes'])})", file=out)
+    if z["stage"] >= 2:
+        print(f"  zero={z['stage']} is planned only (minidl trains zero=1)", file=out)
+    for c in z["collectives"]:
+        print(f"  {c['name']}: {format_bytes(c['payload_bytes'])} buffer, each rank sends "
+              f"{format_bytes(c['sent_bytes_per_rank'])} per step (ring)", file=out)
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     if args.inference or args.compressed is not None:
         return cmd_plan_inference(args)
@@ -82,10 +103,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         budget = None if args.budget is None else parse_size(args.budget)
     except ValueError as e:
         raise UsageError(f"--budget: {e}") from None
+    if args.ranks < 1 or args.ranks > args.batch_size:
+        raise UsageError(f"--ranks {args.ranks}: needs 1 to the batch size ({args.batch_size})")
     try:
         rep = dry_run(net, args.batch_size, spec, args.optimizer, input_shape=shape,
                       plot=args.plot, trace=args.trace, budget=budget,
-                      device_kind=args.device, target=profile)
+                      device_kind=args.device, target=profile, ranks=args.ranks)
     except BudgetTooSmall as e:
         print(f"minidl: {e}", file=sys.stderr)
         fits = suggest_specs(lambda: build_model(args.model, shape, classes, args.width),
@@ -104,6 +127,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
               f"{'x'.join(map(str, rep['input']))}, {classes} classes: "
               f"{rep['num_steps']} steps, {rep['num_tensors']} tensors")
         print_memory_report(rep, out=sys.stdout)  # the stream now (tests capture it)
+        if rep.get("zero"):
+            print_ranks(rep)
         if rep.get("prediction"):
             print_prediction(rep["prediction"])
         if budget is not None:

@@ -16,6 +16,7 @@ import numpy as np
 
 from minidl import models
 from minidl.comm import MpiCommunicator
+from minidl.dryrun import dry_run
 from minidl.optim import SGD
 from minidl.trainer import Trainer
 
@@ -48,6 +49,11 @@ def train(comm, spec: str, batch: int, bucket_bytes: int,
     out = {f"param/{k}": np.array(v) for k, v in net.state_dict().items()}
     out.update({f"optim/{k}": np.asarray(v) for k, v in trainer.optimizer.state_dict().items()})
     out["losses"] = np.array(losses)
+    out["peak_allocated"] = np.array(trainer.pool.stats()["allocated_bytes.peak"])
+    # the plan of rank 0 (made here: convolution workspaces depend on the thread count)
+    out["planned_peak"] = np.array(dry_run(
+        models.smallcnn((1, 8, 8), 10, width=4), batch, spec, "sgd", input_shape=(1, 8, 8),
+        ranks=comm.size)["peak_allocated_bytes"])
     out["buckets"] = np.array(0 if trainer.parallel is None else len(
         trainer.parallel.sync.buckets))
     trainer.close()

@@ -154,8 +154,10 @@ def test_two_ranks_match_one_process(mpiexec, tmp_path):
         np.testing.assert_allclose(got["losses"], ref["losses"], rtol=RTOL, atol=ATOL,
                                    err_msg=name)
         assert sorted(got.files) == sorted(ref)  # zero=1 gathers the momentum in the same names
+        # rank 0's real peak is what minidl plan --ranks 2 predicts (zero=1 included)
+        assert int(got["peak_allocated"]) == int(got["planned_peak"]), name
         for k in ref:
-            if k.startswith(("param/", "optim/")):
+            if k.startswith(("param/", "optim/")):  # (the reference's planned_peak is 1 rank's)
                 np.testing.assert_allclose(got[k], ref[k], rtol=RTOL, atol=ATOL,
                                            err_msg=f"{name} {k}")
         if bucket_bytes < 4096:
@@ -262,3 +264,27 @@ def test_zero_bytes_are_what_the_engine_allocates_for_each_rank():
     assert [c.name for c in two.collectives] == [
         "reduce-scatter gradients", "all-gather parameters (forward)",
         "all-gather parameters (backward)"]
+
+
+def test_plan_ranks_gives_each_ranks_sharded_bytes(capsys):
+    from minidl.cli import main
+
+    reports = {}
+    for stage in (0, 1, 2, 3):
+        spec = "reuse" + (f",zero={stage}" if stage else "")
+        assert main(["plan", "smallcnn", "--ranks", "4", "--batch-size", "32", "--memory", spec,
+                     "--optimizer", "adam", "--json"]) == 0
+        reports[stage] = json.loads(capsys.readouterr().out)
+    for stage, rep in reports.items():
+        z = rep["zero"]
+        assert (rep["ranks"], rep["batch_size"], z["stage"]) == (4, 8, stage)
+        for cat, from_stage in (("optimizer_state", 1), ("gradient", 2), ("parameter", 3)):
+            full, mine = z["unsharded_bytes"][cat], z["persistent_bytes"][cat]
+            if stage >= from_stage:  # a quarter, up to a block's rounding per owned range
+                assert full / 4 <= mine < full / 4 + 16 * 512, (stage, cat)
+            else:
+                assert mine == full, (stage, cat)
+    peaks = [reports[k]["peak_allocated_bytes"] for k in range(4)]
+    assert peaks[0] > peaks[1] > peaks[2] > peaks[3]
+    assert main(["plan", "smallcnn", "--ranks", "0"]) == 2
+    assert "--ranks 0: needs 1 to the batch size" in capsys.readouterr().err
