@@ -8,6 +8,10 @@ one job, in place where the operation allows. Two implementations:
 * :class:`MpiCommunicator`: MPI through mpi4py on host (CPU) arrays; the job is started by
   ``mpiexec -n N``. Blocking calls release the GIL, so a communication thread overlaps them
   with compute on the main thread.
+* :class:`NcclCommunicator`: NCCL through ``cupy.cuda.nccl`` on GPU (CuPy) arrays, one GPU
+  per rank, set up over an MPI job (which also carries its objects and barriers). Collectives
+  are enqueued on CuPy's current stream. (Data-parallel training stages gradients in host
+  buffers, so it runs over MPI; this class is the device-side interface, tested on GPUs.)
 
 The buffers are contiguous arrays of one dtype; ``reduce_scatter`` splits ``send`` into
 ``size`` equal chunks (its length must divide evenly) and leaves rank ``r`` the sum of every
@@ -177,3 +181,84 @@ class MpiCommunicator:
 
     def abort(self, code: int = 1) -> None:
         self.comm.Abort(code)
+
+
+class NcclCommunicator:
+    """NCCL through ``cupy.cuda.nccl`` between the ranks of ``mpi`` (an
+    :class:`MpiCommunicator`: rank 0's NCCL id travels over it, and it carries
+    ``allgather_object``, ``barrier`` and ``abort``). Rank ``r`` uses GPU ``device`` (default:
+    ``r`` modulo the GPUs present). Arrays are contiguous CuPy arrays on that GPU.
+
+    Raises ``RuntimeError`` naming what is missing when CuPy has no NCCL or no GPU.
+    """
+
+    def __init__(self, mpi: MpiCommunicator, device: int | None = None) -> None:
+        import cupy
+        from cupy.cuda import nccl
+
+        if not getattr(nccl, "available", False):
+            raise RuntimeError("NCCL is not available to CuPy (pip install nvidia-nccl-cu12)")
+        if not cupy.cuda.is_available():
+            raise RuntimeError("NCCL needs a CUDA GPU; none is visible")
+        self._cupy, self._nccl = cupy, nccl
+        self.mpi = mpi
+        self.rank, self.size = mpi.rank, mpi.size
+        self.device = mpi.rank % cupy.cuda.runtime.getDeviceCount() if device is None \
+            else device
+        uid = mpi.allgather_object(nccl.get_unique_id() if mpi.rank == 0 else None)[0]
+        with cupy.cuda.Device(self.device):
+            self.comm = nccl.NcclCommunicator(self.size, uid, self.rank)
+        self.name = f"NCCL {nccl.get_version()} (GPU {self.device})"
+        self._types = {np.dtype(np.float32): nccl.NCCL_FLOAT32,
+                       np.dtype(np.float64): nccl.NCCL_FLOAT64,
+                       np.dtype(np.float16): nccl.NCCL_FLOAT16,
+                       np.dtype(np.int64): nccl.NCCL_INT64,
+                       np.dtype(np.int32): nccl.NCCL_INT32,
+                       np.dtype(np.uint8): nccl.NCCL_UINT8}
+
+    def _check(self, buf: Any, what: str) -> int:
+        if not isinstance(buf, self._cupy.ndarray) or not buf.flags.c_contiguous:
+            raise TypeError(f"{what}: NCCL collectives take contiguous CuPy (GPU) arrays, got "
+                            f"{type(buf).__name__}")
+        try:
+            return self._types[np.dtype(buf.dtype)]
+        except KeyError:
+            raise TypeError(f"{what}: NCCL has no type for {buf.dtype}; valid: "
+                            f"{', '.join(sorted(str(d) for d in self._types))}") from None
+
+    def _stream(self) -> int:
+        return self._cupy.cuda.get_current_stream().ptr
+
+    def allreduce(self, buf: Any) -> None:
+        t = self._check(buf, "allreduce")
+        self.comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, t, self._nccl.NCCL_SUM,
+                            self._stream())
+
+    def reduce_scatter(self, send: Any, out: Any) -> None:
+        _check_split(send, out, self.size)
+        t = self._check(send, "reduce_scatter")
+        self._check(out, "reduce_scatter")
+        self.comm.reduceScatter(send.data.ptr, out.data.ptr, out.size, t,
+                                self._nccl.NCCL_SUM, self._stream())
+
+    def allgather(self, chunk: Any, out: Any) -> None:
+        _check_split(out, chunk, self.size)
+        t = self._check(chunk, "allgather")
+        self._check(out, "allgather")
+        self.comm.allGather(chunk.data.ptr, out.data.ptr, chunk.size, t, self._stream())
+
+    def broadcast(self, buf: Any, root: int = 0) -> None:
+        t = self._check(buf, "broadcast")
+        self.comm.bcast(buf.data.ptr, buf.size, t, root, self._stream())
+
+    def barrier(self) -> None:
+        """Every rank's queued collectives done (its stream synchronised), then MPI's."""
+        self._cupy.cuda.get_current_stream().synchronize()
+        self.mpi.barrier()
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        return self.mpi.allgather_object(obj)
+
+    def abort(self, code: int = 1) -> None:
+        self.comm.abort()
+        self.mpi.abort(code)
