@@ -128,16 +128,18 @@ def auto_choose(program: Program, budget: int | None, step_times: list[float] | 
 
     Swapped blocks are released when their copy has ended. When that path does not reach the
     budget (or, without one, to find a lower peak), a path starting from Chen et al.'s sqrt(n)
-    checkpoints (segments of layers recomputed) is walked, then one releasing swapped blocks
-    one step after the offload; when the path taken costs time, a recompute-only path is walked
-    too (a greedy swap can cost more than the recomputations it avoided), and the fitting path
-    of least estimated time is taken. Each move tries the ``max_candidates`` largest feature
-    maps live at the peak; the walks stop after ``time_limit_s`` seconds in all (the first two
-    after half of it each: deep networks), saying so in ``choice.path``."""
+    checkpoints (segments of layers recomputed) is walked, then one releasing swapped blocks one
+    step after the offload (from those checkpoints when they reached lower); when the path taken
+    costs time, a recompute-only path is walked too (a greedy swap can cost more than the
+    recomputations it avoided), and the fitting path of least estimated time is taken. Each move
+    tries the ``max_candidates`` largest feature maps live at the peak; the walks stop after
+    ``time_limit_s`` seconds in all (the first two after about a third of it each: deep
+    networks), saying so in ``choice.path``."""
     import time
 
     deadline = time.perf_counter() + time_limit_s
     costs = step_costs(program, step_times, flops_per_s)
+
     def walk(early: bool, kind: str | None, start: set[int] | None = None,
              share: float = 1.0) -> AutoChoice:
         until = min(deadline, time.perf_counter() + share * time_limit_s)
@@ -151,14 +153,17 @@ def auto_choose(program: Program, budget: int | None, step_times: list[float] | 
     def unfit() -> bool:
         return key(min(paths, key=key))[0] and time.perf_counter() < deadline
 
-    paths = [walk(False, only, share=0.5)]
+    paths = [walk(False, only, share=0.35)]
+    seed = None
     if unfit() and only != "swap":
         # one layer at a time cannot reach what segments of layers reach (bottleneck blocks):
         # walk on from Chen's sqrt(n) checkpoints
-        paths.append(walk(False, only, sqrt_dropped(program), share=0.5))
+        seed = sqrt_dropped(program)
+        paths.append(walk(False, only, seed, share=0.3))
     can_swap = only != "recompute" and bool(swap_candidates(program, {}, "all"))
-    if unfit() and can_swap:
-        paths.append(walk(True, only))  # time bought for memory: compute waits for copies
+    if unfit() and can_swap:  # time bought for memory: compute waits for copies
+        lower = seed is not None and paths[-1].peak < paths[0].peak
+        paths.append(walk(True, only, seed if lower else None))
     if only is None and can_swap and budget is not None and time.perf_counter() < deadline \
             and (key(min(paths, key=key))[0] or min(paths, key=key).extra_time_s > 0):
         paths.append(walk(False, "recompute"))  # a swap taken early can cost more later
