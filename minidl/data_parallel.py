@@ -133,6 +133,11 @@ class GradientSync:
         self._comm_s = 0.0
         self._error = None
 
+    @property
+    def unlaunched(self) -> int:
+        """Buckets of the current step not handed to the communication thread yet."""
+        return self._launched.count(False)
+
     def _ready_after(self, executor: Any) -> dict[int, list[int]]:
         """Step index -> parameters (our indices) whose last gradient write is that step."""
         prog = executor.plan.program
@@ -155,10 +160,14 @@ class GradientSync:
 
     def on_backward_step(self, executor: Any, index: int) -> None:
         """The executor's hook after backward step ``index``: launch the buckets it completed."""
+        done = []
         for j in self._ready_after(executor).get(index, ()):
             b = self._bucket_of[j]
             self._pending[b] -= 1
-            if self._pending[b] == 0 and self.overlap:
+            if self._pending[b] == 0:
+                done.append(b)
+        if self.overlap:
+            for b in sorted(done):  # buckets completed together: in bucket order
                 self._launch(b)
 
     def _launch(self, b: int) -> None:

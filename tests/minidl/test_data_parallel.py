@@ -288,3 +288,39 @@ def test_plan_ranks_gives_each_ranks_sharded_bytes(capsys):
     assert peaks[0] > peaks[1] > peaks[2] > peaks[3]
     assert main(["plan", "smallcnn", "--ranks", "0"]) == 2
     assert "--ranks 0: needs 1 to the batch size" in capsys.readouterr().err
+
+
+class _Recording:
+    """A pretend rank 0 of 2 whose all-reduce records the buckets' sizes (sums nothing)."""
+
+    rank, size, name = 0, 2, "recording"
+
+    def __init__(self):
+        self.calls: list[int] = []
+
+    def allreduce(self, buf):
+        self.calls.append(buf.size)
+
+
+def test_buckets_launch_during_backward_in_reverse_layer_order():
+    from minidl import models
+    from minidl.trainer import Trainer
+
+    net = models.smallcnn((1, 8, 8), 10, width=4)
+    trainer = Trainer(net, memory="reuse,inplace", device_memory="8MiB")
+    comm = _Recording()
+    sync = GradientSync(comm, net.parameters(), bucket_bytes=1)  # one bucket per parameter
+    trainer._grad_ready = sync.on_backward_step
+    x = np.random.default_rng(0).standard_normal((4, 1, 8, 8)).astype(np.float32)
+    sync.begin(0.5)
+    trainer._local_gradients(x, np.arange(4))
+    assert sync.unlaunched == 0  # every bucket went to the thread during backward
+    sync.finish()
+    sync.close()
+    sizes = [int(np.prod(p.shape)) for p in net.parameters()][::-1]
+    assert comm.calls == sizes  # fc.bias first, conv1.weight last
+    sync.overlap = False
+    sync.begin(0.5)
+    trainer._local_gradients(x, np.arange(4))
+    assert sync.unlaunched == len(sizes)  # without overlap: all after backward
+    sync.finish()
