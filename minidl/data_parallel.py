@@ -42,10 +42,10 @@ DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
 
 def shard_bounds(n: int, rank: int, size: int) -> tuple[int, int]:
     """Rows ``[lo, hi)`` of an ``n``-row batch that rank ``rank`` of ``size`` trains on:
-    contiguous, disjoint, covering the batch, sizes differing by at most one."""
-    if n < size:
-        raise ValueError(f"a batch of {n} samples cannot be shared by {size} ranks: use a "
-                         f"batch size of at least {size}")
+    contiguous, disjoint, covering the batch, sizes differing by at most one (a batch smaller
+    than ``size``, such as an epoch's last, leaves the last ranks none)."""
+    if n < 1:
+        raise ValueError("an empty batch cannot be trained on")
     base, extra = divmod(n, size)
     lo = rank * base + min(rank, extra)
     return lo, lo + base + (rank < extra)
@@ -288,6 +288,7 @@ class DataParallel:
             comm.broadcast(p.data, root=0)
         self.sync = GradientSync(comm, net.parameters(), bucket_bytes, overlap)
         self.stats: list[SyncStats] = []
+        self._idle = False
 
     @property
     def is_root(self) -> bool:
@@ -303,8 +304,14 @@ class DataParallel:
         lo, hi = shard_bounds(n, self.comm.rank, self.comm.size)
         share = (hi - lo) / n
         self.sync.begin(share)
+        self._idle = hi == lo
         try:
-            loss = local(x[lo:hi], y[lo:hi])
+            if self._idle:  # no rows for this rank: it adds nothing but joins the collectives
+                for p in self.sync.params:
+                    p.grad[...] = 0
+                loss = 0.0
+            else:
+                loss = local(x[lo:hi], y[lo:hi])
         except BaseException:
             self.sync.abandon()
             raise
@@ -314,9 +321,11 @@ class DataParallel:
         return float(total[0])
 
     def gather_rows(self, rows: np.ndarray | None) -> np.ndarray | None:
-        """Every rank's shard rows (the network outputs) concatenated in rank order."""
-        parts = self.comm.allgather_object(rows)
-        return None if any(p is None for p in parts) else np.concatenate(parts)
+        """Every rank's shard rows (the network outputs) concatenated in rank order (a rank
+        without rows this step adds none)."""
+        parts = self.comm.allgather_object(None if self._idle else rows)
+        parts = [p for p in parts if p is not None]
+        return np.concatenate(parts) if parts else None
 
     def root_writes(self, write: Callable[[], None]) -> None:
         """Rank 0 runs ``write``; every rank returns once it has (a barrier)."""

@@ -22,10 +22,12 @@ from minidl.trainer import Trainer
 
 #: (case name, memory spec, the single-process reference's spec, global batch, bucket bytes):
 #: small buckets give several buckets launched during backward; a batch of 15 gives shards of
-#: 8 and 7 rows; zero=1 shards SGD's momentum, also beside swapping and recomputation.
+#: 8 and 7 rows, a batch of 1 leaves rank 1 none; zero=1 shards SGD's momentum, also beside
+#: swapping and recomputation.
 CASES = (("none", "none", "none", 16, 1024),
          ("reuse_inplace", "reuse,inplace", "reuse,inplace", 16, 1024),
          ("uneven", "none", "none", 15, 1 << 20),
+         ("one_sample", "none", "none", 1, 1 << 20),
          ("zero1", "reuse,inplace,zero=1", "reuse,inplace", 16, 1024),
          ("swap_recompute_zero1", "reuse,swap=all,recompute=sqrt,zero=1",
           "reuse,swap=all,recompute=sqrt", 16, 1024))

@@ -41,15 +41,14 @@ def _worker():
 
 # ---------------------------------------------------------------------- without MPI
 def test_shards_are_disjoint_and_cover_the_batch():
-    for n in (2, 7, 15, 16, 64):
+    for n in (1, 2, 7, 15, 16, 64):
         for size in (1, 2, 3, 4):
-            if n < size:
-                continue
             rows = [range(*shard_bounds(n, r, size)) for r in range(size)]
             assert [i for r in rows for i in r] == list(range(n))
             assert max(map(len, rows)) - min(map(len, rows)) <= 1
-    with pytest.raises(ValueError, match="batch of 1 samples cannot be shared by 2 ranks"):
-        shard_bounds(1, 0, 2)
+    assert [shard_bounds(1, r, 3) for r in range(3)] == [(0, 1), (1, 1), (1, 1)]
+    with pytest.raises(ValueError, match="empty batch"):
+        shard_bounds(0, 0, 2)
 
 
 def test_buckets_in_reverse_order_of_about_the_given_size():
