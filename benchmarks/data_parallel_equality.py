@@ -4,7 +4,8 @@
 
 Runs the cases of tests/minidl/dp_worker.py (smallcnn 1x8x8 width 4, SGD with momentum,
 10 steps on one seeded global batch: none, reuse,inplace, an uneven batch of 15, and
-reuse,inplace,zero=1) on 2 MPI ranks and in this process, and prints per case the largest
+reuse,inplace,zero=1, with swapping and recomputation; and resnet8 3x8x8 width 2 with BatchNorm
+synchronised and per rank) on 2 MPI ranks and in this process, and prints per case the largest
 absolute difference of the losses, the parameters and the optimizer state, and rank 0's real
 peak against the plan's (``minidl plan --ranks 2``), as a Markdown table.
 """
@@ -47,6 +48,12 @@ def main() -> None:
         ref = worker.train(SingleProcess(), ref_spec, batch, bucket_bytes)
         got = np.load(Path(out) / f"{name}.npz")
         print(f"| {name} | {np.abs(got['losses'] - ref['losses']).max():.1e} | "
+              f"{largest(got, ref, 'param/'):.1e} | {largest(got, ref, 'optim/'):.1e} | "
+              f"{int(got['peak_allocated'])} | {int(got['planned_peak'])} |")
+    ref = worker.train(SingleProcess(), "reuse,inplace", 16, 1024, bn=True)
+    for name, _ in worker.BN_CASES:
+        got = np.load(Path(out) / f"{name}.npz")
+        print(f"| {name} (resnet8) | {np.abs(got['losses'] - ref['losses']).max():.1e} | "
               f"{largest(got, ref, 'param/'):.1e} | {largest(got, ref, 'optim/'):.1e} | "
               f"{int(got['peak_allocated'])} | {int(got['planned_peak'])} |")
 

@@ -91,6 +91,11 @@ class Context:
     accumulate: frozenset[str] = frozenset()
     #: Per-op options the plan set on this step (see :attr:`Layer.option_names`).
     options: dict[str, Any] = field(default_factory=dict)
+    #: Data-parallel training with synchronised batch statistics, else ``None``: an object
+    #: with ``share`` (this rank's fraction of the global batch) and ``sum(array)`` (sums a
+    #: float64 array over the ranks, in place). BatchNorm then normalises with the global
+    #: batch's statistics.
+    batch_sync: Any = None
 
 
 class Symbol:

@@ -23,6 +23,11 @@ class _BatchNorm(Layer):
     state dicts move between the two with ``strict=True``). ``momentum=None`` makes the running
     statistics a cumulative average: the update weight is ``1 / num_batches_tracked``.
 
+    With ``ctx.batch_sync`` (data-parallel ``sync_bn``) the batch statistics are the global
+    batch's: the mean from summed per-rank sums, the variance from summed squared deviations
+    from it (two collectives, no E[x^2] - E[x]^2 cancellation), and backward's two reductions
+    summed over the ranks (in the global loss's units, then back in this rank's).
+
     Stash: ``mean`` and ``invstd`` (C,) in the compute dtype, of whichever statistics forward
     used. Backward retains only the input and rebuilds x_hat from it. ``inplace_forward`` is
     False because training needs the input; in eval mode in-place would be valid (the flag is
@@ -120,6 +125,8 @@ class _BatchNorm(Layer):
             m64 = xp.empty(self.num_features)
             v64 = xp.empty(self.num_features)
             bnk.stats(x, m64, v64, scratch=None if type(x) is np.ndarray else y)
+            if ctx.batch_sync is not None:
+                m64, v64, count = self._global_stats(ctx.batch_sync, m64, v64, count, xp)
             mean[...] = m64
             invstd[...] = 1.0 / xp.sqrt(v64 + self.eps)
             if ctx.training and self.track_running_stats and not ctx.recomputing:
@@ -163,7 +170,17 @@ class _BatchNorm(Layer):
         dx = self._view3(grad_inputs[0])
         gamma = params["weight"].astype(np.float64) if self.affine else 1.0
         k = gamma * inv64
-        if self._batch_stats(ctx):
+        if self._batch_stats(ctx) and ctx.batch_sync is not None:
+            # d(global loss)/dx: the sums over every rank's rows, in the global loss's units
+            # (this rank's loss counts ``share`` of it), then back in this rank's units
+            sync = ctx.batch_sync
+            both = xp.concatenate([sum_dy * sync.share, sum_dy_xmu * sync.share,
+                                   xp.asarray([float(x.shape[0] * x.shape[2])])])
+            sync.sum(both)
+            scale = 1.0 / (sync.share * float(both[-1]))
+            shift = both[:c] * scale
+            coef = inv64 * (both[c:2 * c] * inv64) * scale
+        elif self._batch_stats(ctx):
             count = x.shape[0] * x.shape[2]
             shift = sum_dy / count
             coef = inv64 * dgamma / count
@@ -172,6 +189,16 @@ class _BatchNorm(Layer):
             coef = xp.zeros(c)
         bnk.backward_apply(dy, x, mean, k.astype(dt), shift.astype(dt), coef.astype(dt), dx,
                            scratch)
+
+    def _global_stats(self, sync, m64, v64, count: int, xp):
+        """The global batch's mean and biased variance from this rank's, and its count."""
+        sums = xp.concatenate([m64 * count, xp.asarray([float(count)])])
+        sync.sum(sums)
+        total = float(sums[-1])
+        mean = sums[:-1] / total
+        dev = count * (v64 + (m64 - mean) ** 2)  # this rank's squared deviations from it
+        sync.sum(dev)
+        return mean, dev / total, int(total)
 
     def describe(self) -> str:
         extra = ""

@@ -159,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--quiet", action="store_true",
                    help="no progress display and no header line: only the results")
     t.add_argument("--emulate-link", default=None, metavar="TARGET", help=EMULATE_LINK_HELP)
+    t.add_argument("--sync-bn", action="store_true",
+                   help="under mpiexec: BatchNorm normalises with the global batch's statistics "
+                        "(default: each rank's shard's)")
     t.set_defaults(func=cmd_train)
 
     pl = sub.add_parser("plan", help="dry run on the meta device: the exact peak, no compute")

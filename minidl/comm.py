@@ -56,6 +56,10 @@ class Communicator(Protocol):
     def allgather_object(self, obj: Any) -> list[Any]:
         """Every rank's (small, picklable) ``obj``, in rank order."""
 
+    def duplicate(self) -> Communicator:
+        """A communicator over the same ranks whose collectives are independent of this one's
+        (another thread may use it at the same time)."""
+
     def abort(self, code: int = 1) -> None:
         """End every rank of the job (after an error on this one: the others must not wait
         in a collective forever)."""
@@ -94,6 +98,9 @@ class SingleProcess:
 
     def allgather_object(self, obj: Any) -> list[Any]:
         return [obj]
+
+    def duplicate(self) -> SingleProcess:
+        return SingleProcess()
 
     def abort(self, code: int = 1) -> None:
         raise SystemExit(code)
@@ -178,6 +185,9 @@ class MpiCommunicator:
                                                  self._mpi.BYTE]),
                    "an all-gather")
         return [pickle.loads(out[o:o + n].tobytes()) for o, n in zip(offsets, sizes)]
+
+    def duplicate(self) -> MpiCommunicator:
+        return MpiCommunicator(self.comm.Dup(), self.timeout_s)
 
     def abort(self, code: int = 1) -> None:
         self.comm.Abort(code)

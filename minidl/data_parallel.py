@@ -19,7 +19,10 @@ bucketing, Li et al. 2020).
   summation order. The bucket buffers are host memory outside the device pool (as DDP's
   bucket views are outside the caching allocator's plan).
 * **BatchNorm** normalises with each rank's own shard statistics (DDP's default); running
-  statistics stay per rank and rank 0's are the ones checkpoints hold.
+  statistics stay per rank and rank 0's are the ones checkpoints hold. With ``sync_bn`` it
+  normalises with the global batch's (:class:`BatchStatsSync`, on a duplicate of the
+  communicator so that its collectives never interleave with the gradient thread's); every
+  rank then needs rows in every batch.
 """
 
 from __future__ import annotations
@@ -243,9 +246,24 @@ class GradientSync:
         self._thread = None
 
 
-def fingerprint(net: Any, spec: str, optimizer: Any, seed: int, size: int) -> dict[str, str]:
+class BatchStatsSync:
+    """``Context.batch_sync`` for synchronised BatchNorm: sums over the ranks of ``comm`` and
+    this step's share of the global batch."""
+
+    def __init__(self, comm: Communicator) -> None:
+        self.comm = comm
+        self.share = 1.0
+
+    def sum(self, values: np.ndarray) -> None:
+        """Sum ``values`` (a contiguous float64 array) over the ranks, in place."""
+        self.comm.allreduce(values)
+
+
+def fingerprint(net: Any, spec: str, optimizer: Any, seed: int, size: int,
+                sync_bn: bool = False) -> dict[str, str]:
     """What every rank must agree on, as short strings: the world size, the model (name and
-    every parameter's name, shape and dtype), the memory spec, the optimizer and the seed."""
+    every parameter's name, shape and dtype), the memory spec, the optimizer, the seed and
+    whether BatchNorm is synchronised."""
     h = hashlib.sha256()
     for name, p in net.named_parameters(include_buffers=True):
         h.update(f"{name}:{tuple(p.shape)}:{np.dtype(p.dtype).name};".encode())
@@ -256,7 +274,7 @@ def fingerprint(net: Any, spec: str, optimizer: Any, seed: int, size: int) -> di
             "model": f"{net.name} ({net.num_parameters():,} parameters, {h.hexdigest()[:12]})",
             "memory spec": spec,
             "optimizer": opt if lr is None else f"{opt}(lr={lr:g})",
-            "seed": str(seed)}
+            "seed": str(seed), "sync_bn": str(bool(sync_bn))}
 
 
 def check_agreement(comm: Communicator, mine: dict[str, str]) -> None:
@@ -276,19 +294,26 @@ class DataParallel:
     global loss and logits, parameters broadcast from rank 0, and rank-0-only checkpoints."""
 
     def __init__(self, comm: Communicator, net: Any, spec: str, optimizer: Any, seed: int,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, overlap: bool = True) -> None:
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, overlap: bool = True,
+                 sync_bn: bool = False) -> None:
         self.comm = comm
         for _, p in net.named_parameters(include_buffers=True):
             if not isinstance(p.data, np.ndarray):
                 raise ValueError(f"data parallelism over {comm.name} runs on the cpu device "
                                  f"(host arrays); parameter {p.name} is a "
                                  f"{type(p.data).__name__}")
-        check_agreement(comm, fingerprint(net, spec, optimizer, seed, comm.size))
+        check_agreement(comm, fingerprint(net, spec, optimizer, seed, comm.size, sync_bn))
         for _, p in net.named_parameters(include_buffers=True):
             comm.broadcast(p.data, root=0)
         self.sync = GradientSync(comm, net.parameters(), bucket_bytes, overlap)
         self.stats: list[SyncStats] = []
         self._idle = False
+        #: ``Context.batch_sync`` for the layers (``sync_bn``), else ``None``.
+        self.batch_sync = BatchStatsSync(comm.duplicate()) if sync_bn else None
+
+    def grad_ready(self, executor: Any, index: int) -> None:
+        """The executor's hook after backward step ``index`` (see :class:`GradientSync`)."""
+        self.sync.on_backward_step(executor, index)
 
     @property
     def is_root(self) -> bool:
@@ -305,6 +330,11 @@ class DataParallel:
         share = (hi - lo) / n
         self.sync.begin(share)
         self._idle = hi == lo
+        if self.batch_sync is not None:
+            if self._idle:
+                raise ValueError(f"sync_bn needs rows on every rank: a batch of {n} samples "
+                                 f"leaves rank {self.comm.rank} of {self.comm.size} none")
+            self.batch_sync.share = share
         try:
             if self._idle:  # no rows for this rank: it adds nothing but joins the collectives
                 for p in self.sync.params:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -120,12 +119,14 @@ class Executor:
         recomputing: bool = False,
         loss_scale: float = 1.0,
         record: bool = False,
-        grad_ready: Callable[[Executor, int], None] | None = None,
+        data_parallel: Any = None,
     ) -> tuple[float | None, list[np.ndarray]]:
         """Run every step. Returns the loss (if the program has one) and, if asked, copies of
         the network outputs. On any error every block of the iteration is freed.
-        ``grad_ready(self, i)`` is called after each backward step ``i`` (data parallelism
-        launches the gradient buckets it completed)."""
+        ``data_parallel`` (:class:`~minidl.data_parallel.DataParallel`): its
+        ``grad_ready(self, i)`` is called after each backward step ``i`` (it launches the
+        gradient buckets that step completed) and its ``batch_sync`` goes to the layers
+        (:attr:`Context.batch_sync <minidl.layers.base.Context.batch_sync>`)."""
         prog = self.plan.program
         rt = MemoryRuntime(self.pool, prog, self.plan, self.host_pool,
                            poison_offloaded=self.debug, info=self.tensor_info)
@@ -139,7 +140,7 @@ class Executor:
             with activate(), self._temporaries():
                 self._run_steps(rt, feeds, training, seed, iteration, fetch_outputs,
                                 check_finite, recomputing, loss_scale, outputs, loss_box,
-                                grad_ready)
+                                data_parallel)
         except BaseException:
             rt.release_all()
             raise
@@ -148,7 +149,7 @@ class Executor:
     def _run_steps(self, rt: MemoryRuntime, feeds: list, training: bool, seed: int,
                    iteration: int, fetch_outputs: bool, check_finite: bool, recomputing: bool,
                    loss_scale: float, outputs: list, loss_box: list,
-                   grad_ready: Callable[[Executor, int], None] | None = None) -> None:
+                   data_parallel: Any = None) -> None:
         prog = self.plan.program
         plan_steps = self.plan.steps
         compute = self.compute
@@ -183,7 +184,8 @@ class Executor:
                 ctx = None if st.node < 0 else Context(
                     training=training, seed=step_seed(seed, iteration, st.node),
                     recomputing=recomputing or st.phase == "recompute",
-                    accumulate=st.accumulate, options=st.options)
+                    accumulate=st.accumulate, options=st.options,
+                    batch_sync=None if data_parallel is None else data_parallel.batch_sync)
                 if st.phase == "encode":
                     self._encode(st, rt)
                 elif st.phase == "decode":
@@ -207,8 +209,8 @@ class Executor:
                     self.step_times[i] = time.perf_counter() - t0
                 else:
                     timer.stop(i)
-                if grad_ready is not None and st.phase == "backward":
-                    grad_ready(self, i)
+                if data_parallel is not None and st.phase == "backward":
+                    data_parallel.grad_ready(self, i)
             for a in sp.after:
                 rt.apply(a)
         rt.position = len(plan_steps)

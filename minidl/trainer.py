@@ -62,8 +62,9 @@ class Trainer:
     is the GPU's (see :mod:`minidl.memory.link_emulation`; ``link_emulation`` holds the
     measured slowdown and the rate). ``comm`` (a :class:`~minidl.comm.Communicator` of more
     than one rank) trains data-parallel (:mod:`minidl.data_parallel`; gradients all-reduced in
-    buckets of ``bucket_bytes``): each step's batch is the global batch, this rank trains on its
-    shard, and only rank 0 writes checkpoints.
+    buckets of ``bucket_bytes``; ``sync_bn``: BatchNorm with the global batch's statistics):
+    each step's batch is the global batch, this rank trains on its shard, and only rank 0
+    writes checkpoints.
     """
 
     def __init__(
@@ -84,6 +85,7 @@ class Trainer:
         emulate_link: str | DeviceProfile | None = None,
         comm: Communicator | None = None,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        sync_bn: bool = False,
     ) -> None:
         self.net = net
         self.config = MemoryConfig.parse(memory)
@@ -139,8 +141,7 @@ class Trainer:
         self.stop_training = False
         self._recorder: MemoryRecorder | None = None
         self.parallel = None if comm is None or comm.size == 1 else DataParallel(
-            comm, net, self.config.spec, self.optimizer, self.seed, bucket_bytes)
-        self._grad_ready = self.parallel and self.parallel.sync.on_backward_step
+            comm, net, self.config.spec, self.optimizer, self.seed, bucket_bytes, sync_bn=sync_bn)
 
     # ------------------------------------------------------------------ input checks
     def _check_inputs(self, x: Any, y: Any | None) -> tuple[np.ndarray, np.ndarray | None]:
@@ -195,7 +196,7 @@ class Trainer:
         try:
             loss, outs = c.executor.run([x, y], training=True, seed=self.seed,
                                         iteration=self.iteration, fetch_outputs=self.fetch_logits,
-                                        record=record, grad_ready=self._grad_ready)
+                                        record=record, data_parallel=self.parallel)
         except DeviceOutOfMemory:
             if not c.plan.cache:
                 raise
@@ -206,7 +207,7 @@ class Trainer:
             loss, outs = c.executor.run([x, y], training=True, seed=self.seed,
                                         iteration=self.iteration,
                                         fetch_outputs=self.fetch_logits, record=record,
-                                        grad_ready=self._grad_ready)
+                                        data_parallel=self.parallel)
         if outs:
             self.last_logits = outs[0]
         self.last_compiled = c

@@ -268,7 +268,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         trainer = Trainer(net, opt, memory=spec, device=args.device, device_memory=device_memory,
                           seed=args.seed, scheduler=scheduler, host_memory=args.host_memory,
                           loss=SoftmaxCrossEntropy(label_smoothing=defaults.label_smoothing),
-                          emulate_link=link, comm=comm)
+                          emulate_link=link, comm=comm, sync_bn=args.sync_bn)
     except RuntimeError as e:  # the cuda device without a GPU
         raise RuntimeFailure(str(e)) from None
     except ValueError as e:  # ranks of an mpiexec job that disagree (model, spec, ...)

@@ -31,20 +31,29 @@ CASES = (("none", "none", "none", 16, 1024),
          ("zero1", "reuse,inplace,zero=1", "reuse,inplace", 16, 1024),
          ("swap_recompute_zero1", "reuse,swap=all,recompute=sqrt,zero=1",
           "reuse,swap=all,recompute=sqrt", 16, 1024))
+#: A network with BatchNorm (resnet8 3x8x8, width 2) on 2 ranks, with ``sync_bn`` (equal to one
+#: process) and without (each rank normalises with its own shard's statistics: not equal).
+BN_CASES = (("sync_bn", True), ("per_rank_bn", False))
 STEPS = 10
 
 
-def train(comm, spec: str, batch: int, bucket_bytes: int,
-          fail_at: int | None = None) -> dict[str, np.ndarray]:
-    """Ten SGD steps of a small smallcnn on one seeded global batch: losses, parameters and
-    (data-parallel) the number of gradient buckets."""
-    net = models.smallcnn((1, 8, 8), 10, width=4)
+def _net(bn: bool):
+    return models.resnet(8, (3, 8, 8), 10, width=2) if bn else models.smallcnn(
+        (1, 8, 8), 10, width=4)
+
+
+def train(comm, spec: str, batch: int, bucket_bytes: int, fail_at: int | None = None,
+          bn: bool = False, sync_bn: bool = False) -> dict[str, np.ndarray]:
+    """Ten SGD steps of a small smallcnn (``bn``: resnet8) on one seeded global batch: losses,
+    parameters, optimizer state, rank 0's real and planned peaks and the number of buckets."""
+    net = _net(bn)
+    shape = net.input_shapes[0]
     rng = np.random.default_rng(1)
-    x = rng.standard_normal((batch, 1, 8, 8)).astype(np.float32)
+    x = rng.standard_normal((batch, *shape)).astype(np.float32)
     y = rng.integers(0, 10, batch)
     opt = SGD(net.parameters(), lr=0.1, momentum=0.9)
     trainer = Trainer(net, opt, memory=spec, device_memory="16MiB", comm=comm,
-                      bucket_bytes=bucket_bytes)
+                      bucket_bytes=bucket_bytes, sync_bn=sync_bn)
     losses = []
     for i in range(STEPS):
         if i == fail_at and comm.rank == 1:
@@ -55,9 +64,8 @@ def train(comm, spec: str, batch: int, bucket_bytes: int,
     out["losses"] = np.array(losses)
     out["peak_allocated"] = np.array(trainer.pool.stats()["allocated_bytes.peak"])
     # the plan of rank 0 (made here: convolution workspaces depend on the thread count)
-    out["planned_peak"] = np.array(dry_run(
-        models.smallcnn((1, 8, 8), 10, width=4), batch, spec, "sgd", input_shape=(1, 8, 8),
-        ranks=comm.size)["peak_allocated_bytes"])
+    out["planned_peak"] = np.array(dry_run(_net(bn), batch, spec, "sgd", input_shape=shape,
+                                           ranks=comm.size)["peak_allocated_bytes"])
     out["buckets"] = np.array(0 if trainer.parallel is None else len(
         trainer.parallel.sync.buckets))
     trainer.close()
@@ -79,6 +87,10 @@ def main(argv: list[str]) -> int:
         return 0
     for name, spec, _, batch, bucket_bytes in CASES:
         res = train(comm, spec, batch, bucket_bytes)
+        if comm.rank == 0:
+            np.savez(out / f"{name}.npz", **res)
+    for name, sync_bn in BN_CASES:
+        res = train(comm, "reuse,inplace", 16, 1024, bn=True, sync_bn=sync_bn)
         if comm.rank == 0:
             np.savez(out / f"{name}.npz", **res)
     return 0

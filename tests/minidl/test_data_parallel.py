@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -162,6 +163,13 @@ def test_two_ranks_match_one_process(mpiexec, tmp_path):
         if bucket_bytes < 4096:
             assert int(got["buckets"]) >= 3  # several buckets, launched during backward
         assert not np.allclose(got["losses"][0], got["losses"][-1])  # it trained
+    ref = worker.train(SingleProcess(), "reuse,inplace", 16, 1024, bn=True)
+    for name, sync_bn in worker.BN_CASES:
+        got = np.load(tmp_path / f"{name}.npz")
+        same = all(np.allclose(got[k], ref[k], rtol=RTOL, atol=ATOL) for k in ref
+                   if k.startswith(("param/", "optim/")) or k == "losses")
+        assert same == sync_bn, name  # synchronised BatchNorm == one process; per-rank != it
+        assert int(got["peak_allocated"]) == int(got["planned_peak"]), name
 
 
 def test_ranks_that_disagree_stop_with_the_mismatch_named(mpiexec, tmp_path):
@@ -309,7 +317,7 @@ def test_buckets_launch_during_backward_in_reverse_layer_order():
     trainer = Trainer(net, memory="reuse,inplace", device_memory="8MiB")
     comm = _Recording()
     sync = GradientSync(comm, net.parameters(), bucket_bytes=1)  # one bucket per parameter
-    trainer._grad_ready = sync.on_backward_step
+    trainer.parallel = SimpleNamespace(grad_ready=sync.on_backward_step, batch_sync=None)
     x = np.random.default_rng(0).standard_normal((4, 1, 8, 8)).astype(np.float32)
     sync.begin(0.5)
     trainer._local_gradients(x, np.arange(4))
