@@ -9,11 +9,12 @@ bucketing, Li et al. 2020).
   the last layer's gradients first), are cut into buckets of about ``bucket_bytes``
   (:func:`make_buckets`). After each backward step the executor calls
   :meth:`GradientSync.on_backward_step`; a bucket whose every gradient is final (its
-  parameter's last gradient write in the program has run) is copied, scaled by the rank's
-  share of the batch, into the bucket's host buffer and all-reduced (summed) on a
-  communication thread while backward goes on. :meth:`GradientSync.finish` launches what is
-  left (parameters without a gradient step; every bucket when the batch ran as micro-batches),
-  waits, and the summed buffers are copied back into ``.grad``.
+  parameter's last gradient write in the program has run), once every earlier bucket has
+  gone (DDP's order: all ranks issue the same collectives in the same order), is copied,
+  scaled by the rank's share of the batch, into the bucket's host buffer and all-reduced
+  (summed) on a communication thread while backward goes on. :meth:`GradientSync.finish`
+  launches what is left (parameters without a gradient step; every bucket when the batch ran
+  as micro-batches), waits, and the summed buffers are copied back into ``.grad``.
 
   The sum of share-weighted shard gradients is the global batch's mean gradient, up to
   summation order. The bucket buffers are host memory outside the device pool (as DDP's
@@ -163,15 +164,15 @@ class GradientSync:
 
     def on_backward_step(self, executor: Any, index: int) -> None:
         """The executor's hook after backward step ``index``: launch the buckets it completed."""
-        done = []
         for j in self._ready_after(executor).get(index, ()):
-            b = self._bucket_of[j]
-            self._pending[b] -= 1
-            if self._pending[b] == 0:
-                done.append(b)
+            self._pending[self._bucket_of[j]] -= 1
         if self.overlap:
-            for b in sorted(done):  # buckets completed together: in bucket order
+            # strictly in bucket order (as DDP): every rank issues the same collectives in the
+            # same order, whichever way its plan (or an empty shard) completed them
+            b = self._launched.count(True)
+            while b < len(self.buckets) and self._pending[b] == 0:
                 self._launch(b)
+                b += 1
 
     def _launch(self, b: int) -> None:
         self._launched[b] = True

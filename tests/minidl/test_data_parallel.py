@@ -331,3 +331,28 @@ def test_buckets_launch_during_backward_in_reverse_layer_order():
     trainer._local_gradients(x, np.arange(4))
     assert sync.unlaunched == len(sizes)  # without overlap: all after backward
     sync.finish()
+
+
+def test_buckets_go_in_bucket_order_even_when_completed_out_of_order():
+    from minidl.parameter import Parameter
+
+    params = [Parameter(f"p{i}", np.zeros(4, np.float32)) for i in range(3)]
+    for p in params:
+        p.grad = np.ones(4, np.float32)
+    comm = _Recording()
+    sync = GradientSync(comm, params, bucket_bytes=1)  # buckets: [p2], [p1], [p0]
+    launched = []  # the buckets handed to the communication thread, which is not started
+    sync._start_thread = lambda: None
+    sync._queue.put = launched.append
+    # backward writes p1's gradient (bucket 1) first, then p2's (bucket 0), then p0's
+    steps = [SimpleNamespace(phase="backward", params={"w": t}, grad_params={"w": t})
+             for t in (1, 2, 0)]
+    executor = SimpleNamespace(plan=SimpleNamespace(program=object()), steps=steps,
+                               parameters=dict(enumerate(params)))
+    sync.begin(1.0)
+    sync.on_backward_step(executor, 0)
+    assert launched == []  # bucket 1 is complete but bucket 0 is not: it waits
+    sync.on_backward_step(executor, 1)
+    assert launched == [0, 1]
+    sync.on_backward_step(executor, 2)
+    assert launched == [0, 1, 2]
