@@ -269,6 +269,9 @@ class NcclCommunicator:
     def allgather_object(self, obj: Any) -> list[Any]:
         return self.mpi.allgather_object(obj)
 
+    def duplicate(self) -> NcclCommunicator:
+        return NcclCommunicator(self.mpi.duplicate(), self.device)
+
     def abort(self, code: int = 1) -> None:
         self.comm.abort()
         self.mpi.abort(code)
