@@ -46,9 +46,54 @@ def _module_for(layer: Any, torch: Any) -> Any:
         return nn.Flatten(g("start_dim", 1), g("end_dim", -1))
     if isinstance(layer, L.Embedding):
         return nn.Embedding(g("num_embeddings"), g("embedding_dim"))
+    if isinstance(layer, L.LayerNorm):
+        return nn.LayerNorm(g("dim"), eps=g("eps"))
+    if isinstance(layer, L.GELU):
+        return nn.GELU(approximate=g("approximate"))
+    if isinstance(layer, L.PositionalEmbedding):
+        return _positions(torch, g("context"), g("dim"))
+    if isinstance(layer, L.MultiHeadAttention):
+        return _self_attention(torch, g("dim"), g("heads"), g("causal"), g("dropout"), g("bias"))
     if isinstance(layer, (L.Add, L.Concat, L.GlobalAvgPool2d)):
         return None
     raise NotImplementedError(f"no PyTorch equivalent for layer {type(layer).__name__}")
+
+
+def _positions(torch: Any, context: int, dim: int) -> Any:
+    """``x + weight[:T]`` (minidl's PositionalEmbedding; nanoGPT's ``wpe`` added)."""
+
+    class Positions(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(context, dim))
+
+        def forward(self, x: Any) -> Any:
+            return x + self.weight[: x.shape[1]]
+
+    return Positions()
+
+
+def _self_attention(torch: Any, dim: int, heads: int, causal: bool, dropout: float,
+                    bias: bool) -> Any:
+    """nanoGPT's self-attention with minidl's names (``qkv``, ``proj``), through
+    ``scaled_dot_product_attention`` (dropout on the probabilities in training)."""
+    F = torch.nn.functional
+
+    class SelfAttention(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = torch.nn.Linear(dim, 3 * dim, bias=bias)
+            self.proj = torch.nn.Linear(dim, dim, bias=bias)
+
+        def forward(self, x: Any) -> Any:
+            b, t, d = x.shape
+            q, k, v = (a.view(b, t, heads, d // heads).transpose(1, 2)
+                       for a in self.qkv(x).split(d, dim=2))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                               dropout_p=dropout if self.training else 0.0)
+            return self.proj(y.transpose(1, 2).reshape(b, t, d))
+
+    return SelfAttention()
 
 
 def _char_rnn_to_torch(net: Any) -> Any:
@@ -91,6 +136,7 @@ def to_torch(net: Network) -> Any:
             super().__init__()
             self.mods = torch.nn.ModuleDict()
             self.plan: list[tuple[str, Any, list[int], int]] = []
+            shared: dict[int, Any] = {}  # a parameter several layers use (tied weights)
             for node in net.nodes:
                 key = node.name.replace(".", "_")
                 m = _module_for(node.layer, torch)
@@ -98,7 +144,14 @@ def to_torch(net: Network) -> Any:
                     self.mods[key] = m
                     with torch.no_grad():
                         for pname, p in net.layer_params(node.name).items():
-                            getattr(m, pname).copy_(torch.from_numpy(np.asarray(p.data)))
+                            owner, _, local = pname.rpartition(".")
+                            owner = m.get_submodule(owner) if owner else m
+                            if id(p) in shared:
+                                setattr(owner, local, shared[id(p)])
+                                continue
+                            theirs = getattr(owner, local)
+                            theirs.copy_(torch.from_numpy(np.asarray(p.data)))
+                            shared[id(p)] = theirs
                 self.plan.append((key, node.layer, node.in_values, node.out_values[0]))
             self.n_values = len(net.values)
             self.out_values = list(net.output_values)

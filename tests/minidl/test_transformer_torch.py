@@ -186,3 +186,21 @@ def test_gpt_bench_times_torch_in_its_own_process_from_the_same_weights():
     assert "torch in parent: False" in res.stdout and "ratio" in res.stdout
     losses = res.stdout.split("minidl ")[1].split(", torch ")
     assert float(losses[0]) == pytest.approx(float(losses[1].split()[0]), rel=1e-5)
+
+
+def test_to_torch_builds_the_transformers_with_tied_weights():
+    """minidl.torch_bridge (``minidl bench --compare-torch``): the same loss, and one torch
+    parameter for the embedding and the head they share."""
+    from minidl.torch_bridge import to_torch
+
+    c = TransformerConfig(layers=2, heads=2, dim=16, context=6, vocab=13, dropout=0.0)
+    rng = np.random.default_rng(3)
+    x, y = rng.integers(0, 13, (3, 6)), rng.integers(0, 13, (3, 6))
+    for net in (gpt(c), bert(c)):
+        module = to_torch(net)
+        assert sum(p.numel() for p in module.parameters()) == net.num_parameters()
+        tr = minidl.Trainer(net, SGD(net.parameters(), lr=0.0), device_memory="16MiB")
+        loss = tr.compute_gradients(x, y)
+        out = module(torch.from_numpy(x))
+        ref = F.cross_entropy(out.reshape(-1, 13), torch.from_numpy(y).reshape(-1))
+        assert math.isclose(loss, float(ref.detach()), rel_tol=1e-5)
