@@ -196,13 +196,55 @@ def _polish(program: Program, choice: AutoChoice, extra: float, budget: int,
     return choice, extra, peak, moves
 
 
+#: Programs with at most this many decisions (and no block choices) are searched exhaustively:
+#: every plan built and priced exactly, so the choice is optimal under the exact pricing.
+EXHAUSTIVE_DECISIONS = 10
+
+
+def _enumerate(program: Program, budget: int, costs: list[float], bandwidth: float,
+               swap_cost: dict[int, float], only: str | None, deadline: float,
+               ) -> tuple[AutoChoice | None, int] | None:
+    """The best choice over every keep / swap / recompute assignment of a small program (the
+    one of least estimated time that fits, else the least peak) and the number of decisions;
+    ``None`` when the program is too large, forces choices, or time runs out."""
+    if block_choices(program):
+        return None
+    steps, tensors = program.steps, program.tensors
+    producer = {t: s.index for s in steps if s.phase == "forward" for t in s.writes}
+    loss = producer.get(program.loss)
+    drops = [] if only == "swap" else [
+        s.index for s in steps if s.phase == "forward" and s.index != loss
+        and any(tensors[t].role == "value" for t in s.writes)]
+    swaps = sorted(swap_cost) if only != "recompute" else []
+    n = len(drops) + len(swaps)
+    if n > EXHAUSTIVE_DECISIONS:
+        return None
+    best = None
+    for dmask in range(1 << len(drops)):
+        dropped = {k for i, k in enumerate(drops) if dmask >> i & 1}
+        for smask in range(1 << len(swaps)):
+            swapped = {t for i, t in enumerate(swaps) if smask >> i & 1}
+            if any(producer.get(t) in dropped for t in swapped):
+                continue  # a recomputed map is not swapped
+            if time.perf_counter() > deadline:
+                return None
+            choice, peak, extra, _ = evaluate_placements(
+                program, AutoChoice(swapped, dropped, only=only), costs, bandwidth, budget)
+            key = (peak > budget, extra if peak <= budget else peak, len(dropped) + len(swapped))
+            if best is None or key < best[0]:
+                choice.peak, choice.extra_time_s = peak, extra
+                best = (key, choice)
+    return (best[1] if best else None), n
+
+
 def optimal_choose(program: Program, budget: int, costs: list[float],
                    bandwidth: float = DEFAULT_BANDWIDTH, time_limit_s: float = 60.0,
                    greedy: AutoChoice | None = None, mip_rel_gap: float = 1e-6,
                    max_rounds: int = 12, window: int | None = None,
                    only: str | None = None) -> AutoChoice:
     """The keep / swap / recompute choice of least estimated extra time whose plan fits
-    ``budget`` (total bytes, persistent state included), from the MILP of this module.
+    ``budget`` (total bytes, persistent state included), from the MILP of this module (by
+    exhaustive search up to :data:`EXHAUSTIVE_DECISIONS` decisions).
 
     ``costs`` are seconds per step (:func:`.auto.step_costs`). Small programs (up to
     :data:`FULL_SOLVE_BINARIES` decisions) are solved whole; larger ones get a share of
@@ -231,6 +273,21 @@ def optimal_choose(program: Program, budget: int, costs: list[float],
 
     if g_peak <= budget and g_extra <= 0.0:
         return fallback("it fits at no estimated extra time, which nothing beats", [])
+    small = _enumerate(program, budget, costs, bandwidth, swap_cost, only, deadline)
+    if small is not None:
+        choice, n = small
+        if choice is None or choice.peak > budget:
+            return fallback(f"no plan fits (exhaustive search over {n} decisions)", [])
+        if g_peak <= budget and g_extra <= choice.extra_time_s:
+            return fallback(f"exhaustive search over {n} decisions finds nothing faster", [])
+        choice.path += [("swap", program.tensors[t].name, choice.peak, swap_cost.get(t, 0.0))
+                        for t in sorted(choice.swapped)]
+        choice.path += [("recompute", program.steps[k].layer, choice.peak, costs[k])
+                        for k in sorted(choice.dropped)]
+        choice.path.append(("milp", f"exhaustive search over {n} decisions ({2 ** n} plans, "
+                                    "each built and priced exactly); gap 0.00 % for the choice",
+                            choice.peak, choice.extra_time_s))
+        return choice
     try:
         copy_cost = {c.root: c.nbytes / bandwidth / unit
                      for c in swap_candidates(program, {}, "all")}
