@@ -370,3 +370,44 @@ def make_optimizer(name: str, params: list, lr: float | None = None,
     if name == "adamw":
         return AdamW(params, lr=1e-3 if lr is None else lr, weight_decay=weight_decay)
     raise ValueError(f"unknown optimizer {name!r}; valid: sgd, adam, adamw")
+
+
+class OptimizerWrapper:
+    """An optimizer that wraps another one (``inner``) and changes what a step does; the
+    state, learning rate and checkpoints are the inner optimizer's."""
+
+    def __init__(self, inner: Optimizer) -> None:
+        self.inner = inner
+
+    @property
+    def params(self) -> list[Parameter]:
+        return self.inner.params
+
+    @property
+    def lr(self) -> float:
+        return self.inner.lr
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        self.inner.lr = value
+
+    def state_spec(self) -> StateSpec:
+        return self.inner.state_spec()
+
+    def state_bytes(self) -> int:
+        return self.inner.state_bytes()
+
+    def init_state(self, alloc: Alloc) -> None:
+        self.inner.init_state(alloc)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.inner.load_state_dict(d)
+
+    def zero_grad(self) -> None:
+        self.inner.zero_grad()
+
+    def step(self) -> None:
+        self.inner.step()

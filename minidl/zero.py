@@ -20,7 +20,7 @@ import numpy as np
 
 from .comm import Communicator
 from .memory.zero import owned_ranges
-from .optim import Optimizer
+from .optim import Optimizer, OptimizerWrapper
 from .parameter import Parameter
 
 
@@ -54,7 +54,7 @@ class ShardParameter(Parameter):
             raise AttributeError("a shard's gradient is a view of its parameter's")
 
 
-class ZeroOptimizer:
+class ZeroOptimizer(OptimizerWrapper):
     """``inner`` (the user's optimizer, whose ``lr`` a scheduler may set) with its state and
     updates sharded over the ranks of ``comm``; see the module docstring."""
 
@@ -75,18 +75,6 @@ class ZeroOptimizer:
         dtype = dtypes.pop() if dtypes else np.dtype(np.float32)
         self._send = np.zeros(self.shard_elements, dtype=dtype)
         self._recv = np.empty(self.shard_elements * comm.size, dtype=dtype)
-
-    @property
-    def params(self) -> list[Parameter]:
-        return self.inner.params
-
-    @property
-    def lr(self) -> float:
-        return self.inner.lr
-
-    @lr.setter
-    def lr(self, value: float) -> None:
-        self.inner.lr = value
 
     def state_spec(self) -> list:
         return self.shard.state_spec()

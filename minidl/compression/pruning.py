@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..kernels.array_api import namespace
-from ..optim import Alloc, Optimizer, StateSpec
+from ..optim import Optimizer, OptimizerWrapper
 from ..parameter import Parameter
 
 
@@ -42,48 +42,7 @@ def schedule(target: float, rounds: int) -> list[float]:
     return [1.0 - (1.0 - target) ** (i / rounds) for i in range(1, rounds + 1)]
 
 
-class ProjectedOptimizer:
-    """An optimizer that wraps another one (``inner``) and changes what a step does; the
-    state, learning rate and checkpoints are the inner optimizer's."""
-
-    def __init__(self, inner: Optimizer) -> None:
-        self.inner = inner
-
-    @property
-    def params(self) -> list[Parameter]:
-        return self.inner.params
-
-    @property
-    def lr(self) -> float:
-        return self.inner.lr
-
-    @lr.setter
-    def lr(self, value: float) -> None:
-        self.inner.lr = value
-
-    def state_spec(self) -> StateSpec:
-        return self.inner.state_spec()
-
-    def state_bytes(self) -> int:
-        return self.inner.state_bytes()
-
-    def init_state(self, alloc: Alloc) -> None:
-        self.inner.init_state(alloc)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.inner.state_dict()
-
-    def load_state_dict(self, d: dict[str, Any]) -> None:
-        self.inner.load_state_dict(d)
-
-    def zero_grad(self) -> None:
-        self.inner.zero_grad()
-
-    def step(self) -> None:
-        self.inner.step()
-
-
-class MaskedOptimizer(ProjectedOptimizer):
+class MaskedOptimizer(OptimizerWrapper):
     """``inner``'s updates with the weights named in ``masks`` (parameter name -> boolean
     array of its shape; ``False`` = pruned) held at zero."""
 

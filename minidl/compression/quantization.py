@@ -22,9 +22,8 @@ import numpy as np
 
 from ..kernels.kmeans import kmeans_1d
 from ..memory.transfer import copy_into, to_host
-from ..optim import Optimizer
+from ..optim import Optimizer, OptimizerWrapper
 from ..parameter import Parameter
-from .pruning import ProjectedOptimizer
 
 
 @dataclass
@@ -61,7 +60,7 @@ def share_weights(weights: Any, bits: int, max_iter: int = 100) -> SharedWeights
     return SharedWeights(codes, centroids.astype(np.float32), bits, iterations)
 
 
-class ClusterOptimizer(ProjectedOptimizer):
+class ClusterOptimizer(OptimizerWrapper):
     """Fine-tunes shared values: ``make_inner(parameters)`` builds the optimizer of the
     centroids (one :class:`Parameter` per shared weight, ``{name}.centroids``) and of the
     other trainable ``params``; each step sums the weights' gradients per cluster into the
