@@ -202,25 +202,32 @@ def _exact(tr):
         n.startswith(workspace_options.NOTE_PREFIX) for n in tr.last_compiled.plan.notes)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(random_networks(), st.floats(0.0, 1.0))
-def test_auto_between_the_lower_bound_and_the_plain_peak_is_bit_identical(netdef, frac):
+#: A GPU whose host link is slow: swaps stall, so the planners trade them for recomputation.
+SLOW_LINK = "custom:flops=15T,hbm=900G,link=2G,mem=16GiB"
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_networks(), st.floats(0.0, 1.0), st.sampled_from([None, "greedy", "optimal"]))
+def test_auto_between_the_lower_bound_and_the_plain_peak_is_bit_identical(netdef, frac,
+                                                                          costed):
     """``auto`` with a budget from the lower bound to ``reuse,inplace``'s peak: bit-identical to
     ``none`` whenever it meets the budget with the whole batch and the convolutions' default
     configurations (by keeping, swapping, recomputing, encoding); below that only micro-batches
     (``split``) or leaner convolution workspaces meet it, which sum in another order (see the
-    README): equal to float32 rounding."""
+    README): equal to float32 rounding. ``costed``: planned with a slow-linked GPU's costs by
+    that planner, the link emulated on the cpu device (the dry run's ``emulated=True``)."""
     shape, (x_sym, out_sym, seed) = netdef
 
     def make():
         return minidl.Network(x_sym, out_sym, seed=seed)
 
-    plain = minidl.dry_run(make(), 4, "reuse,inplace", input_shape=shape)
+    link = {} if costed is None else {"target": SLOW_LINK, "emulated": True}
+    plain = minidl.dry_run(make(), 4, "reuse,inplace", input_shape=shape, **link)
     low, peak = plain["lower_bound_bytes"], plain["peak_reserved_bytes"]
     for budget in (int(low + frac * (peak - low)), peak):
-        spec = f"auto,budget={budget}"
+        spec = f"auto,budget={budget}" + (f",planner={costed}" if costed else "")
         try:
-            planned = minidl.dry_run(make(), 4, spec, input_shape=shape)
+            planned = minidl.dry_run(make(), 4, spec, input_shape=shape, **link)
             break
         except BudgetTooSmall:  # BatchNorm: the batch is never split
             continue
@@ -229,7 +236,7 @@ def test_auto_between_the_lower_bound_and_the_plain_peak_is_bit_identical(netdef
     x, y = _data(shape, seed)
     base = _baseline(make, x, y)
     net = make()
-    tr = _trainer(net, spec)
+    tr = _trainer(net, spec, **({} if costed is None else {"emulate_link": SLOW_LINK}))
     run = _results(net, tr, x, y)
     event("exact plan" if _exact(tr) else "micro-batches or leaner convolutions")
     if _exact(tr):
