@@ -277,29 +277,3 @@ def test_only_needs_auto_and_a_known_value():
         MemoryConfig.parse("reuse,only=recompute")
     with pytest.raises(ValueError, match="recompute|swap"):
         MemoryConfig.parse("auto,only=encode")
-
-
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(random_programs(), st.sampled_from([1e9, 1e10, 1e11]), st.sampled_from([0.25, 0.5]))
-def test_the_milp_alone_fits_what_exhaustive_search_fits(program, bandwidth, frac):
-    """Without the exhaustive search, the MILP (its swap prices are estimates: its own idle
-    window and the link's congestion) fits every budget something fits, and the time it
-    reports is its choice's exact price, never below the optimum."""
-    costs = step_costs(program, None)
-    n_drop = sum(1 for s in program.steps if s.phase == "forward") - 1
-    assume(n_drop + len(swap_costs(program, costs, bandwidth)) <= 8)
-    lo = program.lower_bound_bytes()
-    hi = evaluate(program, AutoChoice(), costs, bandwidth)[0]
-    budget = int(lo + frac * (hi - lo))
-    best = exhaustive(program, budget, costs, bandwidth)
-    assume(best is not None)
-    saved, optimal.EXHAUSTIVE_DECISIONS = optimal.EXHAUSTIVE_DECISIONS, 0
-    try:
-        opt = optimal_choose(program, budget, costs, bandwidth, time_limit_s=30,
-                             greedy=AutoChoice(peak=hi))
-    finally:
-        optimal.EXHAUSTIVE_DECISIONS = saved
-    assert opt.peak <= budget
-    peak, extra, _ = evaluate(program, opt, costs, bandwidth)
-    assert (peak, extra) == (opt.peak, pytest.approx(opt.extra_time_s, rel=1e-9, abs=1e-18))
-    assert opt.extra_time_s >= best * (1 - 1e-9)
