@@ -161,7 +161,7 @@ def test_never_worse_than_greedy_on_reference_models(model, target):
         budget = int(lo + frac * (hi - lo))
         greedy = auto_choose(p, budget, costs, bandwidth=bw)
         g_peak, g_extra, _ = evaluate(p, greedy, costs, bw)
-        opt = optimal_choose(p, budget, costs, bw, time_limit_s=30, greedy=greedy)
+        opt = optimal_choose(p, budget, costs, bw, time_limit_s=8, greedy=greedy)
         if g_peak <= budget:
             assert opt.peak <= budget
             assert opt.extra_time_s <= g_extra * (1 + 1e-12)
