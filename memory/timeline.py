@@ -157,12 +157,17 @@ def _event_times(events: list[tuple], starts: list[float], durations: list[float
 
 
 def write_chrome_trace(path: str, trace: dict[str, Any]) -> None:
-    """Write ``trace`` as JSON, atomically (a temporary file renamed into place)."""
+    """Write ``trace`` as JSON, atomically."""
+    write_json_atomic(path, trace)
+
+
+def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
+    """Write ``data`` as JSON, atomically (a temporary file renamed into place)."""
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(suffix=".json", dir=folder)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(trace, f)
+            json.dump(data, f)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from typing import Any
 
 from .engine import Compiled, PeakInfo
-from .memory.timeline import series, trace, write_chrome_trace
+from .memory.timeline import series, trace, write_chrome_trace, write_json_atomic
 from .memory.units import format_size
 from .report import persistent_by_category, plot_timeline
 
@@ -160,16 +159,7 @@ def _snapshot(cap: _Capture, rec: MemoryRecorder) -> dict[str, Any]:
 
 def save_snapshot(snapshot: dict[str, Any], path: str | os.PathLike) -> None:
     """Write ``snapshot`` as JSON, atomically (a temporary file renamed into place)."""
-    path = os.fspath(path)
-    fd, tmp = tempfile.mkstemp(suffix=".json", dir=os.path.dirname(os.path.abspath(path)))
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(snapshot, f)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_json_atomic(path, snapshot)
 
 
 def load_snapshot(path: str | os.PathLike) -> dict[str, Any]:
