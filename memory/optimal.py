@@ -38,7 +38,7 @@ from .auto import (
 )
 from .base_plan import plan_peak
 from .block_choices import block_choices
-from .optimal_model import Model, Unsupported, build_model, swap_costs
+from .optimal_model import Model, Unsupported, build_model, droppable_steps, swap_costs
 from .plan import ENDS, STARTS, AutoChoice, Plan
 from .program import Program
 from .swap import DEFAULT_BANDWIDTH, swap_candidates
@@ -209,12 +209,8 @@ def _enumerate(program: Program, budget: int, costs: list[float], bandwidth: flo
     ``None`` when the program is too large, forces choices, or time runs out."""
     if block_choices(program):
         return None
-    steps, tensors = program.steps, program.tensors
-    producer = {t: s.index for s in steps if s.phase == "forward" for t in s.writes}
-    loss = producer.get(program.loss)
-    drops = [] if only == "swap" else [
-        s.index for s in steps if s.phase == "forward" and s.index != loss
-        and any(tensors[t].role == "value" for t in s.writes)]
+    producer = {t: s.index for s in program.steps if s.phase == "forward" for t in s.writes}
+    drops = [] if only == "swap" else droppable_steps(program)
     swaps = sorted(swap_cost) if only != "recompute" else []
     n = len(drops) + len(swaps)
     if n > EXHAUSTIVE_DECISIONS:

@@ -129,6 +129,14 @@ class Model:
     stats: dict = field(default_factory=dict)
 
 
+def droppable_steps(program: Program) -> list[int]:
+    """The forward steps a plan may drop (recompute in backward): those writing a value
+    tensor, except the loss's."""
+    return [s.index for s in program.steps if s.phase == "forward"
+            and program.loss not in s.writes
+            and any(program.tensors[t].role == "value" for t in s.writes)]
+
+
 def build_model(program: Program, costs: list[float], swap_cost: dict[int, float],
                  budget_iter: int, window: int | None = None,
                  copy_cost: dict[int, float] | None = None, allow_drop: bool = True) -> Model:
@@ -150,9 +158,7 @@ def build_model(program: Program, costs: list[float], swap_cost: dict[int, float
     mu = float(2 ** math.ceil(math.log2(max(size.values(), default=1) or 1)))
     fs = {t: b / mu for t, b in size.items()}
     producer = {t: s.index for s in steps[:nf] for t in s.writes}
-    loss_step = producer.get(program.loss)
-    droppable = [s.index for s in steps[:nf] if allow_drop and s.index != loss_step
-                 and any(tensors[t].role == "value" for t in s.writes)]
+    droppable = droppable_steps(program) if allow_drop else []
     dset = set(droppable)
     W = window if window is not None else (nf if nf <= FULL_WINDOW_STEPS else MAX_RUN)
     fwd_of_node = {s.node: s.index for s in steps[:nf]}
