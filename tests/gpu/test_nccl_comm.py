@@ -54,5 +54,5 @@ def test_nccl_collectives_on_two_gpus(tmp_path):
     res = subprocess.run([*helpers._mpiexec(), sys.executable, str(script)], capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert sorted(line.split()[:2] for line in res.stdout.splitlines()) == [
+    assert sorted(line.split()[:2] for line in helpers._printed_lines(res.stdout)) == [
         ["0", "True"], ["1", "True"]], res.stdout

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -31,6 +32,14 @@ from minidl.settings import Settings
 
 HERE = Path(__file__).parent
 RTOL, ATOL = 1e-5, 1e-6
+# Some mpiexec builds end each rank's forwarded stdout with an ANSI colour reset ("\x1b[0m"),
+# even from a rank that printed nothing; the tests read the lines the program itself printed.
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _printed_lines(stdout: str) -> list[str]:
+    """The non-blank lines of a job's stdout, with terminal escape sequences removed."""
+    return [line for line in _ANSI_ESCAPE.sub("", stdout).splitlines() if line.strip()]
 
 
 def _worker():
@@ -129,7 +138,7 @@ def _mpiexec() -> list[str]:
     probe = subprocess.run([*cmd, sys.executable, "-c",
                             "from mpi4py import MPI; print(MPI.COMM_WORLD.Get_size())"],
                            capture_output=True, text=True, timeout=60)
-    if probe.returncode != 0 or probe.stdout.split() != ["2", "2"]:
+    if probe.returncode != 0 or _printed_lines(probe.stdout) != ["2", "2"]:
         pytest.skip(f"a 2-rank MPI job cannot start here: {(probe.stderr or probe.stdout)[-300:]}")
     return cmd
 
@@ -201,8 +210,9 @@ def test_cli_two_ranks_match_one_process(mpiexec, tmp_path):
                          capture_output=True, text=True, timeout=180, env=_env())
     assert one.returncode == 0, one.stderr[-2000:]
     assert two.returncode == 0, two.stderr[-2000:]
-    assert len(two.stdout.strip().splitlines()) == 1  # rank 0 alone prints
-    a, b = json.loads(one.stdout), json.loads(two.stdout)
+    printed = _printed_lines(two.stdout)
+    assert len(printed) == 1, printed  # rank 0 alone prints
+    a, b = json.loads(one.stdout), json.loads(printed[0])
     assert (a["ranks"], b["ranks"]) == (1, 2)
     np.testing.assert_allclose(b["losses"], a["losses"], rtol=RTOL, atol=ATOL)
     with np.load(tmp_path / "one.npz") as za, np.load(tmp_path / "two.npz") as zb:
