@@ -100,6 +100,11 @@ class Engine:
         self.scratch: Any = None
         self.params: list[Any] = []  # the network's parameters and buffers, bound in order
         self.opt_state_specs: list[tuple[str, tuple[int, ...], str]] = []
+        #: ZeRO stage 2 and above (``zero=2``): the gradient shards allocated persistently,
+        #: by the optimizer (:meth:`~minidl.zero.ZeroOptimizer.init_grads`), instead of
+        #: every parameter's full gradient (then a block of the iteration); ``None`` below.
+        self.grad_shard_specs: list[tuple[str, tuple[int, ...], str]] | None = \
+            [] if self.config.zero >= 2 else None
         self._cache: dict[tuple, Compiled] = {}
         #: Under a budget no plan fits, cap convolutions' workspaces (leaner algorithms and
         #: chunking, :mod:`~minidl.memory.workspace_options`) and plan again.
@@ -124,7 +129,7 @@ class Engine:
             for p in params:
                 views.append(self._alloc(p.name, p.shape, p.dtype, "parameter"))
             grads = []
-            if self.loss is not None:
+            if self.loss is not None and self.grad_shard_specs is None:
                 for p in params:
                     if p.trainable:
                         grads.append((p, self._alloc(p.name + ".grad", p.shape, p.dtype,
@@ -148,6 +153,22 @@ class Engine:
                     self.opt_state_specs.append((name, tuple(shape), np.dtype(dtype).name))
                     return arr
 
+                init_grads = getattr(self.optimizer, "init_grads", None)
+                if self.grad_shard_specs is not None and init_grads is not None:
+
+                    def alloc_grad(name: str, shape: tuple[int, ...], dtype: Any) -> Any:
+                        arr = self._alloc(name, shape, dtype, "gradient")
+                        if self.compute:
+                            arr[...] = 0
+                        self.grad_shard_specs.append((name, tuple(shape),
+                                                      np.dtype(dtype).name))
+                        return arr
+
+                    init_grads(alloc_grad)
+                elif self.grad_shard_specs is not None and self.compute:
+                    raise ValueError(f"zero={self.config.zero} trains with the optimizer "
+                                     "wrapped in minidl.zero.ZeroOptimizer (as Trainer does), "
+                                     f"not a bare {type(self.optimizer).__name__}")
                 self.optimizer.init_state(alloc_state)
             if scratch_bytes:
                 self._reserve_scratch(scratch_bytes)
@@ -194,7 +215,8 @@ class Engine:
                              label_dtype=label_dtype, training=training,
                              opt_state=self.opt_state_specs, accumulate_grads=accumulate,
                              alignment=self.pool.alignment, options=options,
-                             device_kind=self.device_kind)
+                             device_kind=self.device_kind,
+                             grad_shards=self.grad_shard_specs if training else None)
 
             first = lowered_with(None)
             # per-op options (fused RNNs' BPTT schedules, attention's memory forms): the
@@ -279,22 +301,28 @@ class Engine:
         its cost model predicts a faster iteration.
 
         Training a network with batch statistics (BatchNorm) is never split: micro-batches would
-        normalise with their own statistics. ``split=K`` then raises ``ValueError`` and ``auto``
-        plans the whole batch only (raising :class:`BudgetTooSmall` if that does not fit), so a
+        normalise with their own statistics; nor under ``zero=2`` (no full gradients persist
+        to accumulate in). ``split=K`` then raises ``ValueError`` and ``auto`` plans the whole
+        batch only (raising :class:`BudgetTooSmall` if that does not fit), so a
         dry run accepts exactly what training runs."""
         k = self.config.split
         batch_stats = bool(self.net.buffers())
         if k is not None and k > 1 and batch_stats:
             raise ValueError(BATCH_STATS_SPLIT)
+        if k is not None and k > 1 and self.grad_shard_specs is not None:
+            raise ValueError(f"split={k} accumulates every parameter's full gradient over the "
+                             f"micro-batches, which zero={self.config.zero} does not keep: use "
+                             "zero=1 with split, or zero=2 without")
         if k is not None or not self.config.has("auto"):
             return k or 1
         batch = batch_shapes[0][0]
-        if batch_stats:
+        if batch_stats or self.grad_shard_specs is not None:
+            why = BATCH_STATS_SPLIT if batch_stats else (
+                f"zero={self.config.zero} keeps no full gradients to accumulate micro-batches in")
             try:
                 self.compiled(batch_shapes, label_shape, True, label_dtype)
             except BudgetTooSmall as e:
-                raise BudgetTooSmall(f"{e}; batch splitting was not tried: {BATCH_STATS_SPLIT}") \
-                    from None
+                raise BudgetTooSmall(f"{e}; batch splitting was not tried: {why}") from None
             return 1
         k, last = 1, None
         while k <= min(max_split, batch):

@@ -280,7 +280,7 @@ class Executor:
                    for j, t in enumerate(st.outputs)]
         g_in = [None if g is None else arr(g.written) for g in st.grad_inputs]
         grads = {k: arr(st.param_partials[k]) if k in st.param_partials
-                 else self.parameters[st.params[k]].grad for k in st.grad_params}
+                 else self._param_grad(st, k, rt) for k in st.grad_params}
         layer.backward(
             ctx, g_out, g_in, inputs, outputs, self._params(st, rt), grads,
             {k: arr(t) for k, t in st.stash.items()},
@@ -291,8 +291,16 @@ class Executor:
                 target = arr(g.add_into)
                 np.add(target, arr(g.written), out=target)
         for k, t in st.param_partials.items():
-            grad = self.parameters[st.params[k]].grad
+            grad = self._param_grad(st, k, rt)
             np.add(grad, arr(t), out=grad)
+
+    def _param_grad(self, st: Step, k: str, rt: MemoryRuntime) -> Any:
+        """Parameter ``k``'s gradient: its persistent ``.grad``, or under ZeRO stage 2 a block
+        of the iteration (``zero=2``: handed to its bucket after its last write)."""
+        tid = st.grad_params[k]
+        if rt.program.tensors[tid].persistent:
+            return self.parameters[st.params[k]].grad
+        return rt.array(tid)
 
     def _check(self, st: Step, rt: MemoryRuntime) -> None:
         for t in st.outputs:

@@ -61,6 +61,7 @@ def lower(
     options: dict[int, dict[str, Any]] | None = None,
     alignment: int = ALLOCATION_UNIT,
     device_kind: str = "cpu",
+    grad_shards: list[tuple[str, tuple[int, ...], str]] | None = None,
 ) -> Lowered:
     """Lower ``net`` for ``batch_shapes``. With ``loss`` (taking the network's first output and
     the labels), a training program: forward, loss, then backward in reverse layer order.
@@ -76,7 +77,7 @@ def lower(
         if "device_kind" in getattr(node.layer, "option_names", ()):
             options[i] = {**options.get(i, {}), "device_kind": device_kind}
     lo = _Lowering(net, batch_shapes, loss, label_shape, label_dtype, training, options)
-    lo.persistent(opt_state or [])
+    lo.persistent(opt_state or [], grad_shards)
     lo.graph()
     lo.forward_steps()
     if loss is not None and training:
@@ -104,8 +105,10 @@ class _Lowering:
         self.stash_t: list[dict[str, int]] = []
 
     # ---------------------------------------------------------------- tensors
-    def persistent(self, opt_state: list[tuple[str, tuple[int, ...], str]]) -> None:
-        """Parameters, then their gradients, then optimizer state (persistent tensors)."""
+    def persistent(self, opt_state: list[tuple[str, tuple[int, ...], str]],
+                   grad_shards: list[tuple[str, tuple[int, ...], str]] | None = None) -> None:
+        """Parameters, then their gradients (or, with ``grad_shards``, the gradient shards: the
+        full gradients are then not persistent), then optimizer state."""
         net, b = self.net, self.b
         for node in net.nodes:
             for p in net.layer_params(node.name).values():
@@ -118,7 +121,10 @@ class _Lowering:
             for p in net.layer_params(node.name).values():
                 if p.trainable and p.name not in self.grad_t:
                     self.grad_t[p.name] = b.add(p.name + ".grad", p.shape, p.dtype, "gradient",
-                                                "param_grad", node.name, persistent=True)
+                                                "param_grad", node.name,
+                                                persistent=grad_shards is None)
+        for name, shape, dt in grad_shards or []:
+            b.add(name, shape, dt, "gradient", "grad_shard", persistent=True)
         for name, shape, dt in opt_state:
             b.add(name, shape, dt, "optimizer_state", "opt_state", persistent=True)
 

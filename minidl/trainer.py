@@ -140,8 +140,11 @@ class Trainer:
         #: Set by a callback (e.g. :class:`~minidl.callbacks.EarlyStopping`) to end :meth:`fit`.
         self.stop_training = False
         self._recorder: MemoryRecorder | None = None
-        self.parallel = None if comm is None or comm.size == 1 else DataParallel(
-            comm, net, self.config.spec, self.optimizer, self.seed, bucket_bytes, sync_bn=sync_bn)
+        # (zero=2 moves the gradients into the optimizer's shards through the buckets, even
+        # on one rank)
+        self.parallel = None if (comm is None or comm.size == 1) and self.config.zero < 2 \
+            else DataParallel(comm or SingleProcess(), net, self.config.spec, self.optimizer,
+                              self.seed, bucket_bytes, sync_bn=sync_bn)
 
     # ------------------------------------------------------------------ input checks
     def _check_inputs(self, x: Any, y: Any | None) -> tuple[np.ndarray, np.ndarray | None]:
@@ -278,7 +281,10 @@ class Trainer:
         t0 = time.perf_counter()
         loss = self.compute_gradients(x, y)
         if self.clip_grad_norm is not None:
-            norm = clip_grad_norm_(self.net.parameters(), self.clip_grad_norm)
+            if getattr(self.optimizer, "shards_gradients", False):  # zero=2: over the ranks
+                norm = self.optimizer.clip_grad_norm(self.clip_grad_norm)
+            else:
+                norm = clip_grad_norm_(self.net.parameters(), self.clip_grad_norm)
             if not np.isfinite(norm):
                 raise NonFiniteError(f"gradient norm is {norm} at iteration {self.iteration}")
         self.optimizer.step()
