@@ -5,6 +5,12 @@ sub-matrix, so every partial weight gradient needed a temporary and every band o
 plane a copy. :func:`mm` calls BLAS ``sgemm`` / ``dgemm`` directly, through the same SciPy
 BLAS that Numba's ``np.dot`` binds (``scipy.linalg.cython_blas``, single-threaded by
 :func:`~minidl.kernels.parallel.ensure_blas_policy`), with row-major arrays of any row stride.
+
+:func:`gemm` with ``parallel=True`` cuts a large product into bands of ``c`` (rows, or columns
+when ``c`` is wide) and runs one single-threaded BLAS call per band in a Numba ``prange``: the
+process's one thread pool (see :mod:`~minidl.kernels.parallel`). The bands are fixed by the
+shapes alone (:func:`gemm_bands`), never by the thread count, and no band splits the sum over
+``k``, so the bits do not depend on how many threads run.
 """
 
 from __future__ import annotations
@@ -13,9 +19,11 @@ import ctypes
 
 import llvmlite.binding as ll
 import numpy as np
-from numba import njit, types
+from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+from .parallel import chunks, ensure_blas_policy
 
 
 def _capsule_address(capsule: object) -> int:
@@ -85,18 +93,47 @@ def mm(a, b, c, ta, tb, alpha, beta, m, n, k, work):
         _dgemm(*args)
 
 
+#: Work (multiply-adds, ``m * n * k``) of one band of :func:`gemm`, and the most bands: below
+#: ~4 M multiply-adds (~0.1 ms on one core) a band's packing and launch stop paying.
+BAND_WORK = 1 << 22
+MAX_BANDS = 8
+
+
+def gemm_bands(m: int, n: int, k: int) -> tuple[bool, int]:
+    """How :func:`gemm` cuts an ``m x n`` product over ``k``: ``(along_rows, bands)`` —
+    bands of ``c``'s rows (when ``m >= n``) or columns, a function of the shapes only."""
+    bands = max(1, min(MAX_BANDS, (m * n * k) // BAND_WORK, max(m, n) // 16))
+    return m >= n, bands
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def _mm_bands(a, b, c, ta, tb, beta, m, n, k, along_rows, bounds, work):
+    """:func:`mm` of ``c``'s bands ``[bounds[i], bounds[i + 1])`` (rows or columns), one per
+    ``prange`` iteration."""
+    for i in prange(bounds.size - 1):
+        lo, hi = bounds[i], bounds[i + 1]
+        if along_rows:
+            ai = a[:, lo:hi] if ta else a[lo:hi]
+            mm(ai, b, c[lo:hi], ta, tb, 1.0, beta, hi - lo, n, k, work[i])
+        else:
+            bi = b[lo:hi] if tb else b[:, lo:hi]
+            mm(a, bi, c[:, lo:hi], ta, tb, 1.0, beta, m, hi - lo, k, work[i])
+
+
 def _rows_ok(x: np.ndarray) -> bool:
     return x.ndim == 2 and (x.shape[1] <= 1 or x.strides[1] == x.itemsize) \
         and x.strides[0] >= 0
 
 
 def gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, trans_a: bool = False,
-         trans_b: bool = False, beta: float = 0.0) -> None:
+         trans_b: bool = False, beta: float = 0.0, parallel: bool = False) -> None:
     """``c = op(a) @ op(b) + beta * c`` in place on 2-D arrays (``op(x) = x.T`` when asked),
     with no temporary: ``beta = 1`` accumulates a product into ``c`` (a micro-batch's weight
     gradient into the gradient). BLAS through :func:`mm` for float32 / float64 operands with
     unit-stride rows; other layouts and device arrays go through the arrays' own ``matmul``
-    (with a temporary when ``beta != 0``)."""
+    (with a temporary when ``beta != 0``). ``parallel``: in bands on the kernels' thread pool
+    (see the module docstring; call it from the main thread only, never from worker threads).
+    """
     m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
     n = b.shape[0] if trans_b else b.shape[1]
     if c.shape != (m, n) or (b.shape[1] if trans_b else b.shape[0]) != k:
@@ -104,7 +141,15 @@ def gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, trans_a: bool = False,
     same = a.dtype == b.dtype == c.dtype and c.dtype in (np.float32, np.float64)
     host = all(type(x) is np.ndarray for x in (a, b, c))
     if host and same and m and n and k and all(_rows_ok(x) for x in (a, b, c)):
-        mm(a, b, c, trans_a, trans_b, 1.0, beta, m, n, k, np.empty(8, np.int32))
+        ensure_blas_policy()
+        along_rows, bands = gemm_bands(m, n, k) if parallel else (True, 1)
+        if bands == 1:
+            mm(a, b, c, trans_a, trans_b, 1.0, beta, m, n, k, np.empty(8, np.int32))
+            return
+        bounds = np.array([0] + [hi for _, hi in chunks(m if along_rows else n, bands)],
+                          np.int64)
+        _mm_bands(a, b, c, trans_a, trans_b, beta, m, n, k, along_rows, bounds,
+                  np.empty((bands, 8), np.int32))
         return
     prod = (a.T if trans_a else a) @ (b.T if trans_b else b)
     if beta == 0.0:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import attention as ak
-from ..kernels.blas import gemm
 from .base import Layer, ParamSpec
+from .linear import linear_backward, linear_forward
 
 #: This layer's parameter names -> nanoGPT's ``CausalSelfAttention`` (``c_attn``, ``c_proj``).
 NANOGPT_NAMES = {"qkv.weight": "c_attn.weight", "qkv.bias": "c_attn.bias",
@@ -19,28 +19,6 @@ NN_MULTIHEAD_NAMES = {"qkv.weight": "in_proj_weight", "qkv.bias": "in_proj_bias"
 
 #: Elements of the attention matrix (B*H*T*T) the dropout hash can index.
 _MAX_DROPOUT_ELEMS = 1 << 32
-
-
-def _linear_forward(x2, w, b, y2) -> None:
-    np.matmul(x2, w.T, out=y2)
-    if b is not None:
-        y2 += b
-
-
-def _linear_backward(dy2, x2, w, dx2, grads: dict, ctx, prefix: str) -> None:
-    """dx2 = dy2 @ w (if wanted); the weight / bias gradients named ``prefix.weight`` /
-    ``prefix.bias``, added into when ``ctx.accumulate`` names them."""
-    if dx2 is not None:
-        np.matmul(dy2, w, out=dx2)
-    gw, gb = grads.get(prefix + ".weight"), grads.get(prefix + ".bias")
-    if gw is not None:
-        acc = prefix + ".weight" in ctx.accumulate
-        gemm(dy2, x2, gw, trans_a=True, beta=1.0 if acc else 0.0)
-    if gb is not None:
-        if prefix + ".bias" in ctx.accumulate:
-            np.add(gb, dy2.sum(axis=0, dtype=gb.dtype), out=gb)
-        else:
-            np.sum(dy2, axis=0, out=gb)
 
 
 class MultiHeadAttention(Layer):
@@ -142,15 +120,15 @@ class MultiHeadAttention(Layer):
         b, t, d = x.shape
         block = ak.parse_form(ctx.options.get("attn"))
         qkv, attn = stash["qkv"], stash["attn"]
-        _linear_forward(x.reshape(-1, d), params["qkv.weight"], params.get("qkv.bias"),
-                        qkv.reshape(-1, 3 * d))
+        linear_forward(x.reshape(-1, d), params["qkv.weight"], params.get("qkv.bias"),
+                       qkv.reshape(-1, 3 * d))
         layout = ak.forward_layout(b, t, d, self.heads, block, self.dropout > 0)
         ws = layout.carve(workspace, x.dtype) if layout.entries else None
         saved = stash["probs"] if block is None else stash["lse"]
         ak.attention_forward(qkv, attn, saved, self.heads, self.causal,
                              self._p_drop(ctx, x.shape), ctx.seed, ws, block)
-        _linear_forward(attn.reshape(-1, d), params["proj.weight"], params.get("proj.bias"),
-                        y.reshape(-1, d))
+        linear_forward(attn.reshape(-1, d), params["proj.weight"], params.get("proj.bias"),
+                       y.reshape(-1, d))
 
     def backward(self, ctx, grad_outputs, grad_inputs, inputs, outputs, params, grad_params,
                  stash, workspace) -> None:
@@ -160,13 +138,13 @@ class MultiHeadAttention(Layer):
         ws = ak.backward_layout(b, t, d, self.heads, block, self.dropout > 0).carve(
             workspace, x.dtype)
         qkv, attn = stash["qkv"], stash["attn"]
-        _linear_backward(dy.reshape(-1, d), attn.reshape(-1, d), params["proj.weight"],
-                         ws.dattn.reshape(-1, d), grad_params, ctx, "proj")
+        linear_backward(dy.reshape(-1, d), attn.reshape(-1, d), params["proj.weight"],
+                        ws.dattn.reshape(-1, d), grad_params, ctx, "proj.")
         saved = stash["probs"] if block is None else stash["lse"]
         ak.attention_backward(ws.dattn, qkv, attn, saved, ws.dqkv, self.heads, self.causal,
                               self._p_drop(ctx, x.shape), ctx.seed, ws, block)
-        _linear_backward(ws.dqkv.reshape(-1, 3 * d), x.reshape(-1, d), params["qkv.weight"],
-                         None if dx is None else dx.reshape(-1, d), grad_params, ctx, "qkv")
+        linear_backward(ws.dqkv.reshape(-1, 3 * d), x.reshape(-1, d), params["qkv.weight"],
+                        None if dx is None else dx.reshape(-1, d), grad_params, ctx, "qkv.")
 
     def describe(self) -> str:
         extra = ", causal=True" if self.causal else ""

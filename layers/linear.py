@@ -16,6 +16,31 @@ def _rows(a: np.ndarray, cols: int) -> np.ndarray | None:
     return v if np.may_share_memory(v, a) else None
 
 
+def linear_forward(x2: np.ndarray, w: np.ndarray, b: np.ndarray | None, y2: np.ndarray) -> None:
+    """``y2 = x2 @ w.T (+ b)`` on 2-D row views, the product in parallel bands."""
+    gemm(x2, w, y2, trans_b=True, parallel=True)
+    if b is not None:
+        y2 += b
+
+
+def linear_backward(dy2: np.ndarray, x2: np.ndarray, w: np.ndarray, dx2: np.ndarray | None,
+                    grads: dict, ctx, prefix: str = "") -> None:
+    """``dx2 = dy2 @ w`` (if wanted) and the gradients ``grads[prefix + "weight"]`` /
+    ``grads[prefix + "bias"]`` (those present), added into when ``ctx.accumulate`` names
+    them (micro-batches), else overwritten."""
+    if dx2 is not None:
+        gemm(dy2, w, dx2, parallel=True)
+    gw, gb = grads.get(prefix + "weight"), grads.get(prefix + "bias")
+    if gw is not None:  # dW (+)= dY^T X, straight into the gradient
+        gemm(dy2, x2, gw, trans_a=True, beta=1.0 if prefix + "weight" in ctx.accumulate
+             else 0.0, parallel=True)
+    if gb is not None:
+        if prefix + "bias" in ctx.accumulate:
+            np.add(gb, dy2.sum(axis=0, dtype=gb.dtype), out=gb)
+        else:
+            np.sum(dy2, axis=0, out=gb)
+
+
 class Linear(Layer):
     """Fully connected layer. ``weight`` is (out, in), ``bias`` (out,), both initialised
     U(-1/sqrt(in), 1/sqrt(in)) as in PyTorch. Backward retains only the input."""
@@ -55,38 +80,24 @@ class Linear(Layer):
         x2, y2 = _rows(x, self.in_features), _rows(y, self.out_features)
         if x2 is None or y2 is None:  # non-contiguous views: batched matmul, still no copy
             np.matmul(x, w.T, out=y)
+            if self.bias:
+                y += params["bias"]
         else:
-            np.matmul(x2, w.T, out=y2)
-        if self.bias:
-            y += params["bias"]
+            linear_forward(x2, w, params.get("bias") if self.bias else None, y2)
 
     def backward(self, ctx, grad_outputs, grad_inputs, inputs, outputs, params, grad_params,
                  stash, workspace) -> None:
-        dy, x, w = grad_outputs[0], inputs[0], params["weight"]
+        dy, x, w, dx = grad_outputs[0], inputs[0], params["weight"], grad_inputs[0]
         dy2 = _rows(dy, self.out_features)
         if dy2 is None:
             dy2 = dy.reshape(-1, self.out_features)
-        dx = grad_inputs[0]
-        if dx is not None:
-            dx2 = _rows(dx, self.in_features)
-            if dx2 is None:
-                np.matmul(dy, w, out=dx)
-            else:
-                np.matmul(dy2, w, out=dx2)
-        if "weight" in grad_params:
-            x2 = _rows(x, self.in_features)
-            if x2 is None:
-                x2 = x.reshape(-1, self.in_features)
-            if "weight" in ctx.accumulate:  # dW += dY^T X, straight into the gradient
-                gemm(dy2, x2, grad_params["weight"], trans_a=True, beta=1.0)
-            else:
-                np.matmul(dy2.T, x2, out=grad_params["weight"])
-        if self.bias and "bias" in grad_params:
-            db = grad_params["bias"]
-            if "bias" in ctx.accumulate:
-                np.add(db, dy2.sum(axis=0, dtype=db.dtype), out=db)
-            else:
-                np.sum(dy2, axis=0, out=db)
+        x2 = _rows(x, self.in_features)
+        if x2 is None:
+            x2 = x.reshape(-1, self.in_features)
+        dx2 = None if dx is None else _rows(dx, self.in_features)
+        if dx is not None and dx2 is None:  # non-contiguous: batched matmul, still no copy
+            np.matmul(dy, w, out=dx)
+        linear_backward(dy2, x2, w, dx2, grad_params, ctx)
 
     def describe(self) -> str:
         extra = "" if self.bias else ", bias=False"

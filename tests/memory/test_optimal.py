@@ -157,11 +157,12 @@ def test_never_worse_than_greedy_on_reference_models(model, target):
         costs = roofline(p, prof)
         bw = min(prof.link_h2d_bytes_per_s, prof.link_d2h_bytes_per_s)
     lo, hi = p.lower_bound_bytes(), evaluate(p, AutoChoice(), costs, bw)[0]
-    for frac in (0.1, 0.3, 0.6, 0.9):
+    # The greedy choice is the MILP's fallback, so the assertions hold at any time limit.
+    for frac in (0.15, 0.6):
         budget = int(lo + frac * (hi - lo))
         greedy = auto_choose(p, budget, costs, bandwidth=bw)
         g_peak, g_extra, _ = evaluate(p, greedy, costs, bw)
-        opt = optimal_choose(p, budget, costs, bw, time_limit_s=8, greedy=greedy)
+        opt = optimal_choose(p, budget, costs, bw, time_limit_s=3, greedy=greedy)
         if g_peak <= budget:
             assert opt.peak <= budget
             assert opt.extra_time_s <= g_extra * (1 + 1e-12)

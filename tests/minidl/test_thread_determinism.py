@@ -1,8 +1,9 @@
 """Training is bit-identical whatever the thread count (``MINIDL_NUM_THREADS``).
 
 Each thread count runs in its own process: Numba's and BLAS's thread pools are per process.
-The shapes are large enough that the conv kernels run in parallel and that a multi-threaded
-BLAS would cut the recurrent products differently (on AMD EPYC that changed the bits)."""
+The shapes are large enough that the conv kernels and the Linear products run in parallel and
+that a multi-threaded BLAS would cut the recurrent products differently (on AMD EPYC that
+changed the bits)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import minidl
 from minidl.models import get_model
 from minidl.optim import SGD
 from minidl.rnn import char_rnn
+from minidl.transformers import TransformerConfig, gpt
 
 def digest(net, x, y, memory):
     trainer = minidl.Trainer(net, SGD(net.parameters(), lr=0.01, momentum=0.9),
@@ -37,6 +39,9 @@ tok_x = rng.integers(0, 65, (32, 64))
 tok_y = rng.integers(0, 65, (32, 64))
 print(digest(get_model("resnet8", (3, 32, 32), 10), cnn_x, cnn_y, "none"))
 print(digest(get_model("vgg11_bn", (3, 32, 32), 10), cnn_x, cnn_y, "reuse,inplace"))
+# Linear layers of 1024 rows: their products run in parallel bands (kernels.blas.gemm)
+net = gpt(TransformerConfig(layers=1, heads=2, dim=128, context=64, vocab=65, dropout=0.1))
+print(digest(net, tok_x[:16], tok_y[:16], "none"))
 for cell in ("lstm", "gru"):
     net = char_rnn(vocab_size=65, embedding_dim=128, hidden_size=256, steps=64, cell=cell)
     print(digest(net, tok_x, tok_y, "none"))
@@ -56,6 +61,6 @@ def _digests(threads: int) -> list[str]:
 @pytest.mark.slow
 def test_training_is_bit_identical_across_thread_counts():
     one = _digests(1)
-    assert len(one) == 6
+    assert len(one) == 7
     assert _digests(2) == one
     assert _digests(3) == one
