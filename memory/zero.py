@@ -8,8 +8,15 @@ optimizer state, stage 2 also of the gradients, stage 3 also of the parameters (
 BatchNorm's running statistics are never sharded). Every owned range of a tensor is its own
 block in the pool, rounded to the program's allocation unit, as the engine allocates it.
 
-:func:`zero_bytes` reads a program lowered without sharding and gives one rank's persistent
-bytes by category and the collectives of one step with the bytes each moves.
+From stage 2 on, no rank keeps a parameter's full gradient between iterations: the program is
+lowered with the full gradients as tensors of the iteration (written by backward, copied into
+their bucket, freed after their last write), so their bytes count in the iteration's peak, not
+in the persistent state.
+
+:func:`zero_bytes` reads a program lowered without sharding (the full gradients persistent, or
+for stage 2 and 3 tensors of the iteration) and gives one rank's persistent bytes by category
+and the collectives of one step with the bytes each moves; ``saved_bytes`` is what to take off
+that program's peak (run with its own persistent state) to get the rank's.
 """
 
 from __future__ import annotations
@@ -65,12 +72,16 @@ class ZeroBytes:
     #: Stage 3: the largest layer's parameters, gathered whole just before use (a transient
     #: block the unsharded iteration does not have); 0 otherwise.
     gather_bytes: int = 0
+    #: The persistent bytes of the program read (its full gradients left out when it was
+    #: lowered with them as tensors of the iteration); default: ``unsharded``'s total.
+    program_bytes: int = -1
 
     @property
     def saved_bytes(self) -> int:
-        """Bytes this rank does not hold at its peak thanks to sharding (persistent bytes
-        saved, less the stage-3 gather block)."""
-        return sum(self.unsharded.values()) - sum(self.persistent.values()) - self.gather_bytes
+        """Bytes this rank holds less at its peak than the program read, run with its own
+        persistent state (persistent bytes saved, less the stage-3 gather block)."""
+        base = sum(self.unsharded.values()) if self.program_bytes < 0 else self.program_bytes
+        return base - sum(self.persistent.values()) - self.gather_bytes
 
 
 def zero_bytes(program: Program, stage: int, ranks: int, rank: int = 0) -> ZeroBytes:
@@ -79,7 +90,10 @@ def zero_bytes(program: Program, stage: int, ranks: int, rank: int = 0) -> ZeroB
     if stage not in (0, *STAGES):
         raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {stage}")
     persistent = [t for t in program.tensors if t.persistent]
-    grads = {t.name: t for t in persistent if t.role == "param_grad"}
+    if any(t.role == "grad_shard" for t in persistent):
+        raise ValueError("zero_bytes reads a program lowered without sharding; this one holds "
+                         "gradient shards")
+    grads = {t.name: t for t in program.tensors if t.role == "param_grad"}
     trainable = [t for t in persistent if t.role == "param" and t.name + ".grad" in grads]
     sizes = [math.prod(t.shape) for t in trainable]
     owned = owned_ranges(sizes, ranks, rank)
@@ -118,4 +132,5 @@ def zero_bytes(program: Program, stage: int, ranks: int, rank: int = 0) -> ZeroB
     for t in trainable:
         layers[t.layer] = layers.get(t.layer, 0) + program.block_size(t.nbytes)
     gather = max(layers.values(), default=0) if stage == 3 else 0
-    return ZeroBytes(stage, ranks, rank, mine, unsharded, tuple(colls), gather)
+    return ZeroBytes(stage, ranks, rank, mine, unsharded, tuple(colls), gather,
+                     sum(program.block_size(t.nbytes) for t in persistent))

@@ -15,7 +15,9 @@ one job, in place where the operation allows. Two implementations:
 
 The buffers are contiguous arrays of one dtype; ``reduce_scatter`` splits ``send`` into
 ``size`` equal chunks (its length must divide evenly) and leaves rank ``r`` the sum of every
-rank's chunk ``r``; ``allgather`` is its inverse.
+rank's chunk ``r``; ``allgather`` is its inverse. ``reduce_scatter_v`` is the same with chunks
+of the given (possibly unequal, possibly empty) lengths, as ZeRO stage 2 needs for gradient
+buckets that straddle the ranks' owned ranges.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import pickle
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -43,6 +46,10 @@ class Communicator(Protocol):
 
     def reduce_scatter(self, send: np.ndarray, out: np.ndarray) -> None:
         """``out`` (``send.size // size`` elements) = the sum over ranks of chunk ``rank``."""
+
+    def reduce_scatter_v(self, send: np.ndarray, out: np.ndarray, counts: Sequence[int]) -> None:
+        """``send`` cut into ``size`` consecutive chunks of ``counts`` elements: ``out``
+        (``counts[rank]`` elements) = the sum over ranks of chunk ``rank``."""
 
     def allgather(self, chunk: np.ndarray, out: np.ndarray) -> None:
         """``out`` (``size`` chunks) = every rank's ``chunk``, in rank order."""
@@ -71,6 +78,16 @@ def _check_split(send: np.ndarray, out: np.ndarray, size: int) -> None:
                          f"{size} chunks of {out.size}")
 
 
+def _check_counts(send: Any, out: Any, counts: Sequence[int], rank: int, size: int) -> list[int]:
+    counts = [int(c) for c in counts]
+    if len(counts) != size or min(counts, default=0) < 0 or sum(counts) != send.size \
+            or counts[rank] != out.size:
+        raise ValueError(f"reduce_scatter_v: counts {counts} must be {size} non-negative "
+                         f"lengths summing to the {send.size} elements sent, and rank {rank}'s "
+                         f"must be the {out.size} elements received")
+    return counts
+
+
 class SingleProcess:
     """World size 1: each collective is the identity (copies where ``out`` is another array)."""
 
@@ -83,6 +100,10 @@ class SingleProcess:
 
     def reduce_scatter(self, send: np.ndarray, out: np.ndarray) -> None:
         _check_split(send, out, 1)
+        np.copyto(out, send.reshape(out.shape))
+
+    def reduce_scatter_v(self, send: np.ndarray, out: np.ndarray, counts: Sequence[int]) -> None:
+        _check_counts(send, out, counts, 0, 1)
         np.copyto(out, send.reshape(out.shape))
 
     def allgather(self, chunk: np.ndarray, out: np.ndarray) -> None:
@@ -163,6 +184,12 @@ class MpiCommunicator:
         self._wait(self.comm.Ireduce_scatter_block(
             _contiguous(send, "reduce_scatter"), _contiguous(out, "reduce_scatter"),
             op=self._mpi.SUM), "a reduce-scatter")
+
+    def reduce_scatter_v(self, send: np.ndarray, out: np.ndarray, counts: Sequence[int]) -> None:
+        counts = _check_counts(send, out, counts, self.rank, self.size)
+        self._wait(self.comm.Ireduce_scatter(
+            _contiguous(send, "reduce_scatter_v"), _contiguous(out, "reduce_scatter_v"),
+            recvcounts=counts, op=self._mpi.SUM), "a reduce-scatter")
 
     def allgather(self, chunk: np.ndarray, out: np.ndarray) -> None:
         _check_split(out, chunk, self.size)
@@ -250,6 +277,25 @@ class NcclCommunicator:
         self._check(out, "reduce_scatter")
         self.comm.reduceScatter(send.data.ptr, out.data.ptr, out.size, t,
                                 self._nccl.NCCL_SUM, self._stream())
+
+    def reduce_scatter_v(self, send: Any, out: Any, counts: Sequence[int]) -> None:
+        """NCCL has no reduce-scatter of unequal chunks: one reduce per rank, rooted at the
+        rank that keeps the chunk, grouped into one launch."""
+        counts = _check_counts(send, out, counts, self.rank, self.size)
+        t = self._check(send, "reduce_scatter_v")
+        self._check(out, "reduce_scatter_v")
+        stream, off = self._stream(), 0
+        self._nccl.groupStart()
+        try:
+            for root, n in enumerate(counts):
+                if n:
+                    dst = out.data.ptr if root == self.rank else send.data.ptr + off * \
+                        send.itemsize
+                    self.comm.reduce(send.data.ptr + off * send.itemsize, dst, n, t,
+                                     self._nccl.NCCL_SUM, root, stream)
+                off += n
+        finally:
+            self._nccl.groupEnd()
 
     def allgather(self, chunk: Any, out: Any) -> None:
         _check_split(out, chunk, self.size)

@@ -19,6 +19,14 @@ bucketing, Li et al. 2020).
   The sum of share-weighted shard gradients is the global batch's mean gradient, up to
   summation order. The bucket buffers are host memory outside the device pool (as DDP's
   bucket views are outside the caching allocator's plan).
+* **ZeRO stage 2** (``zero=2``, :mod:`minidl.zero`): the buckets are reduce-scattered
+  instead of all-reduced (``Communicator.reduce_scatter_v``): inside a bucket the parameters
+  lie in network order, so a bucket is one flat range of the parameters, and each rank
+  receives the part of it within its owned range
+  (:func:`~minidl.memory.zero.owned_ranges`), straight into its gradient shards. A
+  parameter's full gradient is then a block of the iteration: the backward step that last
+  writes it copies it (scaled by the share) into its bucket's buffer, and the executor frees
+  it right after. Even on one rank the gradients go through the buckets (into the shards).
 * **BatchNorm** normalises with each rank's own shard statistics (DDP's default); running
   statistics stay per rank and rank 0's are the ones checkpoints hold. With ``sync_bn`` it
   normalises with the global batch's (:class:`BatchStatsSync`, on a duplicate of the
@@ -39,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from .comm import Communicator
+from .memory.zero import owned_ranges
 
 #: PyTorch DDP's default bucket size (``bucket_cap_mb=25``).
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
@@ -95,10 +104,20 @@ class SyncStats:
 class GradientSync:
     """Bucketed gradient averaging for the trainable ``params`` over ``comm`` (see the module
     docstring). ``overlap=False`` all-reduces every bucket after backward, on the caller's
-    thread."""
+    thread.
+
+    ``shards`` (ZeRO stage 2: the :class:`~minidl.zero.ShardParameter` objects of this rank,
+    each with its own gradient ``own_grad``): the buckets are reduce-scattered instead, rank
+    ``r`` receiving the elements of the bucket in its owned range
+    (:func:`~minidl.memory.zero.owned_ranges` over ``params`` flattened in order), which go
+    into the shards' gradients; a parameter's full gradient (a block of the iteration) is
+    copied into its bucket's buffer by the backward step that last writes it, before the
+    executor frees it.
+    """
 
     def __init__(self, comm: Communicator, params: Sequence[Any],
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, overlap: bool = True) -> None:
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, overlap: bool = True,
+                 shards: Sequence[Any] | None = None) -> None:
         self.comm = comm
         self.params = [p for p in params if p.trainable]
         self.overlap = overlap
@@ -106,19 +125,28 @@ class GradientSync:
         self._bucket_of = {}
         self._buffers: list[np.ndarray] = []
         self._offsets: list[list[int]] = []
+        sizes = [int(np.prod(p.shape)) for p in self.params]
         for b, members in enumerate(self.buckets):
-            offs, total = [], 0
             dtypes = {np.dtype(self.params[i].dtype) for i in members}
             if len(dtypes) > 1:
                 raise ValueError(f"bucket {b} mixes parameter dtypes {sorted(map(str, dtypes))}")
+            # in network order inside the bucket: a bucket is one flat range of the parameters
+            first = min(members)
+            self._offsets.append([sum(sizes[first:i]) for i in members])
             for i in members:
                 self._bucket_of[i] = b
-                offs.append(total)
-                total += int(np.prod(self.params[i].shape))
-            self._offsets.append(offs)
-            self._buffers.append(np.empty(total, dtype=dtypes.pop()))
+            self._buffers.append(np.empty(sum(sizes[i] for i in members), dtype=dtypes.pop()))
         self._index = {id(p): i for i, p in enumerate(self.params)}
-        self._ready_cache: dict[int, tuple[Any, dict[int, list[int]]]] = {}
+        #: Stage 2: per bucket, the elements each rank receives, this rank's receive buffer
+        #: and where its pieces go ((shard gradient getter, start in the receive buffer)).
+        self.scatter = shards is not None
+        self._counts: list[list[int]] = []
+        self._recv: list[np.ndarray] = []
+        self._pieces: list[list[tuple[Any, int]]] = []
+        if shards is not None:
+            self._plan_scatter(sizes, shards)
+        self._filled: list[bool] = [False] * len(self.params)
+        self._ready_cache: dict[int, tuple[Any, dict[int, list[tuple[int, int]]]]] = {}
         self._pending: list[int] = []
         self._launched: list[bool] = []
         self._share = 1.0
@@ -128,12 +156,41 @@ class GradientSync:
         self._thread: threading.Thread | None = None
         self.last: SyncStats | None = None
 
+    def _plan_scatter(self, sizes: list[int], shards: Sequence[Any]) -> None:
+        """The reduce-scatter of each bucket (stage 2; see the class docstring)."""
+        size, rank = self.comm.size, self.comm.rank
+        owned = owned_ranges(sizes, size, rank)
+        mine = [(i, lo, hi) for i, lo, hi in owned]
+        theirs = [(p.base, p.lo, p.hi) for p in shards]
+        if [(id(self.params[i]), lo, hi) for i, lo, hi in mine] != \
+                [(id(b), lo, hi) for b, lo, hi in theirs]:
+            raise ValueError("zero=2: the optimizer's shards are not this rank's owned ranges "
+                             "of the network's trainable parameters (the optimizer must hold "
+                             "every trainable parameter, in the network's order)")
+        shard_len = -(-sum(sizes) // size)
+        starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        for members in self.buckets:
+            a, b = int(starts[min(members)]), int(starts[max(members) + 1])
+            counts = [max(0, min(b, (r + 1) * shard_len) - max(a, r * shard_len))
+                      for r in range(size)]
+            self._counts.append(counts)
+            self._recv.append(np.empty(counts[rank], dtype=self._buffers[len(self._recv)].dtype))
+            pieces, pos = [], 0
+            for p, (i, lo, hi) in zip(shards, mine):
+                if i in members:
+                    pieces.append((p, pos))
+                    pos += hi - lo
+            if pos != counts[rank]:
+                raise AssertionError(f"bucket pieces {pos} != received {counts[rank]}")
+            self._pieces.append(pieces)
+
     # ------------------------------------------------------------------ per step
     def begin(self, share: float) -> None:
         """Start a step in which this rank's gradients count ``share`` of the global batch."""
         self._share = float(share)
         self._pending = [len(m) for m in self.buckets]
         self._launched = [False] * len(self.buckets)
+        self._filled = [False] * len(self.params)
         self._comm_s = 0.0
         self._error = None
 
@@ -142,29 +199,32 @@ class GradientSync:
         """Buckets of the current step not handed to the communication thread yet."""
         return self._launched.count(False)
 
-    def _ready_after(self, executor: Any) -> dict[int, list[int]]:
-        """Step index -> parameters (our indices) whose last gradient write is that step."""
+    def _ready_after(self, executor: Any) -> dict[int, list[tuple[int, int]]]:
+        """Step index -> parameters (our indices) whose last gradient write is that step, each
+        with its gradient's tensor id."""
         prog = executor.plan.program
         hit = self._ready_cache.get(id(prog))
         if hit is not None and hit[0] is prog:
             return hit[1]
-        last: dict[int, int] = {}
+        last: dict[int, tuple[int, int]] = {}
         for i, st in enumerate(executor.steps):
             if st.phase != "backward":
                 continue
-            for k in st.grad_params:
+            for k, g in st.grad_params.items():
                 p = executor.parameters.get(st.params[k])
                 if p is not None and id(p) in self._index:
-                    last[self._index[id(p)]] = i
-        ready: dict[int, list[int]] = {}
-        for j, i in last.items():
-            ready.setdefault(i, []).append(j)
+                    last[self._index[id(p)]] = (i, g)
+        ready: dict[int, list[tuple[int, int]]] = {}
+        for j, (i, g) in last.items():
+            ready.setdefault(i, []).append((j, g))
         self._ready_cache[id(prog)] = (prog, ready)
         return ready
 
     def on_backward_step(self, executor: Any, index: int) -> None:
         """The executor's hook after backward step ``index``: launch the buckets it completed."""
-        for j in self._ready_after(executor).get(index, ()):
+        for j, g in self._ready_after(executor).get(index, ()):
+            if self.scatter:  # the full gradient is a block of the iteration, freed after
+                self._fill(j, executor.last_runtime.array(g))
             self._pending[self._bucket_of[j]] -= 1
         if self.overlap:
             # strictly in bucket order (as DDP): every rank issues the same collectives in the
@@ -174,10 +234,29 @@ class GradientSync:
                 self._launch(b)
                 b += 1
 
+    def _fill(self, i: int, grad: Any) -> None:
+        """Parameter ``i``'s gradient, scaled by the rank's share, into its bucket's buffer."""
+        b = self._bucket_of[i]
+        off = self._offsets[b][self.buckets[b].index(i)]
+        np.multiply(grad.reshape(-1), self._share, out=self._buffers[b][off:off + grad.size])
+        self._filled[i] = True
+
+    def zero_local(self) -> None:
+        """This rank has no rows this step: it adds zeros to the sums."""
+        for i, p in enumerate(self.params):
+            if self.scatter:
+                self._filled[i] = False  # zero-filled at launch
+            else:
+                p.grad[...] = 0
+
     def _launch(self, b: int) -> None:
         self._launched[b] = True
         buf = self._buffers[b]
         for i, off in zip(self.buckets[b], self._offsets[b]):
+            if self.scatter:  # a parameter no backward step wrote adds zeros
+                if not self._filled[i]:
+                    buf[off:off + self.params[i].data.size] = 0
+                continue
             g = self.params[i].grad
             np.multiply(g.reshape(-1), self._share, out=buf[off:off + g.size])
         if self.overlap:
@@ -187,9 +266,18 @@ class GradientSync:
             self._reduce(b)
 
     def _reduce(self, b: int) -> None:
-        """All-reduce bucket ``b`` and copy the sums back into the gradients."""
+        """All-reduce bucket ``b`` and copy the sums back into the gradients (stage 2:
+        reduce-scatter it, the owned sums into the shards' gradients)."""
         t0 = time.perf_counter()
         buf = self._buffers[b]
+        if self.scatter:
+            recv = self._recv[b]
+            self.comm.reduce_scatter_v(buf, recv, self._counts[b])
+            self._comm_s += time.perf_counter() - t0
+            for p, pos in self._pieces[b]:
+                g = p.own_grad
+                np.copyto(g.reshape(-1), recv[pos:pos + g.size])
+            return
         self.comm.allreduce(buf)
         self._comm_s += time.perf_counter() - t0
         for i, off in zip(self.buckets[b], self._offsets[b]):
@@ -306,7 +394,9 @@ class DataParallel:
         check_agreement(comm, fingerprint(net, spec, optimizer, seed, comm.size, sync_bn))
         for _, p in net.named_parameters(include_buffers=True):
             comm.broadcast(p.data, root=0)
-        self.sync = GradientSync(comm, net.parameters(), bucket_bytes, overlap)
+        shards = optimizer.shard.params if getattr(optimizer, "shards_gradients", False) \
+            else None  # zero=2: reduce-scatter into this rank's gradient shards
+        self.sync = GradientSync(comm, net.parameters(), bucket_bytes, overlap, shards)
         self.stats: list[SyncStats] = []
         self._idle = False
         #: ``Context.batch_sync`` for the layers (``sync_bn``), else ``None``.
@@ -338,8 +428,7 @@ class DataParallel:
             self.batch_sync.share = share
         try:
             if self._idle:  # no rows for this rank: it adds nothing but joins the collectives
-                for p in self.sync.params:
-                    p.grad[...] = 0
+                self.sync.zero_local()
                 loss = 0.0
             else:
                 loss = local(x[lo:hi], y[lo:hi])

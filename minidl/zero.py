@@ -1,37 +1,54 @@
-"""ZeRO stage 1 in training (``zero=1``): each data-parallel rank keeps and updates only its
-range of the optimizer state, then the ranks all-gather the parameters.
+"""ZeRO in training (Rajbhandari et al., 2020): ``zero=1`` and ``zero=2``.
 
-The ranges are :func:`minidl.memory.zero.owned_ranges` of the trainable parameters flattened
-in order (the planner's accounting uses the same function). :class:`ZeroOptimizer` wraps the
-user's optimizer: an optimizer of the same class and hyperparameters runs over
-:class:`ShardParameter` slices (1-D views of the owned elements of ``.data`` and ``.grad``),
-so its state, allocated by the engine through ``init_state``, is this rank's share only. The
-gradients are still all-reduced whole (stage 2, reduce-scattered gradients, is planned by
-``minidl plan --ranks N`` but not run). The all-gather goes through host buffers of the
-parameters' size outside the device pool, as the gradient buckets do.
+Each data-parallel rank owns one range of the trainable parameters flattened in order: the
+ranges are :func:`minidl.memory.zero.owned_ranges` (the planner's accounting uses the same
+function). :class:`ZeroOptimizer` wraps the user's optimizer: an optimizer of the same class
+and hyperparameters runs over :class:`ShardParameter` slices (1-D views of the owned elements
+of ``.data``), so its state, allocated by the engine through ``init_state``, is this rank's
+share only; after the update the ranks all-gather the parameters (through host buffers of the
+parameters' size outside the device pool, as the gradient buckets are).
+
+* **Stage 1** (optimizer state sharded): the gradients are all-reduced whole into every
+  parameter's persistent ``.grad``; a shard's gradient is a view of it.
+* **Stage 2** (also gradients): each shard has its own persistent gradient block in the pool
+  (:meth:`ZeroOptimizer.init_grads`, called by the engine), and no parameter keeps a full
+  gradient: the engine lowers the full gradients as blocks of the iteration, which the
+  executor frees after their last write, once :class:`~minidl.data_parallel.GradientSync`
+  has copied them into their bucket's host buffer. Buckets are reduce-scattered
+  (``Communicator.reduce_scatter_v``, each rank receiving the part of the bucket it owns)
+  straight into the shards' gradients. ``.grad`` of the network's parameters is then
+  ``None``; gradient clipping goes through :meth:`ZeroOptimizer.clip_grad_norm` (the norm
+  summed over the ranks). Micro-batch splitting (``split=K``) needs the full gradients to
+  accumulate in, so it is refused under stage 2.
+
+Stage 3 (parameters sharded, gathered per layer) is planned by ``minidl plan --ranks N`` but
+not trained.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import numpy as np
 
 from .comm import Communicator
 from .memory.zero import owned_ranges
-from .optim import Optimizer, OptimizerWrapper
+from .optim import Optimizer, OptimizerWrapper, clip_grad_norm_
 from .parameter import Parameter
 
 
 class ShardParameter(Parameter):
     """Elements ``[lo, hi)`` of ``base``'s flattened ``data`` and ``grad``, as a 1-D parameter
-    (views, taken anew at each access: ``base`` may be rebound to the device pool)."""
+    (views, taken anew at each access: ``base`` may be rebound to the device pool). Under
+    stage 2 the shard's gradient is an array of its own (``own_grad``) instead."""
 
-    __slots__ = ("base", "lo", "hi")
+    __slots__ = ("base", "lo", "hi", "own_grad")
 
     def __init__(self, base: Parameter, lo: int, hi: int) -> None:
         self.base, self.lo, self.hi = base, lo, hi
+        self.own_grad: Any = None
         super().__init__(f"{base.name}[{lo}:{hi}]", None)
 
     @property
@@ -45,6 +62,8 @@ class ShardParameter(Parameter):
 
     @property
     def grad(self) -> Any:
+        if self.own_grad is not None:
+            return self.own_grad
         g = self.base.grad
         return None if g is None else g.reshape(-1)[self.lo:self.hi]
 
@@ -56,16 +75,20 @@ class ShardParameter(Parameter):
 
 class ZeroOptimizer(OptimizerWrapper):
     """``inner`` (the user's optimizer, whose ``lr`` a scheduler may set) with its state and
-    updates sharded over the ranks of ``comm``; see the module docstring."""
+    updates (``stage`` 2: also its gradients) sharded over the ranks of ``comm``; see the
+    module docstring."""
 
-    def __init__(self, inner: Optimizer, comm: Communicator) -> None:
+    def __init__(self, inner: Optimizer, comm: Communicator, stage: int = 1) -> None:
+        if stage not in (1, 2):
+            raise ValueError(f"ZeroOptimizer trains ZeRO stage 1 or 2, got {stage}")
         self.inner = inner
         self.comm = comm
+        self.stage = stage
         params = inner.params
         dtypes = {p.dtype for p in params}
         if len(dtypes) > 1:
-            raise ValueError(f"zero=1 shards one flat range of the parameters: they must share "
-                             f"a dtype, got {sorted(map(str, dtypes))}")
+            raise ValueError(f"zero={stage} shards one flat range of the parameters: they must "
+                             f"share a dtype, got {sorted(map(str, dtypes))}")
         self.sizes = [int(np.prod(p.shape)) for p in params]
         owned = owned_ranges(self.sizes, comm.size, comm.rank)
         self.shard = copy.copy(inner)  # same class and hyperparameters, other parameters
@@ -82,6 +105,45 @@ class ZeroOptimizer(OptimizerWrapper):
     def init_state(self, alloc: Any) -> None:
         """Allocate this rank's share of the state through ``alloc`` (the engine's pool)."""
         self.shard.init_state(alloc)
+
+    @property
+    def shards_gradients(self) -> bool:
+        """Whether each rank keeps only its shards' gradients (stage 2)."""
+        return self.stage >= 2
+
+    def grad_spec(self) -> list[tuple[str, tuple[int, ...], np.dtype]]:
+        """Stage 2: ``(name, shape, dtype)`` of the gradient block of each owned range."""
+        if self.stage < 2:
+            return []
+        return [(f"{p.base.name}.grad[{p.lo}:{p.hi}]", (p.hi - p.lo,), p.base.dtype)
+                for p in self.shard.params]
+
+    def init_grads(self, alloc: Any) -> None:
+        """Stage 2: allocate the owned ranges' gradients through ``alloc(name, shape, dtype)``
+        (the engine's pool; one block per range, as :func:`~minidl.memory.zero.zero_bytes`
+        counts them). Stage 1 allocates nothing (the gradients are the parameters')."""
+        for p, (name, shape, dtype) in zip(self.shard.params, self.grad_spec()):
+            p.own_grad = alloc(name, shape, dtype)
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """:func:`~minidl.optim.clip_grad_norm_` over every rank's gradients: under stage 2
+        each rank sums the squares of its shards and the sums are all-reduced; the shards are
+        then scaled alike. Returns the global norm before clipping."""
+        if self.stage < 2:
+            return clip_grad_norm_(self.inner.params, max_norm)
+        grads = [p.grad for p in self.shard.params]
+        total = np.zeros(1, dtype=np.float64)
+        for g in grads:
+            total[0] += float(np.dot(g, g))
+        self.comm.allreduce(total)
+        total_norm = math.sqrt(float(total[0]))
+        if not math.isfinite(total_norm):
+            return total_norm
+        clip_coef = max_norm / (total_norm + 1e-6)
+        if clip_coef < 1.0:
+            for g in grads:
+                np.multiply(g, g.dtype.type(clip_coef), out=g)
+        return total_norm
 
     def step(self) -> None:
         """Update the owned ranges, then all-gather every rank's updated range."""
@@ -129,18 +191,21 @@ class ZeroOptimizer(OptimizerWrapper):
         self.inner.lr = float(d["lr"])
 
     def __repr__(self) -> str:
-        return (f"ZeroOptimizer({self.inner!r}, rank {self.comm.rank} of {self.comm.size}: "
+        return (f"ZeroOptimizer({self.inner!r}, stage {self.stage}, rank {self.comm.rank} of "
+                f"{self.comm.size}: "
                 f"{sum(p.hi - p.lo for p in self.shard.params):,} elements)")
 
 
 def sharded_optimizer(optimizer: Any, comm: Communicator, stage: int) -> Any:
     """The optimizer a trainer under ``zero=stage`` runs: ``optimizer`` itself for stage 0, a
-    :class:`ZeroOptimizer` for stage 1; stages 2 and 3 are refused (planned, not run)."""
+    :class:`ZeroOptimizer` for stages 1 and 2; stage 3 is refused (planned, not run)."""
     if stage == 0:
         return optimizer
-    if stage >= 2:
+    if stage >= 3:
         raise ValueError(f"zero={stage} is planned (minidl plan --ranks N) but not trained yet: "
-                         "train with zero=1 (optimizer state sharded)")
+                         "train with zero=1 (optimizer state sharded) or zero=2 (also "
+                         "gradients)")
     if not isinstance(optimizer, Optimizer):
-        raise ValueError(f"zero=1 shards a minidl optimizer, got {type(optimizer).__name__}")
-    return ZeroOptimizer(optimizer, comm)
+        raise ValueError(f"zero={stage} shards a minidl optimizer, got "
+                         f"{type(optimizer).__name__}")
+    return ZeroOptimizer(optimizer, comm, stage)

@@ -62,7 +62,11 @@ def print_ranks(rep: dict, out=sys.stdout) -> None:
         print(f"  (the peak includes the largest layer's parameters gathered whole: "
               f"{format_bytes(z['gather_bytes'])})", file=out)
     if z["stage"] >= 2:
-        print(f"  zero={z['stage']} is planned only (minidl trains zero=1)", file=out)
+        print("  (full gradients are blocks of the iteration, freed once copied into their "
+              "bucket: the peak counts those live at once)", file=out)
+    if z["stage"] >= 3:
+        print(f"  zero={z['stage']} is planned only (minidl trains zero=1 and zero=2)",
+              file=out)
     for c in z["collectives"]:
         print(f"  {c['name']}: {format_bytes(c['payload_bytes'])} buffer, each rank sends "
               f"{format_bytes(c['sent_bytes_per_rank'])} per step (ring)", file=out)

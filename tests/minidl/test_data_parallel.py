@@ -222,22 +222,92 @@ def test_cli_two_ranks_match_one_process(mpiexec, tmp_path):
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".") or ".tmp" in f]
 
 
-def test_zero1_on_one_rank_is_bit_identical_and_checkpoints_unsharded(tmp_path):
+def test_cli_zero2_on_two_ranks_matches_one_process_and_resumes(mpiexec, tmp_path):
+    args = ["-m", "minidl", "train", "smallcnn", "--dataset", "synthetic", "--input", "1x8x8",
+            "--width", "4", "--batch-size", "16", "--epochs", "1", "--no-progress", "--json",
+            "--device-memory", "32MiB"]
+    one = subprocess.run([sys.executable, *args, "--max-steps", "6", "--memory", "reuse",
+                          "--save", str(tmp_path / "one.npz")],
+                         capture_output=True, text=True, timeout=120, env=_env())
+    assert one.returncode == 0, one.stderr[-2000:]
+    # 3 steps, a checkpoint (unsharded), then 3 more steps resumed from it
+    zero = [*mpiexec, sys.executable, *args, "--memory", "reuse,inplace,zero=2"]
+    first = subprocess.run([*zero, "--max-steps", "3", "--save", str(tmp_path / "half.npz")],
+                           capture_output=True, text=True, timeout=180, env=_env())
+    assert first.returncode == 0, first.stderr[-2000:]
+    rest = subprocess.run([*zero, "--max-steps", "6", "--resume", str(tmp_path / "half.npz"),
+                           "--save", str(tmp_path / "two.npz")],
+                          capture_output=True, text=True, timeout=180, env=_env())
+    assert rest.returncode == 0, rest.stderr[-2000:]
+    a = json.loads(one.stdout)
+    b = [json.loads(_printed_lines(r.stdout)[0]) for r in (first, rest)]
+    np.testing.assert_allclose(b[0]["losses"] + b[1]["losses"], a["losses"], rtol=RTOL,
+                               atol=ATOL)
+    with np.load(tmp_path / "one.npz") as za, np.load(tmp_path / "two.npz") as zb:
+        assert sorted(za.files) == sorted(zb.files)  # the optimizer state unsharded
+        for k in za.files:
+            if k.startswith(("param/", "optim/")):
+                np.testing.assert_allclose(zb[k], za[k], rtol=RTOL, atol=ATOL, err_msg=k)
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_zero_on_one_rank_is_bit_identical_and_checkpoints_unsharded(stage):
     worker = _worker()
     plain = worker.train(SingleProcess(), "reuse,inplace", 16, 1024)
-    zero = worker.train(SingleProcess(), "reuse,inplace,zero=1", 16, 1024)
+    zero = worker.train(SingleProcess(), f"reuse,inplace,zero={stage}", 16, 1024)
     assert sorted(plain) == sorted(zero)
     for k in plain:
-        assert np.array_equal(plain[k], zero[k]), k
+        if k != "peak_allocated" and k != "planned_peak" and k != "buckets":
+            assert np.array_equal(plain[k], zero[k]), k  # (optim/: the unsharded state)
+    if stage == 1:  # one rank holds every shard: the same bytes
+        assert int(zero["peak_allocated"]) == int(plain["peak_allocated"])
+    assert int(zero["peak_allocated"]) == int(zero["planned_peak"])
 
 
-def test_zero2_is_refused_in_training():
+def test_zero2_keeps_no_full_gradient_and_clips_over_the_shards():
+    from minidl import models
+    from minidl.optim import SGD, clip_grad_norm_
+    from minidl.trainer import Trainer
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 1, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 10, 8)
+    runs = []
+    for spec in ("reuse", "reuse,zero=2"):
+        net = models.smallcnn((1, 8, 8), 10, width=2)
+        trainer = Trainer(net, SGD(net.parameters(), lr=0.1), memory=spec,
+                          device_memory="4MiB", clip_grad_norm=0.05)
+        norms = []
+        if trainer.config.zero:
+            def recorded(m, clip=trainer.optimizer.clip_grad_norm, norms=norms):
+                norms.append(clip(m))
+                return norms[-1]
+
+            trainer.optimizer.clip_grad_norm = recorded
+        else:
+            trainer.compute_gradients(x, y)
+            norms.append(clip_grad_norm_(net.parameters(), 1e9))
+        trainer.step(x, y)
+        if trainer.config.zero:
+            assert all(p.grad is None for p in net.parameters())  # the shards hold them
+            assert {b.category for b in trainer.engine.persistent_blocks} >= {"gradient"}
+        runs.append((norms[0], {k: np.array(v) for k, v in net.state_dict().items()}))
+        trainer.close()
+    assert runs[0][0] > 0.05 and runs[1][0] == runs[0][0]  # the same norm, clipped
+    for k, v in runs[0][1].items():
+        assert np.array_equal(runs[1][1][k], v), k
+    with pytest.raises(ValueError, match="split=2 accumulates every parameter's full gradient"):
+        Trainer(models.smallcnn((1, 8, 8), 10, width=2), memory="reuse,split=2,zero=2",
+                device_memory="4MiB").step(x, y)
+
+
+def test_zero3_is_refused_in_training():
     from minidl import models
     from minidl.trainer import Trainer
 
-    with pytest.raises(ValueError, match=r"zero=2 is planned \(minidl plan --ranks N\) but not "
+    with pytest.raises(ValueError, match=r"zero=3 is planned \(minidl plan --ranks N\) but not "
                                          "trained yet"):
-        Trainer(models.smallcnn((1, 8, 8), 10, width=2), memory="zero=2",
+        Trainer(models.smallcnn((1, 8, 8), 10, width=2), memory="zero=3",
                 device_memory="4MiB")
 
 
@@ -257,24 +327,33 @@ def test_zero_bytes_are_what_the_engine_allocates_for_each_rank():
     from minidl.optim import Adam
     from minidl.zero import ZeroOptimizer
 
-    def engine(make_opt):
+    def engine(make_opt, spec="reuse"):
         net = models.smallcnn((1, 8, 8), 10, width=3)
-        return Engine(net, Pool(MetaDevice()), "reuse", SoftmaxCrossEntropy(),
+        return Engine(net, Pool(MetaDevice()), spec, SoftmaxCrossEntropy(),
                       make_opt(net), bind=False)
 
     full = engine(lambda net: Adam(net.parameters()))
     prog = full.compiled([(4, 1, 8, 8)], (4,), True).lowered.program
-    for ranks in (1, 2, 3):
-        for rank in range(ranks):
-            e = engine(lambda net, r=rank, n=ranks: ZeroOptimizer(Adam(net.parameters()),
-                                                                  _Rank(r, n)))
-            allocated: dict[str, int] = {}
-            for blk in e.persistent_blocks:
-                allocated[blk.category] = allocated.get(blk.category, 0) + blk.size
-            zb = zero_bytes(prog, 1, ranks, rank)
-            assert zb.persistent == allocated, (ranks, rank)
-            if ranks > 1:
-                assert zb.persistent["optimizer_state"] < zb.unsharded["optimizer_state"]
+    for stage in (1, 2):
+        for ranks in (1, 2, 3):
+            for rank in range(ranks):
+                e = engine(lambda net, r=rank, n=ranks, s=stage: ZeroOptimizer(
+                    Adam(net.parameters()), _Rank(r, n), s), f"reuse,zero={stage}")
+                allocated: dict[str, int] = {}
+                for blk in e.persistent_blocks:
+                    allocated[blk.category] = allocated.get(blk.category, 0) + blk.size
+                zb = zero_bytes(prog, stage, ranks, rank)
+                assert zb.persistent == allocated, (stage, ranks, rank)
+                # the program a rank runs holds what the engine allocated (static offsets
+                # start above it), the full gradients as blocks of the iteration from stage 2
+                mine = e.compiled([(4, 1, 8, 8)], (4,), True).lowered.program
+                assert mine.persistent_bytes() == sum(allocated.values())
+                assert any(t.role == "param_grad" and not t.persistent
+                           for t in mine.tensors) == (stage == 2)
+                if ranks > 1:
+                    assert zb.persistent["optimizer_state"] < zb.unsharded["optimizer_state"]
+                    assert (zb.persistent["gradient"] < zb.unsharded["gradient"]) == \
+                        (stage == 2)
     two = zero_bytes(prog, 3, 2)
     assert two.persistent["parameter"] < two.unsharded["parameter"]
     assert two.persistent["gradient"] < two.unsharded["gradient"]
