@@ -3,9 +3,10 @@
     python benchmarks/data_parallel_equality.py      # launches mpiexec -n 2 itself
 
 Runs the cases of tests/minidl/dp_worker.py (smallcnn 1x8x8 width 4, SGD with momentum,
-10 steps on one seeded global batch: none, reuse,inplace, an uneven batch of 15, and
-reuse,inplace,zero=1, with swapping and recomputation; and resnet8 3x8x8 width 2 with BatchNorm
-synchronised and per rank) on 2 MPI ranks and in this process, and prints per case the largest
+10 steps on one seeded global batch: none, reuse,inplace, an uneven batch of 15, a batch of 1,
+zero=1 and zero=2, each also with swapping and recomputation, zero=2 also with none on the
+uneven batch and on a batch of 1; and resnet8 3x8x8 width 2 with BatchNorm synchronised and
+per rank) on 2 MPI ranks and in this process, and prints per case the largest
 absolute difference of the losses, the parameters and the optimizer state, and rank 0's real
 peak against the plan's (``minidl plan --ranks 2``), as a Markdown table.
 """
