@@ -105,6 +105,11 @@ class Engine:
         #: every parameter's full gradient (then a block of the iteration); ``None`` below.
         self.grad_shard_specs: list[tuple[str, tuple[int, ...], str]] | None = \
             [] if self.config.zero >= 2 else None
+        #: ZeRO stage 3 (``zero=3``, training): the parameter shards, likewise
+        #: (:meth:`~minidl.zero.ZeroOptimizer.init_params`); the trainable parameters keep
+        #: their host arrays and are gathered per step into blocks of the iteration.
+        self.param_shard_specs: list[tuple[str, tuple[int, ...], str]] | None = \
+            [] if self.config.zero >= 3 and loss is not None else None
         self._cache: dict[tuple, Compiled] = {}
         #: Under a budget no plan fits, cap convolutions' workspaces (leaner algorithms and
         #: chunking, :mod:`~minidl.memory.workspace_options`) and plan again.
@@ -127,7 +132,9 @@ class Engine:
                 include_buffers=True)]
             views = []
             for p in params:
-                views.append(self._alloc(p.name, p.shape, p.dtype, "parameter"))
+                sharded = self.param_shard_specs is not None and p.trainable
+                views.append(None if sharded else self._alloc(p.name, p.shape, p.dtype,
+                                                              "parameter"))
             grads = []
             if self.loss is not None and self.grad_shard_specs is None:
                 for p in params:
@@ -138,8 +145,9 @@ class Engine:
                 self.bound = True
                 with getattr(self.pool.device, "activate", contextlib.nullcontext)():
                     for p, v in zip(params, views):
-                        copy_into(v, p.data)  # the values, wherever they live (host, a pool)
-                        p.data = v
+                        if v is not None:  # (zero=3: the host array stays, shards in the pool)
+                            copy_into(v, p.data)  # the values, wherever they live
+                            p.data = v
                         p.bound_to = self
                     for p, g in grads:
                         g[...] = 0
@@ -153,28 +161,46 @@ class Engine:
                     self.opt_state_specs.append((name, tuple(shape), np.dtype(dtype).name))
                     return arr
 
-                init_grads = getattr(self.optimizer, "init_grads", None)
-                if self.grad_shard_specs is not None and init_grads is not None:
-
-                    def alloc_grad(name: str, shape: tuple[int, ...], dtype: Any) -> Any:
-                        arr = self._alloc(name, shape, dtype, "gradient")
-                        if self.compute:
-                            arr[...] = 0
-                        self.grad_shard_specs.append((name, tuple(shape),
-                                                      np.dtype(dtype).name))
-                        return arr
-
-                    init_grads(alloc_grad)
-                elif self.grad_shard_specs is not None and self.compute:
-                    raise ValueError(f"zero={self.config.zero} trains with the optimizer "
-                                     "wrapped in minidl.zero.ZeroOptimizer (as Trainer does), "
-                                     f"not a bare {type(self.optimizer).__name__}")
+                self._allocate_shards()
                 self.optimizer.init_state(alloc_state)
             if scratch_bytes:
                 self._reserve_scratch(scratch_bytes)
         except BaseException:
             self.release()
             raise
+
+    def _allocate_shards(self) -> None:
+        """ZeRO stages 2 and 3: the optimizer's parameter shards (their values copied from the
+        parameters) and gradient shards (zeroed), through the pool."""
+        if self.grad_shard_specs is None:
+            return
+        init_params = getattr(self.optimizer, "init_params", None)
+        init_grads = getattr(self.optimizer, "init_grads", None)
+        if init_grads is None:
+            if self.compute:
+                raise ValueError(f"zero={self.config.zero} trains with the optimizer wrapped in "
+                                 "minidl.zero.ZeroOptimizer (as Trainer does), not a bare "
+                                 f"{type(self.optimizer).__name__}")
+            return  # a dry run: the rank's shards are accounted by memory.zero
+        if self.param_shard_specs is not None:
+
+            def alloc_param(name: str, shape: tuple[int, ...], dtype: Any, values: Any) -> Any:
+                arr = self._alloc(name, shape, dtype, "parameter")
+                if self.compute:
+                    copy_into(arr, values)
+                self.param_shard_specs.append((name, tuple(shape), np.dtype(dtype).name))
+                return arr
+
+            init_params(alloc_param)
+
+        def alloc_grad(name: str, shape: tuple[int, ...], dtype: Any) -> Any:
+            arr = self._alloc(name, shape, dtype, "gradient")
+            if self.compute:
+                arr[...] = 0
+            self.grad_shard_specs.append((name, tuple(shape), np.dtype(dtype).name))
+            return arr
+
+        init_grads(alloc_grad)
 
     def release(self) -> None:
         """Return every persistent block to the pool; bound parameters move back to host arrays
@@ -216,7 +242,8 @@ class Engine:
                              opt_state=self.opt_state_specs, accumulate_grads=accumulate,
                              alignment=self.pool.alignment, options=options,
                              device_kind=self.device_kind,
-                             grad_shards=self.grad_shard_specs if training else None)
+                             grad_shards=self.grad_shard_specs if training else None,
+                             param_shards=self.param_shard_specs if training else None)
 
             first = lowered_with(None)
             # per-op options (fused RNNs' BPTT schedules, attention's memory forms): the

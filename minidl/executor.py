@@ -125,7 +125,8 @@ class Executor:
         the network outputs. On any error every block of the iteration is freed.
         ``data_parallel`` (:class:`~minidl.data_parallel.DataParallel`): its
         ``grad_ready(self, i)`` is called after each backward step ``i`` (it launches the
-        gradient buckets that step completed) and its ``batch_sync`` goes to the layers
+        gradient buckets that step completed), its ``gather_params(self, i)`` (ZeRO stage 3;
+        ``None`` otherwise) before each step ``i`` and its ``batch_sync`` goes to the layers
         (:attr:`Context.batch_sync <minidl.layers.base.Context.batch_sync>`)."""
         prog = self.plan.program
         rt = MemoryRuntime(self.pool, prog, self.plan, self.host_pool,
@@ -168,6 +169,9 @@ class Executor:
                 else:
                     upload(dst, host)  # a GPU: asynchronous, from pinned staging
         forward_done = False
+        # ZeRO stage 3: gathers the parameters a step reads into their blocks, before it
+        gather = None if data_parallel is None or not compute else \
+            getattr(data_parallel, "gather_params", None)
         for i, st in enumerate(self.steps):
             rt.position = i
             sp = plan_steps[i]
@@ -177,6 +181,8 @@ class Executor:
             for a in sp.before:
                 rt.apply(a)
             if compute:
+                if gather is not None:
+                    gather(self, i)
                 if timer is None:
                     t0 = time.perf_counter()
                 else:
@@ -237,9 +243,11 @@ class Executor:
 
     def _params(self, st: Step, rt: MemoryRuntime) -> dict[str, Any]:
         """The step's parameters: a :class:`Parameter`'s array, or a block of the iteration
-        for a parameter the program materialises itself (decoded from a compressed model)."""
-        return {k: self.parameters[t].data if t in self.parameters else rt.array(t)
-                for k, t in st.params.items()}
+        for a parameter the program materialises itself (decoded from a compressed model, or
+        under ZeRO stage 3 gathered from the ranks' shards just before the step)."""
+        tensors = rt.program.tensors
+        return {k: self.parameters[t].data if t in self.parameters and tensors[t].persistent
+                else rt.array(t) for k, t in st.params.items()}
 
     def _forward(self, st: Step, rt: MemoryRuntime, ctx: Context) -> None:
         arr = rt.array

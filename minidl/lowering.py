@@ -62,6 +62,7 @@ def lower(
     alignment: int = ALLOCATION_UNIT,
     device_kind: str = "cpu",
     grad_shards: list[tuple[str, tuple[int, ...], str]] | None = None,
+    param_shards: list[tuple[str, tuple[int, ...], str]] | None = None,
 ) -> Lowered:
     """Lower ``net`` for ``batch_shapes``. With ``loss`` (taking the network's first output and
     the labels), a training program: forward, loss, then backward in reverse layer order.
@@ -71,13 +72,23 @@ def lower(
     of the layers taking them and ride on their steps to run time. ``device_kind`` (``"cpu"``
     or ``"cuda"``) is the kind of device the program will run on: layers naming
     ``"device_kind"`` in their :attr:`~minidl.layers.base.Layer.option_names` get it as an
-    option (their workspaces differ per kind), so a dry run on the meta device plans for it."""
+    option (their workspaces differ per kind), so a dry run on the meta device plans for it.
+
+    ZeRO (:mod:`minidl.zero`): ``grad_shards`` (stage 2, ``(name, shape, dtype)`` of the
+    owned ranges of the gradients a rank keeps) makes those the persistent gradient tensors;
+    the parameters' full gradients are then tensors of the iteration (written by backward,
+    copied into their bucket, freed after their last write). ``param_shards`` (stage 3, with
+    ``grad_shards``: the owned ranges of the trainable parameters) makes those the persistent
+    parameter tensors; every step using a trainable parameter then reads a tensor of its own
+    (the parameter gathered whole just before that step, freed after its last use), which
+    :attr:`Lowered.parameters` maps to the parameter."""
     options = dict(options or {})
     for i, node in enumerate(net.nodes):
         if "device_kind" in getattr(node.layer, "option_names", ()):
             options[i] = {**options.get(i, {}), "device_kind": device_kind}
     lo = _Lowering(net, batch_shapes, loss, label_shape, label_dtype, training, options)
-    lo.persistent(opt_state or [], grad_shards)
+    lo.gather = param_shards is not None and training and loss is not None
+    lo.persistent(opt_state or [], grad_shards, param_shards)
     lo.graph()
     lo.forward_steps()
     if loss is not None and training:
@@ -103,20 +114,29 @@ class _Lowering:
         self.grad_t: dict[str, int] = {}
         self.steps: list[Step] = []
         self.stash_t: list[dict[str, int]] = []
+        #: ZeRO stage 3: trainable parameters are gathered per step into tensors of their own
+        self.gather = False
+        self.gathered: dict[int, Any] = {}  # such a tensor -> its Parameter
 
     # ---------------------------------------------------------------- tensors
     def persistent(self, opt_state: list[tuple[str, tuple[int, ...], str]],
-                   grad_shards: list[tuple[str, tuple[int, ...], str]] | None = None) -> None:
-        """Parameters, then their gradients (or, with ``grad_shards``, the gradient shards: the
-        full gradients are then not persistent), then optimizer state."""
+                   grad_shards: list[tuple[str, tuple[int, ...], str]] | None = None,
+                   param_shards: list[tuple[str, tuple[int, ...], str]] | None = None) -> None:
+        """Parameters (under ZeRO stage 3: the buffers, then the parameter shards), then their
+        gradients (or, with ``grad_shards``, the gradient shards: the full gradients are then
+        not persistent), then optimizer state."""
         net, b = self.net, self.b
         for node in net.nodes:
             for p in net.layer_params(node.name).values():
+                if self.gather and p.trainable:
+                    continue  # gathered per step (see _step_params)
                 if p.name not in self.param_t:
                     self.param_t[p.name] = b.add(p.name, p.shape, p.dtype, "parameter", "param",
                                                  node.name, persistent=True)
         if not self.training:
             return
+        for name, shape, dt in (param_shards or []) if self.gather else []:
+            b.add(name, shape, dt, "parameter", "param_shard", persistent=True)
         for node in net.nodes:
             for p in net.layer_params(node.name).values():
                 if p.trainable and p.name not in self.grad_t:
@@ -174,6 +194,21 @@ class _Lowering:
         return next((self.dtypes[v] for v in self.node_in[i] if _float(self.dtypes[v])),
                     self.dtype0)
 
+    def _step_params(self, i: int, phase: str) -> dict[str, int]:
+        """The parameter tensors one step of node i reads, by the layer's local names: the
+        persistent ones, or under ZeRO stage 3 for trainable parameters a tensor of this step
+        (gathered just before it)."""
+        out = {}
+        for k, p in self.node_params[i].items():
+            if self.gather and p.trainable:
+                tid = self.b.add(f"{p.name}@{phase}", p.shape, p.dtype, "parameter", "param",
+                                 self.node_names[i])
+                self.gathered[tid] = p
+                out[k] = tid
+            else:
+                out[k] = self.param_t[p.name]
+        return out
+
     def _push(self, i: int, **fields) -> None:
         """One step of node i (its named slots filled in here)."""
         in_shapes = [self.shapes[v] for v in self.node_in[i]]
@@ -183,7 +218,6 @@ class _Lowering:
             caps=self.caps[i], options=self.options.get(i, {}), forced=self.node_memory[i],
             inputs=tuple(self.val_t[v] for v in self.node_in[i]),
             outputs=tuple(self.val_t[v] for v in self.node_out[i]),
-            params={k: self.param_t[p.name] for k, p in self.node_params[i].items()},
             in_shapes=tuple(in_shapes), **fields))
 
     # ---------------------------------------------------------------- steps
@@ -206,13 +240,14 @@ class _Lowering:
             ws_bytes = layer.forward_workspace_bytes(in_shapes, fdt, **self._opts(i))
             ws = b.add(f"{name}.fwd_ws", (ws_bytes,), "uint8", "workspace", "workspace",
                        name) if ws_bytes > 0 else -1
-            pt = [self.param_t[p.name] for p in self.node_params[i].values()]
-            reads = tuple(val_t[v] for v in node_in) + tuple(pt)
+            params = self._step_params(i, "forward")
+            reads = tuple(val_t[v] for v in node_in) + tuple(params.values())
             writes = tuple(val_t[v] for v in node_out) + tuple(st.values())
             shares = ((val_t[node_out[0]], val_t[node_in[0]]),) if layer.inplace_forward \
                 else ()
             self._push(i, phase="forward", reads=reads, writes=writes, workspace=ws,
-                       flops=int(layer.flops(in_shapes)), shares=shares, stash=st)
+                       flops=int(layer.flops(in_shapes)), shares=shares, stash=st,
+                       params=params)
 
     def _gradient_flags(self) -> list[bool]:
         """Per value: does it carry a gradient (float, downstream of a trainable parameter,
@@ -300,7 +335,8 @@ class _Lowering:
         reads += [val_t[node_in[j]] for j in layer.retain_inputs]
         reads += [val_t[node_out[j]] for j in layer.retain_outputs]
         reads += list(self.stash_t[i].values())
-        reads += [self.param_t[p.name] for p in self.node_params[i].values()]
+        params = self._step_params(i, "backward")
+        reads += list(params.values())
         ws_bytes = layer.backward_workspace_bytes(in_shapes, fdt, **self._opts(i))
         ws = b.add(f"{name}.bwd_ws", (ws_bytes,), "uint8", "workspace", "workspace", name) \
             if ws_bytes > 0 else -1
@@ -311,7 +347,7 @@ class _Lowering:
                    writes=tuple(dict.fromkeys(writes)), workspace=ws,
                    flops=2 * int(layer.flops(in_shapes)), shares=shares, stash=self.stash_t[i],
                    grad_outputs=tuple(g_out), grad_inputs=tuple(g_in), grad_params=gp,
-                   param_partials=gpart, accumulate=frozenset(adds))
+                   param_partials=gpart, accumulate=frozenset(adds), params=params)
 
     def lowered(self, alignment: int) -> Lowered:
         training = self.training and self.loss is not None
@@ -320,7 +356,8 @@ class _Lowering:
             loss=self.val_t[self.loss_v] if self.loss is not None else -1, training=training,
             alignment=alignment)
         parameters = {self.param_t[p.name]: p for params in self.node_params
-                      for p in params.values()}
+                      for p in params.values() if p.name in self.param_t}
+        parameters.update(self.gathered)
         return Lowered(program, self.layers, parameters, self.val_t[:self.n_vals],
                        [self.val_t[v] for v in self.net.output_values], self.param_t,
                        self.grad_t)
