@@ -4,7 +4,7 @@
     mpiexec -n 2 --oversubscribe python benchmarks/data_parallel_zero_peaks.py --models resnet20
 
 Each rank trains the model (Adam, ``--steps`` steps on its half of one seeded global batch)
-under ``reuse,inplace`` with ``zero=0..2`` (the stages minidl trains; ``--stages`` to choose),
+under ``reuse,inplace`` with ``zero=0..3`` (``--stages`` to choose),
 and reports its pool's allocated peak (persistent state included). Rank 0 prints, per model
 and stage, both ranks' measured peaks, rank 0's planned peak (the meta dry run of
 ``minidl plan MODEL --ranks 2 --memory ...``, made in this process: convolution workspaces
@@ -34,7 +34,7 @@ def kib(n: int) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    ap.add_argument("--stages", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--stages", nargs="+", type=int, default=[0, 1, 2, 3])
     ap.add_argument("--batch-size", type=int, default=32, help="global batch")
     ap.add_argument("--steps", type=int, default=3)
     args = ap.parse_args()

@@ -11,12 +11,14 @@ block in the pool, rounded to the program's allocation unit, as the engine alloc
 From stage 2 on, no rank keeps a parameter's full gradient between iterations: the program is
 lowered with the full gradients as tensors of the iteration (written by backward, copied into
 their bucket, freed after their last write), so their bytes count in the iteration's peak, not
-in the persistent state.
+in the persistent state. Stage 3 likewise lowers every step's trainable parameters as blocks
+of the iteration, gathered whole just before the step and freed after their last use.
 
-:func:`zero_bytes` reads a program lowered without sharding (the full gradients persistent, or
-for stage 2 and 3 tensors of the iteration) and gives one rank's persistent bytes by category
-and the collectives of one step with the bytes each moves; ``saved_bytes`` is what to take off
-that program's peak (run with its own persistent state) to get the rank's.
+:func:`zero_bytes` reads a program lowered without sharding (or lowered for stage 2 or 3 with
+no shards in it: full gradients, parameters, as tensors of the iteration) and gives one rank's
+persistent bytes by category and the collectives of one step with the bytes each moves;
+``saved_bytes`` is what to take off that program's peak (run with its own persistent state)
+to get the rank's.
 """
 
 from __future__ import annotations
@@ -69,19 +71,24 @@ class ZeroBytes:
     persistent: dict[str, int]
     unsharded: dict[str, int]
     collectives: tuple[Collective, ...]
-    #: Stage 3: the largest layer's parameters, gathered whole just before use (a transient
-    #: block the unsharded iteration does not have); 0 otherwise.
+    #: Stage 3: the largest layer's parameters, gathered whole just before use (blocks the
+    #: unsharded iteration does not have); 0 otherwise.
     gather_bytes: int = 0
     #: The persistent bytes of the program read (its full gradients left out when it was
     #: lowered with them as tensors of the iteration); default: ``unsharded``'s total.
     program_bytes: int = -1
+    #: Whether the program read was lowered for stage 3 (every step's parameters gathered
+    #: into blocks of its own): its iteration peak then holds the gathered blocks already.
+    gathered_in_program: bool = False
 
     @property
     def saved_bytes(self) -> int:
         """Bytes this rank holds less at its peak than the program read, run with its own
-        persistent state (persistent bytes saved, less the stage-3 gather block)."""
+        persistent state (persistent bytes saved, less the stage-3 gather block where the
+        program does not gather itself)."""
         base = sum(self.unsharded.values()) if self.program_bytes < 0 else self.program_bytes
-        return base - sum(self.persistent.values()) - self.gather_bytes
+        gather = 0 if self.gathered_in_program else self.gather_bytes
+        return base - sum(self.persistent.values()) - gather
 
 
 def zero_bytes(program: Program, stage: int, ranks: int, rank: int = 0) -> ZeroBytes:
@@ -94,7 +101,10 @@ def zero_bytes(program: Program, stage: int, ranks: int, rank: int = 0) -> ZeroB
         raise ValueError("zero_bytes reads a program lowered without sharding; this one holds "
                          "gradient shards")
     grads = {t.name: t for t in program.tensors if t.role == "param_grad"}
-    trainable = [t for t in persistent if t.role == "param" and t.name + ".grad" in grads]
+    # the trainable parameters, by their gradients (same shapes and order; a program lowered
+    # for stage 3 has no persistent tensor of them, only blocks gathered per step)
+    trainable = list(grads.values())
+    gathered = any(t.role == "param" and not t.persistent for t in program.tensors)
     sizes = [math.prod(t.shape) for t in trainable]
     owned = owned_ranges(sizes, ranks, rank)
 
@@ -127,10 +137,11 @@ def zero_bytes(program: Program, stage: int, ranks: int, rank: int = 0) -> ZeroB
         colls.append(Collective("all-gather parameters", flat, share))
     if stage == 3:
         colls += [Collective("all-gather parameters (forward)", flat, share),
-                  Collective("all-gather parameters (backward)", flat, share)]
+                  Collective("all-gather parameters (backward)", flat, share),
+                  Collective("all-gather parameters (host copy)", flat, share)]
     layers: dict[str, int] = {}
     for t in trainable:
         layers[t.layer] = layers.get(t.layer, 0) + program.block_size(t.nbytes)
     gather = max(layers.values(), default=0) if stage == 3 else 0
     return ZeroBytes(stage, ranks, rank, mine, unsharded, tuple(colls), gather,
-                     sum(program.block_size(t.nbytes) for t in persistent))
+                     sum(program.block_size(t.nbytes) for t in persistent), gathered)

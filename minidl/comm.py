@@ -15,9 +15,9 @@ one job, in place where the operation allows. Two implementations:
 
 The buffers are contiguous arrays of one dtype; ``reduce_scatter`` splits ``send`` into
 ``size`` equal chunks (its length must divide evenly) and leaves rank ``r`` the sum of every
-rank's chunk ``r``; ``allgather`` is its inverse. ``reduce_scatter_v`` is the same with chunks
-of the given (possibly unequal, possibly empty) lengths, as ZeRO stage 2 needs for gradient
-buckets that straddle the ranks' owned ranges.
+rank's chunk ``r``; ``allgather`` is its inverse. ``reduce_scatter_v`` and ``allgather_v`` are
+the same with chunks of the given (possibly unequal, possibly empty) lengths, as ZeRO needs for
+gradient buckets and parameters that straddle the ranks' owned ranges.
 """
 
 from __future__ import annotations
@@ -54,6 +54,10 @@ class Communicator(Protocol):
     def allgather(self, chunk: np.ndarray, out: np.ndarray) -> None:
         """``out`` (``size`` chunks) = every rank's ``chunk``, in rank order."""
 
+    def allgather_v(self, chunk: np.ndarray, out: np.ndarray, counts: Sequence[int]) -> None:
+        """``out`` = every rank's ``chunk`` (rank ``r``'s of ``counts[r]`` elements, possibly
+        none), in rank order."""
+
     def broadcast(self, buf: np.ndarray, root: int = 0) -> None:
         """Every rank's ``buf`` = ``root``'s, in place."""
 
@@ -78,13 +82,16 @@ def _check_split(send: np.ndarray, out: np.ndarray, size: int) -> None:
                          f"{size} chunks of {out.size}")
 
 
-def _check_counts(send: Any, out: Any, counts: Sequence[int], rank: int, size: int) -> list[int]:
+def _check_counts(whole: Any, part: Any, counts: Sequence[int], rank: int, size: int,
+                  what: str = "reduce_scatter_v") -> list[int]:
+    """``counts`` as ints, checked: ``size`` lengths summing to ``whole``'s elements, this
+    rank's being ``part``'s."""
     counts = [int(c) for c in counts]
-    if len(counts) != size or min(counts, default=0) < 0 or sum(counts) != send.size \
-            or counts[rank] != out.size:
-        raise ValueError(f"reduce_scatter_v: counts {counts} must be {size} non-negative "
-                         f"lengths summing to the {send.size} elements sent, and rank {rank}'s "
-                         f"must be the {out.size} elements received")
+    if len(counts) != size or min(counts, default=0) < 0 or sum(counts) != whole.size \
+            or counts[rank] != part.size:
+        raise ValueError(f"{what}: counts {counts} must be {size} non-negative lengths summing "
+                         f"to the {whole.size} elements of the whole buffer, and rank {rank}'s "
+                         f"must be its own chunk's {part.size}")
     return counts
 
 
@@ -108,6 +115,10 @@ class SingleProcess:
 
     def allgather(self, chunk: np.ndarray, out: np.ndarray) -> None:
         _check_split(out, chunk, 1)
+        np.copyto(out, chunk.reshape(out.shape))
+
+    def allgather_v(self, chunk: np.ndarray, out: np.ndarray, counts: Sequence[int]) -> None:
+        _check_counts(out, chunk, counts, 0, 1, "allgather_v")
         np.copyto(out, chunk.reshape(out.shape))
 
     def broadcast(self, buf: np.ndarray, root: int = 0) -> None:
@@ -195,6 +206,13 @@ class MpiCommunicator:
         _check_split(out, chunk, self.size)
         self._wait(self.comm.Iallgather(_contiguous(chunk, "allgather"),
                                         _contiguous(out, "allgather")), "an all-gather")
+
+    def allgather_v(self, chunk: np.ndarray, out: np.ndarray, counts: Sequence[int]) -> None:
+        counts = _check_counts(out, chunk, counts, self.rank, self.size, "allgather_v")
+        displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
+        self._wait(self.comm.Iallgatherv(_contiguous(chunk, "allgather_v"),
+                                         [_contiguous(out, "allgather_v"), (counts, displs)]),
+                   "an all-gather")
 
     def broadcast(self, buf: np.ndarray, root: int = 0) -> None:
         self._wait(self.comm.Ibcast(_contiguous(buf, "broadcast"), root=root), "a broadcast")
@@ -302,6 +320,24 @@ class NcclCommunicator:
         t = self._check(chunk, "allgather")
         self._check(out, "allgather")
         self.comm.allGather(chunk.data.ptr, out.data.ptr, chunk.size, t, self._stream())
+
+    def allgather_v(self, chunk: Any, out: Any, counts: Sequence[int]) -> None:
+        """NCCL has no all-gather of unequal chunks: one broadcast per rank into its place in
+        ``out``, grouped into one launch."""
+        counts = _check_counts(out, chunk, counts, self.rank, self.size, "allgather_v")
+        t = self._check(out, "allgather_v")
+        self._check(chunk, "allgather_v")
+        stream, off = self._stream(), 0
+        self._nccl.groupStart()
+        try:
+            for root, n in enumerate(counts):
+                if n:
+                    dst = out.data.ptr + off * out.itemsize
+                    src = chunk.data.ptr if root == self.rank else dst
+                    self.comm.broadcast(src, dst, n, t, root, stream)
+                off += n
+        finally:
+            self._nccl.groupEnd()
 
     def broadcast(self, buf: Any, root: int = 0) -> None:
         t = self._check(buf, "broadcast")

@@ -394,6 +394,8 @@ class DataParallel:
         check_agreement(comm, fingerprint(net, spec, optimizer, seed, comm.size, sync_bn))
         for _, p in net.named_parameters(include_buffers=True):
             comm.broadcast(p.data, root=0)
+        if hasattr(optimizer, "params_changed"):
+            optimizer.params_changed()  # (zero=3: into the shards)
         shards = optimizer.shard.params if getattr(optimizer, "shards_gradients", False) \
             else None  # zero=2: reduce-scatter into this rank's gradient shards
         self.sync = GradientSync(comm, net.parameters(), bucket_bytes, overlap, shards)
@@ -401,6 +403,11 @@ class DataParallel:
         self._idle = False
         #: ``Context.batch_sync`` for the layers (``sync_bn``), else ``None``.
         self.batch_sync = BatchStatsSync(comm.duplicate()) if sync_bn else None
+        #: The executor's hook before each step under ZeRO stage 3 (the step's parameters
+        #: gathered from the ranks' shards, on a duplicate communicator so it never
+        #: interleaves with the gradient thread's), else ``None``.
+        self.gather_params = optimizer.layer_gather(comm.duplicate()) \
+            if getattr(optimizer, "stage", 0) >= 3 else None
 
     def grad_ready(self, executor: Any, index: int) -> None:
         """The executor's hook after backward step ``index`` (see :class:`GradientSync`)."""
@@ -421,10 +428,13 @@ class DataParallel:
         share = (hi - lo) / n
         self.sync.begin(share)
         self._idle = hi == lo
+        if n < self.comm.size and (self.batch_sync is not None
+                                   or self.gather_params is not None):
+            # (every rank knows it: all of them stop, none waits in a collective)
+            what = "sync_bn" if self.batch_sync is not None else "zero=3 (per-step gathers)"
+            raise ValueError(f"{what} needs rows on every rank: a batch of {n} samples leaves "
+                             f"{self.comm.size - n} of the {self.comm.size} ranks none")
         if self.batch_sync is not None:
-            if self._idle:
-                raise ValueError(f"sync_bn needs rows on every rank: a batch of {n} samples "
-                                 f"leaves rank {self.comm.rank} of {self.comm.size} none")
             self.batch_sync.share = share
         try:
             if self._idle:  # no rows for this rank: it adds nothing but joins the collectives

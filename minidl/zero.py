@@ -1,4 +1,4 @@
-"""ZeRO in training (Rajbhandari et al., 2020): ``zero=1`` and ``zero=2``.
+"""ZeRO in training (Rajbhandari et al., 2020): ``zero=1``, ``zero=2`` and ``zero=3``.
 
 Each data-parallel rank owns one range of the trainable parameters flattened in order: the
 ranges are :func:`minidl.memory.zero.owned_ranges` (the planner's accounting uses the same
@@ -19,10 +19,20 @@ parameters' size outside the device pool, as the gradient buckets are).
   straight into the shards' gradients. ``.grad`` of the network's parameters is then
   ``None``; gradient clipping goes through :meth:`ZeroOptimizer.clip_grad_norm` (the norm
   summed over the ranks). Micro-batch splitting (``split=K``) needs the full gradients to
-  accumulate in, so it is refused under stage 2.
+  accumulate in, so it is refused from stage 2 on.
+* **Stage 3** (also parameters): each shard's values are a persistent block of their own
+  (:meth:`ZeroOptimizer.init_params`) and the pool holds no full trainable parameter between
+  steps. The engine lowers every step that reads a trainable parameter (forward, backward)
+  with a block of its own for it, allocated just before the step and freed after its last
+  use (a recomputation reuses its forward's); :class:`LayerGather`, called by the executor
+  before each step, fills the blocks that step first uses with an all-gather of the ranks'
+  shards. The parameters' host arrays (outside the pool) are refreshed by the all-gather
+  after each update: evaluation, checkpoints and the next run read them. Every rank needs
+  rows in every batch (each joins every gather).
 
-Stage 3 (parameters sharded, gathered per layer) is planned by ``minidl plan --ranks N`` but
-not trained.
+Under ``none`` (network-wide allocation: every block of the iteration lives to its end) the
+full gradients and gathered parameters live to the end of the iteration too, so stages 2 and 3
+save memory at the peak only with a liveness spec (``reuse`` and the ones implying it).
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from .comm import Communicator
+from .memory.transfer import copy_into
 from .memory.zero import owned_ranges
 from .optim import Optimizer, OptimizerWrapper, clip_grad_norm_
 from .parameter import Parameter
@@ -42,17 +53,21 @@ from .parameter import Parameter
 class ShardParameter(Parameter):
     """Elements ``[lo, hi)`` of ``base``'s flattened ``data`` and ``grad``, as a 1-D parameter
     (views, taken anew at each access: ``base`` may be rebound to the device pool). Under
-    stage 2 the shard's gradient is an array of its own (``own_grad``) instead."""
+    stage 2 the shard's gradient is an array of its own (``own_grad``) instead, under stage 3
+    also its values (``own_data``)."""
 
-    __slots__ = ("base", "lo", "hi", "own_grad")
+    __slots__ = ("base", "lo", "hi", "own_grad", "own_data")
 
     def __init__(self, base: Parameter, lo: int, hi: int) -> None:
         self.base, self.lo, self.hi = base, lo, hi
         self.own_grad: Any = None
+        self.own_data: Any = None
         super().__init__(f"{base.name}[{lo}:{hi}]", None)
 
     @property
     def data(self) -> Any:
+        if self.own_data is not None:
+            return self.own_data
         return self.base.data.reshape(-1)[self.lo:self.hi]
 
     @data.setter
@@ -79,8 +94,8 @@ class ZeroOptimizer(OptimizerWrapper):
     module docstring."""
 
     def __init__(self, inner: Optimizer, comm: Communicator, stage: int = 1) -> None:
-        if stage not in (1, 2):
-            raise ValueError(f"ZeroOptimizer trains ZeRO stage 1 or 2, got {stage}")
+        if stage not in (1, 2, 3):
+            raise ValueError(f"ZeroOptimizer trains ZeRO stage 1, 2 or 3, got {stage}")
         self.inner = inner
         self.comm = comm
         self.stage = stage
@@ -117,6 +132,30 @@ class ZeroOptimizer(OptimizerWrapper):
             return []
         return [(f"{p.base.name}.grad[{p.lo}:{p.hi}]", (p.hi - p.lo,), p.base.dtype)
                 for p in self.shard.params]
+
+    def init_params(self, alloc: Any) -> None:
+        """Stage 3: allocate the owned ranges of the parameters through
+        ``alloc(name, shape, dtype, values)`` (the engine's pool, which copies ``values``, the
+        parameter's current elements, in); nothing below stage 3."""
+        if self.stage < 3:
+            return
+        for p in self.shard.params:
+            p.own_data = alloc(p.name, (p.hi - p.lo,), p.base.dtype,
+                               p.base.data.reshape(-1)[p.lo:p.hi])
+
+    def params_changed(self) -> None:
+        """The parameters' (host) values were set from outside (broadcast from rank 0, a
+        checkpoint loaded): stage 3 copies the owned ranges into the shards."""
+        if self.stage < 3:
+            return
+        for p in self.shard.params:
+            if p.own_data is not None:
+                copy_into(p.own_data, p.base.data.reshape(-1)[p.lo:p.hi])
+
+    def layer_gather(self, comm: Communicator) -> LayerGather | None:
+        """Stage 3: the executor's hook that gathers a step's parameters (see
+        :class:`LayerGather`), over ``comm`` (a duplicate of the gradients' communicator)."""
+        return LayerGather(self, comm) if self.stage >= 3 else None
 
     def init_grads(self, alloc: Any) -> None:
         """Stage 2: allocate the owned ranges' gradients through ``alloc(name, shape, dtype)``
@@ -189,6 +228,7 @@ class ZeroOptimizer(OptimizerWrapper):
                     d[f"{p.base.name}.{slot}"]).reshape(-1)[p.lo:p.hi]
         self.shard.load_state_dict(mine)
         self.inner.lr = float(d["lr"])
+        self.params_changed()  # (stage 3: the network's parameters were just loaded)
 
     def __repr__(self) -> str:
         return (f"ZeroOptimizer({self.inner!r}, stage {self.stage}, rank {self.comm.rank} of "
@@ -198,14 +238,67 @@ class ZeroOptimizer(OptimizerWrapper):
 
 def sharded_optimizer(optimizer: Any, comm: Communicator, stage: int) -> Any:
     """The optimizer a trainer under ``zero=stage`` runs: ``optimizer`` itself for stage 0, a
-    :class:`ZeroOptimizer` for stages 1 and 2; stage 3 is refused (planned, not run)."""
+    :class:`ZeroOptimizer` for stages 1 to 3."""
     if stage == 0:
         return optimizer
-    if stage >= 3:
-        raise ValueError(f"zero={stage} is planned (minidl plan --ranks N) but not trained yet: "
-                         "train with zero=1 (optimizer state sharded) or zero=2 (also "
-                         "gradients)")
     if not isinstance(optimizer, Optimizer):
         raise ValueError(f"zero={stage} shards a minidl optimizer, got "
                          f"{type(optimizer).__name__}")
     return ZeroOptimizer(optimizer, comm, stage)
+
+
+class LayerGather:
+    """ZeRO stage 3's gathers: before a step that first uses a parameter's block of the
+    iteration (the lowering gives every step its own, see :func:`minidl.lowering.lower`), the
+    executor calls this hook, which fills the block from every rank's shard of the parameter
+    (``Communicator.allgather_v``, each rank sending its owned range, possibly empty)."""
+
+    def __init__(self, opt: ZeroOptimizer, comm: Communicator) -> None:
+        self.comm = comm
+        params = opt.inner.params
+        self._index = {id(p): i for i, p in enumerate(params)}
+        dtype = params[0].dtype if params else np.dtype(np.float32)
+        empty = np.empty(0, dtype=dtype)
+        self._send = [empty] * len(params)
+        self._shards: dict[int, ShardParameter] = {}
+        for p in opt.shard.params:
+            self._shards[self._index[id(p.base)]] = p
+        self._counts = [[0] * comm.size for _ in params]
+        for r in range(comm.size):
+            for i, lo, hi in owned_ranges(opt.sizes, comm.size, r):
+                self._counts[i][r] = hi - lo
+        self._first: dict[int, tuple[Any, dict[int, list[tuple[int, int]]]]] = {}
+        #: Bytes gathered in the last iteration, and how many gathers.
+        self.gathered_bytes = 0
+        self.gathers = 0
+
+    def _first_uses(self, executor: Any) -> dict[int, list[tuple[int, int]]]:
+        """Step index -> (parameter index, tensor) of the gathered blocks that step first
+        uses."""
+        prog = executor.plan.program
+        hit = self._first.get(id(prog))
+        if hit is not None and hit[0] is prog:
+            return hit[1]
+        seen: set[int] = set()
+        first: dict[int, list[tuple[int, int]]] = {}
+        for i, st in enumerate(executor.steps):
+            for t in st.params.values():
+                p = executor.parameters.get(t)
+                if t in seen or prog.tensors[t].persistent or p is None \
+                        or id(p) not in self._index:
+                    continue
+                seen.add(t)
+                first.setdefault(i, []).append((self._index[id(p)], t))
+        self._first[id(prog)] = (prog, first)
+        return first
+
+    def __call__(self, executor: Any, index: int) -> None:
+        if index == 0:
+            self.gathered_bytes = self.gathers = 0
+        for i, t in self._first_uses(executor).get(index, ()):
+            out = executor.last_runtime.array(t)
+            shard = self._shards.get(i)
+            self.comm.allgather_v(self._send[i] if shard is None else shard.data,
+                                  out.reshape(-1), self._counts[i])
+            self.gathered_bytes += out.nbytes
+            self.gathers += 1

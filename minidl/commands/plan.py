@@ -58,15 +58,13 @@ def print_ranks(rep: dict, out=sys.stdout) -> None:
                        ("optimizer_state", "optimizer state")):
         print(f"  {label + ':':18s}{format_bytes(z['persistent_bytes'][cat]):>12s} per rank "
               f"(unsharded {format_bytes(z['unsharded_bytes'][cat])})", file=out)
-    if z["gather_bytes"]:
-        print(f"  (the peak includes the largest layer's parameters gathered whole: "
-              f"{format_bytes(z['gather_bytes'])})", file=out)
     if z["stage"] >= 2:
         print("  (full gradients are blocks of the iteration, freed once copied into their "
               "bucket: the peak counts those live at once)", file=out)
-    if z["stage"] >= 3:
-        print(f"  zero={z['stage']} is planned only (minidl trains zero=1 and zero=2)",
-              file=out)
+    if z["gather_bytes"]:
+        print(f"  (parameters are gathered whole per step into blocks of the iteration, the "
+              f"largest layer's {format_bytes(z['gather_bytes'])}: the peak counts those live "
+              "at once)", file=out)
     for c in z["collectives"]:
         print(f"  {c['name']}: {format_bytes(c['payload_bytes'])} buffer, each rank sends "
               f"{format_bytes(c['sent_bytes_per_rank'])} per step (ring)", file=out)

@@ -24,7 +24,8 @@ from minidl.trainer import Trainer
 #: small buckets give several buckets launched during backward; a batch of 15 gives shards of
 #: 8 and 7 rows, a batch of 1 leaves rank 1 none; zero=1 shards SGD's momentum, also beside
 #: swapping and recomputation; zero=2 also the gradients (buckets reduce-scattered), with
-#: several buckets, beside swapping and recomputation, and on a rank without rows.
+#: several buckets, beside swapping and recomputation, and on a rank without rows; zero=3 also
+#: the parameters (gathered per step), likewise (every rank needs rows: it joins the gathers).
 CASES = (("none", "none", "none", 16, 1024),
          ("reuse_inplace", "reuse,inplace", "reuse,inplace", 16, 1024),
          ("uneven", "none", "none", 15, 1 << 20),
@@ -36,7 +37,11 @@ CASES = (("none", "none", "none", 16, 1024),
          ("none_zero2", "none,zero=2", "none", 15, 1 << 20),
          ("swap_recompute_zero2", "reuse,swap=all,recompute=sqrt,zero=2",
           "reuse,swap=all,recompute=sqrt", 16, 1024),
-         ("one_sample_zero2", "reuse,zero=2", "reuse", 1, 1024))
+         ("one_sample_zero2", "reuse,zero=2", "reuse", 1, 1024),
+         ("zero3", "reuse,inplace,zero=3", "reuse,inplace", 16, 1024),
+         ("swap_recompute_zero3", "reuse,swap=all,recompute=sqrt,zero=3",
+          "reuse,swap=all,recompute=sqrt", 15, 1024),
+         ("none_zero3", "none,zero=3", "none", 15, 1 << 20))
 #: A network with BatchNorm (resnet8 3x8x8, width 2) on 2 ranks, with ``sync_bn`` (equal to one
 #: process) and without (each rank normalises with its own shard's statistics: not equal).
 BN_CASES = (("sync_bn", True), ("per_rank_bn", False))

@@ -222,7 +222,7 @@ def test_cli_two_ranks_match_one_process(mpiexec, tmp_path):
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".") or ".tmp" in f]
 
 
-def test_cli_zero2_on_two_ranks_matches_one_process_and_resumes(mpiexec, tmp_path):
+def test_cli_zero2_and_zero3_on_two_ranks_match_one_process_and_resume(mpiexec, tmp_path):
     args = ["-m", "minidl", "train", "smallcnn", "--dataset", "synthetic", "--input", "1x8x8",
             "--width", "4", "--batch-size", "16", "--epochs", "1", "--no-progress", "--json",
             "--device-memory", "32MiB"]
@@ -230,27 +230,31 @@ def test_cli_zero2_on_two_ranks_matches_one_process_and_resumes(mpiexec, tmp_pat
                           "--save", str(tmp_path / "one.npz")],
                          capture_output=True, text=True, timeout=120, env=_env())
     assert one.returncode == 0, one.stderr[-2000:]
-    # 3 steps, a checkpoint (unsharded), then 3 more steps resumed from it
-    zero = [*mpiexec, sys.executable, *args, "--memory", "reuse,inplace,zero=2"]
-    first = subprocess.run([*zero, "--max-steps", "3", "--save", str(tmp_path / "half.npz")],
-                           capture_output=True, text=True, timeout=180, env=_env())
-    assert first.returncode == 0, first.stderr[-2000:]
-    rest = subprocess.run([*zero, "--max-steps", "6", "--resume", str(tmp_path / "half.npz"),
-                           "--save", str(tmp_path / "two.npz")],
-                          capture_output=True, text=True, timeout=180, env=_env())
-    assert rest.returncode == 0, rest.stderr[-2000:]
+    runs = {}
+    for spec, steps in (("reuse,inplace,zero=2", (6,)), ("reuse,zero=3", (3, 6))):
+        # zero=3: 3 steps, a checkpoint (unsharded), then 3 more resumed from it
+        losses = []
+        for k, step in enumerate(steps):
+            cmd = [*mpiexec, sys.executable, *args, "--memory", spec, "--max-steps", str(step),
+                   "--save", str(tmp_path / f"{spec}{k}.npz")]
+            if k:
+                cmd += ["--resume", str(tmp_path / f"{spec}{k - 1}.npz")]
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=_env())
+            assert res.returncode == 0, res.stderr[-2000:]
+            losses += json.loads(_printed_lines(res.stdout)[0])["losses"]
+        runs[spec] = (losses, tmp_path / f"{spec}{len(steps) - 1}.npz")
     a = json.loads(one.stdout)
-    b = [json.loads(_printed_lines(r.stdout)[0]) for r in (first, rest)]
-    np.testing.assert_allclose(b[0]["losses"] + b[1]["losses"], a["losses"], rtol=RTOL,
-                               atol=ATOL)
-    with np.load(tmp_path / "one.npz") as za, np.load(tmp_path / "two.npz") as zb:
-        assert sorted(za.files) == sorted(zb.files)  # the optimizer state unsharded
-        for k in za.files:
-            if k.startswith(("param/", "optim/")):
-                np.testing.assert_allclose(zb[k], za[k], rtol=RTOL, atol=ATOL, err_msg=k)
+    for spec, (losses, path) in runs.items():
+        np.testing.assert_allclose(losses, a["losses"], rtol=RTOL, atol=ATOL, err_msg=spec)
+        with np.load(tmp_path / "one.npz") as za, np.load(path) as zb:
+            assert sorted(za.files) == sorted(zb.files)  # the optimizer state unsharded
+            for k in za.files:
+                if k.startswith(("param/", "optim/")):
+                    np.testing.assert_allclose(zb[k], za[k], rtol=RTOL, atol=ATOL,
+                                               err_msg=f"{spec} {k}")
 
 
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("stage", [1, 2, 3])
 def test_zero_on_one_rank_is_bit_identical_and_checkpoints_unsharded(stage):
     worker = _worker()
     plain = worker.train(SingleProcess(), "reuse,inplace", 16, 1024)
@@ -301,14 +305,39 @@ def test_zero2_keeps_no_full_gradient_and_clips_over_the_shards():
                 device_memory="4MiB").step(x, y)
 
 
-def test_zero3_is_refused_in_training():
+class _Alone:
+    """Rank 0 of a pretend 2-rank job whose other rank agrees with everything."""
+
+    rank, size, name = 0, 2, "pretend"
+
+    def allgather_object(self, obj):
+        return [obj, obj]
+
+    def broadcast(self, buf, root=0):
+        pass
+
+    def duplicate(self):
+        return self
+
+    def close(self):
+        pass
+
+
+def test_zero3_keeps_parameter_shards_and_needs_rows_on_every_rank():
     from minidl import models
     from minidl.trainer import Trainer
 
-    with pytest.raises(ValueError, match=r"zero=3 is planned \(minidl plan --ranks N\) but not "
-                                         "trained yet"):
-        Trainer(models.smallcnn((1, 8, 8), 10, width=2), memory="zero=3",
-                device_memory="4MiB")
+    net = models.smallcnn((1, 8, 8), 10, width=2)
+    host = {p.name: p.data for p in net.parameters()}
+    trainer = Trainer(net, memory="reuse,zero=3", device_memory="4MiB", comm=_Alone())
+    assert all(p.data is host[p.name] for p in net.parameters())  # not in the pool
+    shards = trainer.optimizer.shard.params
+    assert sum(p.hi - p.lo for p in shards) == -(-net.num_parameters() // 2)
+    for p in shards:  # the shards (in the pool) hold the parameters' owned values
+        assert np.array_equal(p.data, host[p.base.name].reshape(-1)[p.lo:p.hi])
+    with pytest.raises(ValueError, match=r"zero=3 \(per-step gathers\) needs rows on every "
+                                         "rank: a batch of 1 samples leaves 1 of the 2 ranks"):
+        trainer.step(np.zeros((1, 1, 8, 8), np.float32), np.zeros(1, np.int64))
 
 
 class _Rank:
@@ -334,7 +363,7 @@ def test_zero_bytes_are_what_the_engine_allocates_for_each_rank():
 
     full = engine(lambda net: Adam(net.parameters()))
     prog = full.compiled([(4, 1, 8, 8)], (4,), True).lowered.program
-    for stage in (1, 2):
+    for stage in (1, 2, 3):
         for ranks in (1, 2, 3):
             for rank in range(ranks):
                 e = engine(lambda net, r=rank, n=ranks, s=stage: ZeroOptimizer(
@@ -349,17 +378,21 @@ def test_zero_bytes_are_what_the_engine_allocates_for_each_rank():
                 mine = e.compiled([(4, 1, 8, 8)], (4,), True).lowered.program
                 assert mine.persistent_bytes() == sum(allocated.values())
                 assert any(t.role == "param_grad" and not t.persistent
-                           for t in mine.tensors) == (stage == 2)
+                           for t in mine.tensors) == (stage >= 2)
+                assert any(t.role == "param" and not t.persistent
+                           for t in mine.tensors) == (stage == 3)  # gathered per step
                 if ranks > 1:
                     assert zb.persistent["optimizer_state"] < zb.unsharded["optimizer_state"]
                     assert (zb.persistent["gradient"] < zb.unsharded["gradient"]) == \
-                        (stage == 2)
+                        (stage >= 2)
+                    assert (zb.persistent["parameter"] < zb.unsharded["parameter"]) == \
+                        (stage == 3)
     two = zero_bytes(prog, 3, 2)
     assert two.persistent["parameter"] < two.unsharded["parameter"]
     assert two.persistent["gradient"] < two.unsharded["gradient"]
     assert [c.name for c in two.collectives] == [
         "reduce-scatter gradients", "all-gather parameters (forward)",
-        "all-gather parameters (backward)"]
+        "all-gather parameters (backward)", "all-gather parameters (host copy)"]
 
 
 def test_plan_ranks_gives_each_ranks_sharded_bytes(capsys):
