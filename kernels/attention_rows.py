@@ -24,13 +24,13 @@ from .parallel import num_threads, split
 SERIAL_ELEMS = 1 << 15
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _valid(causal, r, c0, cols):
     """Number of leading columns of a tile row not masked (causal: keys up to the query)."""
     return min(cols, r - c0 + 1) if causal else cols
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _softmax_rows(s, scale, causal, i0, i1):
     rows, cols = s.shape[1], s.shape[2]
     z = s.dtype.type(0)
@@ -52,7 +52,7 @@ def _softmax_rows(s, scale, causal, i0, i1):
             s[n, r, c] = z
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _online_rows(s, m, l, alpha, scale, causal, r0, c0, first, i0, i1):
     """One key tile of the running softmax: s -> exp(s*scale - new max), the tile rows'
     running max ``m`` and sum ``l`` (N, R) updated, alpha = exp(old max - new max) (the
@@ -77,7 +77,7 @@ def _online_rows(s, m, l, alpha, scale, causal, r0, c0, first, i0, i1):
         l[n, r] = tot if first else l[n, r] * alpha[n, r] + tot
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _probs_rows(s, lse, scale, causal, r0, c0, i0, i1):
     """s -> exp(s*scale - lse) (the softmax rebuilt from the row log-sum-exp), masked."""
     rows, cols = s.shape[1], s.shape[2]
@@ -92,7 +92,7 @@ def _probs_rows(s, lse, scale, causal, r0, c0, i0, i1):
             s[n, r, c] = z
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _dropout_rows(p, out, seq, r0, c0, k0, k1, thresh, dscale, i0, i1):
     rows, cols = p.shape[1], p.shape[2]
     z = p.dtype.type(0)
@@ -104,7 +104,7 @@ def _dropout_rows(p, out, seq, r0, c0, k0, k1, thresh, dscale, i0, i1):
             out[n, r, c] = p[n, r, c] * dscale if h >= thresh else z
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _dscores_rows(dp, p, pd, delta, scale, r0, i0, i1):
     """dp -> (pd * dp - p * delta) * scale (pd: the dropped probabilities, or p itself)."""
     rows, cols = dp.shape[1], dp.shape[2]
@@ -116,7 +116,7 @@ def _dscores_rows(dp, p, pd, delta, scale, r0, i0, i1):
             dp[n, r, c] = (pd[n, r, c] * dp[n, r, c] - p[n, r, c] * d) * sc
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _rowdot_rows(a, b, out, heads, i0, i1):
     """out[n, t] = dot of head n % heads of rows t of a and b (B, T, D) (n = batch*H + h)."""
     seq, dim = a.shape[1], a.shape[2]
@@ -130,37 +130,37 @@ def _rowdot_rows(a, b, out, heads, i0, i1):
             out[bt * heads + h, t] = acc
 
 
-@njit(nogil=True, cache=True, parallel=True)
+@njit(nogil=True, cache=True, parallel=True, error_model="numpy")
 def _softmax_par(s, scale, causal, bounds):
     for t in prange(bounds.size - 1):
         _softmax_rows(s, scale, causal, bounds[t], bounds[t + 1])
 
 
-@njit(nogil=True, cache=True, parallel=True)
+@njit(nogil=True, cache=True, parallel=True, error_model="numpy")
 def _online_par(s, m, l, alpha, scale, causal, r0, c0, first, bounds):
     for t in prange(bounds.size - 1):
         _online_rows(s, m, l, alpha, scale, causal, r0, c0, first, bounds[t], bounds[t + 1])
 
 
-@njit(nogil=True, cache=True, parallel=True)
+@njit(nogil=True, cache=True, parallel=True, error_model="numpy")
 def _probs_par(s, lse, scale, causal, r0, c0, bounds):
     for t in prange(bounds.size - 1):
         _probs_rows(s, lse, scale, causal, r0, c0, bounds[t], bounds[t + 1])
 
 
-@njit(nogil=True, cache=True, parallel=True)
+@njit(nogil=True, cache=True, parallel=True, error_model="numpy")
 def _dropout_par(p, out, seq, r0, c0, k0, k1, thresh, dscale, bounds):
     for t in prange(bounds.size - 1):
         _dropout_rows(p, out, seq, r0, c0, k0, k1, thresh, dscale, bounds[t], bounds[t + 1])
 
 
-@njit(nogil=True, cache=True, parallel=True)
+@njit(nogil=True, cache=True, parallel=True, error_model="numpy")
 def _dscores_par(dp, p, pd, delta, scale, r0, bounds):
     for t in prange(bounds.size - 1):
         _dscores_rows(dp, p, pd, delta, scale, r0, bounds[t], bounds[t + 1])
 
 
-@njit(nogil=True, cache=True, parallel=True)
+@njit(nogil=True, cache=True, parallel=True, error_model="numpy")
 def _rowdot_par(a, b, out, heads, bounds):
     for t in prange(bounds.size - 1):
         _rowdot_rows(a, b, out, heads, bounds[t], bounds[t + 1])

@@ -22,7 +22,7 @@ def _use_numba(*arrays) -> bool:
 
 
 # ---------------------------------------------------------------- Numba CPU loops
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _stats_nb(x, mean, var):
     n, c, s = x.shape
     count = n * s
@@ -41,7 +41,7 @@ def _stats_nb(x, mean, var):
         var[ch] = acc2 / count
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _apply_nb(x, mean, scale, shift, y):
     n, c, s = x.shape
     for i in range(n):
@@ -51,7 +51,7 @@ def _apply_nb(x, mean, scale, shift, y):
                 y[i, ch, j] = (x[i, ch, j] - m) * a + b
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _reduce_nb(dy, x, mean, sum_dy, sum_dy_xmu):
     n, c, s = x.shape
     for ch in range(c):
@@ -67,7 +67,7 @@ def _reduce_nb(dy, x, mean, sum_dy, sum_dy_xmu):
         sum_dy_xmu[ch] = b
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _backward_apply_nb(dy, x, mean, k, shift, coef, dx):
     n, c, s = x.shape
     for i in range(n):

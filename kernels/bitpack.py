@@ -94,7 +94,7 @@ def _prefetch(typingctx, arr, idx):
     return types.void(arr, idx), codegen
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _pack_body(x, out):
     nfull = x.size // 8
     for j in range(nfull):
@@ -109,7 +109,7 @@ def _pack_body(x, out):
         out[nfull] = b
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _pack_nb(x, out):
     for t in prange((out.size + _CHUNK - 1) // _CHUNK):
         lo = t * _CHUNK
@@ -117,7 +117,7 @@ def _pack_nb(x, out):
         _pack_body(x[8 * lo: min(x.size, 8 * hi)], out[lo:hi])
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _unpack_body(packed, out):
     nfull = out.size // 8
     for j in range(nfull):
@@ -130,7 +130,7 @@ def _unpack_body(packed, out):
             out[8 * nfull + k] = (b >> k) & 1
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _unpack_nb(packed, out):
     nb = (out.size + 7) // 8
     for t in prange((nb + _CHUNK - 1) // _CHUNK):
@@ -139,7 +139,7 @@ def _unpack_nb(packed, out):
         _unpack_body(packed[lo:hi], out[8 * lo: min(out.size, 8 * hi)])
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _relu_bwd_body(dy, packed, out, zero):
     nfull = out.size // 8
     for j in range(nfull):
@@ -152,7 +152,7 @@ def _relu_bwd_body(dy, packed, out, zero):
             out[8 * nfull + k] = dy[8 * nfull + k] if (b >> k) & 1 else zero
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _relu_bwd_nb(dy, packed, out, zero):
     nb = (out.size + 7) // 8
     for t in prange((nb + _CHUNK - 1) // _CHUNK):
@@ -162,7 +162,7 @@ def _relu_bwd_nb(dy, packed, out, zero):
         _relu_bwd_body(dy[8 * lo: e], packed[lo:hi], out[8 * lo: e], zero)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _relu_bwd_inplace_body(a, packed, zero):
     """``a`` is both ``dy`` and ``out``: one array, so the loop vectorises (no alias check)."""
     nfull = a.size // 8
@@ -176,7 +176,7 @@ def _relu_bwd_inplace_body(a, packed, zero):
             a[8 * nfull + k] = a[8 * nfull + k] if (b >> k) & 1 else zero
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _relu_bwd_inplace_nb(a, packed, zero):
     nb = (a.size + 7) // 8
     for t in prange((nb + _CHUNK - 1) // _CHUNK):

@@ -62,7 +62,7 @@ def _ptr(typingctx, arr):
     return types.voidptr(arr), codegen
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def mm(a, b, c, ta, tb, alpha, beta, m, n, k, work):
     """``c[:m, :n] = alpha * op(a) @ op(b) + beta * c[:m, :n]`` on row-major 2-D arrays whose
     rows may be strided (views of larger arrays); ``op(x)`` is ``x.T`` when ``ta`` / ``tb``.
@@ -106,7 +106,7 @@ def gemm_bands(m: int, n: int, k: int) -> tuple[bool, int]:
     return m >= n, bands
 
 
-@njit(nogil=True, cache=True, parallel=True)
+@njit(nogil=True, cache=True, parallel=True, error_model="numpy")
 def _mm_bands(a, b, c, ta, tb, beta, m, n, k, along_rows, bounds, work):
     """:func:`mm` of ``c``'s bands ``[bounds[i], bounds[i + 1])`` (rows or columns), one per
     ``prange`` iteration."""

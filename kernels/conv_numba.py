@@ -10,7 +10,7 @@ from .blas import mm
 
 
 # ----------------------------------------------------------------------------- numba: im2col
-@njit(nogil=True, cache=True, inline="always")
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
 def _valid(o_len, s, off, length):
     """Range [lo, hi) of o in [0, o_len) with 0 <= o*s + off < length."""
     lo = 0
@@ -24,7 +24,7 @@ def _valid(o_len, s, off, length):
     return lo, hi
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def im2col(xf, xbase, col, ld, coff, cg, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo, oh0, oh1):
     """im2col of output rows ``oh0:oh1`` of ``cg`` channels of a flat image starting at
     ``xf[xbase]``: row ``r`` of the ``(cg*kh*kw, (oh1-oh0)*wo)`` result goes to
@@ -81,7 +81,7 @@ def im2col(xf, xbase, col, ld, coff, cg, h, w, kh, kw, sh, sw, ph, pw, dh, dw, h
                         col[r0 + q] = 0
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def col2im(col, ld, coff, dxf, xbase, cg, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo, oh0,
            oh1):
     """Add the columns of output rows ``oh0:oh1`` (laid out as in :func:`im2col`) back into
@@ -107,7 +107,7 @@ def col2im(col, ld, coff, dxf, xbase, cg, h, w, kh, kw, sh, sw, ph, pw, dh, dw, 
 
 
 # ----------------------------------------------------------------------------- numba
-@njit(nogil=True, cache=True, fastmath={"reassoc"})
+@njit(nogil=True, cache=True, fastmath={"reassoc"}, error_model="numpy")
 def _add_row_sums(a, out):
     """``out[r] += a[r].sum()`` (vectorised: the sum may be reordered)."""
     for r in range(a.shape[0]):
@@ -117,7 +117,7 @@ def _add_row_sums(a, out):
         out[r] += s
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _fwd_gemm(x, w3, b, has_bias, y, s, offs, n0, n1, nb, band, kh, kw, sh, sw, ph, pw, dh,
               dw):
     """Images ``n0:n1``: ``nb`` images per matrix product, or one image in bands of
@@ -165,7 +165,7 @@ def _fwd_gemm(x, w3, b, has_bias, y, s, offs, n0, n1, nb, band, kh, kw, sh, sw, 
                         yn[co, p] += bv
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _bwd_gemm(x, w3, dy, dx, need_dx, s, offs, dwacc, zero_dw, dbbuf, n0, n1, nb, band, kh, kw,
               sh, sw, ph, pw, dh, dw):
     """Images ``n0:n1`` (blocked as in :func:`_fwd_gemm`): ``dW`` summed into ``dwacc``
@@ -234,7 +234,7 @@ def _bwd_gemm(x, w3, dy, dx, need_dx, s, offs, dwacc, zero_dw, dbbuf, n0, n1, nb
 # ----------------------------------------------------------------------------- parallel
 # One prange iteration per thread, each a serial kernel on its workspace row: forward on its
 # run of blocks, backward on the gradient parts ``t, t + threads, ...``.
-@njit(nogil=True, cache=True, parallel=True)
+@njit(nogil=True, cache=True, parallel=True, error_model="numpy")
 def _fwd_gemm_par(x, w3, b, has_bias, y, slabs, offs, bounds, nb, band, kh, kw, sh, sw, ph, pw,
                   dh, dw):
     for t in prange(bounds.size - 1):
@@ -242,7 +242,7 @@ def _fwd_gemm_par(x, w3, b, has_bias, y, slabs, offs, bounds, nb, band, kh, kw, 
                   kh, kw, sh, sw, ph, pw, dh, dw)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _bwd_gemm_parts(x, w3, dy, dx, need_dx, s, offs, dwout, add_dw, dwparts, dbparts, bounds,
                     first, step, nb, band, kh, kw, sh, sw, ph, pw, dh, dw):
     """Gradient parts ``first, first + step, ...`` on one workspace row ``s``; the first
@@ -253,7 +253,7 @@ def _bwd_gemm_parts(x, w3, dy, dx, need_dx, s, offs, dwout, add_dw, dwparts, dbp
                   bounds[p], bounds[p + 1], nb, band, kh, kw, sh, sw, ph, pw, dh, dw)
 
 
-@njit(nogil=True, cache=True, parallel=True)
+@njit(nogil=True, cache=True, parallel=True, error_model="numpy")
 def _bwd_gemm_par(x, w3, dy, dx, need_dx, slabs, offs, dwout, add_dw, dwparts, dbparts, bounds,
                   nb, band, kh, kw, sh, sw, ph, pw, dh, dw):
     threads = slabs.shape[0]

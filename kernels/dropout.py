@@ -50,7 +50,7 @@ _U16, _U15 = np.uint64(16), np.uint64(15)
 _UC1, _UC2, _UM32 = np.uint64(_C1), np.uint64(_C2), np.uint64(_M32)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _mix(h):
     """lowbias32 of ``h`` (< 2**32) held in a uint64."""
     h ^= h >> _U16
@@ -61,7 +61,7 @@ def _mix(h):
     return h
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _dropout_nb(x, y, mask, k0, k1, thresh, one, zero, scale):
     for i in range(x.size):
         h = _mix(_mix(np.uint64(i) ^ k0) ^ k1)

@@ -22,28 +22,28 @@ def _flat(a: np.ndarray) -> np.ndarray:
 
 # ---------------------------------------------------------------- Numba CPU loops
 # Scalars (slope, one) are passed in the array dtype so float32 math stays float32, as in NumPy.
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _leaky_relu_fwd_nb(x, slope, y):
     for i in range(x.size):
         v = x[i]
         y[i] = v if v > 0 else v * slope
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _leaky_relu_bwd_nb(dy, ref, slope, dx):
     for i in range(dy.size):
         g = dy[i]
         dx[i] = g if ref[i] > 0 else g * slope
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _sigmoid_bwd_nb(dy, y, one, dx):
     for i in range(dy.size):
         v = y[i]
         dx[i] = dy[i] * (v * (one - v))
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _tanh_bwd_nb(dy, y, one, dx):
     for i in range(dy.size):
         v = y[i]

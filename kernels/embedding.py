@@ -23,7 +23,7 @@ def embedding_backward_ref(idx: np.ndarray, dy: np.ndarray, gw: np.ndarray) -> N
     np.add.at(gw, idx, dy)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _scatter_add(idx, dy, gw):
     for i in range(idx.shape[0]):
         r = idx[i]

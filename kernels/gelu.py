@@ -9,8 +9,11 @@ The Numba loops (C-contiguous NumPy arrays, split over threads, element by eleme
 never depend on the thread count) compute each element in float64 and round once. The
 exact forward on float32 arrays evaluates erf as x * P(x^2) / Q(x^2) on |x| <= 4 (a rational
 fit of this module's own, in float64: relative error < 5e-9, below float32's rounding; |erf|
-rounds to 1 beyond 4), 1.7x faster than libm's erf measured on this machine; float64 arrays
-and the backward keep libm's erf and exp. Other
+rounds to 1 beyond 4) and the exact backward also exp by a polynomial (:func:`_exp_neg_fast`):
+with Numba's NumPy error model the loops vectorise, 3-6x faster than libm's erf and exp
+(measured on this machine). Absolute errors stay below
+1e-8 (the cancellation in 1 + erf(x) for x << 0 makes the relative error of those tiny values
+larger). Float64 arrays and the tanh form keep libm's erf, exp and tanh. Other
 arrays take the references (the arrays' own library; erf from SciPy, or CuPy's
 ``cupyx.scipy.special`` for device arrays). ``out`` may be the first operand (in place).
 """
@@ -43,32 +46,66 @@ _ERF_Q = (1.0, 0.49741411719356726, 0.11393161824875941, 0.015455907457203755,
           0.001306783725652222, 6.307351505776583e-05)
 _P0, _P1, _P2, _P3, _P4, _P5, _P6 = _ERF_P
 _Q0, _Q1, _Q2, _Q3, _Q4, _Q5 = _ERF_Q
-@njit(nogil=True, cache=True, inline="always")
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
 def _erf_fast(v):
-    if v >= 4.0 or v <= -4.0:  # erf is +-1 to within 1.6e-8 there
-        return 1.0 if v > 0 else -1.0
-    c = v
+    c = min(max(v, -4.0), 4.0)
     t = c * c
     p = _P0 + t * (_P1 + t * (_P2 + t * (_P3 + t * (_P4 + t * (_P5 + t * _P6)))))
     q = _Q0 + t * (_Q1 + t * (_Q2 + t * (_Q3 + t * (_Q4 + t * _Q5))))
-    return c * p / q
+    s = 1.0 if v > 0.0 else -1.0  # erf is +-1 to within 1.6e-8 beyond +-4
+    return c * p / q if c == v else s  # selects, no branch: the loops vectorise
 
 
-@njit(nogil=True, cache=True)
+#: 1 / k! for k = 2..8: Taylor terms of exp on [-18 / 64, 0].
+_E2, _E3, _E4, _E5, _E6, _E7, _E8 = (1.0 / math.factorial(k) for k in range(2, 9))
+
+
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
+def _exp_neg_fast(t):
+    """exp(t) for t <= 0 (exp(-18) ~ 1.5e-8 below): exp(u)^64 with u = t / 64 in [-0.28, 0]
+    by its Taylor polynomial of degree 8 (relative error < 3e-11, < 2e-9 after the six
+    squarings). Vectorisable, unlike libm's exp."""
+    u = max(t, -18.0) * (1.0 / 64.0)
+    e = 1.0 + u * (1.0 + u * (_E2 + u * (_E3 + u * (_E4 + u * (_E5 + u * (_E6 + u * (
+        _E7 + u * _E8)))))))
+    e = e * e
+    e = e * e
+    e = e * e
+    e = e * e
+    e = e * e
+    return e * e
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _bwd_fast(dy, x, out, i0, i1):
+    for i in range(i0, i1):
+        v = float(x[i])
+        d = 0.5 * (1.0 + _erf_fast(v * _SQRT_HALF)) + v * _exp_neg_fast(-0.5 * v * v) * \
+            _INV_SQRT_2PI
+        out[i] = dy[i] * d
+
+
+@njit(nogil=True, cache=True, parallel=True, error_model="numpy")
+def _bwd_fast_par(dy, x, out, bounds):
+    for t in prange(bounds.size - 1):
+        _bwd_fast(dy, x, out, bounds[t], bounds[t + 1])
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
 def _fwd_fast(x, out, i0, i1):
     for i in range(i0, i1):
         v = float(x[i])
         out[i] = 0.5 * v * (1.0 + _erf_fast(v * _SQRT_HALF))
 
 
-@njit(nogil=True, cache=True, parallel=True)
+@njit(nogil=True, cache=True, parallel=True, error_model="numpy")
 def _fwd_fast_par(x, out, bounds):
     for t in prange(bounds.size - 1):
         _fwd_fast(x, out, bounds[t], bounds[t + 1])
 
 
 # ---------------------------------------------------------------- Numba CPU
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _fwd(x, out, tanh_form, i0, i1):
     for i in range(i0, i1):
         v = float(x[i])
@@ -79,7 +116,7 @@ def _fwd(x, out, tanh_form, i0, i1):
         out[i] = y
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _bwd(dy, x, out, tanh_form, i0, i1):
     for i in range(i0, i1):
         v = float(x[i])
@@ -93,13 +130,13 @@ def _bwd(dy, x, out, tanh_form, i0, i1):
         out[i] = dy[i] * d
 
 
-@njit(nogil=True, cache=True, parallel=True)
+@njit(nogil=True, cache=True, parallel=True, error_model="numpy")
 def _fwd_par(x, out, tanh_form, bounds):
     for t in prange(bounds.size - 1):
         _fwd(x, out, tanh_form, bounds[t], bounds[t + 1])
 
 
-@njit(nogil=True, cache=True, parallel=True)
+@njit(nogil=True, cache=True, parallel=True, error_model="numpy")
 def _bwd_par(dy, x, out, tanh_form, bounds):
     for t in prange(bounds.size - 1):
         _bwd(dy, x, out, tanh_form, bounds[t], bounds[t + 1])
@@ -171,4 +208,9 @@ def gelu_backward(dy, x, out, approximate: str = "none") -> None:
     tanh_form = _check(approximate)
     if not _fast(dy, x, out):
         return gelu_backward_ref(dy, x, out, approximate)
-    _run(_bwd, _bwd_par, (dy.reshape(-1), x.reshape(-1), out.reshape(-1), tanh_form), dy.size)
+    if x.dtype == np.float32 and not tanh_form:
+        _run(_bwd_fast, _bwd_fast_par, (dy.reshape(-1), x.reshape(-1), out.reshape(-1)),
+             dy.size)
+    else:
+        _run(_bwd, _bwd_par, (dy.reshape(-1), x.reshape(-1), out.reshape(-1), tanh_form),
+             dy.size)

@@ -42,7 +42,7 @@ def backward_workspace_shape(rows: int, dim: int) -> tuple[int, ...]:
 
 
 # ---------------------------------------------------------------- Numba CPU
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _fwd_rows(x, w, b, y, mean, rstd, eps, r0, r1):
     d = x.shape[1]
     for r in range(r0, r1):
@@ -62,13 +62,13 @@ def _fwd_rows(x, w, b, y, mean, rstd, eps, r0, r1):
             y[r, j] = (x[r, j] - mr) * ir * w[j] + b[j]
 
 
-@njit(nogil=True, cache=True, parallel=True)
+@njit(nogil=True, cache=True, parallel=True, error_model="numpy")
 def _fwd_par(x, w, b, y, mean, rstd, eps, bounds):
     for t in prange(bounds.size - 1):
         _fwd_rows(x, w, b, y, mean, rstd, eps, bounds[t], bounds[t + 1])
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _bwd_part(dy, x, w, mean, rstd, dx, part, r0, r1, has_dx):
     """Rows r0..r1: dx (if ``has_dx``) and this part's sums of dy * xhat and dy."""
     d = x.shape[1]
@@ -98,7 +98,7 @@ def _bwd_part(dy, x, w, mean, rstd, dx, part, r0, r1, has_dx):
                 dx[r, j] = inv * (dy[r, j] * w[j] - ac - xh * cc)
 
 
-@njit(nogil=True, cache=True, parallel=True)
+@njit(nogil=True, cache=True, parallel=True, error_model="numpy")
 def _bwd_par(dy, x, w, mean, rstd, dx, partials, has_dx, rows_per_part):
     n = x.shape[0]
     for p in prange(partials.shape[0]):
@@ -107,7 +107,7 @@ def _bwd_par(dy, x, w, mean, rstd, dx, partials, has_dx, rows_per_part):
                   has_dx)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _bwd_serial(dy, x, w, mean, rstd, dx, partials, has_dx, rows_per_part):
     n = x.shape[0]
     for p in range(partials.shape[0]):
@@ -116,7 +116,7 @@ def _bwd_serial(dy, x, w, mean, rstd, dx, partials, has_dx, rows_per_part):
                   has_dx)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _sum_parts(partials, dw, db, accumulate):
     for j in range(partials.shape[2]):
         sw = partials[0, 0, j]

@@ -99,7 +99,7 @@ def avgpool2d_backward_ref(dy: np.ndarray, x_shape: tuple[int, ...], kernel: Pai
 
 
 # ----------------------------------------------------------------------------- numba
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _maxpool_plane(x, y, idx, p, kh, kw, sh, sw, ph, pw):
     """Generic window loop of one plane (any kernel, stride, padding; NaN-aware)."""
     h, w = x.shape[1], x.shape[2]
@@ -122,7 +122,7 @@ def _maxpool_plane(x, y, idx, p, kh, kw, sh, sw, ph, pw):
             idx[p, oh, ow] = k
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _maxpool_fwd(x, y, idx, p0, p1, kh, kw, sh, sw, ph, pw):
     """Planes ``p0:p1`` of ``x`` (P, H, W) into ``y`` and ``idx`` (P, Ho, Wo)."""
     ho, wo = y.shape[1], y.shape[2]
@@ -159,7 +159,7 @@ def _maxpool_fwd(x, y, idx, p0, p1, kh, kw, sh, sw, ph, pw):
             _maxpool_plane(x, y, idx, p, kh, kw, sh, sw, ph, pw)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _maxpool_bwd(dy, idx, dx, p0, p1, kh, kw, sh, sw, ph, pw):
     """Planes ``p0:p1``: ``dx`` (P, H, W) = ``dy`` (P, Ho, Wo) scattered to the argmax."""
     h, w = dx.shape[1], dx.shape[2]
@@ -187,7 +187,7 @@ def _maxpool_bwd(dy, idx, dx, p0, p1, kh, kw, sh, sw, ph, pw):
                 dx[p, oh * sh - ph + i, ow * sw - pw + k - i * kw] += dy[p, oh, ow]
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _avgpool_fwd(x, y, p0, p1, kh, kw, sh, sw, ph, pw):
     h, w = x.shape[1], x.shape[2]
     ho, wo = y.shape[1], y.shape[2]
@@ -206,7 +206,7 @@ def _avgpool_fwd(x, y, p0, p1, kh, kw, sh, sw, ph, pw):
                 y[p, oh, ow] = s * inv
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _avgpool_bwd(dy, dx, p0, p1, kh, kw, sh, sw, ph, pw):
     h, w = dx.shape[1], dx.shape[2]
     ho, wo = dy.shape[1], dy.shape[2]
@@ -227,25 +227,25 @@ def _avgpool_bwd(dy, dx, p0, p1, kh, kw, sh, sw, ph, pw):
 
 # ----------------------------------------------------------------------------- parallel
 # One prange iteration per thread, each a serial kernel on a contiguous range of planes.
-@njit(nogil=True, cache=True, parallel=True)
+@njit(nogil=True, cache=True, parallel=True, error_model="numpy")
 def _maxpool_fwd_par(x, y, idx, bounds, kh, kw, sh, sw, ph, pw):
     for t in prange(bounds.size - 1):
         _maxpool_fwd(x, y, idx, bounds[t], bounds[t + 1], kh, kw, sh, sw, ph, pw)
 
 
-@njit(nogil=True, cache=True, parallel=True)
+@njit(nogil=True, cache=True, parallel=True, error_model="numpy")
 def _maxpool_bwd_par(dy, idx, dx, bounds, kh, kw, sh, sw, ph, pw):
     for t in prange(bounds.size - 1):
         _maxpool_bwd(dy, idx, dx, bounds[t], bounds[t + 1], kh, kw, sh, sw, ph, pw)
 
 
-@njit(nogil=True, cache=True, parallel=True)
+@njit(nogil=True, cache=True, parallel=True, error_model="numpy")
 def _avgpool_fwd_par(x, y, bounds, kh, kw, sh, sw, ph, pw):
     for t in prange(bounds.size - 1):
         _avgpool_fwd(x, y, bounds[t], bounds[t + 1], kh, kw, sh, sw, ph, pw)
 
 
-@njit(nogil=True, cache=True, parallel=True)
+@njit(nogil=True, cache=True, parallel=True, error_model="numpy")
 def _avgpool_bwd_par(dy, dx, bounds, kh, kw, sh, sw, ph, pw):
     for t in prange(bounds.size - 1):
         _avgpool_bwd(dy, dx, bounds[t], bounds[t + 1], kh, kw, sh, sw, ph, pw)

@@ -59,7 +59,7 @@ def _pair(v: int | tuple[int, int]) -> Pair:
 
 # ----------------------------------------------------------------------------- Numba CPU
 # Serial bodies and parallel drivers as in bitpack (small inputs run the body directly).
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _pack_body(idx, out, bits):
     per = 8 // bits
     m = (1 << bits) - 1
@@ -76,7 +76,7 @@ def _pack_body(idx, out, bits):
         out[nfull] = b
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _pack_nb(idx, out, bits):
     per = 8 // bits
     for t in prange((out.size + _CHUNK - 1) // _CHUNK):
@@ -85,7 +85,7 @@ def _pack_nb(idx, out, bits):
         _pack_body(idx[per * lo: min(idx.size, per * hi)], out[lo:hi], bits)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _unpack_body(packed, out, bits):
     m = (1 << bits) - 1
     for i in range(out.size):
@@ -93,7 +93,7 @@ def _unpack_body(packed, out, bits):
         out[i] = (packed[s >> 3] >> (s & 7)) & m
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _unpack_nb(packed, out, bits):
     step = 8 * _CHUNK  # elements per task: a whole number of bytes for any bits
     for t in prange((out.size + step - 1) // step):
@@ -101,7 +101,7 @@ def _unpack_nb(packed, out, bits):
         _unpack_body(packed[lo * bits // 8:], out[lo: min(out.size, lo + step)], bits)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _maxpool_bwd_planes(dy, packed, dx, p0, p1, bits, kh, kw, sh, sw, ph, pw):
     """Planes ``p0:p1`` of ``dy`` (P, Ho, Wo) and ``dx`` (P, H, W): zero ``dx``, then add
     each ``dy`` at its argmax, outputs in row-major order."""
@@ -135,7 +135,7 @@ def _maxpool_bwd_planes(dy, packed, dx, p0, p1, bits, kh, kw, sh, sw, ph, pw):
                     dx[p, r, c] += dy[p, oh, ow]
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _maxpool_bwd_nb(dy, packed, dx, p0, p1, bits, kh, kw, sh, sw, ph, pw):
     for p in prange(p0, p1):
         _maxpool_bwd_planes(dy, packed, dx, p, p + 1, bits, kh, kw, sh, sw, ph, pw)

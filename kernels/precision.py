@@ -145,7 +145,7 @@ _fp8_code = njit(cache=True, inline="always")(_fp8_code_py)
 # ----------------------------------------------------------------------------- Numba CPU
 # The fp16 / fp8 / LUT loops are compute-bound: they prefetch _AHEAD elements ahead, one
 # cache line at a time (see bitpack._prefetch).
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _fp16_body(u, out):
     nl = u.size // 16
     for b in range(nl):
@@ -156,13 +156,13 @@ def _fp16_body(u, out):
         out[i] = _fp16_code(np.int64(u[i]))
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _bf16_body(u, out):
     for i in range(u.size):
         out[i] = _bf16_code(np.int64(u[i]))
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _fp8_body(u, out):
     nl = u.size // 16
     for b in range(nl):
@@ -173,7 +173,7 @@ def _fp8_body(u, out):
         out[i] = _fp8_code(np.int64(u[i]))
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _encode_nb(u, out, fmt):
     n = u.size
     for t in prange((n + _C - 1) // _C):
@@ -187,7 +187,7 @@ def _encode_nb(u, out, fmt):
             _fp8_body(u[lo:hi], out[lo:hi])
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _lut_body(c, out, lut):
     nl = c.size // 64
     for b in range(nl):
@@ -198,20 +198,20 @@ def _lut_body(c, out, lut):
         out[i] = lut[c[i]]
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _decode_lut_nb(c, out, lut):
     n = c.size
     for t in prange((n + _C - 1) // _C):
         _lut_body(c[t * _C: min(n, t * _C + _C)], out[t * _C: min(n, t * _C + _C)], lut)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _bf16_dec_body(c, out):
     for i in range(c.size):
         out[i] = np.uint32(c[i]) << 16
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def _decode_bf16_nb(c, out):
     n = c.size
     for t in prange((n + _C - 1) // _C):

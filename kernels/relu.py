@@ -23,7 +23,7 @@ def relu_backward_ref(dy: np.ndarray, y: np.ndarray, out: np.ndarray) -> None:
     np.copyto(out, np.where(y > 0, dy, 0).astype(out.dtype, copy=False))
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _relu_fwd(x, out, i0, i1):
     z = x.dtype.type(0)
     for i in range(i0, i1):
@@ -31,20 +31,20 @@ def _relu_fwd(x, out, i0, i1):
         out[i] = v if (v > z or v != v) else z
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _relu_bwd(dy, y, out, i0, i1):
     z = dy.dtype.type(0)
     for i in range(i0, i1):
         out[i] = dy[i] if y[i] > z else z
 
 
-@njit(nogil=True, cache=True, parallel=True)
+@njit(nogil=True, cache=True, parallel=True, error_model="numpy")
 def _relu_fwd_par(x, out, bounds):
     for t in prange(bounds.size - 1):
         _relu_fwd(x, out, bounds[t], bounds[t + 1])
 
 
-@njit(nogil=True, cache=True, parallel=True)
+@njit(nogil=True, cache=True, parallel=True, error_model="numpy")
 def _relu_bwd_par(dy, y, out, bounds):
     for t in prange(bounds.size - 1):
         _relu_bwd(dy, y, out, bounds[t], bounds[t + 1])

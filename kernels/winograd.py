@@ -43,7 +43,7 @@ def plane_stride(rows: int, p: int) -> int:
     return -(-rows * p // 1024) * 1024 + 16
 
 
-@njit(nogil=True, cache=True, inline="always")
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
 def _planes(s, off, rows, p):
     """``(16, plane stride)`` view of ``s[off:]``: plane ``xi`` holds a ``rows x p`` matrix
     in its first ``rows * p`` elements (row ``r`` at ``r * p``)."""
@@ -70,43 +70,43 @@ def slab_elems(x_shape: tuple[int, ...], cout: int, padding: tuple[int, int], nb
 
 # ----------------------------------------------------------------------------- transforms
 # 1-D transforms on 4 (or 3, 2) scalars; the 2-D ones apply them to columns, then rows.
-@njit(nogil=True, cache=True, inline="always")
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
 def _bt(d0, d1, d2, d3):
     """B^T d."""
     return d0 - d2, d1 + d2, d2 - d1, d1 - d3
 
 
-@njit(nogil=True, cache=True, inline="always")
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
 def _b(m0, m1, m2, m3):
     """B m."""
     return m0, m1 - m2 + m3, m1 + m2 - m0, -m3
 
 
-@njit(nogil=True, cache=True, inline="always")
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
 def _at(m0, m1, m2, m3):
     """A^T m (2 values)."""
     return m0 + m1 + m2, m1 - m2 - m3
 
 
-@njit(nogil=True, cache=True, inline="always")
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
 def _a(e0, e1):
     """A e (4 values)."""
     return e0, e0 + e1, e0 - e1, -e1
 
 
-@njit(nogil=True, cache=True, inline="always")
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
 def _g(g0, g1, g2, half):
     """G g (4 values)."""
     return g0, half * (g0 + g1 + g2), half * (g0 - g1 + g2), g2
 
 
-@njit(nogil=True, cache=True, inline="always")
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
 def _gt(m0, m1, m2, m3, half):
     """G^T m (3 values)."""
     return m0 + half * (m1 + m2), half * (m1 - m2), half * (m1 + m2) + m3
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _filter_transform(w, u):
     """``u[xi, co, c] = (G w[co, c] G^T)[xi]`` for 3x3 filters."""
     half = w.dtype.type(0.5)
@@ -121,7 +121,7 @@ def _filter_transform(w, u):
                     u[4 * i + j, co, c] = r[j]
 
 
-@njit(nogil=True, cache=True, inline="always")
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
 def _pad(x, n, xp, ph, pw):
     """Image ``n`` of ``x`` into the padded ``xp`` (C, Hb, Wb), zero elsewhere."""
     c, h, w = x.shape[1], x.shape[2], x.shape[3]
@@ -135,7 +135,7 @@ def _pad(x, n, xp, ph, pw):
                 xp[ci, r + ph, q + pw] = x[n, ci, r, q]
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _input_transform(xp, v, ntot, p0, th, tw):
     """Plane ``xi`` of ``v``, row ``c``, column ``p0 + tile``: ``(B^T d B)[xi]`` for every 4x4
     tile ``d`` of ``xp`` (``ntot`` columns per row)."""
@@ -158,7 +158,7 @@ def _input_transform(xp, v, ntot, p0, th, tw):
                         v[4 * i + j, p] = t[j]
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _output_transform(m, o, y, n0, n1, th, tw, b, has_bias):
     """``y[n, co, 2a:2a+2, 2b:2b+2] = A^T m A (+ bias)`` for images ``n0:n1`` (clipped to the
     output size; ``m`` as from :func:`_planes`, row ``co``). The transform runs over all tiles
@@ -193,7 +193,7 @@ def _output_transform(m, o, y, n0, n1, th, tw, b, has_bias):
                             y[n, co, r, q] = o[2 * i + (q & 1), pb + (q >> 1)] + bias
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _grad_output_transform(dy, e, g, n0, n1, th, tw):
     """Plane ``xi`` of ``g``, row ``co``: ``(A e A^T)[xi]`` for every 2x2 tile ``e`` of
     ``dy[n0:n1]`` (zero past the output edge): gather the tiles of a channel into ``e``
@@ -228,7 +228,7 @@ def _grad_output_transform(dy, e, g, n0, n1, th, tw):
                 gd[p] = -c
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _input_grad_transform(dd, ntot, kb, t16, dxp, p0, th, tw):
     """Overwrite the padded input gradient ``dxp`` with the sum of ``B dd B^T`` over the
     (overlapping) tiles of one image (columns ``p0:p0 + th*tw`` of the rows of ``dd``, which
@@ -269,7 +269,7 @@ def _input_grad_transform(dd, ntot, kb, t16, dxp, p0, th, tw):
 
 
 # ----------------------------------------------------------------------------- chunks
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def fwd_chunk(x, w, b, has_bias, y, s, offs, n0, n1, nb, ph, pw):
     """Images ``n0:n1`` of the forward; ``s``: this thread's workspace row."""
     cin, cout = x.shape[1], w.shape[0]
@@ -294,7 +294,7 @@ def fwd_chunk(x, w, b, has_bias, y, s, offs, n0, n1, nb, ph, pw):
         _output_transform(m, o, y, s0, s1, th, tw, b, has_bias)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def bwd_chunk(x, w, dy, dx, need_dx, s, offs, dwpart, db, n0, n1, nb, ph, pw):
     """Images ``n0:n1``: ``dx`` rows; their transformed ``dW`` and ``db`` summed into
     ``dwpart`` (``16 * Cout * Cin``) and ``db``, both zeroed first."""
@@ -346,13 +346,13 @@ def bwd_chunk(x, w, dy, dx, need_dx, s, offs, dwpart, db, n0, n1, nb, ph, pw):
                             dx[n, c, r, q] = xp[c, r + ph, q + pw]
 
 
-@njit(nogil=True, cache=True, parallel=True)
+@njit(nogil=True, cache=True, parallel=True, error_model="numpy")
 def forward_par(x, w, b, has_bias, y, slabs, offs, bounds, nb, ph, pw):
     for t in prange(bounds.size - 1):
         fwd_chunk(x, w, b, has_bias, y, slabs[t], offs, bounds[t], bounds[t + 1], nb, ph, pw)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def backward_parts(x, w, dy, dx, need_dx, s, offs, dwparts, dbparts, bounds, first, step, nb,
                    ph, pw):
     """Gradient parts ``first, first + step, ...`` (images ``bounds[p]:bounds[p + 1]``) on
@@ -362,7 +362,7 @@ def backward_parts(x, w, dy, dx, need_dx, s, offs, dwparts, dbparts, bounds, fir
                   bounds[p + 1], nb, ph, pw)
 
 
-@njit(nogil=True, cache=True, parallel=True)
+@njit(nogil=True, cache=True, parallel=True, error_model="numpy")
 def backward_par(x, w, dy, dx, need_dx, slabs, offs, dwparts, dbparts, bounds, nb, ph, pw):
     threads = slabs.shape[0]
     for t in prange(threads):
@@ -370,7 +370,7 @@ def backward_par(x, w, dy, dx, need_dx, slabs, offs, dwparts, dbparts, bounds, n
                        threads, nb, ph, pw)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def finish_grads(dwparts, dbparts, dw, db, add):
     """Sum the parts in order into the first, then ``dW = G^T dWx G`` into ``dw`` and the
     bias sum into ``db`` (added to what they hold if ``add``)."""
