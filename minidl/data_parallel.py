@@ -27,6 +27,9 @@ bucketing, Li et al. 2020).
   parameter's full gradient is then a block of the iteration: the backward step that last
   writes it copies it (scaled by the share) into its bucket's buffer, and the executor frees
   it right after. Even on one rank the gradients go through the buckets (into the shards).
+  Under ``zero=3`` the executor also calls :attr:`DataParallel.gather_params` before each
+  step (the step's parameters all-gathered from the ranks' shards, on a duplicate
+  communicator so that it never interleaves with the gradient thread's).
 * **BatchNorm** normalises with each rank's own shard statistics (DDP's default); running
   statistics stay per rank and rank 0's are the ones checkpoints hold. With ``sync_bn`` it
   normalises with the global batch's (:class:`BatchStatsSync`, on a duplicate of the
@@ -138,7 +141,7 @@ class GradientSync:
             self._buffers.append(np.empty(sum(sizes[i] for i in members), dtype=dtypes.pop()))
         self._index = {id(p): i for i, p in enumerate(self.params)}
         #: Stage 2: per bucket, the elements each rank receives, this rank's receive buffer
-        #: and where its pieces go ((shard gradient getter, start in the receive buffer)).
+        #: and where its pieces go ((shard, its start in the receive buffer)).
         self.scatter = shards is not None
         self._counts: list[list[int]] = []
         self._recv: list[np.ndarray] = []
@@ -159,12 +162,11 @@ class GradientSync:
     def _plan_scatter(self, sizes: list[int], shards: Sequence[Any]) -> None:
         """The reduce-scatter of each bucket (stage 2; see the class docstring)."""
         size, rank = self.comm.size, self.comm.rank
-        owned = owned_ranges(sizes, size, rank)
-        mine = [(i, lo, hi) for i, lo, hi in owned]
+        mine = owned_ranges(sizes, size, rank)
         theirs = [(p.base, p.lo, p.hi) for p in shards]
         if [(id(self.params[i]), lo, hi) for i, lo, hi in mine] != \
                 [(id(b), lo, hi) for b, lo, hi in theirs]:
-            raise ValueError("zero=2: the optimizer's shards are not this rank's owned ranges "
+            raise ValueError("ZeRO: the optimizer's shards are not this rank's owned ranges "
                              "of the network's trainable parameters (the optimizer must hold "
                              "every trainable parameter, in the network's order)")
         shard_len = -(-sum(sizes) // size)

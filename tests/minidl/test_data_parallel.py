@@ -80,6 +80,13 @@ def test_single_process_collectives_are_the_identity():
     assert c.allgather_object({"k": 1}) == [{"k": 1}]
     with pytest.raises(ValueError, match="do not split"):
         c.reduce_scatter(a, np.empty(4, np.float32))
+    out = np.empty(6, np.float32)
+    c.reduce_scatter_v(a, out, [6])
+    c.allgather_v(a, out, [6])
+    assert np.array_equal(out, a)
+    with pytest.raises(ValueError, match=r"reduce_scatter_v: counts \[5\] must be 1 "
+                                         "non-negative lengths summing to the 6 elements"):
+        c.reduce_scatter_v(a, out, [5])
 
 
 class _Ranks:
