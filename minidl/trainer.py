@@ -64,7 +64,9 @@ class Trainer:
     than one rank) trains data-parallel (:mod:`minidl.data_parallel`; gradients all-reduced in
     buckets of ``bucket_bytes``; ``sync_bn``: BatchNorm with the global batch's statistics):
     each step's batch is the global batch, this rank trains on its shard, and only rank 0
-    writes checkpoints.
+    writes checkpoints. ``zero=K`` in the spec shards the training state over the ranks
+    (:mod:`minidl.zero`; from ``zero=2`` the gradients go through the buckets even on one
+    rank, and ``.grad`` of the parameters stays ``None``: the optimizer's shards hold them).
     """
 
     def __init__(
