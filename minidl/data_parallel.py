@@ -390,8 +390,8 @@ class DataParallel:
         self.comm = comm
         for _, p in net.named_parameters(include_buffers=True):
             if not isinstance(p.data, np.ndarray):
-                raise ValueError(f"data parallelism over {comm.name} runs on the cpu device "
-                                 f"(host arrays); parameter {p.name} is a "
+                raise ValueError(f"data parallelism and ZeRO stages 2-3 (over {comm.name}) run "
+                                 f"on the cpu device (host arrays); parameter {p.name} is a "
                                  f"{type(p.data).__name__}")
         check_agreement(comm, fingerprint(net, spec, optimizer, seed, comm.size, sync_bn))
         for _, p in net.named_parameters(include_buffers=True):
