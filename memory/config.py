@@ -113,6 +113,10 @@ class MemoryConfig:
             flags[name] = value
         if "split" in flags and not flags["split"]:
             raise ValueError("memory flag 'split' needs a value: split=K")
+        if flags.get("split", "1") != "1" and flags.get("zero", "0") in ("2", "3"):
+            raise ValueError(f"split={flags['split']} cannot be combined with "
+                             f"zero={flags['zero']}: micro-batches accumulate full gradients, "
+                             "which ZeRO stages 2 and 3 do not keep; use zero=1 with split")
         if "budget" in flags and "auto" not in flags:
             raise ValueError("budget=SIZE is for the auto planner: add 'auto' to the spec")
         if "only" in flags and "auto" not in flags:
