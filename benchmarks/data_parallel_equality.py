@@ -4,11 +4,11 @@
 
 Runs the cases of tests/minidl/dp_worker.py (smallcnn 1x8x8 width 4, SGD with momentum,
 10 steps on one seeded global batch: none, reuse,inplace, an uneven batch of 15, a batch of 1,
-zero=1 and zero=2, each also with swapping and recomputation, zero=2 also with none on the
-uneven batch and on a batch of 1; and resnet8 3x8x8 width 2 with BatchNorm synchronised and
-per rank) on 2 MPI ranks and in this process, and prints per case the largest
-absolute difference of the losses, the parameters and the optimizer state, and rank 0's real
-peak against the plan's (``minidl plan --ranks 2``), as a Markdown table.
+zero=1, zero=2 and zero=3, each also with swapping and recomputation, zero=2 and zero=3 also
+with none; and resnet8 3x8x8 width 2 with BatchNorm synchronised (also under zero=3) and per
+rank) on 2 MPI ranks and in this process, and prints per case the largest absolute difference
+of the losses, the parameters and the optimizer state, and rank 0's real peak against the
+plan's (``minidl plan --ranks 2``), as a Markdown table.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def main() -> None:
               f"{largest(got, ref, 'param/'):.1e} | {largest(got, ref, 'optim/'):.1e} | "
               f"{int(got['peak_allocated'])} | {int(got['planned_peak'])} |")
     ref = worker.train(SingleProcess(), "reuse,inplace", 16, 1024, bn=True)
-    for name, _ in worker.BN_CASES:
+    for name, _, _ in worker.BN_CASES:
         got = np.load(Path(out) / f"{name}.npz")
         print(f"| {name} (resnet8) | {np.abs(got['losses'] - ref['losses']).max():.1e} | "
               f"{largest(got, ref, 'param/'):.1e} | {largest(got, ref, 'optim/'):.1e} | "

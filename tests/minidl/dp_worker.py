@@ -43,8 +43,10 @@ CASES = (("none", "none", "none", 16, 1024),
           "reuse,swap=all,recompute=sqrt", 15, 1024),
          ("none_zero3", "none,zero=3", "none", 15, 1 << 20))
 #: A network with BatchNorm (resnet8 3x8x8, width 2) on 2 ranks, with ``sync_bn`` (equal to one
-#: process) and without (each rank normalises with its own shard's statistics: not equal).
-BN_CASES = (("sync_bn", True), ("per_rank_bn", False))
+#: process; also under zero=3) and without (each rank normalises with its own shard's
+#: statistics: not equal): (case name, sync_bn, memory spec).
+BN_CASES = (("sync_bn", True, "reuse,inplace"), ("per_rank_bn", False, "reuse,inplace"),
+            ("sync_bn_zero3", True, "reuse,inplace,zero=3"))
 STEPS = 10
 
 
@@ -100,8 +102,8 @@ def main(argv: list[str]) -> int:
         res = train(comm, spec, batch, bucket_bytes)
         if comm.rank == 0:
             np.savez(out / f"{name}.npz", **res)
-    for name, sync_bn in BN_CASES:
-        res = train(comm, "reuse,inplace", 16, 1024, bn=True, sync_bn=sync_bn)
+    for name, sync_bn, spec in BN_CASES:
+        res = train(comm, spec, 16, 1024, bn=True, sync_bn=sync_bn)
         if comm.rank == 0:
             np.savez(out / f"{name}.npz", **res)
     return 0

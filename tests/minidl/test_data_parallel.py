@@ -180,7 +180,7 @@ def test_two_ranks_match_one_process(mpiexec, tmp_path):
             assert int(got["buckets"]) >= 3  # several buckets, launched during backward
         assert not np.allclose(got["losses"][0], got["losses"][-1])  # it trained
     ref = worker.train(SingleProcess(), "reuse,inplace", 16, 1024, bn=True)
-    for name, sync_bn in worker.BN_CASES:
+    for name, sync_bn, _ in worker.BN_CASES:
         got = np.load(tmp_path / f"{name}.npz")
         same = all(np.allclose(got[k], ref[k], rtol=RTOL, atol=ATOL) for k in ref
                    if k.startswith(("param/", "optim/")) or k == "losses")
