@@ -186,6 +186,17 @@ def test_two_ranks_match_one_process(mpiexec, tmp_path):
                    if k.startswith(("param/", "optim/")) or k == "losses")
         assert same == sync_bn, name  # synchronised BatchNorm == one process; per-rank != it
         assert int(got["peak_allocated"]) == int(got["planned_peak"]), name
+    # on 2 ranks ZeRO adds no rounding of its own: every stage gives the bits of plain data
+    # parallelism (a reduce-scatter sums the same two addends as the all-reduce; the sharded
+    # updates are elementwise)
+    for plain, sharded in (("reuse_inplace", ("zero1", "zero2", "zero3")),
+                           ("sync_bn", ("sync_bn_zero3",))):
+        with np.load(tmp_path / f"{plain}.npz") as a:
+            for name in sharded:
+                with np.load(tmp_path / f"{name}.npz") as b:
+                    for k in a.files:
+                        if k.startswith(("param/", "optim/")) or k == "losses":
+                            assert np.array_equal(a[k], b[k]), f"{name} {k}"
 
 
 def test_ranks_that_disagree_stop_with_the_mismatch_named(mpiexec, tmp_path):
