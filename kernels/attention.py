@@ -4,8 +4,9 @@
 H heads x hd wide, as nanoGPT's ``c_attn`` and ``nn.MultiheadAttention``'s ``in_proj``); the
 output ``attn`` is (B, T, D), heads side by side. Per head, ``P = softmax(q k^T / sqrt(hd))``
 (causal: keys after the query masked), ``P~ = P * keep / (1 - p)`` with dropout, ``O = P~ v``.
-Heads are never copied out: every product is one batched ``np.matmul`` over (B, H) on strided
-views of ``qkv`` / ``attn`` (BLAS reads and writes them in place).
+Heads are never copied out: every product is one :func:`~minidl.kernels.blas.batched_gemm` over
+(B, H) on strided views of ``qkv`` / ``attn`` (BLAS reads and writes them in place; the
+matrices shared out over the threads, each product whole).
 
 Forms (the ``attn`` per-op option of the plan, :func:`parse_form`):
 
@@ -40,6 +41,7 @@ from .attention_rows import (
     rowdot,
     softmax_rows,
 )
+from .blas import batched_gemm
 from .parallel import ensure_blas_policy
 from .workspace import Layout
 
@@ -148,13 +150,13 @@ def attention_forward(qkv, attn, saved, heads: int, causal: bool, p_drop: float,
     scale = 1.0 / math.sqrt(q.shape[-1])
     if block is None:
         probs = saved
-        np.matmul(q, k.swapaxes(-1, -2), out=probs)
+        batched_gemm(q, k, probs, trans_b=True)
         softmax_rows(_rows3(probs), scale, causal)
         src = probs
         if p_drop > 0:
             src = ws.dropped
             dropout_rows(_rows3(probs), _rows3(src), p_drop, seed, seq, 0, 0)
-        np.matmul(src, v, out=o)
+        batched_gemm(src, v, o)
         return
     lse = _rows3(saved)
     bh = qkv.shape[0], heads
@@ -163,18 +165,18 @@ def attention_forward(qkv, attn, saved, heads: int, causal: bool, p_drop: float,
             m, l, alpha = (_prefix(b, (*bh, rows)) for b in (ws.m, ws.l, ws.alpha))
             qi, oi = q[:, :, r0:r0 + rows], o[:, :, r0:r0 + rows]
         s = _prefix(ws.scores, (*bh, rows, cols))
-        np.matmul(qi, k[:, :, c0:c0 + cols].swapaxes(-1, -2), out=s)
+        batched_gemm(qi, k[:, :, c0:c0 + cols], s, trans_b=True)
         online_rows(_rows3(s), _rows3(m), _rows3(l), _rows3(alpha), scale, causal, r0, c0,
                     first)
         if p_drop > 0:
             dropout_rows(_rows3(s), _rows3(s), p_drop, seed, seq, r0, c0)
         vj = v[:, :, c0:c0 + cols]
         if first:
-            np.matmul(s, vj, out=oi)
+            batched_gemm(s, vj, oi)
         else:
             oi *= alpha[..., None]
             tile = _prefix(ws.o_tile, (*bh, rows, oi.shape[-1]))
-            np.matmul(s, vj, out=tile)
+            batched_gemm(s, vj, tile)
             oi += tile
         if c0 + cols >= (min(seq, r0 + rows) if causal else seq):  # the row block's last
             oi /= l[..., None]
@@ -202,12 +204,12 @@ def attention_backward(dattn, qkv, attn, saved, dqkv, heads: int, causal: bool,
         if p_drop > 0:
             pd = ws.dropped
             dropout_rows(_rows3(probs), _rows3(pd), p_drop, seed, seq, 0, 0)
-        np.matmul(pd.swapaxes(-1, -2), do, out=dv)
+        batched_gemm(pd, do, dv, trans_a=True)
         dp = ws.dprobs
-        np.matmul(do, v.swapaxes(-1, -2), out=dp)
+        batched_gemm(do, v, dp, trans_b=True)
         dscores_rows(_rows3(dp), _rows3(probs), _rows3(pd), delta, scale, 0)
-        np.matmul(dp, k, out=dq)
-        np.matmul(dp.swapaxes(-1, -2), q, out=dk)
+        batched_gemm(dp, k, dq)
+        batched_gemm(dp, q, dk, trans_a=True)
         return
     lse = _rows3(saved)
     dqkv.fill(0)
@@ -215,20 +217,20 @@ def attention_backward(dattn, qkv, attn, saved, dqkv, heads: int, causal: bool,
     for r0, rows, c0, cols, _ in _tiles(seq, min(block, seq), causal):
         ri, cj = slice(r0, r0 + rows), slice(c0, c0 + cols)
         p = _prefix(ws.scores, (*bh, rows, cols))
-        np.matmul(q[:, :, ri], k[:, :, cj].swapaxes(-1, -2), out=p)
+        batched_gemm(q[:, :, ri], k[:, :, cj], p, trans_b=True)
         probs_rows(_rows3(p), lse, scale, causal, r0, c0)
         pd = p
         if p_drop > 0:
             pd = _prefix(ws.dropped, p.shape)
             dropout_rows(_rows3(p), _rows3(pd), p_drop, seed, seq, r0, c0)
         t_cols = _prefix(ws.tmp, (*bh, cols, hd))
-        np.matmul(pd.swapaxes(-1, -2), do[:, :, ri], out=t_cols)
+        batched_gemm(pd, do[:, :, ri], t_cols, trans_a=True)
         dv[:, :, cj] += t_cols
         ds = _prefix(ws.dscores, p.shape)
-        np.matmul(do[:, :, ri], v[:, :, cj].swapaxes(-1, -2), out=ds)
+        batched_gemm(do[:, :, ri], v[:, :, cj], ds, trans_b=True)
         dscores_rows(_rows3(ds), _rows3(p), _rows3(pd), delta, scale, r0)
         t_rows = _prefix(ws.tmp, (*bh, rows, hd))
-        np.matmul(ds, k[:, :, cj], out=t_rows)
+        batched_gemm(ds, k[:, :, cj], t_rows)
         dq[:, :, ri] += t_rows
-        np.matmul(ds.swapaxes(-1, -2), q[:, :, ri], out=t_cols)
+        batched_gemm(ds, q[:, :, ri], t_cols, trans_a=True)
         dk[:, :, cj] += t_cols
