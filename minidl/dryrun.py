@@ -67,10 +67,8 @@ def dry_run(
     global batch and the iteration is rank 0's shard (the largest); ``zero`` in the report
     gives the rank's persistent bytes under the spec's ``zero=K``
     (:func:`~minidl.memory.zero.zero_bytes`) and the step's collectives, and
-    ``peak_allocated_bytes`` is that rank's: the persistent blocks sharding removes live the
-    whole iteration, so they are subtracted, and stage 3 adds its largest layer's gathered
-    parameters (``peak_reserved_bytes`` stays the unsharded run's). Stages 2 and 3 are
-    planned only: training runs stage 1.
+    ``peak_allocated_bytes`` is that rank's, as training measures it at every stage (stage 2's
+    full gradients and stage 3's gathered parameters are blocks of the lowered iteration).
     """
     config = MemoryConfig.parse(memory)
     profile = get_target(target) if isinstance(target, str) else target
