@@ -1,5 +1,7 @@
 """minidl.comm.NcclCommunicator on 2 GPUs: 2 MPI ranks, one GPU each, every collective checked
-against its definition (skipped without CUDA, NCCL in CuPy, 2 GPUs or MPI)."""
+against its definition, and the collectives of unequal chunks (ZeRO's reduce_scatter_v and
+allgather_v) against the MPI communicator's results on the same host arrays (skipped without
+CUDA, NCCL in CuPy, 2 GPUs or MPI)."""
 
 from __future__ import annotations
 
@@ -34,8 +36,36 @@ print(r, all(ok), ok)
 """
 
 
+UNEQUAL_CHUNKS_SCRIPT = r"""
+import cupy as cp, numpy as np
+from minidl.comm import MpiCommunicator, NcclCommunicator
+mpi = MpiCommunicator(timeout_s=60)
+c = NcclCommunicator(mpi)
+r, n = c.rank, c.size
+ok = []
+with cp.cuda.Device(c.device):
+    for counts in ([3] + [1] * (n - 1), [0] * (n - 1) + [4]):
+        send = np.arange(sum(counts), dtype=np.float32) * (r + 1)
+        want = np.empty(counts[r], dtype=np.float32)
+        mpi.reduce_scatter_v(send, want, counts)
+        out = cp.empty(counts[r], dtype=cp.float32)
+        c.reduce_scatter_v(cp.asarray(send), out, counts)
+        ok.append(bool(np.array_equal(cp.asnumpy(out), want)))
+        chunk = np.full(counts[r], r + 1.0, dtype=np.float32)
+        want = np.empty(sum(counts), dtype=np.float32)
+        mpi.allgather_v(chunk, want, counts)
+        full = cp.empty(sum(counts), dtype=cp.float32)
+        c.allgather_v(cp.asarray(chunk), full, counts)
+        ok.append(bool(np.array_equal(cp.asnumpy(full), want)))
+    c.barrier()
+print(r, all(ok), ok)
+"""
+
+
 @pytest.mark.gpu
-def test_nccl_collectives_on_two_gpus(tmp_path):
+@pytest.mark.parametrize("script_text", [SCRIPT, UNEQUAL_CHUNKS_SCRIPT],
+                         ids=["collectives", "unequal_chunks_match_mpi"])
+def test_nccl_on_two_gpus(tmp_path, script_text):
     import cupy
     from cupy.cuda import nccl
 
@@ -50,7 +80,7 @@ def test_nccl_collectives_on_two_gpus(tmp_path):
     helpers = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(helpers)
     script = tmp_path / "nccl_check.py"
-    script.write_text(SCRIPT)
+    script.write_text(script_text)
     res = subprocess.run([*helpers._mpiexec(), sys.executable, str(script)], capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
