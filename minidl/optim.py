@@ -258,7 +258,12 @@ def clip_grad_norm_(params: Iterable[Parameter], max_norm: float) -> float:
     for g in grads:
         flat = g.reshape(-1)
         total += float(np.dot(flat, flat))
-    total_norm = math.sqrt(total)
+    return scale_to_norm(grads, math.sqrt(total), max_norm)
+
+
+def scale_to_norm(grads: list, total_norm: float, max_norm: float) -> float:
+    """Scale ``grads`` in place by ``max_norm / (total_norm + 1e-6)`` when that is below 1
+    (PyTorch's rule; a non-finite norm leaves them as they are); returns ``total_norm``."""
     if not math.isfinite(total_norm):
         return total_norm
     clip_coef = max_norm / (total_norm + 1e-6)

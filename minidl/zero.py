@@ -46,7 +46,7 @@ import numpy as np
 from .comm import Communicator
 from .memory.transfer import copy_into
 from .memory.zero import owned_ranges
-from .optim import Optimizer, OptimizerWrapper, clip_grad_norm_
+from .optim import Optimizer, OptimizerWrapper, clip_grad_norm_, scale_to_norm
 from .parameter import Parameter
 
 
@@ -175,14 +175,7 @@ class ZeroOptimizer(OptimizerWrapper):
         for g in grads:
             total[0] += float(np.dot(g, g))
         self.comm.allreduce(total)
-        total_norm = math.sqrt(float(total[0]))
-        if not math.isfinite(total_norm):
-            return total_norm
-        clip_coef = max_norm / (total_norm + 1e-6)
-        if clip_coef < 1.0:
-            for g in grads:
-                np.multiply(g, g.dtype.type(clip_coef), out=g)
-        return total_norm
+        return scale_to_norm(grads, math.sqrt(float(total[0])), max_norm)
 
     def step(self) -> None:
         """Update the owned ranges, then all-gather every rank's updated range."""
