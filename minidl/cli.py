@@ -124,13 +124,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="device arena size (e.g. 256MiB) or 'auto' (what a dry run needs)")
     t.add_argument("--memory", default="none", help="memory spec, e.g. reuse,inplace")
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--save", default=None, help="checkpoint path (.npz), written atomically")
+    t.add_argument("--save", default=None,
+                   help="checkpoint path (.npz), written atomically; FILE.safetensors writes the "
+                        "weights only (not resumable; needs the io extra)")
     t.add_argument("--save-every", type=int, default=None, metavar="N",
                    help="also write the --save checkpoint every N steps (resumable)")
     t.add_argument("--resume", default=None, metavar="FILE",
                    help="continue the run a --save checkpoint stopped (same flags: model, data, "
                         "optimizer, schedule, epochs); weights, optimizer, schedule, epoch, "
                         "batch and random state are restored, so the result is bit-identical")
+    t.add_argument("--init-from", default=None, metavar="FILE.safetensors",
+                   help="start a new run from these weights (--save FILE.safetensors, or the "
+                        "PyTorch twin's names); names and shapes must match the model")
     t.add_argument("--log", default=None, metavar="FILE",
                    help="metric log, one row per epoch (and every --log-every steps): CSV, or "
                         "JSON lines for .jsonl; appended to with --resume")

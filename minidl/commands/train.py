@@ -20,6 +20,7 @@ from ..memory.pool import DeviceOutOfMemory
 from ..models import SEQUENCE_MODELS, TRANSFORMER_MODELS, default_input_shape
 from ..optim import CosineAnnealingLR, StepLR, make_optimizer
 from ..rnn import train_language_model
+from ..safetensors_io import SafetensorsError, load_into, save_safetensors
 from ..text import TEXT_DATASETS, load_text_dataset
 from ..trainer import CheckpointError, Trainer, check_writable
 from .common import (
@@ -32,17 +33,40 @@ from .common import (
     parse_chw,
     parse_memory,
     print_memory_report,
+    require_module,
     resolved_seq_len,
     with_budget,
 )
 from .distributed import mpi_job, quiet_other_ranks, ranks_stop_together, refuse_for_text
 
 
+def _is_safetensors(path: str | None) -> bool:
+    return bool(path) and path.lower().endswith(".safetensors")
+
+
 def _save(trainer, path: str) -> None:
+    """The --save file: a resumable .npz checkpoint, or the weights only for .safetensors."""
     try:
-        trainer.save(path)
+        if not _is_safetensors(path):
+            trainer.save(path)
+            return
+        meta = {"minidl.model": trainer.net.name, "minidl.iteration": str(trainer.iteration)}
+        write = lambda: save_safetensors(trainer.net, path, metadata=meta)  # noqa: E731
+        if trainer.parallel is None:
+            write()
+        else:
+            trainer.parallel.root_writes(write)
     except OSError as e:
         raise RuntimeFailure(f"cannot write checkpoint {path}: {e}") from None
+
+
+def _init_from(net, path: str | None) -> None:
+    """--init-from FILE.safetensors: the weights a new run starts from (strict)."""
+    if path:
+        try:
+            load_into(net, path, strict=True)
+        except (SafetensorsError, OSError) as e:
+            raise UsageError(f"--init-from {path}: {e}") from None
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
@@ -58,6 +82,23 @@ def _check_outputs(args: argparse.Namespace) -> None:
                 raise UsageError(f"--{flag} {path}: {e}") from None
     if args.resume and not os.path.isfile(args.resume):
         raise UsageError(f"--resume {args.resume}: no such checkpoint file")
+    if _is_safetensors(args.save) and args.save_every is not None:
+        raise UsageError(f"--save-every N writes resumable checkpoints; {args.save} holds the "
+                         "weights only: use --save FILE.npz")
+    if _is_safetensors(args.resume):
+        raise UsageError(f"--resume {args.resume}: a .safetensors file holds the weights only "
+                         "(no optimizer state or position); start a new run from it with "
+                         "--init-from")
+    if args.init_from:
+        if args.resume:
+            raise UsageError("--init-from starts a new run from weights; --resume continues "
+                             "one: give only one of them")
+        if not os.path.isfile(args.init_from):
+            raise UsageError(f"--init-from {args.init_from}: no such file")
+    if _is_safetensors(args.save):
+        require_module("safetensors", "io", f"--save {args.save}")
+    if args.init_from:
+        require_module("safetensors", "io", "--init-from")
 
 
 def _refuse_epoch_flags(args: argparse.Namespace) -> None:
@@ -162,6 +203,7 @@ def cmd_train_text(args: argparse.Namespace, spec) -> int:
         raise RuntimeFailure(f"cannot load dataset {name!r}: {e}") from None
     args.seq_len = resolved_seq_len(args)
     net = build_model(args.model, (args.seq_len,), ds.vocab_size, args.width)
+    _init_from(net, args.init_from)
     opt = make_optimizer(args.optimizer, net.parameters(), args.lr, 0.0)
     device_memory = args.device_memory
     link = _emulate_link(args)
@@ -247,6 +289,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if defaults.standardize:
         ds.standardize()
     net = build_model(args.model, ds.input_shape, ds.num_classes, args.width)
+    _init_from(net, args.init_from)
     try:
         opt = make_optimizer(args.optimizer, net.parameters(), args.lr, args.weight_decay)
     except ValueError as e:
