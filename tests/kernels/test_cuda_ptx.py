@@ -1,4 +1,4 @@
-"""Every Numba CUDA kernel of minidl.kernels compiles to PTX for real GPUs (sm_70, sm_80, sm_90).
+"""Every Numba CUDA kernel of minidl.kernels compiles to PTX for real GPUs (sm_70 and sm_90).
 
 The signatures are the ones the kernels are launched with: the emulated launches of
 test_cuda_launch.py's cases (every public CUDA entry point, every dtype it is used with) are
@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 from minidl.kernels import _cuda, sparse
 
-CCS = [(7, 0), (8, 0), (9, 0)]
+# the oldest and the newest target (sm_80 lies between them; each arch costs ~7 s of CI)
+CCS = [(7, 0), (9, 0)]
 
 needs_numba_cuda = pytest.mark.skipif(
     importlib.util.find_spec("numba_cuda") is None,
