@@ -423,6 +423,14 @@ def test_plan_ranks_gives_each_ranks_sharded_bytes(capsys):
         assert main(["plan", "smallcnn", "--ranks", "4", "--batch-size", "32", "--memory", spec,
                      "--optimizer", "adam", "--json"]) == 0
         reports[stage] = json.loads(capsys.readouterr().out)
+    # under none too: ZeRO's per-step copies are freed after their last use in every policy
+    none_peaks = []
+    for stage in (0, 1, 2, 3):
+        spec = "none" + (f",zero={stage}" if stage else "")
+        assert main(["plan", "smallcnn", "--ranks", "4", "--batch-size", "32", "--memory", spec,
+                     "--optimizer", "adam", "--json"]) == 0
+        none_peaks.append(json.loads(capsys.readouterr().out)["peak_allocated_bytes"])
+    assert none_peaks[0] > none_peaks[1] > none_peaks[2] > none_peaks[3], none_peaks
     for stage, rep in reports.items():
         z = rep["zero"]
         assert (rep["ranks"], rep["batch_size"], z["stage"]) == (4, 8, stage)
