@@ -10,8 +10,9 @@ significant bit; the last byte is padded with zeros. An empty stream has no byte
 one distinct symbol gets a 1-bit code (one bit per symbol).
 
 Each op has a NumPy reference (``impl="numpy"``) and a Numba CPU version (``"numba"``, the
-default). Decoding is serial by nature (a bit stream) and runs on the host; there is no CUDA
-version.
+default). Decoding is serial by nature (a bit stream); on a device it runs inside the weight
+record decoder (:mod:`.weight_record`: one CUDA thread per record, the same canonical tables
+built in shared memory, :func:`decode_symbol`'s loop as a device function).
 """
 
 from __future__ import annotations

@@ -13,20 +13,33 @@ Two kinds, both little-endian, both starting with ``kind: u8, ndim: u8, dims: u3
   (fillers included).
 
 :func:`decode_into` writes the dense tensor into a caller's array (a block of the device
-pool): the two Huffman streams are decoded and scattered in one Numba pass, with no
-temporary array of the tensor's size.
+pool), with no temporary array of the tensor's size, chosen by the array type as the other
+kernels are: on the host the two Huffman streams are decoded and scattered in one Numba pass;
+on a device (CuPy, Numba or emulated device arrays, the record itself on the device) two Numba
+CUDA kernels run: a grid-stride pass that copies a ``RAW`` record's bytes or zeroes the
+output, then ONE thread that parses the ``SHARED`` header, builds both canonical decode tables
+and the codebook in its local memory and decodes the entries straight into the output
+(Huffman decoding is bit-serial, and the record holds one stream of each kind: a thread per
+stream would need a scratch of the entries' positions and values, which the plans do not
+hold). The device decoder reads nothing on the host and does not synchronise: it reports
+problems only through an optional ``status`` byte; :func:`check` validates a record on the
+host (a compressed model's records are checked so when it is loaded).
 """
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 from numba import njit
 
-from . import huffman, relative_csr
+from . import _cuda, huffman, relative_csr
+
+cuda: Any = None  # numba.cuda, set by _cuda.bind on first CUDA use
 
 RAW = 0
 SHARED = 1
@@ -174,14 +187,47 @@ def _table_arrays(lengths: np.ndarray) -> tuple[np.ndarray, ...]:
     return t.first, t.count, t.offset, t.symbols
 
 
-def decode_into(buf: Any, out: np.ndarray) -> None:
-    """Decode the record ``buf`` into ``out`` (a NumPy float array of the record's shape, or
-    of its size)."""
+#: What the device decoder's ``status`` byte means (:func:`decode_into`).
+STATUS = {0: "decoded", 1: "the header is invalid or does not fit the destination",
+          2: "a stream ends early or holds an invalid code", 3: "an entry lies past the end"}
+#: Destination dtypes a ``SHARED`` record decodes into on a device.
+DEVICE_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _raw_code(dtype: Any) -> int:
+    """The ``RAW`` dtype code of ``dtype`` (255 if a raw record cannot hold it)."""
+    dt = np.dtype(dtype)
+    dt = dt.newbyteorder("<") if dt.byteorder != "|" else dt
+    codes = [np.dtype(d) for d in RAW_DTYPES]
+    return codes.index(dt) if dt in codes else 255
+
+
+def decode_into(buf: Any, out: Any, *, impl: str = "auto", stream: Any = None,
+                status: Any = None) -> None:
+    """Decode the record ``buf`` into ``out`` (an array of the record's shape, or of its size).
+
+    On the host (``impl`` ``"numba"``, or ``"numpy"``: :func:`decode_reference`), ``buf`` is
+    bytes or a uint8 array and ``out`` a NumPy array; a bad record raises
+    :class:`RecordError`. On a device (``"cuda"``, chosen for device arrays), ``buf`` is the
+    record as a flat uint8 device array and ``out`` a C-contiguous device array (float32 or
+    float64 for a ``SHARED`` record, a ``RAW`` record's own dtype); the kernels run on
+    ``stream`` (CuPy's current stream for CuPy arrays) and nothing waits for them. ``status``
+    (optional, a uint8 device array) then receives a code of :data:`STATUS` (0: decoded);
+    without it nothing is reported, so check records with :func:`check` first."""
+    impl = _cuda.choose(impl, buf, out, status)
+    if impl == "cuda":
+        _decode_device(buf, out, stream, status)
+        return
+    if status is not None:
+        raise ValueError("status is for device decoding; host decoding raises RecordError")
     rec, parts = _parse(buf)
     if out.size != rec.size:
         raise RecordError(f"weight record holds {rec.shape} ({rec.size} values), the "
                           f"destination has {out.size}")
     flat = out.reshape(-1)
+    if impl == "numpy":
+        flat[...] = decode_reference(buf).reshape(-1)
+        return
     if rec.kind == RAW:
         flat[...] = parts["values"]
         return
@@ -193,6 +239,233 @@ def decode_into(buf: Any, out: np.ndarray) -> None:
     if done < rec.entries:
         raise RecordError(f"weight record's streams are invalid after {done} of "
                           f"{rec.entries} entries")
+
+
+@njit(cache=True)
+def _count_entries(vbuf, vt, ibuf, it, entries, k, size):  # pragma: no cover - compiled
+    """Entries of a ``SHARED`` record that decode to a value code in [0, k] at a position
+    below ``size`` before the first that does not (``entries`` for a valid record)."""
+    pos = -1
+    vbit = 0
+    ibit = 0
+    for e in range(entries):
+        g, ibit = huffman.decode_symbol(ibuf, ibit, it[0], it[1], it[2], it[3])
+        v, vbit = huffman.decode_symbol(vbuf, vbit, vt[0], vt[1], vt[2], vt[3])
+        if g < 0 or v < 0 or v > k:
+            return e
+        pos += g + 1
+        if pos >= size:
+            return e
+    return entries
+
+
+def check(buf: Any, dtype: Any = None) -> RecordInfo:
+    """Validate a record on the host without making its tensor: the header, a ``RAW``
+    record's values, every entry of a ``SHARED`` record's streams, and (``dtype`` given) that
+    it decodes into that dtype on any device (a ``RAW`` record into its own dtype, a
+    ``SHARED`` one into float32 or float64). Returns the header; raises :class:`RecordError`."""
+    rec, parts = _parse(buf)
+    dt = None if dtype is None else np.dtype(dtype)
+    if rec.kind == RAW:
+        values = parts["values"]
+        if dt is not None and _raw_code(dt) != _raw_code(values.dtype):
+            raise RecordError(f"raw weight record holds {values.dtype}, the destination is "
+                              f"{dt}")
+        return rec
+    if dt is not None and dt not in DEVICE_FLOATS:
+        raise RecordError(f"a shared weight record decodes into float32 or float64, not {dt}")
+    u8 = np.frombuffer
+    done = _count_entries(u8(parts["v_stream"], np.uint8), _table_arrays(parts["v_len"]),
+                          u8(parts["i_stream"], np.uint8), _table_arrays(parts["i_len"]),
+                          rec.entries, rec.k, rec.size)
+    if done < rec.entries:
+        raise RecordError(f"weight record's streams are invalid after {done} of "
+                          f"{rec.entries} entries")
+    return rec
+
+
+# ----------------------------------------------------------------------------- CUDA
+# Device functions (bound to the globals below by _cuda.bind) and the two kernels. Records
+# are read byte by byte (a record's fields are not aligned in its buffer).
+def _le(buf, pos, nbytes):
+    """The little-endian unsigned integer of ``nbytes`` bytes at ``buf[pos]``."""
+    v = 0
+    for j in range(nbytes):
+        v |= np.int64(buf[pos + j]) << (8 * j)
+    return v
+
+
+def _code_table(buf, pos, alphabet, lens, count, first, offset, fill, symbols):
+    """Canonical decode tables (as :class:`~.huffman.DecodeTable`'s) from the 5-bit code
+    lengths packed at ``buf[pos]``; False if they are not a prefix code."""
+    for s in range(alphabet):
+        n = 0
+        for j in range(5):
+            q = 5 * s + j
+            n = (n << 1) | ((np.int64(buf[pos + (q >> 3)]) >> (7 - (q & 7))) & 1)
+        lens[s] = n
+    for n in range(32):
+        count[n] = 0
+    for s in range(alphabet):
+        count[lens[s]] += 1
+    count[0] = 0
+    code = 0
+    off = 0
+    kraft = 0
+    for n in range(1, 32):
+        if n > 1:
+            code = (code + count[n - 1]) << 1
+        first[n] = code
+        offset[n] = off
+        fill[n] = off
+        off += count[n]
+        kraft += count[n] << (31 - n)
+    if kraft > (1 << 31):
+        return False
+    for s in range(alphabet):  # symbols sorted by (length, symbol)
+        n = lens[s]
+        if n > 0:
+            symbols[fill[n]] = s
+            fill[n] += 1
+    return True
+
+
+def _symbol(buf, start, nbits, bitpos, first, count, offset, symbols):
+    """One symbol of the stream at ``buf[start]`` (``nbits`` bits) at bit ``bitpos``, as
+    :func:`~.huffman.decode_symbol`: (symbol or -1, next bit position)."""
+    code = 0
+    for n in range(1, 32):
+        if bitpos >= nbits:
+            return -1, bitpos
+        bit = (np.int64(buf[start + (bitpos >> 3)]) >> (7 - (bitpos & 7))) & 1
+        bitpos += 1
+        code = (code << 1) | bit
+        d = code - first[n]
+        if d < count[n]:
+            return np.int64(symbols[offset[n] + d]), bitpos
+    return -1, bitpos
+
+
+le: Any = None
+code_table: Any = None
+symbol: Any = None
+
+
+def _k_raw_or_zero(buf, out, code, itemsize, shared_ok, status):
+    """Grid-stride over the bytes of ``out``: a ``RAW`` record's values when its dtype code is
+    ``code`` and its size fits, else zeros (a ``SHARED`` record's entries come next). Thread 0
+    writes ``status[0]`` (if it exists): 0 for such a ``RAW`` record, or a ``SHARED`` one the
+    next kernel decodes (``shared_ok``), else 1."""
+    n = buf.shape[0]
+    nbytes = out.shape[0]
+    kind = np.int64(buf[0]) if n >= 2 else 255
+    ndim = np.int64(buf[1]) if n >= 2 else 0
+    start = 3 + 4 * ndim  # the values, after the dims and the dtype code
+    raw = False
+    if kind == 0 and start <= n:
+        if buf[start - 1] == code and n - start >= nbytes:
+            size = 1
+            for d in range(ndim):
+                size *= le(buf, 2 + 4 * d, 4)
+            raw = size * itemsize == nbytes
+    for i in range(cuda.grid(1), nbytes, cuda.gridsize(1)):
+        out[i] = buf[start + i] if raw else np.uint8(0)
+    if cuda.grid(1) == 0 and status.shape[0] > 0:
+        status[0] = 0 if raw or (kind == 1 and shared_ok) else 1
+
+
+def _k_decode_shared(buf, out, status):
+    """ONE thread: parse the ``SHARED`` record in ``buf``, build its decode tables and
+    codebook in shared memory and write each entry's value at its position in the zeroed
+    ``out`` (float32 or float64, flat). Nothing for other records. ``status[0]`` (if it
+    exists): a code of :data:`STATUS`."""
+    n = buf.shape[0]
+    if cuda.grid(1) != 0 or n < 2 or buf[0] != 1:
+        return
+    report = status.shape[0] > 0
+    if report:
+        status[0] = 1
+    ndim = np.int64(buf[1])
+    p = 2 + 4 * ndim
+    if p + 8 > n:
+        return
+    size = 1
+    for d in range(ndim):
+        size *= le(buf, 2 + 4 * d, 4)
+    vb = np.int64(buf[p])
+    ib = np.int64(buf[p + 1])
+    k = le(buf, p + 2, 2)
+    entries = le(buf, p + 4, 4)
+    book = p + 8
+    vl = book + 4 * k
+    il = vl + (5 * (1 << vb) + 7) // 8 if vb <= 12 else n
+    vs = il + (5 * (1 << ib) + 7) // 8 if ib <= 12 else n
+    if vb < 1 or vb > 12 or ib < 1 or ib > 12 or k > (1 << vb) - 1 or size != out.shape[0] \
+            or vs + 4 > n:
+        return
+    v0 = vs + 4
+    i0 = v0 + le(buf, vs, 4)
+    if i0 > n:
+        return
+    lens = cuda.shared.array(4096, dtype=np.uint8)
+    fill = cuda.shared.array(32, dtype=np.int64)
+    vcount = cuda.shared.array(32, dtype=np.int64)
+    vfirst = cuda.shared.array(32, dtype=np.int64)
+    voffset = cuda.shared.array(32, dtype=np.int64)
+    vsym = cuda.shared.array(4096, dtype=np.int16)
+    icount = cuda.shared.array(32, dtype=np.int64)
+    ifirst = cuda.shared.array(32, dtype=np.int64)
+    ioffset = cuda.shared.array(32, dtype=np.int64)
+    isym = cuda.shared.array(4096, dtype=np.int16)
+    values = cuda.shared.array(4096, dtype=np.uint32)  # float32 bits of codes 0..k
+    if not code_table(buf, vl, 1 << vb, lens, vcount, vfirst, voffset, fill, vsym):
+        return
+    if not code_table(buf, il, 1 << ib, lens, icount, ifirst, ioffset, fill, isym):
+        return
+    values[0] = 0
+    for c in range(k):
+        values[c + 1] = le(buf, book + 4 * c, 4)
+    pos = -1
+    vbit = 0
+    ibit = 0
+    for _ in range(entries):
+        g, ibit = symbol(buf, i0, 8 * (n - i0), ibit, ifirst, icount, ioffset, isym)
+        v, vbit = symbol(buf, v0, 8 * (i0 - v0), vbit, vfirst, vcount, voffset, vsym)
+        if g < 0 or v < 0 or v > k:
+            if report:
+                status[0] = 2
+            return
+        pos += g + 1
+        if pos >= size:
+            if report:
+                status[0] = 3
+            return
+        out[pos] = np.uint32(values[v]).view(np.float32)
+    if report:
+        status[0] = 0
+
+
+@functools.cache
+def _kernels() -> SimpleNamespace:
+    return _cuda.bind(globals(), ["_k_raw_or_zero", "_k_decode_shared"],
+                      device={"le": "_le", "code_table": "_code_table", "symbol": "_symbol"})
+
+
+def _decode_device(buf: Any, out: Any, stream: Any, status: Any) -> None:
+    if buf.dtype != np.uint8 or len(buf.shape) != 1:
+        raise ValueError(f"a record on the device is a flat uint8 array, got {buf.dtype} of "
+                         f"shape {tuple(buf.shape)}")
+    if status is not None and (status.dtype != np.uint8 or status.size < 1):
+        raise ValueError(f"status must be a uint8 device array of at least one element, got "
+                         f"{status.dtype} of size {status.size}")
+    flat = _cuda.flat(out)
+    st = buf[:0] if status is None else _cuda.flat(status, "status")
+    shared_ok = flat.dtype in DEVICE_FLOATS
+    k = _kernels()
+    _cuda.launch(k.k_raw_or_zero, max(flat.nbytes, 1), buf, _cuda.byte_view(flat, flat.nbytes),
+                 _raw_code(flat.dtype), flat.dtype.itemsize, shared_ok, st, stream=stream)
+    if shared_ok:
+        _cuda.run(k.k_decode_shared, 1, 1, buf, flat, st, stream=stream)
 
 
 def decode_reference(buf: Any) -> np.ndarray:

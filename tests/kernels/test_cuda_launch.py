@@ -25,6 +25,7 @@ from minidl.kernels import pool as P
 from minidl.kernels import poolidx as pi
 from minidl.kernels import precision as pr
 from minidl.kernels import sparse as sp
+from minidl.kernels import weight_record as wr
 
 SIZES = (1, 7, 1023, 1024, 1025, 4095, 4096, 4097, 9001)
 
@@ -217,8 +218,27 @@ def case_scan(rng: np.random.Generator) -> None:
             same(H(offsets), want)
 
 
+def case_weight_record(rng: np.random.Generator) -> None:
+    """Compressed weights: shared records into float32 / float64, raw ones of every dtype."""
+    for n in SIZES:
+        for k, vb, ib, dens in ((1, 1, 1, 0.5), (13, 4, 3, 0.2), (200, 8, 5, 0.05)):
+            codes = rng.integers(1, k + 1, n) * (rng.random(n) < dens)
+            rec = wr.shared_record(codes, rng.standard_normal(k).astype(np.float32), vb, ib)
+            for dt in (np.float32, np.float64):
+                out, st = D(np.full(n, 7, dt)), D(np.full(1, 9, np.uint8))
+                wr.decode_into(D(np.frombuffer(rec, np.uint8)), out, status=st)
+                same(H(out), wr.decode_reference(rec).reshape(-1).astype(dt))
+                assert H(st)[0] == 0
+        for dt in wr.RAW_DTYPES:
+            vals = (rng.standard_normal(n) * 100).astype(dt)
+            out = D(np.zeros(n, dt))
+            wr.decode_into(D(np.frombuffer(wr.raw_record(vals), np.uint8)), out)
+            same(H(out), vals)
+
+
 CASES = {"bitpack": case_bitpack, "poolidx": case_poolidx, "sparse": case_sparse,
-         "precision": case_precision, "maxpool": case_maxpool, "scan": case_scan}
+         "precision": case_precision, "maxpool": case_maxpool, "scan": case_scan,
+         "weight_record": case_weight_record}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
