@@ -21,7 +21,7 @@ def test_public_submodules_are_attributes_after_import_minidl():
         "net = minidl.models.get_model('lenet5', (1, 8, 8), 10)\n"
         "opt = minidl.optim.SGD(net.parameters(), lr=0.1)\n"
         "for name in ('data', 'dryrun', 'graph', 'kernels', 'layers', 'memory', 'models', "
-        "'optim', 'report', 'rnn', 'text', 'torch_bridge', 'trainer'):\n"
+        "'optim', 'report', 'rnn', 'safetensors_io', 'text', 'torch_bridge', 'trainer'):\n"
         "    assert name in minidl.__all__ and hasattr(minidl, name), name\n"
         "assert minidl.memory.config.MemoryConfig is minidl.MemoryConfig\n"
         "assert callable(minidl.data.load_dataset) and minidl.memory.parse_size('1KiB') == 1024\n"
