@@ -351,11 +351,11 @@ code_table: Any = None
 symbol: Any = None
 
 
-def _k_raw_or_zero(buf, out, code, itemsize, shared_ok, status):
+def _k_raw_or_zero(buf, out, code, itemsize, shared_ok, status, report):
     """Grid-stride over the bytes of ``out``: a ``RAW`` record's values when its dtype code is
     ``code`` and its size fits, else zeros (a ``SHARED`` record's entries come next). Thread 0
-    writes ``status[0]`` (if it exists): 0 for such a ``RAW`` record, or a ``SHARED`` one the
-    next kernel decodes (``shared_ok``), else 1."""
+    writes ``status[0]``: 0 for such a ``RAW`` record, or a ``SHARED`` one the
+    next kernel decodes (``shared_ok``), else 1; nothing unless ``report``."""
     n = buf.shape[0]
     nbytes = out.shape[0]
     kind = np.int64(buf[0]) if n >= 2 else 255
@@ -370,19 +370,18 @@ def _k_raw_or_zero(buf, out, code, itemsize, shared_ok, status):
             raw = size * itemsize == nbytes
     for i in range(cuda.grid(1), nbytes, cuda.gridsize(1)):
         out[i] = buf[start + i] if raw else np.uint8(0)
-    if cuda.grid(1) == 0 and status.shape[0] > 0:
+    if cuda.grid(1) == 0 and report:
         status[0] = 0 if raw or (kind == 1 and shared_ok) else 1
 
 
-def _k_decode_shared(buf, out, status):
+def _k_decode_shared(buf, out, status, report):
     """ONE thread: parse the ``SHARED`` record in ``buf``, build its decode tables and
     codebook in shared memory and write each entry's value at its position in the zeroed
-    ``out`` (float32 or float64, flat). Nothing for other records. ``status[0]`` (if it
-    exists): a code of :data:`STATUS`."""
+    ``out`` (float32 or float64, flat). Nothing for other records. ``status[0]`` (if
+    ``report``): a code of :data:`STATUS`."""
     n = buf.shape[0]
     if cuda.grid(1) != 0 or n < 2 or buf[0] != 1:
         return
-    report = status.shape[0] > 0
     if report:
         status[0] = 1
     ndim = np.int64(buf[1])
@@ -459,13 +458,15 @@ def _decode_device(buf: Any, out: Any, stream: Any, status: Any) -> None:
         raise ValueError(f"status must be a uint8 device array of at least one element, got "
                          f"{status.dtype} of size {status.size}")
     flat = _cuda.flat(out)
-    st = buf[:0] if status is None else _cuda.flat(status, "status")
+    # (without a status the record stands in for it, never written: no array is made)
+    st = buf if status is None else _cuda.flat(status, "status")
     shared_ok = flat.dtype in DEVICE_FLOATS
     k = _kernels()
     _cuda.launch(k.k_raw_or_zero, max(flat.nbytes, 1), buf, _cuda.byte_view(flat, flat.nbytes),
-                 _raw_code(flat.dtype), flat.dtype.itemsize, shared_ok, st, stream=stream)
+                 _raw_code(flat.dtype), flat.dtype.itemsize, shared_ok, st, status is not None,
+                 stream=stream)
     if shared_ok:
-        _cuda.run(k.k_decode_shared, 1, 1, buf, flat, st, stream=stream)
+        _cuda.run(k.k_decode_shared, 1, 1, buf, flat, st, status is not None, stream=stream)
 
 
 def decode_reference(buf: Any) -> np.ndarray:

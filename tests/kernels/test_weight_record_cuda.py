@@ -190,7 +190,8 @@ def test_decoding_kernel_uses_no_local_memory(dtype):
         return d[::1]
 
     ptx = _cuda.compile_ptx(wr._kernels().k_decode_shared,
-                            (arr(t.uint8), arr(getattr(t, dtype)), arr(t.uint8)), (8, 0))
+                            (arr(t.uint8), arr(getattr(t, dtype)), arr(t.uint8), t.boolean),
+                            (8, 0))
     assert ".local" not in ptx
     shared = [int(line.rsplit("[", 1)[1].split("]")[0]) for line in ptx.splitlines()
               if line.startswith(".visible .shared")]
