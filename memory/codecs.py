@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 
 from ..kernels import bitpack, poolidx, precision, sparse, weight_record
-from .transfer import copy_into, to_host
 
 
 def encode(codec: str, x: Any, out: Any, attrs: dict) -> int:
@@ -42,13 +41,10 @@ def encode(codec: str, x: Any, out: Any, attrs: dict) -> int:
 
 def decode(codec: str, buf: Any, out: Any, attrs: dict) -> None:
     """Decode the byte buffer ``buf`` into the dense array ``out``."""
-    if codec == "weights":  # a compressed model's parameter (Deep Compression): host decoder
-        if isinstance(out, np.ndarray):
-            weight_record.decode_into(buf, out)
-        else:
-            dense = np.empty(out.shape, dtype=out.dtype)
-            weight_record.decode_into(to_host(buf), dense)
-            copy_into(out, dense)
+    if codec == "weights":
+        # a compressed model's parameter (Deep Compression), decoded by the kernels of out's
+        # device (its records are checked when the model is loaded: a device reports nothing)
+        weight_record.decode_into(buf, out)
         return
     if codec == "sparse":
         if attrs.get("_fmt") == "dense":

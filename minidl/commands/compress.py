@@ -166,7 +166,7 @@ def cmd_plan_inference(args: argparse.Namespace) -> int:
             raise UsageError("--compressed FILE plans inference from the file: add --inference")
         try:
             cm = container.read(args.compressed)
-            rep = plan_inference(cm, args.batch_size)
+            rep = plan_inference(cm, args.batch_size, device_kind=args.device)
         except CompressedModelError as e:
             raise UsageError(str(e)) from None
         if args.model is not None and args.model != cm.model["name"]:

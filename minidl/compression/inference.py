@@ -12,6 +12,13 @@ the weights of the layer running (plus the records not decoded yet) are on the d
 Nothing else changes: the executor runs the plan (it reads a parameter the program
 materialises from the iteration's blocks), and the same program on the meta device gives the
 exact peak of a real run (:func:`plan_inference`, ``minidl plan --inference --compressed``).
+
+Devices: ``cpu`` decodes with the Numba CPU kernels; ``cuda`` (and ``cuda-strict``, its code
+path on the CPU with CuPy's rules checked) feeds the records to the device like the batch and
+decodes them there with the Numba CUDA kernels of :mod:`minidl.kernels.weight_record`, so no
+weight crosses to the host. The program is lowered for the device's kind (the layers'
+workspaces differ), and the meta run of :func:`plan_inference` takes the same kind. Records
+are checked on the host when the runner is made (the device decoder reports nothing).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import numpy as np
 
 from ..executor import Executor
 from ..graph import Network
-from ..kernels.weight_record import info
+from ..kernels.weight_record import RecordError, check, info
 from ..lowering import Lowered, lower
 from ..memory.config import MemoryConfig
 from ..memory.device import MetaDevice
@@ -64,11 +71,25 @@ def build_network(cm: CompressedModel) -> Network:
     return net
 
 
+def check_records(cm: CompressedModel, net: Network) -> None:
+    """Check every record of ``cm`` on the host (streams included) against the dtype of its
+    parameter of ``net`` (:func:`~minidl.kernels.weight_record.check`)."""
+    params = dict(net.named_parameters(include_buffers=True))
+    for name, rec in cm.records.items():
+        try:
+            check(rec, params[name].data.dtype)
+        except RecordError as e:
+            raise CompressedModelError(f"record {name}: {e}") from None
+
+
 def inference_program(net: Network, record_sizes: dict[str, int],
-                      batch_shape: tuple[int, ...], alignment: int = ALLOCATION_UNIT) -> Lowered:
-    """``net`` lowered for inference on ``batch_shape`` with every parameter decoded from its
-    record (``record_sizes``: parameter name -> record bytes) right before its first use."""
-    low = lower(net, [tuple(batch_shape)], loss=None, training=False, alignment=alignment)
+                      batch_shape: tuple[int, ...], alignment: int = ALLOCATION_UNIT,
+                      device_kind: str = "cpu") -> Lowered:
+    """``net`` lowered for inference on ``batch_shape`` for a ``device_kind`` device with
+    every parameter decoded from its record (``record_sizes``: parameter name -> record
+    bytes) right before its first use."""
+    low = lower(net, [tuple(batch_shape)], loss=None, training=False, alignment=alignment,
+                device_kind=device_kind)
     prog = low.program
     tensors = list(prog.tensors)
     inputs = list(prog.inputs)
@@ -104,18 +125,27 @@ class InferenceRun:
 
 
 class CompressedRunner:
-    """Runs a compressed model on a device pool (``device``: ``"cpu"`` or ``"meta"``).
+    """Runs a compressed model on a device pool (``device``: a name of
+    :func:`~minidl.memory.device_factory.make_device`: ``"cpu"``, ``"cuda"``, ``"cuda:N"``,
+    ``"cuda-strict"``, or ``"meta"``, which plans for a ``device_kind`` device; the others
+    set the kind themselves).
 
     ``device_memory`` (bytes) defaults to what the largest batch needs (its meta run's
     reserved peak, rounded up to a MiB). ``pool.stats()`` holds the peak after running."""
 
     def __init__(self, cm: CompressedModel, device: str = "cpu",
-                 device_memory: int | None = None, alignment: int = ALLOCATION_UNIT) -> None:
+                 device_memory: int | None = None, alignment: int = ALLOCATION_UNIT,
+                 device_kind: str = "cpu") -> None:
         self.cm = cm
         self.net = build_network(cm)
         self.device_name = device
         self.device_memory = device_memory
         self.alignment = alignment
+        #: The kind of device the programs are lowered for ("cpu" or "cuda").
+        self.device_kind = device_kind if device == "meta" else \
+            "cpu" if device.strip().lower() == "cpu" else "cuda"
+        if device != "meta":
+            check_records(cm, self.net)
         self.records = [np.frombuffer(r, dtype=np.uint8) for r in cm.records.values()]
         self._runs: dict[tuple[int, ...], InferenceRun] = {}
         self.pool: Pool | None = None
@@ -126,7 +156,7 @@ class CompressedRunner:
         key = tuple(batch_shape)
         if key not in self._runs:
             sizes = {n: len(r) for n, r in self.cm.records.items()}
-            low = inference_program(self.net, sizes, key, self.alignment)
+            low = inference_program(self.net, sizes, key, self.alignment, self.device_kind)
             self._runs[key] = InferenceRun(low, make_plan(low.program,
                                                           MemoryConfig.parse(INFERENCE_SPEC)))
         return self._runs[key]
@@ -134,11 +164,12 @@ class CompressedRunner:
     def _pool_for(self, batch_shape: tuple[int, ...]) -> Pool:
         if self.pool is None:
             if self.device_name == "meta":
-                device = MetaDevice()
+                device = MetaDevice(kind=self.device_kind)
             else:
                 need = self.device_memory
                 if need is None:
-                    meta = CompressedRunner(self.cm, "meta", alignment=self.alignment)
+                    meta = CompressedRunner(self.cm, "meta", alignment=self.alignment,
+                                            device_kind=self.device_kind)
                     meta.run_batch(None, batch_shape)
                     mib = 1 << 20
                     need = -(-meta.pool.stats()["reserved_bytes.peak"] // mib) * mib
@@ -170,12 +201,13 @@ class CompressedRunner:
                                for i in range(0, len(x), batch_size)])
 
 
-def plan_inference(cm: CompressedModel, batch_size: int,
-                   alignment: int = ALLOCATION_UNIT) -> dict[str, Any]:
-    """The exact device peak of inference from ``cm`` on a batch of ``batch_size`` (a meta
-    run of the program :class:`CompressedRunner` runs), with the bytes the uncompressed
-    weights alone would take."""
-    runner = CompressedRunner(cm, "meta", alignment=alignment)
+def plan_inference(cm: CompressedModel, batch_size: int, alignment: int = ALLOCATION_UNIT,
+                   device_kind: str = "cpu") -> dict[str, Any]:
+    """The exact device peak of inference from ``cm`` on a batch of ``batch_size`` on a
+    ``device_kind`` (``"cpu"`` or ``"cuda"``) device (a meta run of the program
+    :class:`CompressedRunner` runs there), with the bytes the uncompressed weights alone
+    would take."""
+    runner = CompressedRunner(cm, "meta", alignment=alignment, device_kind=device_kind)
     shape = (int(batch_size), *map(int, cm.model["input_shape"]))
     runner.run_batch(None, shape)
     stats = runner.pool.stats()
@@ -195,6 +227,7 @@ def plan_inference(cm: CompressedModel, batch_size: int,
     params = dict(runner.net.named_parameters(include_buffers=True))
     return {
         "model": runner.net.name, "batch_size": int(batch_size), "input": list(shape[1:]),
+        "device": "meta" if device_kind == "cpu" else f"meta ({device_kind} kind)",
         "memory": f"{INFERENCE_SPEC} (weights decoded per layer from the compressed file)",
         "peak_allocated_bytes": stats["allocated_bytes.peak"],
         "peak_reserved_bytes": stats["reserved_bytes.peak"],
