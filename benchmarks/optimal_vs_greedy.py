@@ -9,10 +9,10 @@ One line per point: the budget (and its multiple of the lower bound: persistent 
 largest step's own tensors, SGD with momentum as ``minidl plan`` uses), each planner's estimated
 extra time per iteration (the same estimate for both, the cost model's walk of the built plan:
 stalls of the swaps' copies queued on the link, plus recomputed steps, at the target's roofline
-costs; ``cpu`` is the FLOP-rate model used without a target) or ``-`` when its plan does not fit, which choice ``planner=optimal`` takes,
-and the MILP's solve time and optimality gap (of the choice against the whole MILP's dual
-bound; on large programs the whole MILP gets a share of the time and windows of layers the
-rest). Overheads are estimates, not timings.
+costs; ``cpu`` is the FLOP-rate model used without a target) or ``-`` when its plan does not fit,
+which choice ``planner=optimal`` takes, and the MILP's solve time and optimality gap (of the choice
+against the whole MILP's dual bound; on large programs the whole MILP gets a share of the time and
+windows of layers the rest). Overheads are estimates, not timings.
 """
 
 from __future__ import annotations
