@@ -142,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--log-every", type=int, default=None, metavar="N",
                    help="also log (and, when not on a terminal, print) a line every N steps")
     t.add_argument("--val-every", type=int, default=None, metavar="N",
-                   help="evaluate on the test split every N epochs (val_loss, val_accuracy)")
+                   help="evaluate on the test split every N epochs (val_loss, val_accuracy); "
+                        "the text models: the validation loss every N steps")
     t.add_argument("--early-stopping", type=int, default=None, metavar="PATIENCE",
                    help="stop once val_loss has not improved for PATIENCE epochs (validates "
                         "every epoch unless --val-every says otherwise)")

@@ -205,7 +205,8 @@ def train_language_model(trainer: Any, data: Any, batch_size: int, seq_len: int,
                          steps: int, eval_batches: int = 20, progress: bool = True,
                          seed: int = 0, progress_every: int | None = None,
                          stream: TextIO | None = None, interactive: bool | None = None,
-                         on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
+                         on_step: Callable[[int], None] | None = None,
+                         val_every: int | None = None) -> dict[str, Any]:
     """Train on random windows of ``data.train`` until the trainer has run ``steps`` steps,
     then report validation loss (nats per character) and perplexity on ``eval_batches`` fixed
     windows of ``data.val``.
@@ -214,6 +215,8 @@ def train_language_model(trainer: Any, data: Any, batch_size: int, seq_len: int,
     continues with the windows the interrupted run had not reached (the window sequence is
     fixed by ``seed``), so 10 steps + save + resume + 10 equal 20 steps bit for bit.
     ``on_step(k)`` is called after step ``k`` (counted from the run's start; checkpoints).
+    With ``val_every`` the validation loss is also measured after every ``val_every``-th step
+    (the same windows; one progress line each, and ``(step, loss)`` pairs in ``val_history``).
 
     Progress goes to ``stream`` (default stderr) as :func:`~minidl.fitting.fit` shows it: a bar
     on a terminal; otherwise (a log file, a pipe) no carriage returns, one line every
@@ -226,6 +229,14 @@ def train_language_model(trainer: Any, data: Any, batch_size: int, seq_len: int,
     every = progress_every or LOG_EVERY_STEPS
     start = trainer.iteration
     losses, times = [], []
+    history: list[tuple[int, float]] = []
+
+    def validate() -> float:
+        """Mean loss over ``eval_batches`` fixed windows of ``data.val`` (nats per char)."""
+        return float(np.mean([trainer.evaluate(xb, yb, batch_size)[0] for xb, yb in
+                              sequence_batches(data.val, batch_size, seq_len, seed=seed + 1,
+                                               num_batches=eval_batches)]))
+
     t0 = time.perf_counter()
     bar = None
     if progress and interactive:
@@ -251,13 +262,21 @@ def train_language_model(trainer: Any, data: Any, batch_size: int, seq_len: int,
                 print(f"step {k}/{steps}: loss {np.mean(losses[-since:]):.4f} (mean of the "
                       f"last {since}), {xb.size * since / sum(times[-since:]):,.0f} chars/s, "
                       f"{time.perf_counter() - t0:.1f} s", file=stream, flush=True)
+            if val_every and k % val_every == 0 and k != steps:
+                history.append((k, validate()))
+                line = (f"step {k}/{steps}: validation loss {history[-1][1]:.4f} nats/char, "
+                        f"{time.perf_counter() - t0:.1f} s")
+                if bar is not None:
+                    bar.write(line)
+                elif progress:
+                    print(line, file=stream, flush=True)
             if on_step is not None:
                 on_step(k)
     finally:
         if bar is not None:
             bar.close()
-    val = [trainer.evaluate(xb, yb, batch_size)[0] for xb, yb in sequence_batches(
-        data.val, batch_size, seq_len, seed=seed + 1, num_batches=eval_batches)]
-    val_loss = float(np.mean(val))
+    val_loss = validate()
+    history.append((steps, val_loss))
     return {"losses": losses, "step_times": times, "val_loss": val_loss,
-            "val_perplexity": math.exp(val_loss), "wall_time_s": time.perf_counter() - t0}
+            "val_perplexity": math.exp(val_loss), "val_history": history,
+            "wall_time_s": time.perf_counter() - t0}

@@ -103,8 +103,8 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 def _refuse_epoch_flags(args: argparse.Namespace) -> None:
     """The text models train on random windows, not epochs: no epoch callbacks (they do take
-    --resume and --save-every)."""
-    used = [f for f in ("log", "early_stopping", "val_every", "tensorboard")
+    --resume, --save-every and --val-every, counted in steps)."""
+    used = [f for f in ("log", "early_stopping", "tensorboard")
             if getattr(args, f) is not None]
     if used:
         raise UsageError(f"--{used[0].replace('_', '-')} is for the image models' epochs; "
@@ -230,13 +230,15 @@ def cmd_train_text(args: argparse.Namespace, spec) -> int:
         res = train_language_model(trainer, ds, args.batch_size, args.seq_len, steps,
                                    progress=not args.no_progress, seed=args.seed,
                                    progress_every=args.log_every,
-                                   on_step=_saver(trainer, args.save, args.save_every))
+                                   on_step=_saver(trainer, args.save, args.save_every),
+                                   val_every=args.val_every)
     if args.save:
         _save(trainer, args.save)
     rep = trainer.memory_report()
     result = {"model": args.model, "dataset": ds.name, "memory": spec.spec,
               "losses": res["losses"], "final_loss": res["losses"][-1],
               "val_loss": res["val_loss"], "val_perplexity": res["val_perplexity"],
+              "val_history": res["val_history"],
               "peak_allocated_bytes": rep["peak_allocated_bytes"],
               "peak_reserved_bytes": rep["peak_reserved_bytes"],
               "step_time_median_s": float(np.median(res["step_times"])),

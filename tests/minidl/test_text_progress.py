@@ -41,6 +41,43 @@ def test_lines_every_n_steps_and_after_the_last_off_a_terminal():
     assert _run(3, progress=False) == ""
 
 
+def _trained(steps: int, val_every: int | None, dropout: float = 0.0) -> dict:
+    from minidl.transformers import TransformerConfig, gpt
+
+    data = load_text_dataset("synthetic-text")
+    net = gpt(TransformerConfig(layers=1, heads=2, dim=16, context=8, vocab=data.vocab_size,
+                                dropout=dropout))
+    trainer = Trainer(net, SGD(net.parameters(), lr=0.1), memory="reuse",
+                      device_memory="16MiB")
+    return train_language_model(trainer, data, 2, 8, steps, eval_batches=2, progress=False,
+                                val_every=val_every)
+
+
+def test_validation_every_n_steps_changes_no_training():
+    every = _trained(4, 2, dropout=0.1)
+    plain = _trained(4, None, dropout=0.1)
+    assert every["losses"] == plain["losses"]  # evaluating draws no dropout mask, moves nothing
+    assert every["val_loss"] == plain["val_loss"]
+    assert [k for k, _ in every["val_history"]] == [2, 4]
+    assert plain["val_history"] == [(4, plain["val_loss"])]
+    # the loss after step 2 is what a run of 2 steps reports at its end
+    assert every["val_history"][0][1] == _trained(2, None, dropout=0.1)["val_loss"]
+    assert every["val_history"][0][1] != every["val_loss"]
+
+
+def test_cli_validation_every_n_steps(capsys):
+    import json
+
+    assert main(["train", "char-gru", "--dataset", "synthetic", "--batch-size", "4", "--seq-len",
+                 "16", "--width", "32", "--max-steps", "4", "--val-every", "2", "--log-every",
+                 "2", "--json"]) == 0
+    out = capsys.readouterr()
+    assert "step 2/4: validation loss " in out.err
+    res = json.loads(out.out)
+    assert [k for k, _ in res["val_history"]] == [2, 4]
+    assert res["val_history"][-1][1] == res["val_loss"]
+
+
 def test_a_bar_on_a_terminal():
     assert "\r" in _run(3, interactive=True)
 
