@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import minidl
-from minidl import layers as L
 from minidl.models import lenet5, resnet, smallcnn, vgg
 from minidl.optim import SGD
+from tests.minidl.random_nets import random_networks
 
 LOSSLESS_SPECS = [
     "reuse", "inplace", "reuse,inplace", "static", "reuse,static", "reuse,inplace,static",
@@ -89,58 +89,6 @@ def test_reference_models_bit_identical_and_dry_run_exact(model):
 
 
 # ------------------------------------------------------------------ random networks
-OPS = ["conv", "relu", "tanh", "leaky", "bn", "dropout", "add", "concat", "pool", "sigmoid"]
-
-
-@st.composite
-def random_networks(draw):
-    c0 = draw(st.integers(1, 3))
-    hw = draw(st.sampled_from([4, 6]))
-    x = minidl.Input((c0, hw, hw))
-    values = [(x, c0, hw)]
-    n_ops = draw(st.integers(2, 9))
-    for _ in range(n_ops):
-        op = draw(st.sampled_from(OPS))
-        i = draw(st.integers(0, len(values) - 1))
-        v, c, s = values[i]
-        if op == "conv":
-            co = draw(st.integers(1, 4))
-            k = draw(st.sampled_from([1, 3]))
-            values.append((L.Conv2d(c, co, k, padding=k // 2)(v), co, s))
-        elif op == "relu":
-            values.append((L.ReLU()(v), c, s))
-        elif op == "tanh":
-            values.append((L.Tanh()(v), c, s))
-        elif op == "sigmoid":
-            values.append((L.Sigmoid()(v), c, s))
-        elif op == "leaky":
-            values.append((L.LeakyReLU(0.1)(v), c, s))
-        elif op == "bn":
-            values.append((L.BatchNorm2d(c)(v), c, s))
-        elif op == "dropout":
-            values.append((L.Dropout(0.3)(v), c, s))
-        elif op == "pool" and s >= 2:
-            values.append((L.MaxPool2d(2)(v), c, s // 2))
-        elif op in ("add", "concat"):
-            same = [w for w in values if w[2] == s and (op == "concat" or w[1] == c)]
-            j = draw(st.integers(0, len(same) - 1))
-            w = same[j]
-            if op == "add":
-                values.append((L.Add()(v, w[0]), c, s))
-            else:
-                values.append((L.Concat(axis=1)(v, w[0]), c + w[1], s))
-    # the output reads the last value and, to create fan-out, sometimes an earlier one too
-    v, c, s = values[-1]
-    k = draw(st.integers(0, len(values) - 1))
-    if k != len(values) - 1 and values[k][2] == s:
-        v = L.Concat(axis=1)(v, values[k][0])
-        c = c + values[k][1]
-    g = L.GlobalAvgPool2d()(v)
-    out = L.Linear(c, 5)(g)
-    seed = draw(st.integers(0, 1000))
-    return (c0, hw), (x, out, seed)
-
-
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_networks(), st.sampled_from(LOSSLESS_SPECS))
 def test_random_networks_bit_identical(netdef, spec):
