@@ -171,14 +171,22 @@ def merged(*options: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
     return out
 
 
-def _fit(options: dict[int, dict[str, Any]], config: MemoryConfig,
+def _fit(options: dict[int, dict[str, Any]] | None, config: MemoryConfig,
          plan_with: Callable[[dict[int, dict[str, Any]] | None, MemoryConfig], tuple[T, Plan]]
          ) -> tuple[T, Plan]:
     """``plan_with(options, config)``, planned tighter when the plan's static offsets need
     more than its peak, until they fit the budget (else :class:`BudgetTooSmall`)."""
     budget, tight = config.budget, config
     for _ in range(4):
-        low, plan = plan_with(options, tight)
+        try:
+            low, plan = plan_with(options, tight)
+        except BudgetTooSmall as e:
+            if tight is config:
+                raise
+            need = plan.program.persistent_bytes() + plan.static_arena
+            raise BudgetTooSmall(f"the peak fits the budget of {budget:,} B, but its static "
+                                 f"offsets need {need:,} B with the persistent state; planned "
+                                 f"to {tight.budget:,} B instead: {e}") from None
         if arena_fits(plan, budget):
             break
         over = plan.program.persistent_bytes() + plan.static_arena - budget
@@ -200,9 +208,13 @@ def plan_fitting(program: Program, options: dict[int, dict[str, Any]], config: M
     budget, of a re-lowering with convolutions' workspaces capped (module docstring).
 
     ``plan_with(options, config)`` lowers with those options (``None``: ``program`` as it
-    is) and plans, returning ``(lowering, plan)`` or raising :class:`BudgetTooSmall`."""
+    is) and plans, returning ``(lowering, plan)`` or raising :class:`BudgetTooSmall`. Under a
+    budget, every plan returned has its static offsets within it (:func:`_fit`), uncapped ones
+    too."""
     try:
-        return plan_with(None, config)
+        if config.budget is None:
+            return plan_with(None, config)
+        return _fit(None, config, plan_with)
     except BudgetTooSmall as e:
         fast = workspaces(program)
         if not (enabled and config.budget is not None and fast):
