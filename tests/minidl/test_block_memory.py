@@ -113,12 +113,13 @@ def test_forced_recompute_under_a_policy_that_keeps_convolutions():
 def test_auto_honours_forced_choices_and_the_budget(planner):
     make = lambda: make_net("recompute", second="swap")  # noqa: E731
     free = minidl.dry_run(make_net(None), X.shape[0], "reuse,inplace", input_shape=X.shape[1:])
-    budget = free["peak_allocated_bytes"] - 4096
+    # below what reuse,inplace reserves, above what auto needs without capping workspaces
+    budget = free["peak_reserved_bytes"] - 2048
     spec = f"auto,budget={budget}{planner}"
     plan, dry = check_lossless_and_exact(make, spec)
     assert set(BLOCK) <= recomputed(plan)
     assert swapped(plan) & {"c_conv", "c_relu"}
-    assert dry["peak_allocated_bytes"] <= budget
+    assert dry["peak_reserved_bytes"] <= budget
     choice = plan.auto
     assert not {plan.program.tensors[t].layer for t in choice.swapped} & set(BLOCK)
 

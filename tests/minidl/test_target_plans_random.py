@@ -25,6 +25,8 @@ read later is NaN.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, note, settings
@@ -46,6 +48,11 @@ SPECS = ["reuse,swap=auto", "reuse,inplace,recompute=cost", "auto,budget={budget
 BATCH = 4
 STEPS = 2
 
+
+
+def _untimed(notes: list[str]) -> list[str]:
+    """``notes`` with the durations they quote (``0.25 s``) taken out."""
+    return [re.sub(r"\d+(\.\d+)? s\b", "_ s", n) for n in notes]
 
 def _train(make, x, y, spec: str, device_memory: int | str, target: str | None):
     net = make()
@@ -77,7 +84,9 @@ def _describe(net: minidl.Network) -> str:
         for n in net.nodes)
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# derandomized: the same 20 networks on every run (a failure here shrinks for minutes)
+@settings(max_examples=20, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(random_networks(batchnorm=True), st.sampled_from(TARGETS), st.sampled_from(SPECS),
        st.floats(0.0, 1.0))
 def test_target_costed_plans_fit_match_the_dry_run_and_are_bit_identical(netdef, target, spec,
@@ -121,7 +130,8 @@ def test_target_costed_plans_fit_match_the_dry_run_and_are_bit_identical(netdef,
     real = tr.memory_report()
     for key in ("peak_allocated_bytes", "peak_reserved_bytes"):
         assert real[key] == dry[key], (spec, target, key, real[key], dry[key])
-    assert real["notes"] == dry["notes"], (spec, target)
+    # the same plan, said the same way (the optimal planner's notes also say how long it took)
+    assert _untimed(real["notes"]) == _untimed(dry["notes"]), (spec, target)
     plan = tr.last_compiled.plan
     recomputes = any(s.phase == "recompute" for s in plan.program.steps)
     event(f"swaps: {bool(plan.swapped)}, recomputes: {recomputes}")
