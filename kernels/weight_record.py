@@ -160,10 +160,13 @@ def info(buf: Any) -> RecordInfo:
 
 
 @njit(cache=True)
-def _decode_shared(vbuf, vt, ibuf, it, entries, table, out):  # pragma: no cover - compiled
-    """Scatter ``entries`` (gap, value) pairs into the zeroed flat ``out``; returns the number
-    of entries decoded (fewer: a stream ended, or an entry fell outside ``out``)."""
-    out[:] = 0
+def _walk_shared(vbuf, vt, ibuf, it, entries, table, out, size, write):  # pragma: no cover
+    """Walk ``entries`` (gap, value) pairs of a ``SHARED`` record; with ``write``, scatter them
+    into the zeroed flat ``out`` (``size`` elements). Returns the number of entries that decode
+    to a value code in the table at a position below ``size`` before the first that does not
+    (``entries`` for a valid record)."""
+    if write:
+        out[:] = 0
     pos = -1
     vbit = 0
     ibit = 0
@@ -173,10 +176,23 @@ def _decode_shared(vbuf, vt, ibuf, it, entries, table, out):  # pragma: no cover
         if g < 0 or v < 0 or v >= table.shape[0]:
             return e
         pos += g + 1
-        if pos >= out.shape[0]:
+        if pos >= size:
             return e
-        out[pos] = table[v]
+        if write:
+            out[pos] = table[v]
     return entries
+
+
+def _shared_entries(parts: dict, rec: Any, table: np.ndarray, out: np.ndarray,
+                    write: bool) -> None:
+    """Decode (``write``) or only check a ``SHARED`` record's streams; a bad stream raises."""
+    u8 = np.frombuffer
+    done = _walk_shared(u8(parts["v_stream"], np.uint8), _table_arrays(parts["v_len"]),
+                        u8(parts["i_stream"], np.uint8), _table_arrays(parts["i_len"]),
+                        rec.entries, table, out, rec.size, write)
+    if done < rec.entries:
+        raise RecordError(f"weight record's streams are invalid after {done} of "
+                          f"{rec.entries} entries")
 
 
 def _table_arrays(lengths: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -232,31 +248,7 @@ def decode_into(buf: Any, out: Any, *, impl: str = "auto", stream: Any = None,
         flat[...] = parts["values"]
         return
     table = np.concatenate([[0.0], parts["codebook"]]).astype(out.dtype)
-    u8 = np.frombuffer
-    done = _decode_shared(u8(parts["v_stream"], np.uint8), _table_arrays(parts["v_len"]),
-                          u8(parts["i_stream"], np.uint8), _table_arrays(parts["i_len"]),
-                          rec.entries, table, flat)
-    if done < rec.entries:
-        raise RecordError(f"weight record's streams are invalid after {done} of "
-                          f"{rec.entries} entries")
-
-
-@njit(cache=True)
-def _count_entries(vbuf, vt, ibuf, it, entries, k, size):  # pragma: no cover - compiled
-    """Entries of a ``SHARED`` record that decode to a value code in [0, k] at a position
-    below ``size`` before the first that does not (``entries`` for a valid record)."""
-    pos = -1
-    vbit = 0
-    ibit = 0
-    for e in range(entries):
-        g, ibit = huffman.decode_symbol(ibuf, ibit, it[0], it[1], it[2], it[3])
-        v, vbit = huffman.decode_symbol(vbuf, vbit, vt[0], vt[1], vt[2], vt[3])
-        if g < 0 or v < 0 or v > k:
-            return e
-        pos += g + 1
-        if pos >= size:
-            return e
-    return entries
+    _shared_entries(parts, rec, table, flat, True)
 
 
 def check(buf: Any, dtype: Any = None) -> RecordInfo:
@@ -274,13 +266,8 @@ def check(buf: Any, dtype: Any = None) -> RecordInfo:
         return rec
     if dt is not None and dt not in DEVICE_FLOATS:
         raise RecordError(f"a shared weight record decodes into float32 or float64, not {dt}")
-    u8 = np.frombuffer
-    done = _count_entries(u8(parts["v_stream"], np.uint8), _table_arrays(parts["v_len"]),
-                          u8(parts["i_stream"], np.uint8), _table_arrays(parts["i_len"]),
-                          rec.entries, rec.k, rec.size)
-    if done < rec.entries:
-        raise RecordError(f"weight record's streams are invalid after {done} of "
-                          f"{rec.entries} entries")
+    # value codes 0..k are valid: a table of k + 1 entries, nothing written
+    _shared_entries(parts, rec, np.zeros(rec.k + 1), np.empty(0), False)
     return rec
 
 
