@@ -55,6 +55,20 @@ def test_relu_backward_from_mask(dtype, data):
         assert res is inplace and same_bits(inplace, want)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_relu_backward_from_mask_on_the_parallel_path(dtype):
+    """Above ``_SERIAL`` elements the chunked parallel drivers run; an odd size leaves a tail."""
+    rng = np.random.default_rng(0)
+    n = 3 * bp._SERIAL + 5
+    x = rng.standard_normal(n).astype(dtype)
+    dy = rng.choice(np.array(SPECIAL + [2.5, -3.0], dtype), n)
+    pk = bp.pack_sign(x)
+    want = np.where(x > 0, dy, dtype(0))
+    assert same_bits(bp.relu_backward_packed(dy, pk), want)
+    inplace = dy.copy()
+    assert same_bits(bp.relu_backward_packed(inplace, pk, out=inplace), want)
+
+
 def test_layout_and_padding_bits():
     x = np.array([1, -1, 0, 2, 3, -0.0, np.nan, np.inf, 5, 0, 7], np.float32)
     pk = bp.pack_sign(x)
