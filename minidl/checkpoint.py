@@ -1,11 +1,14 @@
-"""minidl checkpoints: the atomic ``.npz`` writer, the training position read back for a
-resume, and what a file that is not a checkpoint looks like (for one clear error)."""
+"""minidl checkpoints: atomic writes (the ``.npz`` writer, and a temporary path for any other
+writer), the training position read back for a resume, and what a file that is not a
+checkpoint looks like (for one clear error)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -59,19 +62,26 @@ def describe_npz(names: list[str], net: Network) -> str:
     return f"an .npz of {len(names)} arrays ({shown or 'none'}) without minidl's entries"
 
 
-def write_npz(path: str, arrays: dict[str, Any]) -> None:
-    """``np.savez`` of ``arrays`` to ``path``, atomically (a temporary file renamed into
-    place), after checking the folder is writable."""
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, suffix: str) -> Iterator[str]:
+    """A temporary file's path in ``path``'s folder (checked writable first) for the block to
+    write; it is renamed onto ``path`` when the block ends, and removed if the block raises."""
     folder = check_writable(path)
-    fd, tmp = tempfile.mkstemp(suffix=".npz", dir=folder)
+    fd, tmp = tempfile.mkstemp(suffix=suffix, dir=folder)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, path)
+        yield tmp
+        os.replace(tmp, os.fspath(path))
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_npz(path: str, arrays: dict[str, Any]) -> None:
+    """``np.savez`` of ``arrays`` to ``path``, atomically (:func:`atomic_path`)."""
+    with atomic_path(path, ".npz") as tmp, open(tmp, "wb") as f:
+        np.savez(f, **arrays)
 
 
 def resume_position(path: str, z: Any) -> tuple[int, int, int | None,

@@ -13,13 +13,12 @@ naming. Arrays go through ``safetensors.numpy``, so a round trip is bit for bit.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from .checkpoint import CheckpointError, check_writable, describe_file
+from .checkpoint import CheckpointError, atomic_path, describe_file
 from .graph import Network
 from .rnn import SequenceModel
 
@@ -106,16 +105,8 @@ def save_safetensors(net_or_state_dict: Network | Mapping[str, Any], path: str |
         if not isinstance(key, str) or not isinstance(value, str):
             raise TypeError(f"metadata is text only: {key!r}: {value!r} is not str: str")
         header[key] = value
-    folder = check_writable(path)
-    fd, tmp = tempfile.mkstemp(suffix=".safetensors", dir=folder)
-    os.close(fd)
-    try:
+    with atomic_path(path, ".safetensors") as tmp:
         stn.save_file(arrays, tmp, metadata=header)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _describe(path: str) -> str:
