@@ -190,7 +190,9 @@ def _relu_bwd_bits_nb(dy, packed, out):
 
 @njit(cache=True, error_model="numpy")
 def _relu_bwd_bits_inplace_body(a, packed):
-    """In place (``a`` is ``dy`` and ``out``), on the floats' bits."""
+    """In place (``a`` is ``dy`` and ``out``), on the floats' bits. A body of its own:
+    ``_relu_bwd_bits_body(a, packed, a)`` takes LLVM's overlap check down the scalar path
+    (measured: 7.8 ms against 1.1 ms for 2 M float32)."""
     nfull = a.size // 8
     for j in range(nfull):
         b = np.int64(packed[j])
@@ -211,31 +213,8 @@ def _relu_bwd_bits_inplace_nb(a, packed):
         _relu_bwd_bits_inplace_body(a[8 * lo: min(a.size, 8 * hi)], packed[lo:hi])
 
 
-#: Signed integer views of the float widths the bitwise ReLU backward runs on.
-_BITS = {2: np.int16, 4: np.int32, 8: np.int64}
-
-
-@njit(cache=True, error_model="numpy")
-def _relu_bwd_inplace_body(a, packed, zero):
-    """``a`` is both ``dy`` and ``out``: one array, so the loop vectorises (no alias check)."""
-    nfull = a.size // 8
-    for j in range(nfull):
-        b = packed[j]
-        for k in range(8):
-            a[8 * j + k] = a[8 * j + k] if (b >> k) & 1 else zero
-    if nfull * 8 < a.size:
-        b = packed[nfull]
-        for k in range(a.size - 8 * nfull):
-            a[8 * nfull + k] = a[8 * nfull + k] if (b >> k) & 1 else zero
-
-
-@njit(cache=True, parallel=True, error_model="numpy")
-def _relu_bwd_inplace_nb(a, packed, zero):
-    nb = (a.size + 7) // 8
-    for t in prange((nb + _CHUNK - 1) // _CHUNK):
-        lo = t * _CHUNK
-        hi = min(nb, lo + _CHUNK)
-        _relu_bwd_inplace_body(a[8 * lo: min(a.size, 8 * hi)], packed[lo:hi], zero)
+#: Signed integer views of the element widths the bitwise ReLU backward runs on.
+_BITS = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
 
 
 # ----------------------------------------------------------------------------- CUDA
@@ -336,15 +315,12 @@ def relu_backward_packed(dy: Any, packed: Any, out: Any = None, *, impl: str = "
 
 
 def _relu_bwd_flat(dy: np.ndarray, pk: np.ndarray, out: np.ndarray) -> None:
-    zero = out.dtype.type(0)
-    bits = _BITS.get(out.dtype.itemsize) if dy.dtype == out.dtype and \
-        out.dtype.kind == "f" else None
-    if dy.dtype == out.dtype and dy.ctypes.data == out.ctypes.data:
-        if bits is not None:
-            _run(_relu_bwd_bits_inplace_nb, _relu_bwd_bits_inplace_body, out.size,
-                 out.view(bits), pk)
-        else:
-            _run(_relu_bwd_inplace_nb, _relu_bwd_inplace_body, out.size, out, pk, zero)
+    """On the elements' bits when ``dy`` and ``out`` share a dtype (+0.0, or 0, where a bit is
+    clear); a select converting ``dy`` to ``out``'s dtype otherwise."""
+    bits = _BITS.get(out.dtype.itemsize) if dy.dtype == out.dtype else None
+    if bits is not None and dy.ctypes.data == out.ctypes.data:
+        _run(_relu_bwd_bits_inplace_nb, _relu_bwd_bits_inplace_body, out.size,
+             out.view(bits), pk)
         return
     if np.may_share_memory(dy, out):
         dy = dy.copy()
@@ -352,4 +328,4 @@ def _relu_bwd_flat(dy: np.ndarray, pk: np.ndarray, out: np.ndarray) -> None:
         _run(_relu_bwd_bits_nb, _relu_bwd_bits_body, out.size, dy.view(bits), pk,
              out.view(bits))
     else:
-        _run(_relu_bwd_nb, _relu_bwd_body, out.size, dy, pk, out, zero)
+        _run(_relu_bwd_nb, _relu_bwd_body, out.size, dy, pk, out, out.dtype.type(0))
