@@ -44,7 +44,7 @@ from .program import Program
 from .swap import DEFAULT_BANDWIDTH, swap_candidates
 
 __all__ = ["Unsupported", "evaluate", "evaluate_placements", "optimal_choose", "optimal_plan",
-           "swap_costs"]
+           "price_cut", "swap_costs"]
 
 #: Objective per memory unit over the budget (the objective counts iterations).
 OVERFLOW_COST = 1e4
@@ -117,6 +117,22 @@ def _no_good(model: Model, choice: AutoChoice) -> None:
         terms.append((v, -1.0 if t in choice.swapped else 1.0))
         ones += t in choice.swapped
     model.lp.ge(terms, 1.0 - ones)
+
+
+def price_cut(model: Model, choice: AutoChoice, stall: float) -> bool:
+    """Teach the model a swap set's price on the clock: any solution swapping every map of
+    ``choice`` has swap time (the link variable) at least ``stall`` (objective units), the
+    stall its built plan showed. (More swaps queue behind the same copies, so the set's stall
+    is a lower bound for its supersets as long as the recomputed steps stay alike: a heuristic
+    cut, checked like everything else.) Returns False when there is nothing to add."""
+    if model.link is None or not choice.swapped or stall <= 0.0:
+        return False
+    swaps = [model.swap[t] for t in choice.swapped if t in model.swap]
+    if len(swaps) != len(choice.swapped):
+        return False
+    # z >= stall * (sum s_t - |S| + 1)
+    model.lp.ge([(model.link, 1.0)] + [(v, -stall) for v in swaps], stall * (1 - len(swaps)))
+    return True
 
 
 def _peak_position(model: Model, plan: Plan) -> int:
@@ -331,6 +347,10 @@ def optimal_choose(program: Program, budget: int, costs: list[float],
                    f"peak {peak:,} B ({'fits' if peak <= budget else f'{peak - budget:,} B over'}"
                    f"), estimated {1000 * extra:.3f} ms")
         if peak <= budget:
+            stall = extra - sum(costs[s.origin] for s in plan.program.steps
+                                if s.phase == "recompute" and 0 <= s.origin < len(costs))
+            if model.link is not None and stall / unit > res.x[model.link] * (1 + 1e-6) + 1e-9:
+                price_cut(model, choice, stall / unit)
             if best is None or extra < best[0] or best[3] == "greedy" and extra <= best[0]:
                 best = (extra, choice, peak, "milp")
             return "fits"

@@ -126,6 +126,7 @@ class Model:
     window: int
     mem_unit: float  # bytes per unit of the memory rows
     region_rows: dict[int, list[int]]  # region position -> its step-by-step rows
+    link: int | None = None  # the swaps' time (its cost is the objective's swap part)
     stats: dict = field(default_factory=dict)
 
 
@@ -308,6 +309,7 @@ def build_model(program: Program, costs: list[float], swap_cost: dict[int, float
                     clone_terms[q].append((v, fs[t]))
 
     # swap variables, one per candidate whose block can be swapped
+    ends = np.cumsum(costs).tolist()
     base = build(program, AutoChoice())
     aliases = base.aliases
     life = lifetimes(program)
@@ -316,6 +318,9 @@ def build_model(program: Program, costs: list[float], swap_cost: dict[int, float
         members.setdefault(root_of(aliases, t), []).append(t)
     swap: dict[int, int] = {}
     swap_window: dict[int, tuple[int, int]] = {}  # candidate -> (last forward, first backward)
+    # candidate -> (last forward, release) and (prefetch, first backward): its copy on each
+    # engine runs within that window or compute stalls
+    engine_windows: dict[int, tuple[tuple[int, int], tuple[int, int]]] = {}
     n_chain = 0
     z_cache: dict[int, tuple[int | None, int | None]] = {}
     reads_of: dict[int, set[int]] = {}  # node -> droppable producers its backward reads
@@ -364,16 +369,23 @@ def build_model(program: Program, costs: list[float], swap_cost: dict[int, float
         fb = min((b for t in ms for b in breaders.get(t, ())), default=None)
         cands = [t for t in ms if t in swap_cost]
         if cands and fb is not None and fb - lf >= LAG + 2:
+            release = lf + LAG
             fetch = max(lf + LAG + 1, fb - LOOKAHEAD)
+            copies = [copy_cost[t] for t in cands if t in (copy_cost or {})]
+            timed = bool(copies)
+            if timed:  # placed as the timed swap plan places them
+                release, fetch = timed_gap(lf, fb, max(copies), ends)
             if fetch == fb - LOOKAHEAD and fetch >= nf:
                 late = fb  # the lookahead counts recomputations before fb: refined below
                 fetch = fb
-            g0, g1 = pos_of_step[lf + LAG] + 1, pos_of_step[fetch]
+            g0, g1 = pos_of_step[release] + 1, pos_of_step[fetch]
             if g1 > g0:
                 gap = (g0, g1)
                 for t in cands:
                     swap[t] = lp.var(integer=True, cost=swap_cost[t] + EPS_ACTION, name=f"s{t}")
                     swap_window[t] = (lf, fb)
+                    if timed:
+                        engine_windows[t] = ((lf, release), (min(fetch, fb - LOOKAHEAD), fb))
                     svars.append(swap[t])
                 if len(svars) > 1:
                     lp.le([(v, 1.0) for v in svars], 1.0)
@@ -489,7 +501,8 @@ def build_model(program: Program, costs: list[float], swap_cost: dict[int, float
                     rhs += fs[t]
             region_rows.setdefault(q, []).append(lp.le(terms, rhs))
 
-    n_link_rows = link_rows(lp, swap, swap_window, swap_cost, copy_cost or {}, costs)
+    link, n_link_rows = link_rows(lp, swap, swap_window, swap_cost, copy_cost or {}, costs,
+                                  engine_windows)
     # at most W consecutive dropped steps (the windows above cover every segment)
     for f in range(nf - W):
         if all(i in dset for i in range(f, f + W + 1)):
@@ -508,7 +521,7 @@ def build_model(program: Program, costs: list[float], swap_cost: dict[int, float
             if q in dset and q != p:
                 lp.ge([(drop[q], 1.0), (drop[p], -1.0)], 0.0)
     model = Model(lp, drop, swap, mem_rows, mem_const, positions, pos_of_step, region_pos, W,
-                   mu, region_rows)
+                   mu, region_rows, link)
     model.stats = dict(variables=len(lp.lb), binaries=len(drop) + len(swap),
                        constraints=len(lp.rows), window=W, clones=n_clones, need_rows=n_need_rows,
                        chain_vars=n_chain, link_rows=n_link_rows)
@@ -519,32 +532,63 @@ def build_model(program: Program, costs: list[float], swap_cost: dict[int, float
 MAX_LINK_ROWS = 2000
 
 
+def timed_gap(last_forward: int, first_backward: int, copy: float, ends: list[float]
+              ) -> tuple[int, int]:
+    """(release step, prefetch step) of one swapped block as :func:`.swap.swap_plan` places
+    them with step times when its copies have the link to themselves: released after the step
+    during which compute reaches the end of its offload, prefetched at the last step boundary
+    from which its copy arrives before its first backward use (``ends``: cumulative step
+    costs, ``copy``: one transfer, in the same units)."""
+    release = last_forward + LAG
+    fetch = max(release + 1, first_backward - LOOKAHEAD)
+    off_end = ends[last_forward] + copy
+    while ends[release] < off_end and release + 1 < fetch - 1:
+        release += 1
+    start = max(off_end, ends[first_backward - 1] - copy)
+    while fetch - 1 > release and ends[fetch - 1] > start:
+        fetch -= 1
+    return release, fetch
+
+
 def link_rows(lp: Lp, swap: dict[int, int], window: dict[int, tuple[int, int]],
-               swap_cost: dict[int, float], copy_cost: dict[int, float],
-               costs: list[float]) -> int:
+              swap_cost: dict[int, float], copy_cost: dict[int, float], costs: list[float],
+              engine_windows: dict[int, tuple[tuple[int, int], tuple[int, int]]] | None = None
+              ) -> tuple[int | None, int]:
     """The swaps' time as one variable ``z`` >= the sum of their own costs, and >= each
-    window's congestion: the candidates whose last forward use is at or after step ``a`` and
-    whose first backward use is at or before step ``b`` copy, each way, within the compute
-    between the two plus any stall, so the stall is at least their copies' time minus that
-    compute. Returns the number of congestion rows (none: swaps keep their own costs)."""
-    inside = [t for t in swap if t in copy_cost]
-    if not inside:
-        return 0
+    window's congestion. A candidate's copy must run within an interval of compute or compute
+    stalls: with ``engine_windows`` (its timed release and prefetch steps), its offload between
+    its last forward use and its release, its prefetch between its prefetch step and its first
+    backward use, one copy engine each way; without, both copies between its last forward and
+    first backward use (``window``). For every interval ``[a, b)`` the candidates whose
+    intervals lie inside copy on one engine within the compute of ``[a, b)`` plus any stall, so
+    the stall is at least their copies' time minus that compute. Returns ``z`` (None without
+    swaps) and the number of congestion rows; the solver adds rows on ``z`` as it prices
+    solutions exactly (:func:`.optimal.price_cut`)."""
+    if not swap:
+        return None, 0
     prefix = [0.0]
     for c in costs:
         prefix.append(prefix[-1] + c)
+    # per engine: candidate -> [start, end) in prefix indices (compute of steps start..end-1)
+    engines: list[dict[int, tuple[int, int]]] = []
+    if engine_windows:
+        engines.append({t: (w[0][0] + 1, w[0][1] + 1) for t, w in engine_windows.items()})
+        engines.append({t: (w[1][0], w[1][1]) for t, w in engine_windows.items()})
+    untimed = {t: (window[t][0] + 1, window[t][1]) for t in swap
+               if t in copy_cost and t not in (engine_windows or {})}
+    if untimed:
+        engines.append(untimed)
     rows = []
-    for a in sorted({window[t][0] for t in inside}):
-        for b in sorted({window[t][1] for t in inside}):
-            members = [t for t in inside if window[t][0] >= a and window[t][1] <= b]
-            if len(members) < 2:
-                continue  # one candidate: its own cost says as much
-            avail = prefix[b] - prefix[a + 1]
-            need = sum(copy_cost[t] for t in members)
-            if need > avail:
-                rows.append((need - avail, members, avail))
-    if not rows:
-        return 0
+    for spans in engines:
+        for a in sorted({s for s, _ in spans.values()}):
+            for b in sorted({e for _, e in spans.values()}):
+                members = [t for t, (s, e) in spans.items() if s >= a and e <= b]
+                if not members or spans is untimed and len(members) < 2:
+                    continue  # one untimed candidate: its own cost says as much
+                avail = prefix[b] - prefix[a] if b > a else 0.0
+                need = sum(copy_cost[t] for t in members)
+                if need > avail:
+                    rows.append((need - avail, members, avail))
     rows.sort(key=lambda r: -r[0])
     z = lp.var(ub=math.inf, cost=1.0, name="link")
     for v in swap.values():
@@ -552,7 +596,7 @@ def link_rows(lp: Lp, swap: dict[int, int], window: dict[int, tuple[int, int]],
     lp.ge([(z, 1.0)] + [(v, -swap_cost[t]) for t, v in swap.items()], 0.0)
     for _, members, avail in rows[:MAX_LINK_ROWS]:
         lp.ge([(z, 1.0)] + [(swap[t], -copy_cost[t]) for t in members], -avail)
-    return min(len(rows), MAX_LINK_ROWS)
+    return z, min(len(rows), MAX_LINK_ROWS)
 
 
 def region_steps(lp: Lp, drop: dict[int, int], dset: set[int], reads_of: dict[int, set[int]],

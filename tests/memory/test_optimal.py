@@ -278,3 +278,76 @@ def test_only_needs_auto_and_a_known_value():
         MemoryConfig.parse("reuse,only=recompute")
     with pytest.raises(ValueError, match="recompute|swap"):
         MemoryConfig.parse("auto,only=encode")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0.01, 10.0), min_size=10, max_size=10), st.floats(0.05, 50.0))
+def test_timed_gap_places_release_and_prefetch_as_the_swap_pass_does(step_times, copy):
+    """One swapped block with the link to itself: the model's (release, prefetch) steps are
+    where :func:`swap_plan` puts them with the same step times and transfer time."""
+    from hand_programs import chain, ids
+    from minidl.memory.optimal_model import timed_gap
+    from minidl.memory.plan import Prefetch, Release
+    from minidl.memory.swap import swap_candidates, swap_plan
+
+    p = chain()
+    plan = make_plan(p, MemoryConfig.parse("reuse,inplace"))
+    assert len(p.steps) == len(step_times)
+    x = ids(p)["x"]
+    cand = next(c for c in swap_candidates(p, plan.aliases, "all") if c.root == x)
+    bandwidth = cand.nbytes / copy
+    out = swap_plan(plan, "all", step_times=step_times, bandwidth=bandwidth, only={x})
+    placed = {type(a): i for i, a in out.actions()
+              if a.tensor == x and isinstance(a, (Release, Prefetch))}
+    ends = list(itertools.accumulate(step_times))
+    assert timed_gap(cand.last_forward, cand.first_backward, cand.nbytes / bandwidth, ends) \
+        == (placed[Release], placed[Prefetch])
+
+
+def test_engine_rows_price_copies_that_outlast_their_compute():
+    """Forced swaps whose copies outlast the compute around them stall: with swaps that cost
+    nothing on their own, the model's link variable is held up by the engines' rows alone
+    (and is free when the copies are short)."""
+    from hand_programs import chain
+    from minidl.memory.optimal_model import build_model, link_rows
+
+    p = chain()
+    costs = [1.0] * len(p.steps)
+    roots = [c.root for c in optimal.swap_candidates(p, {}, "all")]
+
+    def forced_link(copy: float) -> float:
+        model = build_model(p, costs, {t: 0.0 for t in roots}, 10 ** 9,
+                            copy_cost={t: copy for t in roots})
+        assert model.link is not None and model.swap
+        for v in model.swap.values():
+            model.lp.ge([(v, 1.0)], 1.0)
+        return float(optimal._solve(model, 10.0, 0.0).x[model.link])
+
+    assert forced_link(30.0) >= 30.0 - sum(costs)
+    assert forced_link(0.01) == pytest.approx(0.0, abs=1e-9)
+    assert link_rows(optimal_model_lp(), {}, {}, {}, {}, costs) == (None, 0)
+
+
+def optimal_model_lp():
+    from minidl.memory.optimal_model import Lp
+
+    return Lp()
+
+
+def test_price_cut_adds_a_row_on_the_link_for_a_swap_set():
+    from hand_programs import chain
+    from minidl.memory.optimal_model import build_model
+
+    p = chain()
+    costs = [1.0] * len(p.steps)
+    cands = {c.root: c for c in optimal.swap_candidates(p, {}, "all")}
+    model = build_model(p, costs, {t: 0.1 for t in cands}, 10 ** 9,
+                        copy_cost={t: 0.1 for t in cands})
+    t = next(iter(model.swap))
+    rows = len(model.lp.rows)
+    assert optimal.price_cut(model, AutoChoice(swapped={t}), 5.0)
+    assert len(model.lp.rows) == rows + 1
+    assert not optimal.price_cut(model, AutoChoice(), 5.0)
+    assert not optimal.price_cut(model, AutoChoice(swapped={t}), 0.0)
+    model.lp.ge([(model.swap[t], 1.0)], 1.0)
+    assert optimal._solve(model, 10.0, 0.0).x[model.link] >= 5.0 - 1e-9
