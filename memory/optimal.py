@@ -300,21 +300,28 @@ def optimal_choose(program: Program, budget: int, costs: list[float],
                                     "each built and priced exactly); gap 0.00 % for the choice",
                             choice.peak, choice.extra_time_s))
         return choice
-    try:
-        copy_cost = {c.root: c.nbytes / bandwidth / unit
-                     for c in swap_candidates(program, {}, "all")}
+    copy_cost = {c.root: c.nbytes / bandwidth / unit for c in swap_candidates(program, {}, "all")}
+
+    def make_model(early_release: bool) -> tuple[Model, int]:
+        """The MILP with swapped blocks placed as the timed swap plan places them, or released
+        one step after their offload; and its overflow variable: memory over the budget is
+        allowed at a prohibitive price, so every (sub)problem has a solution, and one with
+        overflow says the model finds no plan that fits."""
         model = build_model(program, [c / unit for c in costs],
-                             {t: c / unit for t, c in swap_cost.items()}, budget - persistent,
-                             window, copy_cost, allow_drop=only != "swap")
+                            {t: c / unit for t, c in swap_cost.items()}, budget - persistent,
+                            window, copy_cost, allow_drop=only != "swap",
+                            early_release=early_release)
         _fix_blocks(model, program)
+        overflow = model.lp.var(ub=math.inf, cost=OVERFLOW_COST, name="overflow")
+        for row in [*model.mem_rows, *(r for rs in model.region_rows.values() for r in rs)]:
+            terms, lo, hi = model.lp.rows[row]
+            model.lp.rows[row] = ([*terms, (overflow, -1.0)], lo, hi)
+        return model, overflow
+
+    try:
+        model, overflow = make_model(False)
     except Unsupported as e:
         return fallback(f"the optimal planner does not model this program ({e})", [])
-    # memory over the budget is allowed at a prohibitive price: every (sub)problem has a
-    # solution, and one with overflow says the model finds no plan that fits
-    overflow = model.lp.var(ub=math.inf, cost=OVERFLOW_COST, name="overflow")
-    for row in [*model.mem_rows, *(r for rs in model.region_rows.values() for r in rs)]:
-        terms, lo, hi = model.lp.rows[row]
-        model.lp.rows[row] = ([*terms, (overflow, -1.0)], lo, hi)
     build_s = time.perf_counter() - t0
     log: list[str] = []
     best: tuple[float, AutoChoice, int, str] | None = None
@@ -364,15 +371,29 @@ def optimal_choose(program: Program, budget: int, costs: list[float],
                 model.lp.rows[row] = (terms, lo, hi - (peak - budget) / model.mem_unit)
         return "over"
 
-    # the whole MILP (a share of the time on large programs)
+    # the whole MILP (a share of the time on large programs); when the model with blocks
+    # released as their copies end fits nothing, the one releasing them early (compute waits
+    # for the copies: more time, less memory) gets the rest of the share
     whole_deadline = t0 + (WHOLE_SHARE * time_limit_s if large else time_limit_s)
+    first_deadline = t0 + (whole_deadline - t0) / 2 if model.swap else whole_deadline
+    placement = "timed"
     for r in range(max_rounds):
-        left = whole_deadline - time.perf_counter()
+        left = (first_deadline if placement == "timed" else whole_deadline) - time.perf_counter()
+        if left <= 0.2 and placement == "timed" and model.swap and best is None:
+            placement = "early"
+            model, overflow = make_model(True)
+            left = whole_deadline - time.perf_counter()
         if left <= 0.2:
             break
         ts = time.perf_counter()
         res = _solve(model, left, mip_rel_gap)
-        verdict = check(res, f"whole MILP, round {r + 1}", time.perf_counter() - ts, r)
+        verdict = check(res, f"whole MILP ({placement} release), round {r + 1}",
+                        time.perf_counter() - ts, r)
+        if verdict == "none" and placement == "timed" and model.swap and \
+                (best is None or best[3] == "greedy" and g_extra > 0):
+            placement = "early"
+            model, overflow = make_model(True)
+            continue
         if verdict == "fits" and best is not None and res.fun * unit < best[0] * (1 - 1e-9):
             # the model priced this choice below its walk on the clock (queued copies): cut it
             # off and look again while the model still sees something cheaper than the best

@@ -140,14 +140,18 @@ def droppable_steps(program: Program) -> list[int]:
 
 def build_model(program: Program, costs: list[float], swap_cost: dict[int, float],
                  budget_iter: int, window: int | None = None,
-                 copy_cost: dict[int, float] | None = None, allow_drop: bool = True) -> Model:
+                 copy_cost: dict[int, float] | None = None, allow_drop: bool = True,
+                 early_release: bool = False) -> Model:
     """The MILP of ``program`` for ``budget_iter`` bytes of iteration tensors, objective in the
     units of ``costs`` / ``swap_cost`` (per step, per candidate); ``window``: the longest run
     of consecutive dropped steps minus one (default: all of them on programs up to
     :data:`FULL_WINDOW_STEPS` forward steps, else :data:`MAX_RUN`). ``copy_cost``: one
     transfer's time per candidate; with it the swaps' time is at least the link's congestion
-    (:func:`link_rows`) instead of the sum of their own costs alone. ``allow_drop=False``:
-    no recomputation (swaps only; ``swap_cost`` empty: recomputation only)."""
+    (:func:`link_rows`) instead of the sum of their own costs alone, and a swapped block is
+    away from when compute reaches the end of its offload (:func:`timed_gap`) — or, with
+    ``early_release``, from one step after its offload, compute waiting for the copy (the two
+    placements of :func:`.optimal.evaluate_placements`). ``allow_drop=False``: no
+    recomputation (swaps only; ``swap_cost`` empty: recomputation only)."""
     steps, tensors = program.steps, program.tensors
     nf = sum(1 for s in steps if s.phase == "forward")
     if any(s.phase != "forward" for s in steps[:nf]) or \
@@ -373,7 +377,7 @@ def build_model(program: Program, costs: list[float], swap_cost: dict[int, float
             fetch = max(lf + LAG + 1, fb - LOOKAHEAD)
             copies = [copy_cost[t] for t in cands if t in (copy_cost or {})]
             timed = bool(copies)
-            if timed:  # placed as the timed swap plan places them
+            if timed and not early_release:  # placed as the timed swap plan places them
                 release, fetch = timed_gap(lf, fb, max(copies), ends)
             if fetch == fb - LOOKAHEAD and fetch >= nf:
                 late = fb  # the lookahead counts recomputations before fb: refined below
