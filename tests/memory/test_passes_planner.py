@@ -178,3 +178,32 @@ def test_random_recompute_backward_never_reads_a_dropped_original(program, polic
                 if spec.of >= 0 and "@r" in spec.name:
                     assert spec.of in made_in_forward
     assert last_forward < min(s.index for s in q.steps if s.phase == "backward")
+
+
+def test_trim_path_starts_from_every_map_swapped_and_gives_back_what_the_budget_allows():
+    """The path down from the top: every swappable map released one step after its offload;
+    swaps given back only while the plan still fits and costs less time."""
+    import time
+
+    from minidl.memory.auto import _trim_path
+    from minidl.memory.optimal import evaluate
+    from minidl.memory.plan import AutoChoice
+    from minidl.memory.swap import swap_candidates
+
+    p = linear_chain(8)
+    costs, bw = [1e-3] * len(p.steps), 1e6  # slow link: every swap stalls compute
+    every = {c.root for c in swap_candidates(p, {}, "all")
+             if c.first_backward - c.last_forward >= 3}
+    top_peak, top_extra, _ = evaluate(p, AutoChoice(set(every), set(), early_release=True),
+                                      costs, bw)
+    assert every and top_extra > 0
+    tight = _trim_path(p, top_peak, costs, bw, None, time.perf_counter() + 30)
+    assert tight.peak <= top_peak and tight.early_release
+    roomy = _trim_path(p, evaluate(p, AutoChoice(), costs, bw)[0], costs, bw, None,
+                       time.perf_counter() + 30)
+    assert not roomy.swapped and roomy.extra_time_s == 0.0  # nothing was needed
+    assert [k for k, *_ in roomy.path].count("keep") == len(every)
+    for c in (tight, roomy):  # what the path says is what the built plan does
+        assert evaluate(p, c, costs, bw)[:2] == (c.peak, c.extra_time_s)
+    below = _trim_path(p, top_peak - 1, costs, bw, None, time.perf_counter() + 30)
+    assert below.peak == top_peak and below.swapped == every  # does not fit: the top
