@@ -22,6 +22,7 @@ import numpy as np
 
 from minidl.bench import synthetic_batch
 from minidl.commands.common import build_model
+from minidl.dryrun import auto_device_memory
 from minidl.optim import SGD
 from minidl.trainer import Trainer
 
@@ -52,7 +53,9 @@ def gemm_rate(n: int, rounds: int = 7) -> float:
 def breakdown(name: str, memory: str, steps: int, warmup: int) -> dict:
     model, shape, batch = WORKLOADS[name]
     net = build_model(model, shape, 10)
-    tr = Trainer(net, SGD(net.parameters(), lr=0.01, momentum=0.9), memory=memory, seed=0)
+    cap = auto_device_memory(net, batch, memory, "sgd", shape)  # as `minidl bench` sizes it
+    tr = Trainer(net, SGD(net.parameters(), lr=0.01, momentum=0.9), memory=memory,
+                 device_memory=cap, seed=0)
     x, y = synthetic_batch(net, shape, batch, 0)
     totals, per_kind = [], defaultdict(list)
     for i in range(warmup + steps):
