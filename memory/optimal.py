@@ -377,9 +377,16 @@ def optimal_choose(program: Program, budget: int, costs: list[float],
     whole_deadline = t0 + (WHOLE_SHARE * time_limit_s if large else time_limit_s)
     first_deadline = t0 + (whole_deadline - t0) / 2 if model.swap else whole_deadline
     placement = "timed"
+
+    def early_next() -> bool:
+        """Whether to leave the timed model for the early one: it has swaps and nothing it
+        gave fits (the greedy choice, when it fits, costs time: else it was returned above)."""
+        return placement == "timed" and bool(model.swap) and (best is None or best[3] == "greedy")
+
     for r in range(max_rounds):
-        left = (first_deadline if placement == "timed" else whole_deadline) - time.perf_counter()
-        if left <= 0.2 and placement == "timed" and model.swap and best is None:
+        # half the share for the timed model while nothing it gave fits
+        left = (first_deadline if early_next() else whole_deadline) - time.perf_counter()
+        if left <= 0.2 and early_next():
             placement = "early"
             model, overflow = make_model(True)
             left = whole_deadline - time.perf_counter()
@@ -389,8 +396,7 @@ def optimal_choose(program: Program, budget: int, costs: list[float],
         res = _solve(model, left, mip_rel_gap)
         verdict = check(res, f"whole MILP ({placement} release), round {r + 1}",
                         time.perf_counter() - ts, r)
-        if verdict == "none" and placement == "timed" and model.swap and \
-                (best is None or best[3] == "greedy" and g_extra > 0):
+        if verdict == "none" and early_next():
             placement = "early"
             model, overflow = make_model(True)
             continue
