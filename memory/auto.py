@@ -30,7 +30,7 @@ from .plan import AutoChoice, Plan
 from .program import Program
 from .recompute import choose_checkpoints, dropping_program
 from .static_plan import block_intervals, static_plan
-from .swap import DEFAULT_BANDWIDTH, swap_candidates, swap_plan
+from .swap import DEFAULT_BANDWIDTH, SwapCandidate, swap_candidates, swap_plan
 
 #: FLOP/s assumed for compute before any step is measured (this class of CPU, float32 GEMM).
 DEFAULT_FLOPS_PER_S = 2.0e10
@@ -196,6 +196,13 @@ def sqrt_dropped(program: Program) -> set[int]:
     return out
 
 
+def _swappable(program: Program) -> list[SwapCandidate]:
+    """The swap candidates with idle time between their uses (the swap pass's lag plus two
+    steps), which the walks may swap."""
+    return [c for c in swap_candidates(program, {}, "all")
+            if c.first_backward - c.last_forward >= 3]
+
+
 def _trim_path(program: Program, budget: int, costs: list[float], bandwidth: float,
                only: str | None, deadline: float) -> AutoChoice:
     """The path down from the top: every swappable feature map swapped, each block released
@@ -205,8 +212,7 @@ def _trim_path(program: Program, budget: int, costs: list[float], bandwidth: flo
 
     blocks = block_choices(program)
     choice = forced_choice(program, True, only)
-    free = [c for c in swap_candidates(program, {}, "all")
-            if c.first_backward - c.last_forward >= 3 and c.root not in blocks.fixed]
+    free = [c for c in _swappable(program) if c.root not in blocks.fixed]
     choice.swapped |= {c.root for c in free}
     persistent = program.persistent_bytes()
     top = build(program, choice, costs, bandwidth)
@@ -245,8 +251,7 @@ def _walk_path(program: Program, budget: int | None, costs: list[float], bandwid
     persistent = program.persistent_bytes()
     producer = {t: st for st in program.steps if st.phase == "forward" for t in st.writes}
     loss_step = producer.get(program.loss)
-    cands = {c.root for c in swap_candidates(program, {}, "all")
-             if c.first_backward - c.last_forward >= 3}
+    cands = {c.root for c in _swappable(program)}
     blocks = block_choices(program)  # the user's choices: fixed, never revisited
     choice = forced_choice(program, early_release, only)
     if start:

@@ -43,7 +43,7 @@ from .auto import build
 from .liveness import lifetimes, root_of
 from .plan import AutoChoice
 from .program import Program
-from .swap import swap_candidates
+from .swap import swap_candidates, timed_steps
 
 #: swap_plan's defaults: a block is released ``LAG`` steps after its last forward use and
 #: prefetched ``LOOKAHEAD`` steps before its first backward use.
@@ -148,7 +148,7 @@ def build_model(program: Program, costs: list[float], swap_cost: dict[int, float
     :data:`FULL_WINDOW_STEPS` forward steps, else :data:`MAX_RUN`). ``copy_cost``: one
     transfer's time per candidate; with it the swaps' time is at least the link's congestion
     (:func:`link_rows`) instead of the sum of their own costs alone, and a swapped block is
-    away from when compute reaches the end of its offload (:func:`timed_gap`) — or, with
+    away from when compute reaches the end of its offload (:func:`.swap.timed_steps`) — or, with
     ``early_release``, from one step after its offload, compute waiting for the copy (the two
     placements of :func:`.optimal.evaluate_placements`). ``allow_drop=False``: no
     recomputation (swaps only; ``swap_cost`` empty: recomputation only)."""
@@ -313,7 +313,6 @@ def build_model(program: Program, costs: list[float], swap_cost: dict[int, float
                     clone_terms[q].append((v, fs[t]))
 
     # swap variables, one per candidate whose block can be swapped
-    ends = np.cumsum(costs).tolist()
     base = build(program, AutoChoice())
     aliases = base.aliases
     life = lifetimes(program)
@@ -378,7 +377,7 @@ def build_model(program: Program, costs: list[float], swap_cost: dict[int, float
             copies = [copy_cost[t] for t in cands if t in (copy_cost or {})]
             timed = bool(copies)
             if timed and not early_release:  # placed as the timed swap plan places them
-                release, fetch = timed_gap(lf, fb, max(copies), ends)
+                release, fetch = timed_steps(lf, fb, max(copies), costs, LAG, LOOKAHEAD)
             if fetch == fb - LOOKAHEAD and fetch >= nf:
                 late = fb  # the lookahead counts recomputations before fb: refined below
                 fetch = fb
@@ -534,24 +533,6 @@ def build_model(program: Program, costs: list[float], swap_cost: dict[int, float
 
 #: At most this many link-congestion rows (the most congested windows first).
 MAX_LINK_ROWS = 2000
-
-
-def timed_gap(last_forward: int, first_backward: int, copy: float, ends: list[float]
-              ) -> tuple[int, int]:
-    """(release step, prefetch step) of one swapped block as :func:`.swap.swap_plan` places
-    them with step times when its copies have the link to themselves: released after the step
-    during which compute reaches the end of its offload, prefetched at the last step boundary
-    from which its copy arrives before its first backward use (``ends``: cumulative step
-    costs, ``copy``: one transfer, in the same units)."""
-    release = last_forward + LAG
-    fetch = max(release + 1, first_backward - LOOKAHEAD)
-    off_end = ends[last_forward] + copy
-    while ends[release] < off_end and release + 1 < fetch - 1:
-        release += 1
-    start = max(off_end, ends[first_backward - 1] - copy)
-    while fetch - 1 > release and ends[fetch - 1] > start:
-        fetch -= 1
-    return release, fetch
 
 
 def link_rows(lp: Lp, swap: dict[int, int], window: dict[int, tuple[int, int]],

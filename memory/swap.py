@@ -166,6 +166,17 @@ def _timed(c: SwapCandidate, step_times: list[float], when: tuple[float, float],
     return release_at, fetch_at
 
 
+def timed_steps(last_forward: int, first_backward: int, transfer: float,
+                step_times: list[float], lag: int = 1, lookahead: int = 2) -> tuple[int, int]:
+    """(release step, prefetch step) :func:`swap_plan` gives one swapped block with
+    ``step_times`` when its copies (``transfer`` each way, in the units of ``step_times``) have
+    the link to themselves: the placement the optimal planner's model assumes."""
+    c = SwapCandidate(-1, last_forward, first_backward, transfer)  # bytes at bandwidth 1: time
+    release_at = last_forward + lag
+    return _timed(c, step_times, _link_schedule([c], step_times, 1.0)[c.root], release_at,
+                  max(release_at + 1, first_backward - lookahead))
+
+
 def swap_plan(plan: Plan, mode: str, lookahead: int = 2, lag: int = 1,
               step_times: list[float] | None = None,
               bandwidth: float = DEFAULT_BANDWIDTH, only: set[int] | None = None,

@@ -282,13 +282,12 @@ def test_only_needs_auto_and_a_known_value():
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.floats(0.01, 10.0), min_size=10, max_size=10), st.floats(0.05, 50.0))
-def test_timed_gap_places_release_and_prefetch_as_the_swap_pass_does(step_times, copy):
+def test_timed_steps_place_release_and_prefetch_as_the_swap_pass_does(step_times, copy):
     """One swapped block with the link to itself: the model's (release, prefetch) steps are
     where :func:`swap_plan` puts them with the same step times and transfer time."""
     from hand_programs import chain, ids
-    from minidl.memory.optimal_model import timed_gap
     from minidl.memory.plan import Prefetch, Release
-    from minidl.memory.swap import swap_candidates, swap_plan
+    from minidl.memory.swap import swap_candidates, swap_plan, timed_steps
 
     p = chain()
     plan = make_plan(p, MemoryConfig.parse("reuse,inplace"))
@@ -299,9 +298,8 @@ def test_timed_gap_places_release_and_prefetch_as_the_swap_pass_does(step_times,
     out = swap_plan(plan, "all", step_times=step_times, bandwidth=bandwidth, only={x})
     placed = {type(a): i for i, a in out.actions()
               if a.tensor == x and isinstance(a, (Release, Prefetch))}
-    ends = list(itertools.accumulate(step_times))
-    assert timed_gap(cand.last_forward, cand.first_backward, cand.nbytes / bandwidth, ends) \
-        == (placed[Release], placed[Prefetch])
+    assert timed_steps(cand.last_forward, cand.first_backward, cand.nbytes / bandwidth,
+                       step_times) == (placed[Release], placed[Prefetch])
 
 
 def test_engine_rows_price_copies_that_outlast_their_compute():
@@ -309,7 +307,7 @@ def test_engine_rows_price_copies_that_outlast_their_compute():
     nothing on their own, the model's link variable is held up by the engines' rows alone
     (and is free when the copies are short)."""
     from hand_programs import chain
-    from minidl.memory.optimal_model import build_model, link_rows
+    from minidl.memory.optimal_model import Lp, build_model, link_rows
 
     p = chain()
     costs = [1.0] * len(p.steps)
@@ -325,13 +323,7 @@ def test_engine_rows_price_copies_that_outlast_their_compute():
 
     assert forced_link(30.0) >= 30.0 - sum(costs)
     assert forced_link(0.01) == pytest.approx(0.0, abs=1e-9)
-    assert link_rows(optimal_model_lp(), {}, {}, {}, {}, costs) == (None, 0)
-
-
-def optimal_model_lp():
-    from minidl.memory.optimal_model import Lp
-
-    return Lp()
+    assert link_rows(Lp(), {}, {}, {}, {}, costs) == (None, 0)
 
 
 def test_price_cut_adds_a_row_on_the_link_for_a_swap_set():
