@@ -1,6 +1,6 @@
 """2-D convolution (NCHW, PyTorch weight layout): NumPy reference and Numba CPU kernels.
 
-Two CPU algorithms (:func:`choose_algo`), both working image by image so that buffers stay
+Three CPU algorithms (:func:`choose_algo`), all working image by image so that buffers stay
 in cache:
 
 * ``gemm`` (any geometry): im2col of one image (and group) into a ``(Cin/g*kh*kw, Ho*Wo)``
@@ -8,7 +8,9 @@ in cache:
   (Numba's ``np.dot``, i.e. BLAS). Backward recomputes the im2col (only the input is
   retained), accumulates ``dW += dY_n @ col.T`` and, when the input gradient is wanted,
   scatters ``dcol = W.T @ dY_n`` back with col2im.
-* ``winograd`` (3x3, stride 1, one group, enough channels): F(2x2, 3x3), see
+* ``winograd4`` (3x3, stride 1, one group, enough channels, planes of 4x4 or more):
+  F(4x4, 3x3), see :mod:`minidl.kernels.winograd4`; 4x fewer multiplications.
+* ``winograd`` (the same on smaller planes): F(2x2, 3x3), see
   :mod:`minidl.kernels.winograd`; 2.25x fewer multiplications.
 
 The batch is cut into blocks of images multiplied together (block boundaries at multiples of
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _cuda, winograd
+from . import _cuda
 from .conv_device import (
     check_conv_shapes,
     conv2d_backward_device,
@@ -47,6 +49,7 @@ from .conv_geometry import (
     GRAD_PARTS,
     LEAN_COL_BYTES,
     MAX_THREADS,
+    WINOGRAD_KERNELS,
     WINOGRAD_MAX_IMAGE_BYTES,
     WINOGRAD_MAX_WEIGHTS,
     WINOGRAD_MIN_CIN,
@@ -112,8 +115,9 @@ def conv2d_forward(
 ) -> None:
     """Write ``conv2d(x, w) + b`` into ``y`` (NCHW). ``workspace``: ``uint8`` of at least
     :func:`conv2d_workspace_bytes` (``backward=False``, the same ``max_workspace``); ``None``
-    allocates one. ``algo`` (``"gemm"`` / ``"winograd"``) overrides :func:`choose_algo`;
-    ``max_workspace`` (bytes) runs the configuration :func:`conv_config` picks under that cap.
+    allocates one. ``algo`` (``"gemm"`` / ``"winograd"`` / ``"winograd4"``) overrides
+    :func:`choose_algo`; ``max_workspace`` (bytes) runs the configuration :func:`conv_config`
+    picks under that cap.
     Device arrays run :func:`~.conv_device.conv2d_forward_device` (workspace:
     :func:`~.conv_device.conv2d_device_workspace_bytes`; ``threads`` and ``algo`` unused)."""
     if _on_device(x, w, b, y, workspace):
@@ -137,11 +141,12 @@ def conv2d_forward(
     nb = layout[2]
     parallel = _parallel(n, slabs.shape[0], out.size * cg * kh * kw, threads)
     bounds = block_bounds(n, nb, slabs.shape[0])
-    if algo == "winograd":
+    if algo in WINOGRAD_KERNELS:
+        kernels = WINOGRAD_KERNELS[algo]
         if not parallel:
-            winograd.fwd_chunk(x, w, bb, has_bias, out, slabs[0], offs, 0, n, nb, *padding)
+            kernels.fwd_chunk(x, w, bb, has_bias, out, slabs[0], offs, 0, n, nb, *padding)
         else:
-            winograd.forward_par(x, w, bb, has_bias, out, slabs, offs, bounds, nb, *padding)
+            kernels.forward_par(x, w, bb, has_bias, out, slabs, offs, bounds, nb, *padding)
     else:
         w3 = w.reshape(groups, cout // groups, cg * kh * kw)
         band = _gemm_blocking(x.shape, cg * kh * kw, *out.shape[2:], x.dtype.itemsize,
@@ -204,14 +209,15 @@ def conv2d_backward(
     add = bool(accumulate)
     if add and dwo is not dw:
         dwo[...] = dw
-    if algo == "winograd":
+    if algo in WINOGRAD_KERNELS:
+        kernels = WINOGRAD_KERNELS[algo]
         if not parallel:
-            winograd.backward_parts(x, w, dy, dxo, need_dx, slabs[0], offs, dwparts, dbparts,
-                                    bounds, 0, 1, nb, *padding)
+            kernels.backward_parts(x, w, dy, dxo, need_dx, slabs[0], offs, dwparts, dbparts,
+                                   bounds, 0, 1, nb, *padding)
         else:
-            winograd.backward_par(x, w, dy, dxo, need_dx, slabs, offs, dwparts, dbparts,
-                                  bounds, nb, *padding)
-        winograd.finish_grads(dwparts, dbparts, dwo, dbo, add)
+            kernels.backward_par(x, w, dy, dxo, need_dx, slabs, offs, dwparts, dbparts,
+                                 bounds, nb, *padding)
+        kernels.finish_grads(dwparts, dbparts, dwo, dbo, add)
     else:
         w3 = w.reshape(groups, cout // groups, cg * kh * kw)
         band = _gemm_blocking(x.shape, cg * kh * kw, *dy.shape[2:], x.dtype.itemsize,

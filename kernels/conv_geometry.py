@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from . import winograd
+from . import winograd, winograd4
 from .parallel import chunks, num_threads
 
 Pair = tuple[int, int]
@@ -32,41 +32,82 @@ def conv_output_hw(hw: Pair, kernel: Pair, stride: Pair, padding: Pair, dilation
     )
 
 
-# When Winograd F(2x2, 3x3) pays, measured (batch 32, forward + backward time, Winograd /
-# im2col): 0.5-0.8 from 8x8 to 56x56 planes with 16 to 128 channels; 1.1-1.2 on 4x4 and 6x6
-# planes; 1.5 with 8 input channels.
+# When Winograd F(2x2, 3x3) pays, measured (forward + backward time, Winograd / im2col, with
+# products of at least WINOGRAD_MIN_COLS columns): batch 32, 0.5-0.8 from 8x8 to 56x56 planes
+# with 16 to 128 channels, 1.5 with 8 input channels; batch 128 / 64 (session 9, AMD EPYC):
+# 0.58 / 0.74 at 256 channels on 8x8 planes, 0.67 / 0.75 at 512 channels on 4x4 planes,
+# 1.0 on 2x2 planes (one tile).
 #: Smallest number of input channels for Winograd ...
 WINOGRAD_MIN_CIN = 16
-#: ... and of 2x2 tiles per output plane (8x8 planes) ...
-WINOGRAD_MIN_TILES = 16
+#: ... and of 2x2 tiles per output plane (one: a 2x2 plane is one tile, 16 products where
+#: im2col makes 36; a 1x1 plane stays with im2col, 9 against 16) ...
+WINOGRAD_MIN_TILES = 1
 #: ... largest ``Cin * Cout``: each thread keeps the transformed filters (16 * Cin * Cout
-#: values) and, in backward, its transformed weight-gradient partial (at 512 x 512 channels,
-#: 34 MB per thread; im2col's banded path needs a few MB) ...
-WINOGRAD_MAX_WEIGHTS = 128 * 128
+#: values) and, in backward, each gradient part its transformed weight-gradient partial (at
+#: 512 x 512 channels, 16 MB each; im2col's banded path needs a few MB; a workspace cap
+#: chooses im2col where they do not fit) ...
+WINOGRAD_MAX_WEIGHTS = 512 * 512
 #: ... and largest transformed image (bytes; one image is the smallest unit of work, so
 #: this bounds the workspace per thread: 64 channels at 56x56 would need 9.6 MB).
 WINOGRAD_MAX_IMAGE_BYTES = 8 << 20
+#: Images are transformed together until the 16 products have at least this many columns
+#: (tiles), even past :data:`~minidl.kernels.winograd.L2_BUDGET`, but never so many that
+#: the batch makes fewer than :data:`GRAD_PARTS` blocks. Thin products were what made
+#: Winograd lose on small planes: at 256 channels on 8x8 planes (16 tiles per image, one
+#: image per block), the weight-gradient products ``dU += DY V^T`` were rank-16 updates of
+#: a 256 x 256 matrix, 2.6x slower backward than with 256 columns (measured at 64, 128,
+#: 256, 512 and 1024 columns: 256 the fastest or within noise of it on every shape tried).
+WINOGRAD_MIN_COLS = 256
+#: F(4x4, 3x3) replaces F(2x2, 3x3) on output planes at least this many pixels a side.
+#: Forward + backward against F(2x2, 3x3), measured (session 9, AMD EPYC, batch 128 unless
+#: said): 0.72 at 256 channels on 8x8 planes, 0.70 at 128 on 16x16 (batch 64), 0.86 at 512
+#: on 4x4 (1.04 at batch 64), 0.96 at 16 channels on 32x32; 2.0 on 2x2 planes (one 4x4 tile
+#: of which a quarter is used). Rounding: float32 outputs within ~1.5e-5 of the largest
+#: output's magnitude (F(2x2, 3x3): ~8e-7; im2col: ~1e-7).
+WINOGRAD4_MIN_SIDE = 3
+#: ... with at least this many ``Cin * Cout``: below it the products are cheap and the
+#: transforms dominate, where F(2x2)'s (vectorised over tiles) beat F(4x4)'s (per tile):
+#: inside training steps, F(4x4) / F(2x2) measured 1.1-1.2 at 64 x 64 channels on 32x32
+#: planes and 32 x 64 on 14x14, 0.98 over resnet56's 16- to 64-channel layers, 0.74
+#: (backward) at 64 x 128 on 16x16 and 0.65 from 128 x 256 up.
+WINOGRAD4_MIN_WEIGHTS = 64 * 128
 
 
 def choose_algo(x_shape: tuple[int, ...], kernel: Pair, stride: Pair, dilation: Pair,
                 groups: int, padding: Pair = (1, 1), cout: int = 64, itemsize: int = 4) -> str:
-    """``"winograd"`` for 3x3 / stride 1 / dilation 1 / one group within the bounds above,
-    else ``"gemm"`` (im2col). Measured on smallcnn's conv2 (32 -> 64 at 14x14): 2.0 / 4.1 ms
-    against 3.0 / 5.6 ms forward / backward."""
+    """For 3x3 / stride 1 / dilation 1 / one group within the bounds above: ``"winograd4"``
+    (F(4x4, 3x3)) on output planes of at least :data:`WINOGRAD4_MIN_SIDE` a side with
+    :data:`WINOGRAD4_MIN_WEIGHTS` channel pairs, else ``"winograd"`` (F(2x2, 3x3)); else
+    ``"gemm"`` (im2col)."""
     cin = x_shape[1]
     if not (kernel == (3, 3) and stride == (1, 1) and dilation == (1, 1) and groups == 1
             and cin >= WINOGRAD_MIN_CIN and cin * cout <= WINOGRAD_MAX_WEIGHTS):
         return "gemm"
-    th, tw = winograd.tiles(x_shape[2] + 2 * padding[0] - 2, x_shape[3] + 2 * padding[1] - 2)
+    ho, wo = x_shape[2] + 2 * padding[0] - 2, x_shape[3] + 2 * padding[1] - 2
+    if min(ho, wo) >= WINOGRAD4_MIN_SIDE and cin * cout >= WINOGRAD4_MIN_WEIGHTS and \
+            winograd4.transformed_image_bytes(
+            cin, cout, ho, wo, itemsize) <= WINOGRAD_MAX_IMAGE_BYTES:
+        return "winograd4"
+    th, tw = winograd.tiles(ho, wo)
     image = 16 * (2 * cin + cout) * th * tw * itemsize
-    if th * tw >= WINOGRAD_MIN_TILES and image <= WINOGRAD_MAX_IMAGE_BYTES:
+    if min(ho, wo) >= 2 and th * tw >= WINOGRAD_MIN_TILES and image <= WINOGRAD_MAX_IMAGE_BYTES:
         return "winograd"
     return "gemm"
 
 
-def _winograd_nb(x_shape, cout, padding, itemsize) -> int:
+#: The Winograd kernels by algorithm name: F(2x2, 3x3) and F(4x4, 3x3).
+WINOGRAD_KERNELS = {"winograd": winograd, "winograd4": winograd4}
+
+
+def _winograd_nb(x_shape, cout, padding, itemsize, algo: str = "winograd") -> int:
+    """Images per Winograd block: as many as fit the L2 budget, or more up to
+    :data:`WINOGRAD_MIN_COLS` columns while the batch still makes :data:`GRAD_PARTS` blocks."""
+    kernels = WINOGRAD_KERNELS[algo]
+    n = max(1, x_shape[0])
     ho, wo = x_shape[2] + 2 * padding[0] - 2, x_shape[3] + 2 * padding[1] - 2
-    return min(max(1, x_shape[0]), winograd.images_per_block(x_shape[1], cout, ho, wo, itemsize))
+    th, tw = kernels.tiles(ho, wo)
+    wide = min(-(-WINOGRAD_MIN_COLS // (th * tw)), -(-n // GRAD_PARTS))
+    return min(n, max(wide, kernels.images_per_block(x_shape[1], cout, ho, wo, itemsize)))
 
 
 #: The im2col path multiplies several images at once when one image's output plane has
@@ -99,14 +140,16 @@ def _slab_elems(
     """Element counts of one thread's buffers (in the order the kernels take them); the
     gradient partials as ``(count, elements)`` pairs; and the images per block. ``col_bytes``
     and ``parts`` (at most, default :data:`GRAD_PARTS`) are those of a :class:`ConvConfig`."""
-    if algo == "winograd":
-        nb = _winograd_nb(x_shape, cout, padding, itemsize) if col_bytes >= GEMM_MAX_COL_BYTES \
-            else 1  # lean: one image transformed at a time
-        row = winograd.slab_elems(x_shape, cout, padding, nb, backward)
+    if algo in WINOGRAD_KERNELS:
+        kernels = WINOGRAD_KERNELS[algo]
+        nb = _winograd_nb(x_shape, cout, padding, itemsize, algo) \
+            if col_bytes >= GEMM_MAX_COL_BYTES else 1  # lean: one image transformed at a time
+        row = kernels.slab_elems(x_shape, cout, padding, nb, backward)
         if not backward:
             return row, [], nb
         p = grad_parts(x_shape[0], nb, parts)
-        return row, [(p, cout), (p, 16 * cout * x_shape[1])], nb  # db, transformed dW
+        planes = 16 if algo == "winograd" else winograd4.PLANES
+        return row, [(p, cout), (p, planes * cout * x_shape[1])], nb  # db, transformed dW
     _, c, h, w = x_shape
     ho, wo = conv_output_hw((h, w), kernel, stride, padding, dilation)
     k = c // groups * kernel[0] * kernel[1]
@@ -188,8 +231,9 @@ LEAN_COL_BYTES = (GEMM_MAX_COL_BYTES, 1 << 20, 256 << 10, 64 << 10, 0)
 #: order, so it must not depend on the machine's thread count: results under one cap are
 #: bit-identical for any thread count (only the rows that fit the workspace follow it).
 REFERENCE_ROWS = 2
-#: Time of Winograd relative to im2col where :func:`choose_algo` picks it (measured 0.5-0.8).
-WINOGRAD_TIME = 0.65
+#: Time of Winograd relative to im2col where :func:`choose_algo` picks it (measured 0.5-0.8
+#: for F(2x2, 3x3), 0.4-0.6 for F(4x4, 3x3)).
+WINOGRAD_TIME = {"winograd": 0.65, "winograd4": 0.5}
 #: Products of ``c`` columns cost ``1 + SMALL_PRODUCT_COLS / c`` times a large one's per
 #: multiply-add (a one-column product streams the whole weight for a matrix-vector product).
 SMALL_PRODUCT_COLS = 16
@@ -219,8 +263,8 @@ def _product_cols(x_shape: tuple[int, ...], kernel: Pair, stride: Pair, padding:
                   dilation: Pair, groups: int, itemsize: int, s: _Sized) -> int:
     """Columns of the products a configuration makes."""
     ho, wo = conv_output_hw(x_shape[2:], kernel, stride, padding, dilation)
-    if s.config.algo == "winograd":
-        th, tw = winograd.tiles(ho, wo)
+    if s.config.algo in WINOGRAD_KERNELS:
+        th, tw = WINOGRAD_KERNELS[s.config.algo].tiles(ho, wo)
         return s.layout[2] * th * tw
     k = x_shape[1] // groups * kernel[0] * kernel[1]
     nb, band = _gemm_blocking(x_shape, k, ho, wo, itemsize, s.config.col_bytes)
@@ -250,7 +294,8 @@ def conv_config(
     s = _sized(*geom, default)
     if min(REFERENCE_ROWS, s.units) * s.per + s.fixed <= max_workspace:
         return default  # the default fits with all its rows: a cap changes nothing
-    algos = [default_algo] + (["gemm"] if default_algo == "winograd" and algo is None else [])
+    fallback = {"winograd4": ["winograd", "gemm"], "winograd": ["gemm"]}
+    algos = [default_algo] + (fallback.get(default_algo, []) if algo is None else [])
     best: tuple[float, int, ConvConfig] | None = None
     least: tuple[int, int, ConvConfig] | None = None
     order = 0
@@ -268,7 +313,7 @@ def conv_config(
                 rows = min(REFERENCE_ROWS, s.units, (max_workspace - s.fixed) // s.per)
                 pcols = _product_cols(x_shape, kernel, stride, padding, dilation, groups,
                                       itemsize, s)
-                time = (WINOGRAD_TIME if a == "winograd" else 1.0) * \
+                time = WINOGRAD_TIME.get(a, 1.0) * \
                     (1.0 + SMALL_PRODUCT_COLS / max(1, pcols)) / rows
                 if best is None or (time, order) < best[:2]:
                     best = (time, order, s.config)

@@ -297,7 +297,8 @@ def fwd_chunk(x, w, b, has_bias, y, s, offs, n0, n1, nb, ph, pw):
 @njit(nogil=True, cache=True, error_model="numpy")
 def bwd_chunk(x, w, dy, dx, need_dx, s, offs, dwpart, db, n0, n1, nb, ph, pw):
     """Images ``n0:n1``: ``dx`` rows; their transformed ``dW`` and ``db`` summed into
-    ``dwpart`` (``16 * Cout * Cin``) and ``db``, both zeroed first."""
+    ``dwpart`` (``16 * Cout * Cin``, overwritten by the first block's products) and
+    ``db`` (zeroed first)."""
     cin, cout = x.shape[1], w.shape[0]
     h, wd = x.shape[2], x.shape[3]
     th, tw = (dy.shape[2] + 1) // 2, (dy.shape[3] + 1) // 2
@@ -307,8 +308,6 @@ def bwd_chunk(x, w, dy, dx, need_dx, s, offs, dwpart, db, n0, n1, nb, ph, pw):
     dwx = dwpart[: 16 * cout * cin].reshape((16, cout, cin))
     work = np.empty(8, np.int32)
     _filter_transform(w, u)
-    for i in range(16 * cout * cin):
-        dwpart[i] = 0
     for i in range(cout):
         db[i] = 0
     for s0 in range(n0, n1, nb):
@@ -333,7 +332,8 @@ def bwd_chunk(x, w, dy, dx, need_dx, s, offs, dwpart, db, n0, n1, nb, ph, pw):
         for xi in range(16):
             vx = v[xi, : cin * p].reshape((cin, p))
             gx = g[xi, : cout * p].reshape((cout, p))
-            mm(gx, vx, dwx[xi], False, True, 1.0, 1.0, cout, cin, p, work)  # dWx += G V^T
+            mm(gx, vx, dwx[xi], False, True, 1.0, 0.0 if s0 == n0 else 1.0, cout, cin, p,
+               work)  # dWx (+)= G V^T: the first block overwrites (no zeroing pass)
             if need_dx:
                 mm(u[xi], gx, dd[xi, : cin * p].reshape((cin, p)), True, False, 1.0, 0.0, cin,
                    p, cout, work)

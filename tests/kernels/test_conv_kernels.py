@@ -74,16 +74,17 @@ def test_matches_reference(case, need_dx):
         assert got[1] is None
 
 
+@pytest.mark.parametrize("algo", ["winograd", "winograd4"])
 @SETTINGS
 @given(case=conv_cases(), need_dx=st.booleans())
-def test_winograd_matches_reference(case, need_dx):
+def test_winograd_matches_reference(algo, case, need_dx):
     case = dict(case, kernel=(3, 3), stride=(1, 1), dilation=(1, 1), groups=1,
                 cout=case["cout"] // case["groups"])
     case["x_shape"] = (case["x_shape"][0], case["x_shape"][1] // case["groups"],
                        *case["x_shape"][2:])
     ho, wo = K.conv_output_hw(case["x_shape"][2:], (3, 3), (1, 1), case["padding"], (1, 1))
     assume(ho >= 1 and wo >= 1)
-    got, want = _run(case, need_dx=need_dx, algo="winograd")
+    got, want = _run(case, need_dx=need_dx, algo=algo)
     _close(got, want, np.float64)
 
 
@@ -91,21 +92,38 @@ def test_choose_algo():
     def algo(shape, cout=64, stride=(1, 1), groups=1):
         return K.choose_algo(shape, (3, 3), stride, (1, 1), groups, (1, 1), cout)
 
-    assert algo((64, 32, 14, 14)) == "winograd"
+    assert algo((64, 32, 14, 14)) == "winograd"  # few channels: F(2x2)'s transforms win
     assert algo((64, 16, 32, 32), 16) == "winograd"
+    assert algo((64, 64, 16, 16), 128) == "winograd4"
     assert algo((64, 8, 28, 28), 16) == "gemm"  # too few input channels
     assert algo((64, 1, 28, 28), 32) == "gemm"
     assert algo((64, 32, 14, 14), stride=(2, 2)) == "gemm"
     assert algo((64, 32, 14, 14), groups=2) == "gemm"
-    assert algo((8, 64, 8, 8)) == "winograd"
-    assert algo((8, 64, 6, 6)) == "gemm"  # too few tiles
+    assert algo((8, 128, 8, 8), 128) == "winograd4"
+    assert algo((8, 128, 4, 4), 128) == "winograd4"  # one 4x4 tile
+    assert algo((8, 128, 3, 3), 128) == "winograd4"  # one tile: 36 products for 9 outputs
+    assert algo((8, 128, 2, 2), 128) == "winograd"  # F(4x4) would waste 3/4 of its tile
+    assert algo((8, 128, 1, 1), 128) == "gemm"  # 9 products, where a 2x2 tile makes 16
     assert algo((8, 64, 40, 40)) == "winograd"
-    assert algo((8, 64, 56, 56)) == "gemm"  # one transformed image > 8 MB
-    assert algo((8, 128, 14, 14), 128) == "winograd"
-    assert algo((8, 256, 14, 14), 256) == "gemm"  # transformed filters too big
+    assert algo((8, 64, 56, 56)) == "gemm"  # one image transformed by F(2x2): 9.6 MB > 8 MB
+    assert algo((8, 128, 28, 28), 128) == "winograd4"
+    assert algo((8, 256, 14, 14), 256) == "winograd4"
+    assert algo((8, 512, 4, 4), 512) == "winograd4"
+    assert algo((8, 512, 4, 4), 1024) == "gemm"  # transformed filters too big
 
 
-@pytest.mark.parametrize("algo", ["gemm", "winograd"])
+def test_winograd_blocks_wide_products():
+    """Small planes: images are blocked until the products have WINOGRAD_MIN_COLS columns,
+    but the batch still makes GRAD_PARTS blocks; large planes keep the L2 rule."""
+    from minidl.kernels.conv_geometry import GRAD_PARTS, WINOGRAD_MIN_COLS, _winograd_nb
+
+    assert _winograd_nb((128, 256, 8, 8), 256, (1, 1), 4) * 16 == WINOGRAD_MIN_COLS
+    assert _winograd_nb((128, 512, 4, 4), 512, (1, 1), 4) == 128 // GRAD_PARTS
+    assert _winograd_nb((1, 512, 4, 4), 512, (1, 1), 4) == 1
+    assert _winograd_nb((64, 16, 32, 32), 16, (1, 1), 4) >= 1
+
+
+@pytest.mark.parametrize("algo", ["gemm", "winograd", "winograd4"])
 def test_float32_and_threads(algo):
     case = dict(x_shape=(5, 4, 9, 7), cout=6, kernel=(3, 3), stride=(1, 1), padding=(1, 1),
                 dilation=(1, 1), groups=1, bias=True, threads=2, seed=3)
@@ -246,7 +264,7 @@ def test_blas_mm_strided_and_transposed(dtype):
             np.testing.assert_array_equal(big, keep)  # nothing outside the view written
 
 
-@pytest.mark.parametrize("algo", ["gemm", "winograd"])
+@pytest.mark.parametrize("algo", ["gemm", "winograd", "winograd4"])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_backward_accumulates_into_gradients(algo, threads):
     """``accumulate=True`` adds dW and db to what the arrays hold (micro-batches)."""
@@ -263,3 +281,26 @@ def test_backward_accumulates_into_gradients(algo, threads):
                       accumulate=True)
     np.testing.assert_allclose(dw, dw0 + dw_ref, rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(db, db0 + db_ref, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("algo,bound", [("winograd", 4e-6), ("winograd4", 5e-5)])
+def test_winograd_float32_rounding_within_the_stated_bound(algo, bound):
+    """float32 Winograd against the float64 convolution, relative to the largest magnitude
+    of each result: here F(2x2) measured <= 4.1e-7 (im2col 5.2e-7), F(4x4) <= 5.5e-6 (its
+    transforms' coefficients reach 8 and 1/24; ~1.5e-5 at 256 channels); bounds 10x that."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((4, 128, 8, 8))
+    w = rng.standard_normal((128, 128, 3, 3)) / 34.0
+    b = rng.standard_normal(128)
+    y_ref = K.conv2d_forward_ref(x, w, b, padding=(1, 1))
+    dy = rng.standard_normal(y_ref.shape)
+    refs = (y_ref, *K.conv2d_backward_ref(x, w, dy, padding=(1, 1)))
+    f = np.float32
+    y = np.empty(y_ref.shape, f)
+    K.conv2d_forward(x.astype(f), w.astype(f), b.astype(f), y, padding=(1, 1), algo=algo)
+    dx, dw, db = np.empty(x.shape, f), np.empty(w.shape, f), np.empty(128, f)
+    K.conv2d_backward(x.astype(f), w.astype(f), dy.astype(f), dx, dw, db, padding=(1, 1),
+                      algo=algo)
+    for got, want in zip((y, dx, dw, db), refs):
+        err = np.abs(got - want).max() / np.abs(want).max()
+        assert err <= bound, (algo, err)

@@ -94,6 +94,21 @@ def test_no_cap_or_a_large_one_is_the_default():
             assert _ws_bytes(x_shape, cout, backward, 10 * full, None, geom) == \
                 _ws_bytes(x_shape, cout, backward, 10 * full, REFERENCE_ROWS, geom)
     assert _config((6, 32, 16, 16), 32, True, None).algo == "winograd"
+    assert _config((6, 128, 16, 16), 128, True, None).algo == "winograd4"
+
+
+def test_a_cap_below_winograd4_falls_back_to_winograd_then_gemm():
+    """F(4x4)'s 36 transformed planes need more workspace than F(2x2)'s 16: a cap between
+    the two runs F(2x2); a cap below both, im2col."""
+    x_shape, cout = (64, 256, 4, 4), 256
+    f4 = K.conv2d_workspace_bytes(x_shape, cout, (3, 3), (1, 1), (1, 1), (1, 1), 1,
+                                  np.float32, True, REFERENCE_ROWS, "winograd4")
+    f2 = K.conv2d_workspace_bytes(x_shape, cout, (3, 3), (1, 1), (1, 1), (1, 1), 1,
+                                  np.float32, True, REFERENCE_ROWS, "winograd")
+    assert f2 < f4
+    assert _config(x_shape, cout, True, f4).algo == "winograd4"
+    assert _config(x_shape, cout, True, f2).algo == "winograd"
+    assert _config(x_shape, cout, True, f2 // 4).algo == "gemm"
 
 
 def test_workspace_stays_within_the_cap_and_falls_with_it():
