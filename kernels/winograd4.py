@@ -22,7 +22,7 @@ import numpy as np
 from numba import njit, prange
 
 from .blas import mm
-from .winograd import L2_BUDGET, _pad, plane_stride
+from .winograd import L2_BUDGET, _pad, finish_transformed, plane_stride
 
 #: Positions of the transformed 6x6 tiles (the number of products).
 PLANES = 36
@@ -366,18 +366,8 @@ def backward_par(x, w, dy, dx, need_dx, slabs, offs, dwparts, dbparts, bounds, n
                        threads, nb, ph, pw)
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
-def finish_grads(dwparts, dbparts, dw, db, add):
-    """``dW = G^T dWx G`` of each part's transformed sum, added in part order into ``dw``
-    (``kron(G, G)^T`` products, 9 x 36 by 36 x Cout*Cin), and the parts' bias sums into
-    ``db`` (both added to what they hold if ``add``; ``dw`` contiguous)."""
-    nw = dw.shape[0] * dw.shape[1]
-    gg = _gg(dw)
-    work = np.empty(8, np.int32)
-    out = dw.reshape((nw, 9))
-    for t in range(dbparts.shape[0]):
-        beta = 1.0 if add or t > 0 else 0.0
-        mm(dwparts[t, : 36 * nw].reshape((36, nw)), gg, out, True, False, 1.0, beta, nw, 9,
-           36, work)
-        for co in range(db.shape[0]):
-            db[co] = db[co] + dbparts[t, co] if add or t > 0 else dbparts[t, co]
+def finish_grads(dwparts: np.ndarray, dbparts: np.ndarray, dw: np.ndarray, db: np.ndarray,
+                 add: bool) -> None:
+    """``dW = G^T dWx G`` from the parts' transformed sums (in part order) into ``dw`` and
+    the bias sums into ``db`` (added to what they hold if ``add``; ``dw`` contiguous)."""
+    finish_transformed(_gg(dw), dwparts, dbparts, dw, db, add)
