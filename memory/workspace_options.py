@@ -10,7 +10,7 @@ gradient part, fewer threads' rows. Without the option (or ``None``) it runs the
 configuration whatever its workspace; cap 0 asks for the least workspace.
 
 Under a budget the engine plans with no caps first. If no plan fits, it lowers again with
-every convolution capped at 1 MiB, then at its least workspace (:data:`LEVELS`,
+every convolution capped at 32 MiB, then 1 MiB, then at its least workspace (:data:`LEVELS`,
 :func:`lean_options`), and plans (tighter, if the plan's static offsets need more than its
 peak). Once one fits, :func:`headroom_options` gives each convolution back the memory that
 plan leaves free around its workspace, below that plan's peak (so the workspaces live at the
@@ -70,10 +70,14 @@ def workspaces(program: Program) -> dict[Key, int]:
     return out
 
 
-#: Caps tried in turn on every convolution at once when no uncapped plan fits: a moderate
-#: one (measured on VGG layers: 1.0-1.9x the time of forward + backward), then the least
-#: workspace (2.3-4x: one output row of one image per product, one thread in backward).
-LEVELS = (1 << 20, 0)
+#: Caps tried in turn on every convolution at once when no uncapped plan fits: a generous one
+#: (im2col with its default blocking, or Winograd where its transformed filters are small:
+#: the fastest workspaces, F(4x4)'s of wide layers, reach 150 MB, and without this level a
+#: budget they did not fit dropped every layer to 1 MiB: VGG-11 b128 at 217 MB ran 4.75x
+#: slower than `reuse`), a moderate one (measured on VGG layers: 1.0-1.9x the time of
+#: forward + backward), then the least workspace (2.3-4x: one output row of one image per
+#: product, one thread in backward).
+LEVELS = (32 << 20, 1 << 20, 0)
 
 
 def lean_options(program: Program, cap: int = 0) -> dict[int, dict[str, Any]]:
