@@ -98,6 +98,27 @@ def choose_algo(x_shape: tuple[int, ...], kernel: Pair, stride: Pair, dilation: 
     return "gemm"
 
 
+#: Under a column cap ``c`` below the default, a Winograd block's transformed tiles (input,
+#: output and their gradients) stay below ``WINOGRAD_LEAN_FACTOR * c`` bytes (one image at
+#: the least; ``c = 0``: one image). Under a budget this keeps Winograd for wide layers whose
+#: full blocks do not fit (VGG-11 b128 at 217 MB: 256 x 256 channels on 8x8 planes with 160
+#: columns instead of im2col).
+WINOGRAD_LEAN_FACTOR = 8
+
+
+def _winograd_lean_nb(x_shape, cout, padding, itemsize, algo: str, col_bytes: int) -> int:
+    """Images per Winograd block under the column cap ``col_bytes`` (see
+    :data:`WINOGRAD_LEAN_FACTOR`)."""
+    if col_bytes <= 0:
+        return 1
+    kernels = WINOGRAD_KERNELS[algo]
+    ho, wo = x_shape[2] + 2 * padding[0] - 2, x_shape[3] + 2 * padding[1] - 2
+    th, tw = kernels.tiles(ho, wo)
+    planes = 16 if algo == "winograd" else winograd4.PLANES
+    per_image = planes * (2 * x_shape[1] + cout) * th * tw * itemsize
+    return max(1, WINOGRAD_LEAN_FACTOR * col_bytes // per_image)
+
+
 #: The Winograd kernels by algorithm name: F(2x2, 3x3) and F(4x4, 3x3).
 WINOGRAD_KERNELS = {"winograd": winograd, "winograd4": winograd4}
 
@@ -149,8 +170,9 @@ def _slab_elems(
     and ``parts`` (at most, default :data:`GRAD_PARTS`) are those of a :class:`ConvConfig`."""
     if algo in WINOGRAD_KERNELS:
         kernels = WINOGRAD_KERNELS[algo]
-        nb = _winograd_nb(x_shape, cout, padding, itemsize, algo) \
-            if col_bytes >= GEMM_MAX_COL_BYTES else 1  # lean: one image transformed at a time
+        nb = _winograd_nb(x_shape, cout, padding, itemsize, algo)
+        if col_bytes < GEMM_MAX_COL_BYTES:  # leaner: blocks of transformed tiles below a cap
+            nb = min(nb, _winograd_lean_nb(x_shape, cout, padding, itemsize, algo, col_bytes))
         row = kernels.slab_elems(x_shape, cout, padding, nb, backward)
         if not backward:
             return row, [], nb
@@ -307,7 +329,7 @@ def conv_config(
     least: tuple[int, int, ConvConfig] | None = None
     order = 0
     for a in algos:
-        cols = LEAN_COL_BYTES if a == "gemm" else (LEAN_COL_BYTES[0], LEAN_COL_BYTES[-1])
+        cols = LEAN_COL_BYTES
         for col in cols:
             for parts in ((GRAD_PARTS, 1) if backward else (GRAD_PARTS,)):
                 s = _sized(*geom, ConvConfig(a, col, parts))

@@ -214,3 +214,30 @@ def test_device_path_tiles_within_the_cap():
                 D.conv2d_backward_device(x, w, dy, dx, dw, db, *g, buf[:n], max_workspace=cap)
                 _close([dx, dw, db], ref[1:])
             assert (buf[n:] == CANARY).all()
+
+
+def test_a_cap_can_keep_winograd_with_smaller_blocks():
+    """Between the full Winograd workspace and one image per block, a cap picks Winograd
+    with fewer images per block (its transformed tiles under WINOGRAD_LEAN_FACTOR times the
+    column cap), which runs within the declared workspace and matches the default."""
+    from minidl.kernels.conv_geometry import GEMM_MAX_COL_BYTES
+
+    x_shape, cout = (32, 128, 8, 8), 128
+    full = _ws_bytes(x_shape, cout, True, None, REFERENCE_ROWS)
+    picked = None
+    for k in range(1, 40):
+        cap = full * (40 - k) // 40
+        cfg = _config(x_shape, cout, True, cap)
+        if cfg.algo.startswith("winograd") and 0 < cfg.col_bytes < GEMM_MAX_COL_BYTES:
+            picked = cap
+            break
+    assert picked is not None, "no cap kept Winograd with smaller blocks"
+    lean = K.conv_config(x_shape, cout, (3, 3), (1, 1), (1, 1), (1, 1), 1, 4, True, picked)
+    assert _ws_bytes(x_shape, cout, True, picked) <= picked
+    x, w, b, dy = _data(x_shape, cout)
+    default = _run(x, w, b, dy, None, 2)
+    one = _run(x, w, b, dy, picked, 1)
+    _close(one, default)
+    for a, c in zip(_run(x, w, b, dy, picked, 2), one):
+        np.testing.assert_array_equal(a, c)
+    assert lean.algo.startswith("winograd")
