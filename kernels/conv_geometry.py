@@ -92,7 +92,7 @@ def choose_algo(x_shape: tuple[int, ...], kernel: Pair, stride: Pair, dilation: 
             cin, cout, ho, wo, itemsize) <= WINOGRAD_MAX_IMAGE_BYTES:
         return "winograd4"
     th, tw = winograd.tiles(ho, wo)
-    image = 16 * (2 * cin + cout) * th * tw * itemsize
+    image = winograd.transformed_image_bytes(cin, cout, ho, wo, itemsize)
     if min(ho, wo) >= 2 and th * tw >= WINOGRAD_MIN_TILES and image <= WINOGRAD_MAX_IMAGE_BYTES:
         return "winograd"
     return "gemm"
@@ -111,11 +111,9 @@ def _winograd_lean_nb(x_shape, cout, padding, itemsize, algo: str, col_bytes: in
     :data:`WINOGRAD_LEAN_FACTOR`)."""
     if col_bytes <= 0:
         return 1
-    kernels = WINOGRAD_KERNELS[algo]
     ho, wo = x_shape[2] + 2 * padding[0] - 2, x_shape[3] + 2 * padding[1] - 2
-    th, tw = kernels.tiles(ho, wo)
-    planes = 16 if algo == "winograd" else winograd4.PLANES
-    per_image = planes * (2 * x_shape[1] + cout) * th * tw * itemsize
+    per_image = WINOGRAD_KERNELS[algo].transformed_image_bytes(x_shape[1], cout, ho, wo,
+                                                               itemsize)
     return max(1, WINOGRAD_LEAN_FACTOR * col_bytes // per_image)
 
 
@@ -130,8 +128,7 @@ def _winograd_nb(x_shape, cout, padding, itemsize, algo: str = "winograd") -> in
     n, cin = max(1, x_shape[0]), x_shape[1]
     ho, wo = x_shape[2] + 2 * padding[0] - 2, x_shape[3] + 2 * padding[1] - 2
     nb = kernels.images_per_block(cin, cout, ho, wo, itemsize)
-    planes = 16 if algo == "winograd" else winograd4.PLANES
-    if planes * cin * cout * itemsize <= winograd.L2_BUDGET:
+    if kernels.PLANES * cin * cout * itemsize <= winograd.L2_BUDGET:
         return min(n, nb)  # the weight-gradient products stay in cache: no need to widen
     th, tw = kernels.tiles(ho, wo)
     wide = min(-(-WINOGRAD_MIN_COLS // (th * tw)), -(-n // GRAD_PARTS))
@@ -177,8 +174,7 @@ def _slab_elems(
         if not backward:
             return row, [], nb
         p = grad_parts(x_shape[0], nb, parts)
-        planes = 16 if algo == "winograd" else winograd4.PLANES
-        return row, [(p, cout), (p, planes * cout * x_shape[1])], nb  # db, transformed dW
+        return row, [(p, cout), (p, kernels.PLANES * cout * x_shape[1])], nb  # db, dW
     _, c, h, w = x_shape
     ho, wo = conv_output_hw((h, w), kernel, stride, padding, dilation)
     k = c // groups * kernel[0] * kernel[1]

@@ -28,11 +28,19 @@ def tiles(ho: int, wo: int) -> tuple[int, int]:
     return (ho + 1) // 2, (wo + 1) // 2
 
 
+#: Positions of the transformed 4x4 tiles (the number of products).
+PLANES = 16
+
+
+def transformed_image_bytes(cin: int, cout: int, ho: int, wo: int, itemsize: int) -> int:
+    """Bytes of one image's transformed input and output tiles (and input gradient)."""
+    th, tw = tiles(ho, wo)
+    return PLANES * (2 * cin + cout) * th * tw * itemsize
+
+
 def images_per_block(cin: int, cout: int, ho: int, wo: int, itemsize: int) -> int:
     """Images transformed together: as many as fit :data:`L2_BUDGET` (at least one)."""
-    th, tw = tiles(ho, wo)
-    per_image = 16 * (2 * cin + cout) * th * tw * itemsize
-    return max(1, L2_BUDGET // per_image)
+    return max(1, L2_BUDGET // transformed_image_bytes(cin, cout, ho, wo, itemsize))
 
 
 def plane_stride(rows: int, p: int) -> int:
@@ -282,7 +290,6 @@ def bwd_chunk(x, w, dy, dx, need_dx, s, offs, dwpart, db, n0, n1, nb, ph, pw):
     ``dwpart`` (``16 * Cout * Cin``, overwritten by the first block's products) and
     ``db`` (zeroed first)."""
     cin, cout = x.shape[1], w.shape[0]
-    h, wd = x.shape[2], x.shape[3]
     th, tw = (dy.shape[2] + 1) // 2, (dy.shape[3] + 1) // 2
     hb, wb = 2 * th + 2, 2 * tw + 2
     u = s[offs[0]: offs[0] + 16 * cout * cin].reshape((16, cout, cin))
@@ -305,12 +312,7 @@ def bwd_chunk(x, w, dy, dx, need_dx, s, offs, dwpart, db, n0, n1, nb, ph, pw):
         for n in range(s0, s1):
             _pad(x, n, xp, ph, pw)
             _input_transform(xp, v, p, (n - s0) * th * tw, th, tw)
-            for co in range(cout):
-                acc = dy.dtype.type(0)
-                for r in range(dy.shape[2]):
-                    for q in range(dy.shape[3]):
-                        acc += dy[n, co, r, q]
-                db[co] += acc
+            add_bias_sums(dy, n, db)
         for xi in range(16):
             vx = v[xi, : cin * p].reshape((cin, p))
             gx = g[xi, : cout * p].reshape((cout, p))
@@ -322,10 +324,7 @@ def bwd_chunk(x, w, dy, dx, need_dx, s, offs, dwpart, db, n0, n1, nb, ph, pw):
         if need_dx:
             for n in range(s0, s1):
                 _input_grad_transform(dd, p, kb, t16, xp, (n - s0) * th * tw, th, tw)
-                for c in range(cin):
-                    for r in range(h):
-                        for q in range(wd):
-                            dx[n, c, r, q] = xp[c, r + ph, q + pw]
+                unpad(xp, dx, n, ph, pw)
 
 
 @njit(nogil=True, cache=True, parallel=True, error_model="numpy")
@@ -353,21 +352,49 @@ def backward_par(x, w, dy, dx, need_dx, slabs, offs, dwparts, dbparts, bounds, n
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
+def kron_taps(g, a):
+    """``kron(g, g)`` of a transform's ``G`` (``t x 3``, float64) in the dtype of ``a``: row
+    ``t*i + j``, column ``3r + q`` is the weight of filter tap ``(r, q)`` in position
+    ``(i, j)`` of ``G w G^T`` (products taken in float64, then rounded)."""
+    t = g.shape[0]
+    out = np.empty((t * t, 9), a.dtype)
+    for i in range(t):
+        for j in range(t):
+            for r in range(3):
+                for q in range(3):
+                    out[t * i + j, 3 * r + q] = g[i, r] * g[j, q]
+    return out
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
 def _gg(a):
-    """``kron(G, G)`` (16 x 9) in the dtype of ``a``: row ``4i + j``, column ``3r + q``
-    (entries 0, 1/4, 1/2 and 1: exact)."""
+    """``kron(G, G)`` (16 x 9) in the dtype of ``a`` (entries 0, 1/4, 1/2 and 1: exact)."""
     g = np.zeros((4, 3))
     g[0, 0] = 1.0
     g[1, :] = 0.5
     g[2, 0], g[2, 1], g[2, 2] = 0.5, -0.5, 0.5
     g[3, 2] = 1.0
-    out = np.empty((16, 9), a.dtype)
-    for i in range(4):
-        for j in range(4):
-            for r in range(3):
-                for q in range(3):
-                    out[4 * i + j, 3 * r + q] = g[i, r] * g[j, q]
-    return out
+    return kron_taps(g, a)
+
+
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
+def add_bias_sums(dy, n, db):
+    """``db[co] += sum of dy[n, co]`` for every output channel."""
+    for co in range(dy.shape[1]):
+        acc = dy.dtype.type(0)
+        for r in range(dy.shape[2]):
+            for q in range(dy.shape[3]):
+                acc += dy[n, co, r, q]
+        db[co] += acc
+
+
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
+def unpad(xp, dx, n, ph, pw):
+    """Image ``n`` of ``dx`` from the padded ``xp`` (C, Hb, Wb)."""
+    for c in range(dx.shape[1]):
+        for r in range(dx.shape[2]):
+            for q in range(dx.shape[3]):
+                dx[n, c, r, q] = xp[c, r + ph, q + pw]
 
 
 #: Filter pairs per task of :func:`finish_transformed`: fixed (the sums' order never depends

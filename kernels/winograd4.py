@@ -22,7 +22,15 @@ import numpy as np
 from numba import njit, prange
 
 from .blas import mm
-from .winograd import L2_BUDGET, _pad, finish_transformed, plane_stride
+from .winograd import (
+    L2_BUDGET,
+    _pad,
+    add_bias_sums,
+    finish_transformed,
+    kron_taps,
+    plane_stride,
+    unpad,
+)
 
 #: Positions of the transformed 6x6 tiles (the number of products).
 PLANES = 36
@@ -33,17 +41,15 @@ def tiles(ho: int, wo: int) -> tuple[int, int]:
     return (ho + 3) // 4, (wo + 3) // 4
 
 
-def images_per_block(cin: int, cout: int, ho: int, wo: int, itemsize: int) -> int:
-    """Images transformed together: as many as fit :data:`L2_BUDGET` (at least one)."""
-    th, tw = tiles(ho, wo)
-    per_image = PLANES * (2 * cin + cout) * th * tw * itemsize
-    return max(1, L2_BUDGET // per_image)
-
-
 def transformed_image_bytes(cin: int, cout: int, ho: int, wo: int, itemsize: int) -> int:
-    """Bytes of one image's transformed input and output tiles."""
+    """Bytes of one image's transformed input and output tiles (and input gradient)."""
     th, tw = tiles(ho, wo)
     return PLANES * (2 * cin + cout) * th * tw * itemsize
+
+
+def images_per_block(cin: int, cout: int, ho: int, wo: int, itemsize: int) -> int:
+    """Images transformed together: as many as fit :data:`L2_BUDGET` (at least one)."""
+    return max(1, L2_BUDGET // transformed_image_bytes(cin, cout, ho, wo, itemsize))
 
 
 @njit(nogil=True, cache=True, inline="always", error_model="numpy")
@@ -115,8 +121,7 @@ def _a(e0, e1, e2, e3, k):
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def _gg(a):
-    """``kron(G, G)`` (36 x 9) in the dtype of ``a``: row ``6i + j``, column ``3r + q`` of
-    ``G g G^T`` as a linear map of the 9 filter taps (computed in float64, then rounded)."""
+    """``kron(G, G)`` (36 x 9) in the dtype of ``a`` (see :func:`.winograd.kron_taps`)."""
     g = np.zeros((6, 3))
     g[0, 0] = 0.25
     g[1, :] = -1.0 / 6.0
@@ -124,13 +129,7 @@ def _gg(a):
     g[3, 0], g[3, 1], g[3, 2] = 1.0 / 24.0, 1.0 / 12.0, 1.0 / 6.0
     g[4, 0], g[4, 1], g[4, 2] = 1.0 / 24.0, -1.0 / 12.0, 1.0 / 6.0
     g[5, 2] = 1.0
-    out = np.empty((36, 9), a.dtype)
-    for i in range(6):
-        for j in range(6):
-            for r in range(3):
-                for q in range(3):
-                    out[6 * i + j, 3 * r + q] = g[i, r] * g[j, q]
-    return out
+    return kron_taps(g, a)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -299,7 +298,6 @@ def bwd_chunk(x, w, dy, dx, need_dx, s, offs, dwpart, db, n0, n1, nb, ph, pw):
     ``dwpart`` (``36 * Cout * Cin``, overwritten by the first block's products) and
     ``db`` (zeroed first)."""
     cin, cout = x.shape[1], w.shape[0]
-    h, wd = x.shape[2], x.shape[3]
     th, tw = (dy.shape[2] + 3) // 4, (dy.shape[3] + 3) // 4
     hb, wb = 4 * th + 2, 4 * tw + 2
     u = s[offs[0]: offs[0] + 36 * cout * cin].reshape((36, cout, cin))
@@ -319,12 +317,7 @@ def bwd_chunk(x, w, dy, dx, need_dx, s, offs, dwpart, db, n0, n1, nb, ph, pw):
         for n in range(s0, s1):
             _pad(x, n, xp, ph, pw)
             _input_transform(xp, v, p, (n - s0) * th * tw, th, tw)
-            for co in range(cout):
-                acc = dy.dtype.type(0)
-                for r in range(dy.shape[2]):
-                    for q in range(dy.shape[3]):
-                        acc += dy[n, co, r, q]
-                db[co] += acc
+            add_bias_sums(dy, n, db)
         for xi in range(36):
             vx = v[xi, : cin * p].reshape((cin, p))
             gx = g[xi, : cout * p].reshape((cout, p))
@@ -336,10 +329,7 @@ def bwd_chunk(x, w, dy, dx, need_dx, s, offs, dwpart, db, n0, n1, nb, ph, pw):
         if need_dx:
             for n in range(s0, s1):
                 _input_grad_transform(dd, p, xp, (n - s0) * th * tw, th, tw)
-                for c in range(cin):
-                    for r in range(h):
-                        for q in range(wd):
-                            dx[n, c, r, q] = xp[c, r + ph, q + pw]
+                unpad(xp, dx, n, ph, pw)
 
 
 @njit(nogil=True, cache=True, parallel=True, error_model="numpy")
