@@ -188,6 +188,28 @@ def _maxpool_bwd(dy, idx, dx, p0, p1, kh, kw, sh, sw, ph, pw):
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
+def _maxpool_bwd_tiled(dy, idx, dx, p0, p1):
+    """2x2 / stride 2 windows that tile the plane, on the floats' bits (``dy``, ``dx``:
+    same-width integer views): each element of ``dx`` is written once, ``dy``'s bits where
+    the window's argmax is, else 0 (+0.0), by masks instead of branches on the random argmax
+    (5x faster than selects). Planes and rows are taken as slices, so every index starts at 0."""
+    ho, wo = dy.shape[1], dy.shape[2]
+    bits = dx.dtype.type
+    for p in range(p1 - p0):
+        dy_p, idx_p, dx_p = dy[p0 + p], idx[p0 + p], dx[p0 + p]
+        for oh in range(ho):
+            g_row, k_row = dy_p[oh], idx_p[oh]
+            top, bottom = dx_p[2 * oh], dx_p[2 * oh + 1]
+            for ow in range(wo):
+                g = g_row[ow]
+                k = k_row[ow]
+                top[2 * ow] = g & -bits(k == 0)
+                top[2 * ow + 1] = g & -bits(k == 1)
+                bottom[2 * ow] = g & -bits(k == 2)
+                bottom[2 * ow + 1] = g & -bits(k == 3)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
 def _avgpool_fwd(x, y, p0, p1, kh, kw, sh, sw, ph, pw):
     h, w = x.shape[1], x.shape[2]
     ho, wo = y.shape[1], y.shape[2]
@@ -237,6 +259,12 @@ def _maxpool_fwd_par(x, y, idx, bounds, kh, kw, sh, sw, ph, pw):
 def _maxpool_bwd_par(dy, idx, dx, bounds, kh, kw, sh, sw, ph, pw):
     for t in prange(bounds.size - 1):
         _maxpool_bwd(dy, idx, dx, bounds[t], bounds[t + 1], kh, kw, sh, sw, ph, pw)
+
+
+@njit(nogil=True, cache=True, parallel=True, error_model="numpy")
+def _maxpool_bwd_tiled_par(dy, idx, dx, bounds):
+    for t in prange(bounds.size - 1):
+        _maxpool_bwd_tiled(dy, idx, dx, bounds[t], bounds[t + 1])
 
 
 @njit(nogil=True, cache=True, parallel=True, error_model="numpy")
@@ -376,8 +404,20 @@ def maxpool2d_backward(dy: np.ndarray, idx: np.ndarray, dx: np.ndarray, kernel: 
                      _flat(dx, "dx"), *_geom(dx.shape, dy.shape, kernel, stride, padding), zero,
                      stream=stream)
         return
-    _run_pool(_maxpool_bwd, _maxpool_bwd_par, (dy, idx), (dx,), dx.shape[0] * dx.shape[1],
-              dx.size, (*kernel, *stride, *padding), threads)
+    nplanes = dx.shape[0] * dx.shape[1]
+    bits = _BITS.get(dx.dtype.itemsize)
+    if (tuple(kernel) == (2, 2) and tuple(stride) == (2, 2) and tuple(padding) == (0, 0)
+            and dx.shape[2:] == (2 * dy.shape[2], 2 * dy.shape[3]) and bits is not None
+            and dy.dtype == dx.dtype and dy.flags.c_contiguous and dx.flags.c_contiguous):
+        _run_pool(_maxpool_bwd_tiled, _maxpool_bwd_tiled_par, (dy.view(bits), idx),
+                  (dx.view(bits),), nplanes, dx.size, (), threads)
+        return
+    _run_pool(_maxpool_bwd, _maxpool_bwd_par, (dy, idx), (dx,), nplanes, dx.size,
+              (*kernel, *stride, *padding), threads)
+
+
+#: Integer types as wide as each float itemsize (bit masks on float values).
+_BITS = {2: np.int16, 4: np.int32, 8: np.int64}
 
 
 def avgpool2d_forward(x: np.ndarray, y: np.ndarray, kernel: Pair, stride: Pair,

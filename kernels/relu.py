@@ -26,16 +26,18 @@ def relu_backward_ref(dy: np.ndarray, y: np.ndarray, out: np.ndarray) -> None:
 @njit(nogil=True, cache=True, error_model="numpy")
 def _relu_fwd(x, out, i0, i1):
     z = x.dtype.type(0)
-    for i in range(i0, i1):
-        v = x[i]
-        out[i] = v if (v > z or v != v) else z
+    xs, outs = x[i0:i1], out[i0:i1]  # indices from 0: no negative-index wrap, so it vectorises
+    for i in range(i1 - i0):
+        v = xs[i]
+        outs[i] = z if v <= z else v  # NaN: not <= 0, kept
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def _relu_bwd(dy, y, out, i0, i1):
     z = dy.dtype.type(0)
-    for i in range(i0, i1):
-        out[i] = dy[i] if y[i] > z else z
+    dys, ys, outs = dy[i0:i1], y[i0:i1], out[i0:i1]  # from 0: a branch-free vector select
+    for i in range(i1 - i0):
+        outs[i] = dys[i] if ys[i] > z else z
 
 
 @njit(nogil=True, cache=True, parallel=True, error_model="numpy")

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..kernels.bitpack import packed_nbytes, relu_backward_packed
+from ..kernels.relu import relu_backward, relu_forward
 from .base import Layer
 
 
@@ -17,13 +16,13 @@ class ReLU(Layer):
     inplace_backward = True
 
     def forward(self, ctx, inputs, outputs, params, stash, workspace) -> None:
-        np.maximum(inputs[0], 0, out=outputs[0])
+        relu_forward(inputs[0], outputs[0])
 
     def backward(self, ctx, grad_outputs, grad_inputs, inputs, outputs, params, grad_params,
                  stash, workspace) -> None:
         if grad_inputs[0] is not None:
-            # dy * (y > 0); safe when grad_inputs[0] is grad_outputs[0].
-            np.multiply(grad_outputs[0], outputs[0] > 0, out=grad_inputs[0])
+            # dy where y > 0, else +0.0 (as from Gist's packed sign mask); safe in place.
+            relu_backward(grad_outputs[0], outputs[0], grad_inputs[0])
 
     def backward_from_encoded(self, encoding, encoded, grad_output, grad_input) -> None:
         """From the 1-bit sign mask of the output (Gist's binarize)."""
