@@ -7,6 +7,7 @@ import numpy as np
 from numba import njit, prange, uintp
 
 from .blas import mm
+from .small_gemm import is_thin, thin_mm
 
 
 # ----------------------------------------------------------------------------- numba: im2col
@@ -107,6 +108,16 @@ def col2im(col, ld, coff, dxf, xbase, cg, h, w, kh, kw, sh, sw, ph, pw, dh, dw, 
 
 
 # ----------------------------------------------------------------------------- numba
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
+def _product(a, b, c, ta, beta, m, n, k, work):
+    """``c = op(a) @ b (+ c)``: thin products (few filters, few terms) by
+    :func:`~minidl.kernels.small_gemm.thin_mm`, the others by BLAS."""
+    if is_thin(m, n, k):
+        thin_mm(a, b, c, ta, 1.0, beta, m, n, k)
+    else:
+        mm(a, b, c, ta, False, 1.0, beta, m, n, k, work)
+
+
 @njit(nogil=True, cache=True, fastmath={"reassoc"}, error_model="numpy")
 def _add_row_sums(a, out):
     """``out[r] += a[r].sum()`` (vectorised: the sum may be reordered)."""
@@ -140,17 +151,17 @@ def _fwd_gemm(x, w3, b, has_bias, y, s, offs, n0, n1, nb, band, kh, kw, sh, sw, 
                     b1 = min(b0 + band, ho)
                     ln = (b1 - b0) * wo
                     im2col(x[s0].reshape(-1), xb, colbuf, ln, 0, cg, h, wd, *geom, b0, b1)
-                    mm(w3[g], colbuf[: k * ln].reshape((k, ln)),
-                       yn[g * og:(g + 1) * og, b0 * wo: b1 * wo], False, False, 1.0, 0.0,
-                       og, ln, k, work)
+                    _product(w3[g], colbuf[: k * ln].reshape((k, ln)),
+                             yn[g * og:(g + 1) * og, b0 * wo: b1 * wo], False, 0.0, og, ln,
+                             k, work)
             else:  # several images side by side: product into ybuf, then out to NCHW
                 ln = (s1 - s0) * hwo
                 for n in range(s0, s1):
                     im2col(x[n].reshape(-1), xb, colbuf, ln, (n - s0) * hwo, cg, h, wd, *geom,
                            0, ho)
                 yb = ybuf[: og * ln].reshape((og, ln))
-                mm(w3[g], colbuf[: k * ln].reshape((k, ln)), yb, False, False, 1.0, 0.0,
-                   og, ln, k, work)
+                _product(w3[g], colbuf[: k * ln].reshape((k, ln)), yb, False, 0.0, og, ln, k,
+                         work)
                 for n in range(s0, s1):
                     yn = y[n].reshape((cout, hwo))
                     for o in range(og):
@@ -206,8 +217,8 @@ def _bwd_gemm(x, w3, dy, dx, need_dx, s, offs, dwacc, zero_dw, dbbuf, n0, n1, nb
                     mm(dyv, colbuf[: k * ln].reshape((k, ln)), dwg, False, True, 1.0, 1.0,
                        og, k, ln, work)
                     if need_dx:
-                        mm(wg, dyv, dcolbuf[: k * ln].reshape((k, ln)), True, False, 1.0, 0.0,
-                           k, ln, og, work)
+                        _product(wg, dyv, dcolbuf[: k * ln].reshape((k, ln)), True, 0.0, k,
+                                 ln, og, work)
                         col2im(dcolbuf, ln, 0, dx[s0].reshape(-1), xb, cg, h, wd, *geom, b0, b1)
             else:  # several images side by side: gather their output gradients
                 ln = (s1 - s0) * hwo
@@ -222,8 +233,8 @@ def _bwd_gemm(x, w3, dy, dx, need_dx, s, offs, dwacc, zero_dw, dbbuf, n0, n1, nb
                 mm(yb, colbuf[: k * ln].reshape((k, ln)), dwg, False, True, 1.0, 1.0, og, k,
                    ln, work)
                 if need_dx:
-                    mm(wg, yb, dcolbuf[: k * ln].reshape((k, ln)), True, False, 1.0, 0.0, k,
-                       ln, og, work)
+                    _product(wg, yb, dcolbuf[: k * ln].reshape((k, ln)), True, 0.0, k, ln, og,
+                             work)
                     for n in range(s0, s1):
                         col2im(dcolbuf, ln, (n - s0) * hwo, dx[n].reshape(-1), xb, cg, h, wd,
                                *geom, 0, ho)
