@@ -95,6 +95,19 @@ def split(n_items: int, parts: int, work: int, serial_below: int, force: bool = 
     return np.array([0] + [b for _, b in chunks(max(n_items, 1), parts)], np.int64)
 
 
+def run_pages(serial, par, arrays: tuple, n: int, serial_below: int) -> None:
+    """An elementwise kernel over ``n`` elements: ``serial(*arrays, 0, n)`` on the calling
+    thread, or ``par(*arrays, bounds)`` with the elements cut into whole 4 KiB pages (1024
+    elements) per thread, so that threads never share a cache line (see :func:`split`)."""
+    bounds = split(n // 1024, num_threads(), n, serial_below)
+    if bounds is None:
+        serial(*arrays, 0, n)
+    else:
+        bounds *= 1024
+        bounds[-1] = n
+        par(*arrays, bounds)
+
+
 def _openblas_libraries() -> list[str]:
     """Paths of the OpenBLAS builds bundled with the NumPy and SciPy wheels (Linux, macOS)."""
     paths: list[str] = []

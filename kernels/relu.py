@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .parallel import ensure_blas_policy, num_threads, split
+from .parallel import ensure_blas_policy, run_pages
 
 
 def relu_forward_ref(x: np.ndarray, out: np.ndarray) -> None:
@@ -56,17 +56,6 @@ def _relu_bwd_par(dy, y, out, bounds):
 SERIAL_ELEMS = 1 << 16
 
 
-def _run(serial, par, arrays: tuple, n: int) -> None:
-    # Whole 4 KiB pages per thread, so that threads never share a cache line.
-    bounds = split(n // 1024, num_threads(), n, SERIAL_ELEMS)
-    if bounds is None:
-        serial(*arrays, 0, n)
-    else:
-        bounds *= 1024
-        bounds[-1] = n
-        par(*arrays, bounds)
-
-
 def _fast(*arrays: np.ndarray) -> bool:
     return all(type(a) is np.ndarray and a.flags.c_contiguous for a in arrays)
 
@@ -76,7 +65,8 @@ def relu_forward(x: np.ndarray, out: np.ndarray) -> None:
     if not _fast(x, out) or x.dtype != out.dtype:
         return relu_forward_ref(x, out)
     ensure_blas_policy()
-    _run(_relu_fwd, _relu_fwd_par, (x.reshape(-1), out.reshape(-1)), x.size)
+    run_pages(_relu_fwd, _relu_fwd_par, (x.reshape(-1), out.reshape(-1)), x.size,
+              SERIAL_ELEMS)
 
 
 def relu_backward(dy: np.ndarray, y: np.ndarray, out: np.ndarray) -> None:
@@ -84,4 +74,5 @@ def relu_backward(dy: np.ndarray, y: np.ndarray, out: np.ndarray) -> None:
     if not _fast(dy, y, out) or dy.dtype != out.dtype:
         return relu_backward_ref(dy, y, out)
     ensure_blas_policy()
-    _run(_relu_bwd, _relu_bwd_par, (dy.reshape(-1), y.reshape(-1), out.reshape(-1)), dy.size)
+    run_pages(_relu_bwd, _relu_bwd_par, (dy.reshape(-1), y.reshape(-1), out.reshape(-1)),
+              dy.size, SERIAL_ELEMS)

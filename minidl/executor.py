@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from .kernels.add import add as add_arrays
 from .layers.base import Context
 from .lowering import Lowered
 from .memory import codecs
@@ -272,7 +273,7 @@ class Executor:
                 layer.backward_from_encoded(encoding, arr(st.attrs["encoded"]),
                                             arr(st.grad_outputs[0]), dx)
                 if g.add_into >= 0:
-                    np.add(arr(g.add_into), dx, out=arr(g.add_into))
+                    add_arrays(arr(g.add_into), dx, arr(g.add_into))
             return
         g_out = []
         for t in st.grad_outputs:
@@ -297,10 +298,10 @@ class Executor:
         for g in st.grad_inputs:
             if g is not None and g.add_into >= 0:
                 target = arr(g.add_into)
-                np.add(target, arr(g.written), out=target)
+                add_arrays(target, arr(g.written), target)
         for k, t in st.param_partials.items():
             grad = self._param_grad(st, k, rt)
-            np.add(grad, arr(t), out=grad)
+            add_arrays(grad, arr(t), grad)
 
     def _param_grad(self, st: Step, k: str, rt: MemoryRuntime) -> Any:
         """Parameter ``k``'s gradient: its persistent ``.grad``, or under ZeRO stage 2 a block
