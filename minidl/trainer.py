@@ -222,12 +222,14 @@ class Trainer:
             raise NonFiniteError(
                 f"the loss is {loss} at iteration {self.iteration} although every layer's "
                 "output is finite")
-        info = self.engine.peak_info(c)
-        if self.peak is None or info.bytes > self.peak.bytes:
-            self.peak = info
-        if self._recorder is not None:
-            self._recorder.capture(c, info, self.iteration, timed=self.engine.compute)
         rt = c.executor.last_runtime
+        # where the run peaked, itemised only when it is a new peak or a recording wants it
+        if self.peak is None or rt.peak_bytes > self.peak.bytes or self._recorder is not None:
+            info = self.engine.peak_info(c)
+            if self.peak is None or info.bytes > self.peak.bytes:
+                self.peak = info
+            if self._recorder is not None:
+                self._recorder.capture(c, info, self.iteration, timed=self.engine.compute)
         if c.plan.swapped:
             self.swap_stats = rt.swap_stats.as_dict()
             self.swap_stats["host_peak_bytes"] = self.engine.host_pool.peak_bytes
