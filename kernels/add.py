@@ -44,8 +44,12 @@ def _copy_par(src, out, bounds):
 
 
 def _fast(*arrays) -> bool:
+    """Contiguous NumPy arrays of one float32 / float64 dtype (others go to NumPy)."""
     return all(type(a) is np.ndarray and a.flags.c_contiguous for a in arrays) and \
-        len({a.dtype for a in arrays}) == 1
+        len({a.dtype for a in arrays}) == 1 and arrays[0].dtype in _FLOATS
+
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def add(a, b, out) -> None:

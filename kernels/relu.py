@@ -57,7 +57,12 @@ SERIAL_ELEMS = 1 << 16
 
 
 def _fast(*arrays: np.ndarray) -> bool:
-    return all(type(a) is np.ndarray and a.flags.c_contiguous for a in arrays)
+    """Contiguous NumPy float32 / float64 arrays (others, e.g. float16, go to NumPy)."""
+    return all(type(a) is np.ndarray and a.flags.c_contiguous and a.dtype in _FLOATS
+               for a in arrays)
+
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def relu_forward(x: np.ndarray, out: np.ndarray) -> None:

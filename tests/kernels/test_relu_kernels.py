@@ -43,3 +43,23 @@ def test_non_contiguous_uses_reference():
     dx = np.empty((6, 8))[:, 1::2]
     R.relu_backward(x, out, dx)
     np.testing.assert_array_equal(dx, np.where(out > 0, x, 0))
+
+
+def test_layer_backward_zero_is_positive_and_masks_nan_and_float16_falls_back():
+    """The ReLU layer's backward (these kernels) gives +0.0 where the output is not positive,
+    also for NaN or negative gradients there (PyTorch's threshold_backward does the same),
+    and bits equal to Gist's packed-mask backward."""
+    from minidl.kernels.bitpack import pack_sign, relu_backward_packed
+
+    y = np.array([1.0, 0.0, 2.0, 0.0, 0.0] * 20000, np.float32)
+    dy = np.array([-3.0, -2.0, np.nan, np.nan, 5.0] * 20000, np.float32)
+    dx = np.empty_like(dy)
+    R.relu_backward(dy, y, dx)
+    assert np.array_equal(dx.view(np.uint32)[:5],
+                          np.array([-3.0, 0.0, np.nan, 0.0, 0.0], np.float32).view(np.uint32))
+    packed = relu_backward_packed(dy, pack_sign(y))
+    assert np.array_equal(dx.view(np.uint32), packed.view(np.uint32))
+    h = np.array([-1.0, 2.0], np.float16)
+    out = np.empty_like(h)
+    R.relu_forward(h, out)
+    assert out.dtype == np.float16 and out.tolist() == [0.0, 2.0]
