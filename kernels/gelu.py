@@ -26,7 +26,7 @@ import numpy as np
 from numba import njit, prange
 
 from .array_api import namespace
-from .parallel import ensure_blas_policy, num_threads, split
+from .parallel import ensure_blas_policy, run_pages
 
 APPROXIMATIONS = ("none", "tanh")
 _SQRT_HALF = math.sqrt(0.5)
@@ -227,13 +227,7 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
 
 def _run(serial, par, arrays: tuple, n: int) -> None:
     ensure_blas_policy()
-    bounds = split(n // 1024, num_threads(), n, SERIAL_ELEMS)
-    if bounds is None:
-        serial(*arrays, 0, n)
-    else:
-        bounds *= 1024
-        bounds[-1] = n
-        par(*arrays, bounds)
+    run_pages(serial, par, arrays, n, SERIAL_ELEMS)
 
 
 def gelu_forward(x, out, approximate: str = "none") -> None:
