@@ -214,7 +214,8 @@ def _relu_bwd_bits_inplace_nb(a, packed):
 
 
 #: Signed integer views of the element widths the bitwise ReLU backward runs on.
-_BITS = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
+#: The signed integer type as wide as each itemsize (bit operations on float values).
+SAME_WIDTH_INT = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
 
 
 # ----------------------------------------------------------------------------- CUDA
@@ -317,7 +318,7 @@ def relu_backward_packed(dy: Any, packed: Any, out: Any = None, *, impl: str = "
 def _relu_bwd_flat(dy: np.ndarray, pk: np.ndarray, out: np.ndarray) -> None:
     """On the elements' bits when ``dy`` and ``out`` share a dtype (+0.0, or 0, where a bit is
     clear); a select converting ``dy`` to ``out``'s dtype otherwise."""
-    bits = _BITS.get(out.dtype.itemsize) if dy.dtype == out.dtype else None
+    bits = SAME_WIDTH_INT.get(out.dtype.itemsize) if dy.dtype == out.dtype else None
     if bits is not None and dy.ctypes.data == out.ctypes.data:
         _run(_relu_bwd_bits_inplace_nb, _relu_bwd_bits_inplace_body, out.size,
              out.view(bits), pk)

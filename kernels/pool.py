@@ -20,6 +20,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import _cuda
+from .bitpack import SAME_WIDTH_INT
 from .parallel import ensure_blas_policy, num_threads, split
 from .pool_device import avgpool2d_backward_device, avgpool2d_forward_device
 
@@ -161,24 +162,10 @@ def _maxpool_fwd(x, y, idx, p0, p1, kh, kw, sh, sw, ph, pw):
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def _maxpool_bwd(dy, idx, dx, p0, p1, kh, kw, sh, sw, ph, pw):
-    """Planes ``p0:p1``: ``dx`` (P, H, W) = ``dy`` (P, Ho, Wo) scattered to the argmax."""
-    h, w = dx.shape[1], dx.shape[2]
+    """Planes ``p0:p1``: ``dx`` (P, H, W) = ``dy`` (P, Ho, Wo) scattered to the argmax
+    (windows that tile the plane go to :func:`_maxpool_bwd_tiled`)."""
     ho, wo = dy.shape[1], dy.shape[2]
-    tiled = kh == 2 and kw == 2 and sh == 2 and sw == 2 and ph == 0 and pw == 0 \
-        and h == 2 * ho and w == 2 * wo
-    z = dx.dtype.type(0)
     for p in range(p0, p1):
-        if tiled:
-            # Windows tile the plane: every element written once, no zeroing pass.
-            for oh in range(ho):
-                for ow in range(wo):
-                    g = dy[p, oh, ow]
-                    k = idx[p, oh, ow]
-                    dx[p, 2 * oh, 2 * ow] = g if k == 0 else z
-                    dx[p, 2 * oh, 2 * ow + 1] = g if k == 1 else z
-                    dx[p, 2 * oh + 1, 2 * ow] = g if k == 2 else z
-                    dx[p, 2 * oh + 1, 2 * ow + 1] = g if k == 3 else z
-            continue
         dx[p] = 0
         for oh in range(ho):
             for ow in range(wo):
@@ -405,19 +392,19 @@ def maxpool2d_backward(dy: np.ndarray, idx: np.ndarray, dx: np.ndarray, kernel: 
                      stream=stream)
         return
     nplanes = dx.shape[0] * dx.shape[1]
-    bits = _BITS.get(dx.dtype.itemsize)
+    bits = SAME_WIDTH_INT.get(dx.dtype.itemsize)
     if (tuple(kernel) == (2, 2) and tuple(stride) == (2, 2) and tuple(padding) == (0, 0)
-            and dx.shape[2:] == (2 * dy.shape[2], 2 * dy.shape[3]) and bits is not None
-            and dy.dtype == dx.dtype and dy.flags.c_contiguous and dx.flags.c_contiguous):
-        _run_pool(_maxpool_bwd_tiled, _maxpool_bwd_tiled_par, (dy.view(bits), idx),
-                  (dx.view(bits),), nplanes, dx.size, (), threads)
+            and dx.shape[2:] == (2 * dy.shape[2], 2 * dy.shape[3]) and bits is not None):
+        # windows tile the plane: every element written once, on the floats' bits
+        out = _writable(dx)
+        g = np.ascontiguousarray(dy, dtype=dx.dtype)
+        _run_pool(_maxpool_bwd_tiled, _maxpool_bwd_tiled_par, (g.view(bits), idx),
+                  (out.view(bits),), nplanes, dx.size, (), threads)
+        if out is not dx:
+            dx[...] = out
         return
     _run_pool(_maxpool_bwd, _maxpool_bwd_par, (dy, idx), (dx,), nplanes, dx.size,
               (*kernel, *stride, *padding), threads)
-
-
-#: Integer types as wide as each float itemsize (bit masks on float values).
-_BITS = {2: np.int16, 4: np.int32, 8: np.int64}
 
 
 def avgpool2d_forward(x: np.ndarray, y: np.ndarray, kernel: Pair, stride: Pair,
