@@ -14,14 +14,11 @@ module-level class or function). :func:`require_torch_absent` guards the minidl 
 from __future__ import annotations
 
 import multiprocessing
-import os
 import sys
 import time
 import traceback
 from collections.abc import Callable
 from typing import Any
-
-from minidl.settings import user_environment
 
 
 def require_torch_absent() -> None:
@@ -39,16 +36,7 @@ class ChildProcess:
         self._conn, child_conn = context.Pipe()
         self._process = context.Process(target=_serve, args=(child_conn, factory, args),
                                         daemon=True)
-        # the child starts from the user's environment (minidl's import defaults dropped: a
-        # minidl child sets them again, a PyTorch child runs as its users run it)
-        saved = dict(os.environ)
-        os.environ.clear()
-        os.environ.update(user_environment(saved))
-        try:
-            self._process.start()
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+        self._process.start()
         child_conn.close()
         self._receive()  # built, or the child's traceback
 

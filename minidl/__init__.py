@@ -7,11 +7,10 @@ Define networks with :class:`Sequential` or the functional builder (:func:`Input
 
 from importlib.metadata import PackageNotFoundError, version
 
-from .settings import Settings, set_gomp_spincount, set_openblas_thread_timeout
+from .settings import Settings, set_openblas_thread_timeout
 
 # Before anything loads NumPy (OpenBLAS reads it when it loads): see minidl/settings.py.
 set_openblas_thread_timeout()
-set_gomp_spincount()  # before Numba loads libgomp (minidl/settings.py)
 
 # the public submodules, reachable as attributes after ``import minidl`` (``minidl.optim.SGD``)
 from . import (  # noqa: E402

@@ -29,7 +29,6 @@ import numpy as np
 from .dryrun import auto_device_memory
 from .labels import default_label_shape
 from .optim import SGD
-from .settings import user_environment
 from .torch_bridge import to_torch
 from .trainer import Trainer
 
@@ -161,8 +160,7 @@ class TorchProcess:
             self._payload = f.name
         self._proc = subprocess.Popen(
             [sys.executable, "-c", "from minidl.bench import torch_worker; torch_worker()",
-             self._payload], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-            env=user_environment())  # PyTorch as its users run it: minidl's defaults dropped
+             self._payload], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self._read()  # "ready": the model is built
 
     def _read(self) -> Any:

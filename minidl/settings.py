@@ -22,23 +22,11 @@ defaults when a user passes nothing. The variables:
     Set by ``mpiexec`` (Open MPI; MPICH and Intel MPI): the number of ranks of the job. More
     than one makes ``minidl train`` train data-parallel over MPI (:mod:`minidl.data_parallel`).
 ``OPENBLAS_THREAD_TIMEOUT``
-    Not read by minidl: *set* (to ``22`` unless already set) when ``minidl`` is imported
-    (one of the import's two side effects, with ``GOMP_SPINCOUNT``). OpenBLAS's idle
-    workers spin ~2^28 cycles (~0.1 s) after each threaded call, which made the next Numba
-    ``prange`` kernel 10x slower; 2^22 cycles (~1.5 ms) lets them sleep in time. OpenBLAS
-    reads it when it loads, so it only has an effect if NumPy was not imported before
-    minidl.
-``GOMP_SPINCOUNT``
-    Not read by minidl either: *set* (to ``30000`` unless it or ``OMP_WAIT_POLICY`` is set)
-    at import, before Numba's OpenMP pool loads GNU libgomp, which reads it then. libgomp's
-    idle workers spin 300,000 rounds (3-8 ms here) after each parallel region; the fused RNN
-    layers run their two lanes on Python threads right after the previous op's ``prange``
-    kernels, and a spinning worker held one of the two cores from them (the second lane
-    started 2-3 ms late, measured on AMD EPYC). 30,000 rounds (~0.3-1 ms) still keeps the
-    pool awake between back-to-back kernels: a launch 300 us after the last one took 3.4 us
-    (as with the default), against 17-50 us once the workers sleep.
-    :func:`user_environment` gives child processes that must run as users run them (the
-    PyTorch side of ``--compare-torch``) the environment without these two defaults.
+    Not read by minidl: *set* (to ``22`` unless already set) when ``minidl`` is imported, the
+    one side effect of the import. OpenBLAS's idle workers spin ~2^28 cycles (~0.1 s) after
+    each threaded call, which made the next Numba ``prange`` kernel 10x slower; 2^22 cycles
+    (~1.5 ms) lets them sleep in time. OpenBLAS reads it when it loads, so it only has an
+    effect if NumPy was not imported before minidl.
 """
 
 from __future__ import annotations
@@ -47,16 +35,13 @@ import os
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
-__all__ = ["GOMP_SPINCOUNT", "OPENBLAS_THREAD_TIMEOUT", "Settings", "set_gomp_spincount",
-           "set_openblas_thread_timeout", "user_environment"]
+__all__ = ["OPENBLAS_THREAD_TIMEOUT", "Settings", "set_openblas_thread_timeout"]
 
 #: Variables in which MPI launchers give each process the number of ranks of its job.
 MPI_SIZE_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 #: Value given to ``OPENBLAS_THREAD_TIMEOUT`` at import unless the user set one.
 OPENBLAS_THREAD_TIMEOUT = "22"
-#: Value given to ``GOMP_SPINCOUNT`` at import unless the user set it or ``OMP_WAIT_POLICY``.
-GOMP_SPINCOUNT = "30000"
 
 
 def _flag(value: str | None) -> bool:
@@ -104,22 +89,3 @@ def set_openblas_thread_timeout(environ: MutableMapping[str, str] | None = None)
     """Set ``OPENBLAS_THREAD_TIMEOUT`` unless it is set (see the module docstring)."""
     (os.environ if environ is None else environ).setdefault("OPENBLAS_THREAD_TIMEOUT",
                                                           OPENBLAS_THREAD_TIMEOUT)
-
-
-def set_gomp_spincount(environ: MutableMapping[str, str] | None = None) -> None:
-    """Set ``GOMP_SPINCOUNT`` unless it or ``OMP_WAIT_POLICY`` is set (module docstring)."""
-    env = os.environ if environ is None else environ
-    if "OMP_WAIT_POLICY" not in env:
-        env.setdefault("GOMP_SPINCOUNT", GOMP_SPINCOUNT)
-
-
-def user_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``environ`` (default ``os.environ``) without the values minidl's import set: the
-    variables above that still hold minidl's default are dropped (a user who set exactly
-    that value loses it too)."""
-    env = dict(os.environ if environ is None else environ)
-    for name, value in (("OPENBLAS_THREAD_TIMEOUT", OPENBLAS_THREAD_TIMEOUT),
-                        ("GOMP_SPINCOUNT", GOMP_SPINCOUNT)):
-        if env.get(name) == value:
-            del env[name]
-    return env

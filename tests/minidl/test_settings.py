@@ -13,7 +13,6 @@ import pytest
 from minidl.kernels import parallel
 
 import minidl
-from minidl import settings
 from minidl.models import smallcnn
 from minidl.settings import Settings
 
@@ -62,33 +61,13 @@ def test_kernels_take_the_thread_count_they_are_given(monkeypatch):
 
 def test_environment_applied_at_import():
     env = dict(os.environ, MINIDL_NUM_THREADS="1", MINIDL_BLAS_THREADS="2")
-    for name in ("OPENBLAS_THREAD_TIMEOUT", "GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):
-        env.pop(name, None)
+    env.pop("OPENBLAS_THREAD_TIMEOUT", None)
     code = ("import os, minidl; from minidl.kernels import parallel; "
             "print(parallel.num_threads(), parallel.num_blas_threads(), "
-            "os.environ['OPENBLAS_THREAD_TIMEOUT'], os.environ['GOMP_SPINCOUNT'])")
+            "os.environ['OPENBLAS_THREAD_TIMEOUT'])")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True, cwd=ROOT).stdout.split()
-    assert out == ["1", "2", "22", "30000"]
-
-
-def test_gomp_spincount_default_yields_to_the_user():
-    env: dict[str, str] = {}
-    settings.set_gomp_spincount(env)
-    assert env == {"GOMP_SPINCOUNT": settings.GOMP_SPINCOUNT}
-    env = {"GOMP_SPINCOUNT": "5"}
-    settings.set_gomp_spincount(env)
-    assert env == {"GOMP_SPINCOUNT": "5"}
-    env = {"OMP_WAIT_POLICY": "passive"}  # a wait policy of the user's: no spin count added
-    settings.set_gomp_spincount(env)
-    assert env == {"OMP_WAIT_POLICY": "passive"}
-
-
-def test_user_environment_drops_only_minidls_defaults():
-    env = {"GOMP_SPINCOUNT": settings.GOMP_SPINCOUNT, "PATH": "/bin",
-           "OPENBLAS_THREAD_TIMEOUT": "7"}
-    assert settings.user_environment(env) == {"PATH": "/bin", "OPENBLAS_THREAD_TIMEOUT": "7"}
-    assert env["GOMP_SPINCOUNT"] == settings.GOMP_SPINCOUNT  # the argument is left alone
+    assert out == ["1", "2", "22"]
 
 
 def test_trainer_debug_and_threads_are_options(monkeypatch):
