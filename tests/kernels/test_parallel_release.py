@@ -1,0 +1,61 @@
+"""Releasing Numba's OpenMP workers before Python threads run (``run_tasks``)."""
+
+from __future__ import annotations
+
+import threading
+
+import numba
+import numpy as np
+import pytest
+from minidl.kernels import parallel
+from numba import njit, prange
+
+
+@njit(parallel=True)
+def _bump(a):
+    for i in prange(a.size):
+        a[i] += 1
+
+
+def _os_threads() -> int:
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith("Threads:")).split()[1])
+
+
+def test_release_lets_the_pool_go_and_the_next_kernel_starts_it_again():
+    a = np.zeros(1 << 14, np.float32)
+    _bump(a)
+    if numba.threading_layer() != "omp" or numba.get_num_threads() < 2:
+        pytest.skip("needs Numba's omp threading layer with at least two threads")
+    before = _os_threads()
+    parallel.release_parallel_workers()
+    assert _os_threads() < before  # the idle workers are gone, not spinning
+    _bump(a)
+    assert _os_threads() == before  # and back for the next parallel kernel
+    np.testing.assert_array_equal(a, 2)
+
+
+def test_run_tasks_results_with_the_release(monkeypatch):
+    released = []
+    release = parallel.release_parallel_workers
+    monkeypatch.setattr(parallel, "release_parallel_workers",
+                        lambda: (released.append(1), release()))
+    arrays = np.zeros((6, 1 << 14), np.float32)
+    _bump(arrays[0])
+    order, lock = [], threading.Lock()
+
+    def task(k):
+        def run(wid):
+            with lock:
+                order.append(k)
+            _bump(arrays[k])  # a parallel kernel on a worker thread too
+        return run
+
+    tasks = [(k, [k - 1] if k % 2 else [], task(k)) for k in range(6)]
+    parallel.run_tasks(tasks, 2)
+    assert sorted(order) == list(range(6)) and released == [1]
+    assert all(order.index(k) > order.index(k - 1) for k in range(1, 6, 2))
+    np.testing.assert_array_equal(arrays[:, 0], [2, 1, 1, 1, 1, 1])
+    assert (arrays == arrays[:, :1]).all()
+    parallel.run_tasks(tasks[:1], 1)  # one worker: nothing to release
+    assert released == [1]
