@@ -12,7 +12,7 @@ from minidl.memory.bptt_options import bptt_policy, time_schedule
 import minidl
 from minidl import layers as L
 from minidl.optim import SGD
-from minidl.rnn import SequenceModel, char_rnn, recurrent_fused
+from minidl.rnn import UNIT_STEPS, SequenceModel, char_rnn, recurrent_fused
 
 VOCAB = 11
 SPECS = ["reuse,inplace", "reuse,recompute=sqrt", "reuse,bptt=1", "reuse,bptt=3",
@@ -152,7 +152,7 @@ def test_schedules_keep_far_fewer_stash_bytes_on_long_sequences(cell):
     for spec, states in (("reuse,recompute=sqrt", None), ("reuse,bptt=4", 4)):
         r = rep(spec)
         (row,) = r["bptt"]
-        assert row["units"] == 25
+        assert row["units"] == -(-t // UNIT_STEPS)
         if states is not None:
             assert row["states_kept"] == states
         ratio = r["kept_for_backward"]["stash"] / keep["kept_for_backward"]["stash"]
@@ -179,10 +179,10 @@ def test_for_shapes_caches_per_length_and_shares_parameters():
         net.for_shapes([(3, 0)])
 
 
-@pytest.mark.parametrize("spec, policy, units", [
-    ("reuse,bptt=2", "dp", 3), ("reuse,recompute=sqrt", "sqrt", 3), ("reuse,inplace", None, 3),
+@pytest.mark.parametrize("spec, policy", [
+    ("reuse,bptt=2", "dp"), ("reuse,recompute=sqrt", "sqrt"), ("reuse,inplace", None),
 ])
-def test_the_schedule_is_an_option_of_the_plan_not_of_the_network(spec, policy, units):
+def test_the_schedule_is_an_option_of_the_plan_not_of_the_network(spec, policy):
     """One network, one layer object: the plan sets the schedule on the RNN's steps, which
     sizes their stash, and the layer receives it at run time."""
     net = char_rnn(VOCAB, 6, 7, 2, steps=40)
@@ -198,7 +198,7 @@ def test_the_schedule_is_an_option_of_the_plan_not_of_the_network(spec, policy, 
         assert "bptt" not in steps[0].options
         assert "lstm.states" not in {t.name for t in c.plan.program.tensors}
     else:
-        assert (sched.policy, sched.units) == (policy, units)
+        assert (sched.policy, sched.units) == (policy, -(-40 // UNIT_STEPS))
         states = next(t for t in c.plan.program.tensors if t.name == "lstm.states")
         assert states.shape[0] == max(1, sched.max_stored)
     assert layer.schedule is None  # the network was not rebuilt nor changed
@@ -246,7 +246,8 @@ def test_auto_budget_picks_a_schedule_that_fits(cell):
         assert ("bptt" in rep) == ("bptt" in real) == scheduled
         if scheduled:
             (row,) = real["bptt"]
-            assert row["policy"] == "dp" and 1 <= row["states_kept"] < row["units"] == 25
+            assert row["units"] == -(-t // UNIT_STEPS)
+            assert row["policy"] == "dp" and 1 <= row["states_kept"] < row["units"]
             assert any("BPTT schedule dp:" in note for note in rep["notes"])
 
 
