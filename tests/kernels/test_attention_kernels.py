@@ -153,3 +153,49 @@ def test_layouts_and_forms():
         np.float32) / 4
     # a block larger than the sequence is a one-tile blockwise form
     assert ak.forward_layout(1, 10, 8, 2, 64, False) == ak.forward_layout(1, 10, 8, 2, 10, False)
+
+
+def _run_form(qkv, dattn, heads, causal, block, poison):
+    """attn and dqkv of one form (float64), the workspaces filled with ``poison`` first."""
+    b, t, d3 = qkv.shape
+    d = d3 // 3
+    saved = np.full(ak.stash_shapes(b, t, d, heads, block)["probs" if block is None
+                                                             else "lse"], poison)
+    fl, bl = (f(b, t, d, heads, block, False) for f in (ak.forward_layout, ak.backward_layout))
+    fw = fl.carve(np.full(fl.nbytes(np.float64) // 8, poison).view(np.uint8), np.float64) \
+        if fl.entries else None
+    bw = bl.carve(np.full(bl.nbytes(np.float64) // 8, poison).view(np.uint8), np.float64)
+    attn, dqkv = np.full((b, t, d), poison), np.full_like(qkv, poison)
+    ak.attention_forward(qkv, attn, saved, heads, causal, 0.0, 0, fw, block)
+    ak.attention_backward(dattn, qkv, attn, saved, dqkv, heads, causal, 0.0, 0, bw, block)
+    return attn, dqkv
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_keep_form_row_blocks_equal_dense_attention(causal):
+    """The keep form multiplies causal query rows in blocks of CAUSAL_ROWS with the keys up to
+    the block's end only: over several blocks (and a short last one), with NaN in every
+    buffer beforehand, it equals dense masked attention and the blockwise form."""
+    rng = np.random.default_rng(5)
+    b, t, d, h = 2, 2 * ak.CAUSAL_ROWS + 22, 16, 2
+    qkv = rng.standard_normal((b, t, 3 * d))
+    dattn = rng.standard_normal((b, t, d))
+    attn, dqkv = _run_form(qkv, dattn, h, causal, None, np.nan)
+    q, k, v = (qkv[..., i * d:(i + 1) * d].reshape(b, t, h, d // h).transpose(0, 2, 1, 3)
+               for i in range(3))
+    s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(d // h)
+    if causal:
+        s = np.where(np.triu(np.ones((t, t), bool), 1), -np.inf, s)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    want = (p @ v).transpose(0, 2, 1, 3).reshape(b, t, d)
+    np.testing.assert_allclose(attn, want, rtol=0, atol=1e-12)
+    do = dattn.reshape(b, t, h, d // h).transpose(0, 2, 1, 3)
+    dp = do @ v.transpose(0, 1, 3, 2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True)) / np.sqrt(d // h)
+    grads = [ds @ k, ds.transpose(0, 1, 3, 2) @ q, p.transpose(0, 1, 3, 2) @ do]
+    want = np.concatenate([g.transpose(0, 2, 1, 3).reshape(b, t, d) for g in grads], axis=2)
+    np.testing.assert_allclose(dqkv, want, rtol=0, atol=1e-12)
+    blockwise = _run_form(qkv, dattn, h, causal, 32, 0.0)
+    np.testing.assert_allclose(attn, blockwise[0], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(dqkv, blockwise[1], rtol=0, atol=1e-12)
