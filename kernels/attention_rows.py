@@ -19,6 +19,7 @@ from numba import njit, prange
 from .array_api import namespace
 from .dropout import _mix, _mix_ref, keep_threshold, seed_keys
 from .parallel import num_threads, split
+from .rnn import _exp_parts
 
 #: Elements below which a kernel runs on the calling thread alone.
 SERIAL_ELEMS = 1 << 15
@@ -30,10 +31,23 @@ def _valid(causal, r, c0, cols):
     return min(cols, r - c0 + 1) if causal else cols
 
 
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
+def _exp_nonpositive(y, vectorised):
+    """exp(y) for y <= 0 (or NaN): libm's, or with ``vectorised`` the branch-free exp of
+    :mod:`.rnn` (relative error < 3e-10: exact after rounding to float32 but in rare ties),
+    which LLVM vectorises where libm's call is one value at a time."""
+    if vectorised:
+        y = -700.0 if y < -700.0 else y  # exp(-700) is 0 in float32; NaN passes through
+        sc, p = _exp_parts(y)
+        return sc + sc * p
+    return math.exp(y)
+
+
 @njit(nogil=True, cache=True, error_model="numpy")
 def _softmax_rows(s, scale, causal, i0, i1):
     rows, cols = s.shape[1], s.shape[2]
     z = s.dtype.type(0)
+    vectorised = s.itemsize == 4  # float32 scores: the vectorised exp; float64: libm's
     for k in range(i0, i1):
         n, r = k // rows, k % rows
         v = _valid(causal, r, 0, cols)
@@ -42,7 +56,7 @@ def _softmax_rows(s, scale, causal, i0, i1):
             mx = max(mx, s[n, r, c] * scale)
         tot = 0.0
         for c in range(v):
-            e = math.exp(s[n, r, c] * scale - mx)
+            e = _exp_nonpositive(s[n, r, c] * scale - mx, vectorised)
             s[n, r, c] = e
             tot += s[n, r, c]
         inv = 1.0 / tot
