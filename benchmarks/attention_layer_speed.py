@@ -12,20 +12,9 @@ Defaults: gpt-char's layer (384 wide, 6 heads, T=256, dropout 0.2), batch 16, fl
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
-
-
-def _median_ms(step, repeats: int) -> float:
-    step()
-    step()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t)
-    return float(np.median(times)) * 1e3
+from separate_processes import median_ms
 
 
 def main() -> None:
@@ -75,7 +64,7 @@ def main() -> None:
         def step() -> None:
             layer.forward(ctx, [x], [y], params, stash, fw if fw.size else None)
             layer.backward(ctx, [g], [dx], [x], [None], params, grads, stash, bw)
-    print(f"{a.framework}: {_median_ms(step, a.repeats):.1f} ms per forward + backward "
+    print(f"{a.framework}: {median_ms(step, a.repeats):.1f} ms per forward + backward "
           f"(batch {b}, T={t}, {d} wide, {h} heads, dropout {a.dropout})")
 
 

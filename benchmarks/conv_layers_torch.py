@@ -12,29 +12,18 @@ The default shapes are resnet56's at batch 128.
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 from minidl.kernels.conv import conv2d_backward, conv2d_forward
 from minidl.kernels.conv_geometry import choose_algo
-from separate_processes import ChildProcess, require_torch_absent
-
-
-def _median_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * float(np.median(times))
+from separate_processes import ChildProcess, median_ms, require_torch_absent
 
 
 def _minidl_ms(x, w, y, dy, dx, dw, algo: str, repeats: int) -> tuple[float, float]:
     """minidl's (forward, backward) median ms with ``algo``."""
-    fwd = _median_ms(lambda: conv2d_forward(x, w, None, y, padding=(1, 1), algo=algo),
+    fwd = median_ms(lambda: conv2d_forward(x, w, None, y, padding=(1, 1), algo=algo),
                      repeats)
-    bwd = _median_ms(lambda: conv2d_backward(x, w, dy, dx, dw, None, padding=(1, 1),
+    bwd = median_ms(lambda: conv2d_backward(x, w, dy, dx, dw, None, padding=(1, 1),
                                              algo=algo), repeats)
     return fwd, bwd
 
@@ -59,8 +48,8 @@ class TorchConv:
             conv(x).backward(g)
 
         with torch.no_grad():
-            fwd = _median_ms(lambda: conv(x), repeats)
-        return fwd, _median_ms(both, repeats) - fwd
+            fwd = median_ms(lambda: conv(x), repeats)
+        return fwd, median_ms(both, repeats) - fwd
 
 
 def main() -> None:

@@ -20,6 +20,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 
 def require_torch_absent() -> None:
     """Raise if PyTorch is imported in this process (the one that times minidl)."""
@@ -74,6 +76,18 @@ class ChildProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def median_ms(step: Callable[[], Any], repeats: int, warmup: int = 2) -> float:
+    """Median wall time (ms) of ``repeats`` calls of ``step`` after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times)) * 1e3
 
 
 def alternate(rounds: int, block: int, run_minidl: Callable[[int], Any],
