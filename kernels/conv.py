@@ -61,6 +61,7 @@ from .conv_geometry import (
     _slabs,
     block_bounds,
     choose_algo,
+    column_pitch,
     conv2d_workspace_bytes,
     conv_config,
     conv_output_hw,
@@ -149,9 +150,10 @@ def conv2d_forward(
             kernels.forward_par(x, w, bb, has_bias, out, slabs, offs, bounds, nb, *padding)
     else:
         w3 = w.reshape(groups, cout // groups, cg * kh * kw)
-        band = _gemm_blocking(x.shape, cg * kh * kw, *out.shape[2:], x.dtype.itemsize,
-                              cfg.col_bytes)[1]
-        geom = (nb, band, kh, kw, *stride, *padding, *dilation)
+        pitch = column_pitch(x.shape[2:], (kh, kw), stride, padding, dilation)
+        _, band, pitch = _gemm_blocking(x.shape, cg * kh * kw, *out.shape[2:],
+                                        x.dtype.itemsize, cfg.col_bytes, pitch)
+        geom = (nb, band, pitch, kh, kw, *stride, *padding, *dilation)
         if not parallel:
             _fwd_gemm(x, w3, bb, has_bias, out, slabs[0], offs, 0, n, *geom)
         else:
@@ -220,9 +222,10 @@ def conv2d_backward(
         kernels.finish_grads(dwparts, dbparts, dwo, dbo, add)
     else:
         w3 = w.reshape(groups, cout // groups, cg * kh * kw)
-        band = _gemm_blocking(x.shape, cg * kh * kw, *dy.shape[2:], x.dtype.itemsize,
-                              cfg.col_bytes)[1]
-        geom = (nb, band, kh, kw, *stride, *padding, *dilation)
+        pitch = column_pitch(x.shape[2:], (kh, kw), stride, padding, dilation)
+        _, band, pitch = _gemm_blocking(x.shape, cg * kh * kw, *dy.shape[2:],
+                                        x.dtype.itemsize, cfg.col_bytes, pitch)
+        geom = (nb, band, pitch, kh, kw, *stride, *padding, *dilation)
         dwf = dwo.reshape(-1)
         if not parallel:
             _bwd_gemm_parts(x, w3, dy, dxo, need_dx, slabs[0], offs, dwf, add, dwparts,

@@ -144,17 +144,56 @@ GEMM_MIN_COLS = 256
 GEMM_MAX_COL_BYTES = 4 << 20
 
 
+#: Unpadded stride-1 convolutions whose output rows are shorter than the input's (LeNet-5's
+#: conv2: 10 of 14): im2col copies each output row of each (channel, kernel offset) on its own,
+#: ``k * ho`` copies of ``wo`` values an image. Laid out at the input's row pitch instead,
+#: each of the ``k`` rows of an image's column matrix is one contiguous run of the input,
+#: ``(ho-1) * w + wo`` values of which ``ho * wo`` are outputs: the products also fill the
+#: ``w - wo`` columns after each output row, which no output reads. Measured (AMD EPYC, im2col
+#: forward + backward, wide over plain, one process alternating): output rows of 4-10 values
+#: 0.65-0.93 (LeNet-5 conv2 at b64 0.84, and 0.92 of its whole training step); rows of 24-30
+#: values 0.94-1.06, even within noise; 66 % unused columns 1.03. Chosen for output rows of
+#: at most :data:`WIDE_MAX_ROW` values while the unused columns stay below
+#: :data:`WIDE_MAX_EXTRA` of the used ones, where one image's matrix fits the column cap.
+WIDE_MAX_ROW = 16
+WIDE_MAX_EXTRA = 0.5
+
+
+def column_pitch(hw: Pair, kernel: Pair, stride: Pair, padding: Pair, dilation: Pair) -> int:
+    """Columns per output row of the im2col matrix: the input's width where the wide layout
+    (:data:`WIDE_MAX_ROW`, :data:`WIDE_MAX_EXTRA`) applies, else the output's width."""
+    ho, wo = conv_output_hw(hw, kernel, stride, padding, dilation)
+    w = hw[1]
+    if stride == (1, 1) and padding == (0, 0) and 0 < wo <= WIDE_MAX_ROW and wo < w and \
+            ho >= 1 and (ho - 1) * w + wo <= (1 + WIDE_MAX_EXTRA) * ho * wo:
+        return w
+    return wo
+
+
 def _gemm_blocking(x_shape: tuple[int, ...], k: int, ho: int, wo: int, itemsize: int,
-                   col_bytes: int = GEMM_MAX_COL_BYTES) -> tuple[int, int]:
-    """``(images per product, output rows per band)`` of the im2col path, its column matrix
-    kept below ``col_bytes`` (one output row of one image at the least)."""
+                   col_bytes: int = GEMM_MAX_COL_BYTES, pitch: int | None = None
+                   ) -> tuple[int, int, int]:
+    """``(images per product, output rows per band, columns per output row)`` of the im2col
+    path, its column matrix kept below ``col_bytes`` (one output row of one image at the
+    least). ``pitch`` (:func:`column_pitch`) wider than ``wo`` is taken where one image's
+    matrix fits (whole images, no bands), else the plain layout."""
+    if pitch is not None and pitch != wo:
+        image = (ho - 1) * pitch + wo  # columns of one image in the wide layout
+        if k * image * itemsize <= col_bytes:
+            nb = min(-(-GEMM_MIN_COLS // image), col_bytes // (k * image * itemsize))
+            return max(1, min(nb, x_shape[0])), ho, pitch
     row = max(1, k * wo * itemsize)
     band = max(1, min(ho, col_bytes // row))
     if band < ho:
-        return 1, band
+        return 1, band, wo
     nb = -(-GEMM_MIN_COLS // max(ho * wo, 1))
     nb = min(nb, max(1, col_bytes // (row * ho)))
-    return max(1, min(nb, x_shape[0])), ho
+    return max(1, min(nb, x_shape[0])), ho, wo
+
+
+def image_columns(ho: int, wo: int, pitch: int, band: int) -> int:
+    """Columns one image (or one band of ``band`` output rows) takes in the im2col matrix."""
+    return band * wo if pitch == wo else (ho - 1) * pitch + wo
 
 
 def _slab_elems(
@@ -178,9 +217,11 @@ def _slab_elems(
     _, c, h, w = x_shape
     ho, wo = conv_output_hw((h, w), kernel, stride, padding, dilation)
     k = c // groups * kernel[0] * kernel[1]
-    nb, band = _gemm_blocking(x_shape, k, ho, wo, itemsize, col_bytes)
-    ln = nb * band * wo
-    side = cout // groups * ln if nb > 1 else 0  # products of several images side by side
+    pitch = column_pitch((h, w), kernel, stride, padding, dilation)
+    nb, band, pitch = _gemm_blocking(x_shape, k, ho, wo, itemsize, col_bytes, pitch)
+    ln = nb * image_columns(ho, wo, pitch, band)
+    # products of several images side by side, or of the wide layout, go through a buffer
+    side = cout // groups * ln if nb > 1 or pitch != wo else 0
     if not backward:
         return [k * ln, side], [], nb  # col, y block
     p = grad_parts(x_shape[0], nb, parts)
@@ -292,8 +333,9 @@ def _product_cols(x_shape: tuple[int, ...], kernel: Pair, stride: Pair, padding:
         th, tw = WINOGRAD_KERNELS[s.config.algo].tiles(ho, wo)
         return s.layout[2] * th * tw
     k = x_shape[1] // groups * kernel[0] * kernel[1]
-    nb, band = _gemm_blocking(x_shape, k, ho, wo, itemsize, s.config.col_bytes)
-    return nb * band * wo
+    pitch = column_pitch(x_shape[2:], kernel, stride, padding, dilation)
+    nb, band, pitch = _gemm_blocking(x_shape, k, ho, wo, itemsize, s.config.col_bytes, pitch)
+    return nb * image_columns(ho, wo, pitch, band)
 
 
 def conv_config(

@@ -107,6 +107,36 @@ def col2im(col, ld, coff, dxf, xbase, cg, h, w, kh, kw, sh, sw, ph, pw, dh, dw, 
                             dxf[xb + q * uintp(sw)] += col[cb + q]
 
 
+@njit(nogil=True, cache=True, error_model="numpy")
+def im2col_wide(xf, xbase, col, ld, coff, cg, h, w, kh, kw, dh, dw, ho, wo):
+    """im2col of a whole image, unpadded and stride 1, at the input's row pitch ``w``
+    (:func:`~minidl.kernels.conv_geometry.column_pitch`): row ``r`` holds output ``(oh, ow)``
+    at column ``oh * w + ow``, ``(ho-1) * w + wo`` columns, one contiguous run of the input
+    (the ``w - wo`` columns after each output row hold input values no output uses)."""
+    nq = uintp((ho - 1) * w + wo)
+    for i in range(kh):
+        for j in range(kw):
+            for c in range(cg):
+                r0 = uintp(((c * kh + i) * kw + j) * ld + coff)
+                xb = uintp(xbase + (c * h + i * dh) * w + j * dw)
+                for q in range(nq):
+                    col[r0 + q] = xf[xb + q]
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def col2im_wide(col, ld, coff, dxf, xbase, cg, h, w, kh, kw, dh, dw, ho, wo):
+    """Adjoint of :func:`im2col_wide`: add the columns back into the flat image gradient. The
+    unused columns must hold zeros (they land on other input positions)."""
+    nq = uintp((ho - 1) * w + wo)
+    for i in range(kh):
+        for j in range(kw):
+            for c in range(cg):
+                r0 = uintp(((c * kh + i) * kw + j) * ld + coff)
+                xb = uintp(xbase + (c * h + i * dh) * w + j * dw)
+                for q in range(nq):
+                    dxf[xb + q] += col[r0 + q]
+
+
 # ----------------------------------------------------------------------------- numba
 @njit(nogil=True, cache=True, inline="always", error_model="numpy")
 def _product(a, b, c, ta, beta, m, n, k, work):
@@ -129,9 +159,33 @@ def _add_row_sums(a, out):
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def _fwd_gemm(x, w3, b, has_bias, y, s, offs, n0, n1, nb, band, kh, kw, sh, sw, ph, pw, dh,
-              dw):
-    """Images ``n0:n1``: ``nb`` images per matrix product, or one image in bands of
+def _gather_columns(xf, xbase, col, ln, coff, cg, h, wd, geom, pitch):
+    """One image's im2col matrix at column ``coff`` of the ``ln``-column matrix ``col``: the
+    wide layout where ``pitch`` (columns per output row) is wider than the output."""
+    kh, kw, sh, sw, ph, pw, dh, dw, ho, wo = geom
+    if pitch != wo:
+        im2col_wide(xf, xbase, col, ln, coff, cg, h, wd, kh, kw, dh, dw, ho, wo)
+    else:
+        im2col(xf, xbase, col, ln, coff, cg, h, wd, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo,
+               0, ho)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _scatter_columns(col, ln, coff, dxf, xbase, cg, h, wd, geom, pitch):
+    """Adjoint of :func:`_gather_columns`: add one image's columns into its gradient."""
+    kh, kw, sh, sw, ph, pw, dh, dw, ho, wo = geom
+    if pitch != wo:
+        col2im_wide(col, ln, coff, dxf, xbase, cg, h, wd, kh, kw, dh, dw, ho, wo)
+    else:
+        col2im(col, ln, coff, dxf, xbase, cg, h, wd, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo,
+               0, ho)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _fwd_gemm(x, w3, b, has_bias, y, s, offs, n0, n1, nb, band, pitch, kh, kw, sh, sw, ph, pw,
+              dh, dw):
+    """Images ``n0:n1``: ``nb`` images per matrix product (``pitch`` columns per output row,
+    see :func:`~minidl.kernels.conv_geometry.column_pitch`), or one image in bands of
     ``band`` output rows written in place (BLAS with the plane's row stride)."""
     colbuf, ybuf = s[offs[0]:offs[1]], s[offs[1]:]
     _, c, h, wd = x.shape
@@ -139,13 +193,14 @@ def _fwd_gemm(x, w3, b, has_bias, y, s, offs, n0, n1, nb, band, kh, kw, sh, sw, 
     cout, ho, wo = y.shape[1], y.shape[2], y.shape[3]
     cg = c // groups
     hwo = ho * wo
+    hwp = (ho - 1) * pitch + wo  # columns of one image
     work = np.empty(8, np.int32)
     geom = (kh, kw, sh, sw, ph, pw, dh, dw, ho, wo)
     for s0 in range(n0, n1, nb):
         s1 = min(s0 + nb, n1)
         for g in range(groups):
             xb = g * cg * h * wd
-            if s1 - s0 == 1:
+            if s1 - s0 == 1 and pitch == wo:
                 yn = y[s0].reshape((cout, hwo))
                 for b0 in range(0, ho, band):
                     b1 = min(b0 + band, ho)
@@ -155,18 +210,24 @@ def _fwd_gemm(x, w3, b, has_bias, y, s, offs, n0, n1, nb, band, kh, kw, sh, sw, 
                              yn[g * og:(g + 1) * og, b0 * wo: b1 * wo], False, 0.0, og, ln,
                              k, work)
             else:  # several images side by side: product into ybuf, then out to NCHW
-                ln = (s1 - s0) * hwo
+                ln = (s1 - s0) * hwp
                 for n in range(s0, s1):
-                    im2col(x[n].reshape(-1), xb, colbuf, ln, (n - s0) * hwo, cg, h, wd, *geom,
-                           0, ho)
+                    _gather_columns(x[n].reshape(-1), xb, colbuf, ln, (n - s0) * hwp, cg, h,
+                                    wd, geom, pitch)
                 yb = ybuf[: og * ln].reshape((og, ln))
                 _product(w3[g], colbuf[: k * ln].reshape((k, ln)), yb, False, 0.0, og, ln, k,
                          work)
                 for n in range(s0, s1):
                     yn = y[n].reshape((cout, hwo))
+                    base = (n - s0) * hwp
                     for o in range(og):
-                        for p in range(hwo):
-                            yn[g * og + o, p] = yb[o, (n - s0) * hwo + p]
+                        if pitch == wo:
+                            for p in range(hwo):
+                                yn[g * og + o, p] = yb[o, base + p]
+                        else:
+                            for oh in range(ho):
+                                for ow in range(wo):
+                                    yn[g * og + o, oh * wo + ow] = yb[o, base + oh * pitch + ow]
         if has_bias:
             for n in range(s0, s1):
                 yn = y[n].reshape((cout, hwo))
@@ -177,8 +238,8 @@ def _fwd_gemm(x, w3, b, has_bias, y, s, offs, n0, n1, nb, band, kh, kw, sh, sw, 
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def _bwd_gemm(x, w3, dy, dx, need_dx, s, offs, dwacc, zero_dw, dbbuf, n0, n1, nb, band, kh, kw,
-              sh, sw, ph, pw, dh, dw):
+def _bwd_gemm(x, w3, dy, dx, need_dx, s, offs, dwacc, zero_dw, dbbuf, n0, n1, nb, band, pitch,
+              kh, kw, sh, sw, ph, pw, dh, dw):
     """Images ``n0:n1`` (blocked as in :func:`_fwd_gemm`): ``dW`` summed into ``dwacc``
     (``Cout x K``, BLAS with beta 1; zeroed first if ``zero_dw``), ``db`` into ``dbbuf``
     (zeroed first), ``dx`` rows."""
@@ -188,6 +249,7 @@ def _bwd_gemm(x, w3, dy, dx, need_dx, s, offs, dwacc, zero_dw, dbbuf, n0, n1, nb
     cout, ho, wo = dy.shape[1], dy.shape[2], dy.shape[3]
     cg = c // groups
     hwo = ho * wo
+    hwp = (ho - 1) * pitch + wo
     work = np.empty(8, np.int32)
     geom = (kh, kw, sh, sw, ph, pw, dh, dw, ho, wo)
     if zero_dw:
@@ -207,7 +269,7 @@ def _bwd_gemm(x, w3, dy, dx, need_dx, s, offs, dwacc, zero_dw, dbbuf, n0, n1, nb
             xb = g * cg * h * wd
             wg = w3[g]
             dwg = dw2[g * og:(g + 1) * og]
-            if s1 - s0 == 1:
+            if s1 - s0 == 1 and pitch == wo:
                 dyn = dy[s0].reshape((cout, hwo))
                 for b0 in range(0, ho, band):
                     b1 = min(b0 + band, ho)
@@ -221,23 +283,32 @@ def _bwd_gemm(x, w3, dy, dx, need_dx, s, offs, dwacc, zero_dw, dbbuf, n0, n1, nb
                                  ln, og, work)
                         col2im(dcolbuf, ln, 0, dx[s0].reshape(-1), xb, cg, h, wd, *geom, b0, b1)
             else:  # several images side by side: gather their output gradients
-                ln = (s1 - s0) * hwo
+                ln = (s1 - s0) * hwp
                 yb = dybuf[: og * ln].reshape((og, ln))
                 for n in range(s0, s1):
-                    im2col(x[n].reshape(-1), xb, colbuf, ln, (n - s0) * hwo, cg, h, wd, *geom,
-                           0, ho)
+                    _gather_columns(x[n].reshape(-1), xb, colbuf, ln, (n - s0) * hwp, cg, h,
+                                    wd, geom, pitch)
                     dyn = dy[n].reshape((cout, hwo))
+                    base = (n - s0) * hwp
                     for o in range(og):
-                        for p in range(hwo):
-                            yb[o, (n - s0) * hwo + p] = dyn[g * og + o, p]
+                        if pitch == wo:
+                            for p in range(hwo):
+                                yb[o, base + p] = dyn[g * og + o, p]
+                            continue
+                        for oh in range(ho):
+                            for ow in range(wo):
+                                yb[o, base + oh * pitch + ow] = dyn[g * og + o, oh * wo + ow]
+                            if oh < ho - 1:  # the unused columns: zeros in every product
+                                for ow in range(wo, pitch):
+                                    yb[o, base + oh * pitch + ow] = 0
                 mm(yb, colbuf[: k * ln].reshape((k, ln)), dwg, False, True, 1.0, 1.0, og, k,
                    ln, work)
                 if need_dx:
                     _product(wg, yb, dcolbuf[: k * ln].reshape((k, ln)), True, 0.0, k, ln, og,
                              work)
                     for n in range(s0, s1):
-                        col2im(dcolbuf, ln, (n - s0) * hwo, dx[n].reshape(-1), xb, cg, h, wd,
-                               *geom, 0, ho)
+                        _scatter_columns(dcolbuf, ln, (n - s0) * hwp, dx[n].reshape(-1), xb,
+                                         cg, h, wd, geom, pitch)
         for n in range(s0, s1):
             _add_row_sums(dy[n].reshape((cout, hwo)), dbbuf)
 
@@ -246,28 +317,29 @@ def _bwd_gemm(x, w3, dy, dx, need_dx, s, offs, dwacc, zero_dw, dbbuf, n0, n1, nb
 # One prange iteration per thread, each a serial kernel on its workspace row: forward on its
 # run of blocks, backward on the gradient parts ``t, t + threads, ...``.
 @njit(nogil=True, cache=True, parallel=True, error_model="numpy")
-def _fwd_gemm_par(x, w3, b, has_bias, y, slabs, offs, bounds, nb, band, kh, kw, sh, sw, ph, pw,
-                  dh, dw):
+def _fwd_gemm_par(x, w3, b, has_bias, y, slabs, offs, bounds, nb, band, pitch, kh, kw, sh, sw,
+                  ph, pw, dh, dw):
     for t in prange(bounds.size - 1):
         _fwd_gemm(x, w3, b, has_bias, y, slabs[t], offs, bounds[t], bounds[t + 1], nb, band,
-                  kh, kw, sh, sw, ph, pw, dh, dw)
+                  pitch, kh, kw, sh, sw, ph, pw, dh, dw)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def _bwd_gemm_parts(x, w3, dy, dx, need_dx, s, offs, dwout, add_dw, dwparts, dbparts, bounds,
-                    first, step, nb, band, kh, kw, sh, sw, ph, pw, dh, dw):
+                    first, step, nb, band, pitch, kh, kw, sh, sw, ph, pw, dh, dw):
     """Gradient parts ``first, first + step, ...`` on one workspace row ``s``; the first
     part's ``dW`` goes into ``dwout`` (added to what it holds if ``add_dw``)."""
     for p in range(first, bounds.size - 1, step):
         acc = dwout if p == 0 else dwparts[p - 1]
         _bwd_gemm(x, w3, dy, dx, need_dx, s, offs, acc, p > 0 or not add_dw, dbparts[p],
-                  bounds[p], bounds[p + 1], nb, band, kh, kw, sh, sw, ph, pw, dh, dw)
+                  bounds[p], bounds[p + 1], nb, band, pitch, kh, kw, sh, sw, ph, pw, dh, dw)
 
 
 @njit(nogil=True, cache=True, parallel=True, error_model="numpy")
 def _bwd_gemm_par(x, w3, dy, dx, need_dx, slabs, offs, dwout, add_dw, dwparts, dbparts, bounds,
-                  nb, band, kh, kw, sh, sw, ph, pw, dh, dw):
+                  nb, band, pitch, kh, kw, sh, sw, ph, pw, dh, dw):
     threads = slabs.shape[0]
     for t in prange(threads):
         _bwd_gemm_parts(x, w3, dy, dx, need_dx, slabs[t], offs, dwout, add_dw, dwparts,
-                        dbparts, bounds, t, threads, nb, band, kh, kw, sh, sw, ph, pw, dh, dw)
+                        dbparts, bounds, t, threads, nb, band, pitch, kh, kw, sh, sw, ph, pw,
+                        dh, dw)

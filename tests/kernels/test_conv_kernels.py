@@ -229,6 +229,40 @@ def test_im2col_col2im_match_reference(c, h, w, kh, kw, sh, sw, ph, pw, dh, dw):
                                atol=1e-10)
 
 
+def test_column_pitch_wide_only_for_short_unpadded_stride_one_rows():
+    from minidl.kernels.conv_geometry import column_pitch
+    one = (1, 1)
+    assert column_pitch((14, 14), (5, 5), one, (0, 0), one) == 14  # LeNet-5 conv2: 10 of 14
+    assert column_pitch((8, 8), (3, 3), one, (0, 0), one) == 8
+    assert column_pitch((14, 14), (5, 5), one, (1, 1), one) == 12  # padded: plain
+    assert column_pitch((14, 14), (5, 5), (2, 2), (0, 0), one) == 5  # strided: plain
+    assert column_pitch((32, 32), (3, 3), one, (0, 0), one) == 30  # long rows: plain
+    assert column_pitch((14, 14), (7, 7), one, (0, 0), one) == 8  # 66 % unused: plain
+    assert column_pitch((14, 14), (1, 1), one, (0, 0), one) == 14  # as wide as the input
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 7), groups=st.integers(1, 2), cin=st.integers(1, 3),
+       cout=st.integers(1, 3), kh=st.integers(2, 4), kw=st.integers(2, 4),
+       h=st.integers(4, 10), extra_w=st.integers(0, 6), dh=st.integers(1, 2),
+       dw=st.integers(1, 2), bias=st.booleans(), need_dx=st.booleans(),
+       threads=st.sampled_from([None, 1, 3]), dtype=st.sampled_from([np.float64, np.float32]))
+def test_wide_layout_matches_reference(n, groups, cin, cout, kh, kw, h, extra_w, dh, dw, bias,
+                                       need_dx, threads, dtype):
+    """Unpadded stride-1 layers whose output rows are short take the wide im2col layout (its
+    unused columns never reach the outputs or the gradients), blocks of several images and
+    of one, any thread count, NaN-filled outputs and a workspace of stray bytes."""
+    from minidl.kernels.conv_geometry import column_pitch
+    w = (kw - 1) * dw + 1 + extra_w
+    ho, wo = K.conv_output_hw((h, w), (kh, kw), (1, 1), (0, 0), (dh, dw))
+    assume(ho >= 1 and column_pitch((h, w), (kh, kw), (1, 1), (0, 0), (dh, dw)) == w != wo)
+    case = dict(x_shape=(n, groups * cin, h, w), cout=groups * cout, kernel=(kh, kw),
+                stride=(1, 1), padding=(0, 0), dilation=(dh, dw), groups=groups, bias=bias,
+                threads=threads, seed=n * 7 + h)
+    got, want = _run(case, dtype, need_dx=need_dx, workspace_pad=5, algo="gemm")
+    _close(got, want, dtype)
+
+
 @pytest.mark.parametrize("cap", [0, 700, 5000])
 def test_banded_and_blocked_gemm(cap):
     """Small workspace caps: large planes in bands of output rows (one row at the least),
