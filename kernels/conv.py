@@ -55,21 +55,20 @@ from .conv_geometry import (
     WINOGRAD_MIN_CIN,
     WINOGRAD_MIN_TILES,
     ConvConfig,
+    HostCall,
     Pair,
-    _gemm_blocking,
-    _slab_elems,
-    _slabs,
     block_bounds,
     choose_algo,
-    column_pitch,
     conv2d_workspace_bytes,
     conv_config,
     conv_output_hw,
+    cut_workspace,
     grad_parts,
+    host_call,
 )
 from .conv_numba import _bwd_gemm_par, _bwd_gemm_parts, _fwd_gemm, _fwd_gemm_par, col2im, im2col
 from .conv_ref import conv2d_backward_ref, conv2d_forward_ref, im2col_ref
-from .parallel import ensure_blas_policy, split
+from .parallel import ensure_blas_policy, num_threads
 
 # the geometry, reference and Numba kernels live in conv_geometry, conv_ref and conv_numba;
 # their public names stay importable from here
@@ -93,14 +92,18 @@ def _c(a: np.ndarray) -> np.ndarray:
 SERIAL_MACS = 1 << 20
 
 
-def _parallel(n: int, rows: int, macs: int, threads: int | None) -> bool:
-    """Whether a call runs on its ``rows`` threads (else serially on the calling thread)."""
-    return split(n, rows, macs, SERIAL_MACS, force=threads is not None) is not None
-
-
 def _check(x, w, groups, stride, padding, dilation, **arrays) -> None:
     """Validate shapes before the kernels index blindly."""
     check_conv_shapes(x, w, groups, stride, padding, dilation, **arrays)
+
+
+def _host_call(x, w, stride, padding, dilation, groups, backward, max_workspace, algo,
+               threads, workspace) -> HostCall:
+    """The call's :func:`~.conv_geometry.host_call` (made once per shapes and workspace)."""
+    return host_call(x.shape, w.shape[0], w.shape[2:], tuple(stride), tuple(padding),
+                     tuple(dilation), groups, x.dtype.itemsize, backward, max_workspace, algo,
+                     threads, min(num_threads(), MAX_THREADS),
+                     None if workspace is None else workspace.nbytes, SERIAL_MACS)
 
 
 def _on_device(*arrays) -> bool:
@@ -129,32 +132,24 @@ def conv2d_forward(
     _check(x, w, groups, stride, padding, dilation, y=y, b=b)
     n = x.shape[0]
     cout, cg, kh, kw = w.shape
-    cfg = conv_config(x.shape, cout, (kh, kw), stride, padding, dilation, groups,
-                      x.dtype.itemsize, False, max_workspace, algo)
-    algo = cfg.algo
-    layout = _slab_elems(x.shape, cout, (kh, kw), stride, padding, dilation, groups, False,
-                         algo, x.dtype.itemsize, cfg.col_bytes, cfg.parts)
-    slabs, offs, _ = _slabs(workspace, layout, x.dtype, n, False, threads)
+    call = _host_call(x, w, stride, padding, dilation, groups, False, max_workspace, algo,
+                      threads, workspace)
+    slabs, _ = cut_workspace(workspace, call, x.dtype)
+    offs, nb, bounds = call.offs, call.nb, call.bounds
     x, w = _c(x), _c(w)
     out = y if y.flags.c_contiguous else np.empty(y.shape, y.dtype)
     has_bias = b is not None
     bb = _c(b) if has_bias else np.zeros(0, x.dtype)
-    nb = layout[2]
-    parallel = _parallel(n, slabs.shape[0], out.size * cg * kh * kw, threads)
-    bounds = block_bounds(n, nb, slabs.shape[0])
-    if algo in WINOGRAD_KERNELS:
-        kernels = WINOGRAD_KERNELS[algo]
-        if not parallel:
+    if call.config.algo in WINOGRAD_KERNELS:
+        kernels = WINOGRAD_KERNELS[call.config.algo]
+        if not call.parallel:
             kernels.fwd_chunk(x, w, bb, has_bias, out, slabs[0], offs, 0, n, nb, *padding)
         else:
             kernels.forward_par(x, w, bb, has_bias, out, slabs, offs, bounds, nb, *padding)
     else:
         w3 = w.reshape(groups, cout // groups, cg * kh * kw)
-        pitch = column_pitch(x.shape[2:], (kh, kw), stride, padding, dilation)
-        _, band, pitch = _gemm_blocking(x.shape, cg * kh * kw, *out.shape[2:],
-                                        x.dtype.itemsize, cfg.col_bytes, pitch)
-        geom = (nb, band, pitch, kh, kw, *stride, *padding, *dilation)
-        if not parallel:
+        geom = (nb, call.band, call.pitch, kh, kw, *stride, *padding, *dilation)
+        if not call.parallel:
             _fwd_gemm(x, w3, bb, has_bias, out, slabs[0], offs, 0, n, *geom)
         else:
             _fwd_gemm_par(x, w3, bb, has_bias, out, slabs, offs, bounds, *geom)
@@ -191,21 +186,16 @@ def conv2d_backward(
         return
     ensure_blas_policy()
     _check(x, w, groups, stride, padding, dilation, dy=dy, dx=dx, dw=dw, db=db)
-    n = x.shape[0]
     cout, cg, kh, kw = w.shape
-    cfg = conv_config(x.shape, cout, (kh, kw), stride, padding, dilation, groups,
-                      x.dtype.itemsize, True, max_workspace, algo)
-    algo = cfg.algo
-    layout = _slab_elems(x.shape, cout, (kh, kw), stride, padding, dilation, groups, True,
-                         algo, x.dtype.itemsize, cfg.col_bytes, cfg.parts)
-    slabs, offs, (dbparts, dwparts) = _slabs(workspace, layout, x.dtype, n, True, threads)
+    call = _host_call(x, w, stride, padding, dilation, groups, True, max_workspace, algo,
+                      threads, workspace)
+    slabs, (dbparts, dwparts) = cut_workspace(workspace, call, x.dtype)
+    offs, nb, bounds, parallel, algo = call.offs, call.nb, call.bounds, call.parallel, \
+        call.config.algo
     x, w, dy = _c(x), _c(w), _c(dy)
     need_dx = dx is not None
     dxo = (dx if dx.flags.c_contiguous else np.empty(dx.shape, dx.dtype)) if need_dx else \
         np.zeros((0, 0, 0, 0), x.dtype)
-    nb = layout[2]
-    bounds = block_bounds(n, nb, dbparts.shape[0])  # the gradient parts
-    parallel = _parallel(n, slabs.shape[0], dy.size * cg * kh * kw, threads)
     dwo = dw if dw.flags.c_contiguous else np.empty(dw.shape, dw.dtype)
     dbo = db if db is not None else np.zeros(cout, x.dtype)
     add = bool(accumulate)
@@ -222,10 +212,7 @@ def conv2d_backward(
         kernels.finish_grads(dwparts, dbparts, dwo, dbo, add)
     else:
         w3 = w.reshape(groups, cout // groups, cg * kh * kw)
-        pitch = column_pitch(x.shape[2:], (kh, kw), stride, padding, dilation)
-        _, band, pitch = _gemm_blocking(x.shape, cg * kh * kw, *dy.shape[2:],
-                                        x.dtype.itemsize, cfg.col_bytes, pitch)
-        geom = (nb, band, pitch, kh, kw, *stride, *padding, *dilation)
+        geom = (nb, call.band, call.pitch, kh, kw, *stride, *padding, *dilation)
         dwf = dwo.reshape(-1)
         if not parallel:
             _bwd_gemm_parts(x, w3, dy, dxo, need_dx, slabs[0], offs, dwf, add, dwparts,

@@ -10,13 +10,14 @@ algorithms) the fastest configuration whose workspace fits it.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from . import winograd, winograd4
-from .parallel import chunks, num_threads
+from .parallel import chunks, num_threads, split
 
 Pair = tuple[int, int]
 
@@ -409,28 +410,77 @@ def conv2d_workspace_bytes(
     return t * s.per + s.fixed
 
 
-def _slabs(workspace: np.ndarray | None, layout: tuple[list[int], list[tuple[int, int]], int],
-           dtype: np.dtype, n: int, backward: bool, threads: int | None
-           ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
-    """Cut the workspace into ``(threads, per_thread)`` rows (as many threads as fit), the
-    start offsets of each buffer in a row, and the ``(count, elements)`` partial buffers."""
-    elems, parts, _ = layout
+@dataclass(frozen=True)
+class HostCall:
+    """What one CPU convolution call derives from its shapes alone (Caffe's setup): the
+    configuration, the image blocking, the workspace rows and their buffers, and the image
+    bounds each row or gradient part takes. Made once per shapes, workspace size and thread
+    count by :func:`host_call`; its arrays are shared between calls and never written."""
+
+    config: ConvConfig
+    nb: int  # images per block
+    band: int  # output rows per band (im2col)
+    pitch: int  # columns per output row of the im2col matrix (:func:`column_pitch`)
+    rows: int  # workspace rows, one per thread
+    row_elems: int  # elements of one row (aligned)
+    offs: np.ndarray  # start of each buffer in a row (elements)
+    parts: tuple[tuple[int, int], ...]  # gradient partials: (count, elements)
+    bounds: np.ndarray  # image bounds of the rows' blocks (forward) or gradient parts
+    parallel: bool  # whether the call runs on its rows' threads
+    nbytes: int  # the workspace a call without one allocates
+
+
+@functools.lru_cache(maxsize=1024)
+def host_call(x_shape: tuple[int, ...], cout: int, kernel: Pair, stride: Pair, padding: Pair,
+              dilation: Pair, groups: int, itemsize: int, backward: bool,
+              max_workspace: int | None, algo: str | None, threads: int | None,
+              default_threads: int, workspace_nbytes: int | None, serial_macs: int
+              ) -> HostCall:
+    """The :class:`HostCall` of a call: ``threads`` as the caller forced it (``None``: up to
+    ``default_threads``), ``workspace_nbytes`` the workspace given (``None``: one of
+    ``nbytes`` is allocated); calls of fewer than ``serial_macs`` multiply-adds run on the
+    calling thread unless ``threads`` is forced. Raises ``ValueError`` when the workspace is
+    too small."""
+    n = x_shape[0]
+    cfg = conv_config(x_shape, cout, kernel, stride, padding, dilation, groups, itemsize,
+                      backward, max_workspace, algo)
+    elems, parts, nb = _slab_elems(x_shape, cout, kernel, stride, padding, dilation, groups,
+                                   backward, cfg.algo, itemsize, cfg.col_bytes, cfg.parts)
+    per = sum(_aligned(e, itemsize) for e in elems)
+    fixed = _parts_elems(parts, itemsize) * itemsize
+    t = _threads((elems, parts, nb), n, backward, threads or default_threads)
+    nbytes = t * per + fixed
+    if workspace_nbytes is not None:
+        t = min(t, (workspace_nbytes - fixed) // per) if per else t
+        if t < 1 or workspace_nbytes < fixed:
+            raise ValueError(f"conv2d workspace of {workspace_nbytes} bytes, needs at least "
+                             f"{per + fixed}")
+    offs = np.cumsum([0] + [_aligned(e, itemsize) // itemsize for e in elems[:-1]]
+                     ).astype(np.int64)
+    ho, wo = conv_output_hw(x_shape[2:], kernel, stride, padding, dilation)
+    k = x_shape[1] // groups * kernel[0] * kernel[1]
+    pitch = column_pitch(x_shape[2:], kernel, stride, padding, dilation)
+    _, band, pitch = _gemm_blocking(x_shape, k, ho, wo, itemsize, cfg.col_bytes, pitch)
+    macs = n * cout * ho * wo * k
+    parallel = split(n, t, macs, serial_macs, force=threads is not None) is not None
+    bounds = block_bounds(n, nb, parts[0][0] if backward else t)
+    return HostCall(cfg, nb, band, pitch, t, per // itemsize, offs,
+                    tuple(parts), bounds, parallel, nbytes)
+
+
+def cut_workspace(workspace: np.ndarray | None, call: HostCall, dtype: np.dtype
+                  ) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The workspace (``None``: a new one) cut into ``call.rows`` rows of ``dtype`` and the
+    gradient partials (each ``(count, elements)``, rows padded to the alignment)."""
     it = dtype.itemsize
-    per = sum(_aligned(e, it) for e in elems)
-    fixed = _parts_elems(parts, it) * it
-    t = _threads(layout, n, backward, threads)
     if workspace is None:
-        workspace = np.empty(t * per + fixed, np.uint8)
-    t = min(t, (workspace.nbytes - fixed) // per) if per else t
-    if t < 1 or workspace.nbytes < fixed:
-        raise ValueError(f"conv2d workspace of {workspace.nbytes} bytes, needs at least "
-                         f"{per + fixed}")
-    offs = np.cumsum([0] + [_aligned(e, it) // it for e in elems[:-1]]).astype(np.int64)
-    rows = workspace[: t * per].view(dtype).reshape(t, per // it)
-    views, start = [], t * per
-    for count, e in parts:
+        workspace = np.empty(call.nbytes, np.uint8)
+    per = call.row_elems * it
+    rows = workspace[: call.rows * per].view(dtype).reshape(call.rows, call.row_elems)
+    views, start = [], call.rows * per
+    for count, e in call.parts:
         stride = _aligned(e, it)
         views.append(workspace[start: start + count * stride].view(dtype)
-                     .reshape(count, stride // it))  # rows padded to the alignment
+                     .reshape(count, stride // it))
         start += count * stride
-    return rows, offs, views
+    return rows, views

@@ -338,3 +338,27 @@ def test_winograd_float32_rounding_within_the_stated_bound(algo, bound):
     for got, want in zip((y, dx, dw, db), refs):
         err = np.abs(got - want).max() / np.abs(want).max()
         assert err <= bound, (algo, err)
+
+
+def test_host_call_made_once_per_shapes_and_left_unchanged():
+    """The per-call setup is cached by shapes, workspace size and threads; the kernels never
+    write its shared arrays."""
+    from minidl.kernels.conv_geometry import host_call
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((6, 3, 9, 9)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    y, dy = np.empty((6, 4, 9, 9), np.float32), rng.standard_normal((6, 4, 9, 9)).astype(
+        np.float32)
+    key = ((6, 3, 9, 9), 4, (3, 3), (1, 1), (1, 1), (1, 1), 1, 4, True, None, "gemm", 2, 16,
+           None, K.SERIAL_MACS)
+    call = host_call(*key)
+    assert host_call(*key) is call
+    offs, bounds = call.offs.copy(), call.bounds.copy()
+    for _ in range(2):
+        K.conv2d_forward(x, w, None, y, padding=(1, 1), threads=2, algo="gemm")
+        K.conv2d_backward(x, w, dy, np.empty_like(x), np.empty_like(w), None, padding=(1, 1),
+                          threads=2, algo="gemm")
+    np.testing.assert_array_equal(call.offs, offs)
+    np.testing.assert_array_equal(call.bounds, bounds)
+    smaller = host_call(*key[:-2], call.nbytes - call.row_elems * 4, K.SERIAL_MACS)
+    assert smaller.rows == call.rows - 1 >= 1
