@@ -30,6 +30,7 @@ import glob
 import importlib.util
 import os
 import threading
+import time
 from typing import Any
 
 import numba
@@ -204,13 +205,43 @@ def release_parallel_workers() -> None:
         fn(_OMP_PAUSE_SOFT)
 
 
-def run_tasks(tasks: list, workers: int) -> None:
+def critical_path_order(tasks: list, durations: dict) -> list:
+    """``tasks`` (as :func:`run_tasks` takes them) reordered by their longest path to the end
+    of the graph (list scheduling's HLFET priority): a task's path is its own duration plus
+    its longest successor's, durations from ``durations`` (key -> seconds, e.g. measured by
+    an earlier :func:`run_tasks`; 1 where unknown). Ties keep the given order. The order
+    never changes results (:func:`run_tasks`), only how soon the work ends."""
+    index = {key: i for i, (key, _, _) in enumerate(tasks)}
+    succ: list[list[int]] = [[] for _ in tasks]
+    indegree = [0] * len(tasks)
+    for i, (_, deps, _) in enumerate(tasks):
+        for d in deps:
+            succ[index[d]].append(i)
+            indegree[i] += 1
+    order = [i for i in range(len(tasks)) if indegree[i] == 0]
+    for i in order:  # Kahn's topological order (the list grows while it is walked)
+        for j in succ[i]:
+            indegree[j] -= 1
+            if indegree[j] == 0:
+                order.append(j)
+    if len(order) != len(tasks):
+        raise ValueError("critical_path_order: the dependencies have a cycle")
+    path = [0.0] * len(tasks)
+    for i in reversed(order):
+        path[i] = durations.get(tasks[i][0], 1.0) + max((path[j] for j in succ[i]),
+                                                        default=0.0)
+    return [tasks[i] for i in sorted(range(len(tasks)), key=lambda i: (-path[i], i))]
+
+
+def run_tasks(tasks: list, workers: int, durations: dict | None = None) -> None:
     """Run ``tasks`` — (key, dependency keys, fn(worker id)) in priority order — on
     ``workers`` threads (the calling one included): each free worker takes the first task
     whose dependencies are done (list scheduling). Results depend only on the dependencies,
     never on the interleaving. Errors stop the others and propagate. Meant for ops of large
     matrix products and serial Numba loops (the fused RNN layers), each worker keeping BLAS
     single-threaded: the one-pool policy of this module, with the pool being these threads.
+    ``durations`` (a dict): each task's run time in seconds is stored there under its key
+    (for :func:`critical_path_order` next time).
     """
     pending = list(tasks)
     done: set = set()
@@ -241,6 +272,7 @@ def run_tasks(tasks: list, workers: int) -> None:
                         return
                     cond.wait()
             key, fn = job
+            start = time.perf_counter()
             try:
                 fn(wid)
             except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
@@ -249,6 +281,8 @@ def run_tasks(tasks: list, workers: int) -> None:
                     cond.notify_all()
                 return
             with cond:
+                if durations is not None:
+                    durations[key] = time.perf_counter() - start
                 running.discard(key)
                 done.add(key)
                 cond.notify_all()

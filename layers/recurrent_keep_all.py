@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.parallel import num_threads, run_tasks
+from ..kernels.parallel import critical_path_order, num_threads, run_tasks
 from ..kernels.workspace import Layout
 from .recurrent_units import _flat
 
@@ -13,6 +13,25 @@ from .recurrent_units import _flat
 class _KeepAllPath:
     """Forward and backward with ``schedule=None`` (a mixin of
     :class:`~minidl.layers.recurrent._Recurrent`)."""
+
+    #: Order the tasks by their longest path to the end, with each task's duration measured
+    #: at the previous call of the same shapes (list scheduling's HLFET priority; the first
+    #: call keeps the wavefront order). The order never changes the bits.
+    critical_path_first = True
+
+    def _run_lane_tasks(self, phase: str, x, tasks: list) -> None:
+        """``run_tasks`` on the layer's lanes, in critical-path order once durations of the
+        same phase and shapes were measured (kept per layer: the last few shapes)."""
+        memo = self.__dict__.setdefault("_lane_durations", {})
+        key = (phase, *x.shape[:2])
+        durations = memo.pop(key, None)  # re-inserted last: the dict stays in use order
+        if durations is not None and self.critical_path_first:
+            tasks = critical_path_order(tasks, durations)
+        durations = {}
+        run_tasks(tasks, self._lanes(x), durations)
+        memo[key] = durations
+        while len(memo) > 8:
+            del memo[next(iter(memo))]
 
     def _lanes(self, x) -> int:
         """Threads of the pipelined paths (1: everything on the calling thread). Device arrays
@@ -83,7 +102,7 @@ class _KeepAllPath:
                         [("r", k, u - 2)] if u > 1 else []), proj(k, u)))
                     tasks.append((("r", k, u), [("p", k, u)] + (
                         [("r", k, u - 1)] if u > 0 else []), rec(k, u)))
-        run_tasks(tasks, self._lanes(x))
+        self._run_lane_tasks("forward", x, tasks)
 
     def _backward_keep_all(self, inputs, dy, grad_inputs, params, grad_params, stash, ws,
                            accumulate) -> None:
@@ -175,4 +194,4 @@ class _KeepAllPath:
                         [(name, k, u + 1)] if u + 1 < U else []), fn(k, u)))
         # the recurrences and the input gradients they wait for are the critical path: a free
         # worker takes them first, weight gradients fill the gaps
-        run_tasks(tasks + later, self._lanes(x))
+        self._run_lane_tasks("backward", x, tasks + later)

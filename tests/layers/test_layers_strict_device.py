@@ -369,7 +369,8 @@ def test_fused_rnn(dev, cell, kw, scheduled, monkeypatch):
     workers = []
     run_tasks = recurrent_keep_all.run_tasks
     monkeypatch.setattr(recurrent_keep_all, "run_tasks",
-                        lambda tasks, n: (workers.append(n), run_tasks(tasks, n)))
+                        lambda tasks, n, durations=None: (workers.append(n),
+                                                          run_tasks(tasks, n, durations)))
     rng = np.random.default_rng(10)
     n, t, i, h, us = 3, 7, 4, 5, 3
     units = -(-t // us)

@@ -498,3 +498,28 @@ def test_named_workspace_layouts_keep_their_bytes_and_name_every_buffer(key):
         assert set(ws.forward.unit) == ({"gates", "h", "c"} if cell == "LSTM" else {"gates", "h"})
     else:
         assert [w.prod.shape for w in ws.worker] == [(layer.gates, 7)] * 2
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_critical_path_order_keeps_the_bits(cell):
+    """From the second call on the lanes take their tasks in critical-path order (durations
+    measured at the call before, per phase and shapes): results bit-identical to the first
+    call's wavefront order and to a scheduled run."""
+    n, t, us = 3, 23, 4
+    rng = np.random.default_rng(11)
+    layer = _make(cell, 4, 5, 3, unit_steps=us, initial_state=True, threads=2)
+    inputs = _inputs(layer, n, t, rng)
+    params = make_params(layer, rng)
+    gy = rng.standard_normal((n, t, 5))
+    first = _run(layer, inputs, params, gy)
+    assert set(layer._lane_durations) == {("forward", n, t), ("backward", n, t)}
+    assert len(layer._lane_durations[("backward", n, t)]) > _units(t, us)
+    sched = _make(cell, 4, 5, 3, unit_steps=us, initial_state=True,
+                  schedule=bptt.sqrt_schedule(_units(t, us)))
+    for got in (_run(layer, inputs, params, gy), _run(layer, inputs, params, gy),
+                _run(sched, inputs, params, gy)):
+        assert np.array_equal(got.outputs[0], first.outputs[0])
+        for a, b in zip(got.grad_inputs, first.grad_inputs, strict=True):
+            assert (a is None and b is None) or np.array_equal(a, b)
+        for name, g in first.grad_params.items():
+            assert np.array_equal(got.grad_params[name], g), name
