@@ -65,9 +65,10 @@ class _KeepAllPath:
             worker=(worker, worker), token_dg=self._table_shape(n, t))
 
     def _forward_keep_all(self, inputs, y, params, stash, ws) -> None:
-        """Everything kept: per layer and unit a projection task and a recurrence task, on two
-        workers (single-threaded BLAS each) by list scheduling: layer k runs about one unit
-        behind layer k-1 (a wavefront); projections fill the gaps."""
+        """Everything kept: per layer, unit and projection piece (:meth:`_pieces`) a
+        projection task and a recurrence task, on two workers (single-threaded BLAS each) by
+        list scheduling: layer k runs about one piece behind layer k-1 (a wavefront);
+        projections fill the gaps."""
         x = inputs[0]
         t, L = y.shape[1], self.num_layers
         gx_ring, bias, table, workers = ws.gx_ring, ws.bias, ws.table, ws.worker
@@ -77,31 +78,41 @@ class _KeepAllPath:
         U = len(units)
         self._make_table(params, table)
 
-        def proj(k: int, u: int):
+        pieces = [self._pieces(u1 - u0) for u0, u1 in units]
+
+        def proj(k: int, u: int, j: int):
             def run(wid: int) -> None:
                 self._project(k, params, x, *units[u], units[u][0], hs, workers[wid].xs,
-                              gx_ring[k, u % 2], bias[k], table)
+                              gx_ring[k, u % 2], bias[k], table, pieces[u][j:j + 1])
             return run
 
-        def rec(k: int, u: int):
+        def rec(k: int, u: int, j: int):
             def run(wid: int) -> None:
-                u0, u1 = units[u]
+                u0 = units[u][0]
+                a, b = pieces[u][j]
                 hw, gx = workers[wid].hw, gx_ring[k, u % 2]
-                for s in range(u1 - u0):
+                for s in range(a, b):
                     self._step_forward(k, u0 + s, s, params, gates, hs, cs, gx, hw, bias[k])
                 if k == L - 1:
-                    np.copyto(y[:, u0:u1], hs[-1, u0 + 1:u1 + 1].transpose(1, 0, 2))
+                    np.copyto(y[:, u0 + a:u0 + b], hs[-1, u0 + a + 1:u0 + b + 1].transpose(1, 0, 2))
             return run
+
+        def last(k: int, u: int) -> tuple:
+            return ("r", k, u, len(pieces[u]) - 1)
 
         tasks = []
         for w in range(U + L - 1):
             for k in range(L):
                 u = w - k
-                if 0 <= u < U:  # the projection's ring slot is free once unit u-2 ran
-                    tasks.append((("p", k, u), ([("r", k - 1, u)] if k > 0 else []) + (
-                        [("r", k, u - 2)] if u > 1 else []), proj(k, u)))
-                    tasks.append((("r", k, u), [("p", k, u)] + (
-                        [("r", k, u - 1)] if u > 0 else []), rec(k, u)))
+                if not 0 <= u < U:
+                    continue
+                for j in range(len(pieces[u])):
+                    # the projection's ring slot is free once unit u-2 ran
+                    tasks.append((("p", k, u, j), ([("r", k - 1, u, j)] if k > 0 else []) + (
+                        [last(k, u - 2)] if u > 1 else []), proj(k, u, j)))
+                    before = ("r", k, u, j - 1) if j > 0 else (last(k, u - 1) if u > 0 else None)
+                    tasks.append((("r", k, u, j), [("p", k, u, j)] + (
+                        [before] if before is not None else []), rec(k, u, j)))
         self._run_lane_tasks("forward", x, tasks)
 
     def _backward_keep_all(self, inputs, dy, grad_inputs, params, grad_params, stash, ws,

@@ -272,15 +272,16 @@ def test_only_some_input_gradients_requested(cell):
 @given(cell=cells, n=st.integers(1, 3), t=st.integers(1, 14), unit_steps=st.integers(1, 4),
        layers=st.integers(1, 3), kind=st.sampled_from(["all", "sqrt", "dp", "budget"]),
        slots=st.integers(1, 5), mode=st.sampled_from(["float", "table", "gather"]),
-       bias=st.booleans(), init=st.booleans(), seed=seeds)
+       bias=st.booleans(), init=st.booleans(), seed=seeds, pieces=st.integers(1, 4))
 def test_schedules_bit_identical_to_keeping_everything(cell, n, t, unit_steps, layers, kind,
-                                                       slots, mode, bias, init, seed):
+                                                       slots, mode, bias, init, seed, pieces):
     units = _units(t, unit_steps)
     schedule = _schedule(kind, units, slots)
     vocab = None if mode == "float" else _vocab_for(mode, n, t)
     kw = {"unit_steps": unit_steps, "initial_state": init, "vocab_size": vocab}
     ref_layer = _make(cell, 3, 4, layers, bias, **kw)
     layer = _make(cell, 3, 4, layers, bias, schedule=schedule, **kw)
+    ref_layer.projection_steps = layer.projection_steps = pieces  # projections in pieces
     assert layer._table(n, t) == (mode == "table")
     rng = np.random.default_rng(seed)
     inputs = _inputs(layer, n, t, rng)
@@ -508,6 +509,7 @@ def test_critical_path_order_keeps_the_bits(cell):
     n, t, us = 3, 23, 4
     rng = np.random.default_rng(11)
     layer = _make(cell, 4, 5, 3, unit_steps=us, initial_state=True, threads=2)
+    layer.projection_steps = 3  # the lanes' forward tasks in pieces of 3 steps
     inputs = _inputs(layer, n, t, rng)
     params = make_params(layer, rng)
     gy = rng.standard_normal((n, t, 5))
@@ -516,6 +518,7 @@ def test_critical_path_order_keeps_the_bits(cell):
     assert len(layer._lane_durations[("backward", n, t)]) > _units(t, us)
     sched = _make(cell, 4, 5, 3, unit_steps=us, initial_state=True,
                   schedule=bptt.sqrt_schedule(_units(t, us)))
+    sched.projection_steps = 3
     for got in (_run(layer, inputs, params, gy), _run(layer, inputs, params, gy),
                 _run(sched, inputs, params, gy)):
         assert np.array_equal(got.outputs[0], first.outputs[0])
