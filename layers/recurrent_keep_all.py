@@ -14,9 +14,10 @@ class _KeepAllPath:
     """Forward and backward with ``schedule=None`` (a mixin of
     :class:`~minidl.layers.recurrent._Recurrent`)."""
 
-    #: Order the tasks by their longest path to the end, with each task's duration measured
-    #: at the previous call of the same shapes (list scheduling's HLFET priority; the first
-    #: call keeps the wavefront order). The order never changes the bits.
+    #: Order the tasks by their longest path to the end, each task's duration the least
+    #: measured at the earlier calls of the same shapes (list scheduling's HLFET priority;
+    #: the least, since a task the machine preempted once would otherwise reorder the next
+    #: call; the first call keeps the wavefront order). The order never changes the bits.
     critical_path_first = True
 
     def _run_lane_tasks(self, phase: str, x, tasks: list) -> None:
@@ -24,12 +25,14 @@ class _KeepAllPath:
         same phase and shapes were measured (kept per layer: the last few shapes)."""
         memo = self.__dict__.setdefault("_lane_durations", {})
         key = (phase, *x.shape[:2])
-        durations = memo.pop(key, None)  # re-inserted last: the dict stays in use order
-        if durations is not None and self.critical_path_first:
-            tasks = critical_path_order(tasks, durations)
-        durations = {}
-        run_tasks(tasks, self._lanes(x), durations)
-        memo[key] = durations
+        known = memo.pop(key, None)  # re-inserted last: the dict stays in use order
+        if known is not None and self.critical_path_first:
+            tasks = critical_path_order(tasks, known)
+        measured: dict = {}
+        run_tasks(tasks, self._lanes(x), measured)
+        if known is not None:
+            measured = {k: min(v, known.get(k, v)) for k, v in measured.items()}
+        memo[key] = measured
         while len(memo) > 8:
             del memo[next(iter(memo))]
 
@@ -134,28 +137,30 @@ class _KeepAllPath:
             m = units[u][1] - units[u][0]
             return _flat(din_ring[k, u % 2], m, n, H)
 
-        def rec(k: int, u: int):
+        pieces = [self._pieces(u1 - u0) for u0, u1 in units]
+
+        def rec(k: int, u: int, j: int):  # steps of piece j, last to first
             def run(wid: int) -> None:
                 direct, scratch_db = workers[wid].direct, workers[wid].dbias
                 u0, u1 = units[u]
                 m = u1 - u0
+                a, b = pieces[u][j]
                 din = din_of(k, u)
                 if k == L - 1:
-                    np.copyto(din, dy[:, u0:u1].transpose(1, 0, 2))
+                    np.copyto(din[a:b], dy[:, u0 + a:u0 + b].transpose(1, 0, 2))
                 dg, dgh = dg_ring[k, u % 2, :m], (dgh_ring if gru else dg_ring)[k, u % 2, :m]
-                for s in range(m - 1, -1, -1):
+                for s in range(b - 1, a - 1, -1):
                     dh = din[s]
                     dh += carry[k, 0]
                     self._step_backward(k, u0 + s, params, gates, hs, cs, dh, dg[s], dgh[s],
                                         carry, direct, scratch_db)
             return run
 
-        def dx(k: int, u: int):  # gradient into layer k-1's outputs of unit u
+        def dx(k: int, u: int, j: int):  # gradient into layer k-1's outputs of piece j
             def run(wid: int) -> None:
-                u0, u1 = units[u]
-                rows = (u1 - u0) * n
-                np.matmul(dg_ring[k, u % 2, :u1 - u0].reshape(rows, G),
-                          params[f"weight_ih_l{k}"], out=din_of(k - 1, u).reshape(rows, H))
+                m = units[u][1] - units[u][0]
+                self._grad_into_lower(k, params, dg_ring[k, u % 2, :m], din_of(k - 1, u),
+                                      pieces[u][j:j + 1])
             return run
 
         def dgs(k: int, u: int) -> tuple[np.ndarray, np.ndarray]:
@@ -183,25 +188,33 @@ class _KeepAllPath:
                                          dxbuf, token_dg)
             return run
 
+        def done(k: int, u: int) -> tuple:  # the last piece backward runs: the unit is done
+            return ("rec", k, u, 0)
+
         tasks, later = [], []
         for w in range(U + L - 1):
             for k in range(L - 1, -1, -1):
                 u = U - 1 - (w - (L - 1 - k))
                 if not 0 <= u < U:
                     continue
-                deps = [("dx", k + 1, u)] if k < L - 1 else []
-                if u + 1 < U:
-                    deps.append(("rec", k, u + 1))  # the carried dh, dc
-                if u + 2 < U:  # the dG and input-gradient ring slots are free again
-                    deps += [("w", k, u + 2), ("whh", k, u + 2)] + (
-                        [("dx", k, u + 2)] if k > 0 else [])
-                tasks.append((("rec", k, u), deps, rec(k, u)))
-                if k > 0:  # writes the ring slot layer k-1's unit u+2 read
-                    tasks.append((("dx", k, u), [("rec", k, u)] + (
-                        [("rec", k - 1, u + 2)] if u + 2 < U else []), dx(k, u)))
+                last = len(pieces[u]) - 1
+                for j in range(last, -1, -1):
+                    deps = [("dx", k + 1, u, j)] if k < L - 1 else []
+                    if j < last:
+                        deps.append(("rec", k, u, j + 1))  # the carried dh, dc
+                    elif u + 1 < U:
+                        deps.append(done(k, u + 1))
+                    if j == last and u + 2 < U:  # the dG and input-gradient slots are free
+                        deps += [("w", k, u + 2), ("whh", k, u + 2)] + (
+                            [("dx", k, u + 2, i) for i in range(len(pieces[u + 2]))]
+                            if k > 0 else [])
+                    tasks.append((("rec", k, u, j), deps, rec(k, u, j)))
+                    if k > 0:  # writes the ring slot layer k-1's unit u+2 read
+                        tasks.append((("dx", k, u, j), [("rec", k, u, j)] + (
+                            [done(k - 1, u + 2)] if u + 2 < U else []), dx(k, u, j)))
                 # weight gradients add up in unit order; short tasks keep a worker free soon
                 for name, fn in (("whh", whh), ("w", wgrad)):
-                    later.append(((name, k, u), [("rec", k, u)] + (
+                    later.append(((name, k, u), [done(k, u)] + (
                         [(name, k, u + 1)] if u + 1 < U else []), fn(k, u)))
         # the recurrences and the input gradients they wait for are the critical path: a free
         # worker takes them first, weight gradients fill the gaps

@@ -158,7 +158,7 @@ class _ScheduledPath:
                                        xs, token_dg, accumulate)
             if k > 0:
                 low = _flat(dlow_buf, m, n, H)
-                np.matmul(dg2, params[f"weight_ih_l{k}"], out=low.reshape(rows, H))
+                self._grad_into_lower(k, params, dg, low, self._pieces(m))
                 din_buf, dlow_buf = dlow_buf, din_buf
                 din = low
             else:

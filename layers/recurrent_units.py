@@ -89,6 +89,15 @@ class _UnitOps:
                 np.matmul(xin, params[f"weight_ih_l{k}"].T, out=g2)
             self._prepare_bias(params, k, g2, bias)
 
+    def _grad_into_lower(self, k, params, dg, low, pieces) -> None:
+        """The gradient into layer k-1's outputs of a unit's steps, ``low = dG @ W_ih``
+        (time-major ``(m, n, G)`` -> ``(m, n, H)``), one product per projection piece (the
+        same products in every path)."""
+        w = params[f"weight_ih_l{k}"]
+        for a, b in pieces:
+            rows = (b - a) * dg.shape[1]
+            np.matmul(dg[a:b].reshape(rows, -1), w, out=low[a:b].reshape(rows, -1))
+
     def _layer_input(self, params, x, u0, u1, xs) -> None:
         """Steps u0..u1-1 of the first layer's input, time-major, into ``xs``."""
         if self.vocab_size is not None:
