@@ -108,33 +108,25 @@ def col2im(col, ld, coff, dxf, xbase, cg, h, w, kh, kw, sh, sw, ph, pw, dh, dw, 
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def im2col_wide(xf, xbase, col, ld, coff, cg, h, w, kh, kw, dh, dw, ho, wo):
+def im2col_wide(xf, xbase, col, ld, coff, cg, h, w, kh, kw, dh, dw, ho, wo, adjoint):
     """im2col of a whole image, unpadded and stride 1, at the input's row pitch ``w``
     (:func:`~minidl.kernels.conv_geometry.column_pitch`): row ``r`` holds output ``(oh, ow)``
     at column ``oh * w + ow``, ``(ho-1) * w + wo`` columns, one contiguous run of the input
-    (the ``w - wo`` columns after each output row hold input values no output uses)."""
+    (the ``w - wo`` columns after each output row hold input values no output uses). With
+    ``adjoint``, col2im instead: the columns are added back into ``xf`` (the unused ones must
+    hold zeros: they land on other input positions)."""
     nq = uintp((ho - 1) * w + wo)
     for i in range(kh):
         for j in range(kw):
             for c in range(cg):
                 r0 = uintp(((c * kh + i) * kw + j) * ld + coff)
                 xb = uintp(xbase + (c * h + i * dh) * w + j * dw)
-                for q in range(nq):
-                    col[r0 + q] = xf[xb + q]
-
-
-@njit(nogil=True, cache=True, error_model="numpy")
-def col2im_wide(col, ld, coff, dxf, xbase, cg, h, w, kh, kw, dh, dw, ho, wo):
-    """Adjoint of :func:`im2col_wide`: add the columns back into the flat image gradient. The
-    unused columns must hold zeros (they land on other input positions)."""
-    nq = uintp((ho - 1) * w + wo)
-    for i in range(kh):
-        for j in range(kw):
-            for c in range(cg):
-                r0 = uintp(((c * kh + i) * kw + j) * ld + coff)
-                xb = uintp(xbase + (c * h + i * dh) * w + j * dw)
-                for q in range(nq):
-                    dxf[xb + q] += col[r0 + q]
+                if adjoint:
+                    for q in range(nq):
+                        xf[xb + q] += col[r0 + q]
+                else:
+                    for q in range(nq):
+                        col[r0 + q] = xf[xb + q]
 
 
 # ----------------------------------------------------------------------------- numba
@@ -159,25 +151,18 @@ def _add_row_sums(a, out):
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def _gather_columns(xf, xbase, col, ln, coff, cg, h, wd, geom, pitch):
-    """One image's im2col matrix at column ``coff`` of the ``ln``-column matrix ``col``: the
-    wide layout where ``pitch`` (columns per output row) is wider than the output."""
+def _image_columns(xf, xbase, col, ln, coff, cg, h, wd, geom, pitch, adjoint):
+    """One image's im2col matrix at column ``coff`` of the ``ln``-column matrix ``col`` (the
+    wide layout where ``pitch``, columns per output row, is wider than the output); with
+    ``adjoint`` its col2im: the columns added into the image gradient ``xf``."""
     kh, kw, sh, sw, ph, pw, dh, dw, ho, wo = geom
     if pitch != wo:
-        im2col_wide(xf, xbase, col, ln, coff, cg, h, wd, kh, kw, dh, dw, ho, wo)
+        im2col_wide(xf, xbase, col, ln, coff, cg, h, wd, kh, kw, dh, dw, ho, wo, adjoint)
+    elif adjoint:
+        col2im(col, ln, coff, xf, xbase, cg, h, wd, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo,
+               0, ho)
     else:
         im2col(xf, xbase, col, ln, coff, cg, h, wd, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo,
-               0, ho)
-
-
-@njit(nogil=True, cache=True, error_model="numpy")
-def _scatter_columns(col, ln, coff, dxf, xbase, cg, h, wd, geom, pitch):
-    """Adjoint of :func:`_gather_columns`: add one image's columns into its gradient."""
-    kh, kw, sh, sw, ph, pw, dh, dw, ho, wo = geom
-    if pitch != wo:
-        col2im_wide(col, ln, coff, dxf, xbase, cg, h, wd, kh, kw, dh, dw, ho, wo)
-    else:
-        col2im(col, ln, coff, dxf, xbase, cg, h, wd, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo,
                0, ho)
 
 
@@ -212,8 +197,8 @@ def _fwd_gemm(x, w3, b, has_bias, y, s, offs, n0, n1, nb, band, pitch, kh, kw, s
             else:  # several images side by side: product into ybuf, then out to NCHW
                 ln = (s1 - s0) * hwp
                 for n in range(s0, s1):
-                    _gather_columns(x[n].reshape(-1), xb, colbuf, ln, (n - s0) * hwp, cg, h,
-                                    wd, geom, pitch)
+                    _image_columns(x[n].reshape(-1), xb, colbuf, ln, (n - s0) * hwp, cg, h,
+                                   wd, geom, pitch, False)
                 yb = ybuf[: og * ln].reshape((og, ln))
                 _product(w3[g], colbuf[: k * ln].reshape((k, ln)), yb, False, 0.0, og, ln, k,
                          work)
@@ -286,8 +271,8 @@ def _bwd_gemm(x, w3, dy, dx, need_dx, s, offs, dwacc, zero_dw, dbbuf, n0, n1, nb
                 ln = (s1 - s0) * hwp
                 yb = dybuf[: og * ln].reshape((og, ln))
                 for n in range(s0, s1):
-                    _gather_columns(x[n].reshape(-1), xb, colbuf, ln, (n - s0) * hwp, cg, h,
-                                    wd, geom, pitch)
+                    _image_columns(x[n].reshape(-1), xb, colbuf, ln, (n - s0) * hwp, cg, h,
+                                   wd, geom, pitch, False)
                     dyn = dy[n].reshape((cout, hwo))
                     base = (n - s0) * hwp
                     for o in range(og):
@@ -307,8 +292,8 @@ def _bwd_gemm(x, w3, dy, dx, need_dx, s, offs, dwacc, zero_dw, dbbuf, n0, n1, nb
                     _product(wg, yb, dcolbuf[: k * ln].reshape((k, ln)), True, 0.0, k, ln, og,
                              work)
                     for n in range(s0, s1):
-                        _scatter_columns(dcolbuf, ln, (n - s0) * hwp, dx[n].reshape(-1), xb,
-                                         cg, h, wd, geom, pitch)
+                        _image_columns(dx[n].reshape(-1), xb, dcolbuf, ln, (n - s0) * hwp,
+                                       cg, h, wd, geom, pitch, True)
         for n in range(s0, s1):
             _add_row_sums(dy[n].reshape((cout, hwo)), dbbuf)
 
