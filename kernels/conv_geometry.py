@@ -192,9 +192,33 @@ def _gemm_blocking(x_shape: tuple[int, ...], k: int, ho: int, wo: int, itemsize:
     return max(1, min(nb, x_shape[0])), ho, wo
 
 
-def image_columns(ho: int, wo: int, pitch: int, band: int) -> int:
-    """Columns one image (or one band of ``band`` output rows) takes in the im2col matrix."""
-    return band * wo if pitch == wo else (ho - 1) * pitch + wo
+@dataclass(frozen=True)
+class Im2colBlocking:
+    """How the im2col path of one convolution cuts its work: ``k`` rows of the column
+    matrix, ``nb`` images per product, ``band`` output rows per band, ``pitch`` columns per
+    output row (:func:`column_pitch`) and ``cols`` columns of one image (or band) in the
+    matrix; ``wide`` when the pitch is wider than the output (the products then go through
+    a buffer)."""
+
+    k: int
+    nb: int
+    band: int
+    pitch: int
+    cols: int
+    wide: bool
+
+
+def im2col_blocking(x_shape: tuple[int, ...], kernel: Pair, stride: Pair, padding: Pair,
+                    dilation: Pair, groups: int, itemsize: int,
+                    col_bytes: int = GEMM_MAX_COL_BYTES) -> Im2colBlocking:
+    """The :class:`Im2colBlocking` of a convolution under the column cap ``col_bytes``."""
+    ho, wo = conv_output_hw(x_shape[2:], kernel, stride, padding, dilation)
+    k = x_shape[1] // groups * kernel[0] * kernel[1]
+    pitch = column_pitch(x_shape[2:], kernel, stride, padding, dilation)
+    nb, band, pitch = _gemm_blocking(x_shape, k, ho, wo, itemsize, col_bytes, pitch)
+    wide = pitch != wo
+    cols = (ho - 1) * pitch + wo if wide else band * wo
+    return Im2colBlocking(k, nb, band, pitch, cols, wide)
 
 
 def _slab_elems(
@@ -215,14 +239,12 @@ def _slab_elems(
             return row, [], nb
         p = grad_parts(x_shape[0], nb, parts)
         return row, [(p, cout), (p, kernels.PLANES * cout * x_shape[1])], nb  # db, dW
-    _, c, h, w = x_shape
-    ho, wo = conv_output_hw((h, w), kernel, stride, padding, dilation)
-    k = c // groups * kernel[0] * kernel[1]
-    pitch = column_pitch((h, w), kernel, stride, padding, dilation)
-    nb, band, pitch = _gemm_blocking(x_shape, k, ho, wo, itemsize, col_bytes, pitch)
-    ln = nb * image_columns(ho, wo, pitch, band)
+    blk = im2col_blocking(x_shape, kernel, stride, padding, dilation, groups, itemsize,
+                          col_bytes)
+    k, nb = blk.k, blk.nb
+    ln = nb * blk.cols
     # products of several images side by side, or of the wide layout, go through a buffer
-    side = cout // groups * ln if nb > 1 or pitch != wo else 0
+    side = cout // groups * ln if nb > 1 or blk.wide else 0
     if not backward:
         return [k * ln, side], [], nb  # col, y block
     p = grad_parts(x_shape[0], nb, parts)
@@ -333,10 +355,9 @@ def _product_cols(x_shape: tuple[int, ...], kernel: Pair, stride: Pair, padding:
     if s.config.algo in WINOGRAD_KERNELS:
         th, tw = WINOGRAD_KERNELS[s.config.algo].tiles(ho, wo)
         return s.layout[2] * th * tw
-    k = x_shape[1] // groups * kernel[0] * kernel[1]
-    pitch = column_pitch(x_shape[2:], kernel, stride, padding, dilation)
-    nb, band, pitch = _gemm_blocking(x_shape, k, ho, wo, itemsize, s.config.col_bytes, pitch)
-    return nb * image_columns(ho, wo, pitch, band)
+    blk = im2col_blocking(x_shape, kernel, stride, padding, dilation, groups, itemsize,
+                          s.config.col_bytes)
+    return blk.nb * blk.cols
 
 
 def conv_config(
@@ -458,13 +479,12 @@ def host_call(x_shape: tuple[int, ...], cout: int, kernel: Pair, stride: Pair, p
     offs = np.cumsum([0] + [_aligned(e, itemsize) // itemsize for e in elems[:-1]]
                      ).astype(np.int64)
     ho, wo = conv_output_hw(x_shape[2:], kernel, stride, padding, dilation)
-    k = x_shape[1] // groups * kernel[0] * kernel[1]
-    pitch = column_pitch(x_shape[2:], kernel, stride, padding, dilation)
-    _, band, pitch = _gemm_blocking(x_shape, k, ho, wo, itemsize, cfg.col_bytes, pitch)
-    macs = n * cout * ho * wo * k
+    blk = im2col_blocking(x_shape, kernel, stride, padding, dilation, groups, itemsize,
+                          cfg.col_bytes)
+    macs = n * cout * ho * wo * blk.k
     parallel = split(n, t, macs, serial_macs, force=threads is not None) is not None
     bounds = block_bounds(n, nb, parts[0][0] if backward else t)
-    return HostCall(cfg, nb, band, pitch, t, per // itemsize, offs,
+    return HostCall(cfg, nb, blk.band, blk.pitch, t, per // itemsize, offs,
                     tuple(parts), bounds, parallel, nbytes)
 
 
