@@ -66,7 +66,7 @@ from .conv_geometry import (
     grad_parts,
     host_call,
 )
-from .conv_numba import _bwd_gemm_par, _bwd_gemm_parts, _fwd_gemm, _fwd_gemm_par, col2im, im2col
+from .conv_numba import BWD_GEMM, FWD_GEMM, col2im, im2col
 from .conv_ref import conv2d_backward_ref, conv2d_forward_ref, im2col_ref
 from .parallel import ensure_blas_policy, num_threads
 
@@ -130,7 +130,6 @@ def conv2d_forward(
         return
     ensure_blas_policy()
     _check(x, w, groups, stride, padding, dilation, y=y, b=b)
-    n = x.shape[0]
     cout, cg, kh, kw = w.shape
     call = _host_call(x, w, stride, padding, dilation, groups, False, max_workspace, algo,
                       threads, workspace)
@@ -141,18 +140,17 @@ def conv2d_forward(
     has_bias = b is not None
     bb = _c(b) if has_bias else np.zeros(0, x.dtype)
     if call.config.algo in WINOGRAD_KERNELS:
-        kernels = WINOGRAD_KERNELS[call.config.algo]
-        if not call.parallel:
-            kernels.fwd_chunk(x, w, bb, has_bias, out, slabs[0], offs, 0, n, nb, *padding)
-        else:
-            kernels.forward_par(x, w, bb, has_bias, out, slabs, offs, bounds, nb, *padding)
+        kernel = WINOGRAD_KERNELS[call.config.algo].FORWARD
+        args = (x, w, bb, has_bias, out, slabs, offs, bounds, nb, *padding)
     else:
         w3 = w.reshape(groups, cout // groups, cg * kh * kw)
-        geom = (nb, call.band, call.pitch, kh, kw, *stride, *padding, *dilation)
-        if not call.parallel:
-            _fwd_gemm(x, w3, bb, has_bias, out, slabs[0], offs, 0, n, *geom)
-        else:
-            _fwd_gemm_par(x, w3, bb, has_bias, out, slabs, offs, bounds, *geom)
+        kernel = FWD_GEMM
+        args = (x, w3, bb, has_bias, out, slabs, offs, bounds, nb, call.band, call.pitch, kh,
+                kw, *stride, *padding, *dilation)
+    if call.parallel:
+        kernel.run(bounds.size - 1, *args)
+    else:
+        kernel.serial(*args)
     if out is not y:
         y[...] = out
 
@@ -203,23 +201,21 @@ def conv2d_backward(
         dwo[...] = dw
     if algo in WINOGRAD_KERNELS:
         kernels = WINOGRAD_KERNELS[algo]
-        if not parallel:
-            kernels.backward_parts(x, w, dy, dxo, need_dx, slabs[0], offs, dwparts, dbparts,
-                                   bounds, 0, 1, nb, *padding)
+        args = (x, w, dy, dxo, need_dx, slabs, offs, dwparts, dbparts, bounds, nb, *padding)
+        if parallel:
+            kernels.BACKWARD.run(slabs.shape[0], *args)
         else:
-            kernels.backward_par(x, w, dy, dxo, need_dx, slabs, offs, dwparts, dbparts,
-                                 bounds, nb, *padding)
+            kernels.BACKWARD.serial(*args)
         kernels.finish_grads(dwparts, dbparts, dwo, dbo, add)
     else:
         w3 = w.reshape(groups, cout // groups, cg * kh * kw)
-        geom = (nb, call.band, call.pitch, kh, kw, *stride, *padding, *dilation)
         dwf = dwo.reshape(-1)
-        if not parallel:
-            _bwd_gemm_parts(x, w3, dy, dxo, need_dx, slabs[0], offs, dwf, add, dwparts,
-                            dbparts, bounds, 0, 1, *geom)
+        args = (x, w3, dy, dxo, need_dx, slabs, offs, dwf, add, dwparts, dbparts, bounds, nb,
+                call.band, call.pitch, kh, kw, *stride, *padding, *dilation)
+        if parallel:
+            BWD_GEMM.run(slabs.shape[0], *args)
         else:
-            _bwd_gemm_par(x, w3, dy, dxo, need_dx, slabs, offs, dwf, add, dwparts, dbparts,
-                          bounds, *geom)
+            BWD_GEMM.serial(*args)
         for part in dwparts:  # the first part went straight into dw; the others, in order
             dwf += part[: dwf.size]
         if not add:

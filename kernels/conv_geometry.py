@@ -483,7 +483,8 @@ def host_call(x_shape: tuple[int, ...], cout: int, kernel: Pair, stride: Pair, p
                           cfg.col_bytes)
     macs = n * cout * ho * wo * blk.k
     parallel = split(n, t, macs, serial_macs, force=threads is not None) is not None
-    bounds = block_bounds(n, nb, parts[0][0] if backward else t)
+    # forward: one run of blocks per thread (all of them on the calling thread if serial)
+    bounds = block_bounds(n, nb, parts[0][0] if backward else (t if parallel else 1))
     return HostCall(cfg, nb, blk.band, blk.pitch, t, per // itemsize, offs,
                     tuple(parts), bounds, parallel, nbytes)
 

@@ -1,12 +1,14 @@
-"""Numba CPU kernels of the im2col + GEMM convolution: im2col / col2im, the per-thread forward
-and backward loops and their ``prange`` drivers (one iteration per workspace row)."""
+"""Numba CPU kernels of the im2col + GEMM convolution: im2col / col2im and the per-thread
+forward and backward loops (one workspace row per thread, run on Numba's pool by
+:class:`~minidl.kernels.parallel.ThreadedKernel`)."""
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange, uintp
+from numba import njit, uintp
 
 from .blas import mm
+from .parallel import ThreadedKernel
 from .small_gemm import is_thin, thin_mm
 
 
@@ -167,11 +169,13 @@ def _image_columns(xf, xbase, col, ln, coff, cg, h, wd, geom, pitch, adjoint):
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def _fwd_gemm(x, w3, b, has_bias, y, s, offs, n0, n1, nb, band, pitch, kh, kw, sh, sw, ph, pw,
-              dh, dw):
-    """Images ``n0:n1``: ``nb`` images per matrix product (``pitch`` columns per output row,
-    see :func:`~minidl.kernels.conv_geometry.column_pitch`), or one image in bands of
-    ``band`` output rows written in place (BLAS with the plane's row stride)."""
+def _fwd_gemm(x, w3, b, has_bias, y, slabs, offs, bounds, nb, band, pitch, kh, kw, sh, sw, ph,
+              pw, dh, dw, t, threads):
+    """Thread ``t``'s images ``bounds[t]:bounds[t + 1]`` on its workspace row ``slabs[t]``:
+    ``nb`` images per matrix product (``pitch`` columns per output row, see
+    :func:`~minidl.kernels.conv_geometry.column_pitch`), or one image in bands of ``band``
+    output rows written in place (BLAS with the plane's row stride)."""
+    s, n0, n1 = slabs[t], bounds[t], bounds[t + 1]
     colbuf, ybuf = s[offs[0]:offs[1]], s[offs[1]:]
     _, c, h, wd = x.shape
     groups, og, k = w3.shape
@@ -298,33 +302,20 @@ def _bwd_gemm(x, w3, dy, dx, need_dx, s, offs, dwacc, zero_dw, dbbuf, n0, n1, nb
             _add_row_sums(dy[n].reshape((cout, hwo)), dbbuf)
 
 
-# ----------------------------------------------------------------------------- parallel
-# One prange iteration per thread, each a serial kernel on its workspace row: forward on its
-# run of blocks, backward on the gradient parts ``t, t + threads, ...``.
-@njit(nogil=True, cache=True, parallel=True, error_model="numpy")
-def _fwd_gemm_par(x, w3, b, has_bias, y, slabs, offs, bounds, nb, band, pitch, kh, kw, sh, sw,
-                  ph, pw, dh, dw):
-    for t in prange(bounds.size - 1):
-        _fwd_gemm(x, w3, b, has_bias, y, slabs[t], offs, bounds[t], bounds[t + 1], nb, band,
-                  pitch, kh, kw, sh, sw, ph, pw, dh, dw)
-
-
+# ----------------------------------------------------------------------------- parts
 @njit(nogil=True, cache=True, error_model="numpy")
-def _bwd_gemm_parts(x, w3, dy, dx, need_dx, s, offs, dwout, add_dw, dwparts, dbparts, bounds,
-                    first, step, nb, band, pitch, kh, kw, sh, sw, ph, pw, dh, dw):
-    """Gradient parts ``first, first + step, ...`` on one workspace row ``s``; the first
-    part's ``dW`` goes into ``dwout`` (added to what it holds if ``add_dw``)."""
+def _bwd_gemm_parts(x, w3, dy, dx, need_dx, slabs, offs, dwout, add_dw, dwparts, dbparts, bounds,
+                    nb, band, pitch, kh, kw, sh, sw, ph, pw, dh, dw, first, step):
+    """Gradient parts ``first, first + step, ...`` on the workspace row ``slabs[first]`` (a
+    thread ``first`` of ``step``, see :class:`~minidl.kernels.parallel.ThreadedKernel`); the
+    first part's ``dW`` goes into ``dwout`` (added to what it holds if ``add_dw``)."""
+    s = slabs[first]
     for p in range(first, bounds.size - 1, step):
         acc = dwout if p == 0 else dwparts[p - 1]
         _bwd_gemm(x, w3, dy, dx, need_dx, s, offs, acc, p > 0 or not add_dw, dbparts[p],
                   bounds[p], bounds[p + 1], nb, band, pitch, kh, kw, sh, sw, ph, pw, dh, dw)
 
 
-@njit(nogil=True, cache=True, parallel=True, error_model="numpy")
-def _bwd_gemm_par(x, w3, dy, dx, need_dx, slabs, offs, dwout, add_dw, dwparts, dbparts, bounds,
-                  nb, band, pitch, kh, kw, sh, sw, ph, pw, dh, dw):
-    threads = slabs.shape[0]
-    for t in prange(threads):
-        _bwd_gemm_parts(x, w3, dy, dx, need_dx, slabs[t], offs, dwout, add_dw, dwparts,
-                        dbparts, bounds, t, threads, nb, band, pitch, kh, kw, sh, sw, ph, pw,
-                        dh, dw)
+#: Forward and backward on Numba's pool, one workspace row per thread.
+FWD_GEMM = ThreadedKernel(_fwd_gemm)
+BWD_GEMM = ThreadedKernel(_bwd_gemm_parts)

@@ -18,6 +18,7 @@ import numpy as np
 from numba import njit, prange
 
 from .blas import mm
+from .parallel import ThreadedKernel
 
 #: L2 budget for the transformed tiles of one sub-chunk of images (bytes).
 L2_BUDGET = 1 << 20
@@ -260,8 +261,10 @@ def _input_grad_transform(dd, ntot, kb, t16, dxp, p0, th, tw):
 
 # ----------------------------------------------------------------------------- chunks
 @njit(nogil=True, cache=True, error_model="numpy")
-def fwd_chunk(x, w, b, has_bias, y, s, offs, n0, n1, nb, ph, pw):
-    """Images ``n0:n1`` of the forward; ``s``: this thread's workspace row."""
+def fwd_chunk(x, w, b, has_bias, y, slabs, offs, bounds, nb, ph, pw, t, threads):
+    """Thread ``t``'s images ``bounds[t]:bounds[t + 1]`` of the forward on its workspace row
+    ``slabs[t]`` (see :class:`~minidl.kernels.parallel.ThreadedKernel`)."""
+    s, n0, n1 = slabs[t], bounds[t], bounds[t + 1]
     cin, cout = x.shape[1], w.shape[0]
     th, tw = (y.shape[2] + 1) // 2, (y.shape[3] + 1) // 2
     hb, wb = 2 * th + 2, 2 * tw + 2
@@ -327,28 +330,20 @@ def bwd_chunk(x, w, dy, dx, need_dx, s, offs, dwpart, db, n0, n1, nb, ph, pw):
                 unpad(xp, dx, n, ph, pw)
 
 
-@njit(nogil=True, cache=True, parallel=True, error_model="numpy")
-def forward_par(x, w, b, has_bias, y, slabs, offs, bounds, nb, ph, pw):
-    for t in prange(bounds.size - 1):
-        fwd_chunk(x, w, b, has_bias, y, slabs[t], offs, bounds[t], bounds[t + 1], nb, ph, pw)
-
-
 @njit(nogil=True, cache=True, error_model="numpy")
-def backward_parts(x, w, dy, dx, need_dx, s, offs, dwparts, dbparts, bounds, first, step, nb,
-                   ph, pw):
+def backward_parts(x, w, dy, dx, need_dx, slabs, offs, dwparts, dbparts, bounds, nb, ph, pw,
+                   first, step):
     """Gradient parts ``first, first + step, ...`` (images ``bounds[p]:bounds[p + 1]``) on
-    one workspace row ``s``."""
+    the workspace row ``slabs[first]`` (thread ``first`` of ``step``)."""
+    s = slabs[first]
     for p in range(first, bounds.size - 1, step):
         bwd_chunk(x, w, dy, dx, need_dx, s, offs, dwparts[p], dbparts[p], bounds[p],
                   bounds[p + 1], nb, ph, pw)
 
 
-@njit(nogil=True, cache=True, parallel=True, error_model="numpy")
-def backward_par(x, w, dy, dx, need_dx, slabs, offs, dwparts, dbparts, bounds, nb, ph, pw):
-    threads = slabs.shape[0]
-    for t in prange(threads):
-        backward_parts(x, w, dy, dx, need_dx, slabs[t], offs, dwparts, dbparts, bounds, t,
-                       threads, nb, ph, pw)
+#: Forward and backward on Numba's pool, one workspace row per thread.
+FORWARD = ThreadedKernel(fwd_chunk)
+BACKWARD = ThreadedKernel(backward_parts)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
