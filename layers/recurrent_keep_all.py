@@ -81,7 +81,7 @@ class _KeepAllPath:
         U = len(units)
         self._make_table(params, table)
 
-        pieces = [self._pieces(u1 - u0) for u0, u1 in units]
+        pieces = [self._pieces(u0, u1, t) for u0, u1 in units]
 
         def proj(k: int, u: int, j: int):
             def run(wid: int) -> None:
@@ -137,7 +137,7 @@ class _KeepAllPath:
             m = units[u][1] - units[u][0]
             return _flat(din_ring[k, u % 2], m, n, H)
 
-        pieces = [self._pieces(u1 - u0) for u0, u1 in units]
+        pieces = [self._pieces(u0, u1, t) for u0, u1 in units]
 
         def rec(k: int, u: int, j: int):  # steps of piece j, last to first
             def run(wid: int) -> None:

@@ -158,7 +158,7 @@ class _ScheduledPath:
                                        xs, token_dg, accumulate)
             if k > 0:
                 low = _flat(dlow_buf, m, n, H)
-                self._grad_into_lower(k, params, dg, low, self._pieces(m))
+                self._grad_into_lower(k, params, dg, low, self._pieces(u0, u0 + m, x.shape[1]))
                 din_buf, dlow_buf = dlow_buf, din_buf
                 din = low
             else:

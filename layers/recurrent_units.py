@@ -63,18 +63,31 @@ class _UnitOps:
     #: projections (two trainers alternating in one process): char-lstm b32 seq64 0.969x,
     #: char-gru 0.972x the step time; pieces of 4 steps even with 8.
     projection_steps = 8
+    #: ... except the sequence's first and last piece, of this many steps: the lanes'
+    #: pipeline fills while the first piece's recurrence runs alone (forward) and drains
+    #: while the last one's does (and backward the reverse), so shorter edge pieces leave a
+    #: lane idle for less time.
+    edge_projection_steps = 4
 
-    def _pieces(self, m: int) -> list[tuple[int, int]]:
-        """(start, stop) of the projection pieces of an ``m``-step unit (local steps)."""
-        p = max(1, self.projection_steps)
-        return [(a, min(a + p, m)) for a in range(0, m, p)]
+    def _pieces(self, u0: int, u1: int, t: int) -> list[tuple[int, int]]:
+        """(start, stop) local steps of the projection pieces of the unit of steps
+        ``u0..u1-1`` of a ``t``-step sequence (:data:`projection_steps`,
+        :data:`edge_projection_steps`)."""
+        p, e, m = max(1, self.projection_steps), max(1, self.edge_projection_steps), u1 - u0
+        out = [(a, min(a + p, m)) for a in range(0, m, p)]
+        if out and u0 == 0 and out[0][1] - out[0][0] > e:
+            out[:1] = [(0, e), (e, out[0][1])]
+        if out and u1 == t and out[-1][1] - out[-1][0] > e:
+            a, b = out[-1]
+            out[-1:] = [(a, b - e), (b - e, b)]
+        return out
 
     def _project(self, k, params, x, u0, u1, lo, hs, xs, gx, bias, table,
                  pieces: list[tuple[int, int]] | None = None) -> None:
         """Layer k's input projection of steps u0..u1-1 into ``gx`` (and its ``bias``), piece
         by piece (:meth:`_pieces`; ``pieces``: only those)."""
         n = x.shape[0]
-        for a, b in pieces if pieces is not None else self._pieces(u1 - u0):
+        for a, b in pieces if pieces is not None else self._pieces(u0, u1, x.shape[1]):
             m = b - a
             g = gx[a:b]
             g2 = g.reshape(m * n, -1)

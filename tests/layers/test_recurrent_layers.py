@@ -272,9 +272,11 @@ def test_only_some_input_gradients_requested(cell):
 @given(cell=cells, n=st.integers(1, 3), t=st.integers(1, 14), unit_steps=st.integers(1, 4),
        layers=st.integers(1, 3), kind=st.sampled_from(["all", "sqrt", "dp", "budget"]),
        slots=st.integers(1, 5), mode=st.sampled_from(["float", "table", "gather"]),
-       bias=st.booleans(), init=st.booleans(), seed=seeds, pieces=st.integers(1, 4))
+       bias=st.booleans(), init=st.booleans(), seed=seeds, pieces=st.integers(1, 4),
+       edge=st.integers(1, 3))
 def test_schedules_bit_identical_to_keeping_everything(cell, n, t, unit_steps, layers, kind,
-                                                       slots, mode, bias, init, seed, pieces):
+                                                       slots, mode, bias, init, seed, pieces,
+                                                       edge):
     units = _units(t, unit_steps)
     schedule = _schedule(kind, units, slots)
     vocab = None if mode == "float" else _vocab_for(mode, n, t)
@@ -282,6 +284,7 @@ def test_schedules_bit_identical_to_keeping_everything(cell, n, t, unit_steps, l
     ref_layer = _make(cell, 3, 4, layers, bias, **kw)
     layer = _make(cell, 3, 4, layers, bias, schedule=schedule, **kw)
     ref_layer.projection_steps = layer.projection_steps = pieces  # projections in pieces
+    ref_layer.edge_projection_steps = layer.edge_projection_steps = edge  # first and last
     assert layer._table(n, t) == (mode == "table")
     rng = np.random.default_rng(seed)
     inputs = _inputs(layer, n, t, rng)
@@ -526,3 +529,13 @@ def test_critical_path_order_keeps_the_bits(cell):
             assert (a is None and b is None) or np.array_equal(a, b)
         for name, g in first.grad_params.items():
             assert np.array_equal(got.grad_params[name], g), name
+
+
+def test_projection_pieces_cut_the_sequence_edges_shorter():
+    layer = _make("lstm", 3, 4, 2, unit_steps=16)
+    layer.projection_steps, layer.edge_projection_steps = 8, 3
+    assert layer._pieces(0, 16, 40) == [(0, 3), (3, 8), (8, 16)]  # the first unit
+    assert layer._pieces(16, 32, 40) == [(0, 8), (8, 16)]
+    assert layer._pieces(32, 40, 40) == [(0, 5), (5, 8)]  # the last unit
+    assert layer._pieces(0, 5, 5) == [(0, 3), (3, 5)]  # one unit: the first cut only
+    assert layer._pieces(0, 2, 2) == [(0, 2)]  # no piece longer than the edge
