@@ -71,3 +71,21 @@ def test_child_process_runs_methods_elsewhere_and_reports_their_errors(monkeypat
         assert child.call("getpid") != os.getpid()
     with pytest.raises(RuntimeError, match="(?s)in the child process:.*ZeroDivisionError"):
         ChildProcess(divmod, 1, 0)
+
+
+def test_ab_setting_finds_module_constants_and_class_attributes():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import ab_setting
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    from minidl.kernels import conv_geometry
+    from minidl.layers import recurrent_units
+
+    assert ab_setting._owner("minidl.kernels.conv_geometry.GEMM_MIN_COLS") == (
+        conv_geometry, "GEMM_MIN_COLS")
+    assert ab_setting._owner(
+        "minidl.layers.recurrent_units._UnitOps.edge_projection_steps") == (
+        recurrent_units._UnitOps, "edge_projection_steps")
+    with pytest.raises(SystemExit, match="no setting"):
+        ab_setting._owner("minidl.kernels.conv_geometry.NO_SUCH_CONSTANT")
