@@ -147,10 +147,7 @@ def conv2d_forward(
         kernel = FWD_GEMM
         args = (x, w3, bb, has_bias, out, slabs, offs, bounds, nb, call.band, call.pitch, kh,
                 kw, *stride, *padding, *dilation)
-    if call.parallel:
-        kernel.run(bounds.size - 1, *args)
-    else:
-        kernel.serial(*args)
+    kernel.run(bounds.size - 1, *args)  # one run of blocks per thread (one if serial)
     if out is not y:
         y[...] = out
 
@@ -202,20 +199,14 @@ def conv2d_backward(
     if algo in WINOGRAD_KERNELS:
         kernels = WINOGRAD_KERNELS[algo]
         args = (x, w, dy, dxo, need_dx, slabs, offs, dwparts, dbparts, bounds, nb, *padding)
-        if parallel:
-            kernels.BACKWARD.run(slabs.shape[0], *args)
-        else:
-            kernels.BACKWARD.serial(*args)
+        kernels.BACKWARD.run(slabs.shape[0] if parallel else 1, *args)
         kernels.finish_grads(dwparts, dbparts, dwo, dbo, add)
     else:
         w3 = w.reshape(groups, cout // groups, cg * kh * kw)
         dwf = dwo.reshape(-1)
         args = (x, w3, dy, dxo, need_dx, slabs, offs, dwf, add, dwparts, dbparts, bounds, nb,
                 call.band, call.pitch, kh, kw, *stride, *padding, *dilation)
-        if parallel:
-            BWD_GEMM.run(slabs.shape[0], *args)
-        else:
-            BWD_GEMM.serial(*args)
+        BWD_GEMM.run(slabs.shape[0] if parallel else 1, *args)
         for part in dwparts:  # the first part went straight into dw; the others, in order
             dwf += part[: dwf.size]
         if not add:

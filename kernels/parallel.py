@@ -367,9 +367,9 @@ class ThreadedKernel:
         return address
 
     def run(self, threads: int, *args) -> None:
-        """``kernel(*args, t, threads)`` for ``t`` in ``range(threads)``, in parallel."""
-        _run_rows(self._address(args), threads, args)
-
-    def serial(self, *args) -> None:
-        """The whole work on the calling thread: ``kernel(*args, 0, 1)``."""
-        self.kernel(*args, 0, 1)
+        """``kernel(*args, t, threads)`` for ``t`` in ``range(threads)``, in parallel (one
+        thread: on the calling thread, no launch)."""
+        if threads == 1:
+            self.kernel(*args, 0, 1)
+        else:
+            _run_rows(self._address(args), threads, args)

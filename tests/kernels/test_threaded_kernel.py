@@ -27,7 +27,7 @@ def test_each_thread_runs_its_share_with_its_index(dtype):
     SCALE.run(3, x, y, 2.0, bounds)
     want = x * 2 + np.repeat(np.arange(3), [3, 4, 3]) + 300
     np.testing.assert_array_equal(y, want.astype(dtype))
-    SCALE.serial(x, y, 3.0, np.array([0, 10], np.int64))
+    SCALE.run(1, x, y, 3.0, np.array([0, 10], np.int64))  # on this thread
     np.testing.assert_array_equal(y, (x * 3 + 100).astype(dtype))
 
 
@@ -58,7 +58,7 @@ class _Compiled(event.Listener):
 def test_the_parallel_driver_never_compiles_the_kernel_again():
     x, y = np.arange(8, dtype=np.float32), np.zeros(8, np.float32)
     bounds = np.array([0, 4, 8], np.int64)
-    SCALE.serial(x, y, 1.0, np.array([0, 8], np.int64))  # the kernel compiled here
+    SCALE.run(1, x, y, 1.0, np.array([0, 8], np.int64))  # the kernel compiled here
     listener = _Compiled()
     event.register("numba:compile", listener)
     try:
