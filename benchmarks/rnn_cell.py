@@ -1,8 +1,10 @@
 """The fused RNN layers' cell kernels and gate activations, alone (float32, one thread).
 
 Times the activations inside Numba (sigmoid, tanh: nanoseconds a value over 40960 values,
-the activations of one LSTM step at batch 32, hidden 256) and one step's LSTM / GRU cell,
-forward and backward (microseconds), medians.
+the activations of one LSTM step at batch 32, hidden 256), one step's LSTM / GRU cell,
+forward and backward, and one lane's LSTM forward step (the recurrent product
+``W_hh @ h.T`` and the cell, over 8 steps, interleaved with the product alone), in
+microseconds, medians.
 
     python benchmarks/rnn_cell.py [--batch 32] [--hidden 256] [--repeats 2000]
 """
@@ -14,6 +16,7 @@ import time
 
 import numpy as np
 from minidl.kernels import rnn
+from minidl.kernels.parallel import ensure_blas_policy
 
 
 def _median_us(fn, repeats: int) -> float:
@@ -33,6 +36,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2000)
     args = ap.parse_args()
     n, h, r = args.batch, args.hidden, args.repeats
+    ensure_blas_policy()  # one BLAS thread, as in training (the lanes are the threads)
     rng = np.random.default_rng(0)
 
     def arr(*shape):
@@ -58,6 +62,30 @@ def main() -> None:
     fwd = _median_us(lambda: rnn.gru_cell_forward(gx3, hw3, b3, c_prev, stash, hh), r)
     bwd = _median_us(lambda: rnn.gru_cell_backward(dh, stash, c_prev, dgx, dgh, db3), r)
     print(f"GRU cell N={n} H={h}: forward {fwd:.1f} us, backward {bwd:.1f} us")
+    steps = 8
+    w_hh, hs, cs = 0.05 * arr(4 * h, h), np.zeros((steps + 1, n, h), np.float32), \
+        np.zeros((steps + 1, n, h), np.float32)
+    gxs, hw = arr(steps, n, 4 * h), np.empty((4 * h, n), np.float32)
+
+    def lane_steps() -> None:
+        for i in range(steps):
+            np.matmul(w_hh, hs[i].T, out=hw)
+            rnn.lstm_cell_forward(hw, gxs[i], bias, cs[i], gates, hs[i + 1], cs[i + 1])
+
+    def products() -> None:
+        for i in range(steps):
+            np.matmul(w_hh, hs[i].T, out=hw)
+
+    both = [[], []]
+    for fn in (lane_steps, products):
+        fn()
+    for _ in range(max(1, r // 5)):
+        for k, fn in enumerate((lane_steps, products)):
+            t0 = time.perf_counter()
+            fn()
+            both[k].append((time.perf_counter() - t0) / steps)
+    print(f"LSTM forward step on one lane: {1e6 * np.median(both[0]):.1f} us, of which the "
+          f"recurrent product {1e6 * np.median(both[1]):.1f} us")
 
 
 if __name__ == "__main__":
