@@ -22,52 +22,32 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import defaultdict
+
+from minidl.kernels.jit import CompileWatch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-class _Outermost:
-    """Numba compile events: seconds per outermost compiled function."""
-
-    def __init__(self) -> None:
-        from numba.core import event
-
-        class Listener(event.Listener):
-            def on_start(inner, ev) -> None:
-                self._starts.append(time.perf_counter())
-
-            def on_end(inner, ev) -> None:
-                start = self._starts.pop()
-                if not self._starts:
-                    fn = ev.data["dispatcher"].py_func
-                    self.seconds[f"{fn.__module__}.{fn.__qualname__}"] += \
-                        time.perf_counter() - start
-
-        self._starts: list[float] = []
-        self.seconds: dict[str, float] = defaultdict(float)
-        event.register("numba:compile", Listener())
-
-
 # ----------------------------------------------------------------------------- pytest plugin
 def pytest_configure(config) -> None:  # noqa: D103 - loaded by --suite's pytest run
-    config._compile_times = _Outermost()
+    config._compile_watch = CompileWatch().__enter__()
 
 
 def pytest_unconfigure(config) -> None:  # noqa: D103
     out = os.environ.get("COMPILE_TIME_OUT")
-    if out and hasattr(config, "_compile_times"):
-        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        with open(os.path.join(out, f"{worker}.json"), "w") as f:
-            json.dump(dict(config._compile_times.seconds), f)
+    watch = getattr(config, "_compile_watch", None)
+    if watch is not None:
+        watch.__exit__(None, None, None)
+        if out:
+            worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+            with open(os.path.join(out, f"{worker}.json"), "w") as f:
+                json.dump(watch.by_function, f)
 
 
 # ----------------------------------------------------------------------------- modes
 def _conv(algo: str, dtype: str) -> None:
     import numpy as np
-
-    watch = _Outermost()
     from minidl.kernels import conv
 
     rng = np.random.default_rng(0)
@@ -76,10 +56,11 @@ def _conv(algo: str, dtype: str) -> None:
     b, y = np.zeros(64, dtype), np.empty((8, 64, 14, 14), dtype)
     dx, dw, db = np.empty_like(x), np.empty_like(w), np.empty_like(b)
     t0 = time.perf_counter()
-    conv.conv2d_forward(x, w, b, y, padding=(1, 1), threads=2, algo=algo)
-    conv.conv2d_backward(x, w, y, dx, dw, db, padding=(1, 1), threads=2, algo=algo)
+    with CompileWatch() as watch:
+        conv.conv2d_forward(x, w, b, y, padding=(1, 1), threads=2, algo=algo)
+        conv.conv2d_backward(x, w, y, dx, dw, db, padding=(1, 1), threads=2, algo=algo)
     total = time.perf_counter() - t0
-    for name, s in sorted(watch.seconds.items(), key=lambda kv: -kv[1]):
+    for name, s in sorted(watch.by_function.items(), key=lambda kv: -kv[1]):
         print(f"  {s:6.2f} s  {name}")
     print(f"conv {algo} {dtype}, forward + backward from an empty cache: {total:.1f} s")
 

@@ -17,16 +17,11 @@ import time
 import numpy as np
 from minidl.kernels import rnn
 from minidl.kernels.parallel import ensure_blas_policy
+from separate_processes import median_ms
 
 
 def _median_us(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e6 * float(np.median(times))
+    return 1e3 * median_ms(fn, repeats, warmup=1)
 
 
 def main() -> None:

@@ -23,7 +23,8 @@ class CompileWatch(event.Listener):
     ``on_first_compile`` (optional) is called once, when the first compilation starts; a
     block whose kernels all come from the on-disk cache never calls it. Afterwards
     ``functions`` counts the functions compiled at the outermost level (a kernel and the
-    jitted functions it calls count once) and ``seconds`` their total compile time.
+    jitted functions it calls count once), ``seconds`` their total compile time and
+    ``by_function`` those seconds per function (``module.qualname``).
     """
 
     def __init__(self, on_first_compile: Callable[[], None] | None = None) -> None:
@@ -33,6 +34,7 @@ class CompileWatch(event.Listener):
         self._lock = threading.Lock()
         self._depth = 0
         self._outer_start = 0.0
+        self.by_function: dict[str, float] = {}
 
     @property
     def compiled(self) -> bool:
@@ -54,7 +56,11 @@ class CompileWatch(event.Listener):
         with self._lock:
             self._depth -= 1
             if self._depth == 0:
-                self.seconds += time.perf_counter() - self._outer_start
+                took = time.perf_counter() - self._outer_start
+                self.seconds += took
+                fn = ev.data["dispatcher"].py_func
+                name = f"{fn.__module__}.{fn.__qualname__}"
+                self.by_function[name] = self.by_function.get(name, 0.0) + took
 
     def __enter__(self) -> CompileWatch:
         event.register("numba:compile", self)

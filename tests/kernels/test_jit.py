@@ -25,6 +25,8 @@ def test_watch_reports_a_compilation_once_and_nothing_when_compiled():
     assert watch.compiled and calls == [1]
     assert watch.functions == 1  # outer compiles inner inside its own compilation
     assert watch.seconds > 0
+    assert list(watch.by_function) == [f"{__name__}.{outer.py_func.__qualname__}"]
+    assert watch.by_function[f"{__name__}.{outer.py_func.__qualname__}"] == watch.seconds
 
     with CompileWatch(on_first_compile=lambda: calls.append(2)) as again:
         assert outer(4) == 9
