@@ -103,6 +103,19 @@ def _panel(typingctx, a, a_at, a_row, a_inner, b, b_at, b_inner, c, c_at, c_row,
 
 
 @njit(nogil=True)
+def _plain_rows(a, b, out, first):
+    """``out[r] = a[r] @ b`` for the rows from ``first`` on (those no whole panel covers), a
+    term at a time in ascending k like the panel."""
+    for r in range(first, out.shape[0]):
+        row = out[r]
+        row[:] = 0
+        for k in range(a.shape[1]):
+            ak, bk = a[r, k], b[k]
+            for j in range(row.size):
+                row[j] += ak * bk[j]
+
+
+@njit(nogil=True)
 def panel_forward(w, h_t, out, block):
     """``out (G, N) = w (G, K) @ h_t (K, N)`` (N % 16 == 0), inner dimension in blocks of
     ``block`` (outermost, so a block of ``h_t`` stays in L1); the last G % 6 rows in a
@@ -120,13 +133,7 @@ def panel_forward(w, h_t, out, block):
                 else:
                     _panel(wf, g * depth + k0, depth, 1, hf, k0 * n + j, n, of, g * n + j, n,
                            kb, True)
-    for g in range(whole, g_rows):
-        row = out[g]
-        row[:] = 0
-        for k in range(depth):
-            wk, hk = w[g, k], h_t[k]
-            for j in range(n):
-                row[j] += wk * hk[j]
+    _plain_rows(w, h_t, out, whole)
 
 
 @njit(nogil=True)
@@ -140,13 +147,7 @@ def panel_backward(dg, w, out):
     for j in range(0, hid, 16):
         for r in range(0, whole, ROWS):
             _panel(df, r * depth, depth, 1, wf, j, hid, of, r * hid + j, hid, depth, False)
-    for r in range(whole, n):
-        row = out[r]
-        row[:] = 0
-        for k in range(depth):
-            dk, wk = dg[r, k], w[k]
-            for j in range(hid):
-                row[j] += dk * wk[j]
+    _plain_rows(dg, w, out, whole)
 
 
 @njit(nogil=True)
