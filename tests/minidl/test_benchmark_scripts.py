@@ -89,3 +89,37 @@ def test_ab_setting_finds_module_constants_and_class_attributes():
         recurrent_units._UnitOps, "edge_projection_steps")
     with pytest.raises(SystemExit, match="no setting"):
         ab_setting._owner("minidl.kernels.conv_geometry.NO_SUCH_CONSTANT")
+
+
+def _has_avx2_fma() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "avx2" in flags and "fma" in flags
+
+
+@pytest.mark.skipif(not _has_avx2_fma(), reason="the panel kernel needs AVX2 and FMA")
+@pytest.mark.parametrize("block", [16, 5])
+def test_recurrent_product_panels_compute_the_products(block):
+    """The experiment's own kernel computes what BLAS does (64 gate rows: 10 whole panels and
+    4 plain rows; 16 batch rows: 2 panels and 4 plain rows), blocked or not over k."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import numpy as np
+        import recurrent_product
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    rng = np.random.default_rng(1)
+    n, hid = 16, 16
+    w = rng.standard_normal((4 * hid, hid)).astype(np.float32)
+    h = rng.standard_normal((n, hid)).astype(np.float32)
+    out = np.full((4 * hid, n), np.nan, np.float32)
+    recurrent_product.panel_forward(w, np.ascontiguousarray(h.T), out, block)
+    exact = w.astype(np.float64) @ h.T.astype(np.float64)
+    assert np.abs(out - exact).max() <= 1e-5 * np.abs(exact).max()
+    dg = rng.standard_normal((n, 4 * hid)).astype(np.float32)
+    carry = np.full((n, hid), np.nan, np.float32)
+    recurrent_product.panel_backward(dg, w, carry)
+    exact = dg.astype(np.float64) @ w.astype(np.float64)
+    assert np.abs(carry - exact).max() <= 1e-5 * np.abs(exact).max()
