@@ -29,6 +29,7 @@ from minidl.kernels.parallel import ensure_blas_policy
 from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
+from separate_processes import alternated_median_ms
 
 ROWS, VECTORS, LANES = 6, 2, 8  # the panel: 6 rows x 2 vectors of 8 floats
 
@@ -157,19 +158,7 @@ def _spin(a, b, c, depth):
 
 def _interleaved(first, second, repeats):
     """Medians (us) of two calls alternated call by call."""
-    ta, tb = [], []
-    for _ in range(20):
-        first()
-        second()
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        first()
-        t1 = time.perf_counter()
-        second()
-        t2 = time.perf_counter()
-        ta.append(t1 - t0)
-        tb.append(t2 - t1)
-    return 1e6 * float(np.median(ta)), 1e6 * float(np.median(tb))
+    return tuple(1e3 * ms for ms in alternated_median_ms([first, second], repeats, warmup=20))
 
 
 def main() -> None:

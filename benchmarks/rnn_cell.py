@@ -12,12 +12,11 @@ microseconds, medians.
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 from minidl.kernels import rnn
 from minidl.kernels.parallel import ensure_blas_policy
-from separate_processes import median_ms
+from separate_processes import alternated_median_ms, median_ms
 
 
 def _median_us(fn, repeats: int) -> float:
@@ -71,16 +70,10 @@ def main() -> None:
         for i in range(steps):
             np.matmul(w_hh, hs[i].T, out=hw)
 
-    both = [[], []]
-    for fn in (lane_steps, products):
-        fn()
-    for _ in range(max(1, r // 5)):
-        for k, fn in enumerate((lane_steps, products)):
-            t0 = time.perf_counter()
-            fn()
-            both[k].append((time.perf_counter() - t0) / steps)
-    print(f"LSTM forward step on one lane: {1e6 * np.median(both[0]):.1f} us, of which the "
-          f"recurrent product {1e6 * np.median(both[1]):.1f} us")
+    lane_us, product_us = (1e3 * ms / steps for ms in
+                           alternated_median_ms([lane_steps, products], max(1, r // 5)))
+    print(f"LSTM forward step on one lane: {lane_us:.1f} us, of which the "
+          f"recurrent product {product_us:.1f} us")
 
 
 if __name__ == "__main__":

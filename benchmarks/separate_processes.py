@@ -90,6 +90,23 @@ def median_ms(step: Callable[[], Any], repeats: int, warmup: int = 2) -> float:
     return float(np.median(times)) * 1e3
 
 
+
+def alternated_median_ms(calls: list[Callable[[], Any]], repeats: int,
+                         warmup: int = 1) -> list[float]:
+    """Median wall time (ms) of each of ``calls``, run in turn ``repeats`` times after
+    ``warmup`` untimed rounds: in one process, each timed beside the others under the same
+    load (an A/B of kernels on a noisy machine)."""
+    for _ in range(warmup):
+        for call in calls:
+            call()
+    times: list[list[float]] = [[] for _ in calls]
+    for _ in range(repeats):
+        for call, own in zip(calls, times):
+            t = time.perf_counter()
+            call()
+            own.append(time.perf_counter() - t)
+    return [float(np.median(own)) * 1e3 for own in times]
+
 def alternate(rounds: int, block: int, run_minidl: Callable[[int], Any],
               torch_side: ChildProcess | None, torch_method: str) -> dict[str, Any]:
     """``rounds`` blocks of ``block + 1`` runs of minidl (here) then of torch (its process),
