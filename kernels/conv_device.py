@@ -1,19 +1,21 @@
-"""2-D convolution on device arrays (CuPy) by array operations alone: im2col of a tile into
-the declared workspace, cuBLAS GEMMs through ``np.matmul(..., out=)``, col2im by strided
-slice additions.
+"""2-D convolution on device arrays (CuPy): im2col of a tile into the declared workspace by
+one Numba CUDA kernel, cuBLAS GEMMs through ``np.matmul(..., out=)``, col2im by one gather
+kernel. NumPy arrays (the tests' reference) take the same code with strided slice copies and
+additions in place of the two kernels.
 
-Every operation is one CuPy implements and one NumPy's API hands to the array's own type
-(ufuncs with ``out=``, ndarray methods, basic slicing and slice assignment), so the same code
-runs on NumPy arrays (the tests) and creates no array outside the outputs and the workspace:
+Apart from the two kernels, every operation is one CuPy implements and one NumPy's API hands to
+the array's own type (ufuncs with ``out=``, ndarray methods, basic slicing and slice
+assignment), and no array is created outside the outputs and the workspace:
 
 * A *tile* is ``m`` consecutive images (whole output planes), or a band of output rows of one
   image when one image's column matrix would exceed :data:`DEVICE_MAX_COL_BYTES`
   (:func:`device_tiling`; shapes only). Images are put side by side until a tile has
   :data:`DEVICE_MIN_COLS` columns, so small planes still make one large GEMM.
 * im2col: the tile's column matrix, ``(C, kh, kw, images, rows, Wo)`` in memory, i.e. ``(G, K,
-  cols)`` with ``K = C/G*kh*kw``, is filled by ``kh*kw`` strided slice copies of the input. A
-  tap reaching into the zero padding copies only its in-bounds box, after one zero-fill of the
-  column matrix: no padded copy of the input.
+  cols)`` with ``K = C/G*kh*kw``. Device arrays: one launch of ``_k_im2col`` per tile writes
+  every element (the input value, or 0 where the tap falls in the padding). NumPy arrays:
+  ``kh*kw`` strided slice copies of the in-bounds boxes, after one zero-fill of the column
+  matrix when a tap reaches into the padding. The two are bit-identical (a copy).
 * GEMM, per group: ``np.matmul(a, b, out=c)`` on 2-D operands that are C- or F-contiguous
   with a C-contiguous ``c`` (:func:`gemm` checks it), which CuPy hands to cuBLAS as they are
   (a transpose is a flag). Batched matmuls are avoided: CuPy copies non-contiguous batched
@@ -23,27 +25,38 @@ runs on NumPy arrays (the tests) and creates no array outside the outputs and th
   to / from the NCHW tensor by one strided slice assignment.
 * Backward, per tile: im2col; ``dW_g (+)= dY_g @ col_g.T`` (the first tile straight into
   ``dw`` unless accumulating, later ones through a one-group partial); then, if ``dx`` is
-  wanted, ``dcol_g = W_g.T @ dY_g`` over the column matrix (no longer needed) and col2im:
-  ``kh*kw`` strided additions into ``dx``, zeroed per image before its first tile. ``db`` is
-  one reduction of ``dy`` over (N, H, W), written into ``db`` (or a partial when accumulating):
-  the axes are not the trailing ones, so CuPy runs its own reduction kernel, not CUB's
-  segmented reduction (which allocates its output and scratch whatever ``out`` is).
+  wanted, ``dcol_g = W_g.T @ dY_g`` over the column matrix (no longer needed) and col2im into
+  ``dx``, zeroed per image at its first tile (``r0 == 0``; later bands of the image add to
+  it). Device arrays: one launch of ``_k_col2im`` per tile, a gather (each thread owns ``dx``
+  elements of the rows the tile reaches, no atomics) that adds the taps in the slice order
+  (``i`` outer, ``j`` inner) onto the element's value, or onto 0 for the first tile of an
+  image (which then covers every row: the zero-fill is folded in). NumPy arrays: a zero-fill
+  and ``kh*kw`` strided slice additions. Same additions in the same order: bit-identical.
+  ``db`` is one reduction of ``dy`` over (N, H, W), written into ``db`` (or a partial when
+  accumulating): the axes are not the trailing ones, so CuPy runs its own reduction kernel,
+  not CUB's segmented reduction (which allocates its output and scratch whatever ``out`` is).
 
-In-place additions pass the same array object as input and ``out`` (:func:`add_into`): CuPy
-copies an input that overlaps an output unless it *is* the output. Sums run in another order
-than in the CPU kernels: results agree with them to rounding, not bit for bit.
+The kernels take float32 / float64 arrays of one dtype with a C-contiguous ``x`` / ``dx``;
+other device arrays go the slice way. In-place additions pass the same array object as input
+and ``out`` (:func:`add_into`): CuPy copies an input that overlaps an output unless it *is* the
+output. Sums run in another order than in the CPU kernels: results agree with them to
+rounding, not bit for bit.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 from . import _cuda
 from .conv_geometry import Pair, conv_output_hw
+
+cuda: Any = None  # numba.cuda, set by _cuda.bind on first CUDA use
 
 #: A tile's column matrix stays below this many bytes (a band of rows of one image if need be).
 DEVICE_MAX_COL_BYTES = 16 << 20
@@ -223,11 +236,16 @@ def _tiles(n: int, lay: DeviceLayout) -> Iterator[tuple[int, int, int, int]]:
 
 @dataclass(frozen=True)
 class _Taps:
-    """In-bounds output box of every kernel tap (rows per ``i``, columns per ``j``)."""
+    """In-bounds output box of every kernel tap (rows per ``i``, columns per ``j``) and the
+    geometry the kernels take."""
 
     rows: list[tuple[int, int, int]]  # (lo, hi, first input row) per i
     cols: list[tuple[int, int, int]]  # (lo, hi, first input col) per j
     stride: Pair
+    padding: Pair
+    dilation: Pair
+    ho: int
+    wo: int
 
 
 def _taps(x_shape: tuple[int, ...], kernel: Pair, stride: Pair, padding: Pair,
@@ -240,7 +258,8 @@ def _taps(x_shape: tuple[int, ...], kernel: Pair, stride: Pair, padding: Pair,
             res.append((lo, hi, lo * stride[a] + off))
         return res
 
-    return _Taps(axis(0, x_shape[2], ho), axis(1, x_shape[3], wo), stride)
+    return _Taps(axis(0, x_shape[2], ho), axis(1, x_shape[3], wo), tuple(stride),
+                 tuple(padding), tuple(dilation), ho, wo)
 
 
 def _box(taps: _Taps, i: int, j: int, r0: int, r1: int) -> tuple[slice, slice, slice, slice
@@ -264,23 +283,119 @@ def _full(taps: _Taps, r0: int, r1: int, wo: int) -> bool:
         lo == 0 and hi == wo for lo, hi, _ in taps.cols)
 
 
-def _im2col(x: Any, col6: Any, taps: _Taps, n0: int, n1: int, r0: int, r1: int,
-            wo: int) -> None:
-    """Fill ``col6`` ``(C, kh, kw, images, rows, Wo)`` from images ``n0:n1``, rows ``r0:r1``."""
+# ----------------------------------------------------------------------------- CUDA kernels
+def _k_im2col(x, col, n0, m, r0, rows, c, h, w, kh, kw, wo, sh, sw, ph, pw, dh, dw, zero):
+    """Every element of the tile's column matrix ``col`` (flat ``(C, kh, kw, m, rows, Wo)``):
+    ``x[n0 + img, ch, (r0 + orow) * sh + i * dh - ph, ow * sw + j * dw - pw]`` (flat NCHW
+    ``x``), ``zero`` where that lies in the padding."""
+    for e in range(cuda.grid(1), c * kh * kw * m * rows * wo, cuda.gridsize(1)):
+        t = e // wo
+        ow = e - t * wo
+        u = t // rows
+        orow = t - u * rows
+        t = u // m
+        img = u - t * m
+        u = t // kw
+        j = t - u * kw
+        ch = u // kh
+        i = u - ch * kh
+        ih = (r0 + orow) * sh + i * dh - ph
+        iw = ow * sw + j * dw - pw
+        if ih >= 0 and ih < h and iw >= 0 and iw < w:
+            col[e] = x[(((n0 + img) * c + ch) * h + ih) * w + iw]
+        else:
+            col[e] = zero
+
+
+def _k_col2im(dcol, dx, n0, m, r0, r1, row0, nrows, from_zero, c, h, w, kh, kw, wo, sh, sw,
+              ph, pw, dh, dw, zero):
+    """Gather: each element of rows ``[row0, row0 + nrows)`` of images ``n0:n0 + m`` of ``dx``
+    (flat NCHW) adds, tap by tap (``i`` outer, ``j`` inner), the ``dcol`` element (flat
+    ``(C, kh, kw, m, r1 - r0, Wo)``) of the output that tap reads it for, if that output lies
+    in rows ``[r0, r1)``, onto its value (onto ``zero`` when ``from_zero``)."""
+    rows = r1 - r0
+    for e in range(cuda.grid(1), m * c * nrows * w, cuda.gridsize(1)):
+        t = e // w
+        iw = e - t * w
+        u = t // nrows
+        ih = row0 + t - u * nrows
+        img = u // c
+        ch = u - img * c
+        at = (((n0 + img) * c + ch) * h + ih) * w + iw
+        acc = zero if from_zero else dx[at]
+        for i in range(kh):
+            oh_s = ih + ph - i * dh  # output row times the stride, if tap i reaches ih
+            if oh_s >= 0 and oh_s % sh == 0 and oh_s // sh >= r0 and oh_s // sh < r1:
+                row_base = ((ch * kh + i) * kw * m + img) * rows + oh_s // sh - r0
+                for j in range(kw):
+                    ow_s = iw + pw - j * dw
+                    if ow_s >= 0 and ow_s % sw == 0 and ow_s // sw < wo:
+                        acc += dcol[(row_base + j * m * rows) * wo + ow_s // sw]
+        dx[at] = acc
+
+
+@functools.cache
+def _kernels() -> SimpleNamespace:
+    return _cuda.bind(globals(), ["_k_im2col", "_k_col2im"])
+
+
+def _kernel_path(a: Any, other: Any) -> bool:
+    """Device arrays the kernels take: float32 / float64 of one dtype, ``a`` C-contiguous
+    (``other`` is a flat view of the workspace)."""
+    return (_cuda.choose("auto", a, other) == "cuda" and a.dtype == other.dtype
+            and a.dtype in (np.float32, np.float64) and bool(a.flags.c_contiguous))
+
+
+def _geometry(x_shape: tuple[int, ...], taps: _Taps) -> tuple[int, ...]:
+    c, h, w = x_shape[1:]
+    return (c, h, w, len(taps.rows), len(taps.cols), taps.wo, *taps.stride, *taps.padding,
+            *taps.dilation)
+
+
+# ----------------------------------------------------------------------------- im2col / col2im
+def _im2col(x: Any, col: Any, taps: _Taps, n0: int, n1: int, r0: int, r1: int) -> None:
+    """Fill the flat column matrix ``col`` ``(C, kh, kw, images, rows, Wo)`` from images
+    ``n0:n1``, output rows ``r0:r1`` of ``x``: one kernel launch on device arrays, strided
+    slice copies otherwise."""
+    c, kh, kw, wo = x.shape[1], len(taps.rows), len(taps.cols), taps.wo
+    if _kernel_path(x, col):
+        _cuda.launch(_kernels().k_im2col, col.size, _cuda.flat(x, "x"), col, n0, n1 - n0, r0,
+                     r1 - r0, *_geometry(x.shape, taps), np.zeros((), col.dtype)[()])
+        return
+    col6 = col.reshape(c, kh, kw, n1 - n0, r1 - r0, wo)
     if not _full(taps, r0, r1, wo):
         col6.fill(0)
-    for i in range(len(taps.rows)):
-        for j in range(len(taps.cols)):
+    for i in range(kh):
+        for j in range(kw):
             box = _box(taps, i, j, r0, r1)
             if box is not None:
                 orow, ocol, irow, icol = box
                 col6[:, i, j, :, orow, ocol] = x[n0:n1, :, irow, icol].transpose(1, 0, 2, 3)
 
 
-def _col2im(dcol6: Any, dx: Any, taps: _Taps, n0: int, n1: int, r0: int, r1: int) -> None:
-    """Add ``dcol6`` ``(C, kh, kw, images, rows, Wo)`` into images ``n0:n1`` of ``dx``."""
-    for i in range(len(taps.rows)):
-        for j in range(len(taps.cols)):
+def _col2im(dcol: Any, dx: Any, taps: _Taps, n0: int, n1: int, r0: int, r1: int) -> None:
+    """Add the flat ``dcol`` ``(C, kh, kw, images, rows, Wo)`` of output rows ``r0:r1`` into
+    images ``n0:n1`` of ``dx``, zeroed first when ``r0 == 0`` (an image's first tile): one
+    gather kernel launch on device arrays, a fill and strided slice additions otherwise."""
+    c, h = dx.shape[1:3]
+    kh, kw, wo = len(taps.rows), len(taps.cols), taps.wo
+    if _kernel_path(dx, dcol):
+        if r0 == 0:  # every row of the images: the zero-fill
+            row0, row1 = 0, h
+        else:  # the input rows output rows r0:r1 reach
+            sh, dh, ph = taps.stride[0], taps.dilation[0], taps.padding[0]
+            row0 = max(0, r0 * sh - ph)
+            row1 = min(h, (r1 - 1) * sh + (kh - 1) * dh - ph + 1)
+        nrows = max(0, row1 - row0)
+        _cuda.launch(_kernels().k_col2im, (n1 - n0) * c * nrows * dx.shape[3], dcol,
+                     _cuda.flat(dx, "dx"), n0, n1 - n0, r0, r1, row0, nrows, int(r0 == 0),
+                     *_geometry(dx.shape, taps), np.zeros((), dx.dtype)[()])
+        return
+    if r0 == 0:
+        dx[n0:n1].fill(0)
+    dcol6 = dcol.reshape(c, kh, kw, n1 - n0, r1 - r0, wo)
+    for i in range(kh):
+        for j in range(kw):
             box = _box(taps, i, j, r0, r1)
             if box is not None:
                 orow, ocol, irow, icol = box
@@ -314,7 +429,7 @@ def conv2d_forward_device(
         shape = (n1 - n0, r1 - r0, lay.wo)
         cols = shape[0] * shape[1] * shape[2]
         col = _typed(ws, lay.col, c * kh * kw * cols, dt)
-        _im2col(x, col.reshape(c, kh, kw, *shape), taps, n0, n1, r0, r1, lay.wo)
+        _im2col(x, col, taps, n0, n1, r0, r1)
         col3 = col.reshape(groups, k, cols)
         out = (_typed(ws, lay.block, cout * cols, dt) if lay.blocked else y[n0]
                ).reshape(groups, og, cols)
@@ -362,7 +477,7 @@ def conv2d_backward_device(
         shape = (n1 - n0, r1 - r0, lay.wo)
         cols = shape[0] * shape[1] * shape[2]
         col = _typed(ws, lay.col, c * kh * kw * cols, dt)
-        _im2col(x, col.reshape(c, kh, kw, *shape), taps, n0, n1, r0, r1, lay.wo)
+        _im2col(x, col, taps, n0, n1, r0, r1)
         col3 = col.reshape(groups, k, cols)
         if lay.blocked:
             blk = _typed(ws, lay.block, cout * cols, dt)
@@ -382,9 +497,7 @@ def conv2d_backward_device(
             continue
         for g in range(groups):  # the column matrix becomes its gradient
             gemm(w3[g].T, dy3[g], col3[g])
-        if r0 == 0:
-            dx[n0:n1].fill(0)
-        _col2im(col.reshape(c, kh, kw, *shape), dx, taps, n0, n1, r0, r1)
+        _col2im(col, dx, taps, n0, n1, r0, r1)
 
 
 __all__ = [

@@ -1,7 +1,8 @@
-"""The device paths of conv2d and average pooling (array operations only) against the NumPy
-references: on NumPy arrays (the code is array-generic), and on the strict CUDA test device
-(every call checked against the installed CuPy; no array created outside outputs and
-workspace). Tiling constants are shrunk so that small shapes cross tile and band boundaries."""
+"""The device paths of conv2d and average pooling against the NumPy references: on NumPy arrays
+(array operations: strided slice copies and additions), and on the strict CUDA test device
+(array operations checked against the installed CuPy, and the im2col / col2im / average pooling
+CUDA kernels run as one emulated thread; no array created outside outputs and workspace).
+Tiling constants are shrunk so that small shapes cross tile and band boundaries."""
 
 from __future__ import annotations
 

@@ -21,7 +21,9 @@ import numpy as np
 import pytest
 from minidl.kernels import _cuda
 from minidl.kernels import bitpack as bp
+from minidl.kernels import conv_device as CD
 from minidl.kernels import pool as P
+from minidl.kernels import pool_device as PD
 from minidl.kernels import poolidx as pi
 from minidl.kernels import precision as pr
 from minidl.kernels import sparse as sp
@@ -236,9 +238,78 @@ def case_weight_record(rng: np.random.Generator) -> None:
             same(H(out), vals)
 
 
+# x shape, kernel, stride, padding, dilation, groups (groups shape only the GEMM, not the tiles)
+CONV_GEOMETRIES = [
+    ((3, 4, 20, 21), (3, 3), (1, 1), (1, 1), (1, 1), 1),
+    ((2, 6, 17, 15), (5, 3), (2, 1), (2, 1), (1, 2), 3),
+    ((2, 2, 13, 11), (2, 3), (3, 2), (3, 0), (2, 1), 2),  # rows and taps all in the padding
+    ((3, 3, 9, 10), (1, 1), (3, 2), (0, 0), (1, 1), 1),  # input rows no output reaches
+    ((1, 3, 40, 7), (3, 2), (1, 1), (1, 1), (3, 1), 1),
+]
+#: column-matrix caps: whole batches per tile, bands of several rows, one row per tile
+CONV_COL_CAPS = (16 << 20, 2000, 600, 0)
+
+
+def case_conv_im2col_col2im(rng: np.random.Generator) -> None:
+    """conv_device's im2col / col2im kernels, tile by tile as the device convolution runs
+    them (multi-image tiles, bands of rows, one row per tile), against the slice code on
+    NumPy arrays; ``dx`` starts as NaN garbage (each image's first tile zeroes it) and
+    accumulates over the bands."""
+    kinds = set()
+    for x_shape, k, s, pad, dil, groups in CONV_GEOMETRIES:
+        for cap in CONV_COL_CAPS:
+            for dt in (np.float32, np.float64):
+                x = _specials(rng.standard_normal(x_shape).reshape(-1)).reshape(x_shape)
+                x = x.astype(dt)
+                lay = CD._device_layout(x_shape, 2 * groups, k, s, pad, dil, groups,
+                                        x.itemsize, True, cap)
+                kinds.add("images" if lay.images > 1 else "band" if 1 < lay.rows < lay.ho
+                          else "row" if lay.rows == 1 < lay.ho else "image")
+                taps = CD._taps(x_shape, k, s, pad, dil, lay.ho, lay.wo)
+                xd, dx_ref = D(x), np.full(x_shape, np.nan, dt)
+                dx = D(dx_ref)
+                for n0, n1, r0, r1 in CD._tiles(x_shape[0], lay):
+                    size = x_shape[1] * k[0] * k[1] * (n1 - n0) * (r1 - r0) * lay.wo
+                    col_ref, col = np.full(size, 7, dt), D(np.full(size, 7, dt))
+                    CD._im2col(x, col_ref, taps, n0, n1, r0, r1)
+                    CD._im2col(xd, col, taps, n0, n1, r0, r1)
+                    same(H(col), col_ref)
+                    dcol = rng.standard_normal(size).astype(dt)
+                    dcol[::11] = -0.0
+                    CD._col2im(dcol, dx_ref, taps, n0, n1, r0, r1)
+                    CD._col2im(D(dcol), dx, taps, n0, n1, r0, r1)
+                    same(H(dx), dx_ref)
+    assert kinds == {"images", "band", "row", "image"}, kinds
+
+
+def case_avgpool(rng: np.random.Generator) -> None:
+    """Average pooling's gather kernels against the slice code on NumPy arrays."""
+    for k, s, pad, shape in [((2, 2), (2, 2), (0, 0), (2, 3, 64, 65)),
+                             ((3, 3), (2, 2), (1, 1), (2, 2, 45, 46)),
+                             ((3, 2), (1, 3), (1, 1), (1, 4, 33, 31)),
+                             ((1, 1), (3, 2), (0, 0), (2, 2, 20, 21)),
+                             ((7, 7), (1, 1), (3, 3), (1, 2, 20, 21))]:
+        ho, wo = P.pool_output_hw(shape[2:], k, s, pad)
+        for dt in (np.float32, np.float64):
+            x = rng.standard_normal(shape).astype(dt)
+            x.reshape(-1)[::13] = -0.0
+            y_ref = np.full((*shape[:2], ho, wo), np.nan, dt)
+            PD.avgpool2d_forward_device(x, y_ref, k, s, pad)
+            y = D(np.full(y_ref.shape, np.nan, dt))
+            PD.avgpool2d_forward_device(D(x), y, k, s, pad)
+            same(H(y), y_ref)
+            dy = rng.standard_normal(y_ref.shape).astype(dt)
+            dx_ref = np.full(shape, np.nan, dt)
+            PD.avgpool2d_backward_device(dy, dx_ref, k, s, pad)
+            dx = D(np.full(shape, np.nan, dt))
+            PD.avgpool2d_backward_device(D(dy), dx, k, s, pad)
+            same(H(dx), dx_ref)
+
+
 CASES = {"bitpack": case_bitpack, "poolidx": case_poolidx, "sparse": case_sparse,
          "precision": case_precision, "maxpool": case_maxpool, "scan": case_scan,
-         "weight_record": case_weight_record}
+         "weight_record": case_weight_record, "conv_im2col_col2im": case_conv_im2col_col2im,
+         "avgpool": case_avgpool}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

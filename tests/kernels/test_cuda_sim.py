@@ -1,4 +1,5 @@
-"""CUDA kernels (bitpack, poolidx, sparse, precision, max pooling, the scan) in the simulator.
+"""CUDA kernels (bitpack, poolidx, sparse, precision, pooling, conv im2col / col2im, the scan)
+in the simulator.
 
 The Numba CUDA simulator must be switched on before ``numba.cuda`` is first imported, and other
 test files import numba in this process, so each check runs in a subprocess with
@@ -146,6 +147,52 @@ SCRIPTS = {
                 dx = D(np.full(shape, 7, dt))
                 P.maxpool2d_backward(D(dy), D(i_ref), dx, k, s, pad)
                 same(H(dx), P.maxpool2d_backward_ref(dy, i_ref, shape, k, s, pad))
+    """,
+    # conv_device's im2col / col2im tile kernels: a multi-image tile, bands of rows (dx
+    # accumulated over them from NaN garbage), padding, stride, dilation
+    "conv_device": """
+        from minidl.kernels import conv_device as CD
+        for x_shape, k, s, pad, dil, cap in [
+                ((3, 2, 7, 6), (3, 3), (1, 1), (1, 1), (1, 1), 1 << 20),
+                ((1, 3, 9, 7), (3, 2), (2, 1), (2, 1), (1, 2), 2100)]:
+            for dt in (np.float32, np.float64):
+                x = rng.standard_normal(x_shape).astype(dt)
+                lay = CD._device_layout(x_shape, 2, k, s, pad, dil, 1, x.itemsize, True, cap)
+                assert lay.images > 1 or 1 < lay.rows < lay.ho, lay
+                taps = CD._taps(x_shape, k, s, pad, dil, lay.ho, lay.wo)
+                dx_ref = np.full(x_shape, np.nan, dt)
+                dx = D(dx_ref)
+                for n0, n1, r0, r1 in CD._tiles(x_shape[0], lay):
+                    size = x_shape[1] * k[0] * k[1] * (n1 - n0) * (r1 - r0) * lay.wo
+                    col_ref, col = np.full(size, 7, dt), D(np.full(size, 7, dt))
+                    CD._im2col(x, col_ref, taps, n0, n1, r0, r1)
+                    CD._im2col(D(x), col, taps, n0, n1, r0, r1)
+                    same(H(col), col_ref)
+                    dcol = rng.standard_normal(size).astype(dt)
+                    CD._col2im(dcol, dx_ref, taps, n0, n1, r0, r1)
+                    CD._col2im(D(dcol), dx, taps, n0, n1, r0, r1)
+                    same(H(dx), dx_ref)
+    """,
+    # average pooling's gather kernels (padding, overlapping and gapped windows)
+    "avgpool": """
+        from minidl.kernels import pool as P
+        from minidl.kernels import pool_device as PD
+        for k, s, pad, shape in [((3, 3), (2, 2), (1, 1), (2, 2, 11, 13)),
+                                 ((2, 3), (3, 1), (1, 1), (1, 3, 10, 9))]:
+            ho, wo = P.pool_output_hw(shape[2:], k, s, pad)
+            for dt in (np.float32, np.float64):
+                x = rng.standard_normal(shape).astype(dt)
+                y_ref = np.full((*shape[:2], ho, wo), np.nan, dt)
+                PD.avgpool2d_forward_device(x, y_ref, k, s, pad)
+                y = D(np.full(y_ref.shape, np.nan, dt))
+                PD.avgpool2d_forward_device(D(x), y, k, s, pad)
+                same(H(y), y_ref)
+                dy = rng.standard_normal(y_ref.shape).astype(dt)
+                dx_ref = np.full(shape, np.nan, dt)
+                PD.avgpool2d_backward_device(dy, dx_ref, k, s, pad)
+                dx = D(np.full(shape, np.nan, dt))
+                PD.avgpool2d_backward_device(D(dy), dx, k, s, pad)
+                same(H(dx), dx_ref)
     """,
 }
 
