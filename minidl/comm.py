@@ -252,7 +252,8 @@ class NcclCommunicator:
         from cupy.cuda import nccl
 
         if not getattr(nccl, "available", False):
-            raise RuntimeError("NCCL is not available to CuPy (pip install nvidia-nccl-cu12)")
+            raise RuntimeError("NCCL is not available to CuPy: pip install nvidia-nccl-cu12 "
+                               "(CUDA 12) or nvidia-nccl-cu13 (CUDA 13), the one of your CuPy")
         if not cupy.cuda.is_available():
             raise RuntimeError("NCCL needs a CUDA GPU; none is visible")
         self._cupy, self._nccl = cupy, nccl

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..layers.base import ShapeError
 from ..memory.config import MemoryConfig
+from ..memory.cuda_device import CUDA_INSTALL_HINT
 from ..memory.device_factory import make_device
 from ..memory.targets import get_target
 from ..memory.units import format_size, parse_size
@@ -145,8 +146,8 @@ def check_device(name: str) -> None:
     if not name.startswith("cuda"):
         return
     if importlib.util.find_spec("cupy") is None:
-        raise RuntimeFailure(f"--device {name} needs CuPy, which is not installed: pip install "
-                             "'minidl[cuda]' (cupy-cuda12x), or use --device cpu")
+        raise RuntimeFailure(f"--device {name} needs CuPy, which is not installed: "
+                             f"{CUDA_INSTALL_HINT}; or use --device cpu")
     if name == "cuda-strict":
         return  # CuPy's API only: no GPU needed
     try:

@@ -176,7 +176,7 @@ def test_host_impls_agree():
 # ----------------------------------------------------------------------------- PTX
 needs_numba_cuda = pytest.mark.skipif(
     importlib.util.find_spec("numba_cuda") is None,
-    reason="numba-cuda is not installed (pip install minidl[cuda])")
+    reason="numba-cuda is not installed (pip install minidl[test])")
 
 
 @needs_numba_cuda

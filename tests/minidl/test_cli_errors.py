@@ -155,7 +155,8 @@ def test_cuda_without_cupy():
         "runpy.run_module('minidl', run_name='__main__')\n"
     )
     res = run("train", "lenet5", "--device", "cuda", code=code)
-    assert_one_line_error(res, 1, "--device cuda needs CuPy", "pip install 'minidl[cuda]'")
+    assert_one_line_error(res, 1, "--device cuda needs CuPy",
+                          "pip install 'minidl[cuda13]' or 'minidl[cuda12]'")
 
 
 def test_cuda_without_a_gpu(tmp_path):
