@@ -197,6 +197,8 @@ class Kernel:
         self._dispatcher: Any = None
         self._emulation: Any = None
         self._lock = threading.Lock()
+        #: True once launched on a GPU (its compile and load errors are checked until then).
+        self.launched = False
 
     def __repr__(self) -> str:
         return f"<Kernel {self.py_func.__module__}.{self.py_func.__name__}>"
@@ -220,7 +222,12 @@ class Kernel:
         return self.dispatcher[config]
 
     def emulate(self, *args: Any) -> None:
-        """Run the kernel as one CUDA thread on the host buffers of emulated device arrays."""
+        """Run the kernel as one CUDA thread on the host buffers of emulated device arrays.
+        The first argument whose type has ``__emulated_launch__(kernel_name)`` hears of the
+        launch once (a device counting its launches)."""
+        hook = next((a for a in args if hasattr(type(a), "__emulated_launch__")), None)
+        if hook is not None:
+            hook.__emulated_launch__(self.py_func.__name__)
         host = []
         for a in args:
             if _emulated(a):
@@ -274,15 +281,67 @@ def _launch_args(args: tuple, stream: Any) -> tuple[tuple, Any]:
     return tuple(c.as_cuda_array(a, sync=False) if _is_cupy(a) else a for a in args), stream
 
 
+#: What a machine needs for Numba CUDA kernels, for error messages.
+TOOLCHAIN_HINT = ("numba-cuda needs libNVVM no newer than the driver's CUDA version (nvidia-smi's "
+                  "\"CUDA Version\"): pip install 'minidl[cuda13]' (CUDA 13.0 NVVM) or "
+                  "'minidl[cuda12]'")
+
+
+class ToolchainError(RuntimeError):
+    """Numba could not compile or load a CUDA kernel on this machine (NVVM missing or newer
+    than the driver, no numba-cuda, ...)."""
+
+
+def _toolchain_errors() -> tuple[type, ...]:
+    from numba.core.errors import NumbaError
+
+    errors: list[type] = [NumbaError, OSError, ImportError]
+    try:
+        from numba.cuda.cudadrv import error as cuda_errors
+        errors += [cuda_errors.CudaSupportError, cuda_errors.NvvmError,
+                   cuda_errors.NvvmSupportError]
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
 def run(kernel: Kernel, blocks: int, threads: int, *args: Any, stream: Any = None) -> None:
     """Launch ``kernel[blocks, threads, stream](*args)`` as described in the module notes
     (``stream=None``: CuPy's current stream for CuPy arrays, else stream 0; emulated device
-    arrays: one host thread)."""
+    arrays: one host thread). A kernel Numba cannot compile or load on this machine raises
+    :class:`ToolchainError` saying what to install."""
     if any(_emulated(a) for a in args):
         kernel.emulate(*args)
         return
     args, stream = _launch_args(args, stream)
-    kernel[blocks, threads, stream](*args)
+    if getattr(kernel, "launched", False):
+        kernel[blocks, threads, stream](*args)
+        return
+    try:
+        kernel[blocks, threads, stream](*args)
+    except _toolchain_errors() as e:
+        raise ToolchainError(f"Numba could not compile or load the CUDA kernel "
+                             f"{kernel.py_func.__name__} ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''}); {TOOLCHAIN_HINT}"
+                             ) from e
+    kernel.launched = True
+
+
+def toolchain_problem() -> str | None:
+    """Why Numba CUDA kernels cannot run on this machine's GPU (CuPy's current device), or
+    ``None`` when a trivial kernel compiles, loads and runs there. Needs CuPy and a GPU."""
+    try:
+        import cupy
+
+        a = cupy.zeros(4, np.float32)
+        launch(_kernels().k_fill_probe, a.size, a, np.float32(2.0))
+        if float(a.sum()) != 8.0:
+            return "a trivial Numba CUDA kernel ran but wrote wrong values"
+    except ToolchainError as e:
+        return str(e)
+    except Exception as e:  # noqa: BLE001 -- any failure is the answer
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return None
 
 
 def launch(kernel: Kernel, work: int, *args: Any, stream: Any = None) -> None:
@@ -428,9 +487,15 @@ def _k_exclusive_scan(counts, offsets, n):
         acc += counts[i]
 
 
+def _k_fill_probe(a, value):
+    """``a[:] = value`` (the toolchain probe of :func:`toolchain_problem`)."""
+    for i in range(cuda.grid(1), a.size, cuda.gridsize(1)):
+        a[i] = value
+
+
 @functools.cache
 def _kernels() -> SimpleNamespace:
-    return bind(globals(), ["_k_exclusive_scan"])
+    return bind(globals(), ["_k_exclusive_scan", "_k_fill_probe"])
 
 
 def exclusive_scan(counts: Any, offsets: Any, stream: Any = None) -> None:

@@ -306,10 +306,18 @@ def case_avgpool(rng: np.random.Generator) -> None:
             same(H(dx), dx_ref)
 
 
+def case_toolchain_probe(rng: np.random.Generator) -> None:
+    """The kernel the GPU check launches first (``_cuda.toolchain_problem``)."""
+    for n in SIZES:
+        a = D(np.full(n, np.nan, np.float32))
+        _cuda.launch(_cuda._kernels().k_fill_probe, n, a, np.float32(2.5))
+        assert np.all(H(a) == 2.5)
+
+
 CASES = {"bitpack": case_bitpack, "poolidx": case_poolidx, "sparse": case_sparse,
          "precision": case_precision, "maxpool": case_maxpool, "scan": case_scan,
          "weight_record": case_weight_record, "conv_im2col_col2im": case_conv_im2col_col2im,
-         "avgpool": case_avgpool}
+         "avgpool": case_avgpool, "toolchain_probe": case_toolchain_probe}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -454,3 +462,21 @@ def test_non_cupy_launch_keeps_arguments_and_stream_zero(monkeypatch):
     arr = object()  # e.g. a Numba device array: passed through untouched
     _cuda.run(k, 2, 64, arr, 5)
     assert k.launches == [((2, 64, 0), (arr, 5))] and fake.views == []
+
+
+def test_a_kernel_numba_cannot_build_raises_one_clear_error(monkeypatch):
+    """NVVM missing (or newer than the driver): the first launch says what to install."""
+    from numba.cuda.cudadrv.error import NvvmSupportError
+
+    class Broken:
+        launched = False
+        py_func = _cuda._k_fill_probe
+
+        def __getitem__(self, config):
+            def launch(*args):
+                raise NvvmSupportError("libNVVM cannot be found")
+            return launch
+
+    monkeypatch.setattr(_cuda, "_launch_args", lambda args, stream: (args, 0))
+    with pytest.raises(_cuda.ToolchainError, match=r"_k_fill_probe.*minidl\[cuda13\]"):
+        _cuda.run(Broken(), 1, 32, np.zeros(4, np.float32))
