@@ -17,10 +17,15 @@ computed in float64 then cast, ``f(1 - f(1 - beta1))`` in the parameter dtype), 
 math stays float32.
 
 :func:`sgd_update` and :func:`adam_update` dispatch by array type: C-contiguous NumPy arrays of
-one float dtype (float32 or float64) go to the Numba loops; anything else (CuPy arrays,
-non-contiguous views, ndarray subclasses, other dtypes) goes to the reference, whose temporaries
-(at most two arrays of the parameter's size per call) are allocated by the array library
-of the operands through their ``__array_ufunc__``.
+one float dtype (float32 or float64) go to the Numba loops, such device arrays to the CUDA
+kernels; anything else (non-contiguous views, ndarray subclasses, other dtypes) goes to the
+reference, whose temporaries (at most two arrays of the parameter's size per call) are
+allocated by the array library of the operands through their ``__array_ufunc__``.
+
+Device arrays (CuPy's, the strict test device's) of one float dtype, C-contiguous, are
+updated by one Numba CUDA kernel each (:func:`_k_sgd`, :func:`_k_adam`: the same operations in
+the same order as the Numba loops); the trainer hands whole parameter groups laid out back to
+back (:class:`minidl.optim.FlatGroup`), so one launch updates a group.
 
 Arrays of at least :data:`PARALLEL_MIN_SIZE` elements are split into one contiguous chunk per
 thread (:func:`~minidl.kernels.parallel.num_threads`) inside a ``prange``; smaller ones run on
@@ -33,12 +38,18 @@ waiting for it makes the parallel loop up to 2x slower than the serial one.
 
 from __future__ import annotations
 
+import functools
+import math
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 from numba import njit, prange
 
+from . import _cuda
 from .parallel import ensure_blas_policy, num_threads
+
+cuda: Any = None  # numba.cuda, set by _cuda.bind on first CUDA use
 
 #: Arrays with at least this many elements are updated by all Numba threads.
 PARALLEL_MIN_SIZE = 1 << 16
@@ -170,6 +181,65 @@ def _adam_parallel(p, g, m, v, wd, decay, lerp_low, lerp_w, beta2, one_minus_bet
               one_minus_beta2, bc2_sqrt, eps, neg_step, has_wd, decoupled)
 
 
+# ---------------------------------------------------------------- CUDA kernels
+# One launch updates a whole flat array (a parameter, or a group of parameters laid out
+# back to back with their gradients and state: minidl.optim.FlatGroup). The arithmetic is the
+# Numba loops' above, operation for operation, so an emulated launch (one host thread) gives
+# their bits; on a GPU, NVVM may contract a multiply-add into an FMA (last-bit differences).
+
+
+def _k_sgd(p, g, buf, wd, mom, one_minus_damp, neg_lr, has_wd, has_mom, damp, nesterov,
+           first_step):
+    for i in range(cuda.grid(1), p.size, cuda.gridsize(1)):
+        d = g[i]
+        x = p[i]
+        if has_wd:  # grad + wd * param
+            d = d + x * wd
+        if has_mom:
+            b = buf[i] * mom  # buf * momentum + (1 - dampening) * d
+            b = b + d * one_minus_damp if damp else b + d
+            if first_step:
+                b = d
+            buf[i] = b
+            d = d + b * mom if nesterov else b
+        p[i] = x + d * neg_lr
+
+
+def _k_adam(p, g, m, v, wd, decay, lerp_low, lerp_w, beta2, one_minus_beta2, bc2_sqrt, eps,
+            neg_step, has_wd, decoupled):
+    for i in range(cuda.grid(1), p.size, cuda.gridsize(1)):
+        gi = g[i]
+        x = p[i]
+        if has_wd:
+            if decoupled:  # param * (1 - lr * wd)
+                x = x * decay
+            else:  # grad + wd * param
+                gi = gi + x * wd
+        mi = m[i]
+        t = gi - mi  # m.lerp_(g, 1 - beta1)
+        mi = mi + t * lerp_w if lerp_low else gi - t * lerp_w
+        vi = v[i] * beta2 + gi * one_minus_beta2 * gi
+        denom = math.sqrt(vi) / bc2_sqrt + eps
+        p[i] = x + mi * neg_step / denom
+        m[i] = mi
+        v[i] = vi
+
+
+@functools.cache
+def _kernels() -> SimpleNamespace:
+    return _cuda.bind(globals(), ["_k_sgd", "_k_adam"])
+
+
+def _on_device(p: Any, *others: Any) -> bool:
+    """True when the CUDA kernels apply: device arrays, C-contiguous, one float dtype, one
+    shape (anything else on a device goes to the NumPy reference)."""
+    if not _cuda.is_device_array(p) or np.dtype(p.dtype) not in _NUMBA_DTYPES \
+            or not p.flags.c_contiguous:
+        return False
+    return all(_cuda.is_device_array(a) and a.dtype == p.dtype and a.flags.c_contiguous
+               and a.shape == p.shape for a in others)
+
+
 # ---------------------------------------------------------------- NumPy references
 # One ufunc per operation, as minidl's optimizers ran them before the fused kernels. A ufunc
 # called without ``out`` allocates its result through the operands' array library (NumPy,
@@ -277,11 +347,18 @@ def sgd_update(p, g, buf, lr: float, momentum: float = 0.0, dampening: float = 0
     or ``d = buf``; finally ``p += -lr * d``. ``buf`` may be None when ``momentum == 0``.
     """
     has_mom = momentum != 0
+    wd, mom, one_minus_damp, neg_lr = sgd_scalars(p.dtype, lr, momentum, dampening, weight_decay)
+    if _on_device(p, g, *((buf,) if has_mom else ())):
+        pf = _cuda.flat(p)
+        _cuda.launch(_kernels().k_sgd, pf.size, pf, _cuda.flat(g),
+                     _cuda.flat(buf) if has_mom else pf, wd, mom, one_minus_damp, neg_lr,
+                     weight_decay != 0, has_mom, dampening != 0, bool(nesterov),
+                     bool(first_step))
+        return
     if not _fusable(p, g, *((buf,) if has_mom else ())):
         sgd_update_ref(p, g, buf, lr, momentum, dampening, weight_decay, nesterov, first_step)
         return
     pf, gf = p.reshape(-1), g.reshape(-1)
-    wd, mom, one_minus_damp, neg_lr = sgd_scalars(p.dtype, lr, momentum, dampening, weight_decay)
     parts = _parts(pf.size)
     if not has_mom:
         if parts > 1:
@@ -306,6 +383,13 @@ def adam_update(p, g, exp_avg, exp_avg_sq, lr: float, beta1: float = 0.9, beta2:
     ``step`` is the parameter's step count after this step (1 on the first), used for the bias
     corrections.
     """
+    if _on_device(p, g, exp_avg, exp_avg_sq):
+        pf = _cuda.flat(p)
+        _cuda.launch(_kernels().k_adam, pf.size, pf, _cuda.flat(g), _cuda.flat(exp_avg),
+                     _cuda.flat(exp_avg_sq),
+                     *adam_scalars(p.dtype, lr, beta1, beta2, eps, weight_decay, step, decoupled),
+                     weight_decay != 0, bool(decoupled))
+        return
     if not _fusable(p, g, exp_avg, exp_avg_sq):
         adam_update_ref(p, g, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, weight_decay, step,
                         decoupled)

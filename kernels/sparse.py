@@ -328,16 +328,36 @@ def _k_csr_decode(vals, cols, rowptr, out, n, w, zero):
 @functools.cache
 def _kernels() -> SimpleNamespace:
     return _cuda.bind(globals(), ["_k_counts", "_k_zvc_encode", "_k_mask_counts",
-                                  "_k_zvc_decode", "_k_csr_encode", "_k_csr_decode"])
+                                  "_k_zvc_decode", "_k_csr_encode", "_k_csr_decode",
+                                  "_k_put_words"])
 
 
-def _cuda_scan(like: Any, counts: Any, offsets: Any = None,
-               stream: Any = None) -> tuple[Any, int]:
-    """Exclusive scan of device ``counts`` into ``offsets`` (new int64 if None); the total."""
+def _k_put_words(dst, w0, w1, w2, w3):
+    """``dst[:4] = (w0, w1, w2, w3)`` (uint64 words: a header written without a host copy)."""
+    if cuda.grid(1) == 0:
+        dst[0] = w0
+        dst[1] = w1
+        dst[2] = w2
+        dst[3] = w3
+
+
+def _cuda_scan(like: Any, counts: Any, offsets: Any = None, stream: Any = None,
+               total: int | None = None) -> tuple[Any, int]:
+    """Exclusive scan of device ``counts`` into ``offsets`` (new int64 if None); the total,
+    read back from the device (a host synchronisation) unless the caller knows it."""
     if offsets is None:
         offsets = _cuda.empty(like, counts.size + 1, np.int64)
     _cuda.exclusive_scan(counts, offsets, stream)
-    return offsets, int(_cuda.to_host(offsets[counts.size:])[0])
+    if total is None:
+        total = int(_cuda.to_host(offsets[counts.size:])[0])
+    return offsets, total
+
+
+def _put_header(b: Any, hdr: np.ndarray, stream: Any) -> None:
+    """The 32 header bytes into the device buffer ``b`` by one kernel (no host copy)."""
+    words = [np.uint64(w) for w in hdr.view(np.uint64)]
+    _cuda.run(_kernels().k_put_words, 1, 1, b[:HEADER_NBYTES].view(np.uint64), *words,
+              stream=stream)
 
 
 # ----------------------------------------------------------------------------- public API
@@ -357,12 +377,14 @@ def count_nonzero(x: Any, *, impl: str = "auto", stream: Any = None) -> int:
 
 
 def encode(x: Any, buf: Any, fmt: str = "zvc", row_width: int = 256, *, impl: str = "auto",
-           stream: Any = None) -> int:
+           stream: Any = None, nnz: int | None = None) -> int:
     """Encode ``x`` (flattened, C order) into the bytes of ``buf``; return the bytes used.
 
     ``buf``: any C-contiguous host or device buffer of at least
     ``encoded_nbytes(x.size, count_nonzero(x), fmt, x.dtype.itemsize, row_width)`` bytes
     (``ValueError`` before anything is written if it is smaller). ``row_width`` is for csr.
+    ``nnz``: ``count_nonzero(x)`` when the caller has it (on a device, the encoder then never
+    reads the count back: no host synchronisation).
     """
     impl = _cuda.choose(impl, x, buf)
     dev = impl == "cuda"
@@ -384,7 +406,7 @@ def encode(x: Any, buf: Any, fmt: str = "zvc", row_width: int = 256, *, impl: st
         k = _kernels()
         counts = _cuda.empty(x, nch, np.int64)
         _cuda.launch(k.k_counts, nch, xb, counts, n, size, zero, stream=stream)
-        offsets, nnz = _cuda_scan(x, counts, stream=stream)
+        offsets, nnz = _cuda_scan(x, counts, stream=stream, total=nnz)
     else:
         counts = np.empty(nch, np.int64)
         (_counts_body if n <= _C else _counts_nb)(xb, counts, size, zero)
@@ -398,7 +420,7 @@ def encode(x: Any, buf: Any, fmt: str = "zvc", row_width: int = 256, *, impl: st
     if fmt == "zvc":
         mask = b[lay.meta: lay.meta + (n + 7) // 8]
         if dev:
-            _cuda.from_host(b[:HEADER_NBYTES], hdr)
+            _put_header(b, hdr, stream)
             _cuda.launch(k.k_zvc_encode, nch, xb, mask, vals, offsets, n, size, zero,
                          stream=stream)
         else:
@@ -410,7 +432,7 @@ def encode(x: Any, buf: Any, fmt: str = "zvc", row_width: int = 256, *, impl: st
         return lay.total
     ptr, cols = _csr_arrays(b, lay)
     if dev:
-        _cuda.from_host(b[:HEADER_NBYTES], hdr)
+        _put_header(b, hdr, stream)
         _cuda.exclusive_scan(counts, ptr, stream)
         _cuda.launch(k.k_csr_encode, lay.rows, xb, ptr, vals, cols, n, row_width, zero,
                      stream=stream)
@@ -424,9 +446,11 @@ def encode(x: Any, buf: Any, fmt: str = "zvc", row_width: int = 256, *, impl: st
 
 
 def decode(buf: Any, out: Any, fmt: str | None = None, *, impl: str = "auto",
-           stream: Any = None) -> Any:
+           stream: Any = None, header: Header | None = None) -> Any:
     """Decode ``buf`` into ``out`` (C-contiguous, ``n`` elements of the encoded itemsize);
-    the format comes from the header, or ``fmt="dense"`` for raw bytes. Returns ``out``."""
+    the format comes from the header, or ``fmt="dense"`` for raw bytes. Returns ``out``.
+    ``header``: the buffer's header when the caller has it (:func:`header_for`; on a device
+    the buffer's own is then not read back: no host synchronisation)."""
     impl = _cuda.choose(impl, buf, out)
     dev = impl == "cuda"
     if not out.flags["C_CONTIGUOUS"]:
@@ -440,7 +464,7 @@ def decode(buf: Any, out: Any, fmt: str | None = None, *, impl: str = "auto",
         else:
             ob.view(np.uint8)[:] = src
         return out
-    h = read_header(buf)
+    h = read_header(buf) if header is None else header
     if fmt not in (None, h.fmt):
         raise ValueError(f"buffer holds {h.fmt}, fmt={fmt!r} given")
     if h.n != ob.size or h.itemsize != ob.dtype.itemsize:

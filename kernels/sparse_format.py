@@ -103,6 +103,14 @@ def choose_encoding(n: int, nnz: int, itemsize: int = 4,
     return best
 
 
+def header_for(fmt: str, n: int, nnz: int, itemsize: int = 4, row_width: int = 256) -> Header:
+    """The header :func:`read_header` would find in a buffer encoded with these figures
+    (computed on the host: decoding with it needs no read of the device buffer)."""
+    lay = _layout(n, nnz, fmt, itemsize, row_width or 256)
+    return Header(fmt, int(n), int(nnz), int(itemsize), int(row_width) if fmt == "csr" else 0,
+                  lay.col_bytes, lay.ptr_bytes, lay.total)
+
+
 def read_header(buf: Any) -> Header:
     """Parse the 32-byte header of a csr / zvc buffer (host or device)."""
     raw = _cuda.byte_view(buf, HEADER_NBYTES, "buf")

@@ -222,6 +222,13 @@ class Layer:
         return {}
 
     # ----------------------------------------------------------------- compute
+    def check_feed(self, index: int, host: np.ndarray, in_shapes: list[Shape]) -> None:
+        """Check ``host``, a host array about to be sent to a device as this layer's input
+        ``index`` (``in_shapes``: the step's input shapes), raising as :meth:`forward` would on
+        host arrays. Value checks of device arrays (class labels in range, ...) would make the
+        host wait for the device, so layers make them on host arrays only and here before the
+        upload. Default: nothing to check."""
+
     def forward(self, ctx: Context, inputs, outputs, params, stash, workspace) -> None:
         raise NotImplementedError
 

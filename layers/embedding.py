@@ -19,8 +19,10 @@ def check_integer_dtype(layer: Layer, dt: Any, what: str) -> None:
 
 def check_index_range(layer: Layer, idx: np.ndarray, size: int, what: str) -> None:
     """IndexError naming ``layer`` and the first offending value unless every entry of
-    ``idx`` is in [0, size) (``what``: "index", "token")."""
-    if idx.size == 0:
+    ``idx`` is in [0, size) (``what``: "index", "token"). Device arrays are not read (that
+    would wait for the device): the executor checks them on the host before the upload
+    (:meth:`~minidl.layers.base.Layer.check_feed`)."""
+    if idx.size == 0 or not isinstance(idx, np.ndarray):
         return
     lo, hi = int(idx.min()), int(idx.max())
     if lo < 0 or hi >= size:
@@ -66,6 +68,9 @@ class Embedding(Layer):
 
     def flops(self, in_shapes):
         return 0
+
+    def check_feed(self, index, host, in_shapes) -> None:
+        check_index_range(self, host, self.num_embeddings, "index")
 
     def forward(self, ctx, inputs, outputs, params, stash, workspace) -> None:
         idx = inputs[0]

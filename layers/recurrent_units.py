@@ -122,6 +122,10 @@ class _UnitOps:
         if self.vocab_size is not None:
             check_index_range(self, x, self.vocab_size, "token")
 
+    def check_feed(self, index, host, in_shapes) -> None:
+        if index == 0:
+            self._check_tokens(host)
+
     def _make_table(self, params, table) -> None:
         if table.size:
             np.matmul(params["embedding"], params["weight_ih_l0"].T, out=table)

@@ -66,14 +66,18 @@ class SoftmaxCrossEntropy(Layer):
     def _check_targets(self, t: np.ndarray, k: int) -> None:
         if t.dtype.kind not in "iu":
             raise TypeError(f"{self.describe()} takes integer class targets, got {t.dtype}")
-        if t.size == 0:
-            return
+        if t.size == 0 or not isinstance(t, np.ndarray):
+            return  # (device targets are checked on the host before the upload: check_feed)
         lo, hi = int(t.min()), int(t.max())
         if lo < 0 or hi >= k:
             raise IndexError(
                 f"layer {self.name or 'SoftmaxCrossEntropy'} ({self.describe()}): target "
                 f"{lo if lo < 0 else hi} out of range for {k} classes"
             )
+
+    def check_feed(self, index, host, in_shapes) -> None:
+        if index == 1:
+            self._check_targets(host.reshape(-1), in_shapes[0][-1])
 
     def forward(self, ctx, inputs, outputs, params, stash, workspace) -> None:
         k = inputs[0].shape[-1]

@@ -9,12 +9,14 @@ from typing import Any
 import numpy as np
 
 from ..kernels import bitpack, poolidx, precision, sparse, weight_record
+from ..kernels.sparse_format import header_for
 
 
 def encode(codec: str, x: Any, out: Any, attrs: dict) -> int:
     """Encode ``x`` into the byte buffer ``out``; returns the bytes needed. When the data needs
     more than ``out`` holds (a sparse tensor denser than planned), nothing is written and the
-    caller must provide a larger buffer."""
+    caller must provide a larger buffer. ``sparse`` leaves the non-zero count in
+    ``attrs["_nnz"]``."""
     if codec == "sign":
         bitpack.pack_sign(x.reshape(-1), out=out[:bitpack.packed_nbytes(x.size)])
         return bitpack.packed_nbytes(x.size)
@@ -24,14 +26,18 @@ def encode(codec: str, x: Any, out: Any, attrs: dict) -> int:
         poolidx.pack_indices(x.reshape(-1), bits, out=out[:nb])
         return nb
     if codec == "sparse":
-        nnz = sparse.count_nonzero(x)
+        # the format and size depend on the count: on a GPU this read is the step's one host
+        # synchronisation per sparse stash (kept in attrs["_nnz"] for the density it measures)
+        nnz = attrs["_nnz"] = sparse.count_nonzero(x)
         enc = sparse.choose_encoding(x.size, nnz, x.dtype.itemsize)
         if enc.nbytes > out.size:
             return enc.nbytes
         if enc.fmt == "dense":
             out[:enc.nbytes] = x.reshape(-1).view(np.uint8)
         else:
-            sparse.encode(x, out[:enc.nbytes], enc.fmt, enc.row_width or 256)
+            sparse.encode(x, out[:enc.nbytes], enc.fmt, enc.row_width or 256, nnz=nnz)
+            attrs["_header"] = header_for(enc.fmt, x.size, nnz, x.dtype.itemsize,
+                                          enc.row_width or 256)
         attrs["_fmt"] = enc.fmt
         return enc.nbytes
     codes = precision.code_dtype(codec)
@@ -49,8 +55,8 @@ def decode(codec: str, buf: Any, out: Any, attrs: dict) -> None:
     if codec == "sparse":
         if attrs.get("_fmt") == "dense":
             out.reshape(-1).view(np.uint8)[...] = buf[:out.nbytes]
-        else:
-            sparse.decode(buf, out)
+        else:  # (the header the encoder wrote, known here: not read back from the device)
+            sparse.decode(buf, out, header=attrs.get("_header"))
         return
     codes = precision.code_dtype(codec)
     precision.decode(buf.view(codes)[:out.size], codec, out=out.reshape(-1), dtype=out.dtype)

@@ -9,10 +9,17 @@
 * Host memory is pinned (``cupy.cuda.alloc_pinned_memory``) and bounded by ``pinned_capacity``
   (default: the host's available memory; the trainer passes ``--host-memory``).
 * ``cuda:N``: :meth:`CudaDevice.activate` makes device N current; the executor runs every
-  step under it.
-* Step times come from CUDA events on the compute stream (:class:`CudaStepTimer`), not from
-  the host clock around asynchronous launches.
-* :func:`route_cupy_allocations` sends CuPy's own temporaries to a :class:`~.pool.Pool`.
+  step and the trainer the optimizer's update under it.
+* Step and iteration times come from CUDA events on the compute stream (:class:`CudaStepTimer`),
+  not from the host clock around asynchronous launches; the time compute waits for a copy is
+  measured by events around the wait (:class:`StallProbe`). All are read lazily: recording
+  them never stops the host.
+* Losses and outputs come back through :meth:`CudaDevice.fetch_async` (a copy into pinned
+  memory queued on the compute stream, waited for only when read).
+* :func:`route_cupy_allocations` sends CuPy's own temporaries made on this thread to a
+  :class:`~.pool.Pool`.
+* The CUDA context, cuBLAS' handle and workspaces and the kernel modules live outside the
+  arena: they are started and measured before it is allocated (:meth:`CudaDevice.outside_arena`).
 
 Stream ordering: blocks freed by the pool may be handed out again at once. That is safe for work
 on one stream; across streams, every copy waits for the compute queued before it
@@ -36,9 +43,15 @@ import numpy as np
 from .device import as_shape, available_host_memory, check_view
 from .units import format_size, parse_size
 
-__all__ = ["CudaCopyEngine", "CudaCopyEvent", "CudaDevice", "route_cupy_allocations"]
+__all__ = ["CUDA_INSTALL_HINT", "CudaCopyEngine", "CudaCopyEvent", "CudaDevice", "CudaHostResult",
+           "CudaStepTimer", "StallProbe", "route_cupy_allocations"]
 
 _NAN32 = 0x7FC00000
+
+#: How to install the GPU stack, for error messages: the extra matching the driver's CUDA.
+CUDA_INSTALL_HINT = ("pip install 'minidl[cuda13]' or 'minidl[cuda12]', the one matching the "
+                     "\"CUDA Version\" nvidia-smi prints (over a CuPy already installed: pip "
+                     "install --no-deps -e .)")
 
 
 def _import_cupy() -> Any:
@@ -46,8 +59,8 @@ def _import_cupy() -> Any:
         import cupy
     except ImportError as e:
         raise RuntimeError(
-            "the cuda device needs CuPy, which is not installed: pip install 'minidl[cuda]' "
-            "(cupy-cuda12x), or use the cpu or meta device") from e
+            f"the cuda device needs CuPy, which is not installed: {CUDA_INSTALL_HINT}; or use "
+            "the cpu or meta device") from e
     try:
         ok = bool(cupy.cuda.is_available())
     except Exception:  # a broken driver or runtime counts as unavailable
@@ -95,11 +108,19 @@ class CudaCopyEvent:
                 time.sleep(50e-6)
         self._complete()
 
-    def order_compute(self) -> None:
+    def order_compute(self) -> StallProbe | None:
         """Work queued afterwards on the compute stream (CuPy's current stream) waits on the
-        device for this copy to finish; the host does not wait."""
-        if self._refs is not None:
-            self._cp.cuda.get_current_stream().wait_event(self._end)
+        device for this copy to finish; the host does not wait. Returns the probe measuring
+        how long the compute stream stood still for it (``None`` if the copy had finished)."""
+        if self._refs is None:
+            return None
+        stream = self._cp.cuda.get_current_stream()
+        before = self._cp.cuda.Event()
+        before.record(stream)
+        stream.wait_event(self._end)
+        after = self._cp.cuda.Event()
+        after.record(stream)
+        return StallProbe(self._cp, before, after)
 
     def _complete(self) -> None:
         if self._refs is not None:
@@ -112,6 +133,29 @@ class CudaCopyEvent:
         if self._elapsed is None:
             self.done()
         return self._elapsed
+
+
+class StallProbe:
+    """Two events on the compute stream around its wait for a copy: the time between them is
+    how long the GPU's compute stood still waiting for that copy (0 when the copy had finished
+    before the compute work queued ahead of the wait). Read lazily: :meth:`seconds` waits for
+    the second event only if it has not completed."""
+
+    __slots__ = ("_cp", "_before", "_after", "_seconds")
+
+    def __init__(self, cp: Any, before: Any, after: Any) -> None:
+        self._cp, self._before, self._after = cp, before, after
+        self._seconds: float | None = None
+
+    def ready(self) -> bool:
+        return self._seconds is not None or bool(self._after.done)
+
+    def seconds(self) -> float:
+        if self._seconds is None:
+            self._after.synchronize()
+            self._seconds = self._cp.cuda.get_elapsed_time(self._before, self._after) / 1e3
+            self._before = self._after = None
+        return self._seconds
 
 
 class CudaCopyEngine:
@@ -207,38 +251,90 @@ STAGING_MAX_BYTES = 64 << 20
 
 
 class CudaStepTimer:
-    """Times of the steps of one iteration from CUDA events recorded on the compute stream.
+    """Times of one iteration from CUDA events recorded on the compute stream.
 
-    ``start(i)`` / ``stop(i)`` record events around step ``i``'s kernels; :meth:`collect`
-    waits for the last event and returns the device-side seconds of each step (what the swap
-    and recomputation planners need: kernel time, not launch time).
+    ``begin()`` / ``end()`` bracket the whole iteration (its device time includes the compute
+    stream's waits for copies and any gap where the GPU waited for the host); ``start(i)`` /
+    ``stop(i)`` bracket step ``i``'s kernels. Nothing waits while recording: :meth:`ready`
+    asks the last event without blocking, :meth:`collect` waits for it and returns the
+    device-side seconds of each step (what the swap and recomputation planners need: kernel
+    time, not launch time) and :attr:`iteration_s`.
     """
 
     def __init__(self, cp: Any, num_steps: int) -> None:
         self._cp = cp
         self._events: list[tuple[Any, Any] | None] = [None] * num_steps
+        self._begin: Any = None
+        self._end: Any = None
+        self._times: np.ndarray | None = None
+        #: Device seconds from :meth:`begin` to :meth:`end` (after :meth:`collect`).
+        self.iteration_s: float | None = None
 
-    def start(self, i: int) -> None:
+    def _record(self) -> Any:
         ev = self._cp.cuda.Event()
         ev.record()
-        self._events[i] = (ev, None)
+        return ev
+
+    def begin(self) -> None:
+        self._begin = self._record()
+
+    def end(self) -> None:
+        self._end = self._record()
+
+    def start(self, i: int) -> None:
+        self._events[i] = (self._record(), None)
 
     def stop(self, i: int) -> None:
         pair = self._events[i]
         if pair is not None:
-            ev = self._cp.cuda.Event()
-            ev.record()
-            self._events[i] = (pair[0], ev)
+            self._events[i] = (pair[0], self._record())
+
+    def _last(self) -> Any:
+        if self._end is not None:
+            return self._end
+        return next((p[1] for p in reversed(self._events) if p and p[1] is not None), None)
+
+    def ready(self) -> bool:
+        """True once every recorded event has completed (reading the times will not wait)."""
+        last = self._last()
+        return self._times is not None or last is None or bool(last.done)
 
     def collect(self) -> np.ndarray:
+        """Per-step device seconds (waits for the last event if it has not completed)."""
+        if self._times is not None:
+            return self._times
+        elapsed = self._cp.cuda.get_elapsed_time
         times = np.zeros(len(self._events))
-        last = next((p[1] for p in reversed(self._events) if p and p[1] is not None), None)
+        last = self._last()
         if last is not None:
             last.synchronize()
         for i, pair in enumerate(self._events):
             if pair is not None and pair[1] is not None:
-                times[i] = self._cp.cuda.get_elapsed_time(pair[0], pair[1]) / 1e3
+                times[i] = elapsed(pair[0], pair[1]) / 1e3
+        if self._begin is not None and self._end is not None:
+            self.iteration_s = elapsed(self._begin, self._end) / 1e3
+        self._times = times
+        self._events = []
         return times
+
+
+class CudaHostResult:
+    """A device-to-host copy queued on the compute stream (:meth:`CudaDevice.fetch_async`):
+    :meth:`ready` asks without blocking, :meth:`result` waits for the copy if need be."""
+
+    __slots__ = ("_host", "_event", "_src")
+
+    def __init__(self, host: np.ndarray, event: Any, src: Any) -> None:
+        self._host, self._event, self._src = host, event, src
+
+    def ready(self) -> bool:
+        return self._event is None or bool(self._event.done)
+
+    def result(self) -> np.ndarray:
+        if self._event is not None:
+            self._event.synchronize()
+            self._event = self._src = None
+        return self._host
 
 
 class _PinnedCounter:
@@ -257,12 +353,29 @@ class _PinnedCounter:
             self.used -= n
 
 
+#: Device memory left free beside the arena for what the CUDA libraries load after the
+#: device is made (kernel modules of CuPy, cuBLAS and Numba loaded lazily at first use, cuBLAS
+#: workspaces of new streams): an arena closer than this to the free memory is refused.
+OUTSIDE_ARENA_MARGIN = 256 << 20
+#: Pinned staging buffers for batches going up (a ring: an upload reuses a slot only once the
+#: copy that last read it has finished).
+STAGING_SLOTS = 4
+
+
 class CudaDevice:
-    """One CUDA device: an arena of ``capacity`` bytes, copy streams, bounded pinned memory."""
+    """One CUDA device: an arena of ``capacity`` bytes, copy streams, bounded pinned memory.
+
+    Before the arena is allocated the libraries a step uses are started (the CUDA context,
+    cuBLAS' handle and workspace, a GEMM's and an elementwise kernel's modules) and their
+    device memory measured (:attr:`libraries_bytes`); the arena must then leave
+    :data:`OUTSIDE_ARENA_MARGIN` free. :meth:`outside_arena` reports, at any time, the device
+    bytes this process holds beside the arena.
+    """
 
     name = "cuda"
     kind = "cuda"
     has_storage = True
+    asynchronous = True
 
     def __init__(self, capacity: int | str, device_id: int = 0,
                  pinned_capacity: int | str | None = None) -> None:
@@ -275,18 +388,60 @@ class CudaDevice:
         self.device_id = int(device_id)
         self._device = cp.cuda.Device(self.device_id)
         with self._device:
+            free_start, total = cp.cuda.runtime.memGetInfo()  # (the context exists from here)
+            self._warm_up()
             free, total = cp.cuda.runtime.memGetInfo()
-            if self.capacity > free:
+            #: Device bytes the libraries took when started (cuBLAS, the first modules).
+            self.libraries_bytes = max(0, free_start - free)
+            #: Device bytes in use before this device was made (the CUDA context, other
+            #: processes).
+            self.used_before = total - free_start
+            if self.capacity + OUTSIDE_ARENA_MARGIN > free:
+                most = max(0, free - OUTSIDE_ARENA_MARGIN)
                 raise ValueError(
                     f"cuda:{self.device_id} capacity {format_size(self.capacity)} "
-                    f"({self.capacity} bytes) is larger than the device's free memory "
-                    f"{format_size(free)} ({free} bytes of {total})")
+                    f"({self.capacity} bytes) leaves less than {format_size(OUTSIDE_ARENA_MARGIN)}"
+                    f" of the device's free memory ({format_size(free)} of "
+                    f"{format_size(total)}) for the CUDA libraries outside the arena (cuBLAS "
+                    f"workspaces, kernel modules): ask for at most {format_size(most)} "
+                    f"({most} bytes)")
             self._mem: Any = cp.cuda.Memory(self.capacity)
+            self._free_after_arena = cp.cuda.runtime.memGetInfo()[0]
+        self.total_bytes = total
         self.base_ptr: int = int(self._mem.ptr)
         self._pinned = _PinnedCounter()
         self._copy_engine: CudaCopyEngine | None = None
-        self._staging: np.ndarray | None = None  # pinned bytes for copy_from_host
-        self._staging_done: Any = None
+        #: (pinned buffer, event of the copy that last read it) per staging slot
+        self._staging: list[tuple[np.ndarray | None, Any]] = [(None, None)] * STAGING_SLOTS
+        self._next_slot = 0
+
+    def _warm_up(self) -> None:
+        """Start what every training step uses, so its device memory is taken before the
+        arena: cuBLAS (handle, workspace, a GEMM kernel) and an elementwise and a reduction
+        kernel of CuPy; their temporaries are given back to CuPy's pool and then freed."""
+        cp = self._cp
+        a = cp.ones((64, 64), cp.float32)
+        b = a @ a
+        float((b * 2).sum())
+        del a, b
+        cp.get_default_memory_pool().free_all_blocks()
+
+    def outside_arena(self) -> dict[str, int]:
+        """Device bytes this process holds beside the arena, as measured now
+        (``cudaMemGetInfo``; other processes on the GPU show up as ``since_arena`` too):
+        ``libraries_at_start`` (cuBLAS and modules started with the device), ``since_arena``
+        (loaded or allocated since the arena: lazily loaded kernel modules, cuBLAS workspaces,
+        CuPy's own pool), ``cupy_pool`` (CuPy's default pool: temporaries that escaped the
+        arena), ``cupy_pinned_pool`` (host memory, pinned by CuPy's pool), and ``total``
+        (libraries + since the arena)."""
+        cp = self._cp
+        with self._device:
+            free, _ = cp.cuda.runtime.memGetInfo()
+        since = max(0, self._free_after_arena - free)
+        return {"libraries_at_start": self.libraries_bytes, "since_arena": since,
+                "cupy_pool": int(cp.get_default_memory_pool().total_bytes()),
+                "cupy_pinned_pool": int(cp.get_default_pinned_memory_pool().total_bytes()),
+                "total": self.libraries_bytes + since}
 
     def _arena(self) -> Any:
         if self._mem is None:
@@ -358,9 +513,10 @@ class CudaDevice:
 
     def copy_from_host(self, dst: Any, src: np.ndarray) -> None:
         """Host-to-device copy of ``src`` into the C-contiguous ``dst``, asynchronous on the
-        compute stream from a pinned staging buffer (kernels queued after it see the data; the
-        host does not wait unless the staging buffer is still being read by the last copy).
-        Arrays above :data:`STAGING_MAX_BYTES` go synchronously (``ndarray.set``)."""
+        compute stream from a ring of :data:`STAGING_SLOTS` pinned staging buffers (kernels
+        queued after it see the data; the host waits only when the slot's previous copy, four
+        uploads ago, is still reading it). Arrays above :data:`STAGING_MAX_BYTES` go
+        synchronously (``ndarray.set``)."""
         cp = self._cp
         host = np.array(src, dtype=dst.dtype, order="C", copy=None).reshape(dst.shape)
         nbytes = int(host.nbytes)
@@ -370,18 +526,38 @@ class CudaDevice:
             dst.set(host)
             return
         with self._device:
-            if self._staging_done is not None:
-                self._staging_done.synchronize()  # the last staged copy has read the buffer
-            if self._staging is None or self._staging.nbytes < nbytes:
-                self._staging = None
-                self._staging = self.host_empty((max(nbytes, 1 << 20),), np.uint8)
-            stage = self._staging[:nbytes]
+            slot = self._next_slot
+            self._next_slot = (slot + 1) % STAGING_SLOTS
+            buf, done = self._staging[slot]
+            if done is not None and not done.done:
+                done.synchronize()  # the copy four uploads ago still reads this buffer
+            if buf is None or buf.nbytes < nbytes:
+                buf = None
+                buf = self.host_empty((max(nbytes, 1 << 20),), np.uint8)
+            stage = buf[:nbytes]
             stage[...] = host.reshape(-1).view(np.uint8)
             stream = cp.cuda.get_current_stream()
             dst.data.copy_from_host_async(stage.ctypes.data, nbytes, stream)
             done = cp.cuda.Event(disable_timing=True)
             done.record(stream)
-            self._staging_done = done
+            self._staging[slot] = (buf, done)
+
+    def fetch_async(self, src: Any) -> CudaHostResult:
+        """Queue a copy of ``src`` into pinned host memory on the compute stream (after the
+        work that produces it); the host does not wait until :meth:`CudaHostResult.result`."""
+        cp = self._cp
+        if not src.flags.c_contiguous:
+            src = cp.ascontiguousarray(src)
+        host = self.host_empty(src.shape, src.dtype)
+        nbytes = int(src.nbytes)
+        if nbytes == 0:
+            return CudaHostResult(host, None, None)
+        with self._device:
+            stream = cp.cuda.get_current_stream()
+            src.data.copy_to_host_async(host.ctypes.data, nbytes, stream)
+            done = cp.cuda.Event(disable_timing=True)
+            done.record(stream)
+        return CudaHostResult(host, done, src)
 
     def copy_to_host(self, src: Any) -> np.ndarray:
         """Device-to-host copy of ``src`` (``ndarray.get``)."""
@@ -428,9 +604,10 @@ class _Release:
 
 @contextlib.contextmanager
 def route_allocations(device: CudaDevice, allocate: Any) -> Iterator[None]:
-    """Within the block, CuPy's own allocations take arena bytes from ``allocate``
-    (``nbytes -> (offset, release)``); the previous allocator is restored on exit and
-    temporaries still alive then are released when CuPy frees them."""
+    """Within the block, CuPy's own allocations *on this thread* take arena bytes from
+    ``allocate`` (``nbytes -> (offset, release)``; ``cupy.cuda.using_allocator``); the previous
+    allocator is restored on exit and temporaries still alive then are released when CuPy
+    frees them."""
     cp = device._cp
     base = device.base_ptr
     device_id = device.device_id
@@ -440,12 +617,10 @@ def route_allocations(device: CudaDevice, allocate: Any) -> Iterator[None]:
         mem = cp.cuda.UnownedMemory(base + offset, nbytes, _Release(release), device_id)
         return cp.cuda.MemoryPointer(mem, 0)
 
-    previous = cp.cuda.get_allocator()
-    cp.cuda.set_allocator(cupy_allocator)
-    try:
+    # per thread (CuPy's set_allocator is process-wide: other threads' temporaries would land
+    # in this pool, which is not thread-safe; and it refuses to run inside using_allocator)
+    with cp.cuda.using_allocator(cupy_allocator):
         yield
-    finally:
-        cp.cuda.set_allocator(previous)
 
 
 def pool_allocator(pool: Any) -> Any:

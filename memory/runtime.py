@@ -88,6 +88,7 @@ class MemoryRuntime:
         self.reallocs = 0
         self.kept_for_backward: dict[str, int] = {}
         self._swap = SwapStats()
+        self._stall_probes: list[Any] = []  # a GPU's measures of compute waiting for copies
         #: With ``record=True``: (time, step, op, category, byte delta, tensor) per block event;
         #: ``op`` is ``alloc`` / ``free``, ``prefetch`` (a block for a copy back) or
         #: ``release`` (an offloaded tensor's block given back, or evicted from the cache).
@@ -99,9 +100,12 @@ class MemoryRuntime:
 
     @property
     def swap_stats(self) -> SwapStats:
-        """What swapping (and the tensor cache) did so far this iteration."""
+        """What swapping (and the tensor cache) did so far this iteration. ``stall_s`` is the
+        time compute waited for copies: the host's waits, plus on a GPU the compute stream's
+        (read from CUDA events around each wait: this waits for the last of them)."""
         c = self.cache.stats
-        return replace(self._swap, cache_hits=c.hits, cache_misses=c.misses,
+        stall = self._swap.stall_s + sum(p.seconds() for p in self._stall_probes)
+        return replace(self._swap, stall_s=stall, cache_hits=c.hits, cache_misses=c.misses,
                        evictions=c.evictions)
 
     @property
@@ -319,12 +323,15 @@ class MemoryRuntime:
 
     def _order_compute(self, ev: Any) -> None:
         """Later compute work must follow the copy ``ev``: on a GPU the compute stream waits
-        for its event on the device (no host synchronisation); elsewhere the host waits."""
+        for its event on the device (no host synchronisation; how long it stood still is
+        measured by events, read with :attr:`swap_stats`); elsewhere the host waits."""
         order = getattr(ev, "order_compute", None)
         if order is None:
             self._wait(ev)
-        else:
-            order()
+            return
+        probe = order()
+        if probe is not None:
+            self._stall_probes.append(probe)
 
     def release(self, root: int) -> None:
         """The device block of an offloaded tensor may go: once its copy has read it (on a

@@ -65,6 +65,8 @@ class StreamModel:
     ops: dict[str, list[Op]] = field(default_factory=lambda: {s: [] for s in STREAMS})
     #: Number of operations issued (for tests: proof that the model saw the work).
     issued: int = 0
+    #: The last position of every stream the host has waited for.
+    host_clock: list[int] = field(default_factory=lambda: [0] * len(STREAMS))
 
     def _index(self, stream: str) -> int:
         try:
@@ -110,6 +112,14 @@ class StreamModel:
         """The host waited for ``event``: everything issued afterwards, on any stream, follows."""
         for stream in STREAMS:
             self.wait_event(stream, event)
+        self.host_clock[:] = [max(h, c) for h, c in zip(self.host_clock, event.clock)]
+
+    def host_reached(self, event: StreamEvent) -> bool:
+        """True when the host has already waited for ``event`` (or a later point of its
+        stream): reading what it stands for needs no new wait. The model never completes work
+        on its own: anything the host has not waited for is still running."""
+        k = self._index(event.stream)
+        return self.host_clock[k] >= event.clock[k]
 
     def synchronize(self) -> None:
         """The host waited for every stream."""

@@ -21,7 +21,16 @@ rules, checked against the installed ``cupy`` package itself:
   (CuPy's own pool, outside the arena);
 * kernels run on a recorded compute stream and copies on a copy stream
   (:class:`~.stream_model.StreamModel`): a copy that reads a block before its producer, or a
-  prefetch into a block a queued kernel still reads, raises :class:`~.stream_model.StreamRace`.
+  prefetch into a block a queued kernel still reads, raises :class:`~.stream_model.StreamRace`;
+  the pinned host buffers the copies read and write are tracked too (a host-to-device copy
+  reading a buffer an unfinished device-to-host copy still writes is a race);
+* what a GPU step costs the host is counted: :attr:`StrictCudaDevice.host_syncs` (every
+  ``float()``, ``get()``, ``synchronize()`` or wait on a copy: the host stops until the device
+  catches up) and :attr:`StrictCudaDevice.launches` (array operations that write or make an
+  array, and kernel launches, on the compute stream; views and reshapes launch nothing);
+* ``device_id=N`` with N > 0 is a second GPU: an array operation issued while another device is
+  current (CuPy's current device, per thread; :meth:`StrictCudaDevice.activate` makes this one
+  current) raises, as it would run on the wrong GPU.
 
 The data live in a NumPy arena, so results are exact and comparable with the CPU device.
 """
@@ -33,6 +42,7 @@ import functools
 import inspect
 import math
 import re
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -65,7 +75,8 @@ def _cupy() -> Any:
         import cupy
     except ImportError as e:
         raise RuntimeError("the strict cuda test device reads CuPy's API from the cupy package, "
-                           "which is not installed: pip install 'minidl[cuda]'") from e
+                           "which is not installed: pip install 'minidl[test]' (CuPy's API; "
+                           "no GPU needed)") from e
     return cupy
 
 
@@ -153,6 +164,24 @@ def _is_host_array(x: Any) -> bool:
     return isinstance(x, np.ndarray)
 
 
+#: Host buffers' ranges in the stream model: their addresses moved above any arena offset.
+_HOST_SPACE = 1 << 62
+#: CuPy's current device per thread (the strict devices' stand-in for cudaSetDevice).
+_CURRENT = threading.local()
+
+
+def _current_device() -> int:
+    return getattr(_CURRENT, "device", 0)
+
+
+def _host_range(a: np.ndarray) -> tuple[tuple[int, int], ...]:
+    """The bytes of a host array as a stream-model range (a space apart from the arena's)."""
+    if a.size == 0:
+        return ()
+    lo, hi = np.lib.array_utils.byte_bounds(a)
+    return ((_HOST_SPACE + lo, _HOST_SPACE + hi),)
+
+
 class StrictArray:
     """A device array of a :class:`StrictCudaDevice` (see the module docstring)."""
 
@@ -204,6 +233,11 @@ class StrictArray:
         rng = self._dev._ranges((self,))
         self._dev.streams.issue("compute", rng, rng, "a kernel launch")
         return self._a
+
+    def __emulated_launch__(self, kernel: str) -> None:
+        """A kernel is launched with this array among its arguments (once per launch)."""
+        self._dev._check_current(f"kernel {kernel}")
+        self._dev.launches += 1
 
     # -- attributes CuPy has
     shape = property(lambda self: self._a.shape)
@@ -416,11 +450,29 @@ class StrictCopyEvent:
 
     def wait(self, timeout: float | None = None) -> None:
         """The host waits for the copy."""
+        self._dev.host_syncs += 1
         self._dev.streams.host_wait(self._event)
 
     def order_compute(self) -> None:
         """Later compute work waits for this copy on the device (no host synchronisation)."""
         self._dev.streams.wait_event("compute", self._event)
+
+
+class StrictHostResult:
+    """A fetch of :meth:`StrictCudaDevice.fetch_async`: ``ready()`` once the host has waited
+    for its point of the compute stream, ``result()`` (a host synchronisation if not)."""
+
+    def __init__(self, device: StrictCudaDevice, host: np.ndarray, event: StreamEvent) -> None:
+        self._dev, self._host, self._event = device, host, event
+
+    def ready(self) -> bool:
+        return self._dev.streams.host_reached(self._event)
+
+    def result(self) -> np.ndarray:
+        if not self.ready():
+            self._dev.host_syncs += 1
+            self._dev.streams.host_wait(self._event)
+        return self._host
 
 
 class StrictCopyEngine:
@@ -446,14 +498,15 @@ class StrictCopyEngine:
         stream = "h2d" if d_dev and not s_dev else "d2h"  # one copy stream per direction
         if dev.copy_waits_for_compute:
             streams.wait_event(stream, streams.record("compute"))
-        streams.issue(stream, dev._ranges((src,)) if s_dev else (),
-                      dev._ranges((dst,)) if d_dev else (), f"a {stream} copy")
+        streams.issue(stream, dev._ranges((src,)) if s_dev else _host_range(src),
+                      dev._ranges((dst,)) if d_dev else _host_range(dst), f"a {stream} copy")
         np.copyto(dst._a if d_dev else dst, src._a if s_dev else src)
         self.total_bytes += int(dst.nbytes)
         self.num_copies += 1
         return StrictCopyEvent(dev, int(dst.nbytes), streams.record(stream))
 
     def synchronize(self) -> None:
+        self._dev.host_syncs += 1
         for stream in ("h2d", "d2h"):
             self._dev.streams.host_wait(self._dev.streams.record(stream))
 
@@ -466,16 +519,23 @@ class StrictCudaDevice:
     """A CUDA-kind device for tests: CuPy-strict arrays over a host arena (module docstring).
 
     ``copy_waits_for_compute=False`` turns off the event the copy stream waits on before each
-    copy (what the CUDA device does), so tests can show the races it prevents.
+    copy (what the CUDA device does), so tests can show the races it prevents. ``device_id``
+    is the GPU it stands for (see the module docstring).
     """
 
     name = "cuda-strict"
     kind = "cuda"
     has_storage = True
+    asynchronous = True
 
     def __init__(self, capacity: int | str = "256MiB", pinned_capacity: int | str = "1GiB",
-                 copy_waits_for_compute: bool = True) -> None:
+                 copy_waits_for_compute: bool = True, device_id: int = 0) -> None:
         _cupy()
+        self.device_id = int(device_id)
+        #: Times the host waited for the device (a synchronising read, a wait on a copy, ...).
+        self.host_syncs = 0
+        #: Array operations and kernel launches issued on the compute stream.
+        self.launches = 0
         self.capacity = parse_size(capacity)
         self.pinned_capacity = parse_size(pinned_capacity)
         raw = np.zeros(self.capacity + ALLOCATION_UNIT, dtype=np.uint8)
@@ -507,6 +567,7 @@ class StrictCudaDevice:
         return np.empty(as_shape(shape), np.dtype(dtype))
 
     def fill(self, offset: int, nbytes: int, value: int | float) -> None:
+        self.launches += 1
         self.streams.issue("compute", (), ((offset, offset + nbytes),), "a fill")
         region = self._arena[offset:offset + nbytes]
         if isinstance(value, float) and math.isnan(value):
@@ -523,7 +584,25 @@ class StrictCudaDevice:
         return self._copy_engine
 
     def synchronize(self) -> None:
+        self.host_syncs += 1
         self.streams.synchronize()
+
+    @contextlib.contextmanager
+    def activate(self) -> Iterator[None]:
+        """Make this device CuPy's current device on this thread within the block."""
+        previous = _current_device()
+        _CURRENT.device = self.device_id
+        try:
+            yield
+        finally:
+            _CURRENT.device = previous
+
+    def _check_current(self, what: str) -> None:
+        current = _current_device()
+        if current != self.device_id:
+            raise StrictCupyError(f"{what} on cuda:{self.device_id} ran while cuda:{current} was "
+                                  "CuPy's current device: it would run on the wrong GPU (make "
+                                  "the device current with its activate())")
 
     def close(self) -> None:
         if self._copy_engine is not None:
@@ -540,8 +619,28 @@ class StrictCudaDevice:
 
     # -- explicit transfers
     def copy_from_host(self, dst: StrictArray, src: np.ndarray) -> None:
-        """Host-to-device copy into ``dst`` (synchronous, as ``ndarray.set``)."""
-        dst.set(np.ascontiguousarray(src).reshape(dst.shape))
+        """Host-to-device copy into ``dst`` queued on the compute stream from pinned staging
+        (as :meth:`~.cuda_device.CudaDevice.copy_from_host`: the host does not wait)."""
+        host = np.ascontiguousarray(src, dtype=dst.dtype).reshape(dst.shape)
+        self._check_current("an upload")
+        self.streams.issue("compute", _host_range(host), self._ranges((dst,)), "an upload")
+        np.copyto(dst._a, host)
+
+    def fetch_async(self, src: StrictArray) -> StrictHostResult:
+        """A device-to-host copy queued on the compute stream (as
+        :meth:`~.cuda_device.CudaDevice.fetch_async`): reading its result before the host has
+        waited for that point of the stream counts a host synchronisation."""
+        self._check_current("a fetch")
+        host = np.empty(src.shape, src.dtype)
+        self.streams.issue("compute", self._ranges((src,)), _host_range(host), "a fetch")
+        np.copyto(host, src._a)
+        return StrictHostResult(self, host, self.streams.record("compute"))
+
+    def outside_arena(self) -> dict[str, int]:
+        """What CuPy's own pool would hold beside the arena (temporaries made outside a routed
+        scope): now and at most."""
+        return {"cupy_pool": self.default_pool_bytes, "cupy_pool_peak": self.default_pool_peak,
+                "total": self.default_pool_bytes}
 
     def copy_to_host(self, src: StrictArray) -> np.ndarray:
         """Device-to-host copy of ``src`` (synchronous, as ``ndarray.get``)."""
@@ -595,9 +694,11 @@ class StrictCudaDevice:
         return tuple(out)
 
     def _sync_read(self, a: StrictArray) -> None:
+        self.host_syncs += 1
         self.streams.synchronize()
 
     def _host_write(self, a: StrictArray) -> None:
+        self.host_syncs += 1
         self.streams.synchronize()
         self.streams.issue("compute", (), self._ranges((a,)), "a host-to-device set()")
 
@@ -616,6 +717,7 @@ class StrictCudaDevice:
 
     def _run(self, where: str, fn: Callable, args: tuple, kwargs: dict, outs: tuple,
              receiver: StrictArray | None = None, host_inputs_ok: bool = False) -> Any:
+        self._check_current(where)
         self.checked_calls += 1
         found: list[StrictArray] = [] if receiver is None else [receiver]
         a = self._unwrap(tuple(args), host_inputs_ok, where, found)
@@ -629,6 +731,8 @@ class StrictCudaDevice:
                if isinstance(w, StrictArray) and w._owner is not None and
                isinstance(w._owner, _Temp)]
         self.streams.issue("compute", reads, writes + self._ranges(tuple(new)), where)
+        if outs or new:  # (a view or a reshape launches nothing)
+            self.launches += 1
         return wrapped
 
     def _wrap(self, result: Any, found: list[StrictArray], outs: tuple) -> Any:

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["copy_into", "is_host", "to_host"]
+__all__ = ["HostValue", "copy_into", "fetch_async", "is_host", "to_host"]
 
 
 def is_host(a: Any) -> bool:
@@ -49,3 +49,29 @@ def copy_into(dst: Any, src: Any) -> None:
         dst.set(host)
     else:
         dst[...] = src if src.dtype == dst.dtype else src.astype(dst.dtype)
+
+
+class HostValue:
+    """A copy already on the host (what :func:`fetch_async` gives on host devices)."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: np.ndarray) -> None:
+        self._value = value
+
+    def ready(self) -> bool:
+        return True
+
+    def result(self) -> np.ndarray:
+        return self._value
+
+
+def fetch_async(device: Any, a: Any) -> Any:
+    """A host copy of ``a`` that the host need not wait for yet: ``ready()`` (would reading it
+    wait?) and ``result()`` (the NumPy copy). On a device that runs asynchronously (its
+    ``fetch_async``) the copy is queued behind the work producing ``a``; elsewhere it is made
+    now (:class:`HostValue`)."""
+    fetch = getattr(device, "fetch_async", None)
+    if fetch is None or is_host(a):
+        return HostValue(to_host(a))
+    return fetch(a)

@@ -10,6 +10,8 @@ step), ``loss``, ``accuracy``, ``lr``, ``step_time_s``, ``samples_per_s``, ``pea
 after an epoch ``epoch``, ``step``, the epoch's mean ``loss`` and ``accuracy``, ``lr`` (the
 rate the epoch trained with), ``time_s`` and, when it was validated, ``val_loss`` and
 ``val_accuracy``. Epochs are counted from 0 in ``logs`` and from 1 in printed lines.
+On a GPU a step's ``loss`` and ``accuracy`` are :class:`~minidl.deferred.Deferred` (the host
+does not wait for the device until a callback reads them); epoch logs hold floats.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from .deferred import is_ready, resolve
 from .memory.units import format_size
 
 
@@ -196,7 +199,7 @@ class MetricLogger(Callback):
     def _write(self, kind: str, logs: dict[str, Any]) -> None:
         if self._file is None:
             return
-        row = {"kind": kind, **logs}
+        row = {"kind": kind, **{k: resolve(v) for k, v in logs.items()}}
         if self.jsonl:
             self._file.write(json.dumps(row) + "\n")
         else:
@@ -241,7 +244,7 @@ class TensorBoard(Callback):
 
     def on_step_end(self, run: FitRun, logs: dict[str, Any]) -> None:
         if logs["step"] % self.every_steps == 0:
-            self.writer.add_scalar("train/loss", logs["loss"], logs["step"])
+            self.writer.add_scalar("train/loss", resolve(logs["loss"]), logs["step"])
             self.writer.add_scalar("train/lr", logs["lr"], logs["step"])
 
     def on_epoch_end(self, run: FitRun, logs: dict[str, Any]) -> None:
@@ -255,6 +258,7 @@ class TensorBoard(Callback):
 
 
 def _fmt(value: Any, spec: str) -> str:
+    value = resolve(value)
     return "nan" if value is None or not math.isfinite(value) else format(value, spec)
 
 
@@ -295,9 +299,12 @@ class ProgressLogger(Callback):
         peak = format_size(logs["peak_bytes"])
         if self.bar is not None:
             self.bar.update(1)
-            self.bar.set_postfix(loss=f"{logs['loss']:.4f}", acc=f"{logs['accuracy']:.3f}",
-                                 samples_s=f"{logs['samples_per_s']:,.0f}", peak=peak,
-                                 refresh=False)
+            # (on a GPU the step's loss may still be on its way: the bar shows the figures once
+            # they are there instead of making the host wait for them)
+            if is_ready(logs["loss"]) and is_ready(logs["accuracy"]):
+                self.bar.set_postfix(loss=f"{logs['loss']:.4f}", acc=f"{logs['accuracy']:.3f}",
+                                     samples_s=f"{logs['samples_per_s']:,.0f}", peak=peak,
+                                     refresh=False)
         elif self.every_steps and logs["step"] % self.every_steps == 0:
             self.write(f"step {logs['step']}/{run.total_steps} (epoch {logs['epoch'] + 1}): "
                        f"loss {_fmt(logs['loss'], '.4f')}, accuracy "

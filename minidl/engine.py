@@ -30,6 +30,7 @@ from .memory.pool import Pool
 from .memory.program import aligned
 from .memory.targets import DeviceProfile
 from .memory.transfer import copy_into, to_host
+from .optim import FlatGroup, Optimizer
 
 #: Why a network with batch statistics is never split into micro-batches.
 BATCH_STATS_SPLIT = ("batch splitting with BatchNorm would normalise with micro-batch statistics, "
@@ -123,51 +124,111 @@ class Engine:
         blk = self.pool.allocate(aligned(nbytes, self.pool.alignment), tag=name,
                                   category=category)
         self.persistent_blocks.append(blk)
+        self._blocks[name] = blk
         return blk.view(tuple(shape), np.dtype(dtype))
 
     def _allocate_persistent(self, bind: bool, scratch_bytes: int | None = None) -> None:
-        """Parameters and buffers, then gradients, then optimizer state, in layer order."""
-        try:
-            params = self.params = [p for _, p in self.net.named_parameters(
-                include_buffers=True)]
-            views = []
-            for p in params:
-                sharded = self.param_shard_specs is not None and p.trainable
-                views.append(None if sharded else self._alloc(p.name, p.shape, p.dtype,
-                                                              "parameter"))
-            grads = []
-            if self.loss is not None and self.grad_shard_specs is None:
-                for p in params:
-                    if p.trainable:
-                        grads.append((p, self._alloc(p.name + ".grad", p.shape, p.dtype,
-                                                     "gradient")))
-            if bind and self.compute:
-                self.bound = True
-                with getattr(self.pool.device, "activate", contextlib.nullcontext)():
-                    for p, v in zip(params, views):
-                        if v is not None:  # (zero=3: the host array stays, shards in the pool)
-                            copy_into(v, p.data)  # the values, wherever they live
-                            p.data = v
-                        p.bound_to = self
-                    for p, g in grads:
-                        g[...] = 0
-                        p.grad = g
-            if self.optimizer is not None and self.loss is not None:
-
-                def alloc_state(name: str, shape: tuple[int, ...], dtype: Any) -> Any:
-                    arr = self._alloc(name, shape, dtype, "optimizer_state")
-                    if self.compute:
-                        arr[...] = 0
-                    self.opt_state_specs.append((name, tuple(shape), np.dtype(dtype).name))
-                    return arr
-
-                self._allocate_shards()
-                self.optimizer.init_state(alloc_state)
-            if scratch_bytes:
-                self._reserve_scratch(scratch_bytes)
+        """Trainable parameters, then buffers, then gradients, then optimizer state slot by
+        slot, each in layer order: the parameters, their gradients and each state slot are then
+        laid out alike, back to back (one flat update per group: :meth:`_group_parameters`)."""
+        self._blocks: dict[str, Any] = {}
+        try:  # (everything on the device runs with it current: cuda:N)
+            with getattr(self.pool.device, "activate", contextlib.nullcontext)():
+                self._allocate_blocks(bind, scratch_bytes)
         except BaseException:
             self.release()
             raise
+
+    def _allocate_blocks(self, bind: bool, scratch_bytes: int | None) -> None:
+        params = self.params = [p for _, p in self.net.named_parameters(include_buffers=True)]
+        views = {}
+        for p in sorted(params, key=lambda q: not q.trainable):  # (a stable sort)
+            sharded = self.param_shard_specs is not None and p.trainable
+            views[id(p)] = None if sharded else self._alloc(p.name, p.shape, p.dtype,
+                                                            "parameter")
+        grads = []
+        if self.loss is not None and self.grad_shard_specs is None:
+            for p in params:
+                if p.trainable:
+                    grads.append((p, self._alloc(p.name + ".grad", p.shape, p.dtype,
+                                                 "gradient")))
+        if bind and self.compute:
+            self.bound = True
+            for p in params:
+                v = views[id(p)]
+                if v is not None:  # (zero=3: the host array stays, shards in the pool)
+                    copy_into(v, p.data)  # the values, wherever they live
+                    p.data = v
+                p.bound_to = self
+            for p, g in grads:
+                g[...] = 0
+                p.grad = g
+        if self.optimizer is not None and self.loss is not None:
+
+            def alloc_state(name: str, shape: tuple[int, ...], dtype: Any) -> Any:
+                arr = self._alloc(name, shape, dtype, "optimizer_state")
+                if self.compute:
+                    arr[...] = 0
+                self.opt_state_specs.append((name, tuple(shape), np.dtype(dtype).name))
+                return arr
+
+            self._allocate_shards()
+            self.optimizer.init_state(alloc_state)
+            if self.bound:
+                self._group_parameters()
+        if scratch_bytes:
+            self._reserve_scratch(scratch_bytes)
+
+    def _group_parameters(self) -> None:
+        """Hand the optimizer its parameters as :class:`~minidl.optim.FlatGroup` s: runs of
+        parameters of one dtype whose blocks, gradients' blocks and state slots' blocks lie
+        back to back with the same sizes. The bytes between them are zeroed (they take part
+        in the flat update, and must stay finite)."""
+        opt = self.optimizer
+        if not isinstance(opt, Optimizer):
+            return  # (ZeRO's wrapper shards the state: it updates its shards itself)
+        blocks = self._blocks
+        slots = opt.slots
+
+        def chain(p: Any) -> list[Any] | None:
+            names = [p.name, p.name + ".grad", *(f"{p.name}.{s}" for s in slots)]
+            found = [blocks.get(n) for n in names]
+            return found if all(found) and len({b.size for b in found}) == 1 else None
+
+        runs: list[list[Any]] = []
+        for p in opt.params:
+            c = chain(p)
+            if c is None or p.grad is None or p.bound_to is not self:
+                runs.append([])
+                continue
+            run = runs[-1] if runs else []
+            last = run[-1] if run else None
+            if last is not None and last[0].dtype == p.dtype and all(
+                    a.end == b.offset for a, b in zip(last[1], c)):
+                run.append((p, c))
+            else:
+                runs.append([(p, c)])
+        groups = []
+        device = self.pool.device
+        for run in runs:
+            if len(run) < 2:
+                continue
+            dtype = np.dtype(run[0][0].dtype)
+            first, last = run[0][1], run[-1][1]
+            flats = [device.view(a.offset, b.end - a.offset, ((b.end - a.offset)
+                                                              // dtype.itemsize,), dtype)
+                     for a, b in zip(first, last)]
+            base = first[0].offset
+            for p, chain_ in run:  # zero the alignment bytes after each tensor
+                lo = (chain_[0].offset - base) // dtype.itemsize + int(np.prod(p.shape))
+                hi = (chain_[0].end - base) // dtype.itemsize
+                if hi > lo:
+                    for flat in flats:
+                        flat[lo:hi] = 0
+            groups.append(FlatGroup(tuple(p for p, _ in run), flats[0], flats[1],
+                                    dict(zip(slots, flats[2:])),
+                                    tuple((p.data, p.grad) for p, _ in run)))
+        opt.flat_groups = groups
 
     def _allocate_shards(self) -> None:
         """ZeRO stages 2 and 3: the optimizer's parameter shards (their values copied from the
@@ -205,6 +266,8 @@ class Engine:
     def release(self) -> None:
         """Return every persistent block to the pool; bound parameters move back to host arrays
         first, so the network stays usable."""
+        if isinstance(self.optimizer, Optimizer):
+            self.optimizer.flat_groups = []
         if self.bound:
             for p in self.params:
                 if p.bound_to is not self:

@@ -12,15 +12,11 @@ from .kernels.add import add as add_arrays
 from .layers.base import Context
 from .lowering import Lowered
 from .memory import codecs
-from .memory.device import MetaDevice
 from .memory.plan import Plan
-from .memory.pool import DeviceOutOfMemory, Pool
 from .memory.program import Step
 from .memory.runtime import MemoryRuntime, tensor_info
-from .memory.transfer import copy_into, to_host
-
-#: Allocation unit of the device library's temporaries (CuPy rounds to 512 bytes).
-TEMP_ALIGNMENT = 512
+from .memory.scratch import TemporaryRouter
+from .memory.transfer import copy_into, fetch_async
 
 
 class NonFiniteError(FloatingPointError):
@@ -67,47 +63,61 @@ class Executor:
         self.codec_state: dict[int, dict] = {}
         #: Largest fraction of non-zeros seen per sparse-encoded tensor (for re-planning).
         self.densities: dict[str, float] = {}
-        self.step_times = np.zeros(len(self.steps))
+        self._step_times = np.zeros(len(self.steps))
+        self._timer: Any = None  # a device's step timer, read when the times are asked for
+        #: Device seconds of the whole last iteration (CUDA events: the compute stream's waits
+        #: for copies and for the host included), once read; ``None`` on host devices.
+        self.iteration_s: float | None = None
         #: (offset, bytes) of the block reserved for the device library's own temporaries
         #: (CuPy's): set by the engine once measured; ``None`` routes them into the pool.
         self.scratch: tuple[int, int] | None = None
-        #: Most bytes of such temporaries live at once in the last run (0 on the CPU).
-        self.temp_peak = 0
-        self._temp_live = 0
+        #: The last run's temporaries (:class:`~minidl.memory.scratch.TemporaryRouter`: their
+        #: footprint, live peak and overflow of the scratch block); ``None`` on the CPU.
+        self.temporaries: TemporaryRouter | None = None
+        self._feed_checks = self._feed_consumers()
 
-    def _temporaries(self) -> Any:
-        """Route the device library's temporaries into the arena: into the scratch block when
-        one is reserved (a pool of its own, so overflowing it fails clearly), else into the
-        pool (measuring their peak). A no-op on devices without such temporaries."""
+    @property
+    def step_times(self) -> np.ndarray:
+        """Seconds of each step in the last run: host time on the CPU, device time from CUDA
+        events on a GPU (reading them waits for the run's last event if it has not passed)."""
+        if self._timer is not None:
+            timer, self._timer = self._timer, None
+            self._step_times[:] = timer.collect()
+            self.iteration_s = getattr(timer, "iteration_s", None)
+        return self._step_times
+
+    @property
+    def temp_peak(self) -> int:
+        """Bytes a scratch block needs for the last run's temporaries (0 without any)."""
+        return 0 if self.temporaries is None else self.temporaries.footprint
+
+    def _feed_consumers(self) -> list[list[tuple[Any, int, list[tuple[int, ...]]]]]:
+        """Per program input, (layer, input index, the step's input shapes) of every forward
+        step reading it."""
+        prog = self.plan.program
+        where = {tid: k for k, tid in enumerate(prog.inputs)}
+        out: list[list[tuple[Any, int, list[tuple[int, ...]]]]] = [[] for _ in prog.inputs]
+        for st in prog.steps:
+            if st.phase == "forward" and st.node >= 0:
+                shapes = [tuple(prog.tensors[t].shape) for t in st.inputs]
+                for j, tid in enumerate(st.inputs):
+                    if tid in where:
+                        out[where[tid]].append((self.layers[st.node], j, shapes))
+        return out
+
+    def device_scope(self, measure: bool = False) -> Any:
+        """The device context the run's work needs: the device current (``cuda:N``) and the
+        device library's temporaries routed into the arena (into the scratch block when one is
+        reserved, else into the pool; ``measure=True`` starts a new measurement in
+        :attr:`temporaries`). The trainer runs the optimizer's update in it too."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(getattr(self.pool.device, "activate", contextlib.nullcontext)())
         route = getattr(self.pool.device, "route_allocations", None)
-        if route is None or not self.compute:
-            return contextlib.nullcontext()
-        self.temp_peak = self._temp_live = 0
-        if self.scratch is not None:
-            base, size = self.scratch
-            sub = Pool(MetaDevice(size), alignment=TEMP_ALIGNMENT)
-        else:
-            base, sub = 0, self.pool
-
-        def allocate(nbytes: int) -> tuple[int, Any]:
-            try:
-                blk = sub.allocate(max(nbytes, 1), tag="cupy.temp", category="workspace")
-            except DeviceOutOfMemory as e:
-                if sub is self.pool:
-                    raise
-                raise DeviceOutOfMemory(
-                    f"the device library's temporaries need more than the {sub.device.capacity} "
-                    f"bytes reserved for them (measured at the first step): {e}") from None
-            self._temp_live += blk.size
-            self.temp_peak = max(self.temp_peak, self._temp_live)
-
-            def release() -> None:
-                self._temp_live -= blk.size
-                sub.free_deferred(blk)
-
-            return base + blk.offset, release
-
-        return route(allocate)
+        if route is not None and self.compute:
+            if measure or self.temporaries is None:
+                self.temporaries = TemporaryRouter(self.pool, self.scratch)
+            stack.enter_context(route(self.temporaries.allocate))
+        return stack
 
     def run(
         self,
@@ -121,9 +131,14 @@ class Executor:
         loss_scale: float = 1.0,
         record: bool = False,
         data_parallel: Any = None,
-    ) -> tuple[float | None, list[np.ndarray]]:
+        wait: bool = True,
+    ) -> tuple[Any, list[Any]]:
         """Run every step. Returns the loss (if the program has one) and, if asked, copies of
         the network outputs. On any error every block of the iteration is freed.
+        ``wait=False`` on a device that runs asynchronously (a GPU): the loss and outputs come
+        back as pending host copies (``ready()`` / ``result()``,
+        :func:`~minidl.memory.transfer.fetch_async`) and the host does not wait for the
+        device; elsewhere they are values as with ``wait=True``.
         ``data_parallel`` (:class:`~minidl.data_parallel.DataParallel`): its
         ``grad_ready(self, i)`` is called after each backward step ``i`` (it launches the
         gradient buckets that step completed), its ``gather_params(self, i)`` (ZeRO stage 3;
@@ -135,18 +150,21 @@ class Executor:
         self.last_runtime = rt
         if record:
             rt.events = []
-        outputs: list[np.ndarray] = []
-        loss_box: list[float | None] = [None]
-        activate = getattr(self.pool.device, "activate", contextlib.nullcontext)
+        outputs: list[Any] = []
+        loss_box: list[Any] = [None]
         try:
-            with activate(), self._temporaries():
+            with self.device_scope(measure=True):
                 self._run_steps(rt, feeds, training, seed, iteration, fetch_outputs,
                                 check_finite, recomputing, loss_scale, outputs, loss_box,
                                 data_parallel)
         except BaseException:
             rt.release_all()
             raise
-        return loss_box[0], outputs
+        loss = loss_box[0]
+        if wait:
+            loss = None if loss is None else float(loss.result()[()])
+            outputs = [o.result() for o in outputs]
+        return loss, outputs
 
     def _run_steps(self, rt: MemoryRuntime, feeds: list, training: bool, seed: int,
                    iteration: int, fetch_outputs: bool, check_finite: bool, recomputing: bool,
@@ -155,20 +173,26 @@ class Executor:
         prog = self.plan.program
         plan_steps = self.plan.steps
         compute = self.compute
-        loss_value: float | None = None
-        make_timer = getattr(self.pool.device, "step_timer", None)
-        upload = getattr(self.pool.device, "copy_from_host", None)
+        loss_value: Any = None
+        device = self.pool.device
+        make_timer = getattr(device, "step_timer", None)
+        upload = getattr(device, "copy_from_host", None)
         timer = make_timer(len(plan_steps)) if compute and make_timer is not None else None
+        self._timer = None
+        if timer is not None:
+            timer.begin()
         for a in self.plan.begin:
             rt.apply(a)
         if compute:
-            for tid, x in zip(prog.inputs, feeds):
+            for k, (tid, x) in enumerate(zip(prog.inputs, feeds)):
                 dst = rt.array(tid)
                 host = np.asarray(x).astype(dst.dtype, casting="same_kind", copy=False)
                 if upload is None:
                     copy_into(dst, host)
-                else:
-                    upload(dst, host)  # a GPU: asynchronous, from pinned staging
+                else:  # a GPU: checked here (the layers' checks would wait for the device),
+                    for layer, j, shapes in self._feed_checks[k]:  # then sent asynchronously
+                        layer.check_feed(j, host, shapes)
+                    upload(dst, host)
         forward_done = False
         # ZeRO stage 3: gathers the parameters a step reads into their blocks, before it
         gather = None if data_parallel is None or not compute else \
@@ -206,14 +230,14 @@ class Executor:
                     if check_finite:
                         self._check(st, rt)
                     if fetch_outputs:
-                        outputs += [to_host(rt.array(t)) for t in st.outputs
+                        outputs += [fetch_async(device, rt.array(t)) for t in st.outputs
                                     if t in self.outputs]
                     if prog.loss >= 0 and st.outputs[0] == prog.loss:
-                        loss_value = float(rt.array(prog.loss))
+                        loss_value = fetch_async(device, rt.array(prog.loss))
                 else:
                     self._backward(st, rt, ctx, loss_scale)
                 if timer is None:
-                    self.step_times[i] = time.perf_counter() - t0
+                    self._step_times[i] = time.perf_counter() - t0
                 else:
                     timer.stop(i)
                 if data_parallel is not None and st.phase == "backward":
@@ -225,17 +249,19 @@ class Executor:
             rt.apply(a)
         loss_box[0] = loss_value
         if timer is not None:
-            self.step_times[:] = timer.collect()
+            timer.end()
+            self._timer = timer
 
     def _encode(self, st: Step, rt: MemoryRuntime) -> None:
         codec, src = st.attrs["codec"], st.attrs["source"]
         x = rt.array(src)
         out = st.writes[0]
         state = self.codec_state.setdefault(src, dict(st.attrs))
-        if codec == "sparse":
-            name = rt.program.tensors[src].name
-            self.densities[name] = max(self.densities.get(name, 0.0), codecs.density(x))
         need = codecs.encode(codec, x, rt.array(out), state)
+        if codec == "sparse":  # (the count the encoder read: no second pass over x)
+            name = rt.program.tensors[src].name
+            density = state["_nnz"] / max(int(x.size), 1)
+            self.densities[name] = max(self.densities.get(name, 0.0), density)
         if need > rt.array(out).size:
             # denser than planned: a larger block for this iteration (the plan is refined
             # from the measured densities after the first iteration)

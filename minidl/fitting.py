@@ -4,6 +4,7 @@ callbacks (:mod:`minidl.callbacks`), per-step measurements in a :class:`History`
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from collections.abc import Callable, Sequence
@@ -14,6 +15,7 @@ import numpy as np
 
 from .callbacks import Callback, FitRun, ProgressLogger
 from .data import batches
+from .deferred import Deferred, resolve_all
 from .kernels.jit import CompileWatch
 
 
@@ -114,6 +116,9 @@ def fit(
     finally:
         trainer.fetch_logits = False
         run.dispatch("on_train_end", end_logs)
+    # (a GPU's deferred figures, read once: the device has long finished most of them)
+    hist.losses[:] = resolve_all(hist.losses)
+    hist.train_accuracy[:] = resolve_all(hist.train_accuracy)
     if evaluate and x_test is not None and len(x_test):
         hist.test_loss, hist.test_accuracy = trainer.evaluate(x_test, y_test, batch_size)
     hist.wall_time_s = time.perf_counter() - t_start
@@ -167,32 +172,49 @@ def _train(run: FitRun, x_train: Any, y_train: Any, shuffle: bool, augment: Any,
         run.dispatch("on_epoch_end", logs)
 
 
-def _mean(values: list[float]) -> float:
-    finite = [v for v in values if v == v]
+def _mean(values: list[Any]) -> float:
+    finite = [v for v in resolve_all(values) if v == v]
     return float(np.mean(finite)) if finite else float("nan")
+
+
+def _accuracy(logits: Any, labels: np.ndarray) -> Any:
+    """Training accuracy of one step's output: a float, or on a GPU (the logits still on their
+    way to the host) a :class:`~minidl.deferred.Deferred` computed when read."""
+    if logits is None:
+        return float("nan")
+    if isinstance(logits, np.ndarray):
+        return _accuracy_of(logits, labels)
+    return Deferred(lambda: _accuracy_of(logits.result(), labels), logits.ready)
+
+
+def _accuracy_of(logits: np.ndarray, labels: np.ndarray) -> float:
+    if len(logits) != len(labels):
+        return float("nan")
+    return float((logits.argmax(axis=-1) == labels).mean())
 
 
 def _step(run: FitRun, xb: np.ndarray, yb: np.ndarray, epoch: int, first: bool) -> None:
     """One training step, its measurements and the ``on_step_end`` hooks."""
     trainer, hist = run.trainer, run.history
     lr = trainer.optimizer.lr
+    # a GPU: the host does not wait for the step (its figures are read when shown or logged)
+    step = functools.partial(trainer.step, wait=False) \
+        if getattr(trainer, "asynchronous", False) else trainer.step
     t0 = time.perf_counter()
     if first:
         with CompileWatch(on_first_compile=lambda: run.message(
                 "compiling kernels (first run only)...")) as watch:
-            loss = trainer.step(xb, yb)
+            loss = step(xb, yb)
         if watch.compiled:
             run.message(f"kernels compiled in {watch.seconds:.1f} s")
             for cb in run.callbacks:
                 if isinstance(cb, ProgressLogger):
                     cb.restart_clock()
     else:
-        loss = trainer.step(xb, yb)
+        loss = step(xb, yb)
     dt = time.perf_counter() - t0
     trainer.epoch_step += 1
-    acc = float("nan")
-    if trainer.last_logits is not None and len(trainer.last_logits) == len(yb):
-        acc = float((trainer.last_logits.argmax(axis=-1) == yb).mean())
+    acc = _accuracy(trainer.last_logits, yb)
     hist.losses.append(loss)
     hist.step_times.append(dt)
     hist.train_accuracy.append(acc)

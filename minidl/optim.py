@@ -25,17 +25,40 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from minidl.parameter import Parameter
 
+from .kernels.array_api import namespace
 from .kernels.optim import adam_update, sgd_update
 from .memory.transfer import copy_into, to_host
 
 Alloc = Callable[[str, tuple[int, ...], np.dtype], Any]
 StateSpec = list[tuple[str, tuple[int, ...], np.dtype]]
+
+
+@dataclass(frozen=True)
+class FlatGroup:
+    """Parameters laid out back to back in one memory range, their gradients and each state
+    slot likewise in ranges of the same layout (what the trainer's engine allocates): one
+    update over the flat arrays is every parameter's update, in one pass (on a GPU, one
+    kernel launch). The bytes between parameters (alignment) are zeros and stay zeros.
+
+    ``data`` / ``grad`` / ``slots[slot]`` are flat views of the whole ranges; the group
+    applies while each parameter's ``data`` and ``grad`` are still the views it was made with.
+    """
+
+    params: tuple[Parameter, ...]
+    data: Any
+    grad: Any
+    slots: dict[str, Any]
+    views: tuple[tuple[Any, Any], ...]  # (data, grad) of each parameter when grouped
+
+    def applies(self) -> bool:
+        return all(p.data is d and p.grad is g for p, (d, g) in zip(self.params, self.views))
 
 
 def _zeros(name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -73,6 +96,8 @@ class Optimizer:
         self.step_count = 0
         self.param_steps: dict[str, int] = {p.name: 0 for p in self.params}
         self._state: dict[str, Any] | None = None
+        #: Groups updated in one pass each (set by the trainer: :class:`FlatGroup`).
+        self.flat_groups: list[FlatGroup] = []
 
     @property
     def lr(self) -> float:
@@ -87,8 +112,10 @@ class Optimizer:
 
     def state_spec(self) -> StateSpec:
         """``(name, shape, dtype)`` of every array :meth:`init_state` will allocate: one per
-        parameter and slot, nothing else (the updates need no scratch)."""
-        return [(f"{p.name}.{slot}", p.shape, p.dtype) for p in self.params for slot in self.slots]
+        parameter and slot, nothing else (the updates need no scratch); slot by slot, each in
+        the parameters' order (so an allocator placing them in turn lays each slot out as the
+        parameters are: see :class:`FlatGroup`)."""
+        return [(f"{p.name}.{slot}", p.shape, p.dtype) for slot in self.slots for p in self.params]
 
     def state_bytes(self) -> int:
         """Total bytes of optimizer state (allocated or not yet)."""
@@ -163,15 +190,31 @@ class Optimizer:
                 p.grad[...] = 0
 
     def step(self) -> None:
-        """Update every parameter that has a gradient, in place."""
+        """Update every parameter that has a gradient, in place (a :class:`FlatGroup` whose
+        parameters all have their gradient and one step count in one pass)."""
         state = self.state
         self.step_count += 1
+        grouped: set[int] = set()
+        for group in self.flat_groups:
+            steps = {self.param_steps[p.name] for p in group.params}
+            if len(steps) != 1 or not group.applies():
+                continue
+            for p in group.params:
+                self.param_steps[p.name] += 1
+                grouped.add(id(p))
+            self._update_flat(group, steps.pop() + 1)
         for p in self.params:
-            if p.grad is None:
+            if p.grad is None or id(p) in grouped:
                 continue
             self.param_steps[p.name] += 1
             slots = [state[f"{p.name}.{slot}"] for slot in self.slots]
             self._update(p, slots, self.param_steps[p.name])
+
+    def _update_flat(self, group: FlatGroup, step: int) -> None:
+        """Update a whole group: its flat arrays as one parameter (the updates are
+        elementwise, so the bits are the parameters' own updates)."""
+        self._update(_FlatParameter(group.data, group.grad), [group.slots[s] for s in self.slots],
+                     step)
 
     def _update(self, p: Parameter, slots: list[Any], step: int) -> None:
         """Update ``p.data`` in place from ``p.grad`` and its state ``slots``; ``step`` is the
@@ -180,6 +223,15 @@ class Optimizer:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(lr={self.lr}, params={len(self.params)})"
+
+
+class _FlatParameter:
+    """A group's flat arrays as the ``p`` of :meth:`Optimizer._update` (``.data``, ``.grad``)."""
+
+    __slots__ = ("data", "grad")
+
+    def __init__(self, data: Any, grad: Any) -> None:
+        self.data, self.grad = data, grad
 
 
 class SGD(Optimizer):
@@ -245,20 +297,35 @@ class AdamW(Adam):
 # --------------------------------------------------------------------------- gradient clipping
 
 
-def clip_grad_norm_(params: Iterable[Parameter], max_norm: float) -> float:
+def clip_grad_norm_(params: Iterable[Parameter], max_norm: float) -> Any:
     """Scale gradients in place so their global L2 norm is at most ``max_norm``.
 
     Returns the total norm before clipping. As in PyTorch, grads are multiplied by
     ``max_norm / (total_norm + 1e-6)`` when that is below 1. A NaN or infinite total norm is
     returned as is and nothing is scaled: the caller decides (the trainer raises).
+
+    The norm is the square root of the float64 sum of each gradient's ``dot(g, g)``. On a
+    device (CuPy arrays) everything stays there: the norm is a 0-d device array, the scale
+    ``min(1, max_norm / (norm + 1e-6))`` is applied whatever it is (times 1.0 changes no bit),
+    and the host never waits for the device (a non-finite norm then scales the gradients to
+    NaN: read the returned norm to check it).
     """
     _check_nonneg(max_norm=max_norm)
     grads = [p.grad for p in params if p.grad is not None]
-    total = 0.0
-    for g in grads:
+    if not grads:
+        return 0.0
+    xp = namespace(grads[0])
+    squares = xp.empty(len(grads), np.float64)
+    for i, g in enumerate(grads):
         flat = g.reshape(-1)
-        total += float(np.dot(flat, flat))
-    return scale_to_norm(grads, math.sqrt(total), max_norm)
+        squares[i:i + 1].reshape(())[...] = np.dot(flat, flat)
+    total = np.sqrt(squares.sum())
+    if xp is np:
+        return scale_to_norm(grads, float(total), max_norm)
+    coef = np.minimum(max_norm / (total + 1e-6), 1.0)
+    for g in grads:  # (one cast per dtype would do; gradients share one)
+        np.multiply(g, coef.astype(g.dtype), out=g)
+    return total
 
 
 def scale_to_norm(grads: list, total_norm: float, max_norm: float) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -21,6 +22,7 @@ from .checkpoint import (  # CheckpointError, check_writable: re-exported for th
 )
 from .comm import Communicator, SingleProcess
 from .data_parallel import DEFAULT_BUCKET_BYTES, DataParallel
+from .deferred import Deferred
 from .engine import Compiled, Engine, PeakInfo
 from .executor import NonFiniteError
 from .fitting import History, fit
@@ -36,6 +38,7 @@ from .memory.device_factory import make_device
 from .memory.link_emulation import LinkEmulation
 from .memory.pool import DeviceOutOfMemory, Pool
 from .memory.targets import DeviceProfile, get_target
+from .memory.transfer import fetch_async
 from .memory.units import ALLOCATION_UNIT, parse_size
 from .memory_record import MemoryRecorder
 from .optim import SGD, clip_grad_norm_
@@ -123,8 +126,11 @@ class Trainer:
         self.engine = Engine(net, self.pool, self.config, self.loss_layer, self.optimizer,
                              host_memory=None if host_memory is None else parse_size(host_memory),
                              target=target)
-        self.swap_stats: dict[str, Any] = {}
+        self._swap_runtime: Any = None  # the runtime of the last iteration that swapped
         self.last_split = 1
+        #: Evaluation batches that did not fit the device memory and ran in halves.
+        self.eval_splits = 0
+        self._to_refine: Compiled | None = None
         #: With ``fetch_logits``, each training step keeps a copy of the network output in
         #: ``last_logits`` (for the training accuracy ``fit`` shows).
         self.fetch_logits = False
@@ -184,24 +190,36 @@ class Trainer:
         """Forward and backward on a batch without updating: returns the loss, and every
         parameter's ``.grad`` holds its gradient. The iteration counter does not advance.
         Data-parallel: the global batch's loss and mean gradient, this rank ran its shard."""
+        loss = self._gradients(x, y, wait=True)
+        self._refine()
+        return loss
+
+    def _gradients(self, x: Any, y: Any, wait: bool) -> Any:
         x, y = self._check_inputs(x, y)
         if self.parallel is None:
-            return self._local_gradients(x, y)
+            return self._local_gradients(x, y, wait)
         loss = self.parallel.compute_gradients(self._local_gradients, x, y)
         if self.fetch_logits:
             self.last_logits = self.parallel.gather_rows(self.last_logits)
         return loss
 
-    def _local_gradients(self, x: np.ndarray, y: np.ndarray) -> float:
+    @property
+    def asynchronous(self) -> bool:
+        """True when the device runs behind the host (a GPU): steps can return before it has
+        finished (``step(..., wait=False)``)."""
+        return bool(getattr(self.device, "asynchronous", False)) and self.engine.compute
+
+    def _local_gradients(self, x: np.ndarray, y: np.ndarray, wait: bool = True) -> Any:
         k = self.engine.split_for([x.shape], tuple(y.shape), y.dtype.name)
         if k > 1:
             return self._compute_gradients_split(x, y, k)
         c = self._compiled(x, y, training=True)
         record = self._recorder is not None
+        run = dict(training=True, seed=self.seed, iteration=self.iteration,
+                   fetch_outputs=self.fetch_logits, record=record, data_parallel=self.parallel,
+                   wait=False)
         try:
-            loss, outs = c.executor.run([x, y], training=True, seed=self.seed,
-                                        iteration=self.iteration, fetch_outputs=self.fetch_logits,
-                                        record=record, data_parallel=self.parallel)
+            loss, outs = c.executor.run([x, y], **run)
         except DeviceOutOfMemory:
             if not c.plan.cache:
                 raise
@@ -209,19 +227,26 @@ class Trainer:
             # left memory too fragmented: from now on release them at once (plain swapping)
             c = self.engine.replace_plan(c, without_cache(c.plan))
             self.cache_fallbacks += 1
-            loss, outs = c.executor.run([x, y], training=True, seed=self.seed,
-                                        iteration=self.iteration,
-                                        fetch_outputs=self.fetch_logits, record=record,
-                                        data_parallel=self.parallel)
-        if outs:
-            self.last_logits = outs[0]
+            loss, outs = c.executor.run([x, y], **run)
         self.last_compiled = c
         self._calibrate_link(c)
-        if self.engine.compute and (loss is None or not np.isfinite(loss)):
-            self._diagnose(c, x, y)
-            raise NonFiniteError(
-                f"the loss is {loss} at iteration {self.iteration} although every layer's "
-                "output is finite")
+        iteration = self.iteration
+        deferred = not wait and self.asynchronous
+        if self.engine.compute:
+            if loss is None:
+                raise NonFiniteError(f"the program computed no loss at iteration {iteration}")
+            if deferred:
+                pending = loss
+                loss = Deferred(lambda: self._checked_loss(pending, iteration), pending.ready)
+            else:  # (the loss first: it comes after the outputs, one wait covers both)
+                loss = float(loss.result()[()])
+                if not np.isfinite(loss):
+                    self._diagnose(c, x, y)
+                    raise NonFiniteError(
+                        f"the loss is {loss} at iteration {iteration} although every layer's "
+                        "output is finite")
+        if outs:
+            self.last_logits = outs[0] if deferred else outs[0].result()
         rt = c.executor.last_runtime
         # where the run peaked, itemised only when it is a new peak or a recording wants it
         if self.peak is None or rt.peak_bytes > self.peak.bytes or self._recorder is not None:
@@ -231,10 +256,38 @@ class Trainer:
             if self._recorder is not None:
                 self._recorder.capture(c, info, self.iteration, timed=self.engine.compute)
         if c.plan.swapped:
-            self.swap_stats = rt.swap_stats.as_dict()
-            self.swap_stats["host_peak_bytes"] = self.engine.host_pool.peak_bytes
-        self.engine.refine(c)
-        return float(loss) if loss is not None else float("nan")
+            self._swap_runtime = rt
+        self._to_refine = c
+        return loss if loss is not None else float("nan")
+
+    @staticmethod
+    def _checked_loss(pending: Any, iteration: int) -> float:
+        """A deferred loss's value, or NonFiniteError naming the iteration it came from."""
+        value = float(pending.result()[()])
+        if not np.isfinite(value):
+            raise NonFiniteError(f"the loss is {value} at iteration {iteration} (read after "
+                                 "later steps were queued: on a GPU the loss is checked when "
+                                 "it is read)")
+        return value
+
+    def _refine(self) -> None:
+        """After the step's work (the update's temporaries included): re-plan what depends on
+        the measurements of the iteration (:meth:`Engine.refine <minidl.engine.Engine.refine>`)."""
+        c, self._to_refine = self._to_refine, None
+        if c is not None:
+            self.engine.refine(c)
+
+    @property
+    def swap_stats(self) -> dict[str, Any]:
+        """What swapping did in the last iteration that swapped (bytes each way, the stall
+        compute waited for copies, the tensor cache's hits; reading it on a GPU waits for that
+        iteration's events); empty when nothing was swapped."""
+        rt = self._swap_runtime
+        if rt is None:
+            return {}
+        stats = rt.swap_stats.as_dict()
+        stats["host_peak_bytes"] = self.engine.host_pool.peak_bytes
+        return stats
 
     def _compute_gradients_split(self, x: np.ndarray, y: np.ndarray, k: int) -> float:
         """The batch as ``k`` micro-batches; weight gradients accumulate in ``.grad``, each
@@ -279,22 +332,51 @@ class Trainer:
             emu.observe(c.plan.program, c.executor.step_times)
             self.device.link_bytes_per_s = emu.bytes_per_s
 
-    def step(self, x: Any, y: Any) -> float:
+    def step(self, x: Any, y: Any, wait: bool = True) -> Any:
         """One training step on a batch; returns the loss. Afterwards every parameter's
-        ``.grad`` holds its gradient and the optimizer has updated ``.data``."""
+        ``.grad`` holds its gradient and the optimizer has updated ``.data``.
+
+        ``wait=False`` on a GPU: the host does not wait for the device at all (no host
+        synchronisation in the step): the loss comes back as a
+        :class:`~minidl.deferred.Deferred`, read (and checked for NaN / inf, with the gradient
+        norm when clipping) when it is used. Elsewhere the loss is a float either way."""
         t0 = time.perf_counter()
-        loss = self.compute_gradients(x, y)
-        if self.clip_grad_norm is not None:
-            if getattr(self.optimizer, "shards_gradients", False):  # zero=2: over the ranks
-                norm = self.optimizer.clip_grad_norm(self.clip_grad_norm)
-            else:
-                norm = clip_grad_norm_(self.net.parameters(), self.clip_grad_norm)
-            if not np.isfinite(norm):
-                raise NonFiniteError(f"gradient norm is {norm} at iteration {self.iteration}")
-        self.optimizer.step()
+        loss = self._gradients(x, y, wait=wait or not self.asynchronous)
+        c = self.last_compiled
+        scope = c.executor.device_scope() if c is not None and self.engine.compute else \
+            contextlib.nullcontext()
+        with scope:  # (the device current, CuPy's temporaries in the arena)
+            if self.clip_grad_norm is not None:
+                loss = self._clip(loss)
+            self.optimizer.step()
+        self._refine()
         self.step_times.append(time.perf_counter() - t0)
         self.iteration += 1
         return loss
+
+    def _clip(self, loss: Any) -> Any:
+        """Clip the gradients' global norm; a non-finite norm raises (on a GPU when the loss is
+        read: the norm comes back with it)."""
+        if getattr(self.optimizer, "shards_gradients", False):  # zero=2: over the ranks
+            norm = self.optimizer.clip_grad_norm(self.clip_grad_norm)
+        else:
+            norm = clip_grad_norm_(self.net.parameters(), self.clip_grad_norm)
+        iteration = self.iteration
+
+        def checked_norm(value: float) -> None:
+            if not np.isfinite(value):
+                raise NonFiniteError(f"gradient norm is {value} at iteration {iteration}")
+
+        if not isinstance(loss, Deferred):
+            checked_norm(float(fetch_async(self.device, norm).result()[()]))
+            return loss
+        pending = fetch_async(self.device, norm)
+
+        def read() -> float:
+            checked_norm(float(pending.result()[()]))
+            return loss.read()
+
+        return Deferred(read, lambda: pending.ready() and loss.ready())
 
     def _diagnose(self, c: Compiled, x: np.ndarray, y: np.ndarray) -> None:
         """Re-run the forward pass checking each layer's output; raises naming the first layer
@@ -326,6 +408,7 @@ class Trainer:
         except DeviceOutOfMemory:
             if len(xb) < 2:
                 raise
+        self.eval_splits += 1  # (said in memory_report's notes)
         h = len(xb) // 2
         l1, o1 = self._forward_eval(xb[:h], yb[:h])
         l2, o2 = self._forward_eval(xb[h:], yb[h:])
@@ -506,6 +589,19 @@ class Trainer:
         if c is not None:
             rep.update(strategy_costs(c))
             rep["notes"] = list(c.plan.notes)
+            if c.executor.temporaries is not None:
+                t = c.executor.temporaries
+                rep["device_temporaries"] = {
+                    "scratch_bytes": 0 if self.engine.scratch is None else self.engine.scratch.size,
+                    "footprint_bytes": t.footprint, "peak_live_bytes": t.peak_live,
+                    "overflow_bytes": t.overflow_bytes}
+        outside = getattr(self.device, "outside_arena", None)
+        if outside is not None and self.engine.compute:
+            rep["outside_arena"] = outside()
+        if self.eval_splits:
+            rep.setdefault("notes", []).append(
+                f"evaluation: {self.eval_splits} batch(es) did not fit the device memory and ran "
+                "in halves")
         return rep
 
     def close(self) -> None:

@@ -77,14 +77,22 @@ def _train(model, spec, device, steps=3):
     return losses, grads, tr
 
 
+def _lossy(spec: str) -> bool:
+    """Specs storing feature maps at reduced precision (Gist's DPR): a last-bit difference
+    between the GPU's and the CPU's sums can move an fp16 code by one step (1e-3 relative)."""
+    return "dpr" in spec or spec == "all"
+
+
 @pytest.mark.parametrize("spec", SPECS)
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_cuda_training_equals_cpu(model, spec):
     cpu = _train(model, spec, "cpu")
     gpu = _train(model, spec, "cuda")
-    np.testing.assert_allclose(gpu[0], cpu[0], rtol=TOL, atol=TOL)
+    scale = 1e-3 if _lossy(spec) else TOL
+    np.testing.assert_allclose(gpu[0], cpu[0], rtol=scale, atol=TOL)
     for k in cpu[1]:
-        np.testing.assert_allclose(gpu[1][k], cpu[1][k], rtol=TOL, atol=TOL, err_msg=k)
+        np.testing.assert_allclose(gpu[1][k], cpu[1][k], rtol=TOL,
+                                   atol=scale * max(np.abs(cpu[1][k]).max(), 1.0), err_msg=k)
 
 
 @pytest.mark.parametrize("spec", ["reuse,inplace", "vdnn", "reuse,recompute=sqrt"])
@@ -100,7 +108,9 @@ def test_dry_run_peak_equals_gpu_peak_and_cupy_pool_stays_empty(spec):
     rep = minidl.dry_run(smallcnn(), 8, spec, device_kind="cuda",
                          scratch_bytes=tr.engine.scratch.size)
     assert rep["peak_allocated_bytes"] == real
-    assert cupy.get_default_memory_pool().used_bytes() == 0
+    # CuPy's pool keeps what it ever handed out (emptied at the start): 0 means no temporary,
+    # the optimizer's and clipping's included, ever left the arena (a peak, not the current)
+    assert cupy.get_default_memory_pool().total_bytes() == 0
 
 
 def test_offload_waits_for_its_producer():

@@ -314,10 +314,39 @@ def case_toolchain_probe(rng: np.random.Generator) -> None:
         assert np.all(H(a) == 2.5)
 
 
+def case_optim(rng: np.random.Generator) -> None:
+    """The optimizers' update kernels against the Numba CPU loops (the same operations)."""
+    from minidl.kernels import optim as O
+
+    for dt in (np.float32, np.float64):
+        for n in (1, 1025, 4097):
+            p, g, m, v = (rng.standard_normal(n).astype(dt) for _ in range(4))
+            v = np.abs(v)
+            for kw in ({}, {"momentum": 0.9}, {"momentum": 0.9, "weight_decay": 5e-4},
+                       {"momentum": 0.8, "dampening": 0.1, "first_step": True},
+                       {"momentum": 0.9, "nesterov": True, "weight_decay": 1e-2}):
+                want, buf = p.copy(), m.copy()
+                O.sgd_update(want, g, buf, 0.05, **kw)
+                got, dbuf = D(p), D(m)
+                O.sgd_update(got, D(g), dbuf, 0.05, **kw)
+                same(H(got), want)
+                if kw.get("momentum"):
+                    same(H(dbuf), buf)
+            for decoupled, wd in ((False, 0.0), (False, 1e-2), (True, 1e-2)):
+                for beta1 in (0.9, 0.3):  # both branches of the lerp
+                    want, wm, wv = p.copy(), m.copy(), v.copy()
+                    O.adam_update(want, g, wm, wv, 1e-3, beta1, 0.999, 1e-8, wd, 3, decoupled)
+                    got, dm, dv = D(p), D(m), D(v)
+                    O.adam_update(got, D(g), dm, dv, 1e-3, beta1, 0.999, 1e-8, wd, 3, decoupled)
+                    same(H(got), want)
+                    same(H(dm), wm)
+                    same(H(dv), wv)
+
+
 CASES = {"bitpack": case_bitpack, "poolidx": case_poolidx, "sparse": case_sparse,
          "precision": case_precision, "maxpool": case_maxpool, "scan": case_scan,
          "weight_record": case_weight_record, "conv_im2col_col2im": case_conv_im2col_col2im,
-         "avgpool": case_avgpool, "toolchain_probe": case_toolchain_probe}
+         "avgpool": case_avgpool, "toolchain_probe": case_toolchain_probe, "optim": case_optim}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

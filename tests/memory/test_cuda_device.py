@@ -36,6 +36,38 @@ def test_make_device_cuda_arguments():
         make_device("cuda:first", "1MiB")
 
 
+def test_routing_is_per_thread_and_nests_inside_using_allocator():
+    """CuPy's set_allocator is process-wide (another thread's arrays would land in the pool,
+    which is not thread-safe) and refuses to run inside using_allocator: the routing uses the
+    per-thread form."""
+    import threading
+
+    cp = pytest.importorskip("cupy")
+    from types import SimpleNamespace
+
+    from minidl.memory.cuda_device import route_allocations
+
+    device = SimpleNamespace(_cp=cp, base_ptr=1 << 40, device_id=0)
+    seen = {}
+    outer = cp.cuda.get_allocator()
+
+    def other_thread():
+        seen["allocator"] = cp.cuda.get_allocator()
+
+    def allocate(nbytes):
+        return 0, lambda: None
+
+    with cp.cuda.using_allocator(lambda n: None):  # a caller's own scoped allocator
+        inside = cp.cuda.get_allocator()
+        with route_allocations(device, allocate):
+            t = threading.Thread(target=other_thread)
+            t.start()
+            t.join()
+            assert cp.cuda.get_allocator() is not inside
+        assert cp.cuda.get_allocator() is inside
+    assert seen["allocator"] is outer  # the other thread never saw the routing
+
+
 def test_cupy_allocations_routed_into_the_arena_without_a_gpu():
     """Real CuPy (no GPU needed to allocate through a custom allocator): arrays CuPy creates
     inside route_allocations sit at arena offsets and give their bytes back when freed."""
@@ -100,7 +132,10 @@ def test_copy_roundtrip_pinned_bit_exact():
         host = dev.host_empty(shape)
         eng = dev.copy_engine
         e1 = eng.copy_async(host, x)
-        e2 = eng.copy_async(y, host)  # FIFO on the copy stream
+        # each direction has its own copy stream: the host-to-device copy reading `host` must
+        # follow the device-to-host copy writing it (through compute, as the runtime orders)
+        e1.order_compute()
+        e2 = eng.copy_async(y, host)
         e2.wait()
         assert e1.done() and e2.done() and e1.nbytes == x.nbytes
         assert e1.elapsed_s is not None and e1.elapsed_s >= 0
@@ -175,3 +210,24 @@ def test_capacity_larger_than_device_refused():
     free, total = cp.cuda.runtime.memGetInfo()
     with pytest.raises(ValueError, match="free memory"):
         CudaDevice(2 * total)
+
+
+@pytest.mark.gpu
+def test_an_arena_must_leave_room_for_the_libraries():
+    """cuBLAS' workspace, the context and kernel modules live outside the arena: an arena
+    closer to the free memory than the margin is refused with one clear error, and what sits
+    outside it is reported."""
+    import cupy as cp
+    from minidl.memory import CudaDevice
+    from minidl.memory.cuda_device import OUTSIDE_ARENA_MARGIN
+
+    free, _ = cp.cuda.runtime.memGetInfo()
+    with pytest.raises(ValueError, match="CUDA libraries outside the arena"):
+        CudaDevice(free - OUTSIDE_ARENA_MARGIN // 2)
+    with CudaDevice("64MiB") as dev:
+        a = dev.view(0, 1 << 20, (512, 512), np.float32)
+        a.fill(1.0)
+        float((a @ a).sum())
+        out = dev.outside_arena()
+        assert out["total"] == out["libraries_at_start"] + out["since_arena"]
+        assert out["total"] < OUTSIDE_ARENA_MARGIN + (512 << 20)

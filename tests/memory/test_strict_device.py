@@ -98,3 +98,50 @@ def test_views_share_memory_and_keep_the_type(dev):
     assert isinstance(v, StrictArray) and dev.default_pool_bytes == 0
     v[...] = 0
     assert np.array_equal(a.get(), [0, 0, 2, 3, 0, 5])
+
+
+def test_pinned_buffers_are_ordered_too():
+    """A host-to-device copy reading the pinned buffer a device-to-host copy is still writing
+    races (one copy stream per direction); ordered through the compute stream, as the memory
+    runtime does (compute waits for the offload, later copies wait for compute), it does not."""
+    from minidl.memory.stream_model import StreamRace
+
+    dev = StrictCudaDevice("1MiB")
+    x = _array(dev, 0, np.arange(256))
+    y = dev.view(1024, 1024, (256,), np.float32)
+    host = dev.host_empty((256,), np.float32)
+    eng = dev.copy_engine
+    eng.copy_async(host, x)
+    with pytest.raises(StreamRace, match="h2d copy .* d2h copy"):
+        eng.copy_async(y, host)
+    dev = StrictCudaDevice("1MiB")
+    x = _array(dev, 0, np.arange(256))
+    y = dev.view(1024, 1024, (256,), np.float32)
+    eng = dev.copy_engine
+    eng.copy_async(host, x).order_compute()
+    eng.copy_async(y, host)
+    assert np.array_equal(y.get(), np.arange(256))
+
+
+def test_host_synchronisations_and_launches_are_counted(dev):
+    a = _array(dev, 0, [1.0, 2.0, 3.0])
+    syncs, launches = dev.host_syncs, dev.launches
+    b = a.reshape(3, 1)[:, 0]  # views launch nothing
+    assert dev.launches == launches
+    s = b.sum()  # a reduction: one launch, no wait
+    assert dev.launches == launches + 1 and dev.host_syncs == syncs
+    assert float(s) == 6.0 and dev.host_syncs == syncs + 1  # reading it waits
+    pending = dev.fetch_async(s)
+    assert not pending.ready() and dev.host_syncs == syncs + 1
+    assert pending.result()[()] == 6.0 and dev.host_syncs == syncs + 2
+    assert pending.ready()
+
+
+def test_a_second_device_refuses_work_while_another_is_current():
+    one = StrictCudaDevice("1MiB", device_id=1)
+    a = one.view(0, 16, (4,), np.float32)
+    with pytest.raises(StrictCupyError, match="cuda:1 ran while cuda:0"):
+        a.fill(1.0)
+    with one.activate():
+        a.fill(1.0)
+        assert float(a.sum()) == 4.0

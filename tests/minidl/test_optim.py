@@ -241,8 +241,9 @@ def test_init_state_uses_allocator(config):
     opt.init_state(alloc)
     assert calls == [(n, tuple(s), d) for n, s, d in spec]
     assert opt.state_bytes() == arena.nbytes
-    # One array per parameter and slot, shaped like the parameter; nothing else (no scratch).
-    assert [c[0] for c in calls] == [f"{p.name}.{slot}" for p in params for slot in opt.slots]
+    # One array per parameter and slot, shaped like the parameter; nothing else (no scratch);
+    # slot by slot, so that each slot is laid out as the parameters are (one flat update).
+    assert [c[0] for c in calls] == [f"{p.name}.{slot}" for slot in opt.slots for p in params]
     for p in params:
         for slot in opt.slots:
             assert np.shares_memory(opt.state[f"{p.name}.{slot}"], arena)
