@@ -13,6 +13,7 @@ smallcnn). A short pause separates the two frameworks' blocks.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -64,33 +65,39 @@ def run_bench(
     lr: float = 0.01,
     block: int = 5,
     emulate_link: Any = None,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     """Train ``steps`` counted steps (+ ``warmup``) per spec on one synthetic batch, the
     configurations alternating in blocks of ``block`` steps (+1 uncounted). ``emulate_link``
     (a target name or profile): each Trainer emulates its host link (``Trainer(emulate_link=)``).
+    ``device``: where minidl's trainers run (``"cuda"``: each step is timed until the GPU has
+    finished it, and PyTorch, with ``compare_torch``, runs on the same GPU).
     """
     from tqdm.auto import tqdm
 
+    kind = "cpu" if device == "cpu" else "cuda"
     torch = None  # started first: an unusable model factory fails before any minidl work
     if compare_torch:
         if importlib.util.find_spec("torch") is None:
             print("torch is not installed: --compare-torch skipped")
         else:
-            torch = TorchProcess(make_net, shape, batch_size, seed, lr)
+            torch = TorchProcess(make_net, shape, batch_size, seed, lr,  # (cuda-strict: cpu)
+                                 device=device if device.startswith("cuda") and
+                                 device != "cuda-strict" else "cpu")
     runners: list[tuple[str, Callable[[], float]]] = []
     times: dict[str, list[float]] = {"torch": []}
     trainers = []
     try:
         for spec in specs:
             net = make_net()
-            cap = auto_device_memory(net, batch_size, spec, "sgd", shape,
+            cap = auto_device_memory(net, batch_size, spec, "sgd", shape, device_kind=kind,
                                      emulate_link=emulate_link)
             tr = Trainer(net, SGD(net.parameters(), lr=lr, momentum=0.9), memory=spec,
-                         device_memory=cap, seed=seed, emulate_link=emulate_link)
+                         device=device, device_memory=cap, seed=seed, emulate_link=emulate_link)
             trainers.append(tr)
         x, y = synthetic_batch(trainers[0].net, shape, batch_size, seed)
         for spec, tr in zip(specs, trainers):
-            runners.append((spec.spec, lambda tr=tr: tr.step(x, y)))
+            runners.append((spec.spec, functools.partial(_timed_step, tr, x, y)))
             times[spec.spec] = []
         for _, fn in runners:
             for _ in range(warmup):
@@ -134,8 +141,17 @@ def run_bench(
     if torch is not None:
         med = float(np.median(times["torch"]))
         out["torch"] = {"step_time_median_s": med, "time_ratio": results[0]["step_time_median_s"]
-                        / med, "process": "separate"}
+                        / med, "process": "separate", "device": torch.device}
     return out
+
+
+def _timed_step(tr: Trainer, x: np.ndarray, y: np.ndarray) -> None:
+    """One step, returning when the device has finished it (a GPU: the host does not wait
+    inside the step; it waits once at its end)."""
+    tr.step(x, y, wait=False)
+    sync = getattr(tr.device, "synchronize", None)
+    if sync is not None and tr.asynchronous:
+        sync()
 
 
 def _num_classes(net: Any, shape: tuple[int, ...], batch_size: int) -> int:
@@ -149,9 +165,11 @@ class TorchProcess:
     batch), stepped in a child process of its own: ``run(k)`` times ``k`` steps there."""
 
     def __init__(self, make_net: Callable[[], Any], shape: tuple[int, ...], batch_size: int,
-                 seed: int, lr: float) -> None:
+                 seed: int, lr: float, device: str = "cpu") -> None:
+        #: ``"cpu"`` or a CUDA device (``"cuda"``, ``"cuda:N"``: cuDNN on, TF32 off).
+        self.device = device
         try:
-            payload = pickle.dumps((make_net, tuple(shape), batch_size, seed, lr))
+            payload = pickle.dumps((make_net, tuple(shape), batch_size, seed, lr, device))
         except (pickle.PicklingError, AttributeError, TypeError) as e:
             raise ValueError("compare_torch needs a picklable make_net (a module-level function "
                              f"or functools.partial), not {make_net!r}: {e}") from None
@@ -186,10 +204,10 @@ def torch_worker() -> None:
     """Child side of :class:`TorchProcess`: build the model from the pickled arguments in
     ``sys.argv[1]``, then for each line ``k`` on stdin time ``k`` steps and print the list."""
     with open(sys.argv[1], "rb") as f:
-        make_net, shape, batch_size, seed, lr = pickle.load(f)
+        make_net, shape, batch_size, seed, lr, device = pickle.load(f)
     net = make_net()
     x, y = synthetic_batch(net, shape, batch_size, seed)
-    step = _torch_runner(net, x, y, lr)
+    step = _torch_runner(net, x, y, lr, device)
     print(json.dumps("ready"), flush=True)
     for line in sys.stdin:
         times = []
@@ -200,21 +218,35 @@ def torch_worker() -> None:
         print(json.dumps(times), flush=True)
 
 
-def _torch_runner(net: Any, x: np.ndarray, y: np.ndarray, lr: float) -> Callable[[], float]:
+def _torch_runner(net: Any, x: np.ndarray, y: np.ndarray, lr: float,
+                  device: str = "cpu") -> Callable[[], float]:
+    """PyTorch's training step of ``net``'s twin (same weights) on ``device``; on a GPU in
+    FP32 as minidl (TF32 off), the batch sent from pinned memory every step as minidl's, the
+    step timed until the GPU has finished it."""
     import torch
 
     model = to_torch(net)
     model.train()
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+    sync: Callable[[], None] = lambda: None  # noqa: E731
+    if device != "cpu":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cudnn.benchmark = True
+        model = model.to(device)
+        xt, yt = xt.pin_memory(), yt.pin_memory()
+        sync = torch.cuda.synchronize
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
 
     def step() -> float:
+        xd, yd = xt.to(device, non_blocking=True), yt.to(device, non_blocking=True)
         opt.zero_grad(set_to_none=False)
-        out = model(xt)
-        loss = loss_fn(out.reshape(-1, out.shape[-1]), yt.reshape(-1))
+        out = model(xd)
+        loss = loss_fn(out.reshape(-1, out.shape[-1]), yd.reshape(-1))
         loss.backward()
         opt.step()
+        sync()
         return loss.item()
 
     return step

@@ -225,6 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--compare-torch", action="store_true")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--emulate-link", default=None, metavar="TARGET", help=EMULATE_LINK_HELP)
+    b.add_argument("--device", default="cpu", type=device_name,
+                   help="cpu (default), cuda or cuda:N: minidl's steps on that device and, with "
+                        "--compare-torch, PyTorch's on the same GPU (each in its own process; "
+                        "steps timed to the device's completion)")
     b.set_defaults(func=cmd_bench)
     return p
 

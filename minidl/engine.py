@@ -473,6 +473,10 @@ class Engine:
         if times is not None:
             costs["step_times"] = times
             costs["cost_source"] = "measured step times"
+            link = self._measured_link()
+            if link is not None:
+                costs["bandwidth"] = link
+                costs["cost_source"] += " and host link"
         plan = make_plan(c.lowered.program, self.config, densities=dens, **costs)
         # choices made before planning (the BPTT schedule) stay in the notes
         plan = replace(plan, measured=plan.measured or need_times).with_notes(*c.notes)
@@ -485,6 +489,19 @@ class Engine:
         new = self.replace_plan(c, plan)
         new.executor.densities = dict(c.executor.densities)
         return new
+
+    def _measured_link(self) -> float | None:
+        """Bytes per second the device's copy engine moved, timed by the device (a GPU's copy
+        streams, CUDA events), once it has copied anything; ``None`` elsewhere (the CPU's copy
+        thread is not the link a plan for it should assume)."""
+        device = self.pool.device
+        if not getattr(device, "asynchronous", False) or not self.compute:
+            return None
+        engine = device.copy_engine
+        engine.synchronize()  # (once: a first iteration's re-planning)
+        if engine.busy_s <= 0 or engine.total_bytes <= 0:
+            return None
+        return engine.total_bytes / engine.busy_s
 
     def replace_plan(self, c: Compiled, plan: Plan) -> Compiled:
         """A compiled step for ``plan`` (a new plan for ``c``'s program) taking ``c``'s place

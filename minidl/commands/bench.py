@@ -7,12 +7,23 @@ import functools
 import json
 
 from ..bench import run_bench
-from .common import build_model, emulated_target, parse_memory, shape_and_classes
+from .common import (
+    UsageError,
+    build_model,
+    check_device,
+    emulated_target,
+    parse_memory,
+    shape_and_classes,
+)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     specs = [parse_memory(s) for s in args.memory]
     link = None if args.emulate_link is None else emulated_target(args.emulate_link)
+    if link is not None and args.device != "cpu":
+        raise UsageError(f"--emulate-link throttles the cpu device's copy engine: it needs "
+                         f"--device cpu, not {args.device}")
+    check_device(args.device)
     shape, classes = shape_and_classes(args)
     net0 = build_model(args.model, shape, classes, args.width)
     shape = shape or net0.input_shapes[0]
@@ -20,13 +31,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         functools.partial(build_model, args.model, shape, classes, args.width), shape,
         args.batch_size, specs, steps=args.steps, warmup=args.warmup,
         compare_torch=args.compare_torch, seed=args.seed, progress=not args.json,
-        emulate_link=link,
+        emulate_link=link, device=args.device,
     )
     if args.json:
         print(json.dumps(result))
     else:
         print(f"{args.model}, input {'x'.join(map(str, shape))}, batch {args.batch_size}, "
-              f"{args.steps} steps per spec (median)")
+              f"{args.steps} steps per spec (median), device {args.device}")
         print(f"{'memory spec':<36}{'peak allocated':>18}{'step (ms)':>12}{'ratio':>8}")
         for r in result["results"]:
             extra = ""
@@ -47,6 +58,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                   f"{1000 * r['step_time_median_s']:>12.2f}{r['time_ratio']:>8.3f}{extra}")
         if "torch" in result:
             t = result["torch"]
-            print(f"{'pytorch (cpu)':<36}{'':>18}{1000 * t['step_time_median_s']:>12.2f}"
+            who = f"pytorch ({t['device']})"
+            print(f"{who:<36}{'':>18}{1000 * t['step_time_median_s']:>12.2f}"
                   f"{t['time_ratio']:>8.3f}   (minidl/torch with {result['results'][0]['spec']})")
     return 0

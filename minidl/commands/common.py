@@ -226,6 +226,19 @@ def print_memory_report(rep: dict[str, Any], out=sys.stdout) -> None:
               f"kept for {b['units']} units of {b['unit_steps']} steps, "
               f"{b['unit_forwards'] / b['units']:.2f} unit forwards per unit "
               f"(recomputed {b['recomputed_flops'] / 1e9:.2f} GFLOP)", file=out)
+    temps = rep.get("device_temporaries")
+    if temps:
+        print(f"  CuPy's own temporaries: a scratch block of {format_bytes(temps['scratch_bytes'])}"
+              f" (their last step needed {format_size(temps['footprint_bytes'])}"
+              + (f"; {format_size(temps['overflow_bytes'])} did not fit it and came from the "
+                 "pool" if temps["overflow_bytes"] else "") + ")", file=out)
+    outside = rep.get("outside_arena")
+    if outside and "libraries_at_start" in outside:
+        print(f"  outside the arena:     {format_bytes(outside['total'])} of device memory "
+              "(CUDA libraries started with the device "
+              f"{format_size(outside['libraries_at_start'])}, loaded since "
+              f"{format_size(outside['since_arena'])}; CuPy's own pool "
+              f"{format_size(outside['cupy_pool'])})", file=out)
     for note in rep.get("notes", []):
         print(f"  note: {note}", file=out)
 

@@ -347,6 +347,8 @@ CASES = {"bitpack": case_bitpack, "poolidx": case_poolidx, "sparse": case_sparse
          "precision": case_precision, "maxpool": case_maxpool, "scan": case_scan,
          "weight_record": case_weight_record, "conv_im2col_col2im": case_conv_im2col_col2im,
          "avgpool": case_avgpool, "toolchain_probe": case_toolchain_probe, "optim": case_optim}
+#: What test_cuda_ptx.py compiles (other test modules here may define their own).
+CUDA_LAUNCH_CASES = CASES
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

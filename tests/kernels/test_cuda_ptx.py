@@ -1,10 +1,11 @@
 """Every Numba CUDA kernel of minidl.kernels compiles to PTX for real GPUs: the oldest target
 the installed NVVM takes (sm_70 with CUDA 12, sm_75 with CUDA 13) and sm_90.
 
-The signatures are the ones the kernels are launched with: the emulated launches of
-test_cuda_launch.py's cases (every public CUDA entry point, every dtype it is used with) are
-recorded, and each recorded ``(kernel, argument types)`` is compiled with
-``numba.cuda.compile_ptx`` for each compute capability. Numba types a Numba/CuPy device array
+The signatures are the ones the kernels are launched with: the emulated launches of the
+``CUDA_LAUNCH_CASES`` of test_cuda_launch.py and of any other test module here defining them
+(every public CUDA entry point, every dtype it is used with) are recorded, and each recorded
+``(kernel, argument types)`` is compiled with ``numba.cuda.compile_ptx`` for each compute
+capability. Numba types a Numba/CuPy device array
 argument exactly as it types the host buffer of an emulated one (C-contiguous, aligned), so the
 recorded signatures are those of a GPU run. No GPU is needed: NVVM and libdevice come from the
 CUDA toolkit wheels of the ``cuda`` extra; without numba-cuda installed the tests skip.
@@ -33,11 +34,18 @@ needs_numba_cuda = pytest.mark.skipif(
 
 
 def _launch_cases():
-    spec = importlib.util.spec_from_file_location(
-        "_minidl_cuda_launch_cases", Path(__file__).with_name("test_cuda_launch.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.CASES
+    """``CUDA_LAUNCH_CASES`` (name -> function of a NumPy generator launching kernels on
+    emulated device arrays) of every test module of this folder that defines them:
+    test_cuda_launch.py's and those of the kernel families' own test files."""
+    cases = {}
+    for path in sorted(Path(__file__).parent.glob("test_*.py")):
+        if path.name == Path(__file__).name or "\nCUDA_LAUNCH_CASES = " not in path.read_text():
+            continue
+        spec = importlib.util.spec_from_file_location(f"_minidl_cases_{path.stem}", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        cases.update({f"{path.stem}.{k}": v for k, v in mod.CUDA_LAUNCH_CASES.items()})
+    return cases
 
 
 def _all_kernel_functions() -> set:

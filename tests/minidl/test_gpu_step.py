@@ -236,3 +236,14 @@ def test_evaluation_at_a_larger_batch_does_not_split_and_equals_cpu():
         outs[name] = tr.predict(xe, batch_size=16)
         assert tr.eval_splits == 0
     np.testing.assert_allclose(outs["gpu"], outs["cpu"], rtol=1e-5, atol=1e-6)
+
+
+def test_swap_auto_re_plans_on_the_links_measured_rate():
+    """On a GPU the copy engine's events time the host link: the measured re-planning of
+    swap=auto uses that rate instead of an assumed one."""
+    tr, dev, (x, y) = _trainer("resnet8", "reuse,swap=auto")
+    dev.copy_engine.busy_s = 1e-4  # (the strict device does not time its copies)
+    for _ in range(3):
+        tr.step(x, y)
+    notes = " ".join(tr.last_compiled.plan.notes)
+    assert "measured step times and host link" in notes, notes
