@@ -16,6 +16,7 @@ shapes alone (:func:`gemm_bands`), never by the thread count, and no band splits
 from __future__ import annotations
 
 import ctypes
+from typing import Any
 
 import llvmlite.binding as ll
 import numpy as np
@@ -23,6 +24,9 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ._cuda import is_device_array
+from .device_gemm import gemm as device_gemm
+from .device_gemm import gemm_layout_ok
 from .parallel import chunks, ensure_blas_policy
 
 
@@ -152,6 +156,11 @@ def batched_gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, trans_a: bool = Fa
     c[...] = (a.swapaxes(-1, -2) if trans_a else a) @ (b.swapaxes(-1, -2) if trans_b else b)
 
 
+def _device_gemm_ok(a: Any, b: Any, c: Any) -> bool:
+    """Device operands CuPy hands to cuBLAS as they are (:func:`device_gemm`'s rules)."""
+    return is_device_array(c) and gemm_layout_ok(a, b, c)
+
+
 def _rows_ok(x: np.ndarray) -> bool:
     return x.ndim == 2 and (x.shape[1] <= 1 or x.strides[1] == x.itemsize) \
         and x.strides[0] >= 0
@@ -162,8 +171,9 @@ def gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, trans_a: bool = False,
     """``c = op(a) @ op(b) + beta * c`` in place on 2-D arrays (``op(x) = x.T`` when asked),
     with no temporary: ``beta = 1`` accumulates a product into ``c`` (a micro-batch's weight
     gradient into the gradient). BLAS through :func:`mm` for float32 / float64 operands with
-    unit-stride rows; other layouts and device arrays go through the arrays' own ``matmul``
-    (with a temporary when ``beta != 0``). ``parallel``: in bands on the kernels' thread pool
+    unit-stride rows; device arrays straight into ``c`` by cuBLAS when ``beta = 0`` and the
+    operands are C- or F-contiguous; other layouts through the arrays' own ``matmul`` (with a
+    temporary). ``parallel``: in bands on the kernels' thread pool
     (see the module docstring; call it from the main thread only, never from worker threads).
     """
     m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
@@ -183,7 +193,11 @@ def gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, trans_a: bool = False,
         _mm_bands(a, b, c, trans_a, trans_b, beta, m, n, k, along_rows, bounds,
                   np.empty((bands, 8), np.int32))
         return
-    prod = (a.T if trans_a else a) @ (b.T if trans_b else b)
+    op_a, op_b = (a.T if trans_a else a), (b.T if trans_b else b)
+    if beta == 0.0 and same and m and n and k and _device_gemm_ok(op_a, op_b, c):
+        device_gemm(op_a, op_b, c)  # cuBLAS straight into c: no temporary, one launch
+        return
+    prod = op_a @ op_b
     if beta == 0.0:
         np.copyto(c, prod, casting="same_kind")
     else:

@@ -55,6 +55,7 @@ import numpy as np
 
 from . import _cuda
 from .conv_geometry import Pair, conv_output_hw
+from .device_gemm import gemm
 
 cuda: Any = None  # numba.cuda, set by _cuda.bind on first CUDA use
 
@@ -186,21 +187,6 @@ def check_conv_shapes(x: Any, w: Any, groups: int, stride: Pair, padding: Pair,
 def _contiguous(a: Any, what: str) -> None:
     if not a.flags.c_contiguous:
         raise ValueError(f"conv2d on the device: {what} must be C-contiguous")
-
-
-def gemm(a: Any, b: Any, out: Any) -> None:
-    """``out = a @ b`` for 2-D operands CuPy gives cuBLAS as they are: C- or F-contiguous
-    operands (a transpose is a flag), a C-contiguous output, one dtype (anything else and
-    CuPy copies). A 1x1 product goes as a batch of one: CuPy's 2-D path turns it into an
-    elementwise product and a (CUB) sum, both with temporaries."""
-    if not (all(m.ndim == 2 and (m.flags.c_contiguous or m.flags.f_contiguous) for m in (a, b))
-            and out.flags.c_contiguous and out.dtype == a.dtype == b.dtype):
-        raise AssertionError("device GEMM operands must be 2-D, C- or F-contiguous, of the "
-                             "output's dtype, and the output C-contiguous")
-    if out.shape == (1, 1):  # a (1, k) row and a (k, 1) column: C-contiguous either way
-        np.matmul(a[None], b[None], out=out[None])
-    else:
-        np.matmul(a, b, out=out)
 
 
 def add_into(dst: Any, src: Any) -> None:

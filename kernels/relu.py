@@ -1,4 +1,5 @@
-"""ReLU forward / backward: NumPy references and multi-threaded Numba CPU kernels.
+"""ReLU forward / backward: NumPy references, multi-threaded Numba CPU kernels and, for device
+arrays, one ufunc (forward) or one Numba CUDA kernel (backward).
 
 One pass over memory, no temporaries (NumPy's ``dy * (y > 0)`` builds a boolean array first),
 split over :func:`~minidl.kernels.parallel.num_threads` threads. Safe in place (``out`` may be
@@ -7,10 +8,17 @@ split over :func:`~minidl.kernels.parallel.num_threads` threads. Safe in place (
 
 from __future__ import annotations
 
+import functools
+from types import SimpleNamespace
+from typing import Any
+
 import numpy as np
 from numba import njit, prange
 
+from . import _cuda
 from .parallel import ensure_blas_policy, run_pages
+
+cuda: Any = None  # numba.cuda, set by _cuda.bind on first CUDA use
 
 
 def relu_forward_ref(x: np.ndarray, out: np.ndarray) -> None:
@@ -74,8 +82,24 @@ def relu_forward(x: np.ndarray, out: np.ndarray) -> None:
               SERIAL_ELEMS)
 
 
+def _k_relu_bwd(dy, y, out):
+    """``out = dy where y > 0 else 0`` (one pass, no mask array)."""
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        out[i] = dy[i] if y[i] > 0 else 0.0  # (+0.0, as the reference's np.where)
+
+
+@functools.cache
+def _kernels() -> SimpleNamespace:
+    return _cuda.bind(globals(), ["_k_relu_bwd"])
+
+
 def relu_backward(dy: np.ndarray, y: np.ndarray, out: np.ndarray) -> None:
     """``out = dy * (y > 0)``; ``out`` may be ``dy``."""
+    if _cuda.is_device_array(out) and all(a.flags.c_contiguous for a in (dy, y, out)) \
+            and dy.dtype == y.dtype == out.dtype:
+        flat = _cuda.flat(out)
+        _cuda.launch(_kernels().k_relu_bwd, flat.size, _cuda.flat(dy), _cuda.flat(y), flat)
+        return
     if not _fast(dy, y, out) or dy.dtype != out.dtype:
         return relu_backward_ref(dy, y, out)
     ensure_blas_policy()

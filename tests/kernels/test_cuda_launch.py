@@ -343,10 +343,27 @@ def case_optim(rng: np.random.Generator) -> None:
                     same(H(dv), wv)
 
 
+def case_relu(rng: np.random.Generator) -> None:
+    """ReLU's backward kernel against the NumPy reference (NaN and -0.0 outputs included)."""
+    from minidl.kernels import relu as R
+
+    for dt in (np.float32, np.float64):
+        for n in SIZES:
+            dy, y = rng.standard_normal(n).astype(dt), rng.standard_normal(n).astype(dt)
+            y[::7] = np.nan
+            y[::5] = -0.0
+            want = np.empty(n, dt)
+            R.relu_backward_ref(dy, y, want)
+            got = D(np.full(n, np.nan, dt))
+            R.relu_backward(D(dy), D(y), got)
+            same(H(got), want)
+
+
 CASES = {"bitpack": case_bitpack, "poolidx": case_poolidx, "sparse": case_sparse,
          "precision": case_precision, "maxpool": case_maxpool, "scan": case_scan,
          "weight_record": case_weight_record, "conv_im2col_col2im": case_conv_im2col_col2im,
-         "avgpool": case_avgpool, "toolchain_probe": case_toolchain_probe, "optim": case_optim}
+         "avgpool": case_avgpool, "toolchain_probe": case_toolchain_probe, "optim": case_optim,
+         "relu": case_relu}
 #: What test_cuda_ptx.py compiles (other test modules here may define their own).
 CUDA_LAUNCH_CASES = CASES
 

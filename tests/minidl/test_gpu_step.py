@@ -247,3 +247,14 @@ def test_swap_auto_re_plans_on_the_links_measured_rate():
         tr.step(x, y)
     notes = " ".join(tr.last_compiled.plan.notes)
     assert "measured step times and host link" in notes, notes
+
+
+@pytest.mark.parametrize("model", ["smallcnn", "resnet8"])
+def test_the_device_librarys_temporaries_are_small(model):
+    """No feature-map-sized temporary: GEMMs write into their outputs, ReLU's backward is one
+    kernel (it made a mask and a copy of the map), so the scratch block stays a few KiB."""
+    tr, dev, (x, y) = _trainer(model, "reuse,inplace")
+    tr.step(x, y)
+    tr.step(x, y)
+    largest = max(t.nbytes for t in tr.last_compiled.plan.program.tensors)
+    assert tr.engine.scratch is not None and tr.engine.scratch.size <= 8 << 10 < largest
