@@ -359,11 +359,30 @@ def case_relu(rng: np.random.Generator) -> None:
             same(H(got), want)
 
 
+def case_gelu(rng: np.random.Generator) -> None:
+    """GELU's kernels (both forms) against the generic float64 Numba loops' bits."""
+    from minidl.kernels import gelu as G
+
+    for dt in (np.float32, np.float64):
+        x = (4 * rng.standard_normal(4097)).astype(dt)
+        dy = rng.standard_normal(4097).astype(dt)
+        for tanh_form in (False, True):
+            want = np.empty_like(x)
+            G._fwd(x, want, tanh_form, 0, x.size)
+            got = D(np.full_like(x, np.nan))
+            G.gelu_forward(D(x), got, "tanh" if tanh_form else "none")
+            same(H(got), want)
+            G._bwd(dy, x, want, tanh_form, 0, x.size)
+            got = D(np.full_like(x, np.nan))
+            G.gelu_backward(D(dy), D(x), got, "tanh" if tanh_form else "none")
+            same(H(got), want)
+
+
 CASES = {"bitpack": case_bitpack, "poolidx": case_poolidx, "sparse": case_sparse,
          "precision": case_precision, "maxpool": case_maxpool, "scan": case_scan,
          "weight_record": case_weight_record, "conv_im2col_col2im": case_conv_im2col_col2im,
          "avgpool": case_avgpool, "toolchain_probe": case_toolchain_probe, "optim": case_optim,
-         "relu": case_relu}
+         "relu": case_relu, "gelu": case_gelu}
 #: What test_cuda_ptx.py compiles (other test modules here may define their own).
 CUDA_LAUNCH_CASES = CASES
 
