@@ -166,6 +166,13 @@ def test_cuda_without_a_gpu(tmp_path):
         "class cuda:\n    @staticmethod\n    def is_available():\n        return False\n")
     res = run("train", "lenet5", "--device", "cuda", env_path=tmp_path)
     assert_one_line_error(res, 1, "--device cuda", "no CUDA device is available")
+    res = run("bench", "smallcnn", "--device", "cuda", env_path=tmp_path)
+    assert_one_line_error(res, 1, "--device cuda", "no CUDA device is available")
+
+
+def test_bench_emulates_a_link_on_the_cpu_only():
+    res = run("bench", "smallcnn", "--device", "cuda-strict", "--emulate-link", "v100")
+    assert_one_line_error(res, 2, "--emulate-link", "needs --device cpu, not cuda-strict")
 
 
 @pytest.mark.parametrize("module", [False, True], ids=["console-script", "python-m"])
