@@ -13,8 +13,11 @@ of the exact values (max relative error < 6e-8, i.e. one rounding; NumPy's own f
 ``np.tanh`` is at 1.1e-7). float64 kernels use libm (``math.tanh`` / ``math.exp``), exact to
 float64 rounding, for gradient checks.
 
-All Numba loops are ``nogil``; NumPy arrays of any layout go to them, anything else (CuPy
-arrays through NumPy's dispatch protocols) to the NumPy references.
+All Numba loops are ``nogil``; NumPy arrays of any layout go to them. Device arrays (CuPy's,
+C-contiguous, float32 / float64) go to the Numba CUDA kernels of :mod:`.rnn_device`, one
+launch per cell call (the gate-major recurrent product as the CPU takes it; the bias gradient
+by one column-sum reduction); anything else (other device layouts through NumPy's dispatch
+protocols) to the NumPy references.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
+
+from . import rnn_device as dev
 
 # the workspace helpers lived here; kept importable from this module
 from .workspace import workspace_bytes as workspace_bytes
@@ -335,6 +340,8 @@ def lstm_cell_forward(hw_t, gx, bias, c_prev, gates, h, c) -> None:
     """
     if _numba_ok(hw_t, gx, bias, c_prev, gates, h, c):
         _lstm_fwd_nb(hw_t, gx, bias, c_prev, gates, h, c)
+    elif dev.device_ok(hw_t, gx, bias, c_prev, gates, h, c):
+        dev.lstm_forward_device(hw_t, gx, bias, None, c_prev, gates, h, c, gate_major=True)
     else:
         lstm_forward_ref(hw_t, gx, bias, c_prev, gates, h, c)
 
@@ -352,6 +359,9 @@ def lstm_cell_backward(dh, dc, gates, c, c_prev, dgates, dc_prev, dbias) -> None
         write = dc_prev is not None
         _lstm_bwd_nb(dh, dc, gates, c, c_prev, gates.dtype.type(1), dgates,
                      dc_prev if write else dc, write, dbias)
+    elif dev.device_ok(dh, dc, gates, c, c_prev, dgates, dc_prev, dbias):
+        dev.lstm_backward_device(dh, None, dc, gates, c, c_prev, dgates, dc_prev)
+        np.sum(dgates, axis=0, out=dbias)
     else:
         lstm_backward_ref(dh, dc, gates, c, c_prev, dgates, dc_prev, dbias)
 
@@ -366,6 +376,8 @@ def gru_cell_forward(gx, hw_t, bias, h_prev, stash, h) -> None:
     """
     if _numba_ok(gx, hw_t, bias, h_prev, stash, h):
         _gru_fwd_nb(gx, hw_t, bias, h_prev, stash, h)
+    elif dev.device_ok(gx, hw_t, bias, h_prev, stash, h):
+        dev.gru_forward_device(gx, None, hw_t, bias, h_prev, stash, h, gate_major=True)
     else:
         gru_forward_ref(gx, hw_t, bias, h_prev, stash, h)
 
@@ -379,6 +391,9 @@ def gru_cell_backward(dh, stash, h_prev, dgx, dgh, dbias) -> None:
     """
     if _numba_ok(dh, stash, h_prev, dgx, dgh, dbias):
         _gru_bwd_nb(dh, stash, h_prev, dh.dtype.type(1), dgx, dgh, dbias)
+    elif dev.device_ok(dh, stash, h_prev, dgx, dgh, dbias):
+        dev.gru_backward_device(dh, None, None, stash, h_prev, dgx, dgh, None)
+        np.sum(dgh, axis=0, out=dbias)
     else:
         gru_backward_ref(dh, stash, h_prev, dgx, dgh, dbias)
 
@@ -388,5 +403,7 @@ def gru_add_direct(dh_prev, dh, stash) -> None:
     hid = dh.shape[1]
     if _numba_ok(dh_prev, dh, stash):
         _add_mul_nb(dh_prev, dh, stash, hid)
+    elif dev.device_ok(dh_prev, dh, stash):
+        dev.gru_add_direct_device(dh_prev, dh, stash)
     else:
         dh_prev += dh * stash[:, hid:2 * hid]

@@ -10,6 +10,14 @@ one GEMM over the unit's N*len rows, each step one recurrent GEMM and one fused 
 kernel; in backward the weight gradients are one GEMM per unit (K = N*len) and the input
 gradient another. Internally everything is time-major, so a unit's rows are contiguous.
 
+On device arrays (CuPy) a step is two launches each way: forward the recurrent GEMM ``h_prev @
+W_hh.T`` (row-major, cuBLAS) and one Numba CUDA cell kernel (:mod:`minidl.kernels.rnn_device`)
+that adds the input projection and both biases itself (no per-piece bias pass); backward one
+cell kernel, which adds the carried ``dh`` itself, and the GEMM ``dG @ W_hh`` into the carry.
+A GRU's direct path ``dh * z`` goes from each step's kernel, through that step's (no longer
+needed) slot of the incoming gradient, into the kernel of the step before; it is added to the
+carry once per unit and layer. The CPU path is unchanged.
+
 Memory over time follows a *schedule* (plain data, e.g. from ``minidl.memory.bptt``):
 
 * ``schedule=None`` keeps every unit's internals (gates, cell and hidden states) from forward
@@ -43,6 +51,8 @@ from typing import Any
 
 import numpy as np
 
+from ..kernels._cuda import is_device_array
+from ..kernels.device_gemm import gemm as device_gemm
 from ..kernels.parallel import ensure_blas_policy
 from ..kernels.rnn import (
     gru_add_direct,
@@ -50,6 +60,12 @@ from ..kernels.rnn import (
     gru_cell_forward,
     lstm_cell_backward,
     lstm_cell_forward,
+)
+from ..kernels.rnn_device import (
+    gru_backward_device,
+    gru_forward_device,
+    lstm_backward_device,
+    lstm_forward_device,
 )
 from ..kernels.workspace import Layout
 from .base import Layer, ParamSpec, Shape
@@ -245,6 +261,36 @@ class _Recurrent(_KeepAllPath, _ScheduledPath, _UnitOps, Layer):
         """Set ``bias`` (G,) to what the gate kernel adds to each step's ``gx`` rows."""
         raise NotImplementedError
 
+    def _step_backward_device(self, k, i, params, gates, hs, cs, din, s, dg, dgh,
+                              carry) -> None:
+        """Backward of step i (local index ``s`` of the unit's incoming gradient ``din``) on
+        device arrays: the carried dh is added inside the cell kernel."""
+        raise NotImplementedError
+
+    def _backprop_step(self, k, i, params, gates, hs, cs, din, s, dg, dgh, carry, direct,
+                       scratch) -> None:
+        """Backward of layer k's step i, ``din[s]`` being the gradient into its output from
+        above; leaves the gradient into h_{i-1} (and c_{i-1}) in ``carry[k]``."""
+        if is_device_array(din):
+            self._step_backward_device(k, i, params, gates, hs, cs, din, s, dg, dgh, carry)
+            return
+        dh = din[s]
+        dh += carry[k, 0]
+        self._step_backward(k, i, params, gates, hs, cs, dh, dg, dgh, carry, direct, scratch)
+
+    def _device_biases(self, params, k) -> tuple:
+        """(b_ih, b_hh) of layer k for the device cell kernels ((None, None) without bias)."""
+        if not self.bias:
+            return None, None
+        return params[f"bias_ih_l{k}"], params[f"bias_hh_l{k}"]
+
+    def _recurrent_product(self, k, i, params, hs, hw):
+        """``h_i @ W_hh.T`` of layer k into the (G, N) scratch ``hw`` seen as (N, G), on
+        device arrays (row-major: the cell kernel reads it coalesced)."""
+        out = hw.reshape(hw.shape[1], hw.shape[0])
+        device_gemm(hs[k, i], params[f"weight_hh_l{k}"].T, out)
+        return out
+
     # ----------------------------------------------------------------- compute
     def forward(self, ctx, inputs, outputs, params, stash, workspace) -> None:
         ensure_blas_policy()
@@ -295,10 +341,17 @@ class LSTM(_Recurrent):
     state_parts = 2
 
     def _step_forward(self, k, i, s, params, gates, hs, cs, gx, hw, bias) -> None:
+        if is_device_array(hw):
+            lstm_forward_device(self._recurrent_product(k, i, params, hs, hw), gx[s],
+                                *self._device_biases(params, k), cs[k, i], gates[k, i],
+                                hs[k, i + 1], cs[k, i + 1], gate_major=False)
+            return
         np.matmul(params[f"weight_hh_l{k}"], hs[k, i].T, out=hw)
         lstm_cell_forward(hw, gx[s], bias, cs[k, i], gates[k, i], hs[k, i + 1], cs[k, i + 1])
 
     def _prepare_bias(self, params, k, gx, bias) -> None:
+        if is_device_array(gx):  # the device kernel adds b_ih + b_hh itself
+            return
         if self.bias:  # the kernel adds b_ih + b_hh to the projection in one go
             np.add(params[f"bias_ih_l{k}"], params[f"bias_hh_l{k}"], out=bias)
         else:
@@ -311,6 +364,12 @@ class LSTM(_Recurrent):
                            carry[k, 1], scratch)
         np.matmul(dg, params[f"weight_hh_l{k}"], out=carry[k, 0])
 
+    def _step_backward_device(self, k, i, params, gates, hs, cs, din, s, dg, dgh,
+                              carry) -> None:
+        dh_carry, dc = carry[k, 0], carry[k, 1]  # dc of step i+1 read, dc_prev written
+        lstm_backward_device(din[s], dh_carry, dc, gates[k, i], cs[k, i + 1], cs[k, i], dg, dc)
+        device_gemm(dg, params[f"weight_hh_l{k}"], dh_carry)
+
 
 class GRU(_Recurrent):
     """A stack of ``num_layers`` GRU layers over a whole sequence (PyTorch's ``nn.GRU`` with
@@ -322,10 +381,17 @@ class GRU(_Recurrent):
     state_parts = 1
 
     def _step_forward(self, k, i, s, params, gates, hs, cs, gx, hw, bias) -> None:
+        if is_device_array(hw):
+            b_ih, b_hh = self._device_biases(params, k)
+            gru_forward_device(gx[s], b_ih, self._recurrent_product(k, i, params, hs, hw), b_hh,
+                               hs[k, i], gates[k, i], hs[k, i + 1], gate_major=False)
+            return
         np.matmul(params[f"weight_hh_l{k}"], hs[k, i].T, out=hw)
         gru_cell_forward(gx[s], hw, bias, hs[k, i], gates[k, i], hs[k, i + 1])
 
     def _prepare_bias(self, params, k, gx, bias) -> None:
+        if is_device_array(gx):  # the device kernel adds b_ih and b_hh itself
+            return
         if self.bias:  # b_in sits outside r * (W_hn h + b_hn): add b_ih to the projection
             gx += params[f"bias_ih_l{k}"]
             np.copyto(bias, params[f"bias_hh_l{k}"])
@@ -337,3 +403,14 @@ class GRU(_Recurrent):
         gru_cell_backward(dh, gates[k, i], hs[k, i], dg, dgh, scratch)
         np.matmul(dgh, params[f"weight_hh_l{k}"], out=carry[k, 0])
         gru_add_direct(carry[k, 0], dh, gates[k, i])
+
+    def _step_backward_device(self, k, i, params, gates, hs, cs, din, s, dg, dgh,
+                              carry) -> None:
+        # din[s] is read, then overwritten with this step's direct path dh * z, which the
+        # kernel of step s-1 adds; the unit's first step adds it to the carry instead
+        dh_carry = carry[k, 0]
+        direct_in = din[s + 1] if s + 1 < din.shape[0] else None
+        gru_backward_device(din[s], dh_carry, direct_in, gates[k, i], hs[k, i], dg, dgh, din[s])
+        device_gemm(dgh, params[f"weight_hh_l{k}"], dh_carry)
+        if s == 0:
+            np.add(dh_carry, din[0], out=dh_carry)

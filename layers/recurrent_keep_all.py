@@ -150,10 +150,8 @@ class _KeepAllPath:
                     np.copyto(din[a:b], dy[:, u0 + a:u0 + b].transpose(1, 0, 2))
                 dg, dgh = dg_ring[k, u % 2, :m], (dgh_ring if gru else dg_ring)[k, u % 2, :m]
                 for s in range(b - 1, a - 1, -1):
-                    dh = din[s]
-                    dh += carry[k, 0]
-                    self._step_backward(k, u0 + s, params, gates, hs, cs, dh, dg[s], dgh[s],
-                                        carry, direct, scratch_db)
+                    self._backprop_step(k, u0 + s, params, gates, hs, cs, din, s, dg[s],
+                                        dgh[s], carry, direct, scratch_db)
             return run
 
         def dx(k: int, u: int, j: int):  # gradient into layer k-1's outputs of piece j

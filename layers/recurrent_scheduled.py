@@ -149,9 +149,7 @@ class _ScheduledPath:
         dg2, dgh2 = dg.reshape(rows, G), dgh.reshape(rows, G)
         for k in range(self.num_layers - 1, -1, -1):
             for s in range(m - 1, -1, -1):
-                dh = din[s]
-                dh += carry[k, 0]
-                self._step_backward(k, s, params, gates, hs, cs, dh, dg[s], dgh[s], carry,
+                self._backprop_step(k, s, params, gates, hs, cs, din, s, dg[s], dgh[s], carry,
                                     direct, ws.dbias)
             self._grad_w_hh(k, dgh2, hs[k, :m], prod, accumulate)
             self._grad_w_ih_and_biases(k, params, x, u0, u0 + m, 0, hs, dg2, dgh2, prod, colsum,
