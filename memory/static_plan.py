@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
 from .plan import ENDS, STARTS, Action, Plan
 
 
@@ -37,19 +39,31 @@ def block_intervals(plan: Plan) -> dict[tuple[int, int], tuple[int, int, int]]:
 
 
 def _greedy(intervals: dict[int, tuple[int, int, int]], order: list[int]) -> tuple[dict, int]:
-    placed: list[tuple[int, int, int, int]] = []  # (start, end, offset, size)
+    """Place blocks in ``order``, each at the lowest offset where it overlaps no block placed
+    before it that is live at the same time (first fit over the offsets)."""
+    n = len(order)
+    starts = np.empty(n, np.int64)
+    ends = np.empty(n, np.int64)
+    los = np.empty(n, np.int64)
+    his = np.empty(n, np.int64)
     offsets: dict[int, int] = {}
     top = 0
-    for tid in order:
+    for k, tid in enumerate(order):
         s, e, size = intervals[tid]
-        busy = sorted((o, o + sz) for (ps, pe, o, sz) in placed if ps < e and s < pe)
+        live = np.flatnonzero((starts[:k] < e) & (s < ends[:k]))
         off = 0
-        for lo, hi in busy:
-            if off + size <= lo:
-                break
-            off = max(off, hi)
+        if live.size:
+            lo, hi = los[live], his[live]
+            by = np.argsort(lo, kind="stable")
+            lo, hi = lo[by], hi[by]
+            # the offset after each busy block in turn (0 before the first): the first that
+            # leaves room below the next block is where this one goes, else above them all
+            after = np.maximum.accumulate(hi)
+            before = np.concatenate(([0], after[:-1]))
+            room = np.flatnonzero(before + size <= lo)
+            off = int(before[room[0]]) if room.size else int(after[-1])
+        starts[k], ends[k], los[k], his[k] = s, e, off, off + size
         offsets[tid] = off
-        placed.append((s, e, off, size))
         top = max(top, off + size)
     return offsets, top
 
