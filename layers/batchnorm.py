@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from ..kernels import _cuda
 from ..kernels import batchnorm as bnk
 from ..kernels.array_api import namespace
 from .base import Layer, ParamSpec
@@ -32,14 +33,20 @@ class _BatchNorm(Layer):
     used. Backward retains only the input and rebuilds x_hat from it. ``inplace_forward`` is
     False because training needs the input; in eval mode in-place would be valid (the flag is
     static). ``inplace_backward`` is True: the gradient kernel reads dy before writing dx.
+
+    On a device, forward and backward are Numba CUDA kernels (:mod:`minidl.kernels.batchnorm`),
+    the per-channel bookkeeping included (the running statistics, ``momentum=None``'s counter):
+    nothing is read on the host and no array is made beyond the workspace's per-channel
+    vectors (sync-BN's collectives keep their array operations).
     """
 
     kind = "bn"
     retain_inputs = (0,)
     accumulates_grads = True
     inplace_backward = True
-    #: On a GPU, backward needs one array of the input's size as scratch (the forward uses its
-    #: output): the workspace is that array for ``device_kind="cuda"``, nothing for ``"cpu"``.
+    #: On a GPU (``device_kind="cuda"``) the workspaces hold the kernels' per-channel vectors:
+    #: float64 statistics or sums, and scale / shift (forward) or the coefficients of dx
+    #: (backward) in the compute dtype; nothing for ``"cpu"``.
     option_names = ("device_kind",)
     _ranks: tuple[int, ...] = ()
     _layout = ""
@@ -81,13 +88,22 @@ class _BatchNorm(Layer):
         c = (self.num_features,)
         return {"mean": (c, np.dtype(dtype)), "invstd": (c, np.dtype(dtype))}
 
+    #: Per-channel vectors of a device forward / backward: (float64, compute dtype).
+    _DEVICE_VECTORS = {"forward": (2, 2), "backward": (2, 3)}
+
+    def _device_bytes(self, phase: str, dtype) -> int:
+        n64, ndt = self._DEVICE_VECTORS[phase]
+        return self.num_features * (8 * n64 + np.dtype(dtype).itemsize * ndt)
+
     def forward_workspace_bytes(self, in_shapes, dtype, options=None) -> int:
-        return 0
+        if (options or {}).get("device_kind", "cpu") != "cuda":
+            return 0
+        return self._device_bytes("forward", dtype)
 
     def backward_workspace_bytes(self, in_shapes, dtype, options=None) -> int:
         if (options or {}).get("device_kind", "cpu") != "cuda":
             return 0
-        return math.prod(in_shapes[0]) * np.dtype(dtype).itemsize
+        return self._device_bytes("backward", dtype)
 
     def flops(self, in_shapes):
         return 4 * math.prod(in_shapes[0])  # stats (2 passes) + normalise and scale-shift
@@ -109,22 +125,28 @@ class _BatchNorm(Layer):
             return params["weight"] * invstd, params["bias"]
         return invstd, namespace(invstd).zeros(self.num_features, dtype)
 
+    def _check_count(self, ctx, count: int, shape) -> None:
+        if ctx.training and count < 2:
+            raise ValueError(
+                f"layer {self.name or type(self).__name__} ({self.describe()}): expected "
+                f"more than 1 value per channel when training, got input {shape}"
+            )
+
     def forward(self, ctx, inputs, outputs, params, stash, workspace) -> None:
         x = self._view3(inputs[0])
         y = self._view3(outputs[0])
+        if _cuda.is_device_array(x):
+            self._forward_device(ctx, x, y, inputs[0].shape, params, stash, workspace)
+            return
         dt = x.dtype
         xp = namespace(x)  # float64 statistics on x's device
         mean, invstd = stash["mean"], stash["invstd"]
         if self._batch_stats(ctx):
             count = x.shape[0] * x.shape[2]
-            if ctx.training and count < 2:
-                raise ValueError(
-                    f"layer {self.name or type(self).__name__} ({self.describe()}): expected "
-                    f"more than 1 value per channel when training, got input {inputs[0].shape}"
-                )
+            self._check_count(ctx, count, inputs[0].shape)
             m64 = xp.empty(self.num_features)
             v64 = xp.empty(self.num_features)
-            bnk.stats(x, m64, v64, scratch=None if type(x) is np.ndarray else y)
+            bnk.stats(x, m64, v64)
             if ctx.batch_sync is not None:
                 m64, v64, count = self._global_stats(ctx.batch_sync, m64, v64, count, xp)
             mean[...] = m64
@@ -146,16 +168,17 @@ class _BatchNorm(Layer):
                  stash, workspace) -> None:
         x = self._view3(inputs[0])
         dy = self._view3(grad_outputs[0])
+        if _cuda.is_device_array(x):
+            dx = None if grad_inputs[0] is None else self._view3(grad_inputs[0])
+            self._backward_device(ctx, x, dy, dx, params, grad_params, stash, workspace)
+            return
         dt = x.dtype
         mean, invstd = stash["mean"], stash["invstd"]
         c = self.num_features
         xp = namespace(x)
         sum_dy = xp.empty(c)
         sum_dy_xmu = xp.empty(c)
-        scratch = None
-        if type(x) is not np.ndarray:  # a device: the declared workspace, x's size
-            scratch = workspace[:x.nbytes].view(dt).reshape(x.shape)
-        bnk.reduce(dy, x, mean, sum_dy, sum_dy_xmu, scratch)
+        bnk.reduce(dy, x, mean, sum_dy, sum_dy_xmu)
         inv64 = invstd.astype(np.float64)
         dgamma = sum_dy_xmu * inv64
         if self.affine:
@@ -187,8 +210,72 @@ class _BatchNorm(Layer):
         else:  # running statistics are constants: dx = gamma * invstd * dy
             shift = xp.zeros(c)
             coef = xp.zeros(c)
-        bnk.backward_apply(dy, x, mean, k.astype(dt), shift.astype(dt), coef.astype(dt), dx,
-                           scratch)
+        bnk.backward_apply(dy, x, mean, k.astype(dt), shift.astype(dt), coef.astype(dt), dx)
+
+    # ----------------------------------------------------------------- device
+    def _device_vectors(self, phase: str, workspace, x) -> list:
+        """The per-channel vectors of a device ``phase`` (``_DEVICE_VECTORS``: float64 ones,
+        then compute-dtype ones) in the workspace (made when it is missing or too small)."""
+        c, nbytes = self.num_features, self._device_bytes(phase, x.dtype)
+        if workspace is None or workspace.nbytes < nbytes:
+            workspace = _cuda.empty(x, nbytes, np.uint8)
+        ws = _cuda.flat(workspace, "workspace")[:nbytes]
+        n64, ndt = self._DEVICE_VECTORS[phase]
+        f64, fdt = ws[:8 * n64 * c].view(np.float64), ws[8 * n64 * c:].view(x.dtype)
+        return [f64[i * c:(i + 1) * c] for i in range(n64)] + \
+            [fdt[i * c:(i + 1) * c] for i in range(ndt)]
+
+    def _forward_device(self, ctx, x, y, shape, params, stash, workspace) -> None:
+        """Forward on device arrays: the statistics, their bookkeeping and the apply, three
+        kernels (two with the running statistics); no host read, no array made."""
+        mean64, var64, scale, shift = self._device_vectors("forward", workspace, x)
+        update, unbias = False, 1.0
+        if self._batch_stats(ctx):
+            count = x.shape[0] * x.shape[2]
+            self._check_count(ctx, count, shape)
+            bnk.stats(x, mean64, var64)
+            if ctx.batch_sync is not None:
+                mean64, var64, count = self._global_stats(ctx.batch_sync, mean64, var64, count,
+                                                          namespace(x))
+            update = ctx.training and self.track_running_stats and not ctx.recomputing
+            unbias = count / (count - 1) if update else 1.0
+        else:
+            mean64, var64 = params["running_mean"], params["running_var"]
+        running = ("running_mean", "running_var", "num_batches_tracked")
+        rm, rv, tracked = (params[k] if self.track_running_stats else None for k in running)
+        bnk.finalize_device(mean64, var64, self.eps, stash["mean"], stash["invstd"], scale,
+                            shift, weight=params["weight"] if self.affine else None,
+                            bias=params["bias"] if self.affine else None, running_mean=rm,
+                            running_var=rv, tracked=tracked, momentum=self.momentum,
+                            unbias=unbias, update=update)
+        bnk.apply(x, stash["mean"], scale, shift, y)
+
+    def _backward_device(self, ctx, x, dy, dx, params, grad_params, stash, workspace) -> None:
+        """Backward on device arrays: the sums, the gradients and dx's coefficients, and dx,
+        three kernels; no host read (but sync-BN's), no array made (but sync-BN's)."""
+        sum_dy, sum_dy_xmu, k, shift, coef = self._device_vectors("backward", workspace, x)
+        mean, invstd = stash["mean"], stash["invstd"]
+        bnk.reduce(dy, x, mean, sum_dy, sum_dy_xmu)
+        batch = self._batch_stats(ctx)
+        norm_dy, norm_dy_xmu, count = sum_dy, sum_dy_xmu, float(x.shape[0] * x.shape[2])
+        if batch and ctx.batch_sync is not None and dx is not None:
+            # d(global loss)/dx: the sums over every rank's rows, in the global loss's units
+            # (this rank's loss counts ``share`` of it), then back in this rank's units
+            sync, c, xp = ctx.batch_sync, self.num_features, namespace(x)
+            both = xp.concatenate([sum_dy * sync.share, sum_dy_xmu * sync.share,
+                                   xp.asarray([count])])
+            sync.sum(both)
+            norm_dy, norm_dy_xmu = both[:c], both[c:2 * c]
+            count = sync.share * float(both[-1])
+        grads = {key: grad_params[key] for key in ("weight", "bias")
+                 if self.affine and key in grad_params}
+        bnk.backward_finalize_device(
+            sum_dy, sum_dy_xmu, invstd, k, shift, coef,
+            weight=params["weight"] if self.affine else None, grad_weight=grads.get("weight"),
+            grad_bias=grads.get("bias"), accumulate=tuple(ctx.accumulate), norm_dy=norm_dy,
+            norm_dy_xmu=norm_dy_xmu, count=count, batch_stats=batch)
+        if dx is not None:
+            bnk.backward_apply(dy, x, mean, k, shift, coef, dx)
 
     def _global_stats(self, sync, m64, v64, count: int, xp):
         """The global batch's mean and biased variance from this rank's, and its count."""

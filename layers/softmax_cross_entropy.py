@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from ..kernels import _cuda, softmax_xent
 from ..kernels.array_api import namespace
 from .base import Layer
 
@@ -22,12 +23,24 @@ class SoftmaxCrossEntropy(Layer):
     computes log-sum-exp chunk by chunk in a workspace of about 65536 elements (provided by the
     engine) and backward rebuilds the softmax directly in the gradient array, so the layer
     never holds a second logits-sized array.
+
+    On a device, forward and backward run the host path's array operations (about 15 launches
+    each, a few per-row temporaries; the same operations, so the strict test device's results
+    equal the CPU's bit for bit), or with :attr:`device_kernels` the Numba CUDA kernels of
+    :mod:`minidl.kernels.softmax_xent`: two launches forward (its workspace on a ``"cuda"``
+    device: the rows' float64 losses) and one backward, no host synchronisation, no array of
+    their own; their exp and sums are not NumPy's, so they agree with the CPU to rounding.
     """
 
     kind = "loss"
     num_inputs = 2
     retain_inputs = (0, 1)
     nondiff_inputs = (1,)
+    #: The forward workspace: logits chunks, or the kernels' rows' losses on a ``"cuda"``.
+    option_names = ("device_kind",)
+    #: Device arrays go to the CUDA kernels (True) or to the array operations (False): off
+    #: while tests compare the strict device's loss with the CPU's bit for bit.
+    device_kernels: bool = False
 
     def __init__(self, label_smoothing: float = 0.0) -> None:
         super().__init__()
@@ -60,7 +73,15 @@ class SoftmaxCrossEntropy(Layer):
         rows = math.prod(in_shapes[0][:-1])
         return max(1, min(rows, _CHUNK // k))
 
-    def forward_workspace_bytes(self, in_shapes, dtype):
+    def stash_specs(self, in_shapes, dtype, options=None):
+        return {}
+
+    def backward_workspace_bytes(self, in_shapes, dtype, options=None):
+        return 0
+
+    def forward_workspace_bytes(self, in_shapes, dtype, options=None):
+        if self.device_kernels and (options or {}).get("device_kind", "cpu") == "cuda":
+            return math.prod(in_shapes[0][:-1]) * 8  # float64 per row
         return self._rows_per_chunk(in_shapes) * in_shapes[0][-1] * np.dtype(dtype).itemsize
 
     def _check_targets(self, t: np.ndarray, k: int) -> None:
@@ -86,6 +107,12 @@ class SoftmaxCrossEntropy(Layer):
         self._check_targets(t, k)
         m = x.shape[0]
         eps = self.label_smoothing
+        if self.device_kernels and _cuda.is_device_array(x):
+            if workspace is None or workspace.nbytes < 8 * m:
+                workspace = _cuda.empty(x, 8 * m, np.uint8)
+            nll = _cuda.flat(workspace, "workspace")[:8 * m].view(np.float64)
+            softmax_xent.forward_device(x, t, eps, nll, outputs[0])
+            return
         rows = self._rows_per_chunk([inputs[0].shape])
         buf = workspace[: rows * k * x.dtype.itemsize].view(x.dtype).reshape(rows, k)
         xp = namespace(x)
@@ -116,6 +143,9 @@ class SoftmaxCrossEntropy(Layer):
             raise ValueError("SoftmaxCrossEntropy writes a C-contiguous gradient array only")
         m = x.shape[0]
         eps = self.label_smoothing
+        if self.device_kernels and _cuda.is_device_array(d):
+            softmax_xent.backward_device(x, t, grad_outputs[0], eps, d)
+            return
         scale = grad_outputs[0] * (1.0 / max(m, 1))  # 0-d, in the logits dtype
         # softmax rebuilt in place in d: exp(x - max) / sum, times the upstream scale
         np.subtract(x, x.max(axis=1)[:, None], out=d)

@@ -1,5 +1,5 @@
-"""CUDA kernels (bitpack, poolidx, sparse, precision, pooling, conv im2col / col2im, the scan)
-in the simulator.
+"""CUDA kernels (bitpack, poolidx, sparse, precision, pooling, conv im2col / col2im, the scan,
+batch norm, softmax cross-entropy) in the simulator.
 
 The Numba CUDA simulator must be switched on before ``numba.cuda`` is first imported, and other
 test files import numba in this process, so each check runs in a subprocess with
@@ -7,8 +7,11 @@ test files import numba in this process, so each check runs in a subprocess with
 ``[4, 32]`` (128 threads; the scan runs one block of 32), so the sizes below give every thread
 several grid-stride steps (work > 128, and > 128 chunks of 256 elements for the sparse
 counts), with lengths that are not multiples of 8 or 32. Results are compared bit for bit with
-the NumPy references. PTX compilation is in test_cuda_ptx.py, the emulated (one-thread) launches
-in test_cuda_launch.py.
+the NumPy references, but for batch norm and softmax cross-entropy, whose blocks add float64
+partial sums in a tree (the CPU in another order): within rounding; their channels or rows
+spread over the 4 blocks, their values over a block's 32 threads. PTX compilation is in
+test_cuda_ptx.py, the emulated (one-thread) launches in test_cuda_launch.py (and
+test_norm_loss_device_kernels.py).
 """
 
 from __future__ import annotations
@@ -193,6 +196,103 @@ SCRIPTS = {
                 dx = D(np.full(shape, np.nan, dt))
                 PD.avgpool2d_backward_device(D(dy), dx, k, s, pad)
                 same(H(dx), dx_ref)
+    """,
+    # batch norm: channels over 4 blocks (grid-stride), channels' values fewer and more than
+    # the 32 threads; the finalize block's 40 channels over 32 threads, the counter read by
+    # all before it is incremented; float64 tree sums, so compared within 1e-12
+    "batchnorm": """
+        from minidl.kernels import batchnorm as bnk
+        def close(a, b, rtol):
+            np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol * np.abs(b).max())
+        for dt in (np.float32, np.float64):
+            for shape in ((3, 6, 7), (4, 3, 20), (5, 2, 1)):
+                n, c, s = shape
+                x = (rng.standard_normal(shape) * 3 + 1).astype(dt)
+                dy = rng.standard_normal(shape).astype(dt)
+                m, v = np.empty(c), np.empty(c)
+                bnk.stats(x, m, v)
+                dm, dv = D(np.zeros(c)), D(np.zeros(c))
+                bnk.stats(D(x), dm, dv)
+                close(H(dm), m, 1e-12)
+                close(H(dv), v, 1e-12)
+                mean, k, shift, coef = (rng.standard_normal(c).astype(dt) for _ in range(4))
+                y, dy_ = np.empty_like(x), np.empty_like(x)
+                bnk.apply(x, mean, k, shift, y)
+                dyd = D(np.full(shape, np.nan, dt))
+                bnk.apply(D(x), D(mean), D(k), D(shift), dyd)
+                close(H(dyd), y, 1e-6)
+                sums = np.empty(c), np.empty(c)
+                bnk.reduce(dy, x, mean, *sums)
+                dsums = D(np.zeros(c)), D(np.zeros(c))
+                bnk.reduce(D(dy), D(x), D(mean), *dsums)
+                close(H(dsums[0]), sums[0], 1e-12)
+                close(H(dsums[1]), sums[1], 1e-12)
+                bnk.backward_apply(dy, x, mean, k, shift, coef, dy_)
+                dd = D(dy)
+                bnk.backward_apply(dd, D(x), D(mean), D(k), D(shift), D(coef), dd)
+                close(H(dd), dy_, 1e-6)
+            c = 40
+            m64, v64 = rng.standard_normal(c), rng.uniform(0.1, 2, c)
+            w, b, rm, rv = (rng.uniform(0.5, 2, c).astype(dt) for _ in range(4))
+            outs = [D(np.full(c, np.nan, dt)) for _ in range(4)]
+            drm, drv, tracked = D(rm), D(rv), D(np.array([4]))
+            bnk.finalize_device(D(m64), D(v64), 1e-5, *outs, weight=D(w), bias=D(b),
+                                running_mean=drm, running_var=drv, tracked=tracked,
+                                momentum=None, unbias=1.25, update=True)
+            inv = (1.0 / np.sqrt(v64 + 1e-5)).astype(dt)
+            same(H(outs[0]), m64.astype(dt))
+            same(H(outs[1]), inv)
+            same(H(outs[2]), w * inv)
+            same(H(outs[3]), b)
+            close(H(drm), (0.8 * rm + 0.2 * m64).astype(dt), 1e-6)
+            close(H(drv), (0.8 * rv + 0.2 * v64 * 1.25).astype(dt), 1e-6)
+            assert H(tracked)[0] == 5
+            sums = rng.standard_normal(c), rng.standard_normal(c)
+            outs = [D(np.full(c, np.nan, dt)) for _ in range(3)]
+            gw = D(np.ones(c, dt))
+            bnk.backward_finalize_device(*(D(a) for a in sums), D(inv), *outs, weight=D(w),
+                                         grad_weight=gw, accumulate=("weight",), count=12.0)
+            inv64 = inv.astype(np.float64)
+            same(H(gw), (1 + sums[1] * inv64).astype(dt))
+            same(H(outs[0]), (w.astype(np.float64) * inv64).astype(dt))
+            same(H(outs[1]), (sums[0] / 12.0).astype(dt))
+            same(H(outs[2]), (inv64 * (sums[1] * inv64) / 12.0).astype(dt))
+    """,
+    # softmax cross-entropy: rows over 4 blocks, classes fewer and more than the 32 threads,
+    # a NaN row, ties and -inf; against the layer's host path (float32 sums there)
+    "softmax_xent": """
+        from minidl.kernels import softmax_xent as sx
+        from minidl.layers import Context, SoftmaxCrossEntropy
+        for dt, rtol in ((np.float32, 2e-6), (np.float64, 1e-12)):
+            for m, k in ((6, 45), (5, 3)):
+                x = (rng.standard_normal((m, k)) * 2).astype(dt)
+                x[1, :] = 1.5
+                x[2, 0], x[3, 2] = -np.inf, np.nan
+                t = rng.integers(0, k, m)
+                g = np.array(0.8, dt)
+                for eps in (0.0, 0.1):
+                    layer = SoftmaxCrossEntropy(eps)
+                    ws = np.empty(layer.forward_workspace_bytes([x.shape, t.shape], dt), np.uint8)
+                    loss, dx = np.empty((), dt), np.empty_like(x)
+                    with np.errstate(invalid="ignore"):
+                        layer.forward(Context(), [x, t], [loss], {}, {}, ws)
+                        layer.backward(Context(), [g], [dx, None], [x, t], [loss], {}, {}, {},
+                                       None)
+                    nll, dloss = D(np.zeros(m)), D(np.zeros(1, dt))
+                    sx.forward_device(D(x), D(t), eps, nll, dloss)
+                    assert np.isnan(H(dloss)[0]) and np.isnan(loss)  # the NaN row
+                    want = ~np.isnan(x).any(axis=1)
+                    assert not np.isnan(H(nll)[want]).any() and np.isnan(H(nll)[~want]).all()
+                    x2, t2 = x[want], t[want]
+                    l2, dx2 = np.empty((), dt), np.empty_like(x2)
+                    layer.forward(Context(), [x2, t2], [l2], {}, {}, ws)
+                    layer.backward(Context(), [g], [dx2, None], [x2, t2], [l2], {}, {}, {}, None)
+                    sx.forward_device(D(x2), D(t2), eps, D(np.zeros(len(x2))), dloss)
+                    np.testing.assert_allclose(H(dloss)[0], l2, rtol=rtol)
+                    ddx = D(np.full(x.shape, np.nan, dt))
+                    sx.backward_device(D(x), D(t), D(g), eps, ddx)
+                    got = H(ddx)
+                    np.testing.assert_allclose(got, dx, rtol=rtol, atol=rtol * float(g) / m)
     """,
 }
 

@@ -77,7 +77,7 @@ def test_a_step_that_does_not_wait_makes_no_host_synchronisation(model, spec):
 #: Most launches one forward or backward of a layer makes (array operations that write, and
 #: kernels), on these small shapes; a recurrent layer's per time step and layer. Convolutions
 #: build each tile's column matrix with one kernel (not one copy per kernel tap).
-LAUNCH_CEILINGS = {"Conv2d": 8, "BatchNorm2d": 32, "LSTM": 6, "SoftmaxCrossEntropy": 16}
+LAUNCH_CEILINGS = {"Conv2d": 8, "BatchNorm2d": 4, "LSTM": 6, "SoftmaxCrossEntropy": 16}
 OTHER_LAYERS = 6
 
 
