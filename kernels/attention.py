@@ -23,7 +23,20 @@ recomputed or replayed step the same one. Everything runs in a fixed order (tile
 rows split over threads but each row by one thread): bit-identical run to run and whatever
 the thread count; the two forms agree to float rounding.
 
-The row kernels are in :mod:`.attention_rows` (Numba for NumPy arrays, references otherwise).
+The row kernels are in :mod:`.attention_rows` (Numba for NumPy arrays, the CUDA kernels of
+:mod:`.transformer_device` for device arrays, references otherwise).
+
+Device arrays (CuPy's, Numba's, emulated) take the same steps with
+:func:`~.transformer_device.bgemm` for every product: one launch each, straight from and into
+the head views (CuPy's ``matmul`` would copy them), no temporary. The causal ``keep`` form
+needs no row blocks there: each product is one launch that skips the tiles above the diagonal
+(scores, dP) or the ``k`` chunks past it (P V, dS K, P^T dO, dS^T Q); dS is written 0 where
+masked. The blockwise form adds each tile's products into the running output (rescaled by
+``alpha``) and into ``dqkv`` inside the GEMM (no tile buffers) and ends a row block with one
+kernel. Launches per call: ``keep`` 3 forward (4 with dropout) and 6 backward (7); blockwise
+per tile 3 (4) forward plus 1 per row block, and 7 (8) backward plus 2 (the row dot products,
+the fill of ``dqkv``). Device results agree with the host's to float rounding (sums in other
+orders) and are the same run to run.
 """
 
 from __future__ import annotations
@@ -33,6 +46,8 @@ from typing import Any
 
 import numpy as np
 
+from . import transformer_device as td
+from ._cuda import is_device_array
 from .attention_rows import (
     dropout_rows,
     dscores_rows,
@@ -157,6 +172,8 @@ def attention_forward(qkv, attn, saved, heads: int, causal: bool, p_drop: float,
     (``block=None``, keep) or the ``lse`` (B, H, T) (blockwise) stash, written; ``ws``: the
     buffers of :func:`forward_layout` (``None`` if it has none). ``p_drop`` > 0 drops
     probabilities with masks from ``seed`` (the caller passes 0 outside training)."""
+    if is_device_array(qkv):
+        return _forward_device(qkv, attn, saved, heads, causal, p_drop, seed, ws, block)
     ensure_blas_policy()
     q, k, v = _heads(qkv, heads, 3)
     o = _heads(attn, heads)[0]
@@ -207,6 +224,9 @@ def attention_backward(dattn, qkv, attn, saved, dqkv, heads: int, causal: bool,
     """``dqkv`` (B, T, 3D) overwritten with the gradient of ``qkv`` from ``dattn`` (B, T, D),
     the forward's ``qkv``, ``attn`` and ``saved`` (``probs`` or ``lse``) stash and the same
     ``p_drop`` / ``seed``; ``ws``: the buffers of :func:`backward_layout`."""
+    if is_device_array(qkv):
+        return _backward_device(dattn, qkv, attn, saved, dqkv, heads, causal, p_drop, seed, ws,
+                                block)
     ensure_blas_policy()
     q, k, v = _heads(qkv, heads, 3)
     dq, dk, dv = _heads(dqkv, heads, 3)
@@ -254,3 +274,82 @@ def attention_backward(dattn, qkv, attn, saved, dqkv, heads: int, causal: bool,
         dq[:, :, ri] += t_rows
         batched_gemm(ds, q[:, :, ri], t_cols, trans_a=True)
         dk[:, :, cj] += t_cols
+
+
+# ---------------------------------------------------------------- device arrays
+def _forward_device(qkv, attn, saved, heads, causal, p_drop, seed, ws, block) -> None:
+    """:func:`attention_forward` on device arrays (module docstring)."""
+    q, k, v = _heads(qkv, heads, 3)
+    o = _heads(attn, heads)[0]
+    seq = qkv.shape[1]
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    if block is None:
+        probs = saved
+        td.bgemm(q, k, probs, trans_b=True, mode=td.SKIP_UPPER if causal else td.FULL)
+        softmax_rows(_rows3(probs), scale, causal)
+        src = probs
+        if p_drop > 0:
+            src = ws.dropped
+            dropout_rows(_rows3(probs), _rows3(src), p_drop, seed, seq, 0, 0)
+        td.bgemm(src, v, o, mode=td.K_LE_ROW if causal else td.FULL)
+        return
+    lse = _rows3(saved)
+    bh = qkv.shape[0], heads
+    for r0, rows, c0, cols, first in _tiles(seq, min(block, seq), causal):
+        if first:
+            m, l, alpha = (_prefix(b, (*bh, rows)) for b in (ws.m, ws.l, ws.alpha))
+            qi, oi = q[:, :, r0:r0 + rows], o[:, :, r0:r0 + rows]
+        s = _prefix(ws.scores, (*bh, rows, cols))
+        td.bgemm(qi, k[:, :, c0:c0 + cols], s, trans_b=True)
+        online_rows(_rows3(s), _rows3(m), _rows3(l), _rows3(alpha), scale, causal, r0, c0,
+                    first)
+        if p_drop > 0:
+            dropout_rows(_rows3(s), _rows3(s), p_drop, seed, seq, r0, c0)
+        td.bgemm(s, v[:, :, c0:c0 + cols], oi, accumulate=td.WRITE if first else td.RESCALE_ADD,
+                 alpha=None if first else alpha)
+        if c0 + cols >= (min(seq, r0 + rows) if causal else seq):  # the row block's last
+            td.online_finish(oi, l, m, lse, r0)
+
+
+def _backward_device(dattn, qkv, attn, saved, dqkv, heads, causal, p_drop, seed, ws,
+                     block) -> None:
+    """:func:`attention_backward` on device arrays (module docstring)."""
+    q, k, v = _heads(qkv, heads, 3)
+    dq, dk, dv = _heads(dqkv, heads, 3)
+    do = _heads(dattn, heads)[0]
+    seq = qkv.shape[1]
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    delta = _rows3(ws.delta)
+    rowdot(dattn, attn, delta, heads)
+    if block is None:
+        probs = saved
+        pd = probs
+        if p_drop > 0:
+            pd = ws.dropped
+            dropout_rows(_rows3(probs), _rows3(pd), p_drop, seed, seq, 0, 0)
+        lower, upper = (td.K_LE_ROW, td.K_GE_ROW) if causal else (td.FULL, td.FULL)
+        dp = ws.dprobs
+        td.bgemm(pd, do, dv, trans_a=True, mode=upper)
+        td.bgemm(do, v, dp, trans_b=True, mode=td.SKIP_UPPER if causal else td.FULL)
+        dscores_rows(_rows3(dp), _rows3(probs), _rows3(pd), delta, scale, 0, 0, causal)
+        td.bgemm(dp, k, dq, mode=lower)
+        td.bgemm(dp, q, dk, trans_a=True, mode=upper)
+        return
+    lse = _rows3(saved)
+    dqkv.fill(0)
+    bh = qkv.shape[0], heads
+    for r0, rows, c0, cols, _ in _tiles(seq, min(block, seq), causal):
+        ri, cj = slice(r0, r0 + rows), slice(c0, c0 + cols)
+        p = _prefix(ws.scores, (*bh, rows, cols))
+        td.bgemm(q[:, :, ri], k[:, :, cj], p, trans_b=True)
+        probs_rows(_rows3(p), lse, scale, causal, r0, c0)
+        pd = p
+        if p_drop > 0:
+            pd = _prefix(ws.dropped, p.shape)
+            dropout_rows(_rows3(p), _rows3(pd), p_drop, seed, seq, r0, c0)
+        td.bgemm(pd, do[:, :, ri], dv[:, :, cj], trans_a=True, accumulate=td.ADD)
+        ds = _prefix(ws.dscores, p.shape)
+        td.bgemm(do[:, :, ri], v[:, :, cj], ds, trans_b=True)
+        dscores_rows(_rows3(ds), _rows3(p), _rows3(pd), delta, scale, r0)
+        td.bgemm(ds, k[:, :, cj], dq[:, :, ri], accumulate=td.ADD)
+        td.bgemm(ds, q[:, :, ri], dk[:, :, cj], trans_a=True, accumulate=td.ADD)

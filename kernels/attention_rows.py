@@ -5,8 +5,9 @@ a running softmax), probabilities rebuilt from the row log-sum-exp, dropout mask
 Tiles are (N, R, C) with N = B*H; a tile's rows are rows r0.. and its columns c0.. of the
 (T, T) score matrix; per-row vectors are (N, T). Each kernel has a serial row-range body and a
 threaded driver over row bounds: rows are independent and each is done by one thread, so no
-result depends on the thread count. NumPy arrays take the Numba kernels, others the
-references (the arrays' own library).
+result depends on the thread count. NumPy arrays take the Numba kernels, device arrays of a
+float dtype the Numba CUDA kernels of :mod:`.transformer_device` (one launch each, no
+temporary), others the references (the arrays' own library).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from . import transformer_device as td
 from .array_api import namespace
 from .dropout import _mix, _mix_ref, keep_threshold, seed_keys
 from .parallel import num_threads, split
@@ -272,6 +274,8 @@ def softmax_rows(s, scale: float, causal: bool) -> None:
     after the query get probability 0)."""
     if _host(s):
         _launch(_softmax_rows, _softmax_par, (s, scale, causal), s.shape[0] * s.shape[1], s.size)
+    elif td.device_ok(s):
+        td.softmax_rows(s, scale, causal)
     else:
         _softmax_ref(s, scale, causal)
 
@@ -283,6 +287,8 @@ def online_rows(s, m, l, alpha, scale: float, causal: bool, r0: int, c0: int,
     if _host(s, m, l, alpha):
         _launch(_online_rows, _online_par, (s, m, l, alpha, scale, causal, r0, c0, first),
                 s.shape[0] * s.shape[1], s.size)
+    elif td.device_ok(s, m, l, alpha):
+        td.online_rows(s, m, l, alpha, scale, causal, r0, c0, first)
     else:
         _online_ref(s, m, l, alpha, scale, causal, r0, c0, first)
 
@@ -292,6 +298,8 @@ def probs_rows(s, lse, scale: float, causal: bool, r0: int, c0: int) -> None:
     if _host(s, lse):
         _launch(_probs_rows, _probs_par, (s, lse, scale, causal, r0, c0),
                 s.shape[0] * s.shape[1], s.size)
+    elif td.device_ok(s, lse):
+        td.probs_rows(s, lse, scale, causal, r0, c0)
     else:
         _probs_ref(s, lse, scale, causal, r0, c0)
 
@@ -305,15 +313,23 @@ def dropout_rows(p, out, p_drop: float, seed: int, seq: int, r0: int, c0: int) -
         _launch(_dropout_rows, _dropout_par, (p, out, seq, r0, c0, np.uint64(k0),
                 np.uint64(k1), np.uint64(thresh), p.dtype.type(dscale)),
                 p.shape[0] * p.shape[1], p.size)
+    elif td.device_ok(p, out):
+        td.dropout_rows(p, out, seq, r0, c0, k0, k1, thresh, dscale)
     else:
         _dropout_ref(p, out, seq, r0, c0, k0, k1, thresh, dscale)
 
 
-def dscores_rows(dp, p, pd, delta, scale: float, r0: int) -> None:
-    """In place: ``dp = (pd * dp - p * delta) * scale`` (``pd`` may be ``p``)."""
+def dscores_rows(dp, p, pd, delta, scale: float, r0: int, c0: int = 0,
+                 causal: bool = False) -> None:
+    """In place: ``dp = (pd * dp - p * delta) * scale`` (``pd`` may be ``p``). ``c0`` and
+    ``causal`` matter to device arrays only: there the masked entries (key after query) are
+    written as 0 without reading ``dp`` (the device ``keep`` form leaves them uncomputed);
+    elsewhere they are computed from ``dp`` (``p`` and ``pd`` are 0 there)."""
     if _host(dp, p, pd, delta):
         _launch(_dscores_rows, _dscores_par, (dp, p, pd, delta, scale, r0),
                 dp.shape[0] * dp.shape[1], dp.size)
+    elif td.device_ok(dp, p, pd, delta):
+        td.dscores_rows(dp, p, pd, delta, scale, r0, c0, causal)
     else:
         _dscores_ref(dp, p, pd, delta, scale, r0)
 
@@ -322,5 +338,7 @@ def rowdot(a, b, out, heads: int) -> None:
     """``out`` (B*H, T) = per head and row, the dot product of ``a`` and ``b`` (B, T, D)."""
     if _host(a, b, out) and a.flags.c_contiguous and b.flags.c_contiguous:
         _launch(_rowdot_rows, _rowdot_par, (a, b, out, heads), a.shape[0] * a.shape[1], a.size)
+    elif td.device_ok(a, b, out):
+        td.rowdot(a, b, out, heads)
     else:
         _rowdot_ref(a, b, out, heads)

@@ -140,8 +140,22 @@ def batched_gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, trans_a: bool = Fa
                  trans_b: bool = False) -> None:
     """``c[i, j] = op(a[i, j]) @ op(b[i, j])`` on stacks of shape (B, H, rows, cols) whose
     rows may be strided (heads sliced out of a wider array): one BLAS call per matrix, the
-    matrices shared out over the kernels' threads. Other layouts and device arrays go
-    through ``matmul``."""
+    matrices shared out over the kernels' threads. Device arrays go straight into ``c``:
+    through CuPy's ``matmul`` (cuBLAS, batched) when ``op(a)``, ``op(b)`` and ``c`` are
+    C-contiguous stacks of one float dtype (it copies any other operand, and writes any other
+    output through a temporary), else one launch of the strided Numba CUDA GEMM
+    (:func:`~.transformer_device.bgemm`). Other host layouts go through ``matmul``."""
+    if is_device_array(c):
+        from . import transformer_device as td
+
+        op_a = a.swapaxes(-1, -2) if trans_a else a
+        op_b = b.swapaxes(-1, -2) if trans_b else b
+        if (all(x.ndim == 4 and x.flags.c_contiguous for x in (op_a, op_b, c))
+                and a.dtype == b.dtype == c.dtype and c.dtype in (np.float32, np.float64)):
+            np.matmul(op_a, op_b, out=c)
+        else:
+            td.bgemm(a, b, c, trans_a, trans_b)
+        return
     m = a.shape[3] if trans_a else a.shape[2]
     k = a.shape[2] if trans_a else a.shape[3]
     n = b.shape[2] if trans_b else b.shape[3]

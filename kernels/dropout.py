@@ -6,17 +6,26 @@ any device and in any chunking, with no generator state to carry.
 ceil(p * 2**32)``, so an element is kept with probability ``1 - p`` (to within 2**-32).
 Output ``y = (x * keep) * (1 / (1 - p))`` in x's dtype.
 
-A Numba loop does C-contiguous NumPy arrays in one pass; the reference runs the same integer
-arithmetic as ufuncs with ``out=`` on two uint32 buffers of a workspace (the arrays' own
-library: CuPy on a GPU), so both give identical masks and outputs.
+A Numba loop does C-contiguous NumPy arrays in one pass, and a Numba CUDA kernel the same on
+C-contiguous float device arrays (one launch each way: :func:`dropout_forward`,
+:func:`dropout_backward_device`; no workspace, no temporary); the reference runs the same
+integer arithmetic as ufuncs with ``out=`` on two uint32 buffers of a workspace (the arrays'
+own library), so all give identical masks and outputs.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 from numba import njit
+
+from . import _cuda
+
+cuda: Any = None  # numba.cuda, set by _cuda.bind on first CUDA use
 
 #: Elements per chunk of the reference (its workspace is 8 bytes per element of a chunk).
 CHUNK = 1 << 16
@@ -70,6 +79,45 @@ def _dropout_nb(x, y, mask, k0, k1, thresh, one, zero, scale):
         y[i] = (x[i] * (one if keep else zero)) * scale
 
 
+# ---------------------------------------------------------------- CUDA kernels
+_mix_py = _mix.py_func  # the hash as a device function (bind's device=)
+_d_mix: Any = None
+
+
+def _k_dropout_fwd(x, y, mask, k0, k1, thresh, one, zero, scale):
+    """:func:`_dropout_nb`'s arithmetic, one thread per element (``y`` may be ``x``)."""
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        h = _d_mix(_d_mix(np.uint64(i) ^ k0) ^ k1)
+        keep = h >= thresh
+        mask[i] = 1 if keep else 0
+        y[i] = (x[i] * (one if keep else zero)) * scale
+
+
+def _k_dropout_bwd(dy, mask, dx, one, zero, scale):
+    """``dx = (dy * mask) * scale`` (``dx`` may be ``dy``)."""
+    for i in range(cuda.grid(1), dx.size, cuda.gridsize(1)):
+        dx[i] = (dy[i] * (one if mask[i] != 0 else zero)) * scale
+
+
+@functools.cache
+def _kernels() -> SimpleNamespace:
+    return _cuda.bind(globals(), ["_k_dropout_fwd", "_k_dropout_bwd"],
+                      device={"_d_mix": "_mix_py"})
+
+
+def _on_device(x, *others) -> bool:
+    return _cuda.is_device_array(x) and x.dtype in (np.float32, np.float64) and all(
+        _cuda.is_device_array(a) and a.flags.c_contiguous for a in (x, *others))
+
+
+def dropout_backward_device(dy, mask, dx, p: float) -> None:
+    """``dx = dy * mask / (1 - p)`` on C-contiguous device arrays (0 < p < 1): one launch,
+    the host's arithmetic (``(dy * mask) * scale`` in dy's dtype)."""
+    dt = dy.dtype.type
+    _cuda.launch(_kernels().k_dropout_bwd, dx.size, _cuda.flat(dy), _cuda.flat(mask),
+                 _cuda.flat(dx), dt(1), dt(0), dt(1.0 / (1.0 - p)))
+
+
 # ---------------------------------------------------------------- reference (any array library)
 def _ramp(a, start: int) -> None:
     """``a[i] = start + i`` (uint32) by doubling, in place: log2(size) ufunc calls."""
@@ -120,10 +168,17 @@ def dropout_forward_ref(x, p: float, seed: int, y, mask, workspace) -> None:
 def dropout_forward(x, p: float, seed: int, y, mask, workspace) -> None:
     """``mask = hash(seed, i) >= threshold(p)`` (uint8) and ``y = x * mask / (1 - p)`` for
     0 < p < 1; ``y`` and ``mask`` C-contiguous, ``y`` may be ``x``. NumPy arrays take the Numba
-    loop, others the reference (with ``workspace``, see :func:`workspace_bytes`)."""
+    loop, C-contiguous float device arrays the CUDA kernel (``workspace`` unused), others the
+    reference (with ``workspace``, see :func:`workspace_bytes`)."""
     if x.size > _M32:
         raise ValueError(f"dropout hashes 32-bit element indices: {x.size} elements is too many")
-    if (all(type(a) is np.ndarray for a in (x, y, mask)) and x.flags.c_contiguous
+    if _on_device(x, y, mask):
+        k0, k1 = seed_keys(seed)
+        dt = x.dtype.type
+        _cuda.launch(_kernels().k_dropout_fwd, x.size, _cuda.flat(x), _cuda.flat(y),
+                     _cuda.flat(mask), np.uint64(k0), np.uint64(k1),
+                     np.uint64(keep_threshold(p)), dt(1), dt(0), dt(1.0 / (1.0 - p)))
+    elif (all(type(a) is np.ndarray for a in (x, y, mask)) and x.flags.c_contiguous
             and x.dtype in (np.float32, np.float64)):
         k0, k1 = seed_keys(seed)
         dt = x.dtype.type

@@ -1,4 +1,5 @@
-"""Layer normalisation over the last axis: NumPy references and multi-threaded Numba kernels.
+"""Layer normalisation over the last axis: NumPy references, multi-threaded Numba kernels and
+Numba CUDA kernels for device arrays.
 
 Arrays are seen as (rows, D). Forward writes ``y = (x - mean) * rstd * weight + bias`` and
 the per-row ``mean`` and ``rstd = 1 / sqrt(var + eps)`` (biased variance; both accumulated in
@@ -11,17 +12,30 @@ stash and writes
 Rows are independent, so the row loops split over threads freely; the parameter gradients are
 summed over fixed parts of :data:`ROWS_PER_PART` rows (partials in the workspace, added in part
 order), so results never depend on the thread count. ``dx`` may be ``dy`` (in place): a row of
-``dy`` is read before the same row of ``dx`` is written. Non-NumPy arrays (a device's) take the
-references, built from the arrays' own library.
+``dy`` is read before the same row of ``dx`` is written.
+
+Device arrays (C-contiguous, float32 / float64) take Numba CUDA kernels with the same
+arithmetic and no temporary: forward is one launch (a block per row: float64 sums of the row
+and of its squared deviations in a fixed tree order, then the affine output); backward is
+three (two without ``dx``): the parts' parameter-gradient partials into the workspace (one
+thread per part and column, rows in order, in the float dtype as the host loop sums them),
+their sum in part order (the host's arithmetic in the host's order: its bits, but where the
+GPU fuses a multiply and an add), then ``dx`` (a block per row). No atomics: deterministic,
+and independent of the launch shape. Other arrays take the references, built from the arrays'
+own library.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 from numba import njit, prange
 
+from . import _cuda
 from .array_api import namespace
 from .parallel import ensure_blas_policy, num_threads, split
 
@@ -29,6 +43,11 @@ from .parallel import ensure_blas_policy, num_threads, split
 ROWS_PER_PART = 256
 #: Elements below which a call runs on the calling thread alone.
 SERIAL_ELEMS = 1 << 15
+#: Most threads of a row block, and most blocks of a launch (device kernels).
+BLOCK = 256
+MAX_BLOCKS = 4096
+
+cuda: Any = None  # numba.cuda, set by _cuda.bind on first CUDA use
 
 
 def parts(rows: int) -> int:
@@ -132,6 +151,182 @@ def _sum_parts(partials, dw, db, accumulate):
             db[j] = sb
 
 
+# ---------------------------------------------------------------- CUDA kernels
+def _block_sum_py(part):
+    """Sum of ``part[:blockDim.x]`` (float64) in a fixed tree order, returned to every thread
+    (all of them call it; ``part`` may be written again as soon as it returns)."""
+    tid = cuda.threadIdx.x
+    width = cuda.blockDim.x
+    cuda.syncthreads()
+    while width > 1:
+        half = (width + 1) // 2
+        if tid < width - half:
+            part[tid] += part[tid + half]
+        cuda.syncthreads()
+        width = half
+    total = part[0]
+    cuda.syncthreads()
+    return total
+
+
+_d_block_sum: Any = None  # the CUDA device version of _block_sum_py (bind's device=)
+
+
+def _k_ln_fwd(x, w, b, y, mean, rstd, eps):
+    """A block per row: float64 mean and biased variance (two passes), the stash, then ``y``
+    from the stored (stash-dtype) statistics as the host loop."""
+    part = cuda.shared.array(BLOCK, np.float64)
+    rows, d = x.shape
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    for r in range(cuda.blockIdx.x, rows, cuda.gridDim.x):
+        acc = 0.0
+        for j in range(tid, d, nt):
+            acc += x[r, j]
+        part[tid] = acc
+        m = _d_block_sum(part) / d
+        acc = 0.0
+        for j in range(tid, d, nt):
+            t = x[r, j] - m
+            acc += t * t
+        part[tid] = acc
+        var = _d_block_sum(part) / d
+        if tid == 0:
+            mean[r] = m
+            rstd[r] = 1.0 / math.sqrt(var + eps)
+        cuda.syncthreads()
+        mr = mean[r]
+        ir = rstd[r]
+        for j in range(tid, d, nt):
+            y[r, j] = (x[r, j] - mr) * ir * w[j] + b[j]
+
+
+def _k_ln_bwd_partials(dy, x, mean, rstd, partials, rows_per_part):
+    """``partials[p] = (sum dy * xhat, sum dy)`` over the rows of part p, per column: one
+    thread per (part, column), rows in order, summed in the float dtype (the host's loop)."""
+    rows = x.shape[0]
+    d = partials.shape[2]
+    acc = cuda.local.array(2, partials.dtype)
+    for e in range(cuda.grid(1), partials.shape[0] * d, cuda.gridsize(1)):
+        p = e // d
+        j = e - p * d
+        r0 = p * rows_per_part
+        r1 = r0 + rows_per_part if r0 + rows_per_part < rows else rows
+        acc[0] = 0
+        acc[1] = 0
+        for r in range(r0, r1):
+            xh = (x[r, j] - mean[r]) * rstd[r]
+            g = dy[r, j]
+            acc[0] += g * xh
+            acc[1] += g
+        partials[p, 0, j] = acc[0]
+        partials[p, 1, j] = acc[1]
+
+
+def _k_ln_bwd_sum(partials, dw, db, accumulate):
+    """``dw`` / ``db`` (written, or added into) from the partials summed in part order."""
+    acc = cuda.local.array(2, partials.dtype)
+    for j in range(cuda.grid(1), partials.shape[2], cuda.gridsize(1)):
+        acc[0] = partials[0, 0, j]
+        acc[1] = partials[0, 1, j]
+        for p in range(1, partials.shape[0]):
+            acc[0] += partials[p, 0, j]
+            acc[1] += partials[p, 1, j]
+        if accumulate:
+            dw[j] += acc[0]
+            db[j] += acc[1]
+        else:
+            dw[j] = acc[0]
+            db[j] = acc[1]
+
+
+def _k_ln_bwd_dx(dy, x, w, mean, rstd, dx):
+    """A block per row: float64 sums of ``g = dy * w`` and ``g * xhat`` (tree order), then
+    ``dx`` in the float dtype as the host loop (``dx`` may be ``dy``: each thread reads the
+    elements it writes, and the row's sums are complete before any is written)."""
+    part_a = cuda.shared.array(BLOCK, np.float64)
+    part_c = cuda.shared.array(BLOCK, np.float64)
+    means = cuda.shared.array(2, dx.dtype)
+    rows, d = x.shape
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    for r in range(cuda.blockIdx.x, rows, cuda.gridDim.x):
+        m = mean[r]
+        inv = rstd[r]
+        a = 0.0
+        c = 0.0
+        for j in range(tid, d, nt):
+            xh = (x[r, j] - m) * inv
+            gw = dy[r, j] * w[j]
+            a += gw
+            c += gw * xh
+        part_a[tid] = a
+        part_c[tid] = c
+        a = _d_block_sum(part_a)
+        c = _d_block_sum(part_c)
+        if tid == 0:
+            means[0] = a / d  # rounded to the float dtype, as the host's
+            means[1] = c / d
+        cuda.syncthreads()
+        ac = means[0]
+        cc = means[1]
+        for j in range(tid, d, nt):
+            xh = (x[r, j] - m) * inv
+            dx[r, j] = inv * (dy[r, j] * w[j] - ac - xh * cc)
+        cuda.syncthreads()  # (means is written again for the next row)
+
+
+@functools.cache
+def _kernels() -> SimpleNamespace:
+    return _cuda.bind(globals(), ["_k_ln_fwd", "_k_ln_bwd_partials", "_k_ln_bwd_sum",
+                                  "_k_ln_bwd_dx"], device={"_d_block_sum": "_block_sum_py"})
+
+
+def _row_launch(rows: int, dim: int) -> tuple[int, int]:
+    """(blocks, threads) of a block-per-row kernel: threads a power of two from 32 to
+    :data:`BLOCK` (32, and at most 4 blocks, under the simulator)."""
+    if _cuda.simulator():
+        return max(1, min(rows, 4)), 32
+    threads = 32
+    while threads < dim and threads < BLOCK:
+        threads *= 2
+    return max(1, min(rows, MAX_BLOCKS)), threads
+
+
+def _on_device(*arrays) -> bool:
+    present = [a for a in arrays if a is not None]
+    return _cuda.is_device_array(present[0]) and all(
+        _cuda.is_device_array(a) and a.flags.c_contiguous and a.dtype == present[0].dtype
+        for a in present) and present[0].dtype in (np.float32, np.float64)
+
+
+def layernorm_forward_device(x, weight, bias, y, mean, rstd, eps: float) -> None:
+    """:func:`layernorm_forward` on C-contiguous device arrays: one launch."""
+    if x.shape[0]:
+        _cuda.run(_kernels().k_ln_fwd, *_row_launch(*x.shape), x, weight, bias, y, mean, rstd,
+                  float(eps))
+
+
+def layernorm_backward_device(dy, x, weight, mean, rstd, dx, dweight, dbias, workspace,
+                              accumulate: bool = False) -> None:
+    """:func:`layernorm_backward` on C-contiguous device arrays: the parameter gradients
+    through the workspace partials (two launches), then ``dx`` (one)."""
+    rows, d = x.shape
+    k = _kernels()
+    if dweight is not None:
+        if rows == 0:
+            if not accumulate:
+                dweight.fill(0)
+                dbias.fill(0)
+        else:
+            partials = workspace[:parts(rows)]
+            _cuda.launch(k.k_ln_bwd_partials, partials.shape[0] * d, dy, x, mean, rstd,
+                         partials, ROWS_PER_PART)
+            _cuda.launch(k.k_ln_bwd_sum, d, partials, dweight, dbias, bool(accumulate))
+    if dx is not None and rows:
+        _cuda.run(k.k_ln_bwd_dx, *_row_launch(rows, d), dy, x, weight, mean, rstd, dx)
+
+
 # ---------------------------------------------------------------- references
 def layernorm_forward_ref(x, weight, bias, y, mean, rstd, eps: float) -> None:
     """Reference of :func:`layernorm_forward` (the arrays' own library, float64 statistics)."""
@@ -174,6 +369,8 @@ def _fast(*arrays) -> bool:
 
 def layernorm_forward(x, weight, bias, y, mean, rstd, eps: float) -> None:
     """``x``, ``y`` (rows, D); ``weight``, ``bias`` (D,); ``mean``, ``rstd`` (rows,) written."""
+    if _on_device(x, weight, bias, y, mean, rstd):
+        return layernorm_forward_device(x, weight, bias, y, mean, rstd, eps)
     if not _fast(x, weight, bias, y, mean, rstd):
         return layernorm_forward_ref(x, weight, bias, y, mean, rstd, eps)
     ensure_blas_policy()
@@ -189,7 +386,10 @@ def layernorm_backward(dy, x, weight, mean, rstd, dx, dweight, dbias, workspace,
                        accumulate: bool = False) -> None:
     """``dx`` (or ``None``) overwritten, ``dweight`` / ``dbias`` overwritten (added into with
     ``accumulate``); ``workspace``: float partials of :func:`backward_workspace_shape` (only
-    the Numba path uses it). ``dx`` may be ``dy``."""
+    the Numba and CUDA paths use it). ``dx`` may be ``dy``."""
+    if _on_device(dy, x, weight, mean, rstd, dx, dweight, dbias, workspace):
+        return layernorm_backward_device(dy, x, weight, mean, rstd, dx, dweight, dbias,
+                                         workspace, accumulate)
     if not _fast(dy, x, weight, mean, rstd, dx, dweight, dbias):
         return layernorm_backward_ref(dy, x, weight, mean, rstd, dx, dweight, dbias, accumulate)
     ensure_blas_policy()

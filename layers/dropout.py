@@ -6,7 +6,8 @@ import math
 
 import numpy as np
 
-from ..kernels.dropout import dropout_forward, workspace_bytes
+from ..kernels._cuda import is_device_array
+from ..kernels.dropout import dropout_backward_device, dropout_forward, workspace_bytes
 from .base import Layer
 
 
@@ -19,7 +20,8 @@ class Dropout(Layer):
 
     The mask is stashed as uint8 of the input's shape (always declared; written in eval too).
     The forward workspace (``min(size, 65536)`` * 8 bytes, provided by the engine) holds the
-    hashes chunk by chunk on devices without the CPU kernel. Runs in place; retains no tensors.
+    hashes chunk by chunk for arrays that take neither the CPU kernel nor the device one (a
+    float device array runs one kernel each way). Runs in place; retains no tensors.
     """
 
     kind = "dropout"
@@ -65,6 +67,9 @@ class Dropout(Layer):
                 np.copyto(dx, dy)
         elif p == 1.0:
             dx.fill(0)
+        elif is_device_array(dx) and dx.dtype in (np.float32, np.float64) and \
+                dx.flags.c_contiguous and dy.flags.c_contiguous:
+            dropout_backward_device(dy, stash["mask"], dx, p)  # one kernel
         else:
             np.multiply(dy, stash["mask"], out=dx)
             dx *= dx.dtype.type(1.0 / (1.0 - p))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kernels._cuda import is_device_array
+from ..kernels.embedding import positional_grad_device
 from .base import Layer, ParamSpec
 
 
@@ -11,7 +13,8 @@ class PositionalEmbedding(Layer):
     """``y[n, t] = x[n, t] + weight[t]`` for t < T <= ``context``: GPT's learned positions
     (nanoGPT's ``wpe``: ``weight`` (context, dim), initialised N(0, 1) like
     ``torch.nn.Embedding``). Runs in place both ways and retains nothing: the gradient of
-    ``weight[:T]`` is the sum of the output gradient over the batch, rows T and above get zero.
+    ``weight[:T]`` is the sum of the output gradient over the batch, rows T and above get zero
+    (on C-contiguous device arrays one kernel, with no temporary, accumulating or not).
     """
 
     kind = "embedding"
@@ -45,7 +48,9 @@ class PositionalEmbedding(Layer):
         gw = grad_params.get("weight")
         if gw is not None:  # before dx: dx may be dy's memory, and must stay dy
             t = dy.shape[1]
-            if "weight" in ctx.accumulate:
+            if is_device_array(gw) and gw.flags.c_contiguous and dy.flags.c_contiguous:
+                positional_grad_device(dy, gw, "weight" in ctx.accumulate)
+            elif "weight" in ctx.accumulate:
                 gw[:t] += dy.sum(axis=0)
             else:
                 np.sum(dy, axis=0, out=gw[:t])
