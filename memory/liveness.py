@@ -25,7 +25,15 @@ class Lifetime:
 
 
 def lifetimes(program: Program) -> dict[int, Lifetime]:
-    """Lifetimes of every non-persistent tensor the program touches."""
+    """Lifetimes of every non-persistent tensor the program touches (computed once per
+    program: programs are never changed once made, a pass makes a new one)."""
+    cached = program.__dict__.get("_lifetimes")
+    if cached is None:
+        cached = program.__dict__["_lifetimes"] = _lifetimes(program)
+    return cached
+
+
+def _lifetimes(program: Program) -> dict[int, Lifetime]:
     first: dict[int, int] = {t: -1 for t in program.inputs}
     last: dict[int, int] = {t: -1 for t in program.inputs}
     bwd: set[int] = set()

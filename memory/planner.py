@@ -2,28 +2,66 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
-from .auto import auto_plan
+from .auto import auto_plan, step_costs
 from .base_plan import base_plan, iteration_peak
 from .block_choices import block_choices
 from .compress import ASSUMED_DENSITY, compress_program
 from .config import MemoryConfig
+from .frontier import frontier_plan
 from .liveness import root_of
 from .plan import Plan
 from .program import Program
 from .recompute import dropping_program, policy_program
 from .static_plan import static_plan
-from .swap import swap_plan
+from .swap import DEFAULT_BANDWIDTH, swap_plan
 
 __all__ = ["iteration_peak", "make_plan"]
+
+
+def rewritten(program: Program, config: MemoryConfig,
+              densities: dict[str, float] | None = None,
+              cache: dict | None = None) -> Program:
+    """The program ``config``'s rewrites make of ``program``: recomputation (a policy, or the
+    blocks the network forces), then compression. ``cache`` (a dict the caller keeps) shares
+    the rewrites between specs that differ elsewhere (the auto planner prices dozens)."""
+    def cached(key: tuple, make: Callable[[], Program]) -> Program:
+        if cache is None:
+            return make()
+        if key not in cache:
+            cache[key] = (program, make())  # (the source kept alive: ids are not reused)
+        return cache[key][1]
+
+    source = program
+    blocks = block_choices(program)
+    if config.has("recompute") and program.training:
+        program = cached((id(source), config.get("recompute"), config.has("reuse"),
+                          config.has("inplace")),
+                         lambda: policy_program(source, config.get("recompute"),
+                                                peak_of=lambda p: iteration_peak(p, config)))
+    elif blocks.dropped:
+        program = cached((id(source), "blocks"),
+                         lambda: dropping_program(source, set(blocks.dropped)))
+    compressing = config.has("binarize") or config.has("sparse") or config.has("dpr")
+    if compressing and program.training:
+        recomputed = program
+        program = cached((id(recomputed), config.has("binarize"), config.has("sparse"),
+                          config.get("dpr"), tuple(sorted((densities or {}).items()))),
+                         lambda: compress_program(recomputed, config.has("binarize"),
+                                                  config.has("sparse"),
+                                                  config.get("dpr") or None, densities))
+    return program
 
 
 def make_plan(program: Program, config: MemoryConfig,
               step_times: list[float] | None = None,
               densities: dict[str, float] | None = None,
               bandwidth: float | None = None,
-              cost_source: str = "measured step times") -> Plan:
+              cost_source: str = "measured step times",
+              rewrites: dict | None = None,
+              step_cost: Callable[[Program, int], float] | None = None) -> Plan:
     """The plan for ``program`` under ``config`` (a pure function of both).
 
     ``recompute`` first rewrites the program (dropped feature maps are recomputed from
@@ -34,7 +72,10 @@ def make_plan(program: Program, config: MemoryConfig,
     released blocks while memory allows; ``static`` fixes every block's offset ahead of time.
     ``bandwidth`` (bytes/s of the host link; default :data:`~.swap.DEFAULT_BANDWIDTH`) and
     ``step_times`` may come from a target device's cost model (:mod:`.cost_model`) instead
-    of a measurement (``cost_source`` names where they came from in the notes).
+    of a measurement (``cost_source`` names where they came from in the notes). ``rewrites``:
+    a cache of program rewrites shared between calls (:func:`rewritten`). ``step_cost``
+    (``(program, step) -> seconds``, a target's roofline) prices the steps of the plans the
+    auto planner compares, those a pass adds included.
     """
     link: dict = {"cost_source": cost_source}
     if config.get("only"):
@@ -47,17 +88,15 @@ def make_plan(program: Program, config: MemoryConfig,
 
             return replace(optimal_plan(program, config.budget, step_times, **link),
                            spec=config.spec)
-        return replace(auto_plan(program, config.budget, step_times, **link), spec=config.spec)
+        if config.get("only") or block_choices(program):
+            # one kind of action only, or the network's own choices on blocks: the greedy walk
+            return replace(auto_plan(program, config.budget, step_times, **link),
+                           spec=config.spec)
+        return replace(_frontier_plan(program, config, step_times, bandwidth, cost_source,
+                                      step_cost, densities), spec=config.spec)
     blocks = block_choices(program)
-    if config.has("recompute") and program.training:
-        program = policy_program(program, config.get("recompute"),
-                                 peak_of=lambda p: iteration_peak(p, config))
-    elif blocks.dropped:
-        program = dropping_program(program, set(blocks.dropped))
+    program = rewritten(program, config, densities, rewrites)
     compressing = config.has("binarize") or config.has("sparse") or config.has("dpr")
-    if compressing and program.training:
-        program = compress_program(program, config.has("binarize"), config.has("sparse"),
-                                   config.get("dpr") or None, densities)
     plan = base_plan(program, config)
     if compressing and program.training:
         enc = program.meta.get("encoded", {})
@@ -90,3 +129,22 @@ def make_plan(program: Program, config: MemoryConfig,
     if config.has("static"):
         plan = static_plan(plan, base=program.persistent_bytes())
     return replace(plan, spec=config.spec)
+
+
+def _frontier_plan(program: Program, config: MemoryConfig, step_times: list[float] | None,
+                   bandwidth: float | None, cost_source: str,
+                   step_cost: Callable[[Program, int], float] | None,
+                   densities: dict[str, float] | None) -> Plan:
+    """``auto``: the fastest plan of the program's frontier that fits the budget
+    (:mod:`.frontier`), every fixed spec priced among the candidates."""
+    costs = step_costs(program, step_times)
+    measured = step_times is not None and len(step_times) == len(program.steps)
+    link = DEFAULT_BANDWIDTH if bandwidth is None else bandwidth
+    rewrites: dict = {}
+
+    def make(prog: Program, cfg: MemoryConfig) -> Plan:
+        return make_plan(prog, cfg, step_times=costs, densities=densities, bandwidth=link,
+                         cost_source=cost_source, rewrites=rewrites)
+
+    how = cost_source if measured else "cost model: FLOPs at an assumed rate"
+    return frontier_plan(program, config.budget, costs, link, make, step_cost, how, measured)

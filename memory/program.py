@@ -125,14 +125,23 @@ class Step:
         grad_inputs = tuple(None if g is None else GradInput(
             m(g.written, g.written), m(g.add_into, g.add_into) if g.add_into >= 0 else -1)
             for g in self.grad_inputs)
-        return replace(
-            self, reads=ids(self.reads), writes=ids(self.writes),
+        fields = dict(
+            reads=ids(self.reads), writes=ids(self.writes),
             workspace=m(self.workspace, self.workspace) if self.workspace >= 0 else -1,
             shares=tuple((m(a, a), m(b, b)) for a, b in self.shares),
             inputs=ids(self.inputs), outputs=ids(self.outputs), stash=named(self.stash),
             params=named(self.params), grad_outputs=ids(self.grad_outputs),
             grad_inputs=grad_inputs, grad_params=named(self.grad_params),
             param_partials=named(self.param_partials), **changes)
+        unknown = set(changes) - set(self.__dict__)
+        if unknown:
+            raise TypeError(f"Step has no field(s) {sorted(unknown)}")
+        # (a copy with the fields set, without dataclasses.replace's re-validation: the
+        # planners rewrite hundreds of thousands of steps)
+        step = object.__new__(Step)
+        step.__dict__.update(self.__dict__)
+        step.__dict__.update(fields)
+        return step
 
 
 @dataclass

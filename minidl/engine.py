@@ -21,7 +21,7 @@ from .lowering import Lowered, lower
 from .memory import attention_options, bptt_options, workspace_options
 from .memory.auto import BudgetTooSmall
 from .memory.config import MemoryConfig
-from .memory.cost_model import step_costs
+from .memory.cost_model import step_costs, step_time
 from .memory.device import MetaDevice
 from .memory.host_pool import HostPool
 from .memory.plan import Plan
@@ -356,10 +356,11 @@ class Engine:
         """Step times and link rate from the target's cost model (none without a target)."""
         if self.target is None:
             return {}
-        return {"step_times": step_costs(lowered.program, self.target),
-                "bandwidth": min(self.target.link_h2d_bytes_per_s,
-                                 self.target.link_d2h_bytes_per_s),
-                "cost_source": f"{self.target.name}'s cost model"}
+        target = self.target
+        return {"step_times": step_costs(lowered.program, target),
+                "bandwidth": min(target.link_h2d_bytes_per_s, target.link_d2h_bytes_per_s),
+                "cost_source": f"{target.name}'s cost model",
+                "step_cost": lambda program, i: step_time(program, i, target)}
 
     def _compile(self, lowered: Lowered, plan: Plan) -> Compiled:
         """The executor for ``plan`` on this engine's pool, host pool and debug setting."""

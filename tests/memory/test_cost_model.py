@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -134,14 +135,20 @@ def test_auto_estimate_is_the_simulated_overhead(planner):
 
 def test_auto_splits_the_batch_when_the_target_predicts_it_faster():
     """With a target, auto takes the number of micro-batches whose plan the cost model predicts
-    fastest (one batch that must swap over a slow link against two that need not, or the
-    reverse where two micro-batches' launches cost more)."""
+    fastest (one batch that must swap or recompute against two that need not, or the reverse
+    where two micro-batches' launches cost more); below the whole batch's least peak, it
+    splits."""
     chosen = set()
-    for link, whole in (("1G", False), ("0.2G", False), ("1G", True)):
+    for link, whole in (("1G", False), ("0.2G", False), ("1G", True), ("1G", None)):
         target = f"custom:flops=15T,hbm=900G,link={link},mem=16GiB"
         half = minidl.dry_run(smallcnn(), 32, "reuse,inplace", target=target)
         full = minidl.dry_run(smallcnn(), 64, "reuse,inplace", target=target)
         budget = full["peak_reserved_bytes"] if whole else int(half["peak_reserved_bytes"] * 1.1)
+        if whole is None:  # below anything the whole batch reaches: only micro-batches fit
+            with pytest.raises(MemoryError) as e:
+                minidl.dry_run(smallcnn(), 64, "auto,budget=1,split=1", target=target)
+            least = int(re.search(r"reaches is ([\d,]+) B", str(e.value))[1].replace(",", ""))
+            budget = least - 512
         rep = minidl.dry_run(smallcnn(), 64, f"auto,budget={budget}", target=target)
         assert rep["peak_reserved_bytes"] <= budget
         forced = {}
