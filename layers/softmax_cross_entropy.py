@@ -24,12 +24,14 @@ class SoftmaxCrossEntropy(Layer):
     engine) and backward rebuilds the softmax directly in the gradient array, so the layer
     never holds a second logits-sized array.
 
-    On a device, forward and backward run the host path's array operations (about 15 launches
-    each, a few per-row temporaries; the same operations, so the strict test device's results
-    equal the CPU's bit for bit), or with :attr:`device_kernels` the Numba CUDA kernels of
-    :mod:`minidl.kernels.softmax_xent`: two launches forward (its workspace on a ``"cuda"``
-    device: the rows' float64 losses) and one backward, no host synchronisation, no array of
-    their own; their exp and sums are not NumPy's, so they agree with the CPU to rounding.
+    On a GPU (CuPy arrays) forward and backward run the Numba CUDA kernels of
+    :mod:`minidl.kernels.softmax_xent`: two launches forward (the rows' float64 losses in its
+    workspace) and one backward, no host synchronisation, no array of their own; their exp and
+    sums are not NumPy's, so they agree with the CPU to rounding. Other device arrays (the
+    strict test device's) run the host path's array operations (about 15 launches each way, a
+    few per-row temporaries; the same operations, so their results equal the CPU's bit for
+    bit), unless :attr:`device_kernels` says otherwise. The workspace of a ``"cuda"`` kind
+    holds either.
     """
 
     kind = "loss"
@@ -38,9 +40,9 @@ class SoftmaxCrossEntropy(Layer):
     nondiff_inputs = (1,)
     #: The forward workspace: logits chunks, or the kernels' rows' losses on a ``"cuda"``.
     option_names = ("device_kind",)
-    #: Device arrays go to the CUDA kernels (True) or to the array operations (False): off
-    #: while tests compare the strict device's loss with the CPU's bit for bit.
-    device_kernels: bool = False
+    #: Device arrays go to the CUDA kernels (True) or to the array operations (False); None:
+    #: CuPy's arrays to the kernels, the strict test device's (emulated) to the operations.
+    device_kernels: bool | None = None
 
     def __init__(self, label_smoothing: float = 0.0) -> None:
         super().__init__()
@@ -80,9 +82,17 @@ class SoftmaxCrossEntropy(Layer):
         return 0
 
     def forward_workspace_bytes(self, in_shapes, dtype, options=None):
-        if self.device_kernels and (options or {}).get("device_kind", "cpu") == "cuda":
-            return math.prod(in_shapes[0][:-1]) * 8  # float64 per row
-        return self._rows_per_chunk(in_shapes) * in_shapes[0][-1] * np.dtype(dtype).itemsize
+        chunks = self._rows_per_chunk(in_shapes) * in_shapes[0][-1] * np.dtype(dtype).itemsize
+        if self.device_kernels is not False and \
+                (options or {}).get("device_kind", "cpu") == "cuda":
+            return max(chunks, math.prod(in_shapes[0][:-1]) * 8)  # or float64 per row
+        return chunks
+
+    def _kernels(self, a) -> bool:
+        """Whether ``a`` (logits or their gradient) goes to the CUDA kernels."""
+        if self.device_kernels is None:
+            return _cuda.is_device_array(a) and not _cuda._emulated(a)
+        return self.device_kernels and _cuda.is_device_array(a)
 
     def _check_targets(self, t: np.ndarray, k: int) -> None:
         if t.dtype.kind not in "iu":
@@ -107,7 +117,7 @@ class SoftmaxCrossEntropy(Layer):
         self._check_targets(t, k)
         m = x.shape[0]
         eps = self.label_smoothing
-        if self.device_kernels and _cuda.is_device_array(x):
+        if self._kernels(x):
             if workspace is None or workspace.nbytes < 8 * m:
                 workspace = _cuda.empty(x, 8 * m, np.uint8)
             nll = _cuda.flat(workspace, "workspace")[:8 * m].view(np.float64)
@@ -143,7 +153,7 @@ class SoftmaxCrossEntropy(Layer):
             raise ValueError("SoftmaxCrossEntropy writes a C-contiguous gradient array only")
         m = x.shape[0]
         eps = self.label_smoothing
-        if self.device_kernels and _cuda.is_device_array(d):
+        if self._kernels(d):
             softmax_xent.backward_device(x, t, grad_outputs[0], eps, d)
             return
         scale = grad_outputs[0] * (1.0 / max(m, 1))  # 0-d, in the logits dtype
