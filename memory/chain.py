@@ -17,9 +17,12 @@ alone: a version lives until its last reader.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
+from .base_plan import base_plan
+from .config import MemoryConfig
+from .liveness import root_of
 from .program import Program, Step
 from .recompute import articulation_values
 
@@ -50,6 +53,9 @@ class Stage:
     #: recomputed values and gradients one backward step holds, and the seconds recomputed.
     lean_backward_extra: int = 0
     lean_recompute_s: float = 0.0
+    #: What a memory-centric backward step must hold at the least (what it reads of the
+    #: stage and writes), for lower bounds.
+    lean_backward_least: int = 0
 
 
 @dataclass(frozen=True)
@@ -77,7 +83,14 @@ def chain_of(program: Program, costs: list[float]) -> Chain | None:
                                    for st in program.steps):
         return None
     forward = [st for st in program.steps if st.phase == "forward"]
+    # sizes count blocks, not tensors: what the plain plan shares (an in-place output, an
+    # input gradient written over the output gradient) is one block
+    aliases = base_plan(program, MemoryConfig.parse("reuse,inplace")).aliases
     cuts = articulation_values(program)
+    # a cut whose value the next cut's shares (an in-place ReLU over a block's sum) is one cut:
+    # the later
+    cuts = [t for t, nxt in zip(cuts, [*cuts[1:], None])
+            if nxt is None or root_of(aliases, t) != root_of(aliases, nxt)]
     producer = {t: st.index for st in forward for t in st.writes}
     cut_at = sorted({producer[t] for t in cuts if t in producer})
     stage_of: dict[int, int] = {}  # forward step index -> stage
@@ -108,44 +121,52 @@ def chain_of(program: Program, costs: list[float]) -> Chain | None:
     if count < 2 or any(not f for f in fwd_steps):
         return None
     cut_value = {stage_of[producer[t]] + 1: t for t in cuts if t in producer}
+    tensors = program.tensors
+
+    def blocks(ts: Iterable[int], but: Iterable[int] = ()) -> int:
+        skip = {root_of(aliases, t) for t in but}
+        roots = {root_of(aliases, t) for t in ts if not tensors[t].persistent} - skip
+        return sum(_block(program, r) for r in roots)
+
+    grad_of = {t.of: t.id for t in tensors if t.role == "grad"}
     stages, grads = [], []
     for k in range(count):
         written = {t for i in fwd_steps[k] for t in program.steps[i].writes}
         read_back = {t for i in bwd_steps[k] for t in program.steps[i].reads}
-        kept = {t for t in written & read_back if not program.tensors[t].persistent}
-        inp = cut_value.get(k)
+        kept = {t for t in written & read_back if not tensors[t].persistent}
+        inp, out = cut_value.get(k), cut_value.get(k + 1)
+        ends = [t for t in (inp, out) if t is not None]
         in_bytes = _block(program, inp) if inp is not None else sum(
             _block(program, t) for t in program.inputs)
         grads.append(in_bytes)
-        fwd_extra = max((sum(_block(program, t) for t in program.steps[i].writes
-                             if t not in kept and not program.tensors[t].persistent)
-                         + (_block(program, program.steps[i].workspace)
-                            if program.steps[i].workspace >= 0 else 0)
+        flows = [grad_of[t] for t in ends if t in grad_of]  # gradients crossing the stage
+        kept_bytes = blocks(kept, but=ends)
+        fwd_extra = max((blocks((*program.steps[i].writes, program.steps[i].workspace)
+                                if program.steps[i].workspace >= 0
+                                else program.steps[i].writes, but=[*kept, *ends])
                          for i in fwd_steps[k]), default=0)
-        bwd_extra = max((sum(_block(program, t) for t in program.steps[i].writes
-                             if not program.tensors[t].persistent)
-                         + (_block(program, program.steps[i].workspace)
-                            if program.steps[i].workspace >= 0 else 0)
+        bwd_extra = max((blocks((*program.steps[i].writes, program.steps[i].workspace)
+                                if program.steps[i].workspace >= 0
+                                else program.steps[i].writes, but=flows)
                          for i in bwd_steps[k]), default=0)
-        lean_extra, lean_s = 0, 0.0
+        lean_extra, lean_least, lean_s = 0, 0, 0.0
         for i in bwd_steps[k]:
             st = program.steps[i]
             need = _closure(program, fwd_steps[k], st.reads)
             # held at once: what the step reads of the stage, plus the largest value made on
             # the way to it (the rest dies as the recomputation goes); and what it writes
-            read = sum(_block(program, t) for t in set(st.reads) & written
-                       if not program.tensors[t].persistent)
-            passing = max((_block(program, t) for j in need for t in program.steps[j].writes
-                           if t not in st.reads and not program.tensors[t].persistent),
-                          default=0)
-            own = sum(_block(program, t) for t in st.writes if not program.tensors[t].persistent)
-            ws = _block(program, st.workspace) if st.workspace >= 0 else 0
-            lean_extra = max(lean_extra, read + passing + own + ws)
+            read = blocks(set(st.reads) & written, but=ends)
+            passing = max((blocks([t], but=[*st.reads, *ends]) for j in need
+                           for t in program.steps[j].writes), default=0)
+            own = blocks((*st.writes, st.workspace) if st.workspace >= 0 else st.writes,
+                         but=flows)
+            lean_extra = max(lean_extra, read + passing + own)
+            lean_least = max(lean_least, read + own)
             lean_s += sum(costs[j] for j in need)
-        stages.append(Stage(tuple(fwd_steps[k]), tuple(bwd_steps[k]), in_bytes,
-                            sum(_block(program, t) for t in kept), fwd_extra, bwd_extra,
-                            sum(costs[i] for i in fwd_steps[k]),
-                            sum(costs[i] for i in bwd_steps[k]), lean_extra, lean_s))
+        stages.append(Stage(tuple(fwd_steps[k]), tuple(bwd_steps[k]), in_bytes, kept_bytes,
+                            fwd_extra, bwd_extra, sum(costs[i] for i in fwd_steps[k]),
+                            sum(costs[i] for i in bwd_steps[k]), lean_extra, lean_s,
+                            lean_least))
     return Chain(program, tuple(stages), tuple(grads))
 
 
@@ -185,7 +206,7 @@ def schedule_program(chain: Chain, ops: list[tuple[str, int]]) -> Program:
         for t in (*st.writes, *((st.workspace,) if st.workspace >= 0 else ())):
             spec = tensors[t]
             nid = len(tensors)
-            tensors.append(replace(spec, id=nid, name=f"{spec.name}@{tag}", of=t))
+            tensors.append(spec.clone(nid, f"{spec.name}@{tag}"))
             local[t] = nid
             if t in st.writes:
                 remap[t] = nid

@@ -125,7 +125,7 @@ def compress_program(program: Program, binarize: bool = False, use_sparse: bool 
                                   "encoded", "encoded", spec.layer, of=t))
         if codec not in ("sign", "poolidx"):
             dec_of[t] = len(tensors)
-            tensors.append(replace(spec, id=len(tensors), name=f"{spec.name}@decoded", of=t))
+            tensors.append(spec.clone(len(tensors), f"{spec.name}@decoded"))
 
     encode_after: dict[int, list[int]] = {}
     for t in plan:

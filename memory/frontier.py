@@ -27,6 +27,7 @@ steps at their costs, copies queued on the link, compute waiting for late copies
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -41,7 +42,7 @@ from .cost_model import extra_time
 from .liveness import root_of
 from .plan import Plan
 from .program import Program
-from .rotor import rotor_schedule, rotor_table
+from .rotor import RotorTable, rotor_schedule, rotor_table
 from .static_plan import block_intervals, static_plan
 from .swap import swap_candidates, swap_plan
 
@@ -49,7 +50,7 @@ __all__ = ["Candidate", "Frontier", "build_frontier", "fixed_specs"]
 
 _BASE = MemoryConfig.parse("reuse,inplace")
 #: Memory slots of Rotor's table, and the scalings of the chain's memory figures it is run at.
-ROTOR_SLOTS = 300
+ROTOR_SLOTS = 400
 ROTOR_SCALES = (1.0, 0.8, 0.65, 0.5)
 #: Schedules taken from each table (memory limits where its cost falls, spread from the least
 #: memory to the least time).
@@ -105,6 +106,8 @@ class Frontier:
     program: Program
     candidates: list[Candidate]
     oracle_s: float
+    #: The lower bound over recomputation schedules (None: the program is not a chain).
+    bound: RecomputeBound | None = None
 
     def fastest(self) -> Candidate:
         """The least time (then the least peak): what ``auto`` runs without a budget."""
@@ -119,7 +122,8 @@ class Frontier:
         return None
 
     def least_peak(self) -> Candidate:
-        return min(self.candidates, key=lambda c: (c.peak, c.time_s))
+        """The candidate of least placed peak."""
+        return _least_placed(self.candidates)
 
     def pareto(self) -> list[Candidate]:
         """The candidates no other beats on both peak and time, by increasing peak (placed
@@ -181,21 +185,56 @@ def fixed_candidates(program: Program, make: Callable[[Program, MemoryConfig], P
     return out
 
 
-def rotor_candidates(program: Program, costs: Sequence[float],
-                     price: Callable[[Plan], tuple[float, float]]) -> list[Candidate]:
-    """Rotor's schedules of the program's chain (module docstring); none when the program
-    is not a chain or the network forces memory choices on blocks (those are honoured by the
-    fixed specs)."""
+def program_chain(program: Program, costs: Sequence[float]) -> Chain | None:
+    """The program's chain of stages for Rotor's programme, or None (not a chain, or the
+    network forces memory choices on blocks: those the fixed specs honour)."""
     if block_choices(program):
-        return []
-    chain = chain_of(program, list(costs))
+        return None
+    return chain_of(program, list(costs))
+
+
+@dataclass(frozen=True)
+class RecomputeBound:
+    """A lower bound on the iteration time of every recomputation schedule of a chain at a
+    memory budget: Rotor's programme with every figure at its least (module docstring of
+    :mod:`.rotor`; no swapping or encoding in it)."""
+
+    table: RotorTable
+    base: int  # bytes outside the table's memory: the persistent state and the fed input
+    stages: int
+
+    def seconds(self, budget: int) -> float:
+        """The bound at ``budget`` bytes (inf: no recomputation schedule fits)."""
+        slots = -(-(budget - self.base) // self.table.unit)
+        if slots < 0:
+            return math.inf
+        return float(self.table.cost[(0, self.stages - 1)][min(slots, self.table.slots)])
+
+
+#: Memory slots of the lower bound's table (finer than the candidates').
+BOUND_SLOTS = 1000
+
+
+def recompute_bound(program: Program, chain: Chain) -> RecomputeBound:
+    least = replace(chain, stages=tuple(replace(s, lean_backward_extra=s.lean_backward_least)
+                                        for s in chain.stages))
+    top = plan_peak(base_plan(program, _BASE))
+    table = rotor_table(least, max(1, -(-2 * top // BOUND_SLOTS)), BOUND_SLOTS, bound=True)
+    return RecomputeBound(table, program.persistent_bytes() + chain.stages[0].input_bytes,
+                          len(chain))
+
+
+def rotor_candidates(program: Program, chain: Chain | None, costs: Sequence[float],
+                     price: Callable[[Plan], tuple[float, float]]) -> list[Candidate]:
+    """Rotor's schedules of the program's chain (module docstring); none without a chain."""
     if chain is None:
         return []
     top = plan_peak(base_plan(program, _BASE))
     seen: set[tuple] = set()
     out = []
     for scale in ROTOR_SCALES:
-        table = rotor_table(_scaled(chain, scale), max(1, -(-top // ROTOR_SLOTS)),
+        # (the table reaches twice the plain peak: the programme's figures overestimate)
+        table = rotor_table(_scaled(chain, scale), max(1, -(-2 * top // ROTOR_SLOTS)),
                             ROTOR_SLOTS)
         least = table.least_slots()
         if least is None:
@@ -291,10 +330,12 @@ def build_frontier(program: Program, costs: Sequence[float], bandwidth: float,
     lowered step) on a link of ``bandwidth`` bytes/s; ``make(program, config)`` plans a
     fixed spec."""
     price = pricer(costs, bandwidth, step_cost)
+    chain = program_chain(program, costs)
     cands = fixed_candidates(program, make, price)
-    cands += rotor_candidates(program, costs, price)
+    cands += rotor_candidates(program, chain, costs, price)
     cands += swap_down(cands, costs, bandwidth, price)
-    return Frontier(program, cands, sum(costs))
+    bound = None if chain is None else recompute_bound(program, chain)
+    return Frontier(program, cands, sum(costs), bound)
 
 
 def frontier_plan(program: Program, budget: int | None, costs: Sequence[float],
@@ -323,6 +364,19 @@ def frontier_plan(program: Program, budget: int | None, costs: Sequence[float],
     return _noted(fr, pick, budget, cost_source, measured)
 
 
+def _least_placed(cands: list[Candidate]) -> Candidate:
+    """The candidate of least placed peak, placing only those whose live peak (a lower bound
+    of the placed one) could still beat the best placed so far."""
+    best = None
+    for c in sorted(cands, key=lambda c: (c.live_peak, c.time_s)):
+        if best is not None and c.live_peak >= best.peak:
+            break
+        if best is None or c.peak < best.peak:
+            best = c
+    assert best is not None
+    return best
+
+
 def _noted(fr: Frontier, pick: Candidate, budget: int | None, cost_source: str,
            measured: bool) -> Plan:
     """``pick``'s placed plan with the auto planner's notes and choice."""
@@ -338,12 +392,11 @@ def _noted(fr: Frontier, pick: Candidate, budget: int | None, cost_source: str,
             f"{1000 * pick.extra_s:.2f} ms per iteration ({over:.1f} %, {cost_source}); "
             f"the fastest of {len(fr.candidates)} candidate plans that fits")
     notes = [note]
-    if budget is not None:
-        left = budget - pick.peak
-        if faster:
-            nxt = min(faster, key=lambda c: c.peak)
-            notes.append(f"auto: {left:,} B of the budget left unused: the next faster plan "
-                         f"({nxt.source}, {1000 * nxt.time_s:.2f} ms) needs {nxt.peak:,} B")
+    if budget is not None and faster:
+        nxt = _least_placed(faster)
+        notes.append(f"auto: {budget - pick.peak:,} B of the budget left unused: the next "
+                     f"faster plan ({nxt.source}, {1000 * nxt.time_s:.2f} ms) needs "
+                     f"{nxt.peak:,} B")
     choice = AutoChoice(swapped=set(plan.swapped), dropped=set(), extra_time_s=pick.extra_s,
                         peak=pick.peak, path=[(pick.source, "", pick.peak, pick.extra_s)])
     plan = plan.with_notes(*notes, first=True)

@@ -10,7 +10,8 @@ program into a :class:`~minidl.memory.plan.Plan` without knowing anything else a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -39,9 +40,17 @@ class TensorSpec:
     of: int = -1  # for grad / grad_partial: the value (or grad) tensor it belongs to
     persistent: bool = False
 
-    @property
+    @cached_property
     def nbytes(self) -> int:
         return int(math.prod(self.shape)) * np.dtype(self.dtype).itemsize
+
+    def clone(self, id: int, name: str) -> TensorSpec:
+        """This tensor again as tensor ``id`` named ``name``, ``of`` this one (a recomputed or
+        decoded copy: passes make thousands)."""
+        spec = object.__new__(TensorSpec)
+        spec.__dict__.update(self.__dict__)
+        spec.__dict__.update(id=id, name=name, of=self.id)
+        return spec
 
 
 @dataclass(frozen=True)
@@ -112,8 +121,8 @@ class Step:
     def remapped(self, mapping: dict[int, int], **changes) -> Step:
         """This step with every tensor id substituted through ``mapping`` (ids not in it stay),
         in memory's view and in the named slots alike; ``changes`` replace other fields."""
-        if not mapping:
-            return replace(self, **changes)
+        if not mapping and not changes:
+            return self
         m = mapping.get
 
         def ids(ts: tuple[int, ...]) -> tuple[int, ...]:

@@ -29,7 +29,6 @@ Policies choose the *checkpoints* (feature maps kept) and how backward steps are
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 from .block_choices import BlockChoices, block_choices
 from .capabilities import RecomputeCost
@@ -154,7 +153,7 @@ def recompute_program(program: Program, checkpoints: set[int],
     def clone(t: int, tag: str) -> int:
         spec = tensors[t]
         nid = len(tensors)
-        tensors.append(replace(spec, id=nid, name=f"{spec.name}@{tag}", of=t))
+        tensors.append(spec.clone(nid, f"{spec.name}@{tag}"))
         return nid
 
     def emit(st: Step, phase: str, remap: dict[int, int]) -> None:

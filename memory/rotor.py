@@ -46,20 +46,23 @@ class RotorTable:
         return int(ok[0]) if ok.size else None
 
 
-def _units(nbytes: int, unit: int) -> int:
-    return -(-int(nbytes) // unit)
+def _units(nbytes: int, unit: int, up: bool = True) -> int:
+    return -(-int(nbytes) // unit) if up else int(nbytes) // unit
 
 
-def rotor_table(chain: Chain, unit: int, slots: int) -> RotorTable:
-    """Fill the programme's table for memory limits of ``0..slots`` slots of ``unit`` bytes."""
+def rotor_table(chain: Chain, unit: int, slots: int, bound: bool = False) -> RotorTable:
+    """Fill the programme's table for memory limits of ``0..slots`` slots of ``unit`` bytes.
+    ``bound=True``: every figure rounded down to slots (the table's times are then a lower
+    bound for its schedules, where the figures are)."""
     n = len(chain)
     st = chain.stages
-    x = [_units(s.input_bytes, unit) for s in st] + [0]  # x[k]: stage k's input (x[n] = loss)
+    up = not bound
+    x = [_units(s.input_bytes, unit, up) for s in st] + [0]  # x[k]: stage k's input (x[n]: loss)
     g = list(x)  # gradient of stage k's input: the input's size
-    kb = [_units(s.kept_bytes, unit) + x[k + 1] for k, s in enumerate(st)]
-    ft = [_units(s.forward_extra, unit) for s in st]
-    bt = [_units(s.backward_extra, unit) for s in st]
-    lbt = [_units(s.lean_backward_extra, unit) for s in st]
+    kb = [_units(s.kept_bytes, unit, up) + x[k + 1] for k, s in enumerate(st)]
+    ft = [_units(s.forward_extra, unit, up) for s in st]
+    bt = [_units(s.backward_extra, unit, up) for s in st]
+    lbt = [_units(s.lean_backward_extra, unit, up) for s in st]
     uf = np.array([s.forward_s for s in st])
     ub = np.array([s.backward_s for s in st])
     lean_s = np.array([s.lean_recompute_s for s in st])
@@ -78,13 +81,22 @@ def rotor_table(chain: Chain, unit: int, slots: int) -> RotorTable:
             out[by:] = v[:slots + 1 - by]
         return out
 
+    # during a stage's backward: the gradients of its input and output (a bound: the larger
+    # only, as when one is written over the other) and what it kept (a bound: not its output)
+    if bound:
+        grads = [max(g[k], g[k + 1]) for k in range(n)]
+        kept_back = [_units(s.kept_bytes, unit, up) for s in st]
+    else:
+        grads = [g[k] + g[k + 1] for k in range(n)]
+        kept_back = kb
+
     def base(k: int, held: int) -> np.ndarray:
-        need = max(held + kb[k] + ft[k], g[k] + g[k + 1] + kb[k] + bt[k])
+        need = max(held + kb[k] + ft[k], grads[k] + kept_back[k] + bt[k])
         return np.where(m >= need, uf[k] + ub[k], np.inf)
 
     def lean(k: int, held: int) -> np.ndarray:
         """Stage k run keeping only its output, its backward memory-centric."""
-        need = max(held + x[k + 1] + ft[k], g[k] + g[k + 1] + lbt[k])
+        need = max(held + x[k + 1] + ft[k], grads[k] + lbt[k])
         return np.where(m >= need, uf[k] + ub[k] + lean_s[k], np.inf)
 
     # sweep[i][j]: most slots a forward run of stages i..j-1 holds (input i stored elsewhere)
