@@ -108,6 +108,18 @@ class Frontier:
     oracle_s: float
     #: The lower bound over recomputation schedules (None: the program is not a chain).
     bound: RecomputeBound | None = None
+    #: The link's bytes per second (the bound's price of swapping).
+    bandwidth: float = math.inf
+
+    def lower_bound(self, budget: int | None) -> float | None:
+        """A lower bound on the iteration seconds of any plan within ``budget`` (swaps
+        included, :meth:`RecomputeBound.with_swaps`); None where there is no certificate
+        (the program is not a chain). Without a budget: the oracle's time."""
+        if budget is None:
+            return self.oracle_s
+        if self.bound is None:
+            return None
+        return self.bound.with_swaps(budget, self.bandwidth, self.oracle_s)
 
     def fastest(self) -> Candidate:
         """The least time (then the least peak): what ``auto`` runs without a budget."""
@@ -209,6 +221,25 @@ class RecomputeBound:
         if slots < 0:
             return math.inf
         return float(self.table.cost[(0, self.stages - 1)][min(slots, self.table.slots)])
+
+    def with_swaps(self, budget: int, bandwidth: float, oracle_s: float) -> float:
+        """A lower bound on every plan within ``budget``, swaps included: a plan that swaps
+        ``s`` bytes of feature maps fits ``budget + s`` without its swaps (its compute is
+        a recomputation schedule there, no faster than :meth:`seconds` of it), and its link
+        carries ``s`` bytes each way; so its time is at least
+        ``min over s of max(seconds(budget + s), s / bandwidth)``, and never below the
+        oracle's."""
+        cost = self.table.cost[(0, self.stages - 1)]
+        unit = self.table.unit
+        m0 = max(0, -(-(budget - self.base) // unit))
+        if m0 > self.table.slots:
+            return max(oracle_s, float(cost[-1]))
+        m = np.arange(m0, self.table.slots + 1)
+        # the fewest swapped bytes that reach slot m (none for the budget's own slot)
+        swapped = np.maximum(0, (m - 1) * unit + 1 - (budget - self.base))
+        swapped[0] = 0
+        lows = np.maximum(cost[m0:], swapped / bandwidth)
+        return max(oracle_s, float(lows.min()))
 
 
 #: Memory slots of the lower bound's table (finer than the candidates').
@@ -335,7 +366,7 @@ def build_frontier(program: Program, costs: Sequence[float], bandwidth: float,
     cands += rotor_candidates(program, chain, costs, price)
     cands += swap_down(cands, costs, bandwidth, price)
     bound = None if chain is None else recompute_bound(program, chain)
-    return Frontier(program, cands, sum(costs), bound)
+    return Frontier(program, cands, sum(costs), bound, bandwidth)
 
 
 def frontier_plan(program: Program, budget: int | None, costs: Sequence[float],
@@ -380,7 +411,7 @@ def _least_placed(cands: list[Candidate]) -> Candidate:
 def _noted(fr: Frontier, pick: Candidate, budget: int | None, cost_source: str,
            measured: bool) -> Plan:
     """``pick``'s placed plan with the auto planner's notes and choice."""
-    from .plan import AutoChoice
+    from .plan import AutoChoice, CurvePoint
 
     plan = pick.placed
     recomputed = sum(1 for s in plan.program.steps if s.phase == "recompute")
@@ -397,7 +428,28 @@ def _noted(fr: Frontier, pick: Candidate, budget: int | None, cost_source: str,
         notes.append(f"auto: {budget - pick.peak:,} B of the budget left unused: the next "
                      f"faster plan ({nxt.source}, {1000 * nxt.time_s:.2f} ms) needs "
                      f"{nxt.peak:,} B")
+    low = fr.lower_bound(budget)
+    if low is not None and budget is not None:
+        notes.append(
+            f"auto: lower bound {1000 * low:.2f} ms per iteration at this budget (Rotor's "
+            f"programme over the {fr.bound.stages if fr.bound else 0}-stage chain with the "
+            f"least memory figures, swaps priced on the link); this plan is "
+            f"{100 * max(0.0, pick.time_s / low - 1):.1f} % above it")
+    curve = tuple(CurvePoint(c.peak, c.time_s, c.source, _summary(c.plan))
+                  for c in fr.pareto())
     choice = AutoChoice(swapped=set(plan.swapped), dropped=set(), extra_time_s=pick.extra_s,
-                        peak=pick.peak, path=[(pick.source, "", pick.peak, pick.extra_s)])
+                        peak=pick.peak, path=[(pick.source, "", pick.peak, pick.extra_s)],
+                        curve=curve, lower_bound_s=low, oracle_s=fr.oracle_s)
     plan = plan.with_notes(*notes, first=True)
     return replace(plan, measured=measured, auto=choice)
+
+
+def _summary(plan: Plan) -> str:
+    """What a plan does, in a few words."""
+    steps = plan.program.steps
+    recomputed = sum(1 for s in steps if s.phase == "recompute")
+    encoded = sum(1 for s in steps if s.phase == "encode")
+    parts = [f"{recomputed} forward steps recomputed" if recomputed else "",
+             f"{len(plan.swapped)} feature maps swapped" if plan.swapped else "",
+             f"{encoded} stashes encoded" if encoded else ""]
+    return ", ".join(p for p in parts if p) or "everything kept"

@@ -73,6 +73,18 @@ STARTS = (Alloc, Prefetch)
 ENDS = (Free, Release)
 
 
+@dataclass(frozen=True)
+class CurvePoint:
+    """One point of the auto planner's curve (:mod:`.frontier`): a plan no other beats on
+    both peak and predicted time. ``summary`` says what it does (e.g. ``"rotor: 9 of 56
+    stages recomputed"``)."""
+
+    peak: int
+    time_s: float
+    source: str
+    summary: str = ""
+
+
 @dataclass
 class AutoChoice:
     """What the auto planner (:mod:`.auto`) decided: original value tensors swapped, forward
@@ -88,6 +100,13 @@ class AutoChoice:
     path: list[tuple[str, str, int, float]] = field(default_factory=list)
     early_release: bool = False
     only: str | None = None
+    #: The frontier the frontier planner chose from, by increasing peak (empty for the
+    #: greedy walk).
+    curve: tuple[CurvePoint, ...] = ()
+    #: A lower bound on the iteration time of any plan within the budget (seconds; None:
+    #: no certificate for this program) and the oracle (no memory actions) time.
+    lower_bound_s: float | None = None
+    oracle_s: float | None = None
 
 
 @dataclass(frozen=True)
