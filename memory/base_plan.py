@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from .config import MemoryConfig
 from .inplace import inplace_aliases
-from .liveness import liveness_plan
+from .liveness import liveness_peak, liveness_plan
 from .network_wide import network_wide_keep
 from .plan import Plan
 from .program import Program
@@ -14,16 +14,28 @@ from .reuse import intra_layer_aliases
 from .static_plan import block_intervals, max_live_bytes
 
 
-def base_plan(program: Program, config: MemoryConfig) -> Plan:
-    """Liveness plan of ``program`` with the sharing ``config`` asks for."""
+def sharing_of(config: MemoryConfig) -> tuple[bool, bool]:
+    """What of ``config`` the liveness plan depends on: (blocks freed after their last use,
+    forward outputs in place)."""
     frees_early = config.has("reuse") or config.has("recompute") or config.has("auto")
+    return frees_early, config.has("inplace") or config.has("auto")
+
+
+def _sharing(program: Program, config: MemoryConfig) -> tuple[dict[int, int], set | None]:
+    """The aliases and the tensors kept to the end under ``config``."""
+    frees_early, in_place = sharing_of(config)
     keep = None if frees_early else network_wide_keep(program)
     aliases: dict[int, int] = {}
-    if config.has("inplace") or config.has("auto"):
+    if in_place:
         aliases = inplace_aliases(program, aliases)
     if frees_early:
         aliases = intra_layer_aliases(program, aliases)
-    return liveness_plan(program, aliases, keep)
+    return aliases, keep
+
+
+def base_plan(program: Program, config: MemoryConfig) -> Plan:
+    """Liveness plan of ``program`` with the sharing ``config`` asks for."""
+    return liveness_plan(program, *_sharing(program, config))
 
 
 def plan_peak(plan: Plan) -> int:
@@ -34,4 +46,4 @@ def plan_peak(plan: Plan) -> int:
 
 def iteration_peak(program: Program, config: MemoryConfig) -> int:
     """Peak bytes of one iteration's non-persistent tensors under ``config``'s sharing."""
-    return plan_peak(base_plan(program, config))
+    return liveness_peak(program, *_sharing(program, config))

@@ -119,20 +119,25 @@ def _walk(plan: Plan, costs: Sequence[float], d2h_bytes_per_s: float,
         elif isinstance(action, Release):
             wait_for(d2h_end.get(action.tensor, 0.0))
 
+    timed = (Offload, Prefetch, Await, Release)  # (allocations and frees take no time)
     for action in plan.begin:
-        apply(action)
+        if isinstance(action, timed):
+            apply(action)
     for i, st in enumerate(program.steps):
         for action in plan.steps[i].before:
-            apply(action)
+            if isinstance(action, timed):
+                apply(action)
         now += costs[i]
         if st.phase == "recompute":
             recompute += costs[i]
         elif st.phase in ("encode", "decode"):
             codec += costs[i]
         for action in plan.steps[i].after:
-            apply(action)
+            if isinstance(action, timed):
+                apply(action)
     for action in plan.end:
-        apply(action)
+        if isinstance(action, timed):
+            apply(action)
     return _Walk(now, stall, recompute, codec, offloaded, prefetched)
 
 

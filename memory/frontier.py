@@ -18,7 +18,8 @@ Candidates:
   memory limits from the least the chain runs in to the plain peak, at several scalings of
   the chain's memory figures (the programme's estimate is conservative: each schedule is then
   placed and priced exactly); recomputation in chains, not only one level;
-* those schedules with swaps added (:func:`swap_down`), where the link can carry them.
+* those schedules with the swaps the link hides under their compute (:func:`hidden_swaps`),
+  and the lowest plans with swaps added while the peak falls (:func:`swap_down`).
 
 A candidate's *peak* is its placed (static) arena plus the persistent state: exactly what a
 run reaches; its *time* is the cost model's walk of the plan (:func:`.cost_model.extra_time`:
@@ -175,13 +176,19 @@ def pricer(costs: Sequence[float], bandwidth: float,
         touched = sum(prog.tensors[t].nbytes for t in set(st.reads) | set(st.writes))
         return touched / CODEC_BYTES_PER_S
 
+    by_program: dict[int, tuple[Program, list[float]]] = {}  # (plans sharing a program)
+
     def price(plan: Plan) -> tuple[float, float]:
         prog = plan.program
-        if step_cost is not None:
+        got = by_program.get(id(prog))
+        if got is not None:
+            c = got[1]
+        elif step_cost is not None:
             c = [step_cost(prog, i) for i in range(len(prog.steps))]
         else:
             c = [costs[s.origin] if 0 <= s.origin < len(costs) else added(prog, s.index)
                  for s in prog.steps]
+        by_program[id(prog)] = (prog, c)
         extra = extra_time(plan, c, bandwidth)
         return oracle + extra, extra
 
@@ -191,9 +198,13 @@ def pricer(costs: Sequence[float], bandwidth: float,
 def fixed_candidates(program: Program, make: Callable[[Program, MemoryConfig], Plan],
                      price: Callable[[Plan], tuple[float, float]]) -> list[Candidate]:
     """Every fixed spec's plan (:func:`fixed_specs`), priced."""
-    out = []
+    out: list[Candidate] = []
+    seen: set[int] = set()
     for spec in fixed_specs(program):
-        out.append(_price(make(program, MemoryConfig.parse(spec)), price, spec))
+        plan = make(program, MemoryConfig.parse(spec))
+        if id(plan) not in seen:  # (specs that make the same plan: priced once, by the first)
+            seen.add(id(plan))
+            out.append(_price(plan, price, spec))
     return out
 
 
@@ -223,22 +234,23 @@ class RecomputeBound:
         return float(self.table.cost[(0, self.stages - 1)][min(slots, self.table.slots)])
 
     def with_swaps(self, budget: int, bandwidth: float, oracle_s: float) -> float:
-        """A lower bound on every plan within ``budget``, swaps included: a plan that swaps
-        ``s`` bytes of feature maps fits ``budget + s`` without its swaps (its compute is
-        a recomputation schedule there, no faster than :meth:`seconds` of it), and its link
-        carries ``s`` bytes each way; so its time is at least
-        ``min over s of max(seconds(budget + s), s / bandwidth)``, and never below the
-        oracle's."""
+        """A lower bound on every plan within ``budget``, swaps included. In a plan of ``T``
+        seconds, the bytes off the device at any moment were offloaded before it and come
+        back after it, over links of ``bandwidth`` each way: at most ``bandwidth * T / 2``.
+        Without its swaps the plan fits ``budget + bandwidth * T / 2``, and its compute is
+        a recomputation schedule there, no faster than :meth:`seconds` of it; so ``T`` is
+        at least the least ``t`` with ``t >= seconds(budget + bandwidth * t / 2)``, and
+        never below the oracle's time."""
         cost = self.table.cost[(0, self.stages - 1)]
         unit = self.table.unit
         m0 = max(0, -(-(budget - self.base) // unit))
         if m0 > self.table.slots:
             return max(oracle_s, float(cost[-1]))
         m = np.arange(m0, self.table.slots + 1)
-        # the fewest swapped bytes that reach slot m (none for the budget's own slot)
-        swapped = np.maximum(0, (m - 1) * unit + 1 - (budget - self.base))
-        swapped[0] = 0
-        lows = np.maximum(cost[m0:], swapped / bandwidth)
+        # the fewest bytes off the device that reach slot m (none for the budget's own slot)
+        off = np.maximum(0, (m - 1) * unit + 1 - (budget - self.base))
+        off[0] = 0
+        lows = np.maximum(cost[m0:], 2 * off / bandwidth)
         return max(oracle_s, float(lows.min()))
 
 
@@ -270,7 +282,7 @@ def rotor_candidates(program: Program, chain: Chain | None, costs: Sequence[floa
         least = table.least_slots()
         if least is None:
             continue
-        for slots in _levels(table.cost[(0, len(chain) - 1)], least):
+        for slots in _levels(table.cost[(0, len(chain) - 1)], least, ROTOR_POINTS):
             ops = tuple(rotor_schedule(table, int(slots)))
             if ops in seen:
                 continue
@@ -301,6 +313,22 @@ def _scaled(chain: Chain, scale: float) -> Chain:
                            forward_extra=int(s.forward_extra * scale),
                            backward_extra=int(s.backward_extra * scale)) for s in chain.stages)
     return replace(chain, stages=stages)
+
+
+def hidden_swaps(candidates: list[Candidate], costs: Sequence[float], bandwidth: float,
+                 price: Callable[[Plan], tuple[float, float]]) -> list[Candidate]:
+    """Each candidate with ``swap=auto`` added: the feature maps whose copies the link can
+    hide under the schedule's own compute (recomputation's steps included), offloaded."""
+    out = []
+    for c in candidates:
+        if c.plan.swapped:
+            continue
+        plan = swap_plan(c.plan, "auto", step_times=_plan_costs(c.plan, costs),
+                         bandwidth=bandwidth,
+                         cost_source="timed on the auto planner's step costs")
+        if plan.swapped:
+            out.append(_price(plan, price, f"{c.source}, swap=auto"))
+    return out
 
 
 def swap_down(candidates: list[Candidate], costs: Sequence[float], bandwidth: float,
@@ -363,7 +391,8 @@ def build_frontier(program: Program, costs: Sequence[float], bandwidth: float,
     price = pricer(costs, bandwidth, step_cost)
     chain = program_chain(program, costs)
     cands = fixed_candidates(program, make, price)
-    cands += rotor_candidates(program, chain, costs, price)
+    rotor = rotor_candidates(program, chain, costs, price)
+    cands += rotor + hidden_swaps(rotor, costs, bandwidth, price)
     cands += swap_down(cands, costs, bandwidth, price)
     bound = None if chain is None else recompute_bound(program, chain)
     return Frontier(program, cands, sum(costs), bound, bandwidth)

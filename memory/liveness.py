@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .plan import Action, Alloc, Free, Plan, StepPlan
 from .program import Program
 
@@ -37,17 +39,19 @@ def _lifetimes(program: Program) -> dict[int, Lifetime]:
     first: dict[int, int] = {t: -1 for t in program.inputs}
     last: dict[int, int] = {t: -1 for t in program.inputs}
     bwd: set[int] = set()
+    persistent = {spec.id for spec in program.tensors if spec.persistent}
     for st in program.steps:
-        ids = list(st.reads) + list(st.writes)
-        if st.workspace >= 0:
+        i = st.index
+        ids = [t for t in st.reads if t not in persistent]
+        if st.phase == "backward":
+            bwd.update(ids)
+        ids += [t for t in st.writes if t not in persistent]
+        if st.workspace >= 0 and st.workspace not in persistent:
             ids.append(st.workspace)
         for t in ids:
-            if program.tensors[t].persistent:
-                continue
-            first.setdefault(t, st.index)
-            last[t] = st.index
-            if st.phase == "backward" and t in st.reads:
-                bwd.add(t)
+            if t not in first:
+                first[t] = i
+            last[t] = i
     return {t: Lifetime(t, first[t], last[t], t in bwd) for t in first}
 
 
@@ -93,3 +97,40 @@ def liveness_plan(program: Program, aliases: dict[int, int] | None = None,
         after[lt.last].insert(0, Free(t))
     steps = [StepPlan(b, a) for b, a in zip(before, after)]
     return Plan(program=program, steps=steps, begin=begin, end=end, aliases=aliases)
+
+
+def liveness_peak(program: Program, aliases: dict[int, int] | None = None,
+                  keep: set[int] | None = None) -> int:
+    """The most bytes of blocks live at once under :func:`liveness_plan` with the same
+    arguments (``plan_peak`` of that plan), without making the plan: each block lives from
+    its group's first use to its last (blocks of fed tensors from the start, those kept or
+    never used after being fed to the end)."""
+    aliases = aliases or {}
+    keep = keep or set()
+    life = lifetimes(program)
+    n = len(program.steps)
+    span: dict[int, list[int]] = {}
+    for t, lt in life.items():
+        r = t
+        while r in aliases:
+            r = aliases[r]
+        last = n if (t in keep or r in keep) else lt.last
+        got = span.get(r)
+        if got is None:
+            span[r] = [lt.first, last]
+        else:
+            if lt.first < got[0]:
+                got[0] = lt.first
+            if last > got[1]:
+                got[1] = last
+    if not span:
+        return 0
+    diff = np.zeros(n + 3, np.int64)
+    sizes = program.block_sizes
+    for r, (first, last) in span.items():
+        if last < 0 or last >= n:
+            last = n
+        size = sizes[r]
+        diff[first + 1] += size
+        diff[last + 2] -= size
+    return int(np.cumsum(diff).max())

@@ -117,8 +117,10 @@ class StepPlan:
     after: tuple[Action, ...] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "before", tuple(self.before))
-        object.__setattr__(self, "after", tuple(self.after))
+        if type(self.before) is not tuple:
+            object.__setattr__(self, "before", tuple(self.before))
+        if type(self.after) is not tuple:
+            object.__setattr__(self, "after", tuple(self.after))
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from .auto import auto_plan, step_costs
-from .base_plan import base_plan, iteration_peak
+from .base_plan import base_plan, iteration_peak, sharing_of
 from .block_choices import block_choices
 from .compress import ASSUMED_DENSITY, compress_program
 from .config import MemoryConfig
@@ -97,7 +97,13 @@ def make_plan(program: Program, config: MemoryConfig,
     blocks = block_choices(program)
     program = rewritten(program, config, densities, rewrites)
     compressing = config.has("binarize") or config.has("sparse") or config.has("dpr")
-    plan = base_plan(program, config)
+    if rewrites is None:
+        plan = base_plan(program, config)
+    else:  # (specs that differ only in swapping share their liveness plan)
+        key = ("base", id(program), *sharing_of(config))
+        if key not in rewrites:
+            rewrites[key] = (program, base_plan(program, config))
+        plan = rewrites[key][1]
     if compressing and program.training:
         enc = program.meta.get("encoded", {})
         dens = program.meta.get("sparse_densities", {})
@@ -142,9 +148,17 @@ def _frontier_plan(program: Program, config: MemoryConfig, step_times: list[floa
     link = DEFAULT_BANDWIDTH if bandwidth is None else bandwidth
     rewrites: dict = {}
 
+    plans: dict[tuple, Plan] = {}
+
     def make(prog: Program, cfg: MemoryConfig) -> Plan:
-        return make_plan(prog, cfg, step_times=costs, densities=densities, bandwidth=link,
-                         cost_source=cost_source, rewrites=rewrites)
+        # specs whose rewrites leave the same program (an encoding with nothing to encode)
+        # and that swap alike make the same plan: made once
+        key = (id(rewritten(prog, cfg, densities, rewrites)), cfg.get("swap"),
+               *sharing_of(cfg))
+        if key not in plans:
+            plans[key] = make_plan(prog, cfg, step_times=costs, densities=densities,
+                                   bandwidth=link, cost_source=cost_source, rewrites=rewrites)
+        return plans[key]
 
     how = cost_source if measured else "cost model: FLOPs at an assumed rate"
     return frontier_plan(program, config.budget, costs, link, make, step_cost, how, measured)

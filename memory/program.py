@@ -62,6 +62,12 @@ class GradInput:
     add_into: int = -1
 
 
+#: The fields of a :class:`Step` that hold tensor ids.
+_TENSOR_FIELDS = frozenset({"reads", "writes", "workspace", "shares", "inputs", "outputs",
+                            "stash", "params", "grad_outputs", "grad_inputs", "grad_params",
+                            "param_partials"})
+
+
 @dataclass(frozen=True)
 class Step:
     """One step of the program: a layer's forward or backward, a recomputation, an encode or
@@ -123,34 +129,53 @@ class Step:
         in memory's view and in the named slots alike; ``changes`` replace other fields."""
         if not mapping and not changes:
             return self
-        m = mapping.get
-
-        def ids(ts: tuple[int, ...]) -> tuple[int, ...]:
-            return tuple(m(t, t) for t in ts)
-
-        def named(d: dict[str, int]) -> dict[str, int]:
-            return {k: m(t, t) for k, t in d.items()}
-
-        grad_inputs = tuple(None if g is None else GradInput(
-            m(g.written, g.written), m(g.add_into, g.add_into) if g.add_into >= 0 else -1)
-            for g in self.grad_inputs)
-        fields = dict(
-            reads=ids(self.reads), writes=ids(self.writes),
-            workspace=m(self.workspace, self.workspace) if self.workspace >= 0 else -1,
-            shares=tuple((m(a, a), m(b, b)) for a, b in self.shares),
-            inputs=ids(self.inputs), outputs=ids(self.outputs), stash=named(self.stash),
-            params=named(self.params), grad_outputs=ids(self.grad_outputs),
-            grad_inputs=grad_inputs, grad_params=named(self.grad_params),
-            param_partials=named(self.param_partials), **changes)
-        unknown = set(changes) - set(self.__dict__)
-        if unknown:
-            raise TypeError(f"Step has no field(s) {sorted(unknown)}")
+        own = self.__dict__
+        for k in changes:
+            if k not in own:
+                raise TypeError(f"Step has no field {k!r}")
         # (a copy with the fields set, without dataclasses.replace's re-validation: the
         # planners rewrite hundreds of thousands of steps)
         step = object.__new__(Step)
-        step.__dict__.update(self.__dict__)
-        step.__dict__.update(fields)
+        new = step.__dict__
+        new.update(own)
+        if mapping and not mapping.keys().isdisjoint(self._tensor_ids):
+            m = mapping.get
+            new["reads"] = tuple([m(t, t) for t in self.reads])
+            new["writes"] = tuple([m(t, t) for t in self.writes])
+            if self.workspace >= 0:
+                new["workspace"] = m(self.workspace, self.workspace)
+            if self.shares:
+                new["shares"] = tuple([(m(a, a), m(b, b)) for a, b in self.shares])
+            new["inputs"] = tuple([m(t, t) for t in self.inputs])
+            new["outputs"] = tuple([m(t, t) for t in self.outputs])
+            for name in ("stash", "params", "grad_params", "param_partials"):
+                d = own[name]
+                if d:
+                    new[name] = {k: m(t, t) for k, t in d.items()}
+            if self.grad_outputs:
+                new["grad_outputs"] = tuple([m(t, t) for t in self.grad_outputs])
+            if self.grad_inputs:
+                new["grad_inputs"] = tuple([None if g is None else GradInput(
+                    m(g.written, g.written), m(g.add_into, g.add_into) if g.add_into >= 0
+                    else -1) for g in self.grad_inputs])
+            new.pop("_tensor_ids", None)
+        new.update(changes)
+        if not _TENSOR_FIELDS.isdisjoint(changes):
+            new.pop("_tensor_ids", None)
         return step
+
+    @cached_property
+    def _tensor_ids(self) -> frozenset[int]:
+        """Every tensor id in the step, in memory's view and in the named slots."""
+        ids = {*self.reads, *self.writes, self.workspace, *self.inputs, *self.outputs,
+               *self.stash.values(), *self.params.values(), *self.grad_outputs,
+               *self.grad_params.values(), *self.param_partials.values()}
+        for a, b in self.shares:
+            ids.update((a, b))
+        for g in self.grad_inputs:
+            if g is not None:
+                ids.update((g.written, g.add_into))
+        return frozenset(ids)
 
 
 @dataclass
@@ -170,6 +195,12 @@ class Program:
     def block_size(self, nbytes: int) -> int:
         """Bytes a block of ``nbytes`` occupies in this program's pool."""
         return aligned(nbytes, self.alignment)
+
+    @cached_property
+    def block_sizes(self) -> list[int]:
+        """:meth:`block_size` of every tensor, by id (programs are never changed once
+        made)."""
+        return [aligned(t.nbytes, self.alignment) for t in self.tensors]
 
     def tensor(self, tid: int) -> TensorSpec:
         return self.tensors[tid]

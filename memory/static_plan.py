@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+from numba import njit
 
 from .plan import ENDS, STARTS, Action, Plan
 
@@ -22,50 +23,108 @@ def block_intervals(plan: Plan) -> dict[tuple[int, int], tuple[int, int, int]]:
     unit) over the plan's action sequence. A swapped tensor has two occurrences: allocation to
     release, prefetch to free."""
     program = plan.program
+    aliases = plan.aliases
+    sizes = program.block_sizes
     start: dict[int, tuple[int, int]] = {}
     count: dict[int, int] = {}
     out: dict[tuple[int, int], tuple[int, int, int]] = {}
-    for t, (_, a) in enumerate(plan.actions()):
-        if a.tensor in plan.aliases:
-            continue
-        if isinstance(a, STARTS):
-            k = count.get(a.tensor, 0)
-            count[a.tensor] = k + 1
-            start[a.tensor] = (k, t)
-        elif isinstance(a, ENDS) and a.tensor in start:
-            k, s = start.pop(a.tensor)
-            out[(a.tensor, k)] = (s, t, program.block_size(program.tensors[a.tensor].nbytes))
+    t = 0
+    for actions in _action_lists(plan):
+        for a in actions:
+            tid = a.tensor
+            if tid not in aliases:
+                if isinstance(a, STARTS):
+                    k = count.get(tid, 0)
+                    count[tid] = k + 1
+                    start[tid] = (k, t)
+                elif isinstance(a, ENDS) and tid in start:
+                    k, s = start.pop(tid)
+                    out[(tid, k)] = (s, t, sizes[tid])
+            t += 1
     return out
 
 
-def _greedy(intervals: dict[int, tuple[int, int, int]], order: list[int]) -> tuple[dict, int]:
-    """Place blocks in ``order``, each at the lowest offset where it overlaps no block placed
-    before it that is live at the same time (first fit over the offsets)."""
-    n = len(order)
-    starts = np.empty(n, np.int64)
-    ends = np.empty(n, np.int64)
-    los = np.empty(n, np.int64)
-    his = np.empty(n, np.int64)
-    offsets: dict[int, int] = {}
+def _action_lists(plan: Plan):
+    """The plan's action tuples in execution order (:meth:`Plan.actions` without positions)."""
+    yield plan.begin
+    for sp in plan.steps:
+        yield sp.before
+        yield sp.after
+    yield plan.end
+
+
+@njit(nogil=True, cache=True)
+def _first_fit(starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray,
+               order: np.ndarray) -> tuple[np.ndarray, int]:  # pragma: no cover - jitted
+    """Offsets of blocks placed in ``order``, each at the lowest offset where it overlaps no
+    block placed before it that is live at the same time; and the arena's top."""
+    n = order.size
+    offsets = np.zeros(sizes.size, np.int64)
+    placed = np.empty(n, np.int64)
+    lo = np.empty(n, np.int64)
+    hi = np.empty(n, np.int64)
     top = 0
-    for k, tid in enumerate(order):
-        s, e, size = intervals[tid]
-        live = np.flatnonzero((starts[:k] < e) & (s < ends[:k]))
+    for k in range(n):
+        i = order[k]
+        s, e, size = starts[i], ends[i], sizes[i]
+        m = 0
+        for q in range(k):
+            j = placed[q]
+            if starts[j] < e and s < ends[j]:
+                lo[m] = offsets[j]
+                hi[m] = offsets[j] + sizes[j]
+                m += 1
         off = 0
-        if live.size:
-            lo, hi = los[live], his[live]
-            by = np.argsort(lo, kind="stable")
-            lo, hi = lo[by], hi[by]
+        if m:
+            by = np.argsort(lo[:m], kind="mergesort")
             # the offset after each busy block in turn (0 before the first): the first that
             # leaves room below the next block is where this one goes, else above them all
-            after = np.maximum.accumulate(hi)
-            before = np.concatenate(([0], after[:-1]))
-            room = np.flatnonzero(before + size <= lo)
-            off = int(before[room[0]]) if room.size else int(after[-1])
-        starts[k], ends[k], los[k], his[k] = s, e, off, off + size
-        offsets[tid] = off
-        top = max(top, off + size)
+            before = 0
+            for r in range(m):
+                b = by[r]
+                if before + size <= lo[b]:
+                    break
+                if hi[b] > before:
+                    before = hi[b]
+            off = before
+        offsets[i] = off
+        placed[k] = i
+        if off + size > top:
+            top = off + size
     return offsets, top
+
+
+def _layout(iv: dict[tuple[int, int], tuple[int, int, int]]) -> tuple[dict, int, int]:
+    """The best of the module's orderings: (offsets by block key, arena top, the largest sum
+    live at once). Stops at an ordering that reaches that sum (no placement does better)."""
+    keys = list(iv)
+    if not keys:
+        return {}, 0, 0
+    arr = np.array([iv[k] for k in keys], np.int64).reshape(len(keys), 3)
+    starts, ends, sizes = arr[:, 0].copy(), arr[:, 1].copy(), arr[:, 2].copy()
+    best = max_live_bytes(iv)
+    n = np.arange(len(keys))
+    orders = [  # (np.lexsort sorts by its last key first; ties by key order, like sorted())
+        np.lexsort((n, starts, -sizes)),
+        np.lexsort((n, -sizes, -(ends - starts))),
+        np.lexsort((n, starts, -sizes * (ends - starts))),
+        np.lexsort((n, -sizes, starts)),
+    ]
+    result = None
+    for order in orders:
+        offsets, top = _first_fit(starts, ends, sizes, order.astype(np.int64))
+        if result is None or top < result[1]:
+            result = (offsets, int(top))
+        if result[1] <= best:
+            break
+    assert result is not None
+    return {k: int(o) for k, o in zip(keys, result[0])}, result[1], best
+
+
+def static_arena(plan: Plan) -> int:
+    """The arena :func:`static_plan` places ``plan``'s iteration blocks in (bytes), without
+    writing the offsets into a new plan."""
+    return _layout(block_intervals(plan))[1]
 
 
 def max_live_bytes(intervals: dict[int, tuple[int, int, int]]) -> int:
@@ -86,13 +145,7 @@ def static_plan(plan: Plan, base: int) -> Plan:
         return plan.with_notes("static: not applied with cache (what stays resident depends "
                                "on memory pressure at run time): the pool places blocks itself")
     iv = block_intervals(plan)
-    orders = [
-        sorted(iv, key=lambda t: (-iv[t][2], iv[t][0])),
-        sorted(iv, key=lambda t: (-(iv[t][1] - iv[t][0]), -iv[t][2])),
-        sorted(iv, key=lambda t: (-iv[t][2] * (iv[t][1] - iv[t][0]), iv[t][0])),
-        sorted(iv, key=lambda t: (iv[t][0], -iv[t][2])),
-    ]
-    offsets, top = min((_greedy(iv, o) for o in orders), key=lambda r: r[1])
+    offsets, top, best = _layout(iv)
 
     seen: dict[int, int] = {}
 
@@ -108,7 +161,6 @@ def static_plan(plan: Plan, base: int) -> Plan:
 
     begin = place(plan.begin)
     steps = [replace(sp, before=place(sp.before), after=place(sp.after)) for sp in plan.steps]
-    best = max_live_bytes(iv)
     notes = (*plan.notes,
              f"static: {len(offsets)} blocks at planned offsets, arena {top:,} B for iteration "
              f"tensors; the largest sum live at once is {best:,} B ({top / max(best, 1):.4f}x)")
