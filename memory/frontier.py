@@ -53,6 +53,8 @@ _BASE = MemoryConfig.parse("reuse,inplace")
 #: Memory slots of Rotor's table, and the scalings of the chain's memory figures it is run at.
 ROTOR_SLOTS = 400
 ROTOR_SCALES = (1.0, 0.8, 0.65, 0.5)
+#: The candidates' tables reach this many times the plain peak.
+ROTOR_RANGE = 2.0
 #: Schedules taken from each table (memory limits where its cost falls, spread from the least
 #: memory to the least time).
 ROTOR_POINTS = 40
@@ -277,7 +279,8 @@ def rotor_candidates(program: Program, chain: Chain | None, costs: Sequence[floa
     out = []
     for scale in ROTOR_SCALES:
         # (the table reaches twice the plain peak: the programme's figures overestimate)
-        table = rotor_table(_scaled(chain, scale), max(1, -(-2 * top // ROTOR_SLOTS)),
+        table = rotor_table(_scaled(chain, scale),
+                            max(1, -(-int(ROTOR_RANGE * top) // ROTOR_SLOTS)),
                             ROTOR_SLOTS)
         least = table.least_slots()
         if least is None:
@@ -294,14 +297,22 @@ def rotor_candidates(program: Program, chain: Chain | None, costs: Sequence[floa
 
 def _levels(cost: np.ndarray, least: int, points: int = ROTOR_POINTS) -> list[int]:
     """Memory limits (slots) worth a schedule: the least of each new cost on the table's
-    curve, at most ``points`` of them spread over it (the least memory and the least time
-    always among them)."""
+    curve, at most about ``points`` of them, spread evenly over the logarithm of the cost
+    (dense where the time falls fast with memory, at the low end); the least memory and the
+    least time always among them."""
     finite = np.isfinite(cost)
     steps = [m for m in range(least, len(cost))
              if finite[m] and (m == least or cost[m] < cost[m - 1])]
     if len(steps) <= points:
         return steps
-    picks = np.unique(np.linspace(0, len(steps) - 1, points).round().astype(int))
+    logs = np.log(cost[steps])
+    ratio = (logs[0] - logs[-1]) / (points - 1)
+    picks, last = [0], logs[0]
+    for i in range(1, len(steps) - 1):
+        if last - logs[i] >= ratio * (1 - 1e-9):
+            picks.append(i)
+            last = logs[i]
+    picks.append(len(steps) - 1)
     return [steps[i] for i in picks]
 
 
