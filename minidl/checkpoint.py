@@ -8,6 +8,8 @@ import contextlib
 import json
 import os
 import tempfile
+import zipfile
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +20,20 @@ from .graph import Network
 
 class CheckpointError(ValueError):
     """A file that is not a minidl checkpoint of this network; the message says what it is."""
+
+
+#: What reading a truncated or corrupted ``.npz`` raises.
+DAMAGED = (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, KeyError)
+
+
+def damage(e: BaseException) -> str:
+    """A truncated or corrupted archive's error, in a few words."""
+    text = str(e) or type(e).__name__
+    if "not a zip file" in text.lower():
+        return "truncated or not a complete .npz: its zip directory is missing"
+    if "crc" in text.lower():
+        return f"a checksum does not match: {text}"
+    return text
 
 
 def check_writable(path: str | os.PathLike) -> str:
@@ -71,6 +87,7 @@ def atomic_path(path: str | os.PathLike, suffix: str) -> Iterator[str]:
     os.close(fd)
     try:
         yield tmp
+        os.chmod(tmp, 0o666 & ~_umask())  # (mkstemp's 0600: the file is the user's like any)
         os.replace(tmp, os.fspath(path))
     except BaseException:
         if os.path.exists(tmp):
@@ -82,6 +99,12 @@ def write_npz(path: str, arrays: dict[str, Any]) -> None:
     """``np.savez`` of ``arrays`` to ``path``, atomically (:func:`atomic_path`)."""
     with atomic_path(path, ".npz") as tmp, open(tmp, "wb") as f:
         np.savez(f, **arrays)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def resume_position(path: str, z: Any) -> tuple[int, int, int | None,

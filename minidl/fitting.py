@@ -40,6 +40,11 @@ class History:
     stop_reason: str = ""
 
 
+class ResumeMismatch(ValueError):
+    """A resumed run continued with other data or another batch size (raised before any
+    step)."""
+
+
 def _split(data: Any) -> tuple[Any, Any, Any, Any]:
     if isinstance(data, tuple):
         return data[0], data[1], None, None
@@ -91,7 +96,7 @@ def fit(
     steps_per_epoch = -(-len(x_train) // batch_size)
     if trainer.steps_per_epoch not in (None, steps_per_epoch) and (
             trainer.epoch or trainer.epoch_step):
-        raise ValueError(f"the trainer stands at epoch {trainer.epoch + 1}, batch "
+        raise ResumeMismatch(f"the trainer stands at epoch {trainer.epoch + 1}, batch "
                          f"{trainer.epoch_step} of a run with {trainer.steps_per_epoch} batches "
                          f"per epoch, but this data and batch size give {steps_per_epoch}: "
                          "resume with the same data and batch size")

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import time
+import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -13,8 +14,10 @@ from typing import Any
 import numpy as np
 
 from .checkpoint import (  # CheckpointError, check_writable: re-exported for the commands
+    DAMAGED,
     CheckpointError,
     check_writable,  # noqa: F401
+    damage,
     describe_file,
     describe_npz,
     resume_position,
@@ -499,6 +502,9 @@ class Trainer:
         expected = "a minidl checkpoint (.npz written by Trainer.save or minidl train --save)"
         try:
             z = np.load(path, allow_pickle=False)
+        except zipfile.BadZipFile as e:
+            raise CheckpointError(f"{path} is damaged ({damage(e)}): not loaded, nothing "
+                                  "changed") from None
         except (ValueError, OSError, EOFError):
             raise CheckpointError(f"{path} is {describe_file(path)}, not {expected}") from None
         if not isinstance(z, np.lib.npyio.NpzFile):
@@ -508,11 +514,15 @@ class Trainer:
             if "trainer/iteration" not in z.files:
                 raise CheckpointError(f"{path} is {describe_npz(z.files, self.net)}, "
                                       f"not {expected}")
-            params = {k[6:]: z[k] for k in z.files if k.startswith("param/")}
-            optim = {k[6:]: z[k] for k in z.files if k.startswith("optim/")}
-            sched = {k[6:]: z[k].item() for k in z.files if k.startswith("sched/")}
-            iteration = int(z["trainer/iteration"])
-            position = resume_position(path, z) if resume else None
+            try:
+                params = {k[6:]: z[k] for k in z.files if k.startswith("param/")}
+                optim = {k[6:]: z[k] for k in z.files if k.startswith("optim/")}
+                sched = {k[6:]: z[k].item() for k in z.files if k.startswith("sched/")}
+                iteration = int(z["trainer/iteration"])
+                position = resume_position(path, z) if resume else None
+            except DAMAGED as e:
+                raise CheckpointError(f"{path} is damaged ({damage(e)}): not loaded, "
+                                      "nothing changed") from None
         if resume and (self.scheduler is None) != (not sched):
             has = "has" if sched else "has no"
             raise CheckpointError(f"checkpoint {path} {has} learning-rate scheduler state but "

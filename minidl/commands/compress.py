@@ -6,10 +6,13 @@ import argparse
 import json
 import os
 import sys
+import zipfile
+import zlib
 
 import numpy as np
 
 from .. import data as D
+from ..checkpoint import damage
 from ..compression import container
 from ..compression.container import CompressedModelError
 from ..compression.inference import plan_inference
@@ -84,7 +87,9 @@ def load_weights(path: str, net: Network) -> None:
                 raise UsageError(f"checkpoint {path} is not a minidl checkpoint (no "
                                  f"trainer/iteration entry); write one with minidl train --save")
             params = {k[6:]: z[k] for k in z.files if k.startswith("param/")}
-    except (ValueError, OSError, EOFError, AttributeError):
+    except zipfile.BadZipFile as e:
+        raise UsageError(f"checkpoint {path} is damaged ({damage(e)})") from None
+    except (ValueError, OSError, EOFError, AttributeError, zlib.error):
         raise UsageError(f"checkpoint {path} is not a minidl checkpoint (.npz written by "
                          f"minidl train --save)") from None
     try:

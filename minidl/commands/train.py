@@ -15,6 +15,7 @@ import numpy as np
 from .. import callbacks as C
 from .. import data as D
 from ..dryrun import auto_device_memory, suggest_specs
+from ..fitting import ResumeMismatch
 from ..layers import SoftmaxCrossEntropy
 from ..memory.pool import DeviceOutOfMemory
 from ..models import SEQUENCE_MODELS, TRANSFORMER_MODELS, default_input_shape
@@ -234,6 +235,11 @@ def cmd_train_text(args: argparse.Namespace, spec) -> int:
                                    val_every=args.val_every)
     if args.save:
         _save(trainer, args.save)
+        if not (args.json or args.quiet) and (trainer.parallel is None
+                                              or trainer.parallel.comm.rank == 0):
+            print(f"checkpoint saved to {os.path.abspath(args.save)} (step "
+                  f"{trainer.iteration}{'' if _is_safetensors(args.save) else ', resumable'})",
+                  file=sys.stderr)
     rep = trainer.memory_report()
     result = {"model": args.model, "dataset": ds.name, "memory": spec.spec,
               "losses": res["losses"], "final_loss": res["losses"][-1],
@@ -344,6 +350,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                                val_every=args.val_every if args.val_every is not None else (
                                    1 if args.early_stopping is not None else None),
                                progress_every=args.log_every)
+    except ResumeMismatch as e:
+        raise UsageError(f"--resume {args.resume}: {e}") from None
     except DeviceOutOfMemory as e:
         fits = suggest_specs(lambda: build_model(args.model, ds.input_shape, ds.num_classes,
                                             args.width), args.batch_size, ds.input_shape,
@@ -353,6 +361,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - t0
     if args.save:
         _save(trainer, args.save)
+        if not (args.json or args.quiet) and (trainer.parallel is None
+                                              or trainer.parallel.comm.rank == 0):
+            print(f"checkpoint saved to {os.path.abspath(args.save)} (step "
+                  f"{trainer.iteration}{'' if _is_safetensors(args.save) else ', resumable'})",
+                  file=sys.stderr)
     if comm is not None and comm.rank != 0:
         return 0
     rep = trainer.memory_report()
