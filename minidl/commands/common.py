@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import re
 import sys
 from typing import Any
@@ -120,6 +121,21 @@ def parse_size_flag(flag: str, text: str | None) -> int | None:
         return parse_size(text)
     except ValueError as e:
         raise UsageError(f"{flag} {text!r}: {e}") from None
+
+
+def check_plot_path(flag: str, path: str) -> None:
+    """``--plot FILE``: matplotlib installed and ``FILE``'s extension one it writes, checked
+    before any work (a bad one would otherwise fail after the run)."""
+    require_module("matplotlib", "plot", f"{flag} {path}")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    kinds = sorted(FigureCanvasAgg(Figure()).get_supported_filetypes())
+    ext = os.path.splitext(path)[1].lower().lstrip(".")
+    if ext not in kinds:
+        raise UsageError(f"{flag} {path}: "
+                         + (f"'.{ext}' is not an image format" if ext else "no extension")
+                         + f"; valid: {', '.join('.' + k for k in kinds)}")
 
 
 def require_module(module: str, extra: str, what: str) -> None:

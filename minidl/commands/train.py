@@ -29,6 +29,7 @@ from .common import (
     UsageError,
     build_model,
     check_device,
+    check_plot_path,
     emulated_target,
     format_bytes,
     parse_chw,
@@ -81,6 +82,8 @@ def _check_outputs(args: argparse.Namespace) -> None:
                 check_writable(path)
             except OSError as e:
                 raise UsageError(f"--{flag} {path}: {e}") from None
+    if args.plot:
+        check_plot_path("--plot", args.plot)
     if args.resume and not os.path.isfile(args.resume):
         raise UsageError(f"--resume {args.resume}: no such checkpoint file")
     if _is_safetensors(args.save) and args.save_every is not None:

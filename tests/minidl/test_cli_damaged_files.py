@@ -79,3 +79,12 @@ def test_trainer_load_of_a_damaged_file_changes_nothing(checkpoint, tmp_path):
         after = net.state_dict()
         assert all(np.array_equal(before[k], after[k]) for k in before)
         assert trainer.iteration == 0
+
+
+@pytest.mark.parametrize("name, needle", [("out.txt", "'.txt' is not an image format"),
+                                          ("out", "no extension")])
+def test_plot_format_is_checked_before_training(tmp_path, name, needle):
+    path = tmp_path / name
+    res = run(*TRAIN, "--plot", str(path))
+    assert_one_line_error(res, 2, f"--plot {path}", needle, ".png")
+    assert not path.exists()
