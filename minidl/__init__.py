@@ -33,7 +33,7 @@ from . import (  # noqa: E402
     torch_bridge,
     trainer,
 )
-from .dryrun import dry_run  # noqa: E402
+from .dryrun import dry_run, frontier  # noqa: E402
 from .executor import NonFiniteError  # noqa: E402
 from .fitting import History  # noqa: E402
 from .graph import Input, Network, Sequential  # noqa: E402
@@ -77,6 +77,7 @@ __all__ = [
     "data",
     "dry_run",
     "dryrun",
+    "frontier",
     "graph",
     "kernels",
     "layers",

@@ -189,11 +189,16 @@ def build_parser() -> argparse.ArgumentParser:
                          "global; with --memory ...,zero=K: ZeRO's sharded bytes per rank)")
     pl.add_argument("--budget", default=None,
                     help="device bytes the auto planner must fit (with --memory auto)")
-    pl.add_argument("--plot", default=None, help="save the timeline of device bytes (PNG)")
+    pl.add_argument("--plot", default=None,
+                    help="save the timeline of device bytes (PNG; with --frontier: the curve)")
     pl.add_argument("--trace", default=None, help="save a Chrome/Perfetto trace (JSON)")
     pl.add_argument("--layers", action="store_true", help="print the per-layer table")
     pl.add_argument("--max-batch", action="store_true",
                     help="find the largest batch that fits --budget (dry runs)")
+    pl.add_argument("--frontier", action="store_true",
+                    help="with --memory auto: print the planner's curve, predicted step time "
+                         "against the peak from its least to the unconstrained peak (--plot "
+                         "FILE.png draws it)")
     pl.add_argument("--inference", action="store_true",
                     help="plan an inference pass (no backward) instead of a training step")
     pl.add_argument("--compressed", default=None, metavar="FILE",

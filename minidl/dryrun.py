@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from . import report
@@ -14,9 +15,10 @@ from .memory.auto import BudgetTooSmall
 from .memory.config import MemoryConfig
 from .memory.cost_model import simulate
 from .memory.device import MetaDevice
+from .memory.plan import AutoChoice, CurvePoint
 from .memory.pool import Pool
 from .memory.targets import DeviceProfile, get_target
-from .memory.units import ALLOCATION_UNIT
+from .memory.units import ALLOCATION_UNIT, parse_size
 from .memory.zero import ZeroBytes, zero_bytes
 from .optim import make_optimizer
 
@@ -139,10 +141,37 @@ def dry_run(
         + list(c.plan.notes),
         "layers": report.layer_table(c),
         "prediction": {} if profile is None else _prediction(c, profile, split),
+        "auto": _auto_report(c.plan.auto, split, prog.lower_bound_bytes()),
         **{k: v for k, v in report.strategy_costs(c).items() if k == "bptt"},
         **({} if zero is None else {"ranks": ranks, "global_batch_size": global_batch,
                                     "zero": _zero_report(zero)}),
     }
+
+
+def _auto_report(choice: AutoChoice | None, split: int, lower_bound_bytes: int
+                 ) -> dict[str, Any]:
+    """The frontier planner's curve and choice (empty without one: no ``auto``, or the greedy
+    walk). Peaks are one micro-batch's (the device's); times are the whole iteration's, the
+    ``split`` micro-batches one after another."""
+    if choice is None or not choice.curve:
+        return {}
+    oracle = (choice.oracle_s or 0.0) * split
+
+    def point(p: CurvePoint) -> dict[str, Any]:
+        low = getattr(p, "lower_bound_s", None)  # (where the planner certifies each point)
+        return {"peak_bytes": p.peak,
+                "peak_over_lower_bound": p.peak / lower_bound_bytes if lower_bound_bytes else None,
+                "step_s": p.time_s * split,
+                "overhead": p.time_s * split / oracle - 1.0 if oracle > 0 else 0.0,
+                "lower_bound_s": None if low is None else low * split,
+                "source": p.source, "summary": p.summary, "chosen": p.peak == choice.peak}
+
+    return {"curve": [point(p) for p in choice.curve],
+            "chosen_peak_bytes": choice.peak,
+            "chosen_step_s": (choice.oracle_s or 0.0) * split + choice.extra_time_s * split,
+            "lower_bound_s": None if choice.lower_bound_s is None
+            else choice.lower_bound_s * split,
+            "oracle_s": oracle, "split": split, "lower_bound_bytes": lower_bound_bytes}
 
 
 def _zero_report(z: ZeroBytes) -> dict[str, Any]:
@@ -164,6 +193,41 @@ def _prediction(c: Any, profile: DeviceProfile, split: int) -> dict[str, Any]:
     out["target_description"] = profile.describe()
     out["capacity_bytes"] = profile.capacity_bytes
     return out
+
+
+def frontier(net: Network | Callable[[], Network], batch_size: int,
+             input_shape: tuple[int, ...] | None = None, target: str | DeviceProfile | None = None,
+             budget: int | str | None = None, optimizer: str = "sgd",
+             memory: str = "auto", **kwargs: Any) -> list[dict[str, Any]]:
+    """The auto planner's curve for one training iteration of ``net`` (a network, or a function
+    making one): every plan no other beats on both peak and predicted step time, by
+    increasing peak, from the least the planner reaches to the unconstrained peak.
+
+    Each point is a dict: ``peak_bytes`` (what the run reaches, the persistent state
+    included), ``peak_over_lower_bound`` (that over the program's ``lower_bound_bytes``),
+    ``step_s`` (predicted seconds per iteration: ``target``'s cost model, else FLOPs at an
+    assumed rate), ``overhead`` (over an unlimited-memory device's time), ``lower_bound_s``
+    (a certified lower bound at that peak where the planner gives one per point, else None),
+    ``source`` and ``summary`` (the plan and what it does) and ``chosen`` (the plan picked for
+    ``budget``: bytes or a size such as ``"2GiB"``; default the target's memory, else none).
+    The step time never rises with the peak. ``memory`` is an ``auto`` spec (``auto``, or
+    with ``split=K`` or ``zero=K``); ``kwargs`` go to :func:`dry_run` (``label_shape``,
+    ``device_kind``, ``ranks``, ...). The whole report, with the certified bound at the budget,
+    is ``dry_run(...)["auto"]``.
+
+    Raises :class:`~minidl.memory.auto.BudgetTooSmall` when nothing fits ``budget`` and
+    ``ValueError`` for a spec without ``auto``."""
+    config = MemoryConfig.parse(memory)
+    if not config.has("auto"):
+        raise ValueError(f"frontier() is the auto planner's curve: memory must contain 'auto', "
+                         f"got {config.spec!r}")
+    if budget is not None:
+        config = MemoryConfig({**config.flags, "budget": str(parse_size(budget))})
+    if not isinstance(net, Network):
+        net = net()
+    rep = dry_run(net, batch_size, config, optimizer, input_shape=input_shape, target=target,
+                  **kwargs)
+    return list(rep["auto"].get("curve", []))
 
 
 def auto_device_memory(net: Network, batch_size: int, memory: str | MemoryConfig,

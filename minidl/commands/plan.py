@@ -13,6 +13,7 @@ from ..memory.units import parse_size
 from ..report import format_layer_table
 from .common import (
     EXIT_OOM,
+    RuntimeFailure,
     UsageError,
     build_model,
     format_bytes,
@@ -70,7 +71,118 @@ def print_ranks(rep: dict, out=sys.stdout) -> None:
               f"{format_bytes(c['sent_bytes_per_rank'])} per step (ring)", file=out)
 
 
+def _check_frontier(args: argparse.Namespace, spec) -> None:
+    """``--frontier``: the auto planner's curve, so a spec with ``auto`` (one-line usage
+    errors otherwise)."""
+    if not getattr(args, "frontier", False):
+        return
+    if args.inference or args.compressed is not None:
+        raise UsageError("--frontier is the auto planner's curve of a training step: drop "
+                         "--inference / --compressed")
+    if args.max_batch:
+        raise UsageError("--frontier and --max-batch are separate questions: give one of them")
+    if not spec.has("auto"):
+        raise UsageError(f"--frontier needs --memory auto (or auto,budget=SIZE): the curve is "
+                         f"the auto planner's, got --memory {args.memory!r}")
+    for flag in ("only", "planner"):
+        if spec.has(flag):
+            raise UsageError(f"--frontier: auto with {flag}= plans without a curve (the greedy "
+                             f"walk or the MILP); use --memory auto[,budget=SIZE]")
+
+
+def print_frontier(rep: dict, budget: int | None, out=None) -> None:
+    """The table of ``minidl plan --frontier``: one row per plan of the auto planner's curve
+    by increasing peak (bytes, the persistent state included; and as a multiple of the
+    program's lower bound), its predicted step time, overhead over an unlimited-memory device
+    and what it does; ``*`` marks the plan chosen for the budget."""
+    out = out or sys.stdout  # (the stream now: tests capture it)
+    auto = rep["auto"]
+    lb = auto["lower_bound_bytes"]
+    head = f"{'':2s}{'peak MiB':>11s} {'x LB':>6s} {'step ms':>10s} {'overhead':>9s}"
+    bounded = any(p["lower_bound_s"] is not None for p in auto["curve"])
+    if bounded:
+        head += f" {'bound ms':>9s}"
+    print(f"the auto planner's curve ({len(auto['curve'])} plans, least peak to unconstrained; "
+          f"x LB: multiples of the program's lower bound {format_bytes(lb)})"
+          + (f"; times are {auto['split']} micro-batches'" if auto["split"] > 1 else ""),
+          file=out)
+    print(head + "  plan", file=out)
+    for p in auto["curve"]:
+        row = (f"{'*' if p['chosen'] else ' ':2s}{p['peak_bytes'] / 2**20:11.2f} "
+               f"{p['peak_over_lower_bound'] or 0:6.2f} {1e3 * p['step_s']:10.2f} "
+               f"{100 * p['overhead']:+8.1f}%")
+        if bounded:
+            low = p["lower_bound_s"]
+            row += f" {'' if low is None else f'{1e3 * low:.2f}':>9s}"
+        print(f"{row}  {p['source']}: {p['summary']}", file=out)
+    where = (f"for the budget {format_bytes(budget)}" if budget is not None
+             else "without a budget")
+    line = (f"chosen (*) {where}: peak {format_bytes(auto['chosen_peak_bytes'])}, "
+            f"{1e3 * auto['chosen_step_s']:.2f} ms per step")
+    if auto["lower_bound_s"] is not None:
+        gap = auto["chosen_step_s"] / auto["lower_bound_s"] - 1 if auto["lower_bound_s"] else 0
+        line += (f"; certified lower bound at this budget {1e3 * auto['lower_bound_s']:.2f} ms "
+                 f"({100 * max(0.0, gap):.1f} % above it)")
+    print(line + f"; an unlimited-memory device: {1e3 * auto['oracle_s']:.2f} ms", file=out)
+
+
+def plot_frontier(rep: dict, path: str, title: str, budget: int | None = None) -> None:
+    """Predicted step time against the budget (PNG at ``path``): a step line (the time at a
+    budget is that of the fastest plan whose peak fits it), the curve's plans as points, a
+    few of them labelled, the chosen budget and the program's lower bound as vertical lines
+    and the unlimited-memory device's time as a horizontal one."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError("plots need matplotlib: pip install 'minidl[plot]'") from None
+    auto = rep["auto"]
+    pts = auto["curve"]
+    xs = [p["peak_bytes"] / 2**20 for p in pts]
+    ys = [1e3 * p["step_s"] for p in pts]
+    fig, ax = plt.subplots(figsize=(10, 5.5))
+    right = max(xs[-1] * 1.08, (budget or 0) / 2**20 * 1.02)
+    ax.step(xs + [right], ys + [ys[-1]], where="post", color="C0", lw=1.5,
+            label="auto: fastest plan that fits")
+    ax.plot(xs, ys, "o", color="C0", ms=3.5)
+    ax.axvspan(min(xs[0], (auto["lower_bound_bytes"] or 0) / 2**20), xs[0], color="0.9",
+               label="no plan fits")
+    gap, last = (right - xs[0]) / 7, None  # about seven labels, spread over the budgets
+    for i, p in enumerate(pts):
+        if last is None or xs[i] - last >= gap or p["chosen"]:
+            name = p["source"] if len(p["source"]) <= 30 else p["source"][:29] + "…"
+            ax.annotate(name, (xs[i], ys[i]), textcoords="offset points",
+                        xytext=(4, 6 if i % 2 else 14), fontsize=7)
+            last = xs[i]
+    ax.axhline(1e3 * auto["oracle_s"], color="k", ls="--", lw=0.8,
+               label=f"unlimited memory {1e3 * auto['oracle_s']:.2f} ms")
+    lb = auto["lower_bound_bytes"]
+    if lb:
+        ax.axvline(lb / 2**20, color="grey", ls=":", lw=1.0,
+                   label=f"lower bound of memory {lb / 2**20:.1f} MiB")
+    chosen = [i for i, p in enumerate(pts) if p["chosen"]]
+    if chosen:
+        i = chosen[0]
+        ax.plot([xs[i]], [ys[i]], "o", color="C3", ms=8, mfc="none", mew=1.5,
+                label=f"chosen: {ys[i]:.2f} ms at {xs[i]:.1f} MiB")
+    if budget is not None:
+        ax.axvline(budget / 2**20, color="C3", lw=1.0, label=f"budget {budget / 2**20:.1f} MiB")
+    ax.set_xlabel("budget (MiB, persistent state included)")
+    ax.set_ylabel("predicted step time (ms)")
+    ax.set_ylim(0, max(ys) * 1.2)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
+    if getattr(args, "frontier", False) and (args.inference or args.compressed is not None):
+        _check_frontier(args, None)
     if args.inference or args.compressed is not None:
         return cmd_plan_inference(args)
     if args.model is None:
@@ -79,6 +191,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if profile is not None and args.budget is None and "budget=" not in args.memory:
         args.budget = str(profile.capacity_bytes)  # the target's memory is the default budget
     spec = parse_memory(with_budget(args.memory, args.budget))
+    _check_frontier(args, spec)
     shape, classes = shape_and_classes(args)
     net = build_model(args.model, shape, classes, args.width)
     shape = shape or net.input_shapes[0]
@@ -109,7 +222,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise UsageError(f"--ranks {args.ranks}: needs 1 to the batch size ({args.batch_size})")
     try:
         rep = dry_run(net, args.batch_size, spec, args.optimizer, input_shape=shape,
-                      plot=args.plot, trace=args.trace, budget=budget,
+                      plot=None if args.frontier else args.plot, trace=args.trace,
+                      budget=budget,
                       device_kind=args.device, target=profile, ranks=args.ranks)
     except BudgetTooSmall as e:
         print(f"minidl: {e}", file=sys.stderr)
@@ -122,6 +236,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if budget is not None:
         rep["budget_bytes"] = budget
         rep["fits_budget"] = rep["peak_reserved_bytes"] <= budget
+    if args.frontier:
+        return _frontier_output(args, rep, spec.budget, profile)
     if args.json:
         print(json.dumps(rep))
     else:
@@ -145,4 +261,29 @@ def cmd_plan(args: argparse.Namespace) -> int:
         for what, path in (("timeline", args.plot), ("trace", args.trace)):
             if path:
                 print(f"{what} saved to {path}")
+    return 0 if rep.get("fits_budget", True) else EXIT_OOM
+
+
+def _frontier_output(args: argparse.Namespace, rep: dict, budget: int | None, profile) -> int:
+    """``--frontier``: the curve's table (or the report with it as JSON) and its plot."""
+    if not rep.get("auto"):
+        raise RuntimeFailure(
+            f"the auto planner made no curve for {rep['model']} (the network makes its own "
+            "memory choices on some blocks, and auto then takes the greedy walk)")
+    title = (f"{rep['model']}, batch {rep['batch_size']}, input "
+             f"{'x'.join(map(str, rep['input']))}"
+             + (f", {profile.name}" if profile is not None else "")
+             + ": predicted step time against the budget")
+    if args.plot:
+        plot_frontier(rep, args.plot, title, budget)
+    if args.json:
+        print(json.dumps(rep))
+        return 0 if rep.get("fits_budget", True) else EXIT_OOM
+    print(f"{rep['model']}, batch {rep['batch_size']}, input "
+          f"{'x'.join(map(str, rep['input']))}"
+          + (f", on {profile.describe()}" if profile is not None else
+             " (step times: the cost model's FLOPs at an assumed rate)"))
+    print_frontier(rep, budget)
+    if args.plot:
+        print(f"frontier saved to {args.plot}")
     return 0 if rep.get("fits_budget", True) else EXIT_OOM
