@@ -194,7 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--trace", default=None, help="save a Chrome/Perfetto trace (JSON)")
     pl.add_argument("--layers", action="store_true", help="print the per-layer table")
     pl.add_argument("--max-batch", action="store_true",
-                    help="find the largest batch that fits --budget (dry runs)")
+                    help="find the largest batch that fits --budget (dry runs; with auto, "
+                         "few: a line through the leanest plans' peaks, checked with auto)")
     pl.add_argument("--frontier", action="store_true",
                     help="with --memory auto: print the planner's curve, predicted step time "
                          "against the peak from its least to the unconstrained peak (--plot "

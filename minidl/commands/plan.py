@@ -200,11 +200,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
             raise UsageError("--max-batch needs --budget SIZE")
         found = max_batch_size(lambda: build_model(args.model, shape, classes, args.width),
                                shape, spec, parse_size(args.budget), args.optimizer,
-                               progress=not args.json)
+                               progress=not args.json, target=profile,
+                               device_kind=args.device)
         out = {"model": net.name, "memory": spec.spec, "budget_bytes": parse_size(args.budget),
                "max_batch_size": found["max_batch_size"],
                "limit_reached": found.get("limit_reached", False),
-               "report": found["report"]}
+               "tried": found["tried"], "report": found["report"]}
         if args.json:
             print(json.dumps(out))
         else:

@@ -1,6 +1,7 @@
 """Issue 36, the curve as an output: ``minidl plan ... --frontier`` prints (``--json`` carries,
 ``--plot`` draws) the auto planner's predicted step time against the peak, the Python API
-``minidl.frontier`` returns the same curve."""
+``minidl.frontier`` returns the same curve, and ``--max-batch`` under ``auto`` finds the exact
+largest batch with few auto dry runs."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from minidl.memory.auto import BudgetTooSmall
 import minidl
 from minidl.cli import main
 from minidl.commands.common import build_model
+from minidl.dryrun import _BatchSearch, dry_run, max_batch_size
 
 #: A small residual network whose curve has a dozen plans (planned in about a second).
 NET = ["resnet20", "--input", "3x16x16", "--batch-size", "32", "--target", "v100"]
@@ -124,3 +126,66 @@ def test_frontier_api():
         minidl.frontier(build_model("resnet20", SHAPE, 10), 32, SHAPE, memory="reuse,inplace")
     with pytest.raises(BudgetTooSmall):
         minidl.frontier(build_model("resnet8", (3, 8, 8), 10), 4, (3, 8, 8), budget="64KiB")
+
+
+def fits(name: str, shape, batch: int, spec: str, budget: int) -> bool:
+    try:
+        rep = dry_run(build_model(name, shape, 10), batch, spec, input_shape=shape)
+    except BudgetTooSmall:
+        return False
+    return rep["peak_reserved_bytes"] <= budget
+
+
+@pytest.mark.parametrize("name, shape, workers", [
+    ("resnet8", (3, 8, 8), 2),  # BatchNorm: never split
+    ("smallcnn", (1, 6, 6), 2),  # auto may split its batches (up to 64 micro-batches)
+])
+def test_max_batch_under_auto_is_exact(name, shape, workers):
+    make = lambda: build_model(name, shape, 10)  # noqa: E731
+    budget = dry_run(make(), 4, "reuse,inplace", input_shape=shape)["peak_reserved_bytes"]
+    found = max_batch_size(make, shape, "auto", budget, workers=workers)
+    b = found["max_batch_size"]
+    assert b >= 4 and not found["limit_reached"]
+    assert found["report"]["peak_reserved_bytes"] <= budget
+    assert found["report"]["batch_size"] == b
+    assert fits(name, shape, b, f"auto,budget={budget}", budget)
+    assert not fits(name, shape, b + 1, f"auto,budget={budget}", budget)
+    assert dict(found["tried"])[b] is True and dict(found["tried"])[b + 1] is False
+
+
+def test_max_batch_under_auto_tries_few_batches(capsys):
+    """resnet8 at 3x8x8, one process: the lean fixed specs' line lands near the answer, so a
+    few auto dry runs settle it where doubling then bisecting takes a dozen."""
+    make = lambda: build_model("resnet8", (3, 8, 8), 10)  # noqa: E731
+    budget = dry_run(make(), 4, "reuse,inplace", input_shape=(3, 8, 8))["peak_reserved_bytes"]
+    found = max_batch_size(make, (3, 8, 8), "auto", budget, workers=1, progress=True)
+    b = found["max_batch_size"]
+    out = capsys.readouterr().out
+    assert "checking there with auto" in out and f"  batch {b + 1}: does not fit\n" in out
+    assert dict(found["tried"])[b] is True and dict(found["tried"])[b + 1] is False
+    assert found["report"]["peak_reserved_bytes"] <= budget
+    search = _BatchSearch(make, (3, 8, 8), minidl.MemoryConfig.parse(f"auto,budget={budget}"),
+                          budget, "sgd", 1 << 16, False, None, "cpu")
+    assert search.bisect()["max_batch_size"] == found["max_batch_size"]
+    assert len(found["tried"]) < len(search.order)
+
+
+def test_max_batch_limits_and_nothing_fits():
+    make = lambda: build_model("resnet8", (3, 8, 8), 10)  # noqa: E731
+    budget = dry_run(make(), 4, "reuse,inplace", input_shape=(3, 8, 8))["peak_reserved_bytes"]
+    found = max_batch_size(make, (3, 8, 8), "auto", budget, limit=3, workers=1)
+    assert found["max_batch_size"] == 3 and found["limit_reached"]
+    none = max_batch_size(make, (3, 8, 8), "auto", 1 << 16, workers=1)
+    assert none["max_batch_size"] == 0 and none["report"] is None
+
+
+def test_max_batch_cli_under_auto(capsys):
+    code, out, _ = run(capsys, "plan", "resnet8", "--input", "3x8x8", "--batch-size", "4",
+                       "--memory", "reuse,inplace", "--json")
+    budget = json.loads(out)["peak_reserved_bytes"]
+    code, out, _ = run(capsys, "plan", "resnet8", "--input", "3x8x8", "--memory", "auto",
+                       "--budget", str(budget), "--max-batch", "--json")
+    found = json.loads(out)
+    b = found["max_batch_size"]
+    assert found["report"]["peak_reserved_bytes"] <= budget
+    assert [b, True] in found["tried"] and [b + 1, False] in found["tried"]
