@@ -56,6 +56,11 @@ class Stage:
     #: What a memory-centric backward step must hold at the least (what it reads of the
     #: stage and writes), for lower bounds.
     lean_backward_least: int = 0
+    #: What the stage keeps at the least (its stashes and feature maps at their encoded
+    #: sizes where a lossless encoding applies), for lower bounds.
+    kept_least_bytes: int = 0
+    #: Whether the stage's backward reads its input (else no plan needs to keep it).
+    input_read_back: bool = True
 
 
 @dataclass(frozen=True)
@@ -75,10 +80,13 @@ def _block(program: Program, t: int) -> int:
     return program.block_size(program.tensors[t].nbytes)
 
 
-def chain_of(program: Program, costs: list[float]) -> Chain | None:
+def chain_of(program: Program, costs: list[float],
+             least_sizes: dict[int, int] | None = None) -> Chain | None:
     """The chain of ``program`` (a training program of forward and backward steps only), with
     ``costs`` seconds per step; ``None`` when it does not cut into at least two stages or its
-    backward steps do not run stage by stage in reverse."""
+    backward steps do not run stage by stage in reverse. ``least_sizes``: the bytes some
+    tensors can be kept in at the least (lossless encodings), for the stages'
+    ``kept_least_bytes``."""
     if not program.training or any(st.phase not in ("forward", "backward")
                                    for st in program.steps):
         return None
@@ -129,6 +137,10 @@ def chain_of(program: Program, costs: list[float]) -> Chain | None:
         return sum(_block(program, r) for r in roots)
 
     grad_of = {t.of: t.id for t in tensors if t.role == "grad"}
+    least_root: dict[int, int] = {}
+    for t, nbytes in (least_sizes or {}).items():
+        r = root_of(aliases, t)
+        least_root[r] = min(least_root.get(r, nbytes), nbytes)
     stages, grads = [], []
     for k in range(count):
         written = {t for i in fwd_steps[k] for t in program.steps[i].writes}
@@ -138,9 +150,17 @@ def chain_of(program: Program, costs: list[float]) -> Chain | None:
         ends = [t for t in (inp, out) if t is not None]
         in_bytes = _block(program, inp) if inp is not None else sum(
             _block(program, t) for t in program.inputs)
-        grads.append(in_bytes)
+        # (the fed input has no gradient; a cut value's is its size)
+        grads.append(sum(_block(program, grad_of[t]) for t in program.inputs if t in grad_of)
+                     if inp is None else in_bytes)
         flows = [grad_of[t] for t in ends if t in grad_of]  # gradients crossing the stage
         kept_bytes = blocks(kept, but=ends)
+        skip = {root_of(aliases, t) for t in ends}
+        kept_roots = {root_of(aliases, t) for t in kept} - skip
+        kept_least = sum(min(_block(program, r), least_root.get(r, _block(program, r)))
+                         for r in kept_roots)
+        reads_input = inp is None or root_of(aliases, inp) in {root_of(aliases, t)
+                                                                 for t in read_back}
         fwd_extra = max((blocks((*program.steps[i].writes, program.steps[i].workspace)
                                 if program.steps[i].workspace >= 0
                                 else program.steps[i].writes, but=[*kept, *ends])
@@ -166,7 +186,7 @@ def chain_of(program: Program, costs: list[float]) -> Chain | None:
         stages.append(Stage(tuple(fwd_steps[k]), tuple(bwd_steps[k]), in_bytes, kept_bytes,
                             fwd_extra, bwd_extra, sum(costs[i] for i in fwd_steps[k]),
                             sum(costs[i] for i in bwd_steps[k]), lean_extra, lean_s,
-                            lean_least))
+                            lean_least, kept_least, reads_input))
     return Chain(program, tuple(stages), tuple(grads))
 
 
@@ -214,8 +234,25 @@ def schedule_program(chain: Chain, ops: list[tuple[str, int]]) -> Program:
         recomputed_flops += st.flops
         recomputed += 1
 
+    done = [False] * len(chain)
+
+    def refuse(why: str) -> None:
+        raise ValueError(f"not a schedule of the chain's {len(chain)} stages: {why}")
+
     for kind, k in ops:
+        if kind not in ("f", "b", "m") or not 0 <= k < len(chain):
+            refuse(f"unknown operation {(kind, k)!r} (valid: 'f', 'b' or 'm' of a stage)")
         stage = chain.stages[k]
+        if kind != "f":
+            if runs[k] == 0:
+                refuse(f"stage {k}'s backward before its forward")
+            if done[k]:
+                refuse(f"stage {k}'s backward twice")
+            if k + 1 < len(chain) and not done[k + 1]:
+                refuse(f"stage {k}'s backward before stage {k + 1}'s")
+            done[k] = True
+        elif runs[k] == 0 and k > 0 and runs[k - 1] == 0:
+            refuse(f"stage {k} runs forward before stage {k - 1}")
         if kind == "b":
             for i in stage.backward:
                 st = program.steps[i]
@@ -239,10 +276,8 @@ def schedule_program(chain: Chain, ops: list[tuple[str, int]]) -> Program:
                                          index=len(steps)))
             else:
                 recompute(i, version, f"r{k}.{runs[k]}")
-    if sorted(i for st in steps if st.phase != "recompute" for i in (st.origin,)) != \
-            sorted(st.origin for st in program.steps):
-        raise ValueError("a schedule must run every stage forward once before its "
-                         "recomputations and its backward exactly once")
+    if not all(done):
+        refuse(f"stage {done.index(False)} has no backward")
     meta = dict(program.meta)
     meta.update(recomputed_flops=recomputed_flops, recomputed_steps=recomputed,
                 dropped_layers=sum(1 for r in runs if r > 1), checkpoints=0)

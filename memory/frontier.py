@@ -38,6 +38,7 @@ import numpy as np
 from .base_plan import base_plan, plan_peak
 from .block_choices import block_choices
 from .chain import Chain, chain_of, schedule_program
+from .compress import compress_program
 from .config import MemoryConfig
 from .cost_model import extra_time
 from .liveness import root_of
@@ -57,7 +58,7 @@ ROTOR_SCALES = (1.0, 0.8, 0.65, 0.5)
 ROTOR_RANGE = 2.0
 #: Schedules taken from each table (memory limits where its cost falls, spread from the least
 #: memory to the least time).
-ROTOR_POINTS = 40
+ROTOR_POINTS = 60
 #: Swap moves tried below the frontier's lowest schedules (each a plan priced exactly).
 SWAP_MOVES = 60
 
@@ -215,7 +216,19 @@ def program_chain(program: Program, costs: Sequence[float]) -> Chain | None:
     network forces memory choices on blocks: those the fixed specs honour)."""
     if block_choices(program):
         return None
-    return chain_of(program, list(costs))
+    return chain_of(program, list(costs), least_sizes(program))
+
+
+def least_sizes(program: Program) -> dict[int, int]:
+    """The bytes the feature maps and stashes a lossless encoding applies to are kept in
+    (``binarize`` and ``sparse``, the sizes the planner prices them at)."""
+    encoded = compress_program(program, binarize=True, use_sparse=True)
+    out = {}
+    for st in encoded.steps:
+        if st.phase == "encode":
+            src = st.attrs["source"]
+            out[src] = min(out.get(src, 1 << 62), encoded.block_sizes[st.writes[0]])
+    return out
 
 
 @dataclass(frozen=True)
@@ -265,8 +278,9 @@ def recompute_bound(program: Program, chain: Chain) -> RecomputeBound:
                                         for s in chain.stages))
     top = plan_peak(base_plan(program, _BASE))
     table = rotor_table(least, max(1, -(-2 * top // BOUND_SLOTS)), BOUND_SLOTS, bound=True)
-    return RecomputeBound(table, program.persistent_bytes() + chain.stages[0].input_bytes,
-                          len(chain))
+    first = chain.stages[0]  # (a fed input no backward reads is freed after its last use)
+    return RecomputeBound(table, program.persistent_bytes()
+                          + (first.input_bytes if first.input_read_back else 0), len(chain))
 
 
 def rotor_candidates(program: Program, chain: Chain | None, costs: Sequence[float],

@@ -58,7 +58,9 @@ def rotor_table(chain: Chain, unit: int, slots: int, bound: bool = False) -> Rot
     st = chain.stages
     up = not bound
     x = [_units(s.input_bytes, unit, up) for s in st] + [0]  # x[k]: stage k's input (x[n]: loss)
-    g = list(x)  # gradient of stage k's input: the input's size
+    # gradient of stage k's input: the chain's figure (none for the fed input), else its size
+    g = ([_units(b, unit, up) for b in chain.grad_bytes] + [0]) if chain.grad_bytes \
+        else list(x)
     kb = [_units(s.kept_bytes, unit, up) + x[k + 1] for k, s in enumerate(st)]
     ft = [_units(s.forward_extra, unit, up) for s in st]
     bt = [_units(s.backward_extra, unit, up) for s in st]
@@ -83,9 +85,11 @@ def rotor_table(chain: Chain, unit: int, slots: int, bound: bool = False) -> Rot
 
     # during a stage's backward: the gradients of its input and output (a bound: the larger
     # only, as when one is written over the other) and what it kept (a bound: not its output)
-    if bound:
+    if bound:  # (every figure at its least: kept stashes encoded, inputs nobody reads free)
+        x = [v if k == 0 or k == n or st[k].input_read_back else 0 for k, v in enumerate(x)]
+        kb = [_units(s.kept_least_bytes, unit, up) + x[k + 1] for k, s in enumerate(st)]
         grads = [max(g[k], g[k + 1]) for k in range(n)]
-        kept_back = [_units(s.kept_bytes, unit, up) for s in st]
+        kept_back = [_units(s.kept_least_bytes, unit, up) for s in st]
     else:
         grads = [g[k] + g[k + 1] for k in range(n)]
         kept_back = kb
@@ -99,13 +103,20 @@ def rotor_table(chain: Chain, unit: int, slots: int, bound: bool = False) -> Rot
         need = max(held + x[k + 1] + ft[k], grads[k] + lbt[k])
         return np.where(m >= need, uf[k] + ub[k] + lean_s[k], np.inf)
 
+    def lean_again(k: int) -> np.ndarray:
+        """Stage k's backward memory-centric, its forward already run (a range ending before
+        the last stage is a rerun: its output's gradient is held, its output was used)."""
+        need = grads[k] + lbt[k]
+        return np.where(m >= need, ub[k] + lean_s[k], np.inf)
+
     # sweep[i][j]: most slots a forward run of stages i..j-1 holds (input i stored elsewhere)
     for d in range(n):
         for i in range(n - d):
             l = i + d
             held = g[l + 1]
             if d == 0:
-                full, thin = base(i, held), lean(i, held)
+                full = base(i, held)
+                thin = lean(i, held) if l == n - 1 else lean_again(i)
                 cost[(i, l)] = np.minimum(full, thin)
                 what[(i, l)] = np.where(thin < full, _LEAN, _CHAIN).astype(np.int32)
                 continue
@@ -146,8 +157,9 @@ def rotor_schedule(table: RotorTable, slots: int) -> list[tuple[str, int]]:
             continue
         i, l, mm = item  # type: ignore[misc]
         j = int(table.what[(i, l)][mm])
-        if i == l:
-            ops += [("f", i), ("m" if j == _LEAN else "b", i)]
+        if i == l:  # (a lean backward in a rerun needs no forward run: see lean_again)
+            ops += [("m", i)] if j == _LEAN and l < n - 1 else [("f", i), ("m" if j == _LEAN
+                                                                          else "b", i)]
             continue
         if j == _CHAIN:  # i keeps everything; then i+1..l; then i's backward
             ops.append(("f", i))
