@@ -485,12 +485,13 @@ def _noted(fr: Frontier, pick: Candidate, budget: int | None, cost_source: str,
     low = fr.lower_bound(budget)
     if low is not None and budget is not None:
         notes.append(
-            f"auto: lower bound {1000 * low:.2f} ms per iteration at this budget (Rotor's "
-            f"programme over the {fr.bound.stages if fr.bound else 0}-stage chain with the "
-            f"least memory figures, swaps priced on the link); this plan is "
+            f"auto: lower bound {1000 * low:.2f} ms per iteration at this budget, over "
+            f"stage-level schedules (Rotor's programme over the "
+            f"{fr.bound.stages if fr.bound else 0}-stage chain with the least memory figures, "
+            f"stashes encoded, swaps priced on the link); this plan is "
             f"{100 * max(0.0, pick.time_s / low - 1):.1f} % above it")
-    curve = tuple(CurvePoint(c.peak, c.time_s, c.source, _summary(c.plan))
-                  for c in fr.pareto())
+    curve = tuple(CurvePoint(c.peak, c.time_s, c.source, _summary(c.plan),
+                             fr.lower_bound(c.peak)) for c in fr.pareto())
     choice = AutoChoice(swapped=set(plan.swapped), dropped=set(), extra_time_s=pick.extra_s,
                         peak=pick.peak, path=[(pick.source, "", pick.peak, pick.extra_s)],
                         curve=curve, lower_bound_s=low, oracle_s=fr.oracle_s)

@@ -83,6 +83,8 @@ class CurvePoint:
     time_s: float
     source: str
     summary: str = ""
+    #: The frontier's lower bound at this point's peak (seconds; None: no certificate).
+    lower_bound_s: float | None = None
 
 
 @dataclass

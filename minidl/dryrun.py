@@ -159,7 +159,7 @@ def _auto_report(choice: AutoChoice | None, split: int, lower_bound_bytes: int
     oracle = (choice.oracle_s or 0.0) * split
 
     def point(p: CurvePoint) -> dict[str, Any]:
-        low = getattr(p, "lower_bound_s", None)  # (where the planner certifies each point)
+        low = p.lower_bound_s
         return {"peak_bytes": p.peak,
                 "peak_over_lower_bound": p.peak / lower_bound_bytes if lower_bound_bytes else None,
                 "step_s": p.time_s * split,
