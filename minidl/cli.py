@@ -16,12 +16,12 @@ from .commands.common import (
     RuntimeFailure,
     UsageError,
     check_model_name,
+    check_plot_path,
     device_name,
     emulated_target,
     format_bytes,
     parse_memory,
     parse_size_flag,
-    require_module,
 )
 from .commands.compress import add_parser as add_compress_parser
 from .commands.plan import cmd_plan
@@ -73,7 +73,7 @@ def validate_args(args: argparse.Namespace) -> None:
     for spec in specs:
         parse_memory(spec)
     if getattr(args, "plot", None):
-        require_module("matplotlib", "plot", "--plot")
+        check_plot_path("--plot", args.plot)
     if getattr(args, "emulate_link", None) is not None:
         emulated_target(args.emulate_link, getattr(args, "device", "cpu"))
 

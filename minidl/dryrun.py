@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from . import report
@@ -393,9 +395,6 @@ class _BatchSearch:
                   flush=True)
         pool = None
         if workers > 1:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
-
             try:
                 ctx = multiprocessing.get_context("fork")
             except ValueError:  # (no fork on this platform: one process)

