@@ -44,6 +44,7 @@ from .cost_model import extra_time
 from .liveness import root_of
 from .plan import Plan
 from .program import Program
+from .recompute import dropping_program
 from .rotor import RotorTable, rotor_schedule, rotor_table
 from .static_plan import block_intervals, static_plan
 from .swap import swap_candidates, swap_plan
@@ -340,6 +341,42 @@ def _scaled(chain: Chain, scale: float) -> Chain:
     return replace(chain, stages=stages)
 
 
+#: Shares of the forward steps (by recompute time per byte) the knapsack candidates keep (the
+#: shares of benchmarks/planner_curve.py's torch.compile anchor).
+KNAPSACK_SHARES = (0.8, 0.6, 0.45, 0.3, 0.2, 0.1, 0.05, 0.0)
+
+
+def knapsack_candidates(program: Program, costs: Sequence[float],
+                        price: Callable[[Plan], tuple[float, float]]) -> list[Candidate]:
+    """torch.compile's activation-memory policy as candidates: the forward steps ranked by
+    their seconds per byte of output kept; for each share in :data:`KNAPSACK_SHARES` the
+    top share keeps its outputs and every other step is recomputed (once per run of
+    consecutive dropped steps). Single feature maps dropped where they are cheap, which
+    stage-level schedules cannot express."""
+    if not program.training or block_choices(program):
+        return []
+    loss = {st.index for st in program.steps if program.loss in st.writes}
+    items = []
+    for st in program.steps:
+        if st.phase != "forward" or st.index in loss:
+            continue
+        out = [t for t in st.writes if program.tensors[t].role == "value"
+               and program.tensors[t].category == "feature_map"]
+        if out:
+            nbytes = sum(program.block_sizes[t] for t in out)
+            items.append((-costs[st.index] / max(nbytes, 1), st.index))
+    items.sort()
+    out_cands, seen = [], set()
+    for share in KNAPSACK_SHARES:
+        dropped = frozenset(i for _, i in items[int(share * len(items)):])
+        if not dropped or dropped in seen:
+            continue
+        seen.add(dropped)
+        plan = base_plan(dropping_program(program, set(dropped)), _BASE)
+        out_cands.append(_price(plan, price, f"knapsack {share:.0%} kept"))
+    return out_cands
+
+
 def hidden_swaps(candidates: list[Candidate], costs: Sequence[float], bandwidth: float,
                  price: Callable[[Plan], tuple[float, float]]) -> list[Candidate]:
     """Each candidate with ``swap=auto`` added: the feature maps whose copies the link can
@@ -416,6 +453,7 @@ def build_frontier(program: Program, costs: Sequence[float], bandwidth: float,
     price = pricer(costs, bandwidth, step_cost)
     chain = program_chain(program, costs)
     cands = fixed_candidates(program, make, price)
+    cands += knapsack_candidates(program, costs, price)
     rotor = rotor_candidates(program, chain, costs, price)
     cands += rotor + hidden_swaps(rotor, costs, bandwidth, price)
     cands += swap_down(cands, costs, bandwidth, price)
