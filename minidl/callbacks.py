@@ -8,10 +8,11 @@ Every hook receives the :class:`FitRun` (the trainer, the history, the run's len
 ``logs`` dict: after a step ``epoch``, ``step`` (the trainer's iteration counter after the
 step), ``loss``, ``accuracy``, ``lr``, ``step_time_s``, ``samples_per_s``, ``peak_bytes``;
 after an epoch ``epoch``, ``step``, the epoch's mean ``loss`` and ``accuracy``, ``lr`` (the
-rate the epoch trained with), ``time_s`` and, when it was validated, ``val_loss`` and
-``val_accuracy``. Epochs are counted from 0 in ``logs`` and from 1 in printed lines.
-On a GPU a step's ``loss`` and ``accuracy`` are :class:`~minidl.deferred.Deferred` (the host
-does not wait for the device until a callback reads them); epoch logs hold floats.
+rate the epoch trained with), ``time_s``, ``peak_bytes`` and, when it was validated,
+``val_loss`` and ``val_accuracy``. Epochs are counted from 0 in ``logs`` and from 1 in
+printed lines. On a GPU a step's ``loss`` and ``accuracy`` are
+:class:`~minidl.deferred.Deferred` (the host does not wait for the device until a callback
+reads them); epoch logs hold floats.
 """
 
 from __future__ import annotations
@@ -75,6 +76,39 @@ class Callback:
     def on_train_end(self, run: FitRun, logs: dict[str, Any]) -> None:
         """After the last step (``steps``, ``stopped_early``, ``stop_reason``)."""
 
+    def state_dict(self) -> dict[str, float]:
+        """What a resumed run needs to continue as if never interrupted (numbers only; saved
+        in checkpoints by :meth:`Trainer.save <minidl.trainer.Trainer.save>`)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        """Restore what :meth:`state_dict` returned (a resumed run, before its first step)."""
+
+
+def _state_keys(callbacks: list[Any]) -> list[tuple[str, Callback]]:
+    """Each stateful callback's key: its class name and its rank among those of its class."""
+    seen: dict[str, int] = {}
+    out = []
+    for cb in callbacks:
+        name = type(cb).__name__
+        seen[name] = seen.get(name, -1) + 1
+        out.append((f"{name}.{seen[name]}", cb))
+    return out
+
+
+def callback_states(callbacks: list[Any]) -> dict[str, dict[str, float]]:
+    """The non-empty :meth:`Callback.state_dict` of each callback, by a key stable across runs
+    with the same callbacks (``EarlyStopping.0``)."""
+    return {key: state for key, cb in _state_keys(callbacks)
+            if isinstance(cb, Callback) and (state := cb.state_dict())}
+
+
+def restore_callback_states(callbacks: list[Any], states: dict[str, dict[str, float]]) -> None:
+    """Give each callback the state :func:`callback_states` saved under its key."""
+    for key, cb in _state_keys(callbacks):
+        if key in states and isinstance(cb, Callback):
+            cb.load_state_dict(states[key])
+
 
 def _mode_for(monitor: str, mode: str) -> str:
     if mode not in ("auto", "min", "max"):
@@ -106,6 +140,21 @@ class EarlyStopping(Callback):
 
     def on_train_begin(self, run: FitRun) -> None:
         _check_monitor(run, self.monitor, "EarlyStopping")
+        if self.wait >= self.patience:  # (a resumed run that had stopped early)
+            self._stop(run)
+
+    def state_dict(self) -> dict[str, float]:
+        return {"best": math.nan if self.best is None else self.best, "wait": self.wait}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        best = float(state["best"])
+        self.best = None if math.isnan(best) else best
+        self.wait = int(state["wait"])
+
+    def _stop(self, run: FitRun) -> None:
+        run.trainer.stop_training = True
+        run.stop_reason = (f"early stopping: {self.monitor} has not improved on "
+                           f"{self.best:.4f} for {self.patience} epoch(s)")
 
     def improved(self, value: float) -> bool:
         if self.best is None:
@@ -123,9 +172,7 @@ class EarlyStopping(Callback):
             return
         self.wait += 1
         if self.wait >= self.patience:
-            run.trainer.stop_training = True
-            run.stop_reason = (f"early stopping: {self.monitor} has not improved on "
-                               f"{self.best:.4f} for {self.patience} epoch(s)")
+            self._stop(run)
 
 
 class ModelCheckpoint(Callback):
@@ -148,6 +195,14 @@ class ModelCheckpoint(Callback):
     def on_train_begin(self, run: FitRun) -> None:
         if self.save_best:
             _check_monitor(run, self.monitor, "ModelCheckpoint(save_best=True)")
+
+    def state_dict(self) -> dict[str, float]:
+        return {"best": math.nan if self.best is None else self.best} if self.save_best else {}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        if "best" in state:
+            best = float(state["best"])
+            self.best = None if math.isnan(best) else best
 
     def _save(self, run: FitRun, epoch: int) -> None:
         path = self.path.format(epoch=epoch + 1, step=run.trainer.iteration)

@@ -317,17 +317,22 @@ def load_fashion_mnist(data_dir: str | os.PathLike | None = None) -> Dataset:
 
 def load_synthetic(input_shape: tuple[int, int, int] = (1, 8, 8), num_classes: int = 10,
                    n_train: int = 512, n_test: int = 128, seed: int = 0) -> Dataset:
-    """Seeded Gaussian classes: x = mean[y] + N(0, 1) noise, class means ~ N(0, 0.25).
+    """Seeded Gaussian classes: x = mean[y] + N(0, 1) noise, each class mean a coarse pattern
+    (at most 4 x 4 values per channel, ~ N(0, 0.25), each covering a block of pixels).
 
     Learnable by any model that can see a whole image (a linear classifier reaches high
-    accuracy), so training makes visible progress. Not scaled to [0, 1].
+    accuracy) and by convolutional networks that pool (the patterns are smooth, not
+    pixel-sized), so training makes visible progress. Not scaled to [0, 1].
     """
     C, H, W = (int(d) for d in input_shape)
     if min(C, H, W) < 1 or num_classes < 1 or n_train < 0 or n_test < 0:
         raise ValueError(f"bad synthetic spec: input_shape={tuple(input_shape)}, "
                          f"num_classes={num_classes}, n_train={n_train}, n_test={n_test}")
     rng = np.random.default_rng(seed)
-    means = rng.standard_normal((num_classes, C, H, W), dtype=np.float32) * np.float32(0.5)
+    coarse = rng.standard_normal((num_classes, C, min(H, 4), min(W, 4)), dtype=np.float32)
+    rows = np.arange(H) * coarse.shape[2] // H
+    cols = np.arange(W) * coarse.shape[3] // W
+    means = coarse[:, :, rows][:, :, :, cols] * np.float32(0.5)
 
     def make(n: int) -> tuple[np.ndarray, np.ndarray]:
         y = rng.integers(0, num_classes, size=n, dtype=np.int64)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .callbacks import Callback, FitRun, ProgressLogger
+from .callbacks import Callback, FitRun, ProgressLogger, restore_callback_states
 from .data import batches
 from .deferred import Deferred, resolve_all
 from .kernels.jit import CompileWatch
@@ -110,6 +110,10 @@ def fit(
     t_start = time.perf_counter()
     trainer.stop_training = False
     trainer.fetch_logits = True
+    trainer.fit_callbacks = list(callbacks)
+    if trainer.restored_callback_state:  # (a resumed run: the callbacks as they were)
+        restore_callback_states(trainer.fit_callbacks, trainer.restored_callback_state)
+        trainer.restored_callback_state = {}
     end_logs: dict[str, Any] = {}
     try:
         run.dispatch("on_train_begin")
@@ -161,7 +165,8 @@ def _train(run: FitRun, x_train: Any, y_train: Any, shuffle: bool, augment: Any,
             break  # stopped mid-epoch: the position stays there
         logs = {"epoch": epoch, "step": trainer.iteration,
                 "loss": _mean(hist.losses[start:]), "accuracy": _mean(hist.train_accuracy[start:]),
-                "lr": lr, "time_s": time.perf_counter() - t_epoch}
+                "lr": lr, "time_s": time.perf_counter() - t_epoch,
+                "peak_bytes": trainer.peak.bytes if trainer.peak else 0}
         if validation_data is not None and (epoch + 1) % val_every == 0:
             val_loss, val_acc = trainer.evaluate(*validation_data, batch_size=max(
                 run.batch_size, 256))

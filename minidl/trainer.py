@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .callbacks import callback_states
 from .checkpoint import (  # CheckpointError, check_writable: re-exported for the commands
     DAMAGED,
     CheckpointError,
@@ -150,6 +151,10 @@ class Trainer:
         self.augment_rng: np.random.Generator | None = None
         #: Set by a callback (e.g. :class:`~minidl.callbacks.EarlyStopping`) to end :meth:`fit`.
         self.stop_training = False
+        #: The callbacks of the latest :meth:`fit` (their state goes into checkpoints), and
+        #: the state a resumed checkpoint holds for the next :meth:`fit`'s callbacks.
+        self.fit_callbacks: list[Any] = []
+        self.restored_callback_state: dict[str, dict[str, float]] = {}
         self._recorder: MemoryRecorder | None = None
         # (zero=2 moves the gradients into the optimizer's shards through the buckets, even
         # on one rank)
@@ -478,6 +483,9 @@ class Trainer:
         if self.augment_rng is not None:
             arrays["trainer/augment_rng"] = np.asarray(
                 json.dumps(self.augment_rng.bit_generator.state))
+        for key, state in callback_states(self.fit_callbacks).items():
+            for name, value in state.items():
+                arrays[f"callback/{key}/{name}"] = np.asarray(value)
         if self.parallel is None:
             write_npz(path, arrays)
         else:
@@ -520,6 +528,11 @@ class Trainer:
                 sched = {k[6:]: z[k].item() for k in z.files if k.startswith("sched/")}
                 iteration = int(z["trainer/iteration"])
                 position = resume_position(path, z) if resume else None
+                callbacks: dict[str, dict[str, float]] = {}
+                for k in z.files:
+                    if k.startswith("callback/"):
+                        key, name = k[9:].rsplit("/", 1)
+                        callbacks.setdefault(key, {})[name] = z[k].item()
             except DAMAGED as e:
                 raise CheckpointError(f"{path} is damaged ({damage(e)}): not loaded, "
                                       "nothing changed") from None
@@ -546,6 +559,7 @@ class Trainer:
             if self.scheduler is not None:
                 self.scheduler.load_state_dict(sched)
             self.epoch, self.epoch_step, self.steps_per_epoch, self.augment_rng = position
+            self.restored_callback_state = callbacks
 
     # ------------------------------------------------------------------ reports
     @contextmanager

@@ -134,6 +134,19 @@ def _callbacks(args: argparse.Namespace) -> list:
     return out
 
 
+def _note_save_every(args: argparse.Namespace, trainer: Trainer, steps_per_epoch: int) -> None:
+    """Say so when ``--save-every N`` cannot fire in this run (N past its last step)."""
+    total = steps_per_epoch * args.epochs
+    if args.max_steps is not None:
+        total = min(total, args.max_steps)
+    if args.save_every is None or args.save_every <= total or args.json or args.quiet:
+        return
+    print(f"note: --save-every {args.save_every} is past this run's last step ({total}: "
+          f"{args.epochs} epochs of {steps_per_epoch} steps"
+          + (f", --max-steps {args.max_steps}" if args.max_steps is not None else "")
+          + f"): only the final checkpoint is written, to {args.save}", file=sys.stderr)
+
+
 @contextlib.contextmanager
 def _recorded(trainer: Trainer, args: argparse.Namespace):
     """With --trace / --plot / --snapshot: record the run's memory and write those files."""
@@ -344,6 +357,7 @@ def cmd_train(args: argparse.Namespace) -> int:
               f"{format_bytes(trainer.device.capacity)}"
               + (f"; data-parallel over {comm.size} MPI ranks" if comm else ""),
               file=sys.stderr)
+    _note_save_every(args, trainer, -(-len(ds.x_train) // args.batch_size))
     t0 = time.perf_counter()
     try:
         with ranks_stop_together(comm), _recorded(trainer, args):
@@ -404,11 +418,14 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(f"steps: {len(hist.losses)}, final training loss {result['final_loss']:.4f}, "
                   f"median step {1000 * (result['step_time_median_s'] or 0):.1f} ms, "
                   f"wall time {wall:.1f} s")
+        elif hist.stopped_early:
+            print(f"nothing to train: the run had stopped early at epoch {trainer.epoch} of "
+                  f"{args.epochs} (step {trainer.iteration}; {hist.stop_reason})")
         else:
             print(f"nothing to train: the run already stands at epoch {trainer.epoch} of "
                   f"{args.epochs} (step {trainer.iteration})")
-        if hist.stopped_early:
-            print(hist.stop_reason)
+        if hist.stopped_early and hist.losses and args.no_progress:
+            print(hist.stop_reason)  # (else the progress display said it)
         if hist.test_accuracy is not None:
             print(f"test loss {hist.test_loss:.4f}, test accuracy {100 * hist.test_accuracy:.2f}%")
         _print_link(rep)

@@ -3,6 +3,7 @@ training 10 more, bit for bit (parameters and losses), through the API and ``min
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -124,3 +125,62 @@ def test_cli_resume_continues_the_run(tmp_path):
     assert json.loads(part.stdout)["losses"] + json.loads(rest.stdout)["losses"] == losses
     bad = _cli("--resume", str(tmp_path / "missing.npz"))
     assert bad.returncode == 2 and bad.stderr.startswith("minidl: error: --resume")
+
+
+def _early(patience: int = 2):
+    from minidl.callbacks import EarlyStopping
+
+    return EarlyStopping("val_loss", patience=patience, min_delta=0.2)
+
+
+@pytest.mark.parametrize("stop", [6, 10])
+def test_resume_continues_early_stopping_bit_for_bit(tmp_path, stop):
+    """Early stopping's state (best value, epochs waited) is in the checkpoint: an interrupted
+    run resumed stops at the same epoch with the same weights as the uninterrupted run, and a
+    run resumed after it stopped early trains nothing."""
+    kw = dict(epochs=12, batch_size=8, progress=False, evaluate=False, val_every=1)
+    whole = _trainer("sgd", None)
+    h_whole = whole.fit(_data(), callbacks=[_early()], **kw)
+    assert h_whole.stopped_early and len(h_whole.epochs) < 12
+    first = _trainer("sgd", None)
+    first.fit(_data(), callbacks=[_early()], max_steps=stop, **kw)
+    first.save(tmp_path / "ck.npz")
+    second = _trainer("sgd", None)
+    second.load(tmp_path / "ck.npz", resume=True)
+    h_second = second.fit(_data(), callbacks=[_early()], **kw)
+    assert h_second.stopped_early and h_second.stop_reason == h_whole.stop_reason
+    assert second.iteration == whole.iteration
+    for (name, a), b in zip(whole.net.state_dict().items(), second.net.state_dict().values()):
+        np.testing.assert_array_equal(a, b, err_msg=name)
+    whole.save(tmp_path / "done.npz")
+    third = _trainer("sgd", None)
+    third.load(tmp_path / "done.npz", resume=True)
+    h_third = third.fit(_data(), callbacks=[_early()], **kw)
+    assert h_third.losses == [] and h_third.stopped_early
+    assert third.iteration == whole.iteration
+
+
+def test_cli_early_stop_said_once_logged_with_peaks_and_resumed(tmp_path):
+    """The daily-tools flags: 'early stopping' printed once, the CSV's peak_bytes filled on
+    every row, --save-every past the run's end said so, and a resume after the early stop
+    trains nothing."""
+    log, ck = tmp_path / "run.csv", tmp_path / "ck.npz"
+    flags = ("train", "smallcnn", "--dataset", "synthetic", "--input", "1x8x8", "--batch-size",
+             "8", "--epochs", "30", "--seed", "1", "--val-every", "1", "--early-stopping", "1",
+             "--log", str(log), "--save", str(ck), "--save-every", "100000")
+    env = {**os.environ, "MINIDL_NUM_THREADS": "1"}
+    first = subprocess.run([sys.executable, "-m", "minidl", *flags], capture_output=True,
+                           text=True, env=env, timeout=300)
+    assert first.returncode == 0, first.stderr
+    said = first.stdout + first.stderr
+    assert said.count("early stopping:") == 1, said
+    assert "--save-every 100000 is past this run's last step" in first.stderr
+    with open(log, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert rows and all(int(r["peak_bytes"]) > 0 for r in rows)
+    again = subprocess.run([sys.executable, "-m", "minidl", *flags, "--resume", str(ck)],
+                           capture_output=True, text=True, env=env, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "nothing to train: the run had stopped early" in again.stdout
+    with open(log, newline="") as f:
+        assert len(list(csv.DictReader(f))) == len(rows)
