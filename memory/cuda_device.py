@@ -379,10 +379,13 @@ class CudaDevice:
 
     def __init__(self, capacity: int | str, device_id: int = 0,
                  pinned_capacity: int | str | None = None) -> None:
+        """``capacity``: the arena's bytes, or ``"auto"``: the GPU's free memory less
+        :data:`OUTSIDE_ARENA_MARGIN`."""
         cp = _import_cupy()
         self._cp = cp
         self.xp = cp
-        self.capacity = parse_size(capacity)
+        auto = isinstance(capacity, str) and capacity.strip().lower() == "auto"
+        self.capacity = 0 if auto else parse_size(capacity)
         self.pinned_capacity = available_host_memory() if pinned_capacity is None \
             else parse_size(pinned_capacity)
         self.device_id = int(device_id)
@@ -391,6 +394,8 @@ class CudaDevice:
             free_start, total = cp.cuda.runtime.memGetInfo()  # (the context exists from here)
             self._warm_up()
             free, total = cp.cuda.runtime.memGetInfo()
+            if auto:  # the free memory, less the libraries' margin, in whole MiB
+                self.capacity = max(0, free - OUTSIDE_ARENA_MARGIN) >> 20 << 20
             #: Device bytes the libraries took when started (cuBLAS, the first modules).
             self.libraries_bytes = max(0, free_start - free)
             #: Device bytes in use before this device was made (the CUDA context, other

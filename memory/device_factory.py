@@ -7,20 +7,46 @@ from __future__ import annotations
 from typing import Any
 
 from .cuda_device import CudaDevice
-from .device import CpuDevice, MetaDevice
+from .device import CpuDevice, MetaDevice, available_host_memory
 
-__all__ = ["DEVICE_NAMES", "make_device"]
+__all__ = ["DEVICE_NAMES", "auto_host_capacity", "is_auto", "make_device"]
 
 #: Names accepted by :func:`make_device`.
 DEVICE_NAMES = ("cpu", "meta", "cuda", "cuda-strict")
+
+
+#: ``capacity="auto"`` on the cpu device: this share of the host memory available when the
+#: device is made (the arena's pages are touched only when used).
+AUTO_HOST_SHARE = 0.75
+#: ``capacity="auto"`` on the cuda-strict test device (its arena is zeroed up front).
+AUTO_STRICT_CAPACITY = 1 << 30
+
+
+def is_auto(capacity: Any) -> bool:
+    """Whether ``capacity`` asks for the device's own size (``"auto"``)."""
+    return isinstance(capacity, str) and capacity.strip().lower() == "auto"
+
+
+def auto_host_capacity() -> int:
+    """``capacity="auto"`` on the cpu device: :data:`AUTO_HOST_SHARE` of the host memory
+    available now, in whole MiB."""
+    mib = 1 << 20
+    return max(mib, int(AUTO_HOST_SHARE * available_host_memory()) // mib * mib)
 
 
 def make_device(name: str, capacity: int | str | None = None, **kwargs: Any) -> Any:
     """Build a device by name: ``"cpu"``, ``"meta"``, ``"cuda"`` or ``"cuda:<id>"``.
 
     ``capacity`` defaults to 256 MiB for cpu, unlimited for meta; cuda needs one.
+    ``"auto"``: what the machine has (cpu: :func:`auto_host_capacity`; cuda: the GPU's free
+    memory less what its libraries need beside the arena; meta: unlimited; cuda-strict:
+    :data:`AUTO_STRICT_CAPACITY`).
     """
     key = name.strip().lower() if isinstance(name, str) else name
+    if is_auto(capacity):
+        capacity = {"cpu": auto_host_capacity, "meta": lambda: None,
+                    "cuda-strict": lambda: AUTO_STRICT_CAPACITY}.get(
+                        key, lambda: "auto")()
     if key == "cpu":
         return CpuDevice("256MiB" if capacity is None else capacity, **kwargs)
     if key == "meta":

@@ -207,15 +207,22 @@ def snapshot_series(snap: dict[str, Any]) -> dict[str, Any]:
     return series(_event_tuples(snap), labels, snap["persistent_bytes"], by_step=not snap["timed"])
 
 
+#: The device's capacity is drawn only when it is at most this many times the peak.
+OFF_CHART = 2.0
+
+
 def plot_snapshot(snap: dict[str, Any], path: str | os.PathLike) -> None:
     """The PNG timeline of a snapshot: stacked bytes by category, the peak, and the budget
     (the device's capacity when the spec sets none)."""
     budget, label = snap["budget_bytes"], "budget"
-    if budget is None:
-        budget, label = snap["capacity_bytes"], "device memory"
     p = snap["peak"]
     title = (f"{snap['model']}, memory {snap['memory']!r}, iteration {snap['iteration']} on "
              f"{snap['device']}: peak at {p['layer']} ({p['phase']})")
+    if budget is None:
+        budget, label = snap["capacity_bytes"], "device memory"
+        if budget > OFF_CHART * p["bytes"]:  # (a device far larger would flatten the timeline)
+            title += f"; device memory {format_size(budget)}, off the chart"
+            budget = None
     plot_timeline(snapshot_series(snap), os.fspath(path), title, budget=budget,
                   budget_label=label)
 

@@ -59,11 +59,16 @@ class Trainer:
     """Train ``net`` with ``optimizer`` under the memory spec ``memory`` on ``device``.
 
     ``device`` is ``"cpu"`` (default; its arena holds ``device_memory`` bytes), ``"cuda"``,
-    ``"meta"`` (dry run, no compute) or a device object. ``loss`` defaults to softmax
-    cross-entropy over integer labels. ``debug=True`` fills freed blocks with NaN (default:
-    ``MINIDL_DEBUG_POOL``, see :mod:`minidl.settings`). ``threads`` sets the CPU kernels'
-    thread count, process-wide (default: ``MINIDL_NUM_THREADS`` as applied at import, else
-    Numba's count). ``alignment`` is the pool's allocation unit (plans are made for it).
+    ``"meta"`` (dry run, no compute) or a device object. ``device_memory="auto"`` (default):
+    what the machine has (cpu: 3/4 of the host memory available; cuda: the GPU's free memory
+    less what its libraries need; :func:`~minidl.memory.device_factory.make_device`).
+    ``minidl train`` instead sizes it for the batch from dry runs
+    (:func:`~minidl.dryrun.auto_device_memory`); pass that figure to get the same device.
+    ``loss`` defaults to softmax cross-entropy over integer labels. ``debug=True`` fills freed
+    blocks with NaN (default: ``MINIDL_DEBUG_POOL``, see :mod:`minidl.settings`). ``threads``
+    sets the CPU kernels' thread count, process-wide (default: ``MINIDL_NUM_THREADS`` as
+    applied at import, else Numba's count). ``alignment`` is the pool's allocation unit (plans
+    are made for it).
     ``emulate_link`` (a target name such as ``"v100"`` or a profile; cpu device only) plans
     with that GPU's cost model and throttles the copy engine so that copy time / compute time
     is the GPU's (see :mod:`minidl.memory.link_emulation`; ``link_emulation`` holds the
@@ -82,7 +87,7 @@ class Trainer:
         optimizer: Any = None,
         memory: str | MemoryConfig = "none",
         device: Any = "cpu",
-        device_memory: int | str = "1GiB",
+        device_memory: int | str = "auto",
         loss: Layer | None = None,
         seed: int = 0,
         debug: bool | None = None,

@@ -260,3 +260,13 @@ def test_make_device():
         make_device("tpu", "1MiB")
     with pytest.raises(ValueError, match="invalid size"):
         make_device("cpu", "much")
+
+
+def test_make_device_auto_capacity():
+    from minidl.memory.device_factory import AUTO_STRICT_CAPACITY, auto_host_capacity
+
+    cpu = make_device("cpu", "auto")
+    assert cpu.capacity % (1 << 20) == 0 and cpu.capacity <= available_host_memory()
+    assert abs(cpu.capacity - auto_host_capacity()) <= 64 << 20
+    assert make_device("meta", "AUTO").capacity == 1 << 62
+    assert make_device("cuda-strict", "auto").capacity == AUTO_STRICT_CAPACITY

@@ -143,3 +143,33 @@ def test_cli_train_records_and_show_memory_reads(tmp_path, capsys):
     assert err.count("\n") == 1 and "a Chrome trace, not a minidl memory snapshot" in err
     assert main(["show-memory", str(tmp_path / "none.json")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("times_peak, drawn", [(1.5, True), (100, False)])
+def test_plot_draws_the_device_line_only_near_the_peak(real, monkeypatch, times_peak, drawn):
+    """A device far larger than the peak (the Python API's default: the host's memory) would
+    flatten the timeline: its line is left out and the title says so."""
+    from minidl import memory_record
+
+    seen = {}
+    monkeypatch.setattr(memory_record, "plot_timeline",
+                        lambda series, path, title, budget, budget_label: seen.update(
+                            budget=budget, title=title))
+    capacity = int(times_peak * real["peak"]["bytes"])
+    snap = {**real, "budget_bytes": None, "capacity_bytes": capacity}
+    memory_record.plot_snapshot(snap, "unused.png")
+    assert (seen["budget"] == capacity) is drawn
+    assert ("off the chart" in seen["title"]) is not drawn
+
+
+def test_trainer_device_memory_defaults_to_what_the_machine_has():
+    """The Python API's default device is the host's (not a fixed 1 GiB that larger models
+    overflow); the CLI sizes its device from dry runs instead."""
+    from minidl.memory.device import available_host_memory
+    from minidl.memory.device_factory import AUTO_HOST_SHARE
+
+    tr = minidl.Trainer(smallcnn((1, 16, 16), 10, width=8))
+    assert tr.device.capacity > 1 << 30 or \
+        tr.device.capacity >= 0.9 * AUTO_HOST_SHARE * available_host_memory()
+    assert minidl.Trainer(smallcnn((1, 16, 16), 10, width=8), device="meta",
+                          device_memory="auto").device.capacity == 1 << 62
