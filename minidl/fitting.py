@@ -115,6 +115,9 @@ def fit(
         restore_callback_states(trainer.fit_callbacks, trainer.restored_callback_state)
         trainer.restored_callback_state = {}
     end_logs: dict[str, Any] = {}
+    announce = trainer.announce_compilation
+    if progress:  # (the progress display says when kernels compile)
+        trainer.announce_compilation = False
     try:
         run.dispatch("on_train_begin")
         _train(run, x_train, y_train, shuffle, augment, validation_data, val_every)
@@ -124,6 +127,7 @@ def fit(
                     "stop_reason": hist.stop_reason}
     finally:
         trainer.fetch_logits = False
+        trainer.announce_compilation = announce
         run.dispatch("on_train_end", end_logs)
     # (a GPU's deferred figures, read once: the device has long finished most of them)
     hist.losses[:] = resolve_all(hist.losses)

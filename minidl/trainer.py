@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import time
 import zipfile
 from collections.abc import Iterator
@@ -31,6 +32,7 @@ from .engine import Compiled, Engine, PeakInfo
 from .executor import NonFiniteError
 from .fitting import History, fit
 from .graph import Network
+from .kernels.jit import CompileWatch
 from .kernels.parallel import num_blas_threads, set_thread_policy
 from .labels import default_label_shape
 from .layers import SoftmaxCrossEntropy
@@ -160,6 +162,10 @@ class Trainer:
         #: the state a resumed checkpoint holds for the next :meth:`fit`'s callbacks.
         self.fit_callbacks: list[Any] = []
         self.restored_callback_state: dict[str, dict[str, float]] = {}
+        #: Say on stderr when the first steps compile Numba kernels (minutes of silence on a
+        #: new machine otherwise); ``fit`` with progress says it its own way.
+        self.announce_compilation = True
+        self._kernels_ready = False
         self._recorder: MemoryRecorder | None = None
         # (zero=2 moves the gradients into the optimizer's shards through the buckets, even
         # on one rank)
@@ -354,7 +360,8 @@ class Trainer:
         :class:`~minidl.deferred.Deferred`, read (and checked for NaN / inf, with the gradient
         norm when clipping) when it is used. Elsewhere the loss is a float either way."""
         t0 = time.perf_counter()
-        loss = self._gradients(x, y, wait=wait or not self.asynchronous)
+        with self._compile_notice():
+            loss = self._gradients(x, y, wait=wait or not self.asynchronous)
         c = self.last_compiled
         scope = c.executor.device_scope() if c is not None and self.engine.compute else \
             contextlib.nullcontext()
@@ -366,6 +373,27 @@ class Trainer:
         self.step_times.append(time.perf_counter() - t0)
         self.iteration += 1
         return loss
+
+    @contextmanager
+    def _compile_notice(self) -> Iterator[None]:
+        """Say on stderr when Numba compiles this machine's kernels inside the block (the
+        first run on a machine: tens of seconds), and how long it took; silent once a step
+        compiled nothing, or with ``announce_compilation`` off (``fit`` shows its own)."""
+        if not self.announce_compilation or self._kernels_ready:
+            yield
+            return
+
+        def starting() -> None:
+            print("minidl: compiling this machine's kernels (first run only: Numba caches "
+                  "them on disk)...", file=sys.stderr, flush=True)
+
+        with CompileWatch(on_first_compile=starting) as watch:
+            yield
+        if watch.compiled:
+            print(f"minidl: kernels compiled in {watch.seconds:.1f} s", file=sys.stderr,
+                  flush=True)
+        else:
+            self._kernels_ready = True
 
     def _clip(self, loss: Any) -> Any:
         """Clip the gradients' global norm; a non-finite norm raises (on a GPU when the loss is
@@ -433,7 +461,8 @@ class Trainer:
         total_loss, correct, n, n_labels = 0.0, 0, 0, 0
         for i in range(0, len(x), batch_size):
             xb, yb = x[i:i + batch_size], y[i:i + batch_size]
-            loss, logits = self._forward_eval(xb, yb)
+            with self._compile_notice():
+                loss, logits = self._forward_eval(xb, yb)
             total_loss += float(loss) * len(xb)
             if np.issubdtype(yb.dtype, np.integer):
                 correct += int((logits.argmax(axis=-1) == yb).sum())

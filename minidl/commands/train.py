@@ -340,6 +340,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise RuntimeFailure(str(e)) from None
     except ValueError as e:  # ranks of an mpiexec job that disagree (model, spec, ...)
         raise UsageError(str(e)) from None
+    trainer.announce_compilation = not args.quiet
     if args.resume:
         _resume(trainer, args.resume)
     augment = None

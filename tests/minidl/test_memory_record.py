@@ -160,16 +160,3 @@ def test_plot_draws_the_device_line_only_near_the_peak(real, monkeypatch, times_
     memory_record.plot_snapshot(snap, "unused.png")
     assert (seen["budget"] == capacity) is drawn
     assert ("off the chart" in seen["title"]) is not drawn
-
-
-def test_trainer_device_memory_defaults_to_what_the_machine_has():
-    """The Python API's default device is the host's (not a fixed 1 GiB that larger models
-    overflow); the CLI sizes its device from dry runs instead."""
-    from minidl.memory.device import available_host_memory
-    from minidl.memory.device_factory import AUTO_HOST_SHARE
-
-    tr = minidl.Trainer(smallcnn((1, 16, 16), 10, width=8))
-    assert tr.device.capacity > 1 << 30 or \
-        tr.device.capacity >= 0.9 * AUTO_HOST_SHARE * available_host_memory()
-    assert minidl.Trainer(smallcnn((1, 16, 16), 10, width=8), device="meta",
-                          device_memory="auto").device.capacity == 1 << 62

@@ -1,0 +1,43 @@
+"""What the Python API's Trainer does by default for a new user: a device of the machine's
+size (the CLI sizes its own from dry runs), and a line on stderr while the first steps compile
+Numba kernels."""
+
+from __future__ import annotations
+
+import minidl
+from minidl.models import smallcnn
+
+
+def test_trainer_device_memory_defaults_to_what_the_machine_has():
+    """The Python API's default device is the host's (not a fixed 1 GiB that larger models
+    overflow); the CLI sizes its device from dry runs instead."""
+    from minidl.memory.device import available_host_memory
+    from minidl.memory.device_factory import AUTO_HOST_SHARE
+
+    tr = minidl.Trainer(smallcnn((1, 16, 16), 10, width=8))
+    assert tr.device.capacity > 1 << 30 or \
+        tr.device.capacity >= 0.9 * AUTO_HOST_SHARE * available_host_memory()
+    assert minidl.Trainer(smallcnn((1, 16, 16), 10, width=8), device="meta",
+                          device_memory="auto").device.capacity == 1 << 62
+
+
+def test_first_steps_say_when_kernels_compile(capsys):
+    """A new machine compiles Numba kernels for tens of seconds at the first step: the Python
+    API says so on stderr (and how long it took), then stays silent."""
+    import numba
+
+    tr = minidl.Trainer(smallcnn((1, 16, 16), 10, width=8), device_memory="64MiB")
+
+    @numba.njit(cache=False)
+    def fresh(v):  # (never in Numba's cache: compiles inside the block)
+        return v + 1
+
+    with tr._compile_notice():
+        fresh(1)
+    err = capsys.readouterr().err
+    assert "compiling this machine's kernels" in err and "kernels compiled in" in err
+    with tr._compile_notice():
+        pass
+    with tr._compile_notice():
+        fresh(2.0)  # (a new signature compiles, but the trainer already said it was ready)
+    assert capsys.readouterr().err == ""
