@@ -199,6 +199,8 @@ def sequence_classifier(vocab_size: int, num_classes: int, embedding_dim: int = 
 #: Steps between two progress lines of :func:`train_language_model` off a terminal (the text
 #: models' "epoch": ``minidl train`` runs 100 steps per ``--epochs``).
 LOG_EVERY_STEPS = 100
+#: Seconds between two progress lines while validating.
+VALIDATION_LINE_S = 5.0
 
 
 def train_language_model(trainer: Any, data: Any, batch_size: int, seq_len: int,
@@ -232,10 +234,23 @@ def train_language_model(trainer: Any, data: Any, batch_size: int, seq_len: int,
     history: list[tuple[int, float]] = []
 
     def validate() -> float:
-        """Mean loss over ``eval_batches`` fixed windows of ``data.val`` (nats per char)."""
-        return float(np.mean([trainer.evaluate(xb, yb, batch_size)[0] for xb, yb in
-                              sequence_batches(data.val, batch_size, seq_len, seed=seed + 1,
-                                               num_batches=eval_batches)]))
+        """Mean loss over ``eval_batches`` fixed windows of ``data.val`` (nats per char); with
+        progress, a line when it starts and one every :data:`VALIDATION_LINE_S` seconds."""
+        out = bar.write if bar is not None else (
+            lambda line: print(line, file=stream, flush=True))
+        if progress:
+            out(f"validating on {eval_batches} batches of {batch_size} x {seq_len} characters"
+                "...")
+        t_val = last = time.perf_counter()
+        val = []
+        for i, (xb, yb) in enumerate(sequence_batches(
+                data.val, batch_size, seq_len, seed=seed + 1, num_batches=eval_batches), 1):
+            val.append(trainer.evaluate(xb, yb, batch_size)[0])
+            now = time.perf_counter()
+            if progress and now - last >= VALIDATION_LINE_S and i < eval_batches:
+                out(f"  validation batch {i}/{eval_batches}, {now - t_val:.1f} s")
+                last = now
+        return float(np.mean(val))
 
     t0 = time.perf_counter()
     bar = None
@@ -275,6 +290,7 @@ def train_language_model(trainer: Any, data: Any, batch_size: int, seq_len: int,
     finally:
         if bar is not None:
             bar.close()
+            bar = None
     val_loss = validate()
     history.append((steps, val_loss))
     return {"losses": losses, "step_times": times, "val_loss": val_loss,

@@ -34,11 +34,31 @@ def _run(steps: int, **kwargs) -> str:
 def test_lines_every_n_steps_and_after_the_last_off_a_terminal():
     text = _run(5, progress_every=2)
     assert "\r" not in text
-    assert [ln.split(":")[0] for ln in text.splitlines()] == ["step 2/5", "step 4/5",
-                                                                "step 5/5"]
-    assert "(mean of the last 1)" in text.splitlines()[-1]
-    assert [ln.split(":")[0] for ln in _run(3).splitlines()] == ["step 3/3"]  # default: 100
+    lines = text.splitlines()
+    assert [ln.split(":")[0] for ln in lines[:-1]] == ["step 2/5", "step 4/5", "step 5/5"]
+    assert "(mean of the last 1)" in lines[-2]
+    assert lines[-1] == "validating on 1 batches of 2 x 8 characters..."
+    assert [ln.split(":")[0] for ln in _run(3).splitlines()[:-1]] == ["step 3/3"]  # default 100
     assert _run(3, progress=False) == ""
+
+
+def test_long_validation_says_where_it_stands(monkeypatch):
+    """Validation of a large model runs for tens of seconds after the last step: a line when
+    it starts and one every few seconds (here every batch)."""
+    from minidl import rnn
+
+    monkeypatch.setattr(rnn, "VALIDATION_LINE_S", 0.0)
+    data = load_text_dataset("synthetic-text")
+    net = char_rnn(data.vocab_size, 8, 16, num_layers=1, steps=8, cell="gru")
+    trainer = Trainer(net, SGD(net.parameters(), lr=0.1), memory="reuse",
+                      device_memory="8MiB")
+    out = io.StringIO()
+    train_language_model(trainer, data, 2, 8, 1, eval_batches=3, stream=out)
+    lines = out.getvalue().splitlines()
+    assert lines[1:] == ["validating on 3 batches of 2 x 8 characters...",
+                         *[ln for ln in lines[2:] if ln.startswith("  validation batch ")]]
+    assert [ln.split(",")[0] for ln in lines[2:]] == ["  validation batch 1/3",
+                                                      "  validation batch 2/3"]
 
 
 def _trained(steps: int, val_every: int | None, dropout: float = 0.0) -> dict:
