@@ -97,6 +97,24 @@ class Dataset:
     #: (``None`` while the images are as loaded).
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
+    #: The images' own (C, H, W) when ``input_shape`` asked for another and they were fitted to
+    #: it (:func:`adapt_images`); :meth:`adaptation` says how.
+    adapted_from: tuple[int, int, int] | None = None
+
+    def adaptation(self) -> str:
+        """How the images were fitted to ``input_shape`` ("" when they were not)."""
+        if self.adapted_from is None:
+            return ""
+        (c, h, w), (C, H, W) = self.adapted_from, self.input_shape
+        parts = []
+        if (h, w) != (H, W):
+            how = ("zero-padded" if H >= h and W >= w else "cropped" if H <= h and W <= w
+                   else "cropped and zero-padded")
+            parts.append(f"centre {how} to {H}x{W}")
+        if c != C:
+            parts.append(f"the channel repeated {C} times" if c == 1
+                         else f"the {c} channels averaged into {C}")
+        return f"{self.name} images of {c}x{h}x{w} " + " and ".join(parts)
 
     def __post_init__(self) -> None:
         self.input_shape = tuple(int(d) for d in self.input_shape)  # type: ignore[assignment]
@@ -388,6 +406,7 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None,
     if input_shape is not None and tuple(input_shape) != ds.input_shape:
         ds.x_train = adapt_images(ds.x_train, input_shape)
         ds.x_test = adapt_images(ds.x_test, input_shape)
+        ds.adapted_from = ds.input_shape
         ds.input_shape = tuple(int(d) for d in input_shape)  # type: ignore[assignment]
     return ds
 

@@ -351,6 +351,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"training {net.name} ({net.num_parameters():,} parameters) on {ds.name}: "
               f"{len(ds.x_train)} train / {len(ds.x_test)} test samples, input "
               f"{'x'.join(map(str, ds.input_shape))}"
+              f"{f' ({ds.adaptation()})' if ds.adaptation() else ''}"
               f"{' (standardised with the train mean/std)' if ds.mean is not None else ''}"
               f"{f', {defaults.shift_probability:.0%} shifted by 1 px' if augment else ''}, "
               f"{args.epochs} epochs of batch {args.batch_size}, memory "

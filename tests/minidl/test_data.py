@@ -275,3 +275,15 @@ def test_batches_options():
         next(batches(x, y[:3], 2))
     with pytest.raises(ValueError):
         next(batches(x, y, 0))
+
+
+def test_adapted_images_say_how():
+    """--input on a dataset of another shape pads / crops and repeats channels: said, not
+    silent (the train command's first line carries it)."""
+    assert load_dataset("synthetic").adaptation() == ""
+    padded = load_dataset("digits", input_shape=(3, 32, 32))
+    assert padded.adaptation() == ("digits images of 1x8x8 centre zero-padded to 32x32 and "
+                                   "the channel repeated 3 times")
+    assert load_dataset("digits", input_shape=(1, 6, 6)).adaptation() == \
+        "digits images of 1x8x8 centre cropped to 6x6"
+    assert load_dataset("digits", input_shape=(1, 8, 8)).adaptation() == ""
