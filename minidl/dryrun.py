@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from .memory.plan import AutoChoice, CurvePoint
 from .memory.pool import Pool
 from .memory.targets import DeviceProfile, get_target
 from .memory.units import ALLOCATION_UNIT, format_size, parse_size
-from .memory.zero import ZeroBytes, zero_bytes
+from .memory.zero import STAGES, ZeroBytes, owned_ranges, zero_bytes
 from .optim import make_optimizer
 
 
@@ -114,8 +115,19 @@ def dry_run(
     prog = c.lowered.program
     zero = zero_bytes(prog, config.zero, ranks) if training and (ranks > 1 or config.zero) \
         else None
-    if zero is not None:
+    breakdown = dict(info.by_category)
+    live = list(info.live)
+    lower_bound = prog.lower_bound_bytes()
+    notes: list[str] = []
+    if zero is not None:  # every figure one rank's (rank 0's shard: the largest)
         stats["allocated_bytes.peak"] -= zero.saved_bytes
+        stats["reserved_bytes.peak"] -= zero.saved_bytes
+        lower_bound -= zero.saved_bytes
+        breakdown, live = _rank_view(prog, zero, breakdown, live)
+        notes.append(f"one rank's figures of {ranks}: its peak, breakdown and tensors hold its "
+                     f"shard of the {zero_what(zero.stage)}" if zero.stage else
+                     f"one rank's figures of {ranks} (no ZeRO: every rank holds the whole "
+                     "training state)")
     return {
         "model": net.name,
         "device": "meta" if device_kind == "cpu" else f"meta ({device_kind} kind)",
@@ -124,11 +136,12 @@ def dry_run(
         "input": list(shape),
         "peak_allocated_bytes": stats["allocated_bytes.peak"],
         "peak_reserved_bytes": stats["reserved_bytes.peak"],
-        "lower_bound_bytes": prog.lower_bound_bytes(),
-        "persistent_bytes": prog.persistent_bytes(),
-        "breakdown": dict(sorted(info.by_category.items(), key=lambda kv: -kv[1])),
+        "lower_bound_bytes": lower_bound,
+        "persistent_bytes": prog.persistent_bytes() if zero is None
+        else sum(zero.persistent.values()),
+        "breakdown": dict(sorted(breakdown.items(), key=lambda kv: -kv[1])),
         "peak_step": {"layer": info.step, "phase": info.phase, "index": info.position},
-        "live_at_peak": [{"tensor": n, "category": c_, "bytes": b} for n, c_, b in info.live[:top]],
+        "live_at_peak": [{"tensor": n, "category": c_, "bytes": b} for n, c_, b in live[:top]],
         "num_steps": len(prog.steps),
         "num_tensors": len(prog.tensors),
         "largest_tensor_bytes": max((t.nbytes for t in prog.tensors if not t.persistent),
@@ -141,7 +154,7 @@ def dry_run(
         "swap": swap if c.plan.swapped else {},
         "notes": ([f"batch split into {split} micro-batches of {micro} (moDNN); the peak and "
                    f"the layer table are one micro-batch's"] if split > 1 else [])
-        + list(c.plan.notes),
+        + list(c.plan.notes) + notes,
         "layers": report.layer_table(c),
         "prediction": {} if profile is None else _prediction(c, profile, split),
         "auto": _auto_report(c.plan.auto, split, prog.lower_bound_bytes()),
@@ -175,6 +188,53 @@ def _auto_report(choice: AutoChoice | None, split: int, lower_bound_bytes: int
             "lower_bound_s": None if choice.lower_bound_s is None
             else choice.lower_bound_s * split,
             "oracle_s": oracle, "split": split, "lower_bound_bytes": lower_bound_bytes}
+
+
+def zero_what(stage: int) -> str:
+    """What ZeRO ``stage`` shards, in words."""
+    return STAGES.get(stage, "nothing")
+
+
+def _rank_view(prog: Any, zero: ZeroBytes, breakdown: dict[str, int],
+               live: list[tuple[str, str, int]]) -> tuple[dict[str, int],
+                                                          list[tuple[str, str, int]]]:
+    """The breakdown and the tensors live at the peak as rank ``zero.rank`` holds them: the
+    program's persistent bytes of each category replaced by the rank's
+    (:func:`~minidl.memory.zero.zero_bytes`), each sharded tensor by its shard (left out where
+    the rank owns none of it), stage 3's gathered parameter block added where the program
+    has none. The breakdown then sums to the rank's peak."""
+    program_bytes: dict[str, int] = {}
+    for t in prog.tensors:
+        if t.persistent:
+            program_bytes[t.category] = program_bytes.get(t.category, 0) + \
+                prog.block_size(t.nbytes)
+    out = dict(breakdown)
+    for cat in set(program_bytes) | set(zero.persistent):
+        out[cat] = out.get(cat, 0) - program_bytes.get(cat, 0) + zero.persistent.get(cat, 0)
+    if zero.gather_bytes and not zero.gathered_in_program:
+        out["parameter"] = out.get("parameter", 0) + zero.gather_bytes
+    out = {k: v for k, v in out.items() if v}
+    # each trainable tensor's shard on this rank
+    trainable = [t for t in prog.tensors if t.role == "param_grad"]
+    sizes = [math.prod(t.shape) for t in trainable]
+    shard = {i: prog.block_size((hi - lo) * (trainable[i].nbytes // max(sizes[i], 1)))
+             for i, lo, hi in owned_ranges(sizes, zero.ranks, zero.rank)}
+    index = {t.name[:-len(".grad")]: i for i, t in enumerate(trainable)}
+    sharded_roles = {1: ("opt_state",), 2: ("opt_state", "param_grad"),
+                     3: ("opt_state", "param_grad", "param")}.get(zero.stage, ())
+    by_name = {t.name: t for t in prog.tensors}
+    rows = []
+    for name, cat, nbytes in live:
+        t = by_name.get(name)
+        if t is not None and t.persistent and t.role in sharded_roles:
+            base = name if t.role == "param" else name.rsplit(".", 1)[0]
+            i = index.get(base)
+            if i is not None:
+                nbytes = shard.get(i, 0)
+        if nbytes:
+            rows.append((name, cat, nbytes))
+    rows.sort(key=lambda r: -r[2])
+    return out, rows
 
 
 def _zero_report(z: ZeroBytes) -> dict[str, Any]:

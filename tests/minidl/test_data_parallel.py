@@ -434,6 +434,14 @@ def test_plan_ranks_gives_each_ranks_sharded_bytes(capsys):
     for stage, rep in reports.items():
         z = rep["zero"]
         assert (rep["ranks"], rep["batch_size"], z["stage"]) == (4, 8, stage)
+        # every figure is the rank's: the breakdown sums to its peak, the persistent
+        # categories are its shards, and the reserved peak is not the unsharded one
+        assert sum(rep["breakdown"].values()) == rep["peak_allocated_bytes"], stage
+        assert rep["peak_allocated_bytes"] <= rep["peak_reserved_bytes"] \
+            < rep["peak_allocated_bytes"] + (1 << 20), stage
+        assert rep["breakdown"]["optimizer_state"] == z["persistent_bytes"]["optimizer_state"]
+        assert rep["persistent_bytes"] == sum(z["persistent_bytes"].values())
+        assert any("one rank's figures of 4" in n for n in rep["notes"])
         for cat, from_stage in (("optimizer_state", 1), ("gradient", 2), ("parameter", 3)):
             full, mine = z["unsharded_bytes"][cat], z["persistent_bytes"][cat]
             if stage >= from_stage:  # a quarter, up to a block's rounding per owned range
