@@ -45,7 +45,7 @@ from .memory.link_emulation import LinkEmulation
 from .memory.pool import DeviceOutOfMemory, Pool
 from .memory.targets import DeviceProfile, get_target
 from .memory.transfer import fetch_async
-from .memory.units import ALLOCATION_UNIT, parse_size
+from .memory.units import ALLOCATION_UNIT, format_size, parse_size
 from .memory_record import MemoryRecorder
 from .optim import SGD, clip_grad_norm_
 from .report import strategy_costs
@@ -141,6 +141,10 @@ class Trainer:
         self.last_split = 1
         #: Evaluation batches that did not fit the device memory and ran in halves.
         self.eval_splits = 0
+        #: The highest peak (bytes in use, persistent state included) of an evaluation batch
+        #: and that batch's size: evaluations at larger batches than training's can set the
+        #: pool's peak (said in :meth:`memory_report`).
+        self.eval_peak: tuple[int, int] | None = None
         self._to_refine: Compiled | None = None
         #: With ``fetch_logits``, each training step keeps a copy of the network output in
         #: ``last_logits`` (for the training accuracy ``fit`` shows).
@@ -445,6 +449,9 @@ class Trainer:
         try:
             loss, outs = c.executor.run([xb, yb], training=False, seed=self.seed,
                                         iteration=self.iteration, fetch_outputs=True)
+            peak = c.executor.last_runtime.peak_bytes
+            if self.eval_peak is None or peak > self.eval_peak[0]:
+                self.eval_peak = (peak, len(xb))
             return loss, outs[0]
         except DeviceOutOfMemory:
             if len(xb) < 2:
@@ -656,6 +663,15 @@ class Trainer:
         outside = getattr(self.device, "outside_arena", None)
         if outside is not None and self.engine.compute:
             rep["outside_arena"] = outside()
+        if self.eval_peak is not None:
+            rep["evaluation_peak_bytes"], rep["evaluation_batch_size"] = self.eval_peak
+            if self.eval_peak[0] > rep.get("iteration_peak_bytes", 0):
+                rep.setdefault("notes", []).append(
+                    f"the peak allocated ({format_size(s['allocated_bytes.peak'])}) is an "
+                    f"evaluation's: batch {self.eval_peak[1]} in eval mode reached "
+                    f"{format_size(self.eval_peak[0])}"
+                    + (f", the training iteration {format_size(self.peak.bytes)}"
+                       if self.peak is not None else ""))
         if self.eval_splits:
             rep.setdefault("notes", []).append(
                 f"evaluation: {self.eval_splits} batch(es) did not fit the device memory and ran "

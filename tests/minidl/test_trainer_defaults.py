@@ -41,3 +41,25 @@ def test_first_steps_say_when_kernels_compile(capsys):
     with tr._compile_notice():
         fresh(2.0)  # (a new signature compiles, but the trainer already said it was ready)
     assert capsys.readouterr().err == ""
+
+
+def test_an_evaluation_that_sets_the_peak_is_said():
+    """fit evaluates at batch 256 after training at 16: the pool's peak is then the
+    evaluation's, and the report and memory_summary say so instead of showing two peaks."""
+    import numpy as np
+
+    tr = minidl.Trainer(smallcnn((1, 16, 16), 10, width=8), device_memory="64MiB")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 1, 16, 16)).astype(np.float32)
+    y = rng.integers(0, 10, 300)
+    tr.step(x[:16], y[:16])
+    rep = tr.memory_report()
+    assert "evaluation_peak_bytes" not in rep
+    tr.evaluate(x, y, batch_size=256)
+    rep = tr.memory_report()
+    assert rep["evaluation_batch_size"] == 256
+    assert rep["evaluation_peak_bytes"] > rep["iteration_peak_bytes"]
+    assert rep["peak_allocated_bytes"] >= rep["evaluation_peak_bytes"]
+    note = [n for n in rep["notes"] if "is an evaluation's" in n]
+    assert note and "batch 256 in eval mode" in note[0]
+    assert "is an evaluation's" in minidl.memory_summary(tr).replace("\n| ", " ")
