@@ -104,5 +104,7 @@ def describe(program: Program, form: str | None, tried: int) -> str:
     kept = sum(form_bytes(program, st, form).stash for st in steps)
     keep = sum(form_bytes(program, st, None).stash for st in steps)
     return (f"{NOTE_PREFIX}: {len(steps)} attention op(s) in form {form or KEEP} "
-            f"({tried} candidate(s) tried, keep first): {kept / 2**20:,.1f} MiB kept for "
-            f"backward, against {keep / 2**20:,.1f} MiB with the probabilities kept")
+            f"({tried} candidate(s) tried, keep first): their stashes for backward total "
+            f"{kept / 2**20:,.1f} MiB over the iteration, against {keep / 2**20:,.1f} MiB with "
+            f"the probabilities kept (summed over the layers: the plan drops, recomputes or "
+            f"swaps what the peak cannot hold)")
