@@ -663,6 +663,10 @@ class Trainer:
         outside = getattr(self.device, "outside_arena", None)
         if outside is not None and self.engine.compute:
             rep["outside_arena"] = outside()
+        if self.config.zero >= 2 and self.peak is not None and c is not None:
+            note = _zero_peak_note(self.config.zero, self.peak, c.lowered.program)
+            if note:
+                rep.setdefault("notes", []).append(note)
         if self.eval_peak is not None:
             rep["evaluation_peak_bytes"], rep["evaluation_batch_size"] = self.eval_peak
             if self.eval_peak[0] > rep.get("iteration_peak_bytes", 0):
@@ -683,3 +687,27 @@ class Trainer:
         if self.parallel is not None:
             self.parallel.close()
         self.engine.release()
+
+
+def _zero_peak_note(stage: int, peak: PeakInfo, program: Any) -> str:
+    """What ZeRO ``stage`` (2 or 3) holds at the iteration's peak beside the rank's shards:
+    full gradients before their reduce-scatter and (stage 3) parameters gathered whole for
+    the step; on few ranks they can outweigh what sharding saves."""
+    persistent = {t.name for t in program.tensors if t.persistent}
+    full = {"gradient": 0, "parameter": 0}
+    shards = 0
+    for name, cat, nbytes in peak.live:
+        if cat in full:
+            if name in persistent:
+                shards += nbytes
+            else:
+                full[cat] += nbytes
+    if not (full["gradient"] or full["parameter"]):
+        return ""
+    parts = [f"{format_size(full['gradient'])} of full gradients before their reduce-scatter"]
+    if stage >= 3:
+        parts.append(f"{format_size(full['parameter'])} of parameters gathered whole for "
+                     "their step")
+    return (f"ZeRO stage {stage} at the peak: {' and '.join(parts)}, beside this rank's "
+            f"shards and buffers ({format_size(shards)}); on few ranks these can outweigh "
+            "what sharding saves")

@@ -286,6 +286,22 @@ def test_zero_on_one_rank_is_bit_identical_and_checkpoints_unsharded(stage):
     assert int(zero["peak_allocated"]) == int(zero["planned_peak"])
 
 
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero_report_says_what_the_peak_holds_beside_the_shards(stage):
+    """Stage 2 and 3 hold full gradients (and stage 3 gathered parameters) at the peak, which
+    on few ranks can outweigh the shards' savings: the report says how much of each."""
+    from minidl import models
+    from minidl.trainer import Trainer
+
+    tr = Trainer(models.smallcnn((1, 8, 8), 10), memory=f"reuse,inplace,zero={stage}",
+                 device_memory="16MiB")
+    rng = np.random.default_rng(0)
+    tr.step(rng.normal(size=(8, 1, 8, 8)).astype(np.float32), rng.integers(0, 10, 8))
+    note = [n for n in tr.memory_report()["notes"] if n.startswith(f"ZeRO stage {stage}")]
+    assert len(note) == 1 and "of full gradients before their reduce-scatter" in note[0]
+    assert ("gathered whole for their step" in note[0]) is (stage == 3)
+
+
 def test_zero2_keeps_no_full_gradient_and_clips_over_the_shards():
     from minidl import models
     from minidl.optim import SGD, clip_grad_norm_
