@@ -1,6 +1,6 @@
 """Thread policy of the CPU kernels: one pool (Numba's), single-threaded BLAS under it.
 
-Measured on 2-core machines (see PERFORMANCE-NOTES): two thread pools on the same cores
+Measured on 2-core machines (BENCHMARKS.md, CPU threads): two thread pools on the same cores
 (Numba's and a multi-threaded OpenBLAS, whose idle threads keep spinning) made a smallcnn step
 3x slower (61 ms against 20 ms). The conv and pool kernels therefore cut the batch into
 :func:`num_threads` contiguous chunks and run one serial ``@njit`` kernel per chunk inside a

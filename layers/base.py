@@ -85,7 +85,6 @@ class Context:
     training: bool = True
     seed: int = 0
     recomputing: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
     #: Names of ``grad_params`` that backward adds into rather than overwrites (layers with
     #: ``accumulates_grads`` only).
     accumulate: frozenset[str] = frozenset()

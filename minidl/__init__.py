@@ -45,11 +45,6 @@ from .parameter import Parameter  # noqa: E402
 from .summary import memory_summary  # noqa: E402
 from .trainer import Trainer  # noqa: E402
 
-# The kernels' thread counts: MINIDL_NUM_THREADS / MINIDL_BLAS_THREADS (minidl/settings.py).
-_environment = Settings.from_environment()
-kernels.parallel.set_thread_policy(_environment.num_threads, _environment.blas_threads)
-del _environment
-
 
 def _installed_version() -> str:
     """The version in the installed package's metadata (pyproject.toml's ``version``)."""

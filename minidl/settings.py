@@ -9,13 +9,13 @@ defaults when a user passes nothing. The variables:
     ``debug=`` poisons freed device bytes with float32 NaN, so a read of freed memory shows up
     as NaN. Read each time a Trainer is built.
 ``MINIDL_NUM_THREADS``
-    Threads the CPU kernels split work over (default: Numba's thread count). Applied when
-    ``minidl`` is imported (``minidl/__init__.py`` calls
-    :func:`~minidl.kernels.parallel.set_thread_policy`); ``Trainer(threads=...)`` or
-    ``set_thread_policy`` override it.
+    Threads the CPU kernels split work over (default: Numba's thread count). Applied when a
+    :class:`~minidl.Trainer` is built (it calls
+    :func:`~minidl.kernels.parallel.set_thread_policy`; importing minidl leaves the process's
+    threads alone); ``Trainer(threads=...)`` or ``set_thread_policy`` override it.
 ``MINIDL_BLAS_THREADS``
     Threads of NumPy's and SciPy's BLAS (default 1: one thread pool, Numba's, on the cores;
-    a multi-threaded OpenBLAS also changes results by thread count). Applied at import too.
+    a multi-threaded OpenBLAS also changes results by thread count). Applied by a Trainer too.
     This module imports nothing but the standard library, so that ``minidl/__init__.py`` can
     read it before NumPy loads.
 ``OMPI_COMM_WORLD_SIZE``, ``PMI_SIZE``

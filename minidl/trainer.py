@@ -33,7 +33,7 @@ from .executor import NonFiniteError
 from .fitting import History, fit
 from .graph import Network
 from .kernels.jit import CompileWatch
-from .kernels.parallel import num_blas_threads, set_thread_policy
+from .kernels.parallel import set_thread_policy
 from .labels import default_label_shape
 from .layers import SoftmaxCrossEntropy
 from .layers.base import Layer
@@ -123,8 +123,11 @@ class Trainer:
             self.device = device
         if debug is None:
             debug = Settings.from_environment().debug_pool
-        if threads is not None:
-            set_thread_policy(threads, num_blas_threads())
+        # the kernels' threads: ``threads``, else MINIDL_NUM_THREADS / MINIDL_BLAS_THREADS
+        # (minidl/settings.py), applied when a trainer is made rather than at import
+        settings = Settings.from_environment()
+        set_thread_policy(threads if threads is not None else settings.num_threads,
+                          settings.blas_threads)
         self.pool = Pool(self.device, alignment=alignment, debug=debug)
         self.loss_layer = loss if loss is not None else SoftmaxCrossEntropy()
         self.optimizer = sharded_optimizer(optimizer if optimizer is not None else

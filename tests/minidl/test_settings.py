@@ -59,15 +59,20 @@ def test_kernels_take_the_thread_count_they_are_given(monkeypatch):
         parallel.set_thread_policy(None, 1)
 
 
-def test_environment_applied_at_import():
+def test_environment_applied_by_a_trainer_not_at_import():
+    """Importing minidl leaves the process's thread counts alone; a Trainer applies
+    MINIDL_NUM_THREADS / MINIDL_BLAS_THREADS (OPENBLAS_THREAD_TIMEOUT is set at import: it
+    only counts before NumPy loads)."""
     env = dict(os.environ, MINIDL_NUM_THREADS="1", MINIDL_BLAS_THREADS="2")
     env.pop("OPENBLAS_THREAD_TIMEOUT", None)
     code = ("import os, minidl; from minidl.kernels import parallel; "
-            "print(parallel.num_threads(), parallel.num_blas_threads(), "
-            "os.environ['OPENBLAS_THREAD_TIMEOUT'])")
+            "print(parallel.num_blas_threads(), os.environ['OPENBLAS_THREAD_TIMEOUT']); "
+            "from minidl.models import smallcnn; "
+            "minidl.Trainer(smallcnn((1, 8, 8), 10, width=4), device_memory='16MiB'); "
+            "print(parallel.num_threads(), parallel.num_blas_threads())")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True, cwd=ROOT).stdout.split()
-    assert out == ["1", "2", "22"]
+    assert out == ["1", "22", "1", "2"]
 
 
 def test_trainer_debug_and_threads_are_options(monkeypatch):
