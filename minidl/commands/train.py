@@ -17,6 +17,7 @@ from .. import data as D
 from ..dryrun import auto_device_memory, suggest_specs
 from ..fitting import ResumeMismatch
 from ..layers import SoftmaxCrossEntropy
+from ..loaders import ImageReadError
 from ..memory.pool import DeviceOutOfMemory
 from ..models import SEQUENCE_MODELS, TRANSFORMER_MODELS, default_input_shape
 from ..optim import CosineAnnealingLR, StepLR, make_optimizer
@@ -40,6 +41,10 @@ from .common import (
     with_budget,
 )
 from .distributed import mpi_job, quiet_other_ranks, ranks_stop_together, refuse_for_text
+
+#: --loader: auto streams the datasets read from --data-dir (folder, cifar10, cifar100: images
+#: read batch by batch, the next on a background thread) and loads the others in memory.
+LOADERS = ("auto", "memory", "stream")
 
 
 def _is_safetensors(path: str | None) -> bool:
@@ -296,18 +301,27 @@ def cmd_train(args: argparse.Namespace) -> int:
         refuse_for_text(args, comm)
         return cmd_train_text(args, spec)
     if args.dataset not in D.DATASETS:
-        raise UsageError(f"unknown dataset {args.dataset!r}; valid: {', '.join(D.DATASETS)}")
+        raise UsageError(D.unknown_dataset(args.dataset))
     if args.dataset == "idx" and args.data_dir is None:
         raise UsageError("--dataset idx needs --data-dir DIR, a folder of MNIST-format idx files "
                          "(train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-...)")
+    if args.dataset in D.STREAMABLE and args.data_dir is None:
+        raise UsageError(f"--dataset {args.dataset} needs --data-dir DIR: "
+                         f"{D.STREAMABLE[args.dataset]}")
     if args.data_dir is not None and not os.path.isdir(args.data_dir):
         raise UsageError(f"--data-dir {args.data_dir}: no such folder")
+    loader = getattr(args, "loader", None) or "auto"  # stream: read batch by batch, prefetched
+    if loader not in LOADERS:
+        raise UsageError(f"unknown --loader {loader!r}; valid: {', '.join(LOADERS)}")
+    if loader == "stream" and args.dataset not in D.STREAMABLE:
+        raise UsageError(f"--loader stream reads {', '.join(D.STREAMABLE)} batch by batch; "
+                         f"{args.dataset} is loaded in memory: leave --loader out")
     input_shape = parse_chw(args.input)
     if args.dataset == "synthetic" and input_shape is None:
         input_shape = default_input_shape(args.model)
     try:
         ds = D.load_dataset(args.dataset, data_dir=args.data_dir, input_shape=input_shape,
-                            seed=args.seed)
+                            seed=args.seed, lazy=loader != "memory", progress=not args.quiet)
     except (ImportError, OSError, ValueError) as e:
         raise RuntimeFailure(f"cannot load dataset {args.dataset!r}: {e}") from None
     if defaults.standardize:
@@ -371,6 +385,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                                progress_every=args.log_every)
     except ResumeMismatch as e:
         raise UsageError(f"--resume {args.resume}: {e}") from None
+    except ImageReadError as e:  # (a streamed image, read when its batch came)
+        raise RuntimeFailure(str(e)) from None
     except DeviceOutOfMemory as e:
         fits = suggest_specs(lambda: build_model(args.model, ds.input_shape, ds.num_classes,
                                             args.width), args.batch_size, ds.input_shape,
