@@ -245,8 +245,10 @@ def _subdirs(path: Path) -> list[str]:
 
 
 def _image_extensions() -> set[str]:
+    """The file extensions of the formats Pillow reads (not those it only writes: .pdf)."""
     Image = _pillow()
-    return {ext.lower() for ext in Image.registered_extensions()}
+    return {ext.lower() for ext, fmt in Image.registered_extensions().items()
+            if fmt in Image.OPEN}
 
 
 def _index(root: Path, classes: list[str], labels: list[int], exts: set[str],
