@@ -466,11 +466,20 @@ class Trainer:
         return (l1 * h + l2 * (len(xb) - h)) / len(xb), np.concatenate([o1, o2])
 
     def evaluate(self, x: Any, y: Any, batch_size: int = 256) -> tuple[float, float]:
-        """Mean loss and accuracy (argmax over the last axis) in eval mode."""
-        x, y = self._check_inputs(x, y)
+        """Mean loss and accuracy (argmax over the last axis) in eval mode. ``x`` may be a
+        streamed image array (:class:`~minidl.loaders.ImageArray`): read batch by batch."""
+        streamed = not isinstance(x, np.ndarray) and hasattr(x, "take")
+        if streamed:
+            y = np.asarray(y)
+            if len(y) != len(x):
+                raise ValueError(f"{len(x)} inputs but {len(y)} labels")
+        else:
+            x, y = self._check_inputs(x, y)
         total_loss, correct, n, n_labels = 0.0, 0, 0, 0
         for i in range(0, len(x), batch_size):
             xb, yb = x[i:i + batch_size], y[i:i + batch_size]
+            if streamed:
+                xb, yb = self._check_inputs(xb, yb)
             with self._compile_notice():
                 loss, logits = self._forward_eval(xb, yb)
             total_loss += float(loss) * len(xb)

@@ -308,6 +308,26 @@ def test_fit_streamed_resumes_mid_epoch_bit_identically(tmp_path):
     assert rest.test_loss == whole.test_loss
 
 
+def test_evaluate_reads_a_streamed_test_split_batch_by_batch(tmp_path, monkeypatch):
+    """Trainer.evaluate on a streamed split reads it a batch at a time (never the whole
+    split at once) and gives the in-memory figures."""
+    from minidl import Trainer
+    from minidl.models import get_model
+
+    _cifar(tmp_path, n=12)
+    mem = load_dataset("cifar10", data_dir=tmp_path, input_shape=(3, 8, 8))
+    lazy = load_dataset("cifar10", data_dir=tmp_path, input_shape=(3, 8, 8), lazy=True)
+    net = get_model("smallcnn", input_shape=(3, 8, 8), num_classes=10, width=4)
+    t = Trainer(net, device_memory="32MiB")
+    want = t.evaluate(mem.x_test, mem.y_test, batch_size=4)
+
+    def whole(*_a, **_k):
+        raise AssertionError("the whole streamed split was read at once")
+
+    monkeypatch.setattr(ImageArray, "__array__", whole)
+    assert t.evaluate(lazy.x_test, lazy.y_test, batch_size=4) == want
+
+
 # ----------------------------------------------------------------------------- errors
 
 
