@@ -2,7 +2,9 @@
 minidl): :meth:`Trainer.record_memory <minidl.trainer.Trainer.record_memory>` keeps, of the
 iterations run inside it, the one with the highest peak; :meth:`MemoryRecorder.snapshot`
 turns it into plain data (a JSON file), from which come the Chrome / Perfetto trace, the PNG
-timeline and the text of :func:`show_memory` (``minidl show-memory FILE``).
+timeline and the text of :func:`show_memory` (``minidl show-memory FILE``). A ``.pickle`` /
+``.pkl`` file gets PyTorch's snapshot format instead (:mod:`minidl.memory_viz`: what
+``torch.cuda.memory._dump_snapshot`` writes, for https://pytorch.org/memory_viz).
 
 A snapshot holds every step (layer, phase: forward, backward, recompute, encode, decode; its
 compute span in seconds), every block event (alloc, free, prefetch, release: time, step,
@@ -10,6 +12,16 @@ category, bytes, tensor and the layer owning it), every plan action applied (off
 ... with its start and end), the copies on the host link, the persistent bytes by category,
 the peak (bytes, where, by category, the tensors live there) and the device's capacity and
 budget. A dry run (the meta device) records the same events in the same order, untimed.
+
+Every block event has its block's address: its offset in the device arena. The runtime logs
+events without them, so they are the pool's placement replayed: the blocks live when the
+iteration ended (the persistent ones: an iteration frees what it allocates) are placed at
+their offsets in a storage-less pool of the same policy and alignment, then every event of
+the iteration is replayed in order, an allocation at the offset its plan action asked for
+(falling back as the runtime does). The pool's placement depends only on the blocks live and
+the request, so the offsets are the run's (a GPU's library temporaries that overflow into the
+arena are no events and are left out). ``arena`` holds those blocks and the span the
+iteration used.
 """
 
 from __future__ import annotations
@@ -20,14 +32,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from .engine import Compiled, PeakInfo
+from .memory.plan import Action, Alloc, Plan, Prefetch
+from .memory.pool import PlacementError, Pool
 from .memory.timeline import series, trace, write_chrome_trace, write_json_atomic
 from .memory.units import format_size
 from .report import persistent_by_category, plot_timeline
 
 SNAPSHOT_FORMAT = "minidl-memory-snapshot"
-SNAPSHOT_VERSION = 1
-EVENT_FIELDS = ("time_s", "step", "op", "category", "delta_bytes", "tensor", "layer")
+SNAPSHOT_VERSION = 2  # 2: every event's block address and the arena's blocks ("arena")
+EVENT_FIELDS = ("time_s", "step", "op", "category", "delta_bytes", "tensor", "layer", "addr")
 ACTION_FIELDS = ("start_s", "end_s", "step", "action", "tensor")
+BLOCK_FIELDS = ("offset", "bytes", "requested_bytes", "tensor", "category", "layer")
 
 
 @dataclass
@@ -40,6 +55,15 @@ class _Capture:
     peak: PeakInfo
     iteration: int
     timed: bool
+    #: The pool when the iteration ended: policy, alignment, capacity and its live blocks as
+    #: (offset, size, requested bytes, tag, category), by offset.
+    arena: dict[str, Any]
+
+
+def _arena(pool: Pool) -> dict[str, Any]:
+    return {"policy": pool.policy, "alignment": pool.alignment, "capacity": int(pool.capacity),
+            "blocks": [(b.offset, b.size, b.nbytes, b.tag, b.category)
+                       for b in pool.live_blocks()]}
 
 
 class MemoryRecorder:
@@ -52,6 +76,7 @@ class MemoryRecorder:
         self.capacity, self.budget = capacity, budget
         self.iterations = 0
         self._best: _Capture | None = None
+        self._snap: tuple[_Capture, dict[str, Any]] | None = None
 
     def capture(self, c: Compiled, peak: PeakInfo, iteration: int, timed: bool) -> None:
         """Keep iteration ``iteration`` (just run by ``c``'s executor with ``record=True``)
@@ -59,17 +84,21 @@ class MemoryRecorder:
         self.iterations += 1
         if self._best is None or peak.bytes >= self._best.peak.bytes:
             self._best = _Capture(c, c.executor.last_runtime, list(c.executor.step_times), peak,
-                                  iteration, timed)
+                                  iteration, timed, _arena(c.executor.pool))
 
     def snapshot(self) -> dict[str, Any]:
-        """The recorded iteration with the highest peak as plain data (see module docstring)."""
+        """The recorded iteration with the highest peak as plain data (see module docstring;
+        the same dict until another iteration is kept)."""
         if self._best is None:
             raise RuntimeError("no iteration was recorded: train (step / fit) inside "
                                "trainer.record_memory()")
-        return _snapshot(self._best, self)
+        if self._snap is None or self._snap[0] is not self._best:
+            self._snap = (self._best, _snapshot(self._best, self))
+        return self._snap[1]
 
     def save_snapshot(self, path: str | os.PathLike) -> None:
-        """Write :meth:`snapshot` as JSON (atomically)."""
+        """Write :meth:`snapshot` (atomically): PyTorch's snapshot pickle for a ``.pickle`` /
+        ``.pkl`` path (:mod:`minidl.memory_viz`), minidl's JSON otherwise."""
         save_snapshot(self.snapshot(), path)
 
     def save_trace(self, path: str | os.PathLike) -> None:
@@ -115,6 +144,75 @@ def _copies(cap: _Capture, names: list[str], nbytes: list[int],
     return out
 
 
+class _ArenaCopy:
+    """The device under the replay's pool: a capacity, no storage."""
+
+    name = "arena copy"
+    has_storage = False
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+
+
+def _applied_order(plan: Plan) -> list[Action]:
+    """The plan's actions in the order the executor applies them."""
+    out = list(plan.begin)
+    for sp in plan.steps:
+        out += sp.before
+        out += sp.after
+    return out + list(plan.end)
+
+
+def _addresses(cap: _Capture) -> tuple[list[int], int]:
+    """Every event's block offset, by replaying the iteration on a copy of the arena (see the
+    module docstring), and the highest end of any block (the arena's span)."""
+    rt, plan = cap.runtime, cap.compiled.plan
+    tensors = plan.program.tensors
+    arena = cap.arena
+    pool = Pool(_ArenaCopy(arena["capacity"]), arena["policy"], arena["alignment"])
+    span = 0
+    for off, size, _, tag, cat in arena["blocks"]:
+        pool.allocate(size, tag, cat, offset=off)
+        span = max(span, off + size)
+    planned, applied = _applied_order(plan), rt.actions
+    if [(type(a).__name__.lower(), a.tensor) for a in planned] != [r[3:5] for r in applied]:
+        raise RuntimeError("the recorded actions are not the plan's: the blocks' addresses "
+                           "cannot be replayed")
+    blocks: dict[str, Any] = {}
+    addrs: list[int] = []
+    k = 0
+    # (an action's events happen while it is applied: between its start and end times; a
+    # cached block evicted to make room is freed inside the allocating action, under pool
+    # placement: static plans are never cached)
+    for t, _, op, cat, delta, name in rt.events:
+        while k < len(applied) and applied[k][1] < t:
+            k += 1
+        a = planned[k] if k < len(applied) and applied[k][0] <= t else None
+        want = a if isinstance(a, (Alloc, Prefetch)) and a.offset >= 0 else None
+        if op in ("free", "release"):
+            blk = blocks.pop(name, None)
+            if blk is None:
+                raise RuntimeError(f"{op} of {name}, not allocated in the recorded iteration: "
+                                   "its address cannot be replayed")
+            addrs.append(blk.offset)
+            pool.free(blk)
+            continue
+        offset = None
+        if want is not None and tensors[want.tensor].name == name and \
+                delta == plan.program.block_size(tensors[want.tensor].nbytes):
+            offset = want.offset  # (a prefetch of a block larger than planned is placed)
+        try:
+            blk = pool.allocate(delta, name, cat, offset=offset)
+        except PlacementError:  # the planned bytes are taken: the pool places it
+            blk = pool.allocate(delta, name, cat)
+        if name in blocks:
+            raise RuntimeError(f"{name} allocated twice in the recorded iteration")
+        blocks[name] = blk
+        addrs.append(blk.offset)
+        span = max(span, blk.offset + blk.size)
+    return addrs, span
+
+
 def _snapshot(cap: _Capture, rec: MemoryRecorder) -> dict[str, Any]:
     c, rt = cap.compiled, cap.runtime
     prog = c.plan.program
@@ -134,6 +232,7 @@ def _snapshot(cap: _Capture, rec: MemoryRecorder) -> dict[str, Any]:
             row["start_s"], row["end_s"] = spans[i]
         steps.append(row)
     p = cap.peak
+    addrs, span = _addresses(cap)
     return {
         "format": SNAPSHOT_FORMAT, "version": SNAPSHOT_VERSION,
         "model": rec.model, "memory": rec.memory, "device": rec.device,
@@ -148,23 +247,40 @@ def _snapshot(cap: _Capture, rec: MemoryRecorder) -> dict[str, Any]:
         "steps": steps,
         "event_fields": list(EVENT_FIELDS),
         "events": [[(t - t0) if timed else None, step, op, cat, delta, name,
-                    owner.get(name, "")] for t, step, op, cat, delta, name in rt.events],
+                    owner.get(name, ""), addr]
+                   for (t, step, op, cat, delta, name), addr in zip(rt.events, addrs)],
         "action_fields": list(ACTION_FIELDS),
         "actions": [[(s - t0) if timed else None, (e - t0) if timed else None, pos, action,
                      names[tid]] for s, e, pos, action, tid, _ in rt.actions],
         "copies": [{"start_s": s, "end_s": e, "name": n, "direction": lane, "bytes": b}
                    for s, e, n, lane, b in _copies(cap, names, sizes, t0)] if timed else [],
+        "arena": {"policy": cap.arena["policy"], "alignment": cap.arena["alignment"],
+                  "reserved_bytes": span, "block_fields": list(BLOCK_FIELDS),
+                  "blocks": [[off, size, nbytes, tag, cat, owner.get(tag, "")]
+                             for off, size, nbytes, tag, cat in cap.arena["blocks"]]},
     }
 
 
 def save_snapshot(snapshot: dict[str, Any], path: str | os.PathLike) -> None:
-    """Write ``snapshot`` as JSON, atomically (a temporary file renamed into place)."""
-    write_json_atomic(path, snapshot)
+    """Write ``snapshot`` atomically (a temporary file renamed into place): PyTorch's memory
+    snapshot pickle for a ``.pickle`` / ``.pkl`` path (:func:`minidl.memory_viz.torch_snapshot`,
+    minidl's snapshot inside it), JSON otherwise."""
+    from . import memory_viz  # (it builds on this module)
+
+    if memory_viz.is_pickle_path(path):
+        memory_viz.save_torch_snapshot(snapshot, path)
+    else:
+        write_json_atomic(path, snapshot)
 
 
 def load_snapshot(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a snapshot file; ``ValueError`` saying what the file is otherwise."""
+    """Read a snapshot file (JSON, or a pickle :func:`save_snapshot` wrote); ``ValueError``
+    saying what the file is otherwise (PyTorch's own snapshots: how to open them)."""
+    from . import memory_viz
+
     path = os.fspath(path)
+    if memory_viz.is_pickle_file(path):
+        return memory_viz.minidl_snapshot(memory_viz.load_pickle(path), path)
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)

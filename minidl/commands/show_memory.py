@@ -1,6 +1,8 @@
 """``minidl show-memory FILE``: the text report of a memory snapshot (``minidl train
 --snapshot``): the peak, the largest tensors live there, the timeline; optionally its PNG plot
-and Chrome / Perfetto trace."""
+and Chrome / Perfetto trace. A ``.pickle`` minidl wrote (PyTorch's snapshot format) is read
+from the minidl snapshot inside it; PyTorch's own snapshots are refused in one line saying how
+to open them (https://pytorch.org/memory_viz, ``python -m torch.cuda._memory_viz``)."""
 
 from __future__ import annotations
 

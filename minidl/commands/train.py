@@ -19,6 +19,7 @@ from ..fitting import ResumeMismatch
 from ..layers import SoftmaxCrossEntropy
 from ..loaders import ImageReadError
 from ..memory.pool import DeviceOutOfMemory
+from ..memory_viz import is_pickle_path, open_hint
 from ..models import SEQUENCE_MODELS, TRANSFORMER_MODELS, default_input_shape
 from ..optim import CosineAnnealingLR, StepLR, make_optimizer
 from ..rnn import train_language_model
@@ -170,13 +171,16 @@ def _recorded(trainer: Trainer, args: argparse.Namespace):
     except OSError as e:
         raise RuntimeFailure(f"cannot write {e.filename}: {e.strerror}") from None
     out = sys.stderr if args.json else sys.stdout
+    opened = {"trace": " (open it in https://ui.perfetto.dev)", "timeline": "",
+              "memory snapshot": f" (minidl show-memory {args.snapshot})"}
+    if args.snapshot and is_pickle_path(args.snapshot):  # PyTorch's format
+        opened["memory snapshot"] = (f" in PyTorch's format: {open_hint(args.snapshot)}; "
+                                     f"minidl show-memory {args.snapshot} reads it too")
     for what, path in (("memory snapshot", args.snapshot), ("trace", args.trace),
                        ("timeline", args.plot)):
         if path:
             print(f"{what} of iteration {rec.snapshot()['iteration']} (the highest peak) saved "
-                  f"to {path}" + (f" (minidl show-memory {path})" if what == "memory snapshot"
-                                  else " (open it in https://ui.perfetto.dev)"
-                                  if what == "trace" else ""), file=out)
+                  f"to {path}{opened[what]}", file=out)
 
 
 def _saver(trainer: Trainer, path: str | None, every: int | None):
