@@ -24,6 +24,7 @@ from .memory.pool import Pool
 from .memory.targets import DeviceProfile, get_target
 from .memory.units import ALLOCATION_UNIT, format_size, parse_size
 from .memory.zero import STAGES, ZeroBytes, owned_ranges, zero_bytes
+from .memory_viz import plan_snapshot
 from .optim import make_optimizer
 
 
@@ -46,6 +47,7 @@ def dry_run(
     target: str | DeviceProfile | None = None,
     emulated: bool = False,
     ranks: int = 1,
+    snapshot: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Run one training iteration of ``net`` on the meta device and report its memory.
 
@@ -75,6 +77,10 @@ def dry_run(
     (:func:`~minidl.memory.zero.zero_bytes`) and the step's collectives, and
     ``peak_allocated_bytes`` is that rank's, as training measures it at every stage (stage 2's
     full gradients and stage 3's gathered parameters are blocks of the lowered iteration).
+    ``snapshot``: write the iteration's memory snapshot there
+    (:func:`~minidl.memory_viz.plan_snapshot`): PyTorch's snapshot pickle for a ``.pickle`` /
+    ``.pkl`` path (https://pytorch.org/memory_viz), minidl's JSON (``minidl show-memory``)
+    otherwise; the same events and addresses a real run of the spec records.
     """
     config = MemoryConfig.parse(memory)
     profile = get_target(target) if isinstance(target, str) else target
@@ -103,6 +109,9 @@ def dry_run(
         c = engine.compiled([batch], labels, training=training)
     c.executor.run([None, None], training=training, record=True)
     info = engine.peak_info(c)
+    if snapshot:
+        plan_snapshot(c, info, snapshot, model=net.name, memory=config.spec,
+                      budget=budget if budget is not None else config.budget)
     if plot:
         report.plot_timeline(report.timeline(c), plot,
                              f"{net.name}, batch {batch_size}, {config.spec}",
