@@ -7,9 +7,11 @@ import json
 import sys
 
 from ..dryrun import dry_run, max_batch_size, suggest_specs
+from ..estimate import estimate_table, format_estimate_table
 from ..memory.auto import BudgetTooSmall
 from ..memory.targets import get_target
 from ..memory.units import parse_size
+from ..memory_viz import is_pickle_path, open_hint
 from ..report import format_layer_table
 from .common import (
     EXIT_OOM,
@@ -219,12 +221,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
         budget = None if args.budget is None else parse_size(args.budget)
     except ValueError as e:
         raise UsageError(f"--budget: {e}") from None
-    if args.ranks < 1 or args.ranks > args.batch_size:
-        raise UsageError(f"--ranks {args.ranks}: needs 1 to the batch size ({args.batch_size})")
+    ranks = parse_ranks(args.ranks, args.batch_size)
+    if getattr(args, "table", False):
+        return _table_output(args, net.name, shape, classes, spec, ranks, budget, profile)
+    if len(ranks) > 1:
+        raise UsageError(f"--ranks {args.ranks} lists several rank counts: add --table for one "
+                         "row per ZeRO stage and rank count, or give one count")
+    args.ranks = ranks[0]
     try:
         rep = dry_run(net, args.batch_size, spec, args.optimizer, input_shape=shape,
                       plot=None if args.frontier else args.plot, trace=args.trace,
-                      budget=budget,
+                      snapshot=getattr(args, "snapshot", None), budget=budget,
                       device_kind=args.device, target=profile, ranks=args.ranks)
     except BudgetTooSmall as e:
         print(f"minidl: {e}", file=sys.stderr)
@@ -259,10 +266,53 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 print(f"layers of one micro-batch of {rep['micro_batch_size']} (the batch of "
                       f"{args.batch_size} runs as {rep['split']} micro-batches):")
             print(format_layer_table(rep["layers"]))
-        for what, path in (("timeline", args.plot), ("trace", args.trace)):
+        snapshot = getattr(args, "snapshot", None)
+        for what, path in (("timeline", args.plot), ("trace", args.trace),
+                           ("memory snapshot", snapshot)):
             if path:
-                print(f"{what} saved to {path}")
+                print(f"{what} saved to {path}" + (
+                    "" if what != "memory snapshot" else f" (PyTorch's format: {open_hint(path)})"
+                    if is_pickle_path(path) else f" (minidl show-memory {path})"))
     return 0 if rep.get("fits_budget", True) else EXIT_OOM
+
+
+def parse_ranks(text: str | int, batch_size: int) -> list[int]:
+    """``--ranks N`` or ``--ranks 1,2,8``: the rank counts, each from 1 to the batch size (the
+    batch is global); one-line usage errors otherwise."""
+    try:
+        counts = [int(v) for v in str(text).split(",")]
+    except ValueError:
+        raise UsageError(f"--ranks {text}: expected a count or counts separated by commas "
+                         "(e.g. 8 or 1,2,8)") from None
+    for n in counts:
+        if n < 1 or n > batch_size:
+            raise UsageError(f"--ranks {text}: needs 1 to the batch size ({batch_size}), "
+                             f"got {n}")
+    return sorted(set(counts))
+
+
+def _table_output(args: argparse.Namespace, name: str, shape: tuple[int, ...], classes: int,
+                  spec, ranks: list[int], budget: int | None, profile) -> int:
+    """``--table``: one row per ZeRO stage and rank count (a dry run each), with the largest
+    batch per rank that fits ``--budget`` (or the target's memory)."""
+    if args.frontier or args.max_batch:
+        raise UsageError("--table is its own question: drop --frontier / --max-batch")
+    if spec.has("auto"):
+        raise UsageError("--table compares fixed specs across ZeRO stages: give --memory "
+                         "without auto (e.g. reuse,inplace)")
+    say = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
+    rows = estimate_table(lambda: build_model(args.model, shape, classes, args.width), shape,
+                          args.batch_size, spec, ranks, args.optimizer, budget=budget,
+                          progress=say, device_kind=args.device, target=profile)
+    if args.json:
+        print(json.dumps({"model": name, "memory": spec.spec, "batch_size": args.batch_size,
+                          "budget_bytes": budget, "rows": [r.as_dict() for r in rows]}))
+        return 0
+    print(f"{name}, global batch {args.batch_size}, input {'x'.join(map(str, shape))}, memory "
+          f"{spec.spec!r}, optimizer {args.optimizer}: one rank's bytes at its peak"
+          + (f"; max batch/rank within {format_bytes(budget)}" if budget is not None else ""))
+    print(format_estimate_table(rows, budget))
+    return 0
 
 
 def _frontier_output(args: argparse.Namespace, rep: dict, budget: int | None, profile) -> int:

@@ -13,10 +13,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from minidl.memory.config import MemoryConfig
 
 from minidl import models
 from minidl.comm import MpiCommunicator
 from minidl.dryrun import dry_run
+from minidl.estimate import estimate_table
 from minidl.optim import SGD
 from minidl.trainer import Trainer
 
@@ -79,6 +81,11 @@ def train(comm, spec: str, batch: int, bucket_bytes: int, fail_at: int | None = 
     # the plan of rank 0 (made here: convolution workspaces depend on the thread count)
     out["planned_peak"] = np.array(dry_run(_net(bn), batch, spec, "sgd", input_shape=shape,
                                            ranks=comm.size)["peak_allocated_bytes"])
+    # the same rank's row of minidl plan --ranks N --table (estimate_table)
+    stage = MemoryConfig.parse(spec).zero
+    rows = estimate_table(lambda: _net(bn), shape, batch, spec, [comm.size], "sgd",
+                          stages=(stage,)) if 1 < comm.size <= batch else []
+    out["table_peak"] = np.array(rows[0].peak_allocated if rows else out["planned_peak"])
     out["buckets"] = np.array(0 if trainer.parallel is None else len(
         trainer.parallel.sync.buckets))
     trainer.close()

@@ -170,8 +170,10 @@ def test_two_ranks_match_one_process(mpiexec, tmp_path):
         np.testing.assert_allclose(got["losses"], ref["losses"], rtol=RTOL, atol=ATOL,
                                    err_msg=name)
         assert sorted(got.files) == sorted(ref)  # zero=1 gathers the momentum in the same names
-        # rank 0's real peak is what minidl plan --ranks 2 predicts (zero=1 included)
+        # rank 0's real peak is what minidl plan --ranks 2 predicts (zero=1 included), and
+        # what its row of minidl plan --ranks 2 --table says
         assert int(got["peak_allocated"]) == int(got["planned_peak"]), name
+        assert int(got["peak_allocated"]) == int(got["table_peak"]), name
         for k in ref:
             if k.startswith(("param/", "optim/")):  # (the reference's planned_peak is 1 rank's)
                 np.testing.assert_allclose(got[k], ref[k], rtol=RTOL, atol=ATOL,
@@ -279,7 +281,7 @@ def test_zero_on_one_rank_is_bit_identical_and_checkpoints_unsharded(stage):
     zero = worker.train(SingleProcess(), f"reuse,inplace,zero={stage}", 16, 1024)
     assert sorted(plain) == sorted(zero)
     for k in plain:
-        if k != "peak_allocated" and k != "planned_peak" and k != "buckets":
+        if k not in ("peak_allocated", "planned_peak", "table_peak", "buckets"):
             assert np.array_equal(plain[k], zero[k]), k  # (optim/: the unsharded state)
     if stage == 1:  # one rank holds every shard: the same bytes
         assert int(zero["peak_allocated"]) == int(plain["peak_allocated"])
