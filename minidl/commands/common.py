@@ -178,7 +178,19 @@ def check_device(name: str) -> None:
     try:
         make_device(name, capacity=512)  # a tiny arena: CuPy imports and a GPU answers
     except (RuntimeError, ValueError) as e:
-        raise RuntimeFailure(f"--device {name}: {e}") from None
+        raise RuntimeFailure(f"--device {name}: {without_meta(str(e))}") from None
+
+
+#: What the device layer suggests instead of a GPU; the commands take --device cpu (the meta
+#: device is minidl plan's, which needs no GPU even for --device cuda).
+_DEVICE_LAYER_ADVICE = "use the cpu or meta device"
+GPU_ALTERNATIVES = ("use --device cpu, or plan for the GPU without one: minidl plan MODEL "
+                    "--device cuda")
+
+
+def without_meta(message: str) -> str:
+    """A device error's message with the advice a command can follow (no meta device)."""
+    return message.replace(_DEVICE_LAYER_ADVICE, GPU_ALTERNATIVES)
 
 
 def shape_and_classes(args: argparse.Namespace) -> tuple[tuple[int, ...] | None, int]:
