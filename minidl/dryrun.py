@@ -24,7 +24,7 @@ from .memory.pool import Pool
 from .memory.targets import DeviceProfile, get_target
 from .memory.units import ALLOCATION_UNIT, format_size, parse_size
 from .memory.zero import STAGES, ZeroBytes, owned_ranges, zero_bytes
-from .memory_viz import plan_snapshot
+from .memory_record import plan_snapshot
 from .optim import make_optimizer
 
 
@@ -78,7 +78,7 @@ def dry_run(
     ``peak_allocated_bytes`` is that rank's, as training measures it at every stage (stage 2's
     full gradients and stage 3's gathered parameters are blocks of the lowered iteration).
     ``snapshot``: write the iteration's memory snapshot there
-    (:func:`~minidl.memory_viz.plan_snapshot`): PyTorch's snapshot pickle for a ``.pickle`` /
+    (:func:`~minidl.memory_record.plan_snapshot`): PyTorch's snapshot pickle for a ``.pickle`` /
     ``.pkl`` path (https://pytorch.org/memory_viz), minidl's JSON (``minidl show-memory``)
     otherwise; the same events and addresses a real run of the spec records.
     """

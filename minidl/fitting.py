@@ -116,8 +116,8 @@ def fit(
         trainer.restored_callback_state = {}
     end_logs: dict[str, Any] = {}
     announce = trainer.announce_compilation
-    if progress:  # (the progress display says when kernels compile)
-        trainer.announce_compilation = False
+    # the progress display says when kernels compile; without progress, fit stays silent
+    trainer.announce_compilation = False
     try:
         run.dispatch("on_train_begin")
         _train(run, x_train, y_train, shuffle, augment, validation_data, val_every)

