@@ -68,7 +68,8 @@ SHARED_HELP = {
 def model_help() -> str:
     """The MODEL argument's help: every model of :data:`minidl.models.MODEL_NAMES`."""
     return (f"the model: {', '.join(MODEL_NAMES)} (resnet<N>: any valid depth, e.g. resnet20, "
-            "resnet56, resnet1001)")
+            "resnet56, resnet1001), or your own as MODULE:FUNCTION (a function returning a "
+            "minidl Network; it gets input_shape, num_classes and width if it takes them)")
 
 
 def per_dataset(field: str, fmt=str) -> str:
@@ -328,7 +329,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "the budget (needs the plot extra)")
     t.add_argument("--snapshot", default=None, metavar="FILE",
                    help="record the run's memory: every event of the iteration with the highest "
-                        "peak, for minidl show-memory FILE")
+                        "peak, for minidl show-memory FILE; FILE.pickle is PyTorch's snapshot "
+                        "format (https://pytorch.org/memory_viz, python -m "
+                        "torch.cuda._memory_viz)")
     t.add_argument("--tensorboard", default=None, metavar="DIR",
                    help="TensorBoard scalars (loss, lr, epoch metrics) in DIR (needs "
                         "tensorboardX, or torch with tensorboard)")
@@ -359,9 +362,15 @@ def build_parser() -> argparse.ArgumentParser:
                          "the budget defaults to its memory (default: this CPU's costs)")
     pl.add_argument("--optimizer", default="sgd", choices=["sgd", "adam", "adamw"],
                     help="the optimizer whose state the plan holds")
-    pl.add_argument("--ranks", type=int, default=1, metavar="N",
+    pl.add_argument("--ranks", default="1", metavar="N[,N...]",
                     help="plan one rank of data-parallel training over N ranks (the batch is "
-                         "global; with --memory ...,zero=K: ZeRO's sharded bytes per rank)")
+                         "global; with --memory ...,zero=K: ZeRO's sharded bytes per rank); "
+                         "with --table, several counts (1,2,8)")
+    pl.add_argument("--table", action="store_true",
+                    help="the estimate table: one row per ZeRO stage and --ranks count with one "
+                         "rank's parameters, gradients, optimizer state, activations, workspace, "
+                         "peak and the largest batch per rank within --budget (or --target's "
+                         "memory)")
     pl.add_argument("--budget", default=None, metavar="SIZE",
                     help="device bytes: with --memory auto the planner fits them; any plan is "
                          "checked against them (exit code 1 if it does not fit); --max-batch "
@@ -369,6 +378,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--plot", default=None,
                     help="save the timeline of device bytes (PNG; with --frontier: the curve)")
     pl.add_argument("--trace", default=None, help="save a Chrome/Perfetto trace (JSON)")
+    pl.add_argument("--snapshot", default=None, metavar="FILE",
+                    help="save the iteration's memory snapshot: FILE.pickle in PyTorch's format "
+                         "(https://pytorch.org/memory_viz, python -m torch.cuda._memory_viz), "
+                         "else JSON for minidl show-memory FILE")
     pl.add_argument("--layers", action="store_true", help="print the per-layer table")
     pl.add_argument("--max-batch", action="store_true",
                     help="find the largest batch that fits --budget (dry runs; with auto, "

@@ -27,6 +27,7 @@ from ..models import (
     get_model,
     resnet_layout,
 )
+from ..user_models import UserModelError, build_user_model, is_user_model
 
 EXIT_USAGE = 2
 EXIT_OOM = 1
@@ -71,6 +72,13 @@ def smallest_square_input(name: str, channels: int, num_classes: int,
 
 
 def build_model(name: str, input_shape, num_classes: int, width: int | None = None):
+    """The network ``name`` names: a built-in model, or a user's ``MODULE:FUNCTION``
+    (:mod:`minidl.user_models`); one-line usage errors for what cannot be built."""
+    if is_user_model(name):
+        try:
+            return build_user_model(name, input_shape, num_classes, width)
+        except UserModelError as e:
+            raise UsageError(str(e)) from None
     try:
         return get_model(name, input_shape=input_shape, num_classes=num_classes, width=width)
     except ShapeError as e:
@@ -102,8 +110,9 @@ def build_model(name: str, input_shape, num_classes: int, width: int | None = No
 
 
 def check_model_name(name: str) -> None:
-    """Raise :class:`UsageError` listing the valid names unless ``name`` is a model."""
-    if name in MODELS or name in SEQUENCE_MODELS:
+    """Raise :class:`UsageError` listing the valid names unless ``name`` is a model (a user's
+    ``MODULE:FUNCTION`` is checked when it is built)."""
+    if name in MODELS or name in SEQUENCE_MODELS or is_user_model(name):
         return
     depth = re.fullmatch(r"resnet(\d+)", name)
     if depth is None:
