@@ -269,12 +269,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--lr", type=float, default=None,
                    help=f"learning rate (default {lr_defaults()})")
     t.add_argument("--weight-decay", type=float, default=None,
-                   help="L2 weight decay of the image models (default per dataset: "
-                        f"{per_dataset('weight_decay', lambda v: f'{v:g}')}); the text models "
-                        "train without")
-    t.add_argument("--schedule", default="cosine", choices=["cosine", "step", "none"],
-                   help="learning-rate schedule over the epochs of the image models (the text "
-                        "models keep --lr)")
+                   help="L2 weight decay (default per dataset: "
+                        f"{per_dataset('weight_decay', lambda v: f'{v:g}')}); the text models: "
+                        "0 unless given (decoupled, as AdamW's, with --optimizer adamw)")
+    t.add_argument("--schedule", default=None, choices=["cosine", "step", "none"],
+                   help="learning-rate schedule over the epochs of the image models (default: "
+                        "cosine; the text models keep --lr and refuse another)")
     t.add_argument("--budget", default=None, metavar="SIZE",
                    help="with --memory auto: the device bytes the planner must fit, and the "
                         "device arena's size unless --device-memory gives one (refused "

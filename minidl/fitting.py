@@ -155,7 +155,8 @@ def _train(run: FitRun, x_train: Any, y_train: Any, shuffle: bool, augment: Any,
         run.dispatch("on_epoch_begin", epoch)
         t_epoch = time.perf_counter()
         lr = trainer.optimizer.lr
-        start = len(hist.losses)
+        if trainer.epoch_step == 0:
+            trainer.epoch_losses, trainer.epoch_accuracy = [], []
         # (streamed images, minidl.loaders.ImageArray: the next batch read on a thread)
         todo = epoch_batches(x_train, y_train, run.batch_size, shuffle=shuffle,
                              seed=trainer.seed, epoch=epoch, start=trainer.epoch_step)
@@ -170,7 +171,7 @@ def _train(run: FitRun, x_train: Any, y_train: Any, shuffle: bool, augment: Any,
         if trainer.epoch_step < run.steps_per_epoch:
             break  # stopped mid-epoch: the position stays there
         logs = {"epoch": epoch, "step": trainer.iteration,
-                "loss": _mean(hist.losses[start:]), "accuracy": _mean(hist.train_accuracy[start:]),
+                "loss": _mean(trainer.epoch_losses), "accuracy": _mean(trainer.epoch_accuracy),
                 "lr": lr, "time_s": time.perf_counter() - t_epoch,
                 "peak_bytes": trainer.peak.bytes if trainer.peak else 0}
         if validation_data is not None and (epoch + 1) % val_every == 0:
@@ -234,6 +235,9 @@ def _step(run: FitRun, xb: np.ndarray, yb: np.ndarray, epoch: int, first: bool) 
     hist.losses.append(loss)
     hist.step_times.append(dt)
     hist.train_accuracy.append(acc)
+    # (the epoch's figures so far: in checkpoints, so that an epoch a resume cuts logs all of it)
+    trainer.epoch_losses.append(loss)
+    trainer.epoch_accuracy.append(acc)
     hist.lrs.append(lr)
     run.dispatch("on_step_end", {
         "epoch": epoch, "step": trainer.iteration, "loss": loss, "accuracy": acc, "lr": lr,

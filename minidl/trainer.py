@@ -27,7 +27,7 @@ from .checkpoint import (  # CheckpointError, check_writable: re-exported for th
 )
 from .comm import Communicator, SingleProcess
 from .data_parallel import DEFAULT_BUCKET_BYTES, DataParallel
-from .deferred import Deferred
+from .deferred import Deferred, resolve_all
 from .engine import Compiled, Engine, PeakInfo
 from .executor import NonFiniteError
 from .fitting import History, fit
@@ -163,6 +163,9 @@ class Trainer:
         self.epoch_step = 0
         self.steps_per_epoch: int | None = None
         self.augment_rng: np.random.Generator | None = None
+        #: The current epoch's step losses and training accuracies (its log's means).
+        self.epoch_losses: list[Any] = []
+        self.epoch_accuracy: list[Any] = []
         #: Set by a callback (e.g. :class:`~minidl.callbacks.EarlyStopping`) to end :meth:`fit`.
         self.stop_training = False
         #: The callbacks of the latest :meth:`fit` (their state goes into checkpoints), and
@@ -536,6 +539,10 @@ class Trainer:
         if self.augment_rng is not None:
             arrays["trainer/augment_rng"] = np.asarray(
                 json.dumps(self.augment_rng.bit_generator.state))
+        arrays["trainer/epoch_losses"] = np.asarray(resolve_all(self.epoch_losses),
+                                                    dtype=np.float64)
+        arrays["trainer/epoch_accuracy"] = np.asarray(resolve_all(self.epoch_accuracy),
+                                                      dtype=np.float64)
         for key, state in callback_states(self.fit_callbacks).items():
             for name, value in state.items():
                 arrays[f"callback/{key}/{name}"] = np.asarray(value)
@@ -581,6 +588,9 @@ class Trainer:
                 sched = {k[6:]: z[k].item() for k in z.files if k.startswith("sched/")}
                 iteration = int(z["trainer/iteration"])
                 position = resume_position(path, z) if resume else None
+                epoch_figures = tuple([float(v) for v in z[k]] if k in z.files else []
+                                      for k in ("trainer/epoch_losses",
+                                                "trainer/epoch_accuracy"))
                 callbacks: dict[str, dict[str, float]] = {}
                 for k in z.files:
                     if k.startswith("callback/"):
@@ -613,6 +623,7 @@ class Trainer:
                 self.scheduler.load_state_dict(sched)
             self.epoch, self.epoch_step, self.steps_per_epoch, self.augment_rng = position
             self.restored_callback_state = callbacks
+            self.epoch_losses, self.epoch_accuracy = epoch_figures
 
     # ------------------------------------------------------------------ reports
     @contextmanager

@@ -311,12 +311,7 @@ def check_version(r: Ran) -> None:
 
 #: Differences from the README's promise that are known bugs (test_readme_bash_block ends as
 #: xfail naming them, after every other check has passed): (check, what) -> the bug.
-KNOWN_BUGS = {
-    ("resume mid-epoch", "loss/accuracy of the cut epoch"):
-        "the epoch a resume cuts in the middle logs (and prints) its training loss and "
-        "accuracy averaged over the steps after the resume only; the weights, validation and "
-        "later epochs are bit-identical",
-}
+KNOWN_BUGS: dict[tuple[str, str], str] = {}
 
 
 def check_train_resnet20(r: Ran) -> str | None:
@@ -343,11 +338,9 @@ def check_train_resnet20(r: Ran) -> str | None:
     assert resumed.returncode == 0, resumed.fail("the resumed run failed")
     again = _epoch_rows(other / "run.csv")
     assert len(again) == len(rows), resumed.fail("resumed log has other epochs")
-    diffs = {(a["epoch"], k) for a, b in zip(again, rows) for k in a if a[k] != b[k]}
-    known = {("2", "loss"), ("2", "accuracy")}  # the epoch of step 40
-    assert diffs <= known, resumed.fail(f"resumed log differs: {sorted(diffs)}\n{again}\n{rows}")
-    if diffs:
-        return KNOWN_BUGS[("resume mid-epoch", "loss/accuracy of the cut epoch")]
+    diffs = {(a["epoch"], k) for a, b in zip(again, rows) for k in a
+             if a[k] != b[k]}
+    assert not diffs, resumed.fail(f"resumed log differs: {sorted(diffs)}\n{again}\n{rows}")
     return None
 
 

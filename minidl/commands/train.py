@@ -230,7 +230,7 @@ def cmd_train_text(args: argparse.Namespace, spec) -> int:
     args.seq_len = resolved_seq_len(args)
     net = build_model(args.model, (args.seq_len,), ds.vocab_size, args.width)
     _init_from(net, args.init_from)
-    opt = make_optimizer(args.optimizer, net.parameters(), args.lr, 0.0)
+    opt = make_optimizer(args.optimizer, net.parameters(), args.lr, args.weight_decay)
     device_memory = args.device_memory
     link = _emulate_link(args)
     if device_memory == "auto":
@@ -292,6 +292,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         args.optimizer = "adamw" if args.model in TRANSFORMER_MODELS else "sgd"
     if args.epochs is None:
         args.epochs = defaults.epochs
+    if args.model in SEQUENCE_MODELS:  # (no epochs to schedule; weight decay only if asked)
+        if args.schedule not in (None, "none"):
+            raise UsageError(f"--schedule {args.schedule}: the text models train a number of "
+                             "steps at a constant --lr (no epochs to schedule over)")
+        if args.weight_decay is None:
+            args.weight_decay = 0.0
+    args.schedule = args.schedule or "cosine"
     if args.weight_decay is None:
         args.weight_decay = defaults.weight_decay
     spec = parse_memory(with_budget(args.memory, args.budget))
@@ -398,7 +405,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         e.suggestions = fits
         raise
     wall = time.perf_counter() - t0
-    if args.save:
+    unchanged = bool(args.resume and not hist.losses and args.save
+                     and os.path.abspath(args.save) == os.path.abspath(args.resume))
+    if args.save and not unchanged:  # (a resumed run that trained nothing leaves its file)
         _save(trainer, args.save)
         if not (args.json or args.quiet) and (trainer.parallel is None
                                               or trainer.parallel.comm.rank == 0):
@@ -442,7 +451,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                   f"wall time {wall:.1f} s")
         elif hist.stopped_early:
             print(f"nothing to train: the run had stopped early at epoch {trainer.epoch} of "
-                  f"{args.epochs} (step {trainer.iteration}; {hist.stop_reason})")
+                  f"{args.epochs} (step {trainer.iteration})")
         else:
             print(f"nothing to train: the run already stands at epoch {trainer.epoch} of "
                   f"{args.epochs} (step {trainer.iteration})")

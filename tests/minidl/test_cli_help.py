@@ -224,3 +224,24 @@ def test_the_cuda_error_suggests_what_train_takes():
         pass
     line = one_line_error(run("train", "smallcnn", *TINY, "--device", "cuda"), 1)
     assert "meta" not in line and "--device cpu" in line
+
+
+def test_text_models_take_weight_decay_and_refuse_a_schedule(monkeypatch, capsys):
+    """Nothing a user passes is silently ignored: the text models apply --weight-decay and
+    refuse --schedule (they train steps at a constant rate)."""
+    from minidl.cli import main
+    from minidl.commands import train as train_command
+
+    seen = []
+    real = train_command.make_optimizer
+    monkeypatch.setattr(train_command, "make_optimizer",
+                        lambda *a, **k: seen.append(a[3]) or real(*a, **k))
+    base = ["train", "char-lstm", "--dataset", "synthetic", "--max-steps", "1", "--seq-len",
+            "8", "--batch-size", "2", "--json", "--no-progress"]
+    assert main([*base, "--weight-decay", "0.01"]) == 0
+    assert main(base) == 0
+    assert seen == [0.01, 0.0]
+    capsys.readouterr()
+    assert main([*base, "--schedule", "step"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--schedule step: the text models train" in err[0]

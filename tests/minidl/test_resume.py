@@ -184,3 +184,19 @@ def test_cli_early_stop_said_once_logged_with_peaks_and_resumed(tmp_path):
     assert "nothing to train: the run had stopped early" in again.stdout
     with open(log, newline="") as f:
         assert len(list(csv.DictReader(f))) == len(rows)
+
+
+def test_an_epoch_cut_by_a_resume_logs_all_its_steps(tmp_path):
+    """The epoch a resume cuts in the middle logs its mean loss and accuracy over all its
+    steps (the ones before the interruption are in the checkpoint), as the whole run does."""
+    whole = _trainer("sgd", None)
+    h_whole = _fit(whole, 15)
+    first = _trainer("sgd", None)
+    _fit(first, 7)  # the second batch of the second epoch
+    first.save(tmp_path / "ck.npz")
+    second = _trainer("sgd", None)
+    second.load(tmp_path / "ck.npz", resume=True)
+    h_second = _fit(second, 15)
+    assert [e["epoch"] for e in h_second.epochs] == [1, 2]
+    for a, b in zip(h_second.epochs, h_whole.epochs[1:]):
+        assert (a["loss"], a["accuracy"]) == (b["loss"], b["accuracy"])
