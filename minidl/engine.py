@@ -115,6 +115,10 @@ class Engine:
         #: Under a budget no plan fits, cap convolutions' workspaces (leaner algorithms and
         #: chunking, :mod:`~minidl.memory.workspace_options`) and plan again.
         self.cap_workspaces = True
+        #: Without a budget, the estimated step time vDNN's rule may add before the peak rises
+        #: above the least-workspace plan's (:data:`~minidl.memory.workspace_options.TIME_SHARE`:
+        #: ``inf``, vDNN's rule as it stands; ``0.02``: the lowest peak estimated within 2 %).
+        self.workspace_time_share = workspace_options.TIME_SHARE
         self.bound = False
         self._allocate_persistent(bind, scratch_bytes)
 
@@ -320,7 +324,8 @@ class Engine:
                     attention_options.options_for(first.program, form))
                 lowered = lowered_with(options) if options else first
                 try:
-                    lowered, plan = self._plan_fitting(lowered, options, lowered_with, config)
+                    lowered, plan = self._plan_fitting(lowered, options, lowered_with, config,
+                                                       net)
                 except BudgetTooSmall:
                     if i == len(choices) - 1:
                         raise
@@ -341,16 +346,27 @@ class Engine:
         return c
 
     def _plan_fitting(self, lowered: Lowered, options: dict, lowered_with: Any,
-                      config: MemoryConfig) -> tuple[Lowered, Plan]:
-        """The plan of ``lowered``; when none fits the budget, convolutions' workspaces capped
-        and planned again (:func:`~minidl.memory.workspace_options.plan_fitting`)."""
+                      config: MemoryConfig, net: Network) -> tuple[Lowered, Plan]:
+        """The plan of ``lowered`` with convolutions' workspaces chosen by vDNN's rule, capped
+        further when no plan fits the budget
+        (:func:`~minidl.memory.workspace_options.plan_fitting`; ``net``'s layers give the
+        convolutions' geometry for their estimated times)."""
 
         def plan_with(opts: dict | None, cfg: MemoryConfig) -> tuple[Lowered, Plan]:
             low = lowered if opts is None else lowered_with(opts)
             return low, make_plan(low.program, cfg, **self._target_costs(low))
 
+        times = workspace_options.ConvTimes({i: node.layer for i, node in enumerate(net.nodes)},
+                                            self.device_kind)
         return workspace_options.plan_fitting(lowered.program, options, config, plan_with,
-                                              self.cap_workspaces)
+                                              self.cap_workspaces, times,
+                                              self.workspace_time_share, self._rule)
+
+    @property
+    def _rule(self) -> bool:
+        """Whether vDNN's rule caps this engine's convolutions without a budget (its device
+        kind in :data:`~minidl.memory.workspace_options.RULE_KINDS`)."""
+        return self.device_kind in workspace_options.RULE_KINDS
 
     def _target_costs(self, lowered: Lowered) -> dict[str, Any]:
         """Step times and link rate from the target's cost model (none without a target)."""

@@ -56,6 +56,12 @@ AS_WRITTEN = (
     "minidl plan --inference --compressed lenet5.mdc",
     "minidl plan vgg16 --input 3x224x224 --batch-size 64 --ranks 8",
     "minidl plan resnet50 --input 3x224x224 --batch-size 32 --device cuda",
+    "minidl plan minidl.models:lenet5 --input 1x28x28 --batch-size 64",
+    "minidl plan resnet20 --input 3x32x32 --batch-size 128 --ranks 1,2,8 --table",
+    "minidl plan resnet20 --input 3x32x32 --batch-size 128 --snapshot plan.pickle",
+    "minidl train smallcnn --dataset synthetic --max-steps 5 --snapshot run.pickle",
+    "minidl train lenet5 --epochs 1 --save lenet5.npz",
+    "minidl export lenet5.npz --model lenet5 --onnx lenet5.onnx",
 )
 
 #: Commands that take minutes as written (2 cores), by the start of the command line: the flags
@@ -224,6 +230,10 @@ def required_modules(argv: list[str]) -> list[tuple[str, str]]:
         need.append(("mlxtend", "data"))
     if "minidl train" in text and ("--dataset digits" in text or "--dataset" not in text):
         need.append(("sklearn", "data"))
+    if "minidl export" in text:
+        need.append(("onnx", "onnx"))
+        if "--check" in argv:
+            need.append(("onnxruntime", "onnx"))
     return need
 
 
@@ -372,6 +382,38 @@ def check_plan_ranks(r: Ran) -> None:
     assert "one of 8 data-parallel ranks" in r.stdout and "ZeRO stage 2" in r.stdout, r.fail("")
 
 
+def check_user_model(r: Ran) -> None:
+    assert "lenet5, batch 64" in r.stdout and "peak allocated" in r.stdout, r.fail("")
+
+
+def check_table(r: Ran) -> None:
+    rows = [ln.split() for ln in r.stdout.splitlines() if re.match(r"\s+[0-3]\s+[128]\s", ln)]
+    assert [(int(x[0]), int(x[1])) for x in rows] == [
+        (0, 1), *[(z, n) for n in (2, 8) for z in range(4)]], r.fail("not the 9 rows")
+    assert all(int(x[-1]) > 0 for x in rows), r.fail("no batch per rank fits 1 GiB")
+
+
+def _torch_snapshot(path: Path, r: Ran) -> None:
+    import pickle
+
+    with open(path, "rb") as f:
+        data = pickle.load(f)
+    assert data["segments"] and data["device_traces"][0], r.fail(f"{path.name}: empty")
+    assert {e["action"] for e in data["device_traces"][0]} >= {"alloc", "free_completed"}
+
+
+def check_plan_snapshot(r: Ran) -> None:
+    _torch_snapshot(r.cwd / "plan.pickle", r)
+
+
+def check_run_snapshot(r: Ran) -> None:
+    _torch_snapshot(r.cwd / "run.pickle", r)
+
+
+def check_export(r: Ran) -> None:
+    assert (r.cwd / "lenet5.onnx").stat().st_size > 0, r.fail("no lenet5.onnx")
+
+
 def check_gpu_train(r: Ran) -> None:
     assert "cuda device" in r.stderr, r.fail("not on the cuda device")
 
@@ -392,6 +434,13 @@ CHECKS = {
     "minidl plan vgg16 --input 3x224x224 --batch-size 64 --ranks 8": check_plan_ranks,
     "minidl plan resnet50 --input 3x224x224 --batch-size 32 --device cuda": check_plan_resnet50,
     "minidl train smallcnn --dataset synthetic --device cuda": check_gpu_train,
+    "minidl plan minidl.models:lenet5 --input 1x28x28 --batch-size 64": check_user_model,
+    "minidl plan resnet20 --input 3x32x32 --batch-size 128 --ranks 1,2,8 --table": check_table,
+    "minidl plan resnet20 --input 3x32x32 --batch-size 128 --snapshot plan.pickle":
+        check_plan_snapshot,
+    "minidl train smallcnn --dataset synthetic --max-steps 5 --snapshot run.pickle":
+        check_run_snapshot,
+    "minidl export lenet5.npz --model lenet5 --onnx lenet5.onnx": check_export,
 }
 
 

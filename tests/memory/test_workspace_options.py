@@ -124,21 +124,25 @@ def test_note_names_capped_layers_largest_saving_first():
 
 
 def test_levels_are_tried_largest_cap_first():
-    """No uncapped plan fits: every convolution capped at the first level (32 MiB) is tried
-    before 1 MiB and the least workspace; the first that fits is the plan."""
+    """No plan with vDNN's caps fits: every convolution capped at the first level (32 MiB) is
+    tried before 1 MiB and the least workspace; the first that fits is the plan."""
     from minidl.memory.auto import BudgetTooSmall
 
     p = _program([(2, 3), (0, 5)])
     tried = []
 
     def plan_with(options, config):
-        tried.append(options)
-        if options is None:
-            raise BudgetTooSmall("uncapped: no fit")
+        tried.append((options, config.budget))
+        if config.budget is not None and options != W.lean_options(p, 32 << 20):
+            raise BudgetTooSmall("no fit")
         return "lowered", base_plan(p, REUSE)
 
     config = MemoryConfig.parse("auto,budget=1000000000")
     low, plan = W.plan_fitting(p, {}, config, plan_with)
     assert W.LEVELS[0] == 32 << 20 and list(W.LEVELS[1:]) == [1 << 20, 0]
-    assert tried[0] is None and tried[1] == W.lean_options(p, 32 << 20)
+    budgeted = [options for options, budget in tried if budget is not None]
+    # first the caps of vDNN's rule (planned under the canonical spec, no budget)
+    assert [b for _, b in tried[:2]] == [None, None]
+    assert budgeted[0] != W.lean_options(p, 32 << 20)
+    assert budgeted[1] == W.lean_options(p, 32 << 20)
     assert low == "lowered"

@@ -74,9 +74,16 @@ def test_caps_lower_the_smallest_budget_and_only_come_under_pressure():
     before, after = _smallest(False), _smallest(True)
     assert after < before
     roomy = minidl.dry_run(_net(), BATCH, "reuse,inplace")["peak_allocated_bytes"]
+    rule = _caps(_engine_plan("reuse,inplace"))
     for spec in ("reuse,inplace", "auto", f"auto,budget={roomy}", "none"):
+        # no pressure: vDNN's rule alone, one set of caps whatever the spec
         c = _engine_plan(spec)
-        assert _caps(c) == {} and not any(n.startswith(W.NOTE_PREFIX) for n in c.plan.notes)
+        assert _caps(c) == rule
+        assert not any(W.FIT_BUDGET in n for n in c.plan.notes if n.startswith(W.NOTE_PREFIX))
+        if "budget" not in spec:  # (below the fastest configurations' peak)
+            c = _engine_plan(spec, cap_workspaces=False)
+            assert _caps(c) == {} and not any(n.startswith(W.NOTE_PREFIX)
+                                              for n in c.plan.notes)
     mid = (before + after) // 2
     with pytest.raises(BudgetTooSmall):
         _engine_plan(f"auto,budget={mid}", cap_workspaces=False)

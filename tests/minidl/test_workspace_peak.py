@@ -1,0 +1,106 @@
+"""Convolution workspaces chosen for memory without a budget (vDNN's rule,
+memory/workspace_options.py), through the engine: the peak of the least-workspace plan, the
+same caps and bits for every lossless spec, dry-run peak == real peak."""
+
+from __future__ import annotations
+
+import numpy as np
+from minidl.layers import SoftmaxCrossEntropy
+from minidl.memory import workspace_options as W
+from minidl.memory.base_plan import plan_peak
+from minidl.memory.device import MetaDevice
+from minidl.memory.planner import make_plan
+from minidl.memory.pool import Pool
+
+import minidl
+from minidl import layers as L
+from minidl.engine import Engine
+from minidl.lowering import lower
+from minidl.optim import SGD
+
+SHAPE = (8, 16, 16)
+BATCH = 8
+
+
+def _net():
+    """Wide convolutions on small planes: their fastest workspaces dominate the peak."""
+    return minidl.Sequential([
+        L.Conv2d(8, 64, 3, padding=1), L.ReLU(),
+        L.Conv2d(64, 128, 3, padding=1), L.ReLU(), L.MaxPool2d(2),
+        L.Conv2d(128, 128, 3, padding=1), L.ReLU(), L.GlobalAvgPool2d(), L.Linear(128, 10),
+    ], input_shape=SHAPE)
+
+
+def _compiled(spec, rule=True, share=float("inf")):
+    net = _net()
+    eng = Engine(net, Pool(MetaDevice()), spec, SoftmaxCrossEntropy(),
+                 SGD(net.parameters(), lr=0.1, momentum=0.9), bind=False)
+    eng.cap_workspaces, eng.workspace_time_share = rule, share
+    return eng.compiled([(BATCH, *SHAPE)], (BATCH,), True)
+
+
+def _caps(c):
+    return {st.layer: st.options[W.OPTION] for st in c.plan.program.steps
+            if st.options.get(W.OPTION) is not None}
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal((BATCH, *SHAPE)).astype(np.float32),
+            rng.integers(0, 10, BATCH))
+
+
+def _train(spec, share=float("inf"), steps=2, **kwargs):
+    net = _net()
+    tr = minidl.Trainer(net, SGD(net.parameters(), lr=0.05, momentum=0.9), memory=spec,
+                        device_memory="256MiB", debug=True, **kwargs)
+    tr.engine.workspace_time_share = share
+    x, y = _data()
+    losses = [tr.step(x, y) for _ in range(steps)]
+    return losses, {n: np.array(p.data) for n, p in net.named_parameters()}, tr
+
+
+def _lean_peak():
+    """The peak of the canonical spec's plan with every convolution at its least workspace."""
+    net = _net()
+    eng = Engine(net, Pool(MetaDevice()), "reuse,inplace", SoftmaxCrossEntropy(),
+                 SGD(net.parameters(), lr=0.1, momentum=0.9), bind=False)
+    eng.cap_workspaces = False
+    program = eng.compiled([(BATCH, *SHAPE)], (BATCH,), True).lowered.program
+    low = lower(net, [(BATCH, *SHAPE)], loss=eng.loss, label_shape=(BATCH,),
+                label_dtype="int64", training=True, opt_state=eng.opt_state_specs,
+                alignment=eng.pool.alignment, options=W.lean_options(program),
+                device_kind="cpu")
+    return plan_peak(make_plan(low.program, W.CANONICAL))
+
+
+def test_without_a_budget_the_peak_is_the_least_workspace_peak():
+    rule, fast = _compiled("reuse,inplace"), _compiled("reuse,inplace", rule=False)
+    assert _caps(rule) and not _caps(fast)
+    note = [n for n in rule.plan.notes if n.startswith(W.NOTE_PREFIX)]
+    assert len(note) == 1 and W.AT_PEAK in note[0]
+    assert plan_peak(rule.plan) == _lean_peak() < plan_peak(fast.plan)
+    # the default: vDNN's rule as it stands
+    assert _caps(_compiled("reuse,inplace", share=W.TIME_SHARE)) == _caps(rule)
+    # some of the peak traded back for time: between the two, never above the fastest
+    # configurations' peak
+    traded = _compiled("reuse,inplace", share=0.02)
+    assert plan_peak(rule.plan) <= plan_peak(traded.plan) <= plan_peak(fast.plan)
+
+
+def test_every_lossless_spec_runs_the_rules_caps_bit_identically_and_exactly():
+    caps = _caps(_compiled("reuse,inplace"))
+    assert caps
+    base = _train("none")
+    for spec in ("reuse,inplace", "reuse,swap=all", "reuse,recompute=sqrt,static", "vdnn"):
+        assert _caps(_compiled(spec)) == caps, spec
+        losses, params, tr = _train(spec)
+        assert losses == base[0], spec
+        for n, p in base[1].items():
+            assert np.array_equal(params[n], p), (spec, n)
+        rep = minidl.dry_run(_net(), BATCH, spec)  # (default share: not forced here)
+        tr_default = _train(spec, share=W.TIME_SHARE)[2]
+        assert tr_default.memory_report()["peak_allocated_bytes"] == \
+            rep["peak_allocated_bytes"], spec
+        assert tr_default.memory_report()["peak_reserved_bytes"] == \
+            rep["peak_reserved_bytes"], spec
