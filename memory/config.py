@@ -45,8 +45,9 @@ FLAGS: dict[str, tuple[tuple[str, ...] | None, str]] = {
 #: Presets: name -> the spec they expand to.
 PRESETS: dict[str, str] = {
     "layrub": "reuse,inplace",
-    "vdnn": "reuse,swap=conv",
-    "vdnn-all": "reuse,swap=all",
+    # vDNN allocates from a pool sized ahead (cnmem): static offsets, no fragmentation
+    "vdnn": "reuse,swap=conv,static",
+    "vdnn-all": "reuse,swap=all,static",
     "superneurons": "reuse,inplace,swap=conv,cache,recompute=cost",
     "gist": "reuse,inplace,binarize,sparse",
     "all": "reuse,inplace,binarize,sparse,swap=conv,recompute=cost",

@@ -20,6 +20,7 @@ from .layers.base import Layer
 from .lowering import Lowered, lower
 from .memory import attention_options, bptt_options, workspace_options
 from .memory.auto import BudgetTooSmall
+from .memory.base_plan import plan_peak
 from .memory.config import MemoryConfig
 from .memory.cost_model import step_costs, step_time
 from .memory.device import MetaDevice
@@ -350,7 +351,11 @@ class Engine:
         """The plan of ``lowered`` with convolutions' workspaces chosen by vDNN's rule, capped
         further when no plan fits the budget
         (:func:`~minidl.memory.workspace_options.plan_fitting`; ``net``'s layers give the
-        convolutions' geometry for their estimated times)."""
+        convolutions' geometry for their estimated times). A swapping spec planned for a
+        target (vDNN's policy) that does not fit the target's memory with its transfers timed
+        by the cost model is planned again as vDNN schedules them, each prefetch a fixed
+        number of steps ahead (compute waits for the copy), with memory-optimal workspaces
+        where that is what fits (:meth:`_vdnn_fitting`)."""
 
         def plan_with(opts: dict | None, cfg: MemoryConfig) -> tuple[Lowered, Plan]:
             low = lowered if opts is None else lowered_with(opts)
@@ -358,15 +363,70 @@ class Engine:
 
         times = workspace_options.ConvTimes({i: node.layer for i, node in enumerate(net.nodes)},
                                             self.device_kind)
-        return workspace_options.plan_fitting(lowered.program, options, config, plan_with,
-                                              self.cap_workspaces, times,
-                                              self.workspace_time_share, self._rule)
+        low, plan = workspace_options.plan_fitting(lowered.program, options, config, plan_with,
+                                                   self.cap_workspaces, times,
+                                                   self.workspace_time_share, self._rule)
+        capacity = self._swap_capacity(config)
+        if capacity is None or self._reserved(plan) <= capacity:
+            return low, plan
+        return self._vdnn_fitting(lowered, options, lowered_with, config, times, capacity,
+                                  (low, plan))
 
     @property
     def _rule(self) -> bool:
         """Whether vDNN's rule caps this engine's convolutions without a budget (its device
         kind in :data:`~minidl.memory.workspace_options.RULE_KINDS`)."""
         return self.device_kind in workspace_options.RULE_KINDS
+
+    def _swap_capacity(self, config: MemoryConfig) -> int | None:
+        """The target's memory, for a swapping spec without a search (``swap=conv|all``:
+        vDNN's policy) planned for a target; else ``None``."""
+        if self.target is None or config.get("swap") not in ("conv", "all") or \
+                config.has("auto"):
+            return None
+        return self.target.capacity_bytes
+
+    def _reserved(self, plan: Plan) -> int:
+        """The bytes a run of ``plan`` reserves (the persistent state, the scratch block and
+        the iteration's static arena), or without static offsets, allocates at its peak."""
+        scratch = self.scratch.size if self.scratch is not None else 0
+        arena = plan.static_arena if plan.static_arena >= 0 else plan_peak(plan)
+        return plan.program.persistent_bytes() + scratch + arena
+
+    def _vdnn_fitting(self, lowered: Lowered, options: dict, lowered_with: Any,
+                      config: MemoryConfig, times: Any, capacity: int,
+                      timed: tuple[Lowered, Plan]) -> tuple[Lowered, Plan]:
+        """vDNN's policy within ``capacity``: prefetches a fixed number of steps ahead (no
+        step times: :func:`~minidl.memory.swap.swap_plan`'s lookahead), then convolutions'
+        workspaces capped as under a budget of ``capacity``. ``timed`` (the plan that did not
+        fit) when nothing does, with a note saying so."""
+        need = self._reserved(timed[1])
+
+        def plan_with(opts: dict | None, cfg: MemoryConfig) -> tuple[Lowered, Plan]:
+            low = lowered if opts is None else lowered_with(opts)
+            costs = {k: v for k, v in self._target_costs(low).items() if k != "step_times"}
+            fitting = cfg.budget is not None  # the spec within capacity (not the canonical)
+            cfg = MemoryConfig({k: v for k, v in cfg.flags.items() if k != "budget"})
+            plan = make_plan(low.program, cfg, **costs)
+            if fitting and self._reserved(plan) > capacity:
+                raise BudgetTooSmall(f"{self._reserved(plan):,} B")
+            return low, plan
+
+        fit = MemoryConfig({**config.flags, "budget": str(capacity)})
+        where = f"{self.target.name}'s {capacity:,} B"
+        try:
+            low, plan = workspace_options.plan_fitting(
+                lowered.program, options, fit, plan_with, self.cap_workspaces, times,
+                self.workspace_time_share, self._rule)
+        except BudgetTooSmall as e:
+            return timed[0], timed[1].with_notes(
+                f"vDNN's policy: does not fit {where}, with the transfers timed by the cost "
+                f"model ({need:,} B) nor with each prefetch a fixed number of steps ahead and "
+                f"the least workspaces ({str(e).split(' (')[0]})")
+        return low, plan.with_notes(
+            f"vDNN's policy: each prefetch a fixed number of steps ahead, compute waiting for "
+            f"its copy, to fit {where} (the transfers timed by the cost model needed "
+            f"{need:,} B)")
 
     def _target_costs(self, lowered: Lowered) -> dict[str, Any]:
         """Step times and link rate from the target's cost model (none without a target)."""

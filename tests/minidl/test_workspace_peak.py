@@ -1,8 +1,11 @@
 """Convolution workspaces chosen for memory without a budget (vDNN's rule,
-memory/workspace_options.py), through the engine: the peak of the least-workspace plan, the
-same caps and bits for every lossless spec, dry-run peak == real peak."""
+memory/workspace_options.py) and vDNN's policy on a target's memory, through the engine: the
+peak of the least-workspace plan, the same caps and bits for every lossless spec, dry-run peak
+== real peak, and ``vdnn`` taking memory-optimal workspaces where that is what fits."""
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 from minidl.layers import SoftmaxCrossEntropy
@@ -104,3 +107,26 @@ def test_every_lossless_spec_runs_the_rules_caps_bit_identically_and_exactly():
             rep["peak_allocated_bytes"], spec
         assert tr_default.memory_report()["peak_reserved_bytes"] == \
             rep["peak_reserved_bytes"], spec
+
+
+CUSTOM = "custom:flops=15T,hbm=900G,link=12G,mem={mem}"
+
+
+def test_vdnn_takes_memory_optimal_workspaces_where_that_is_what_fits():
+    roomy = minidl.dry_run(_net(), BATCH, "vdnn", target=CUSTOM.format(mem="16GiB"))
+    assert not any("vDNN's policy" in n or W.FIT_BUDGET in n for n in roomy["notes"])
+    tiny = minidl.dry_run(_net(), BATCH, "vdnn", target=CUSTOM.format(mem="1KiB"))
+    note = next(n for n in tiny["notes"] if n.startswith("vDNN's policy: does not fit"))
+    least = int(re.search(r"least workspaces \(([\d,]+) B\)", note).group(1).replace(",", ""))
+    assert least < roomy["peak_reserved_bytes"]
+    rep = minidl.dry_run(_net(), BATCH, "vdnn", target=CUSTOM.format(mem=least))
+    assert rep["peak_reserved_bytes"] <= least < roomy["peak_reserved_bytes"]
+    assert any("vDNN's policy: each prefetch" in n for n in rep["notes"])
+    assert any(n.startswith(W.NOTE_PREFIX) and W.FIT_BUDGET in n for n in rep["notes"])
+    # the run a CPU makes of that plan (the target's link emulated): the dry run's peak
+    target = CUSTOM.format(mem=least)
+    emu = minidl.dry_run(_net(), BATCH, "vdnn", target=target, emulated=True)
+    _, _, tr = _train("vdnn", share=W.TIME_SHARE, emulate_link=target)
+    real = tr.memory_report()
+    assert real["peak_reserved_bytes"] == emu["peak_reserved_bytes"] <= least
+    assert real["peak_allocated_bytes"] == emu["peak_allocated_bytes"]
