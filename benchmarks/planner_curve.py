@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -39,7 +38,7 @@ from minidl.memory.base_plan import base_plan
 from minidl.memory.config import MemoryConfig
 from minidl.memory.cost_model import simulate, step_costs
 from minidl.memory.device import MetaDevice
-from minidl.memory.frontier import fixed_specs
+from minidl.memory.frontier import fixed_specs, program_chain, recompute_bound
 from minidl.memory.pool import Pool
 from minidl.memory.recompute import dropping_program
 from minidl.memory.static_plan import static_plan
@@ -148,6 +147,8 @@ def run_case(case: Case, points: int, fixed_limit: int | None, log) -> Case:
         except MemoryError as e:
             case.fixed[spec] = {"error": str(e)[:200]}
     program = _program(case)
+    chain = program_chain(program, step_costs(program, profile))
+    rotor = None if chain is None else recompute_bound(program, chain)
     multiples = sorted({round(1.1 * (top / lb / 1.1) ** (k / (points - 1)), 3)
                         for k in range(points)})
     for mult in multiples:
@@ -158,9 +159,9 @@ def run_case(case: Case, points: int, fixed_limit: int | None, log) -> Case:
             d = _dry(case, f"auto,budget={budget}")
             row.update(auto_s=d["prediction"]["step_s"], auto_peak=d["peak_reserved_bytes"],
                        split=d["split"], note=d["notes"][0] if d["notes"] else "")
-            bound = re.search(r"lower bound ([\d.]+) ms", " ".join(d["notes"]))
-            if bound:
-                row["bound_s"] = float(bound[1]) / 1e3
+            bound = (d.get("auto") or {}).get("lower_bound_s")  # (the whole step's: split)
+            if bound is not None:
+                row["bound_s"] = bound
         except MemoryError:
             row.update(auto_s=None)
         row["plan_time_s"] = time.perf_counter() - t0
@@ -170,6 +171,9 @@ def run_case(case: Case, points: int, fixed_limit: int | None, log) -> Case:
             row["fixed_s"], row["fixed"] = min(fits)
         sq = case.fixed.get("reuse,inplace,recompute=sqrt", {})
         row["sqrt_s"] = sq.get("step_s") if sq.get("peak", math.inf) <= budget else None
+        # Checkmate's / Rotor's recomputation-only optimum is at least this (the DP over the
+        # chain with the least memory figures)
+        row["recompute_bound_s"] = None if rotor is None else rotor.seconds(budget)
         ks = knapsack_anchor(program, budget, profile)
         row["knapsack_s"] = ks[1] if ks else None
         gr = greedy_anchor(program, budget, profile)
@@ -191,7 +195,8 @@ def _format_row(r: dict) -> str:
     return (f"  {r['multiple']:5.2f} LB {r['budget'] / MIB:9.1f} MiB:"
             f" auto {_ms(r.get('auto_s'))} ms (plan {r['plan_time_s']:5.1f} s{split})"
             f"  fixed {_ms(r.get('fixed_s'))}  sqrt {_ms(r.get('sqrt_s'))}"
-            f"  knapsack {_ms(r.get('knapsack_s'))}  greedy {_ms(r.get('greedy_s'))}{gap}")
+            f"  knapsack {_ms(r.get('knapsack_s'))}  greedy {_ms(r.get('greedy_s'))}"
+            f"  recompute-only >= {_ms(r.get('recompute_bound_s'))}{gap}")
 
 
 def checks(case: Case) -> dict:
