@@ -153,9 +153,14 @@ def test_max_batch_under_auto_is_exact(name, shape, workers):
     assert dict(found["tried"])[b] is True and dict(found["tried"])[b + 1] is False
 
 
-def test_max_batch_under_auto_tries_few_batches(capsys):
+def test_max_batch_under_auto_tries_few_batches(capsys, monkeypatch):
     """resnet8 at 3x8x8, one process: the lean fixed specs' line lands near the answer, so a
     few auto dry runs settle it where doubling then bisecting takes a dozen."""
+    # the lean plans' line predicts the batch where convolutions' workspaces are chosen for
+    # memory (vDNN's rule; off by default: W.RULE_KINDS)
+    from minidl.memory import workspace_options
+
+    monkeypatch.setattr(workspace_options, "RULE_KINDS", ("cpu",))
     make = lambda: build_model("resnet8", (3, 8, 8), 10)  # noqa: E731
     budget = dry_run(make(), 4, "reuse,inplace", input_shape=(3, 8, 8))["peak_reserved_bytes"]
     found = max_batch_size(make, (3, 8, 8), "auto", budget, workers=1, progress=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import pytest
 from minidl.layers import SoftmaxCrossEntropy
 from minidl.memory import workspace_options as W
 from minidl.memory.base_plan import plan_peak
@@ -23,6 +24,12 @@ from minidl.optim import SGD
 
 SHAPE = (8, 16, 16)
 BATCH = 8
+
+
+@pytest.fixture(autouse=True)
+def _rule_on_cpu(monkeypatch):
+    """vDNN's rule for the cpu kind (off by default: see W.RULE_KINDS)."""
+    monkeypatch.setattr(W, "RULE_KINDS", ("cpu",))
 
 
 def _net():
