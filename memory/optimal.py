@@ -12,17 +12,25 @@ every solution is checked with :func:`.auto.build` and :func:`.base_plan.plan_pe
 does not fit is cut off and (after a few rounds) the budget lowered by the excess at the
 position of its true peak, then re-solved. Memory over the budget is allowed at a prohibitive
 price, so every solve returns a solution and overflow means the model finds nothing that fits.
-Large programs get a share of the time for the whole MILP, then windows of consecutive layers
-are re-solved with every other decision fixed to the best checked choice (starting from the
-greedy one). The checked best is polished (actions whose removal still fits at no more time are
-removed); the greedy choice is the fallback, and :func:`optimal_plan` takes the optimal choice
-only when it fits at no more estimated time than the greedy one.
+Large programs get the whole MILP only up to a size (:data:`WHOLE_MAX_CONSTRAINTS`), then
+windows of consecutive layers are re-solved with every other decision fixed to the best
+checked choice (starting from the greedy one). The checked best is polished (actions whose
+removal still fits at no more time are removed); the greedy choice is the fallback, and
+:func:`optimal_plan` takes the optimal choice only when it fits at no more estimated time than
+the greedy one.
+
+Every search is bounded by work, never by the clock, so the choice is a function of the
+program, the budget, the costs and the link: HiGHS gets a branch-and-bound node limit per solve
+and no time limit (its search is deterministic for a given model and options; its random seed
+is pinned at 0), the solves of the whole MILP and the windows are counted, all from the model's
+size (:data:`NODE_WORK`), and the polish builds a bounded number of plans. The notes report the
+work done (solves, nodes), not seconds.
 """
 
 from __future__ import annotations
 
 import math
-import time
+import warnings
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
@@ -32,6 +40,8 @@ from .auto import (
     auto_choose,
     auto_plan,
     build,
+    default_evaluations,
+    deprecated_time_limit,
     plan_extra,
     plan_for_choice,
     step_costs,
@@ -48,12 +58,27 @@ __all__ = ["Unsupported", "evaluate", "evaluate_placements", "optimal_choose", "
 
 #: Objective per memory unit over the budget (the objective counts iterations).
 OVERFLOW_COST = 1e4
-#: Above this many decisions, the whole MILP gets WHOLE_SHARE of the time limit, then windows
-#: of WINDOW_STEPS consecutive forward steps are re-solved (WINDOW_TIME_S at most each).
+#: Above this many decisions, windows of WINDOW_STEPS consecutive forward steps are re-solved
+#: after the whole MILP.
 FULL_SOLVE_BINARIES = 160
-WHOLE_SHARE = 0.3
 WINDOW_STEPS = 32
-WINDOW_TIME_S = 8.0
+#: The work limits, in HiGHS branch-and-bound nodes and solves. A node's work grows with the
+#: model's constraints (its LP), so the limits are work budgets divided by the constraints:
+#: per solve of the whole MILP NODE_WORK / constraints nodes (WHOLE_NODES at most), at most
+#: ROUND_WORK / constraints solves of it (2 at least: one per placement model, ``max_rounds``
+#: at most), WINDOW_WORK / constraints windows (1 at least) of WINDOW_NODES nodes each. The
+#: root node (presolve, cuts, heuristics) always runs to its end: no node limit bounds it, and
+#: on large models it dominates (on two cores: ResNet-20 at batch 128, 28,000 constraints,
+#: 13 to 34 s; ResNet-32, 59,000: 68 to 151 s; ResNet-56, 118,000: 328 s), so the whole MILP
+#: is solved only up to WHOLE_MAX_CONSTRAINTS (a window's root, mostly fixed variables: 15 s
+#: CPU on ResNet-56). Calibrated so that ResNet-56 at batch 128 on the v100 model takes about
+#: the minute the former 60 s clock limit gave.
+NODE_WORK = 250_000
+WHOLE_NODES = 1000
+ROUND_WORK = 100_000
+WHOLE_MAX_CONSTRAINTS = 40_000
+WINDOW_WORK = 360_000
+WINDOW_NODES = 50
 
 
 # ---------------------------------------------------------------- exact prices of a choice
@@ -89,17 +114,37 @@ def evaluate_placements(program: Program, choice: AutoChoice, costs: list[float]
 
 # ---------------------------------------------------------------- solving
 
-def _solve(model: Model, time_limit: float, gap: float, fixed: dict[int, float] | None = None):
+def _solve(model: Model, node_limit: int, gap: float, fixed: dict[int, float] | None = None):
+    """HiGHS on the model (``fixed``: variables pinned to values), bounded by ``node_limit``
+    branch-and-bound nodes and by nothing else: no time limit, HiGHS's random seed pinned, so
+    the result depends on the model alone."""
     lp = model.lp
     lo = np.array([r[1] for r in lp.rows])
     hi = np.array([r[2] for r in lp.rows])
     lb, ub = np.array(lp.lb), np.array(lp.ub)
     for v, x in (fixed or {}).items():
         lb[v] = ub[v] = x
-    return milp(c=np.array(lp.cost), integrality=np.array(lp.integer), bounds=Bounds(lb, ub),
-                constraints=[LinearConstraint(lp.matrix(), lo, hi)],
-                options={"time_limit": max(0.5, time_limit), "disp": False,
-                         "mip_rel_gap": gap})
+    with warnings.catch_warnings():
+        # scipy passes the options it does not know (random_seed) to HiGHS with a warning
+        warnings.filterwarnings("ignore", "Unrecognized options", RuntimeWarning)
+        return milp(c=np.array(lp.cost), integrality=np.array(lp.integer),
+                    bounds=Bounds(lb, ub), constraints=[LinearConstraint(lp.matrix(), lo, hi)],
+                    options={"node_limit": max(1, int(node_limit)), "disp": False,
+                             "mip_rel_gap": gap, "random_seed": 0})
+
+
+def _status(res) -> str:
+    """A solve's status in words (HiGHS's solution limit, status 16, is its node limit; no
+    time limit is ever set, so scipy's status 1 is an iteration limit)."""
+    if res.status == 0:
+        return "optimal"
+    if res.status == 2:
+        return "infeasible"
+    if "Status 16" in str(res.message):
+        return "node limit"
+    if res.status == 1:
+        return "iteration limit"
+    return str(res.message)
 
 
 def _choice_of(model: Model, x: np.ndarray) -> AutoChoice:
@@ -186,14 +231,15 @@ def _fix_blocks(model: Model, program: Program) -> None:
 
 def _polish(program: Program, choice: AutoChoice, extra: float, budget: int,
             costs: list[float], swap_cost: dict[int, float], bandwidth: float,
-            deadline: float) -> tuple[AutoChoice, float, int, int]:
+            max_evaluations: int) -> tuple[AutoChoice, float, int, int]:
     """Remove actions while the exact plan still fits at no more estimated time (never those
-    the network's blocks force)."""
+    the network's blocks force), building ``max_evaluations`` plans at most."""
     blocks = block_choices(program)
     peak = -1
     moves = 0
+    evaluations = 0
     improved = True
-    while improved and time.perf_counter() < deadline:
+    while improved and evaluations < max_evaluations:
         improved = False
         acts = [("s", t) for t in choice.swapped - blocks.swapped] + \
             [("d", k) for k in choice.dropped - blocks.dropped]
@@ -203,11 +249,12 @@ def _polish(program: Program, choice: AutoChoice, extra: float, budget: int,
                                set(choice.dropped) - ({x} if kind == "d" else set()),
                                early_release=choice.early_release, only=choice.only)
             tpeak, textra, _ = evaluate(program, trial, costs, bandwidth)
+            evaluations += 1
             if tpeak <= budget and textra <= extra:
                 choice, extra, peak, improved = trial, textra, tpeak, True
                 moves += 1
                 break
-            if time.perf_counter() > deadline:
+            if evaluations >= max_evaluations:
                 break
     return choice, extra, peak, moves
 
@@ -218,11 +265,12 @@ EXHAUSTIVE_DECISIONS = 10
 
 
 def _enumerate(program: Program, budget: int, costs: list[float], bandwidth: float,
-               swap_cost: dict[int, float], only: str | None, deadline: float,
+               swap_cost: dict[int, float], only: str | None,
                ) -> tuple[AutoChoice | None, int] | None:
     """The best choice over every keep / swap / recompute assignment of a small program (the
-    one of least estimated time that fits, else the least peak) and the number of decisions;
-    ``None`` when the program is too large, forces choices, or time runs out."""
+    one of least estimated time that fits, else the least peak) and the number of decisions
+    (2 ** that many plans built at most, twice); ``None`` when the program is too large or
+    forces choices."""
     if block_choices(program):
         return None
     producer = {t: s.index for s in program.steps if s.phase == "forward" for t in s.writes}
@@ -238,8 +286,6 @@ def _enumerate(program: Program, budget: int, costs: list[float], bandwidth: flo
             swapped = {t for i, t in enumerate(swaps) if smask >> i & 1}
             if any(producer.get(t) in dropped for t in swapped):
                 continue  # a recomputed map is not swapped
-            if time.perf_counter() > deadline:
-                return None
             choice, peak, extra, _ = evaluate_placements(
                 program, AutoChoice(swapped, dropped, only=only), costs, bandwidth, budget)
             key = (peak > budget, extra if peak <= budget else peak, len(dropped) + len(swapped))
@@ -250,26 +296,37 @@ def _enumerate(program: Program, budget: int, costs: list[float], bandwidth: flo
 
 
 def optimal_choose(program: Program, budget: int, costs: list[float],
-                   bandwidth: float = DEFAULT_BANDWIDTH, time_limit_s: float = 60.0,
+                   bandwidth: float = DEFAULT_BANDWIDTH, time_limit_s: float | None = None,
                    greedy: AutoChoice | None = None, mip_rel_gap: float = 1e-6,
                    max_rounds: int = 12, window: int | None = None,
-                   only: str | None = None) -> AutoChoice:
+                   only: str | None = None, node_limit: int | None = None,
+                   window_node_limit: int | None = None, max_windows: int | None = None,
+                   max_evaluations: int | None = None) -> AutoChoice:
     """The keep / swap / recompute choice of least estimated extra time whose plan fits
     ``budget`` (total bytes, persistent state included), from the MILP of this module (by
     exhaustive search up to :data:`EXHAUSTIVE_DECISIONS` decisions).
 
     ``costs`` are seconds per step (:func:`.auto.step_costs`). Small programs (up to
-    :data:`FULL_SOLVE_BINARIES` decisions) are solved whole; larger ones get a share of
-    ``time_limit_s`` for the whole MILP, then windows of :data:`WINDOW_STEPS` consecutive layers
-    are re-solved with every other decision fixed to the best checked choice so far (starting
-    from ``greedy``'s, computed here when not given) until the time is up. Every solution is
-    checked on the built plan and priced by its walk on the clock (:func:`evaluate`); a
-    solution the model priced below that is cut off and the MILP solved again while its
-    objective stays below the best checked time. ``choice.path`` records each solve (time,
-    status, objective, bound, gap) and the decisions. When nothing checked beats the greedy
-    choice, it is returned with a ``("fallback", why, ...)`` entry last."""
-    t0 = time.perf_counter()
-    deadline = t0 + time_limit_s
+    :data:`FULL_SOLVE_BINARIES` decisions) are solved whole; larger ones are solved whole up to
+    :data:`WHOLE_MAX_CONSTRAINTS` constraints, then windows of :data:`WINDOW_STEPS` consecutive
+    layers are re-solved with every other decision fixed to the best checked choice so far
+    (starting from ``greedy``'s, computed here when not given), ``max_windows`` solves at
+    most. Every solution is checked on the built plan and priced by its
+    walk on the clock (:func:`evaluate`); a solution the model priced below that is cut off and
+    the MILP solved again while its objective stays below the best checked time, ``max_rounds``
+    solves of the whole MILP at most. ``choice.path`` records each solve (status, nodes,
+    objective, bound, gap) and the decisions. When nothing checked beats the greedy choice, it
+    is returned with a ``("fallback", why, ...)`` entry last.
+
+    The search is bounded by work only, so the choice is the same on any machine at any load
+    (the defaults, from the model's size, are described at :data:`NODE_WORK`):
+    ``node_limit`` branch-and-bound nodes per solve of the whole MILP, ``window_node_limit``
+    per window, ``max_windows`` windows, and ``max_evaluations`` plans built by the polish
+    (default a quarter of :func:`.auto.default_evaluations`). ``time_limit_s`` is deprecated
+    and ignored."""
+    deprecated_time_limit(time_limit_s, "node_limit, max_windows, max_rounds")
+    polish_limit = (max(16, default_evaluations(program) // 4) if max_evaluations is None
+                    else max_evaluations)
     persistent = program.persistent_bytes()
     swap_cost = {} if only == "recompute" else swap_costs(program, costs, bandwidth)
     unit = max(sum(costs), 1e-30)  # the objective in iterations: well-scaled for HiGHS
@@ -285,7 +342,7 @@ def optimal_choose(program: Program, budget: int, costs: list[float],
 
     if g_peak <= budget and g_extra <= 0.0:
         return fallback("it fits at no estimated extra time, which nothing beats", [])
-    small = _enumerate(program, budget, costs, bandwidth, swap_cost, only, deadline)
+    small = _enumerate(program, budget, costs, bandwidth, swap_cost, only)
     if small is not None:
         choice, n = small
         if choice is None or choice.peak > budget:
@@ -322,26 +379,35 @@ def optimal_choose(program: Program, budget: int, costs: list[float],
         model, overflow = make_model(False)
     except Unsupported as e:
         return fallback(f"the optimal planner does not model this program ({e})", [])
-    build_s = time.perf_counter() - t0
     log: list[str] = []
+    nodes = 0  # branch-and-bound nodes of every solve
     best: tuple[float, AutoChoice, int, str] | None = None
     if g_peak <= budget:
         best = (g_extra, greedy, g_peak, "greedy")
     large = model.stats["binaries"] > FULL_SOLVE_BINARIES
+    rows = max(1, model.stats["constraints"])
+    whole = rows <= WHOLE_MAX_CONSTRAINTS
+    whole_nodes = min(WHOLE_NODES, max(1, NODE_WORK // rows)) if node_limit is None \
+        else node_limit
+    rounds = min(max_rounds, max(2, ROUND_WORK // rows)) if whole else 0
+    window_nodes = WINDOW_NODES if window_node_limit is None else window_node_limit
+    windows_left = max(1, WINDOW_WORK // rows) if max_windows is None else max_windows
     whole_bound: float | None = None  # the whole MILP's dual bound (seconds)
 
-    def check(res, what: str, solve_s: float, rnd: int) -> str:
+    def check(res, what: str, rnd: int) -> str:
         """Read, check and log a solution: 'fits', 'over' (cut off) or 'none'."""
-        nonlocal best, whole_bound
+        nonlocal best, whole_bound, nodes
         if what.startswith("whole") and getattr(res, "mip_dual_bound", None) is not None:
             whole_bound = float(res.mip_dual_bound) * unit
-        status = {0: "optimal", 1: "time limit", 2: "infeasible"}.get(res.status, res.message)
+        status = _status(res)
+        n = int(getattr(res, "mip_node_count", None) or 0)
+        nodes += n
         if res.x is None:
-            log.append(f"{what}: {status} after {solve_s:.2f} s, no solution")
+            log.append(f"{what}: {status} after {n} nodes, no solution")
             return "none"
         gap = getattr(res, "mip_gap", None)
         bound = getattr(res, "mip_dual_bound", None)
-        head = (f"{what}: {status} in {solve_s:.2f} s, objective {1000 * res.fun * unit:.3f} ms"
+        head = (f"{what}: {status} after {n} nodes, objective {1000 * res.fun * unit:.3f} ms"
                 + (f", bound {1000 * bound * unit:.3f} ms, gap {100 * gap:.2f} %"
                    if gap is not None and bound is not None and res.x[overflow] <= 1e-9 else ""))
         if res.x[overflow] > 1e-9:
@@ -371,11 +437,9 @@ def optimal_choose(program: Program, budget: int, costs: list[float],
                 model.lp.rows[row] = (terms, lo, hi - (peak - budget) / model.mem_unit)
         return "over"
 
-    # the whole MILP (a share of the time on large programs); when the model with blocks
-    # released as their copies end fits nothing, the one releasing them early (compute waits
-    # for the copies: more time, less memory) gets the rest of the share
-    whole_deadline = t0 + (WHOLE_SHARE * time_limit_s if large else time_limit_s)
-    first_deadline = t0 + (whole_deadline - t0) / 2 if model.swap else whole_deadline
+    # the whole MILP (up to WHOLE_MAX_CONSTRAINTS); when the model with blocks released
+    # as their copies end fits nothing, the one releasing them early (compute waits for the
+    # copies: more time, less memory) gets the rounds left
     placement = "timed"
 
     def early_next() -> bool:
@@ -383,19 +447,13 @@ def optimal_choose(program: Program, budget: int, costs: list[float],
         gave fits (the greedy choice, when it fits, costs time: else it was returned above)."""
         return placement == "timed" and bool(model.swap) and (best is None or best[3] == "greedy")
 
-    for r in range(max_rounds):
-        # half the share for the timed model while nothing it gave fits
-        left = (first_deadline if early_next() else whole_deadline) - time.perf_counter()
-        if left <= 0.2 and early_next():
+    for r in range(rounds):
+        # half the rounds for the timed model while nothing it gave fits
+        if r >= max(1, rounds // 2) and early_next():
             placement = "early"
             model, overflow = make_model(True)
-            left = whole_deadline - time.perf_counter()
-        if left <= 0.2:
-            break
-        ts = time.perf_counter()
-        res = _solve(model, left, mip_rel_gap)
-        verdict = check(res, f"whole MILP ({placement} release), round {r + 1}",
-                        time.perf_counter() - ts, r)
+        res = _solve(model, whole_nodes, mip_rel_gap)
+        verdict = check(res, f"whole MILP ({placement} release), round {r + 1}", r)
         if verdict == "none" and early_next():
             placement = "early"
             model, overflow = make_model(True)
@@ -407,18 +465,20 @@ def optimal_choose(program: Program, budget: int, costs: list[float],
             continue
         if verdict != "over":
             break
+    if not whole and model.swap and greedy.early_release:
+        placement = "early"  # the windows start from the greedy choice: model its placement
+        model, overflow = make_model(True)
     # windows of consecutive layers re-solved around the best checked choice
     n_windows = 0
-    if large and best is not None:
+    if (large or not whole) and best is not None:
         producer = {t: s.index for s in program.steps if s.phase == "forward" for t in s.writes}
         nf = max(model.drop, default=0) + 1
         starts = list(range(0, nf, WINDOW_STEPS // 2))
         improved = True
-        while improved and best[0] > 0.0 and time.perf_counter() < deadline - 0.5:
+        while improved and best[0] > 0.0 and n_windows < windows_left:
             improved = False
             for a in starts:
-                left = deadline - time.perf_counter()
-                if left <= 0.5 or best[0] <= 0.0:
+                if n_windows >= windows_left or best[0] <= 0.0:
                     break
                 inc = best[1]
                 b = a + WINDOW_STEPS
@@ -426,20 +486,17 @@ def optimal_choose(program: Program, budget: int, costs: list[float],
                          if not a <= k < b}
                 fixed.update({v: float(t in inc.swapped) for t, v in model.swap.items()
                               if not a <= producer.get(t, 0) < b})
-                ts = time.perf_counter()
-                res = _solve(model, min(left, WINDOW_TIME_S), mip_rel_gap, fixed)
+                res = _solve(model, window_nodes, mip_rel_gap, fixed)
                 before = best[0]
                 n_windows += 1
-                check(res, f"window {a}-{min(b, nf) - 1}", time.perf_counter() - ts, 3)
+                check(res, f"window {a}-{min(b, nf) - 1}", 3)
                 improved |= best[0] < before - 1e-12 * max(before, 1e-30)
     polish_moves = 0
     if best is not None and best[3] != "greedy":
         extra, choice, peak, src = best
-        until = max(deadline, time.perf_counter() + 1.0)
         choice, extra, ppeak, polish_moves = _polish(program, choice, extra, budget, costs,
-                                                     swap_cost, bandwidth, until)
+                                                     swap_cost, bandwidth, polish_limit)
         best = (extra, choice, ppeak if ppeak >= 0 else peak, src)
-    total = time.perf_counter() - t0
     st = model.stats
     if whole_bound is not None and best is not None:
         lb = max(whole_bound, 0.0)
@@ -450,8 +507,10 @@ def optimal_choose(program: Program, budget: int, costs: list[float],
         bound_text = "; no whole-program bound"
     summary = (f"MILP of {st['variables']:,} variables ({st['binaries']} binary), "
                f"{st['constraints']:,} constraints, segments up to {st['window'] + 1} steps; "
-               f"built in {build_s:.2f} s; {len(log)} solve(s)"
-               + (f" ({n_windows} windows)" if n_windows else "") + f", {total:.2f} s in all"
+               f"{len(log)} solve(s)" + (f" ({n_windows} windows)" if n_windows else "")
+               + f", {nodes:,} nodes in all"
+               + ("" if whole else f" (no whole MILP above {WHOLE_MAX_CONSTRAINTS:,} "
+                                   "constraints)")
                + (f"; polished by removing {polish_moves} action(s)" if polish_moves else "")
                + bound_text)
     entries = [("solve", s, 0, 0.0) for s in log] + [("milp", summary, 0, 0.0)]
@@ -472,17 +531,20 @@ def optimal_choose(program: Program, budget: int, costs: list[float],
 
 def optimal_plan(program: Program, budget: int | None, step_times: list[float] | None = None,
                  bandwidth: float = DEFAULT_BANDWIDTH, flops_per_s: float = DEFAULT_FLOPS_PER_S,
-                 cost_source: str = "measured step times", time_limit_s: float = 60.0,
+                 cost_source: str = "measured step times", time_limit_s: float | None = None,
                  **greedy_kwargs) -> Plan:
     """``auto`` with ``planner=optimal``: both the greedy and the optimal choice are made and
     the optimal one is taken only when it fits at no more estimated time; the notes say which.
-    Raises :class:`~.auto.BudgetTooSmall` as the greedy planner does when neither fits."""
+    Raises :class:`~.auto.BudgetTooSmall` as the greedy planner does when neither fits. Both
+    searches are bounded by work (:func:`optimal_choose`, :func:`.auto.auto_choose`);
+    ``time_limit_s`` is deprecated and ignored."""
+    deprecated_time_limit(time_limit_s, "node_limit, max_windows, max_rounds")
     if budget is None:
         return auto_plan(program, None, step_times, cost_source, bandwidth, flops_per_s)
     costs = step_costs(program, step_times, flops_per_s)
     greedy = auto_choose(program, budget, step_times, bandwidth, flops_per_s, **greedy_kwargs)
     g_peak, g_extra, _ = evaluate(program, greedy, costs, bandwidth)
-    opt = optimal_choose(program, budget, costs, bandwidth, time_limit_s, greedy=greedy,
+    opt = optimal_choose(program, budget, costs, bandwidth, greedy=greedy,
                          only=greedy_kwargs.get("only"))
     why = next((p[1] for p in opt.path if p[0] == "fallback"), None)
     milp_note = next((p[1] for p in opt.path if p[0] == "milp"), "no MILP solved")

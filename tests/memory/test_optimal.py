@@ -94,7 +94,7 @@ def test_equal_to_exhaustive_search_on_random_programs(program, bandwidth, frac)
     best = exhaustive(program, budget, costs, bandwidth)
     # the MILP alone: its only incumbent to beat is doing nothing (no greedy walk)
     nothing = AutoChoice(peak=hi)
-    opt = optimal_choose(program, budget, costs, bandwidth, time_limit_s=30, greedy=nothing)
+    opt = optimal_choose(program, budget, costs, bandwidth, greedy=nothing)
     peak = program.persistent_bytes() + plan_peak(optimal.build(program, opt, costs, bandwidth))
     assert peak == opt.peak
     if best is None:
@@ -157,12 +157,14 @@ def test_never_worse_than_greedy_on_reference_models(model, target):
         costs = roofline(p, prof)
         bw = min(prof.link_h2d_bytes_per_s, prof.link_d2h_bytes_per_s)
     lo, hi = p.lower_bound_bytes(), evaluate(p, AutoChoice(), costs, bw)[0]
-    # The greedy choice is the MILP's fallback, so the assertions hold at any time limit.
+    # The greedy choice is the MILP's fallback, so the assertions hold at any work limit (one
+    # solve of a few nodes here: the test's time).
     for frac in (0.15, 0.6):
         budget = int(lo + frac * (hi - lo))
         greedy = auto_choose(p, budget, costs, bandwidth=bw)
         g_peak, g_extra, _ = evaluate(p, greedy, costs, bw)
-        opt = optimal_choose(p, budget, costs, bw, time_limit_s=3, greedy=greedy)
+        opt = optimal_choose(p, budget, costs, bw, greedy=greedy, max_rounds=1,
+                             node_limit=10)
         if g_peak <= budget:
             assert opt.peak <= budget
             assert opt.extra_time_s <= g_extra * (1 + 1e-12)
@@ -218,7 +220,7 @@ def test_large_programs_are_solved_by_windows_around_the_best_choice(monkeypatch
     greedy = auto_choose(p, budget, costs, bandwidth=bw)
     g_peak, g_extra, _ = evaluate(p, greedy, costs, bw)
     assert g_extra > 0
-    opt = optimal_choose(p, budget, costs, bw, time_limit_s=20, greedy=greedy)
+    opt = optimal_choose(p, budget, costs, bw, greedy=greedy, node_limit=5)
     texts = [text for kind, text, *_ in opt.path if kind == "solve"]
     assert texts[0].startswith("whole MILP")
     assert any(t.startswith("window 0-7") for t in texts)
