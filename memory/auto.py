@@ -40,7 +40,7 @@ DEFAULT_FLOPS_PER_S = 2.0e10
 #: worth of plans built and priced, i.e. ``SEARCH_WORK // len(program.steps)`` plans (a plan's
 #: build and pricing walks its program a few times, so its cost grows with the length).
 #: ResNet-56 at batch 128 (398 steps) gets 1,256 plans: at 58,336,000 B on the v100 model its
-#: walks use about 1,100 of them, 13 s on two CPU cores, and reach the plan (79.8 ms of extra
+#: walks use about 1,100 of them, 13 to 18 s on two CPU cores, and reach the plan (79.8 ms of extra
 #: time) that the 20 s clock limit this replaces gave on a quiet machine (a loaded one got
 #: less: 628 plans give 80.1 ms). No clock decides anything, so a plan is a function of the
 #: program, the budget and the costs alone.
@@ -181,7 +181,7 @@ def auto_choose(program: Program, budget: int | None, step_times: list[float] | 
     The search is bounded by work, never by the clock, so the choice depends on the program,
     the budget and the costs only: at most ``max_moves`` moves per walk, and
     ``max_evaluations`` plans built and priced in all (default :func:`default_evaluations`:
-    about 13 s on two CPU cores for ResNet-56 at batch 128; a move that starts within the
+    13 to 18 s on two CPU cores for ResNet-56 at batch 128; a move that starts within the
     limit finishes, so a walk may pass it by up to ``2 * max_candidates`` plans). The first
     walks get shares of it (a third or so each: deep networks), the one from every map swapped
     (below) what is left; where the limit stopped a path, ``choice.path`` says so.
