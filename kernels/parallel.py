@@ -242,6 +242,67 @@ def critical_path_order(tasks: list, durations: dict) -> list:
     return [tasks[i] for i in sorted(range(len(tasks)), key=lambda i: (-path[i], i))]
 
 
+class _TaskList:
+    """The shared state of one :func:`run_tasks` call: the tasks not yet taken (in priority
+    order), those running and done, and the errors, all under one condition variable."""
+
+    def __init__(self, tasks: list, durations: dict | None) -> None:
+        self.pending = list(tasks)
+        self.done: set = set()
+        self.running: set = set()
+        self.failed: list[BaseException] = []
+        self.cond = threading.Condition()
+        self.durations = durations
+
+    def _take(self):
+        """The first pending task whose dependencies are done, marked running (or None)."""
+        for i, (key, deps, fn) in enumerate(self.pending):
+            if all(d in self.done for d in deps):
+                del self.pending[i]
+                self.running.add(key)
+                return key, fn
+        return None
+
+    def _next(self):
+        """(Holding ``cond``) the next task to run, waiting while none is ready; None once
+        all are taken or one failed."""
+        while True:
+            if self.failed or not self.pending:
+                return None
+            job = self._take()
+            if job is not None:
+                return job
+            if not self.running:  # nothing runs and nothing is ready: a bug
+                self.failed.append(RuntimeError("run_tasks: unsatisfiable tasks"))
+                self.cond.notify_all()
+                return None
+            self.cond.wait()
+
+    def work(self, wid: int) -> None:
+        """Worker ``wid``'s loop: take a ready task, run it, mark it done, until none is
+        left or one failed."""
+        while True:
+            with self.cond:
+                job = self._next()
+            if job is None:
+                return
+            key, fn = job
+            start = time.perf_counter()
+            try:
+                fn(wid)
+            except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
+                with self.cond:
+                    self.failed.append(e)
+                    self.cond.notify_all()
+                return
+            with self.cond:
+                if self.durations is not None:
+                    self.durations[key] = time.perf_counter() - start
+                self.running.discard(key)
+                self.done.add(key)
+                self.cond.notify_all()
+
+
 def run_tasks(tasks: list, workers: int, durations: dict | None = None) -> None:
     """Run ``tasks`` — (key, dependency keys, fn(worker id)) in priority order — on
     ``workers`` threads (the calling one included): each free worker takes the first task
@@ -252,61 +313,18 @@ def run_tasks(tasks: list, workers: int, durations: dict | None = None) -> None:
     ``durations`` (a dict): each task's run time in seconds is stored there under its key
     (for :func:`critical_path_order` next time).
     """
-    pending = list(tasks)
-    done: set = set()
-    running: set = set()
-    failed: list[BaseException] = []
-    cond = threading.Condition()
-
-    def take():
-        for i, (key, deps, fn) in enumerate(pending):
-            if all(d in done for d in deps):
-                del pending[i]
-                running.add(key)
-                return key, fn
-        return None
-
-    def work(wid: int) -> None:
-        while True:
-            with cond:
-                while True:
-                    if failed or not pending:
-                        return
-                    job = take()
-                    if job is not None:
-                        break
-                    if not running:  # nothing runs and nothing is ready: a bug
-                        failed.append(RuntimeError("run_tasks: unsatisfiable tasks"))
-                        cond.notify_all()
-                        return
-                    cond.wait()
-            key, fn = job
-            start = time.perf_counter()
-            try:
-                fn(wid)
-            except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
-                with cond:
-                    failed.append(e)
-                    cond.notify_all()
-                return
-            with cond:
-                if durations is not None:
-                    durations[key] = time.perf_counter() - start
-                running.discard(key)
-                done.add(key)
-                cond.notify_all()
-
+    state = _TaskList(tasks, durations)
     if workers > 1:
         release_parallel_workers()
-    threads = [threading.Thread(target=work, args=(w,), daemon=True)
+    threads = [threading.Thread(target=state.work, args=(w,), daemon=True)
                for w in range(1, workers)]
     for th in threads:
         th.start()
-    work(0)
+    state.work(0)
     for th in threads:
         th.join()
-    if failed:
-        raise failed[0]
+    if state.failed:
+        raise state.failed[0]
 
 
 # ----------------------------------------------------------------------------- threaded rows

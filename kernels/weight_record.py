@@ -333,9 +333,32 @@ def _symbol(buf, start, nbits, bitpos, first, count, offset, symbols):
     return -1, bitpos
 
 
+def _write_entries(buf, v0, i0, entries, size, k, vfirst, vcount, voffset, vsym, ifirst, icount,
+                   ioffset, isym, values, out):
+    """The ``entries`` (gap, value code) pairs of the Huffman streams at ``buf[i0]`` (gaps)
+    and ``buf[v0]`` (codes), each code's value ``values[code]`` (float32 bits) written at its
+    position of ``out``; a code of :data:`STATUS`: 0, or 2 (a bad symbol) / 3 (a position
+    past ``size``) where it stops."""
+    n = buf.shape[0]
+    pos = -1
+    vbit = 0
+    ibit = 0
+    for _ in range(entries):
+        g, ibit = symbol(buf, i0, 8 * (n - i0), ibit, ifirst, icount, ioffset, isym)
+        v, vbit = symbol(buf, v0, 8 * (i0 - v0), vbit, vfirst, vcount, voffset, vsym)
+        if g < 0 or v < 0 or v > k:
+            return 2
+        pos += g + 1
+        if pos >= size:
+            return 3
+        out[pos] = np.uint32(values[v]).view(np.float32)
+    return 0
+
+
 le: Any = None
 code_table: Any = None
 symbol: Any = None
+write_entries: Any = None
 
 
 def _k_raw_or_zero(buf, out, code, itemsize, shared_ok, status, report):
@@ -411,30 +434,17 @@ def _k_decode_shared(buf, out, status, report):
     values[0] = 0
     for c in range(k):
         values[c + 1] = le(buf, book + 4 * c, 4)
-    pos = -1
-    vbit = 0
-    ibit = 0
-    for _ in range(entries):
-        g, ibit = symbol(buf, i0, 8 * (n - i0), ibit, ifirst, icount, ioffset, isym)
-        v, vbit = symbol(buf, v0, 8 * (i0 - v0), vbit, vfirst, vcount, voffset, vsym)
-        if g < 0 or v < 0 or v > k:
-            if report:
-                status[0] = 2
-            return
-        pos += g + 1
-        if pos >= size:
-            if report:
-                status[0] = 3
-            return
-        out[pos] = np.uint32(values[v]).view(np.float32)
+    code = write_entries(buf, v0, i0, entries, size, k, vfirst, vcount, voffset, vsym, ifirst,
+                         icount, ioffset, isym, values, out)
     if report:
-        status[0] = 0
+        status[0] = code
 
 
 @functools.cache
 def _kernels() -> SimpleNamespace:
     return _cuda.bind(globals(), ["_k_raw_or_zero", "_k_decode_shared"],
-                      device={"le": "_le", "code_table": "_code_table", "symbol": "_symbol"})
+                      device={"le": "_le", "code_table": "_code_table", "symbol": "_symbol",
+                              "write_entries": "_write_entries"})
 
 
 def _decode_device(buf: Any, out: Any, stream: Any, status: Any) -> None:
