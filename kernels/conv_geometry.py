@@ -5,7 +5,9 @@ A :class:`ConvConfig` holds the choices that decide the bits of a result (the al
 cap on the column matrix that sets the images per product and the rows per band, the number
 of gradient parts); the workspace rows (threads) never change them. :func:`conv_config`
 picks the default, or under a workspace cap (``max_workspace``, vDNN's memory-optimal
-algorithms) the fastest configuration whose workspace fits it.
+algorithms) the fastest configuration whose workspace fits it. :func:`host_call` makes a
+call's :class:`~.conv_call.HostCall` (its record and workspace cutting live in
+:mod:`.conv_call`; their names stay importable from here).
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ from typing import Any
 import numpy as np
 
 from . import winograd, winograd4
+from .conv_call import HostCall, _aligned
+from .conv_call import cut_workspace as cut_workspace  # re-exported (conv.py)
 from .parallel import chunks, num_threads, split
 
 Pair = tuple[int, int]
-
-_ALIGN = 64
 
 
 # ----------------------------------------------------------------------------- geometry
@@ -283,10 +285,6 @@ def _default_threads() -> int:
     return min(num_threads(), MAX_THREADS)
 
 
-def _aligned(elems: int, itemsize: int) -> int:
-    return -(-elems * itemsize // _ALIGN) * _ALIGN
-
-
 def _threads(layout: tuple[list[int], list[tuple[int, int]], int], n: int, backward: bool,
              threads: int | None) -> int:
     """Workspace rows wanted: one per thread, no more than there are blocks (forward) or
@@ -431,26 +429,6 @@ def conv2d_workspace_bytes(
     return t * s.per + s.fixed
 
 
-@dataclass(frozen=True)
-class HostCall:
-    """What one CPU convolution call derives from its shapes alone (Caffe's setup): the
-    configuration, the image blocking, the workspace rows and their buffers, and the image
-    bounds each row or gradient part takes. Made once per shapes, workspace size and thread
-    count by :func:`host_call`; its arrays are shared between calls and never written."""
-
-    config: ConvConfig
-    nb: int  # images per block
-    band: int  # output rows per band (im2col)
-    pitch: int  # columns per output row of the im2col matrix (:func:`column_pitch`)
-    rows: int  # workspace rows, one per thread
-    row_elems: int  # elements of one row (aligned)
-    offs: np.ndarray  # start of each buffer in a row (elements)
-    parts: tuple[tuple[int, int], ...]  # gradient partials: (count, elements)
-    bounds: np.ndarray  # image bounds of the rows' blocks (forward) or gradient parts
-    parallel: bool  # whether the call runs on its rows' threads
-    nbytes: int  # the workspace a call without one allocates
-
-
 @functools.lru_cache(maxsize=1024)
 def host_call(x_shape: tuple[int, ...], cout: int, kernel: Pair, stride: Pair, padding: Pair,
               dilation: Pair, groups: int, itemsize: int, backward: bool,
@@ -487,21 +465,3 @@ def host_call(x_shape: tuple[int, ...], cout: int, kernel: Pair, stride: Pair, p
     bounds = block_bounds(n, nb, parts[0][0] if backward else (t if parallel else 1))
     return HostCall(cfg, nb, blk.band, blk.pitch, t, per // itemsize, offs,
                     tuple(parts), bounds, parallel, nbytes)
-
-
-def cut_workspace(workspace: np.ndarray | None, call: HostCall, dtype: np.dtype
-                  ) -> tuple[np.ndarray, list[np.ndarray]]:
-    """The workspace (``None``: a new one) cut into ``call.rows`` rows of ``dtype`` and the
-    gradient partials (each ``(count, elements)``, rows padded to the alignment)."""
-    it = dtype.itemsize
-    if workspace is None:
-        workspace = np.empty(call.nbytes, np.uint8)
-    per = call.row_elems * it
-    rows = workspace[: call.rows * per].view(dtype).reshape(call.rows, call.row_elems)
-    views, start = [], call.rows * per
-    for count, e in call.parts:
-        stride = _aligned(e, it)
-        views.append(workspace[start: start + count * stride].view(dtype)
-                     .reshape(count, stride // it))
-        start += count * stride
-    return rows, views

@@ -15,13 +15,12 @@ returns that same count; later ``decode(buf, out)``. ``encoded_nbytes`` sizes a 
 The byte layout is described in :mod:`minidl.kernels.sparse_format`.
 
 ``impl`` and ``stream`` as in :mod:`bitpack`. The Numba CPU kernels run two passes over the
-input (per-chunk counts, then the writes); CUDA kernels give one chunk or row per thread.
+input (per-chunk counts, then the writes); CUDA kernels (:mod:`.sparse_device`) give one
+chunk or row per thread.
 """
 
 from __future__ import annotations
 
-import functools
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -29,6 +28,7 @@ from numba import njit, prange
 
 from . import _cuda
 from .bitpack import _prefetch
+from .sparse_device import _cuda_scan, _kernels, _put_header
 from .sparse_format import (
     FORMATS,
     HEADER_DTYPE,
@@ -45,12 +45,12 @@ from .sparse_format import (
     read_header,
 )
 
-# the byte format lives in sparse_format; its public names stay importable from here
+# the byte format lives in sparse_format (its public names stay importable from here), the
+# CUDA kernels in sparse_device
 __all__ = ["FORMATS", "HEADER_DTYPE", "HEADER_NBYTES", "Encoding", "Header", "choose_encoding",
            "count_nonzero", "decode", "encode", "encoded_nbytes", "read_header"]
 
 
-cuda: Any = None  # numba.cuda, set by _cuda.bind on first CUDA use
 _C = 1 << 16  # elements per CPU task (multiple of 8)
 _CC = 256  # elements per CUDA thread (zvc; multiple of 8)
 _AHEAD = 1024  # prefetch distance in elements of the compaction loops
@@ -253,111 +253,6 @@ def _csr_decode_nb(vals, cols, rowptr, out, w, r0, r1, zero):
     for t in prange((r1 - r0 + per - 1) // per):
         a = r0 + t * per
         _csr_decode_rows(vals, cols, rowptr, out, w, a, min(r1, a + per), zero)
-
-
-# ----------------------------------------------------------------------------- CUDA
-def _k_counts(xb, counts, n, size, zero):
-    for t in range(cuda.grid(1), counts.size, cuda.gridsize(1)):
-        s = 0
-        hi = t * size + size if t * size + size < n else n
-        for i in range(t * size, hi):
-            if xb[i] != zero:
-                s += 1
-        counts[t] = s
-
-
-def _k_zvc_encode(xb, mask, vals, offsets, n, size, zero):
-    for t in range(cuda.grid(1), offsets.size - 1, cuda.gridsize(1)):
-        lo = t * size
-        hi = lo + size if lo + size < n else n
-        pos = offsets[t]
-        for j in range(lo // 8, (hi + 7) // 8):
-            b = 0
-            for k in range(8):
-                i = 8 * j + k
-                if i < hi and xb[i] != zero:
-                    vals[pos] = xb[i]
-                    pos += 1
-                    b |= 1 << k
-            mask[j] = b
-
-
-def _k_mask_counts(mask, counts, size_bytes):
-    for t in range(cuda.grid(1), counts.size, cuda.gridsize(1)):
-        s = 0
-        lo = t * size_bytes
-        hi = lo + size_bytes if lo + size_bytes < mask.size else mask.size
-        for j in range(lo, hi):
-            s += cuda.popc(np.uint32(mask[j]))
-        counts[t] = s
-
-
-def _k_zvc_decode(mask, vals, offsets, out, n, size, zero):
-    for t in range(cuda.grid(1), offsets.size - 1, cuda.gridsize(1)):
-        pos = offsets[t]
-        hi = t * size + size if t * size + size < n else n
-        for i in range(t * size, hi):
-            if (mask[i >> 3] >> (i & 7)) & 1:
-                out[i] = vals[pos]
-                pos += 1
-            else:
-                out[i] = zero
-
-
-def _k_csr_encode(xb, rowptr, vals, cols, n, w, zero):
-    for r in range(cuda.grid(1), rowptr.size - 1, cuda.gridsize(1)):
-        pos = rowptr[r]
-        hi = r * w + w if r * w + w < n else n
-        for i in range(r * w, hi):
-            if xb[i] != zero:
-                vals[pos] = xb[i]
-                cols[pos] = i - r * w
-                pos += 1
-
-
-def _k_csr_decode(vals, cols, rowptr, out, n, w, zero):
-    for r in range(cuda.grid(1), rowptr.size - 1, cuda.gridsize(1)):
-        lo = r * w
-        hi = lo + w if lo + w < n else n
-        for i in range(lo, hi):
-            out[i] = zero
-        for p in range(rowptr[r], rowptr[r + 1]):
-            out[lo + int(cols[p])] = vals[p]
-
-
-@functools.cache
-def _kernels() -> SimpleNamespace:
-    return _cuda.bind(globals(), ["_k_counts", "_k_zvc_encode", "_k_mask_counts",
-                                  "_k_zvc_decode", "_k_csr_encode", "_k_csr_decode",
-                                  "_k_put_words"])
-
-
-def _k_put_words(dst, w0, w1, w2, w3):
-    """``dst[:4] = (w0, w1, w2, w3)`` (uint64 words: a header written without a host copy)."""
-    if cuda.grid(1) == 0:
-        dst[0] = w0
-        dst[1] = w1
-        dst[2] = w2
-        dst[3] = w3
-
-
-def _cuda_scan(like: Any, counts: Any, offsets: Any = None, stream: Any = None,
-               total: int | None = None) -> tuple[Any, int]:
-    """Exclusive scan of device ``counts`` into ``offsets`` (new int64 if None); the total,
-    read back from the device (a host synchronisation) unless the caller knows it."""
-    if offsets is None:
-        offsets = _cuda.empty(like, counts.size + 1, np.int64)
-    _cuda.exclusive_scan(counts, offsets, stream)
-    if total is None:
-        total = int(_cuda.to_host(offsets[counts.size:])[0])
-    return offsets, total
-
-
-def _put_header(b: Any, hdr: np.ndarray, stream: Any) -> None:
-    """The 32 header bytes into the device buffer ``b`` by one kernel (no host copy)."""
-    words = [np.uint64(w) for w in hdr.view(np.uint64)]
-    _cuda.run(_kernels().k_put_words, 1, 1, b[:HEADER_NBYTES].view(np.uint64), *words,
-              stream=stream)
 
 
 # ----------------------------------------------------------------------------- public API
