@@ -1,5 +1,5 @@
 """The smallest budget ``auto`` reaches, without and with convolution workspace caps
-(memory/workspace_options.py), on the meta device (no compute: seconds per model):
+(memory/options/workspace_options.py), on the meta device (no compute: seconds per model):
 
     python benchmarks/lean_workspace.py          # vgg16 224 b64, alexnet 224 b128
     python benchmarks/lean_workspace.py vgg16    # one of them
@@ -14,9 +14,9 @@ import re
 import sys
 
 from minidl.layers import SoftmaxCrossEntropy
-from minidl.memory.auto import BudgetTooSmall
-from minidl.memory.device import MetaDevice
-from minidl.memory.pool import Pool
+from minidl.memory.devices.device import MetaDevice
+from minidl.memory.planners.auto import BudgetTooSmall
+from minidl.memory.runtime.pool import Pool
 
 from minidl.engine import Engine
 from minidl.labels import default_label_shape

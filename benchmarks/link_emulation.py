@@ -6,7 +6,7 @@
 Each case trains a model on the CPU under a swapping spec with ``Trainer(emulate_link=P)``:
 the plans are made with ``P``'s costs and the copy engine is throttled to ``P``'s link divided
 by the CPU's slowdown (measured forward+backward seconds / ``P``'s roofline seconds, see
-memory/link_emulation.py), so copy time / compute time is ``P``'s. After ``--warmup``
+memory/cost/link_emulation.py), so copy time / compute time is ``P``'s. After ``--warmup``
 steps (the throttle follows the slowdown from the first), ``--steps`` steps are timed. Per
 case:
 
@@ -25,9 +25,9 @@ import statistics
 import time
 
 import numpy as np
-from minidl.memory.cost_model import simulate
-from minidl.memory.link_emulation import compute_slowdown
-from minidl.memory.targets import get_target
+from minidl.memory.cost.cost_model import simulate
+from minidl.memory.cost.link_emulation import compute_slowdown
+from minidl.memory.cost.targets import get_target
 
 import minidl
 from minidl.models import resnet, smallcnn, vgg

@@ -22,16 +22,16 @@ import re
 import time
 
 from minidl.layers import SoftmaxCrossEntropy
-from minidl.memory.auto import auto_choose
-from minidl.memory.auto import step_costs as flop_costs
-from minidl.memory.config import MemoryConfig
-from minidl.memory.cost_model import step_costs
-from minidl.memory.device import MetaDevice
-from minidl.memory.optimal import evaluate, optimal_choose
-from minidl.memory.pool import Pool
-from minidl.memory.program import Program
-from minidl.memory.swap import DEFAULT_BANDWIDTH
-from minidl.memory.targets import get_target
+from minidl.memory.cost.cost_model import step_costs
+from minidl.memory.cost.targets import get_target
+from minidl.memory.devices.device import MetaDevice
+from minidl.memory.ir.config import MemoryConfig
+from minidl.memory.ir.program import Program
+from minidl.memory.passes.swap import DEFAULT_BANDWIDTH
+from minidl.memory.planners.auto import auto_choose
+from minidl.memory.planners.auto import step_costs as flop_costs
+from minidl.memory.planners.optimal import evaluate, optimal_choose
+from minidl.memory.runtime.pool import Pool
 
 from minidl.engine import Engine
 from minidl.labels import default_label_shape

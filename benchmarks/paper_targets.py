@@ -6,12 +6,12 @@ vDNN (Rhu et al. 2016): VGG-16 at batch 256 on a 12 GB Titan X (Maxwell). Chen e
 sqrt(n) checkpointing of ResNets at about 30 % more time, and auto at the memory of that plan
 (recomputation only, greedy and optimal planners, and every action). Each line: the dry run's
 peak (what minidl allocates, every category), whether it fits the target's memory, and the
-predicted step time, the unlimited-memory device's and the overhead (memory/cost_model.py).
+predicted step time, the unlimited-memory device's and the overhead (memory/cost/cost_model.py).
 ``--resnets``: the recomputation part only.
 """
 import sys
 
-from minidl.memory.auto import BudgetTooSmall
+from minidl.memory.planners.auto import BudgetTooSmall
 
 import minidl
 from minidl.models import get_model

@@ -15,7 +15,8 @@ on the same program:
 * torch.compile's activation-memory budget: a 0/1 knapsack of the feature maps kept for
   backward (keep the most recompute time per byte that fits; every other one recomputed once,
   as ``recompute=speed`` does its segments);
-* a Capuchin-style greedy: the walk of :mod:`minidl.memory.auto` (swap or recompute the feature
+* a Capuchin-style greedy: the walk of :mod:`minidl.memory.planners.auto` (swap or recompute the
+feature
   map live at the peak that frees the most bytes per second of overhead).
 
 It checks what Part 19 asks: ``auto`` never slower with more memory (monotone) and never slower
@@ -33,16 +34,16 @@ import time
 from dataclasses import dataclass, field
 
 from minidl.layers import SoftmaxCrossEntropy
-from minidl.memory.auto import BudgetTooSmall, auto_plan
-from minidl.memory.base_plan import base_plan
-from minidl.memory.config import MemoryConfig
-from minidl.memory.cost_model import simulate, step_costs
-from minidl.memory.device import MetaDevice
-from minidl.memory.frontier import fixed_specs, program_chain, recompute_bound
-from minidl.memory.pool import Pool
-from minidl.memory.recompute import dropping_program
-from minidl.memory.static_plan import static_plan
-from minidl.memory.targets import get_target
+from minidl.memory.cost.cost_model import simulate, step_costs
+from minidl.memory.cost.targets import get_target
+from minidl.memory.devices.device import MetaDevice
+from minidl.memory.ir.config import MemoryConfig
+from minidl.memory.passes.base_plan import base_plan
+from minidl.memory.passes.recompute import dropping_program
+from minidl.memory.passes.static_plan import static_plan
+from minidl.memory.planners.auto import BudgetTooSmall, auto_plan
+from minidl.memory.planners.frontier import fixed_specs, program_chain, recompute_bound
+from minidl.memory.runtime.pool import Pool
 
 import minidl
 from minidl.engine import Engine
@@ -122,7 +123,7 @@ def knapsack_anchor(program, budget: int, profile) -> tuple[int, float] | None:
 
 
 def greedy_anchor(program, budget: int, profile) -> tuple[int, float] | None:
-    """The greedy walk (Capuchin-style) of memory/auto.py on the target's costs."""
+    """The greedy walk (Capuchin-style) of memory/planners/auto.py on the target's costs."""
     costs = step_costs(program, profile)
     bw = min(profile.link_h2d_bytes_per_s, profile.link_d2h_bytes_per_s)
     try:

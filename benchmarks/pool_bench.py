@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 from minidl.memory import CpuDevice, MetaDevice, Pool, format_size
-from minidl.memory.device import available_host_memory
+from minidl.memory.devices.device import available_host_memory
 
 VGG16 = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"]
 F32 = 4

@@ -6,7 +6,7 @@ step); the dry run for the cuda kind gives every other byte. One line per model 
     python benchmarks/strict_scratch.py
 """
 import numpy as np
-from minidl.memory.strict_device import StrictCudaDevice
+from minidl.memory.testing.strict_device import StrictCudaDevice
 
 import minidl
 from minidl.models import resnet, smallcnn, vgg

@@ -1,4 +1,5 @@
-"""Convolution workspaces chosen for memory (vDNN's rule, memory/workspace_options.py, issue 36):
+"""Convolution workspaces chosen for memory (vDNN's rule, memory/options/workspace_options.py,
+issue 36):
 the default peaks with the rule and with every convolution at its fastest configuration, and
 the step time the rule costs.
 
@@ -31,9 +32,9 @@ import numpy as np
 from minidl.kernels.conv import conv2d_backward, conv2d_forward, conv2d_workspace_bytes
 from minidl.kernels.conv_geometry import conv_config
 from minidl.layers import Conv2d, SoftmaxCrossEntropy
-from minidl.memory import workspace_options as W
-from minidl.memory.device import MetaDevice
-from minidl.memory.pool import Pool
+from minidl.memory.devices.device import MetaDevice
+from minidl.memory.options import workspace_options as W
+from minidl.memory.runtime.pool import Pool
 
 import minidl
 from minidl import engine as engine_module

@@ -129,7 +129,7 @@ class Layer:
 
     #: Op tag shown in reports (conv, linear, relu, act, pool, bn, ...); memory never reads it.
     kind: str = "generic"
-    # ---- memory capabilities, as plain values (minidl.memory.capabilities is the vocabulary;
+    # ---- memory capabilities, as plain values (minidl.memory.ir.capabilities is the vocabulary;
     # lowering checks them and refuses unknown ones)
     #: "cheap" (recomputed freely), "expensive" (kept as a checkpoint: conv, linear, joins) or
     #: "sequence" (a whole sequence in one op: never recomputed as a whole).

@@ -18,7 +18,7 @@ A GRU's direct path ``dh * z`` goes from each step's kernel, through that step's
 needed) slot of the incoming gradient, into the kernel of the step before; it is added to the
 carry once per unit and layer. The CPU path is unchanged.
 
-Memory over time follows a *schedule* (plain data, e.g. from ``minidl.memory.bptt``):
+Memory over time follows a *schedule* (plain data, e.g. from ``minidl.memory.passes.bptt``):
 
 * ``schedule=None`` keeps every unit's internals (gates, cell and hidden states) from forward
   to backward (stash ``gates`` (L, T, N, 4H), ``h`` and ``c`` (L, T+1, N, H));

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .cuda_device import CudaDevice
-from .device import CpuDevice, MetaDevice, available_host_memory
+from .devices.cuda_device import CudaDevice
+from .devices.device import CpuDevice, MetaDevice, available_host_memory
 
 __all__ = ["DEVICE_NAMES", "auto_host_capacity", "is_auto", "make_device"]
 
@@ -52,7 +52,7 @@ def make_device(name: str, capacity: int | str | None = None, **kwargs: Any) -> 
     if key == "meta":
         return MetaDevice(capacity, **kwargs)
     if key == "cuda-strict":
-        from .strict_device import StrictCudaDevice
+        from .testing.strict_device import StrictCudaDevice
 
         return StrictCudaDevice("256MiB" if capacity is None else capacity, **kwargs)
     if isinstance(key, str) and (key == "cuda" or key.startswith("cuda:")):

@@ -38,8 +38,8 @@ from .executor import NonFiniteError  # noqa: E402
 from .fitting import History  # noqa: E402
 from .graph import Input, Network, Sequential  # noqa: E402
 from .layers.base import ShapeError  # noqa: E402
-from .memory.config import MemoryConfig  # noqa: E402
-from .memory.pool import DeviceOutOfMemory  # noqa: E402
+from .memory.ir.config import MemoryConfig  # noqa: E402
+from .memory.runtime.pool import DeviceOutOfMemory  # noqa: E402
 from .memory_record import show_memory  # noqa: E402
 from .parameter import Parameter  # noqa: E402
 from .summary import memory_summary  # noqa: E402

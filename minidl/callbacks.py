@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from .deferred import is_ready, resolve
-from .memory.units import format_size
+from .memory.ir.units import format_size
 
 
 @dataclass

@@ -36,9 +36,9 @@ from .commands.plan import cmd_plan
 from .commands.show_memory import cmd_show_memory
 from .commands.train import LOADERS, cmd_train
 from .executor import NonFiniteError
-from .memory.config import FLAGS, PRESETS, MemoryConfig
-from .memory.pool import DeviceOutOfMemory
-from .memory.targets import target_names
+from .memory.cost.targets import target_names
+from .memory.ir.config import FLAGS, PRESETS, MemoryConfig
+from .memory.runtime.pool import DeviceOutOfMemory
 from .models import MODEL_NAMES, SEQUENCE_MODELS, default_input_shape
 from .optim import make_optimizer
 from .rnn import LOG_EVERY_STEPS
@@ -99,7 +99,7 @@ def _flag_form(name: str) -> str:
 
 def memory_help() -> str:
     """The memory spec's page (``minidl memory``, ``--memory help``): every flag of
-    :data:`minidl.memory.config.FLAGS` and every preset of ``PRESETS``."""
+    :data:`minidl.memory.ir.config.FLAGS` and every preset of ``PRESETS``."""
     forms = {name: _flag_form(name) for name in FLAGS}
     width = max(map(len, [*forms.values(), *PRESETS])) + 2
     wrap = textwrap.TextWrapper(width=100, initial_indent="", subsequent_indent=" " * (width + 2))

@@ -23,7 +23,7 @@ bucketing, Li et al. 2020).
   instead of all-reduced (``Communicator.reduce_scatter_v``): inside a bucket the parameters
   lie in network order, so a bucket is one flat range of the parameters, and each rank
   receives the part of it within its owned range
-  (:func:`~minidl.memory.zero.owned_ranges`), straight into its gradient shards. A
+  (:func:`~minidl.memory.passes.zero.owned_ranges`), straight into its gradient shards. A
   parameter's full gradient is then a block of the iteration: the backward step that last
   writes it copies it (scaled by the share) into its bucket's buffer, and the executor frees
   it right after. Even on one rank the gradients go through the buckets (into the shards).
@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from .comm import Communicator
-from .memory.zero import owned_ranges
+from .memory.passes.zero import owned_ranges
 
 #: PyTorch DDP's default bucket size (``bucket_cap_mb=25``).
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
@@ -112,7 +112,7 @@ class GradientSync:
     ``shards`` (ZeRO stage 2: the :class:`~minidl.zero.ShardParameter` objects of this rank,
     each with its own gradient ``own_grad``): the buckets are reduce-scattered instead, rank
     ``r`` receiving the elements of the bucket in its owned range
-    (:func:`~minidl.memory.zero.owned_ranges` over ``params`` flattened in order), which go
+    (:func:`~minidl.memory.passes.zero.owned_ranges` over ``params`` flattened in order), which go
     into the shards' gradients; a parameter's full gradient (a block of the iteration) is
     copied into its bucket's buffer by the backward step that last writes it, before the
     executor frees it.

@@ -15,15 +15,15 @@ from .graph import Network
 from .labels import default_label_shape
 from .layers import SoftmaxCrossEntropy
 from .layers.base import Layer
-from .memory.auto import BudgetTooSmall
-from .memory.config import MemoryConfig
-from .memory.cost_model import simulate
-from .memory.device import MetaDevice
-from .memory.plan import AutoChoice, CurvePoint
-from .memory.pool import Pool
-from .memory.targets import DeviceProfile, get_target
-from .memory.units import ALLOCATION_UNIT, format_size, parse_size
-from .memory.zero import STAGES, ZeroBytes, owned_ranges, zero_bytes
+from .memory.cost.cost_model import simulate
+from .memory.cost.targets import DeviceProfile, get_target
+from .memory.devices.device import MetaDevice
+from .memory.ir.config import MemoryConfig
+from .memory.ir.plan import AutoChoice, CurvePoint
+from .memory.ir.units import ALLOCATION_UNIT, format_size, parse_size
+from .memory.passes.zero import STAGES, ZeroBytes, owned_ranges, zero_bytes
+from .memory.planners.auto import BudgetTooSmall
+from .memory.runtime.pool import Pool
 from .memory_record import plan_snapshot
 from .optim import make_optimizer
 
@@ -63,18 +63,18 @@ def dry_run(
     temporaries (measured at its first step: ``Trainer.engine.scratch.size``), without which
     the dry run's peak leaves it out.
 
-    ``target`` (a name of :mod:`~minidl.memory.targets` or a profile) plans for that GPU: the
+    ``target`` (a name of :mod:`~minidl.memory.cost.targets` or a profile) plans for that GPU: the
     cuda kind's workspaces, the planners' step times and link rate from its cost model, ``auto``
     without ``budget=`` gets the target's capacity, and the report's ``prediction`` gives the
     predicted iteration time, an unlimited-memory device's (vDNN's oracle), the overhead, the
-    stall and the bytes over the host link (:func:`~minidl.memory.cost_model.simulate`).
+    stall and the bytes over the host link (:func:`~minidl.memory.cost.cost_model.simulate`).
     ``emulated=True``: the plans a CPU run emulating the target's link makes
     (``Trainer(emulate_link=)``): the target's costs, ``device_kind`` and ``budget`` as given.
 
     ``ranks``: one rank of data-parallel training over that many ranks: ``batch_size`` is the
     global batch and the iteration is rank 0's shard (the largest); ``zero`` in the report
     gives the rank's persistent bytes under the spec's ``zero=K``
-    (:func:`~minidl.memory.zero.zero_bytes`) and the step's collectives, and
+    (:func:`~minidl.memory.passes.zero.zero_bytes`) and the step's collectives, and
     ``peak_allocated_bytes`` is that rank's, as training measures it at every stage (stage 2's
     full gradients and stage 3's gathered parameters are blocks of the lowered iteration).
     ``snapshot``: write the iteration's memory snapshot there
@@ -209,7 +209,8 @@ def _rank_view(prog: Any, zero: ZeroBytes, breakdown: dict[str, int],
                                                           list[tuple[str, str, int]]]:
     """The breakdown and the tensors live at the peak as rank ``zero.rank`` holds them: the
     program's persistent bytes of each category replaced by the rank's
-    (:func:`~minidl.memory.zero.zero_bytes`), each sharded tensor by its shard (left out where
+    (:func:`~minidl.memory.passes.zero.zero_bytes`), each sharded tensor by its shard (left out
+    where
     the rank owns none of it), stage 3's gathered parameter block added where the program
     has none. The breakdown then sums to the rank's peak."""
     program_bytes: dict[str, int] = {}
@@ -287,7 +288,7 @@ def frontier(net: Network | Callable[[], Network], batch_size: int,
     ``device_kind``, ``ranks``, ...). The whole report, with the certified bound at the budget,
     is ``dry_run(...)["auto"]``.
 
-    Raises :class:`~minidl.memory.auto.BudgetTooSmall` when nothing fits ``budget`` and
+    Raises :class:`~minidl.memory.planners.auto.BudgetTooSmall` when nothing fits ``budget`` and
     ``ValueError`` for a spec without ``auto``."""
     config = MemoryConfig.parse(memory)
     if not config.has("auto"):

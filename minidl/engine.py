@@ -18,19 +18,19 @@ from .graph import Network
 from .kernels.parallel import ensure_blas_policy
 from .layers.base import Layer
 from .lowering import Lowered, lower
-from .memory import attention_options, bptt_options, workspace_options
-from .memory.auto import BudgetTooSmall
-from .memory.base_plan import plan_peak
-from .memory.config import MemoryConfig
-from .memory.cost_model import step_costs, step_time
-from .memory.device import MetaDevice
-from .memory.host_pool import HostPool
-from .memory.plan import Plan
-from .memory.planner import make_plan
-from .memory.pool import Pool
-from .memory.program import aligned
-from .memory.targets import DeviceProfile
-from .memory.transfer import copy_into, to_host
+from .memory.cost.cost_model import step_costs, step_time
+from .memory.cost.targets import DeviceProfile
+from .memory.devices.device import MetaDevice
+from .memory.ir.config import MemoryConfig
+from .memory.ir.plan import Plan
+from .memory.ir.program import aligned
+from .memory.options import attention_options, bptt_options, workspace_options
+from .memory.passes.base_plan import plan_peak
+from .memory.planners.auto import BudgetTooSmall
+from .memory.planners.planner import make_plan
+from .memory.runtime.host_pool import HostPool
+from .memory.runtime.pool import Pool
+from .memory.runtime.transfer import copy_into, to_host
 from .optim import FlatGroup, Optimizer
 
 #: Why a network with batch statistics is never split into micro-batches.
@@ -114,10 +114,11 @@ class Engine:
             [] if self.config.zero >= 3 and loss is not None else None
         self._cache: dict[tuple, Compiled] = {}
         #: Under a budget no plan fits, cap convolutions' workspaces (leaner algorithms and
-        #: chunking, :mod:`~minidl.memory.workspace_options`) and plan again.
+        #: chunking, :mod:`~minidl.memory.options.workspace_options`) and plan again.
         self.cap_workspaces = True
         #: Without a budget, the estimated step time vDNN's rule may add before the peak rises
-        #: above the least-workspace plan's (:data:`~minidl.memory.workspace_options.TIME_SHARE`:
+        #: above the least-workspace plan's
+        #: (:data:`~minidl.memory.options.workspace_options.TIME_SHARE`:
         #: ``inf``, vDNN's rule as it stands; ``0.02``: the lowest peak estimated within 2 %).
         self.workspace_time_share = workspace_options.TIME_SHARE
         self.bound = False
@@ -350,7 +351,7 @@ class Engine:
                       config: MemoryConfig, net: Network) -> tuple[Lowered, Plan]:
         """The plan of ``lowered`` with convolutions' workspaces chosen by vDNN's rule, capped
         further when no plan fits the budget
-        (:func:`~minidl.memory.workspace_options.plan_fitting`; ``net``'s layers give the
+        (:func:`~minidl.memory.options.workspace_options.plan_fitting`; ``net``'s layers give the
         convolutions' geometry for their estimated times). A swapping spec planned for a
         target (vDNN's policy) that does not fit the target's memory with its transfers timed
         by the cost model is planned again as vDNN schedules them, each prefetch a fixed
@@ -375,7 +376,7 @@ class Engine:
     @property
     def _rule(self) -> bool:
         """Whether vDNN's rule caps this engine's convolutions without a budget (its device
-        kind in :data:`~minidl.memory.workspace_options.RULE_KINDS`)."""
+        kind in :data:`~minidl.memory.options.workspace_options.RULE_KINDS`)."""
         return self.device_kind in workspace_options.RULE_KINDS
 
     def _swap_capacity(self, config: MemoryConfig) -> int | None:
@@ -397,7 +398,7 @@ class Engine:
                       config: MemoryConfig, times: Any, capacity: int,
                       timed: tuple[Lowered, Plan]) -> tuple[Lowered, Plan]:
         """vDNN's policy within ``capacity``: prefetches a fixed number of steps ahead (no
-        step times: :func:`~minidl.memory.swap.swap_plan`'s lookahead), then convolutions'
+        step times: :func:`~minidl.memory.passes.swap.swap_plan`'s lookahead), then convolutions'
         workspaces capped as under a budget of ``capacity``. ``timed`` (the plan that did not
         fit) when nothing does, with a note saying so."""
         need = self._reserved(timed[1])

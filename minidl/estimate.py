@@ -12,8 +12,8 @@ from typing import Any
 
 from .dryrun import dry_run
 from .graph import Network
-from .memory.config import MemoryConfig
-from .memory.units import format_size
+from .memory.ir.config import MemoryConfig
+from .memory.ir.units import format_size
 
 #: Breakdown categories shown as their own columns; every other one counts as activations.
 MODEL_STATE = ("parameter", "gradient", "optimizer_state")

@@ -11,12 +11,12 @@ import numpy as np
 from .kernels.add import add as add_arrays
 from .layers.base import Context
 from .lowering import Lowered
-from .memory import codecs
-from .memory.plan import Plan
-from .memory.program import Step
-from .memory.runtime import MemoryRuntime, tensor_info
-from .memory.scratch import TemporaryRouter
-from .memory.transfer import copy_into, fetch_async
+from .memory.ir.plan import Plan
+from .memory.ir.program import Step
+from .memory.passes import codecs
+from .memory.runtime.runtime import MemoryRuntime, tensor_info
+from .memory.runtime.scratch import TemporaryRouter
+from .memory.runtime.transfer import copy_into, fetch_async
 
 
 class NonFiniteError(FloatingPointError):
@@ -71,7 +71,8 @@ class Executor:
         #: (offset, bytes) of the block reserved for the device library's own temporaries
         #: (CuPy's): set by the engine once measured; ``None`` routes them into the pool.
         self.scratch: tuple[int, int] | None = None
-        #: The last run's temporaries (:class:`~minidl.memory.scratch.TemporaryRouter`: their
+        #: The last run's temporaries (:class:`~minidl.memory.runtime.scratch.TemporaryRouter`:
+        #: their
         #: footprint, live peak and overflow of the scratch block); ``None`` on the CPU.
         self.temporaries: TemporaryRouter | None = None
         self._feed_checks = self._feed_consumers()
@@ -137,7 +138,7 @@ class Executor:
         the network outputs. On any error every block of the iteration is freed.
         ``wait=False`` on a device that runs asynchronously (a GPU): the loss and outputs come
         back as pending host copies (``ready()`` / ``result()``,
-        :func:`~minidl.memory.transfer.fetch_async`) and the host does not wait for the
+        :func:`~minidl.memory.runtime.transfer.fetch_async`) and the host does not wait for the
         device; elsewhere they are values as with ``wait=True``.
         ``data_parallel`` (:class:`~minidl.data_parallel.DataParallel`): its
         ``grad_ready(self, i)`` is called after each backward step ``i`` (it launches the

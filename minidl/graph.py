@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 
 from .layers.base import Layer, ShapeError, Symbol
-from .memory.block_choices import BLOCK_CHOICES
-from .memory.transfer import copy_into, to_host
-from .memory.units import format_size
+from .memory.ir.units import format_size
+from .memory.passes.block_choices import BLOCK_CHOICES
+from .memory.runtime.transfer import copy_into, to_host
 from .parameter import Parameter
 
 Shape = tuple[int, ...]
@@ -44,7 +44,8 @@ class Node:
     in_values: list[int]
     out_values: list[int]
     #: The user's memory choice for its feature maps (``layer(x, memory=...)``, a
-    #: ``Checkpoint`` block; one of :data:`~minidl.memory.block_choices.BLOCK_CHOICES`) or "".
+    #: ``Checkpoint`` block; one of :data:`~minidl.memory.passes.block_choices.BLOCK_CHOICES`) or
+    #: "".
     memory: str = ""
 
 

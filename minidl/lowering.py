@@ -1,6 +1,6 @@
 """Lowering: a network bound to input shapes becomes a program of forward and backward steps.
 
-The program (plain data, :mod:`minidl.memory.program`) is the one list of steps that memory
+The program (plain data, :mod:`minidl.memory.ir.program`) is the one list of steps that memory
 passes rewrite and the executor runs: each step names its layer node and its tensor slots.
 :class:`Lowered` adds what only the executor needs: the layer of each node and the
 :class:`~minidl.parameter.Parameter` behind each parameter tensor.
@@ -15,9 +15,9 @@ import numpy as np
 
 from .graph import Network
 from .layers.base import Layer
-from .memory.capabilities import OpCaps, op_caps
-from .memory.program import GradInput, Program, Step, TensorSpec
-from .memory.units import ALLOCATION_UNIT
+from .memory.ir.capabilities import OpCaps, op_caps
+from .memory.ir.program import GradInput, Program, Step, TensorSpec
+from .memory.ir.units import ALLOCATION_UNIT
 from .parameter import Parameter
 
 

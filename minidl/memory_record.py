@@ -33,10 +33,10 @@ from typing import Any
 
 from . import memory_viz
 from .engine import Compiled, PeakInfo
-from .memory.plan import Action, Alloc, Plan, Prefetch
-from .memory.pool import PlacementError, Pool
-from .memory.timeline import series, trace, write_chrome_trace, write_json_atomic
-from .memory.units import format_size
+from .memory.ir.plan import Action, Alloc, Plan, Prefetch
+from .memory.ir.timeline import series, trace, write_chrome_trace, write_json_atomic
+from .memory.ir.units import format_size
+from .memory.runtime.pool import PlacementError, Pool
 from .memory_viz import SNAPSHOT_FORMAT
 from .report import persistent_by_category, plot_timeline
 
@@ -303,7 +303,7 @@ def _event_tuples(snap: dict[str, Any]) -> list[tuple]:
 
 
 def snapshot_trace(snap: dict[str, Any]) -> dict[str, Any]:
-    """The Chrome / Perfetto trace of a snapshot (:func:`minidl.memory.timeline.trace`): real
+    """The Chrome / Perfetto trace of a snapshot (:func:`minidl.memory.ir.timeline.trace`): real
     times and copy slices for a recorded run, the steps end to end for a dry run."""
     steps = [(s["layer"], s["phase"], s["kind"], s["flops"]) for s in snap["steps"]]
     events = _event_tuples(snap)

@@ -57,7 +57,7 @@ import numpy as np
 
 from . import layers as L
 from .graph import Network
-from .memory.transfer import to_host
+from .memory.runtime.transfer import to_host
 
 #: The opset written by default (LayerNormalization needs 17).
 DEFAULT_OPSET = 17

@@ -34,7 +34,7 @@ from minidl.parameter import Parameter
 
 from .kernels.array_api import namespace
 from .kernels.optim import adam_update, sgd_update
-from .memory.transfer import copy_into, to_host
+from .memory.runtime.transfer import copy_into, to_host
 
 Alloc = Callable[[str, tuple[int, ...], np.dtype], Any]
 StateSpec = list[tuple[str, tuple[int, ...], np.dtype]]

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from .memory.transfer import to_host
+from .memory.runtime.transfer import to_host
 
 
 class Parameter:

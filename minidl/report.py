@@ -7,9 +7,9 @@ import math
 from typing import Any
 
 from .engine import Compiled
-from .memory.liveness import lifetimes, root_of
-from .memory.timeline import category_series, chrome_trace, write_chrome_trace
-from .memory.units import format_size
+from .memory.ir.liveness import lifetimes, root_of
+from .memory.ir.timeline import category_series, chrome_trace, write_chrome_trace
+from .memory.ir.units import format_size
 
 
 def layer_table(c: Compiled) -> list[dict[str, Any]]:

@@ -3,7 +3,7 @@
 * **fused** (default): one :class:`~minidl.layers.LSTM` / :class:`~minidl.layers.GRU` node for
   the whole layer stack, looping over time inside (cuDNN's form, the fast one). Memory over
   time is the layer's BPTT *schedule*, a per-step option of the plan
-  (:mod:`minidl.memory.bptt_options`), chosen from the memory spec: everything kept by
+  (:mod:`minidl.memory.options.bptt_options`), chosen from the memory spec: everything kept by
   default; ``recompute=sqrt`` keeps every ⌈√U⌉-th of the U time units' states (Chen et
   al.); ``bptt=N`` or any other ``recompute=`` value keeps at most N (default ⌈√U⌉) states
   where Gruslys et al.'s dynamic programme says, at the fewest recomputed units.
@@ -100,7 +100,7 @@ def recurrent_fused(store: ParameterStore, x: Symbol, cell: str, input_size: int
                     unit_steps: int | None = None, vocab_size: int | None = None,
                     dtype: str = "float32") -> Symbol:
     """One fused ``cell`` stack over ``x`` (N, T, input_size) -> (N, T, hidden_size); its BPTT
-    schedule is a per-step option the plan sets (:mod:`minidl.memory.bptt_options`). With
+    schedule is a per-step option the plan sets (:mod:`minidl.memory.options.bptt_options`). With
     ``vocab_size``, ``x`` is (N, T) tokens and the layer owns the embedding (bound as
     ``embedding.weight``)."""
     cls = {"lstm": L.LSTM, "gru": L.GRU}[cell]

@@ -12,12 +12,12 @@ from .graph import Network
 from .labels import default_label_shape
 from .layers import SoftmaxCrossEntropy
 from .layers.base import Layer
-from .memory.config import MemoryConfig
-from .memory.device import MetaDevice
-from .memory.liveness import root_of
-from .memory.plan import Alloc, Free, Prefetch, Release
-from .memory.pool import Pool
-from .memory.units import format_size
+from .memory.devices.device import MetaDevice
+from .memory.ir.config import MemoryConfig
+from .memory.ir.liveness import root_of
+from .memory.ir.plan import Alloc, Free, Prefetch, Release
+from .memory.ir.units import format_size
+from .memory.runtime.pool import Pool
 from .optim import make_optimizer
 
 

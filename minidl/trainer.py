@@ -37,15 +37,15 @@ from .kernels.parallel import set_thread_policy
 from .labels import default_label_shape
 from .layers import SoftmaxCrossEntropy
 from .layers.base import Layer
-from .memory.cache import without_cache
-from .memory.config import MemoryConfig
-from .memory.device import CpuDevice
+from .memory.cost.link_emulation import LinkEmulation
+from .memory.cost.targets import DeviceProfile, get_target
+from .memory.devices.device import CpuDevice
 from .memory.device_factory import make_device
-from .memory.link_emulation import LinkEmulation
-from .memory.pool import DeviceOutOfMemory, Pool
-from .memory.targets import DeviceProfile, get_target
-from .memory.transfer import fetch_async
-from .memory.units import ALLOCATION_UNIT, format_size, parse_size
+from .memory.ir.config import MemoryConfig
+from .memory.ir.units import ALLOCATION_UNIT, format_size, parse_size
+from .memory.runtime.cache import without_cache
+from .memory.runtime.pool import DeviceOutOfMemory, Pool
+from .memory.runtime.transfer import fetch_async
 from .memory_record import MemoryRecorder
 from .optim import SGD, clip_grad_norm_
 from .report import strategy_costs
@@ -73,7 +73,7 @@ class Trainer:
     are made for it).
     ``emulate_link`` (a target name such as ``"v100"`` or a profile; cpu device only) plans
     with that GPU's cost model and throttles the copy engine so that copy time / compute time
-    is the GPU's (see :mod:`minidl.memory.link_emulation`; ``link_emulation`` holds the
+    is the GPU's (see :mod:`minidl.memory.cost.link_emulation`; ``link_emulation`` holds the
     measured slowdown and the rate). ``comm`` (a :class:`~minidl.comm.Communicator` of more
     than one rank) trains data-parallel (:mod:`minidl.data_parallel`; gradients all-reduced in
     buckets of ``bucket_bytes``; ``sync_bn``: BatchNorm with the global batch's statistics):

@@ -1,7 +1,7 @@
 """ZeRO in training (Rajbhandari et al., 2020): ``zero=1``, ``zero=2`` and ``zero=3``.
 
 Each data-parallel rank owns one range of the trainable parameters flattened in order: the
-ranges are :func:`minidl.memory.zero.owned_ranges` (the planner's accounting uses the same
+ranges are :func:`minidl.memory.passes.zero.owned_ranges` (the planner's accounting uses the same
 function). :class:`ZeroOptimizer` wraps the user's optimizer: an optimizer of the same class
 and hyperparameters runs over :class:`ShardParameter` slices (1-D views of the owned elements
 of ``.data``), so its state, allocated by the engine through ``init_state``, is this rank's
@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 
 from .comm import Communicator
-from .memory.transfer import copy_into
-from .memory.zero import owned_ranges
+from .memory.passes.zero import owned_ranges
+from .memory.runtime.transfer import copy_into
 from .optim import Optimizer, OptimizerWrapper, clip_grad_norm_, scale_to_norm
 from .parameter import Parameter
 
@@ -159,7 +159,7 @@ class ZeroOptimizer(OptimizerWrapper):
 
     def init_grads(self, alloc: Any) -> None:
         """Stage 2: allocate the owned ranges' gradients through ``alloc(name, shape, dtype)``
-        (the engine's pool; one block per range, as :func:`~minidl.memory.zero.zero_bytes`
+        (the engine's pool; one block per range, as :func:`~minidl.memory.passes.zero.zero_bytes`
         counts them). Stage 1 allocates nothing (the gradients are the parameters')."""
         for p, (name, shape, dtype) in zip(self.shard.params, self.grad_spec()):
             p.own_grad = alloc(name, shape, dtype)

@@ -5,6 +5,9 @@
   imported at module level, where the layering is visible.
 * The house rules: ``kernels`` imports no other part of minidl, ``layers`` only ``layers`` and
   ``kernels``, ``memory`` only ``memory`` and ``kernels``.
+* Inside ``memory`` the sub-packages are floors (:data:`MEMORY_FLOORS`): each imports only the
+  sub-packages below it; the package's own modules (``minidl.memory``, ``device_factory``) sit
+  above them all.
 """
 
 from __future__ import annotations
@@ -25,6 +28,20 @@ OPTIONAL_DEPENDENCIES = ("torch", "matplotlib", "cupy", "numba.cuda", "mpi4py", 
 #: What each package may import of minidl (besides itself).
 ALLOWED = {"minidl.kernels": (), "minidl.layers": ("minidl.kernels",),
            "minidl.memory": ("minidl.kernels",)}
+
+#: ``memory``'s sub-packages and the sub-packages each may import (the DAG of the design:
+#: the vocabulary, then devices and the runtime that runs plans, then passes and the cost
+#: model, then planners, then the per-op options chosen with a plan).
+MEMORY_FLOORS = {
+    "ir": (),
+    "devices": ("ir",),
+    "testing": ("ir", "devices"),
+    "runtime": ("ir", "devices"),
+    "cost": ("ir",),
+    "passes": ("ir",),
+    "planners": ("ir", "passes", "cost"),
+    "options": ("ir", "passes", "planners"),
+}
 
 
 def modules() -> dict[str, tuple[Path, bool]]:
@@ -120,7 +137,7 @@ def test_relative_imports_resolve_like_python():
 def test_every_package_is_read():
     for package in PACKAGES.values():
         assert package in MODULES
-    assert "minidl.cli" in MODULES and "minidl.memory.pool" in MODULES
+    assert "minidl.cli" in MODULES and "minidl.memory.runtime.pool" in MODULES
 
 
 def test_no_import_cycle():
@@ -152,3 +169,29 @@ def test_house_rules(package):
                         n == a or n.startswith(a + ".") for a in allowed):
                     bad.append(f"{m} line {line}: {n}")
     assert not bad, f"{package} may import only {allowed} of minidl: {bad}"
+
+
+def memory_floor(module: str) -> str | None:
+    """The sub-package of ``minidl.memory`` a module belongs to (None above them)."""
+    parts = module.split(".")
+    if parts[:2] != ["minidl", "memory"] or len(parts) < 3 or parts[2] not in MEMORY_FLOORS:
+        return None
+    return parts[2]
+
+
+def test_memory_floors_cover_every_sub_package():
+    subs = {p.name for p in (ROOT / "memory").iterdir() if (p / "__init__.py").exists()}
+    assert subs == set(MEMORY_FLOORS)
+
+
+@pytest.mark.parametrize("floor", sorted(MEMORY_FLOORS))
+def test_memory_sub_packages_import_only_floors_below(floor):
+    allowed = {floor, *MEMORY_FLOORS[floor]}
+    bad = []
+    for m in (m for m in MODULES if memory_floor(m) == floor):
+        for names, _, line in imports(m):
+            for n in names:
+                if n.startswith("minidl.memory") and n in MODULES and not m.startswith(n + "."):
+                    if memory_floor(n) not in allowed:
+                        bad.append(f"{m} line {line}: {n}")
+    assert not bad, f"memory.{floor} may import only memory.{sorted(allowed)}: {bad}"

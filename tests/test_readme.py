@@ -307,7 +307,7 @@ def check_bench(r: Ran) -> None:
 
 
 def check_memory(r: Ran) -> None:
-    from minidl.memory.config import FLAGS, PRESETS
+    from minidl.memory.ir.config import FLAGS, PRESETS
 
     names = {m.split("=")[0] for m in re.findall(r"^  (\S+)", r.stdout, re.M)}
     assert set(FLAGS) | set(PRESETS) == names, r.fail("not every flag and preset")
@@ -570,7 +570,7 @@ def test_readme_python_snippet(block, tmp_path, monkeypatch, capsys):
 def test_the_readme_names_every_model_dataset_memory_flag_and_preset():
     """The lists in the README's prose are the registries (a new model, dataset, flag or
     preset, or a preset's new expansion, shows here)."""
-    from minidl.memory.config import FLAGS, PRESETS
+    from minidl.memory.ir.config import FLAGS, PRESETS
 
     from minidl import data as D
     from minidl.models import MODEL_NAMES

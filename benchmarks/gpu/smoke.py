@@ -51,7 +51,7 @@ def _transfers() -> tuple:
 
         return (lambda a: cp.asarray(np.array(a, copy=True)), cp.asnumpy,
                 lambda: cp.cuda.Device().synchronize())
-    from minidl.memory.strict_device import StrictCudaDevice
+    from minidl.memory.testing.strict_device import StrictCudaDevice
 
     dev = StrictCudaDevice("16MiB")
     return (lambda a: dev.xp.asarray(np.array(a, copy=True)), lambda a: a.get(),
@@ -86,7 +86,7 @@ def device_basics() -> dict:
         return "cuda only"
     import cupy as cp
     from minidl.memory import CudaDevice, Pool
-    from minidl.memory.cuda_device import route_cupy_allocations
+    from minidl.memory.devices.cuda_device import route_cupy_allocations
 
     with CudaDevice("64MiB", pinned_capacity="64MiB") as dev:
         pool = Pool(dev)

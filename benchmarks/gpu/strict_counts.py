@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
-from minidl.memory.strict_device import StrictCudaDevice
+from minidl.memory.testing.strict_device import StrictCudaDevice
 
 import minidl
 from minidl.bench import synthetic_batch

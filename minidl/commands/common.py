@@ -12,11 +12,11 @@ import sys
 from typing import Any
 
 from ..layers.base import ShapeError
-from ..memory.config import MemoryConfig
-from ..memory.cuda_device import CUDA_INSTALL_HINT
+from ..memory.cost.targets import get_target
+from ..memory.devices.cuda_device import CUDA_INSTALL_HINT
 from ..memory.device_factory import make_device
-from ..memory.targets import get_target
-from ..memory.units import format_size, parse_size
+from ..memory.ir.config import MemoryConfig
+from ..memory.ir.units import format_size, parse_size
 from ..models import (
     MODEL_NAMES,
     MODELS,

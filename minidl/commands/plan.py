@@ -8,9 +8,9 @@ import sys
 
 from ..dryrun import dry_run, max_batch_size, suggest_specs
 from ..estimate import estimate_table, format_estimate_table
-from ..memory.auto import BudgetTooSmall
-from ..memory.targets import get_target
-from ..memory.units import parse_size
+from ..memory.cost.targets import get_target
+from ..memory.ir.units import parse_size
+from ..memory.planners.auto import BudgetTooSmall
 from ..memory_viz import is_pickle_path, open_hint
 from ..report import format_layer_table
 from .common import (

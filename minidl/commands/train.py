@@ -18,7 +18,7 @@ from ..dryrun import auto_device_memory, suggest_specs
 from ..fitting import ResumeMismatch
 from ..layers import SoftmaxCrossEntropy
 from ..loaders import ImageReadError
-from ..memory.pool import DeviceOutOfMemory
+from ..memory.runtime.pool import DeviceOutOfMemory
 from ..memory_viz import is_pickle_path, open_hint
 from ..models import SEQUENCE_MODELS, TRANSFORMER_MODELS, default_input_shape
 from ..optim import CosineAnnealingLR, StepLR, make_optimizer

@@ -3,7 +3,7 @@ device pool just before the layer runs and freed after it.
 
 The network is lowered for inference as usual; then :func:`inference_program` rewrites the
 program: every parameter tensor stops being persistent state and becomes a block of the
-iteration written by a ``decode`` step (codec ``"weights"``, :mod:`minidl.memory.codecs`)
+iteration written by a ``decode`` step (codec ``"weights"``, :mod:`minidl.memory.passes.codecs`)
 placed right before the first step that reads it, from its compressed record, which is fed
 with the batch (as a small device reads its model from flash) and freed once decoded. The
 ordinary planner (``reuse,inplace``) frees each decoded weight after its last use, so at most
@@ -32,15 +32,15 @@ from ..executor import Executor
 from ..graph import Network
 from ..kernels.weight_record import RecordError, check, info
 from ..lowering import Lowered, lower
-from ..memory.config import MemoryConfig
-from ..memory.device import MetaDevice
+from ..memory.devices.device import MetaDevice
 from ..memory.device_factory import make_device
-from ..memory.host_pool import HostPool
-from ..memory.plan import Plan
-from ..memory.planner import make_plan
-from ..memory.pool import Pool
-from ..memory.program import Step, TensorSpec
-from ..memory.units import ALLOCATION_UNIT
+from ..memory.ir.config import MemoryConfig
+from ..memory.ir.plan import Plan
+from ..memory.ir.program import Step, TensorSpec
+from ..memory.ir.units import ALLOCATION_UNIT
+from ..memory.planners.planner import make_plan
+from ..memory.runtime.host_pool import HostPool
+from ..memory.runtime.pool import Pool
 from ..models import get_model
 from .container import CompressedModel, CompressedModelError
 

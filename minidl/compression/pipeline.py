@@ -18,7 +18,7 @@ from ..data import Dataset, random_shift
 from ..dryrun import auto_device_memory
 from ..graph import Network
 from ..kernels import weight_record
-from ..memory.transfer import to_host
+from ..memory.runtime.transfer import to_host
 from ..optim import Optimizer, make_optimizer
 from ..parameter import Parameter
 from ..trainer import Trainer

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..kernels.kmeans import kmeans_1d
-from ..memory.transfer import copy_into, to_host
+from ..memory.runtime.transfer import copy_into, to_host
 from ..optim import Optimizer, OptimizerWrapper
 from ..parameter import Parameter
 

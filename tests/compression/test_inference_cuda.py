@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from minidl.kernels import weight_record as wr
-from minidl.memory import strict_device
+from minidl.memory.testing import strict_device
 
 from minidl.cli import main
 from minidl.compression import container

@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 import pytest
-from minidl.memory.transfer import to_host
+from minidl.memory.runtime.transfer import to_host
 
 import minidl
 from minidl.models import resnet, smallcnn
@@ -116,7 +116,7 @@ def test_dry_run_peak_equals_gpu_peak_and_cupy_pool_stays_empty(spec):
 def test_offload_waits_for_its_producer():
     """A device-to-host copy queued right after a long kernel reads the kernel's result."""
     import cupy
-    from minidl.memory.cuda_device import CudaDevice
+    from minidl.memory.devices.cuda_device import CudaDevice
 
     with CudaDevice("64MiB") as dev:
         a = dev.view(0, 4 << 20, (1024, 1024), np.float32)
@@ -133,7 +133,7 @@ def test_offload_waits_for_its_producer():
 def test_prefetch_waits_for_queued_readers():
     """A host-to-device copy into a block a queued kernel still reads does not overtake it."""
     import cupy
-    from minidl.memory.cuda_device import CudaDevice
+    from minidl.memory.devices.cuda_device import CudaDevice
 
     with CudaDevice("64MiB") as dev:
         a = dev.view(0, 4 << 20, (1024, 1024), np.float32)
@@ -160,7 +160,7 @@ def test_cli_smoke_run_on_cuda():
 def test_batches_go_up_asynchronously_from_pinned_staging():
     """copy_from_host stages through pinned memory on the compute stream; a second upload
     reuses the buffer only after the first copy has read it."""
-    from minidl.memory.cuda_device import CudaDevice
+    from minidl.memory.devices.cuda_device import CudaDevice
 
     with CudaDevice("16MiB") as dev:
         a = dev.view(0, 4 << 20, (1 << 20,), np.float32)

@@ -317,7 +317,7 @@ def test_global_avgpool_device_matches_the_mean(shape):
 
 
 # ---------------------------------------------------------------- the strict device
-strict = pytest.importorskip("minidl.memory.strict_device")
+strict = pytest.importorskip("minidl.memory.testing.strict_device")
 needs_cupy = pytest.mark.skipif(not strict.cupy_available(),
                                 reason="the strict device reads CuPy's API from cupy")
 

@@ -112,7 +112,7 @@ def test_host_arrays_keep_the_slice_code(launches):
 
 
 # ---------------------------------------------------------------- the strict device
-strict = pytest.importorskip("minidl.memory.strict_device")
+strict = pytest.importorskip("minidl.memory.testing.strict_device")
 needs_cupy = pytest.mark.skipif(not strict.cupy_available(),
                                 reason="the strict device reads CuPy's API from cupy")
 

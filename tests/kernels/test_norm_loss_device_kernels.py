@@ -321,7 +321,7 @@ MAX_LAUNCHES = 4
 
 
 def _strict_device():
-    strict = pytest.importorskip("minidl.memory.strict_device")
+    strict = pytest.importorskip("minidl.memory.testing.strict_device")
     if not strict.cupy_available():
         pytest.skip("the strict device reads CuPy's API from the cupy package")
     return strict.StrictCudaDevice("16MiB")

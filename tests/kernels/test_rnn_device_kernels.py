@@ -319,7 +319,7 @@ def test_kernels_under_the_simulator():
 # ----------------------------------------------------------------------------- strict device
 def _strict_trainer(cell: str, spec: str):
     pytest.importorskip("cupy")
-    from minidl.memory.strict_device import StrictCudaDevice
+    from minidl.memory.testing.strict_device import StrictCudaDevice
 
     import minidl
     from minidl.optim import SGD
@@ -383,7 +383,7 @@ def test_recomputing_schedule_on_the_device_equals_cpu(cell):
     """bptt=2 over 3 units on the strict device (each unit recomputed in backward) against
     the CPU's run of the same steps."""
     pytest.importorskip("cupy")
-    from minidl.memory.transfer import to_host
+    from minidl.memory.runtime.transfer import to_host
 
     import minidl
     from minidl.optim import SGD
@@ -392,7 +392,7 @@ def test_recomputing_schedule_on_the_device_equals_cpu(cell):
     rng = np.random.default_rng(1)
     x = rng.integers(0, 17, (2, 40))
     y = np.roll(x, -1, axis=1)
-    from minidl.memory.strict_device import StrictCudaDevice
+    from minidl.memory.testing.strict_device import StrictCudaDevice
 
     runs = []
     for device in ("cpu", StrictCudaDevice("64MiB")):
@@ -412,7 +412,7 @@ def test_cell_dispatchers_send_device_arrays_to_the_kernels():
     """kernels.rnn's cell functions (the per-step cell layers') on strict device arrays:
     one kernel launch per call (plus one column sum for the bias gradient in backward)."""
     pytest.importorskip("cupy")
-    from minidl.memory.strict_device import StrictCudaDevice
+    from minidl.memory.testing.strict_device import StrictCudaDevice
 
     dev = StrictCudaDevice("1MiB")
     offset = [0]

@@ -527,9 +527,9 @@ def test_transformer_steps_on_the_strict_device(model, form, monkeypatch):
     wait, no temporaries (the scratch block for CuPy's temporaries stays empty or a few KiB),
     the CPU's loss and gradients within 1e-5."""
     pytest.importorskip("cupy")
-    import minidl.memory.attention_options as A
-    from minidl.memory.strict_device import StrictCudaDevice
-    from minidl.memory.transfer import to_host
+    import minidl.memory.options.attention_options as A
+    from minidl.memory.runtime.transfer import to_host
+    from minidl.memory.testing.strict_device import StrictCudaDevice
 
     import minidl
     from minidl.executor import Executor
@@ -581,7 +581,7 @@ def test_batched_gemm_on_the_strict_device_writes_into_c():
     """Contiguous operands go to CuPy's batched matmul, head views to the strided kernel:
     one launch each, no temporary (what CuPy's matmul would copy)."""
     pytest.importorskip("cupy")
-    from minidl.memory.strict_device import StrictCudaDevice
+    from minidl.memory.testing.strict_device import StrictCudaDevice
 
     dev = StrictCudaDevice("8MiB")
     rng = np.random.default_rng(1)

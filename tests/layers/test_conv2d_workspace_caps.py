@@ -86,7 +86,7 @@ def test_capped_layer_on_the_strict_cuda_device():
     """The cuda kind's declared workspace under a cap, on CuPy-checked arrays in an arena
     (every NumPy call checked against CuPy's API), in exactly the declared bytes: the same
     results to rounding."""
-    strict = pytest.importorskip("minidl.memory.strict_device")
+    strict = pytest.importorskip("minidl.memory.testing.strict_device")
     if not strict.cupy_available():
         pytest.skip("the strict device reads CuPy's API from the cupy package")
     layer, x, params, dy = _setup()

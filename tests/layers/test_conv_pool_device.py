@@ -56,7 +56,7 @@ def test_pooling_workspaces():
 
 
 # ---------------------------------------------------------------- the strict device
-strict = pytest.importorskip("minidl.memory.strict_device")
+strict = pytest.importorskip("minidl.memory.testing.strict_device")
 if not strict.cupy_available():
     pytest.skip("the strict device reads CuPy's API from the cupy package",
                 allow_module_level=True)

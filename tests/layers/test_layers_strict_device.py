@@ -1,5 +1,6 @@
 """Every layer (but the convolution and pooling ones), loss, optimizer update and codec on the
-strict CUDA test device (:mod:`minidl.memory.strict_device`): arrays that refuse implicit host
+strict CUDA test device (:mod:`minidl.memory.testing.strict_device`): arrays that refuse implicit
+host
 conversion and whose every NumPy call is checked against the installed ``cupy`` package.
 
 Each case runs one engine-like forward and backward twice, on NumPy arrays and on strict
@@ -45,7 +46,7 @@ from minidl.layers import (
     ZeroState,
 )
 
-strict = pytest.importorskip("minidl.memory.strict_device")
+strict = pytest.importorskip("minidl.memory.testing.strict_device")
 if not strict.cupy_available():
     pytest.skip("the strict device reads CuPy's API from the cupy package", allow_module_level=True)
 
@@ -441,7 +442,7 @@ def test_adam_update(dev, shape, hyper):
 def _codec_round_trip(mem: DeviceMem, codec: str, x: np.ndarray, attrs: dict) -> tuple:
     """Encode on NumPy and on the device (the bytes used must be identical), then decode both
     (identical, NaN included); returns (host buffer, device buffer, host attrs)."""
-    from minidl.memory import codecs
+    from minidl.memory.passes import codecs
 
     dev = mem.dev
     hbuf, hattrs = np.zeros(x.nbytes + 1024, np.uint8), dict(attrs)
@@ -475,7 +476,7 @@ def test_codecs(dev, codec, shape):
 
 
 def test_sparse_codec_dense_fallback_and_short_buffer(dev):
-    from minidl.memory import codecs
+    from minidl.memory.passes import codecs
 
     rng = np.random.default_rng(15)
     x = rng.standard_normal((4, 300)).astype(np.float32)  # no zeros: stored dense

@@ -18,7 +18,7 @@ from gradcheck import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from minidl.layers import GRU, LSTM, Context, ShapeError
-from minidl.memory import bptt
+from minidl.memory.passes import bptt
 
 SMALL = settings(max_examples=8, deadline=None)
 CELLS = {"lstm": LSTM, "gru": GRU}

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from minidl.memory.capabilities import OpCaps, op_caps
-from minidl.memory.plan import Plan
-from minidl.memory.program import GradInput, Program, Step, TensorSpec
+from minidl.memory.ir.capabilities import OpCaps, op_caps
+from minidl.memory.ir.plan import Plan
+from minidl.memory.ir.program import GradInput, Program, Step, TensorSpec
 
 #: Capabilities of the op kinds used here, as their layers declare them.
 CAPS: dict[str, OpCaps] = {

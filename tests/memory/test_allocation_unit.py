@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from minidl.memory import Pool
-from minidl.memory.device import MetaDevice
-from minidl.memory.program import Program, TensorSpec
-from minidl.memory.units import ALLOCATION_UNIT, aligned
+from minidl.memory.devices.device import MetaDevice
+from minidl.memory.ir.program import Program, TensorSpec
+from minidl.memory.ir.units import ALLOCATION_UNIT, aligned
 
 import minidl
 from minidl.models import smallcnn
@@ -66,8 +66,8 @@ def test_program_rounds_with_its_own_unit():
 
 
 def test_a_plan_for_another_unit_is_refused():
-    from minidl.memory.plan import Plan
-    from minidl.memory.runtime import MemoryRuntime
+    from minidl.memory.ir.plan import Plan
+    from minidl.memory.runtime.runtime import MemoryRuntime
 
     prog = Program([], [], [], alignment=4096)
     with pytest.raises(ValueError, match="4096-byte blocks"):

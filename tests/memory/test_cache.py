@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from minidl.memory.cache import TensorCache, without_cache
-from minidl.memory.device import CpuDevice
-from minidl.memory.host_pool import HostPool
-from minidl.memory.plan import Alloc, Await, Free, Offload, Plan, Prefetch, Release
-from minidl.memory.pool import DeviceOutOfMemory, Pool
-from minidl.memory.program import Program, TensorSpec
-from minidl.memory.residency import IllegalTransition, Residency, TensorRecord
-from minidl.memory.runtime import MemoryRuntime
+from minidl.memory.devices.device import CpuDevice
+from minidl.memory.ir.plan import Alloc, Await, Free, Offload, Plan, Prefetch, Release
+from minidl.memory.ir.program import Program, TensorSpec
+from minidl.memory.ir.residency import IllegalTransition, Residency, TensorRecord
+from minidl.memory.runtime.cache import TensorCache, without_cache
+from minidl.memory.runtime.host_pool import HostPool
+from minidl.memory.runtime.pool import DeviceOutOfMemory, Pool
+from minidl.memory.runtime.runtime import MemoryRuntime
 
 
 def _offloading(tid: int) -> TensorRecord:

@@ -1,5 +1,5 @@
-"""Issue 36: the chain of stages (:mod:`minidl.memory.chain`) and Rotor's programme over it
-(:mod:`minidl.memory.rotor`).
+"""Issue 36: the chain of stages (:mod:`minidl.memory.planners.chain`) and Rotor's programme over it
+(:mod:`minidl.memory.planners.rotor`).
 
 ``chain_of`` and ``schedule_program`` are checked on hand-built programs (hand_programs.py).
 Rotor's table is checked on small chains built from stage figures directly, against two
@@ -33,13 +33,13 @@ import pytest
 from hand_programs import HandLayer, chain, linear_chain, lower_layers, residual
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from minidl.memory.auto import step_costs
-from minidl.memory.base_plan import base_plan, plan_peak
-from minidl.memory.chain import Chain, Stage, chain_of, schedule_program
-from minidl.memory.config import MemoryConfig
-from minidl.memory.frontier import pricer, program_chain, rotor_candidates
-from minidl.memory.recompute import policy_program
-from minidl.memory.rotor import rotor_schedule, rotor_table
+from minidl.memory.ir.config import MemoryConfig
+from minidl.memory.passes.base_plan import base_plan, plan_peak
+from minidl.memory.passes.recompute import policy_program
+from minidl.memory.planners.auto import step_costs
+from minidl.memory.planners.chain import Chain, Stage, chain_of, schedule_program
+from minidl.memory.planners.frontier import pricer, program_chain, rotor_candidates
+from minidl.memory.planners.rotor import rotor_schedule, rotor_table
 
 RI = MemoryConfig.parse("reuse,inplace")
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from minidl.memory.config import AUTO_EXCLUDES, MemoryConfig
+from minidl.memory.ir.config import AUTO_EXCLUDES, MemoryConfig
 
 
 def test_flags_presets_and_values():

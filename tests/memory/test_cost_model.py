@@ -8,10 +8,10 @@ import sys
 from dataclasses import replace
 
 import pytest
-from minidl.memory.cost_model import simulate, step_costs, step_time
-from minidl.memory.device import MetaDevice
-from minidl.memory.pool import Pool
-from minidl.memory.targets import PROFILES, get_target
+from minidl.memory.cost.cost_model import simulate, step_costs, step_time
+from minidl.memory.cost.targets import PROFILES, get_target
+from minidl.memory.devices.device import MetaDevice
+from minidl.memory.runtime.pool import Pool
 
 import minidl
 from minidl.models import smallcnn
@@ -112,8 +112,8 @@ def test_cli_plan_with_a_target():
 def test_auto_estimate_is_the_simulated_overhead(planner):
     """Both planners price a choice by the same walk as the simulator: the estimated overhead of
     the plan taken equals the predicted one, swaps queued on a slow link included."""
-    from minidl.memory.auto import auto_choose, auto_plan, plan_extra
-    from minidl.memory.optimal import optimal_plan
+    from minidl.memory.planners.auto import auto_choose, auto_plan, plan_extra
+    from minidl.memory.planners.optimal import optimal_plan
 
     prof = get_target("custom:flops=15T,hbm=900G,link=2G,mem=16GiB")
     prog = _compiled("reuse,inplace", batch=64).lowered.program

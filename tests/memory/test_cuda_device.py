@@ -45,7 +45,7 @@ def test_routing_is_per_thread_and_nests_inside_using_allocator():
     cp = pytest.importorskip("cupy")
     from types import SimpleNamespace
 
-    from minidl.memory.cuda_device import route_allocations
+    from minidl.memory.devices.cuda_device import route_allocations
 
     device = SimpleNamespace(_cp=cp, base_ptr=1 << 40, device_id=0)
     seen = {}
@@ -74,7 +74,7 @@ def test_cupy_allocations_routed_into_the_arena_without_a_gpu():
     cp = pytest.importorskip("cupy")
     from types import SimpleNamespace
 
-    from minidl.memory.cuda_device import route_allocations
+    from minidl.memory.devices.cuda_device import route_allocations
 
     device = SimpleNamespace(_cp=cp, base_ptr=1 << 40, device_id=0)  # a fake arena address
     events = []
@@ -170,7 +170,7 @@ def test_pinned_pool_is_bounded():
 def test_route_cupy_allocations():
     import cupy as cp
     from minidl.memory import CudaDevice
-    from minidl.memory.cuda_device import route_cupy_allocations
+    from minidl.memory.devices.cuda_device import route_cupy_allocations
 
     with CudaDevice("16MiB") as dev:
         pool = Pool(dev)
@@ -219,7 +219,7 @@ def test_an_arena_must_leave_room_for_the_libraries():
     outside it is reported."""
     import cupy as cp
     from minidl.memory import CudaDevice
-    from minidl.memory.cuda_device import OUTSIDE_ARENA_MARGIN
+    from minidl.memory.devices.cuda_device import OUTSIDE_ARENA_MARGIN
 
     free, _ = cp.cuda.runtime.memGetInfo()
     with pytest.raises(ValueError, match="CUDA libraries outside the arena"):

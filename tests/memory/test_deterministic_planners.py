@@ -10,12 +10,12 @@ import time
 
 import pytest
 from hand_programs import HandLayer, linear_chain, lower_layers
-from minidl.memory import auto, optimal
-from minidl.memory.auto import auto_choose, auto_plan, step_costs
-from minidl.memory.config import MemoryConfig
-from minidl.memory.optimal import evaluate, optimal_choose
-from minidl.memory.plan import AutoChoice
-from minidl.memory.planner import make_plan
+from minidl.memory.ir.config import MemoryConfig
+from minidl.memory.ir.plan import AutoChoice
+from minidl.memory.planners import auto, optimal
+from minidl.memory.planners.auto import auto_choose, auto_plan, step_costs
+from minidl.memory.planners.optimal import evaluate, optimal_choose
+from minidl.memory.planners.planner import make_plan
 
 
 @pytest.fixture
@@ -96,8 +96,8 @@ def test_greedy_walk_stops_at_its_work_limit_the_same_way_every_time():
 def test_greedy_on_a_network_ignores_the_clock(jumping_clock, monkeypatch):
     """resnet8 on the v100 cost model, the walk's choice with the clock jumping against the
     one with a calm clock (computed first, the jumps undone)."""
-    from minidl.memory.cost_model import step_costs as roofline
-    from minidl.memory.targets import get_target
+    from minidl.memory.cost.cost_model import step_costs as roofline
+    from minidl.memory.cost.targets import get_target
 
     p = _reference("resnet8", (3, 32, 32), 16)
     prof = get_target("v100")
@@ -177,8 +177,8 @@ def test_windows_ignore_the_clock(monkeypatch, request):
 def test_milp_on_a_network_twice_and_with_the_clock_jumping(request):
     """smallcnn on the v100 cost model with ``planner=optimal`` through make_plan: the same
     choice and the same notes on a second run and with the clock jumping."""
-    from minidl.memory.cost_model import step_costs as roofline
-    from minidl.memory.targets import get_target
+    from minidl.memory.cost.cost_model import step_costs as roofline
+    from minidl.memory.cost.targets import get_target
 
     p = _reference("smallcnn", (1, 28, 28), 32)
     prof = get_target("v100")

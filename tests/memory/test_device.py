@@ -13,9 +13,9 @@ from minidl.memory import (
     Pool,
     make_device,
 )
-from minidl.memory.device import MetaArray, available_host_memory
-from minidl.memory.pool import replay
-from minidl.memory.units import ALLOCATION_UNIT
+from minidl.memory.devices.device import MetaArray, available_host_memory
+from minidl.memory.ir.units import ALLOCATION_UNIT
+from minidl.memory.runtime.pool import replay
 
 
 @pytest.mark.parametrize("bad", [0, -1, "0", "-4MiB", "lots", "12 parsecs", None, 2.5])

@@ -1,5 +1,6 @@
-"""Issue 36: the auto planner's frontier (:mod:`minidl.memory.frontier`) and ``auto`` through
-:func:`~minidl.memory.planner.make_plan`.
+"""Issue 36: the auto planner's frontier (:mod:`minidl.memory.planners.frontier`) and ``auto``
+through
+:func:`~minidl.memory.planners.planner.make_plan`.
 
 On hand-built programs (hand_programs.py) and on hypothesis-random networks lowered by the
 engine (tests/minidl/random_nets.py, with BatchNorm), priced with a target's cost model:
@@ -28,17 +29,17 @@ from hand_programs import chain, linear_chain, residual
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 from minidl.layers import SoftmaxCrossEntropy
-from minidl.memory.auto import step_costs as flop_costs
-from minidl.memory.base_plan import base_plan
-from minidl.memory.config import MemoryConfig
-from minidl.memory.cost_model import step_costs, step_time
-from minidl.memory.device import MetaDevice
-from minidl.memory.frontier import build_frontier, fixed_specs, pricer
-from minidl.memory.planner import make_plan
-from minidl.memory.pool import Pool
-from minidl.memory.recompute import dropping_program, recompute_program
-from minidl.memory.static_plan import static_plan
-from minidl.memory.targets import get_target
+from minidl.memory.cost.cost_model import step_costs, step_time
+from minidl.memory.cost.targets import get_target
+from minidl.memory.devices.device import MetaDevice
+from minidl.memory.ir.config import MemoryConfig
+from minidl.memory.passes.base_plan import base_plan
+from minidl.memory.passes.recompute import dropping_program, recompute_program
+from minidl.memory.passes.static_plan import static_plan
+from minidl.memory.planners.auto import step_costs as flop_costs
+from minidl.memory.planners.frontier import build_frontier, fixed_specs, pricer
+from minidl.memory.planners.planner import make_plan
+from minidl.memory.runtime.pool import Pool
 
 import minidl
 from minidl import layers as L

@@ -9,13 +9,13 @@ import pytest
 from hand_programs import HandLayer, linear_chain, lower_layers
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from minidl.memory import optimal
-from minidl.memory.auto import BudgetTooSmall, auto_choose, auto_plan, step_costs
-from minidl.memory.base_plan import plan_peak
-from minidl.memory.config import MemoryConfig
-from minidl.memory.optimal import evaluate, evaluate_placements, optimal_choose, swap_costs
-from minidl.memory.plan import AutoChoice
-from minidl.memory.planner import make_plan
+from minidl.memory.ir.config import MemoryConfig
+from minidl.memory.ir.plan import AutoChoice
+from minidl.memory.passes.base_plan import plan_peak
+from minidl.memory.planners import optimal
+from minidl.memory.planners.auto import BudgetTooSmall, auto_choose, auto_plan, step_costs
+from minidl.memory.planners.optimal import evaluate, evaluate_placements, optimal_choose, swap_costs
+from minidl.memory.planners.planner import make_plan
 
 
 def exhaustive(program, budget, costs, bandwidth):
@@ -150,8 +150,8 @@ def test_never_worse_than_greedy_on_reference_models(model, target):
     if target is None:
         costs, bw = step_costs(p, None), optimal.DEFAULT_BANDWIDTH
     else:
-        from minidl.memory.cost_model import step_costs as roofline
-        from minidl.memory.targets import get_target
+        from minidl.memory.cost.cost_model import step_costs as roofline
+        from minidl.memory.cost.targets import get_target
 
         prof = get_target(target)
         costs = roofline(p, prof)
@@ -289,8 +289,8 @@ def test_timed_steps_place_release_and_prefetch_as_the_swap_pass_does(step_times
     """One swapped block with the link to itself: the model's (release, prefetch) steps are
     where :func:`swap_plan` puts them with the same step times and transfer time."""
     from hand_programs import chain, ids
-    from minidl.memory.plan import Prefetch, Release
-    from minidl.memory.swap import swap_candidates, swap_plan, timed_steps
+    from minidl.memory.ir.plan import Prefetch, Release
+    from minidl.memory.passes.swap import swap_candidates, swap_plan, timed_steps
 
     p = chain()
     plan = make_plan(p, MemoryConfig.parse("reuse,inplace"))
@@ -310,7 +310,7 @@ def test_engine_rows_price_copies_that_outlast_their_compute():
     nothing on their own, the model's link variable is held up by the engines' rows alone
     (and is free when the copies are short)."""
     from hand_programs import chain
-    from minidl.memory.optimal_model import Lp, build_model, link_rows
+    from minidl.memory.planners.optimal_model import Lp, build_model, link_rows
 
     p = chain()
     costs = [1.0] * len(p.steps)
@@ -331,7 +331,7 @@ def test_engine_rows_price_copies_that_outlast_their_compute():
 
 def test_price_cut_adds_a_row_on_the_link_for_a_swap_set():
     from hand_programs import chain
-    from minidl.memory.optimal_model import build_model
+    from minidl.memory.planners.optimal_model import build_model
 
     p = chain()
     costs = [1.0] * len(p.steps)

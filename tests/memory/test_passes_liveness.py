@@ -8,13 +8,13 @@ from dataclasses import replace
 
 import pytest
 from hand_programs import chain, ids, render, residual
-from minidl.memory.base_plan import base_plan, iteration_peak, plan_peak
-from minidl.memory.config import MemoryConfig
-from minidl.memory.inplace import inplace_aliases
-from minidl.memory.liveness import Lifetime, lifetimes, liveness_plan
-from minidl.memory.network_wide import network_wide_keep
-from minidl.memory.plan import Alloc, Free, StepPlan
-from minidl.memory.reuse import intra_layer_aliases
+from minidl.memory.ir.config import MemoryConfig
+from minidl.memory.ir.liveness import Lifetime, lifetimes, liveness_plan
+from minidl.memory.ir.plan import Alloc, Free, StepPlan
+from minidl.memory.passes.base_plan import base_plan, iteration_peak, plan_peak
+from minidl.memory.passes.inplace import inplace_aliases
+from minidl.memory.passes.network_wide import network_wide_keep
+from minidl.memory.passes.reuse import intra_layer_aliases
 
 UNIT = 512
 
@@ -197,8 +197,8 @@ def test_validate_catches_a_missing_alloc():
 
 
 def _swap_plan_of_chain():
-    from minidl.memory.config import MemoryConfig as Cfg
-    from minidl.memory.planner import make_plan
+    from minidl.memory.ir.config import MemoryConfig as Cfg
+    from minidl.memory.planners.planner import make_plan
 
     plan = make_plan(chain(), Cfg.parse("reuse,swap=all"))
     assert plan.swapped, "the chain has a tensor to swap"
@@ -213,7 +213,7 @@ def _drop(plan, action):
 
 
 def test_validate_follows_a_swapped_tensor_through_its_four_actions():
-    from minidl.memory.plan import Await, Prefetch, Release
+    from minidl.memory.ir.plan import Await, Prefetch, Release
 
     plan = _swap_plan_of_chain()
     plan.validate()

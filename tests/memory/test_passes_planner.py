@@ -7,12 +7,12 @@ import pytest
 from hand_programs import HandLayer, chain, linear_chain, lower_layers, residual
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from minidl.memory.auto import BudgetTooSmall, auto_choose, auto_plan
-from minidl.memory.base_plan import plan_peak
-from minidl.memory.config import MemoryConfig
-from minidl.memory.plan import STARTS
-from minidl.memory.planner import make_plan
-from minidl.memory.static_plan import block_intervals, max_live_bytes
+from minidl.memory.ir.config import MemoryConfig
+from minidl.memory.ir.plan import STARTS
+from minidl.memory.passes.base_plan import plan_peak
+from minidl.memory.passes.static_plan import block_intervals, max_live_bytes
+from minidl.memory.planners.auto import BudgetTooSmall, auto_choose, auto_plan
+from minidl.memory.planners.planner import make_plan
 
 PROGRAMS = {"chain": chain, "residual": residual, "linear8": lambda: linear_chain(8)}
 SPECS = [
@@ -158,7 +158,7 @@ def test_random_programs_every_spec(program):
 @settings(max_examples=25, deadline=None)
 @given(random_programs(), st.sampled_from(["sqrt", "speed", "memory"]))
 def test_random_recompute_backward_never_reads_a_dropped_original(program, policy):
-    from minidl.memory.recompute import policy_program
+    from minidl.memory.passes.recompute import policy_program
 
     q = policy_program(program, policy)
     made_in_forward = {t for s in q.steps if s.phase == "forward" for t in s.writes}
@@ -185,10 +185,10 @@ def test_trim_path_starts_from_every_map_swapped_and_gives_back_what_the_budget_
     swaps given back only while the plan still fits and costs less time."""
     import time
 
-    from minidl.memory.auto import _trim_path
-    from minidl.memory.optimal import evaluate
-    from minidl.memory.plan import AutoChoice
-    from minidl.memory.swap import swap_candidates
+    from minidl.memory.ir.plan import AutoChoice
+    from minidl.memory.passes.swap import swap_candidates
+    from minidl.memory.planners.auto import _trim_path
+    from minidl.memory.planners.optimal import evaluate
 
     p = linear_chain(8)
     costs, bw = [1e-3] * len(p.steps), 1e6  # slow link: every swap stalls compute

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 from hand_programs import chain, ids, linear_chain, residual
-from minidl.memory.base_plan import iteration_peak
-from minidl.memory.compress import compress_program
-from minidl.memory.config import MemoryConfig
-from minidl.memory.recompute import (
+from minidl.memory.ir.config import MemoryConfig
+from minidl.memory.passes.base_plan import iteration_peak
+from minidl.memory.passes.compress import compress_program
+from minidl.memory.passes.recompute import (
     articulation_values,
     choose_checkpoints,
     policy_program,

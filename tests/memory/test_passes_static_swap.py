@@ -6,11 +6,11 @@ from dataclasses import replace
 
 import pytest
 from hand_programs import chain, ids, render, residual
-from minidl.memory.base_plan import base_plan, plan_peak
-from minidl.memory.config import MemoryConfig
-from minidl.memory.plan import STARTS, Alloc, Await, Offload, Prefetch, Release
-from minidl.memory.static_plan import block_intervals, max_live_bytes, static_plan
-from minidl.memory.swap import SwapCandidate, swap_candidates, swap_plan
+from minidl.memory.ir.config import MemoryConfig
+from minidl.memory.ir.plan import STARTS, Alloc, Await, Offload, Prefetch, Release
+from minidl.memory.passes.base_plan import base_plan, plan_peak
+from minidl.memory.passes.static_plan import block_intervals, max_live_bytes, static_plan
+from minidl.memory.passes.swap import SwapCandidate, swap_candidates, swap_plan
 
 UNIT = 512
 REUSE_INPLACE = MemoryConfig.parse("reuse,inplace")

@@ -26,7 +26,7 @@ from minidl.memory import (
     Pool,
     PoolError,
 )
-from minidl.memory.pool import DoubleFreeError, ForeignBlockError, UseAfterFreeError, replay
+from minidl.memory.runtime.pool import DoubleFreeError, ForeignBlockError, UseAfterFreeError, replay
 
 KiB = 1024
 

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from minidl.memory.device import CpuDevice
-from minidl.memory.host_pool import HostPool
-from minidl.memory.plan import Alloc, Await, Free, Offload, Plan, Prefetch, Release
-from minidl.memory.pool import Pool
-from minidl.memory.program import Program, TensorSpec
-from minidl.memory.residency import (
+from minidl.memory.devices.device import CpuDevice
+from minidl.memory.ir.plan import Alloc, Await, Free, Offload, Plan, Prefetch, Release
+from minidl.memory.ir.program import Program, TensorSpec
+from minidl.memory.ir.residency import (
     ACTIONS,
     TRANSITIONS,
     IllegalTransition,
     Residency,
     TensorRecord,
 )
-from minidl.memory.runtime import MemoryRuntime, TensorNotResident
+from minidl.memory.runtime.host_pool import HostPool
+from minidl.memory.runtime.pool import Pool
+from minidl.memory.runtime.runtime import MemoryRuntime, TensorNotResident
 
 R = Residency
 HOLDING = (R.ON_DEVICE, R.OFFLOADING, R.ON_HOST, R.PREFETCHING, R.CACHED)

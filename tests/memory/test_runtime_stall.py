@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
-from minidl.memory.device import CopyEvent, CpuDevice
-from minidl.memory.host_pool import HostPool
-from minidl.memory.plan import Alloc, Await, Offload, Plan, Prefetch, Release
-from minidl.memory.pool import Pool
-from minidl.memory.program import Program, TensorSpec
-from minidl.memory.runtime import MemoryRuntime
+from minidl.memory.devices.device import CopyEvent, CpuDevice
+from minidl.memory.ir.plan import Alloc, Await, Offload, Plan, Prefetch, Release
+from minidl.memory.ir.program import Program, TensorSpec
+from minidl.memory.runtime.host_pool import HostPool
+from minidl.memory.runtime.pool import Pool
+from minidl.memory.runtime.runtime import MemoryRuntime
 
 
 class _Probe:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from minidl.memory.device import MetaDevice
-from minidl.memory.pool import Pool
-from minidl.memory.scratch import TemporaryRouter
+from minidl.memory.devices.device import MetaDevice
+from minidl.memory.runtime.pool import Pool
+from minidl.memory.runtime.scratch import TemporaryRouter
 
 
 def _fragmenting(router: TemporaryRouter) -> None:

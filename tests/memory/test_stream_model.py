@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from minidl.memory.stream_model import StreamModel, StreamRace
+from minidl.memory.testing.stream_model import StreamModel, StreamRace
 
 BLOCK = ((0, 256),)
 OTHER = ((512, 768),)

@@ -7,9 +7,9 @@ import pytest
 
 pytest.importorskip("cupy")
 
-from minidl.memory.pool import Pool  # noqa: E402
-from minidl.memory.strict_device import StrictArray, StrictCudaDevice, StrictCupyError  # noqa: E402
-from minidl.memory.transfer import copy_into, to_host  # noqa: E402
+from minidl.memory.runtime.pool import Pool  # noqa: E402
+from minidl.memory.runtime.transfer import copy_into, to_host  # noqa: E402
+from minidl.memory.testing.strict_device import StrictArray, StrictCudaDevice, StrictCupyError  # noqa: E402
 
 
 @pytest.fixture
@@ -104,7 +104,7 @@ def test_pinned_buffers_are_ordered_too():
     """A host-to-device copy reading the pinned buffer a device-to-host copy is still writing
     races (one copy stream per direction); ordered through the compute stream, as the memory
     runtime does (compute waits for the offload, later copies wait for compute), it does not."""
-    from minidl.memory.stream_model import StreamRace
+    from minidl.memory.testing.stream_model import StreamRace
 
     dev = StrictCudaDevice("1MiB")
     x = _array(dev, 0, np.arange(256))

@@ -1,4 +1,4 @@
-"""memory/workspace_options.py on hand-built programs: which steps take the ``conv_ws``
+"""memory/options/workspace_options.py on hand-built programs: which steps take the ``conv_ws``
 option, the least-workspace options, caps from a plan's headroom that keep every point within
 the budget, and the note."""
 
@@ -9,11 +9,11 @@ from dataclasses import replace
 from hand_programs import UNIT, HandLayer, lower_layers
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from minidl.memory import workspace_options as W
-from minidl.memory.base_plan import base_plan, plan_peak
-from minidl.memory.capabilities import op_caps
-from minidl.memory.config import MemoryConfig
-from minidl.memory.program import Program, TensorSpec
+from minidl.memory.ir.capabilities import op_caps
+from minidl.memory.ir.config import MemoryConfig
+from minidl.memory.ir.program import Program, TensorSpec
+from minidl.memory.options import workspace_options as W
+from minidl.memory.passes.base_plan import base_plan, plan_peak
 
 CONV = op_caps("conv", cost="expensive", convolution=True, options=("conv_ws",))
 REUSE = MemoryConfig.parse("reuse,inplace")
@@ -126,7 +126,7 @@ def test_note_names_capped_layers_largest_saving_first():
 def test_levels_are_tried_largest_cap_first():
     """No plan with vDNN's caps fits: every convolution capped at the first level (32 MiB) is
     tried before 1 MiB and the least workspace; the first that fits is the plan."""
-    from minidl.memory.auto import BudgetTooSmall
+    from minidl.memory.planners.auto import BudgetTooSmall
 
     p = _program([(2, 3), (0, 5)])
     tried = []

@@ -1,4 +1,4 @@
-"""vDNN's rule without a budget (memory/workspace_options.py :func:`peak_options`), on
+"""vDNN's rule without a budget (memory/options/workspace_options.py :func:`peak_options`), on
 hand-built programs: the peak of the least-workspace plan kept while every workspace below it
 grows to its fastest size, one set of caps whatever the spec planned, the level traded
 against the estimated time, and the caps lifted where this machine's rows fit them."""
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from minidl.memory import workspace_options as W
-from minidl.memory.base_plan import base_plan, plan_peak
-from minidl.memory.config import MemoryConfig
+from minidl.memory.ir.config import MemoryConfig
+from minidl.memory.options import workspace_options as W
+from minidl.memory.passes.base_plan import base_plan, plan_peak
 from test_workspace_options import _program, _resized
 
 REUSE = MemoryConfig.parse("reuse,inplace")

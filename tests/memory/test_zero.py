@@ -1,9 +1,9 @@
-"""memory/zero.py: the ranges each rank owns and one rank's persistent bytes under ZeRO."""
+"""memory/passes/zero.py: the ranges each rank owns and one rank's persistent bytes under ZeRO."""
 
 from __future__ import annotations
 
 import pytest
-from minidl.memory.zero import owned_ranges
+from minidl.memory.passes.zero import owned_ranges
 
 
 def test_owned_ranges_partition_the_flat_parameters():

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from minidl.memory.config import MemoryConfig
+from minidl.memory.ir.config import MemoryConfig
 
 from minidl import models
 from minidl.comm import MpiCommunicator

@@ -13,7 +13,7 @@ pytest.importorskip("torch")
 SCRIPT = r"""
 import functools, json, sys
 from minidl.bench import run_bench
-from minidl.memory.config import MemoryConfig
+from minidl.memory.ir.config import MemoryConfig
 from minidl.models import get_model
 
 make = functools.partial(get_model, "smallcnn", (1, 12, 12), 4)
@@ -34,7 +34,7 @@ def test_torch_runs_in_its_own_process():
 
 
 def test_compare_torch_refuses_an_unpicklable_model_factory():
-    from minidl.memory.config import MemoryConfig
+    from minidl.memory.ir.config import MemoryConfig
 
     from minidl.bench import run_bench
     from minidl.models import get_model

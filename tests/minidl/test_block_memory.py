@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from minidl.memory.auto import auto_choose, build, forced_choice, step_costs
-from minidl.memory.base_plan import plan_peak
-from minidl.memory.optimal import optimal_choose
+from minidl.memory.passes.base_plan import plan_peak
+from minidl.memory.planners.auto import auto_choose, build, forced_choice, step_costs
+from minidl.memory.planners.optimal import optimal_choose
 
 import minidl
 from minidl import layers as L

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from minidl.layers import SoftmaxCrossEntropy
-from minidl.memory.capabilities import OpCaps, RecomputeCost, StashEncoding, op_caps
+from minidl.memory.ir.capabilities import OpCaps, RecomputeCost, StashEncoding, op_caps
 
 import minidl
 from minidl import layers as L
@@ -41,7 +41,7 @@ def test_steps_carry_the_declared_capabilities():
     conv, relu, pool, _, fc, loss = caps.values()
     assert conv == OpCaps(RecomputeCost.EXPENSIVE, convolution=True,
                           options=frozenset({"device_kind", "conv_ws"}))  # workspace per
-    # kind, and under a cap (memory/workspace_options.py)
+    # kind, and under a cap (memory/options/workspace_options.py)
     assert relu == OpCaps(backward_from=frozenset({StashEncoding.SIGN}), sparse_output=True)
     assert pool.backward_from == frozenset({StashEncoding.PACKED_ARGMAX})
     assert fc.cost is RecomputeCost.EXPENSIVE
@@ -98,7 +98,7 @@ def test_recompute_keeps_what_is_declared_expensive():
         return minidl.Sequential([L.Flatten(), lin(16, 16), L.ReLU(), lin(16, 16), L.ReLU(),
                                   lin(16, 3)], input_shape=(16,), seed=0)
 
-    from minidl.memory.recompute import choose_checkpoints
+    from minidl.memory.passes.recompute import choose_checkpoints
 
     kept = {}
     for lin in (L.Linear, CheapLinear):

@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from minidl.memory.config import FLAGS, PRESETS
+from minidl.memory.ir.config import FLAGS, PRESETS
 
 from minidl import cli
 from minidl import data as D

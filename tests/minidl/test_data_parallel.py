@@ -384,9 +384,9 @@ class _Rank:
 
 def test_zero_bytes_are_what_the_engine_allocates_for_each_rank():
     from minidl.layers import SoftmaxCrossEntropy
-    from minidl.memory.device import MetaDevice
-    from minidl.memory.pool import Pool
-    from minidl.memory.zero import zero_bytes
+    from minidl.memory.devices.device import MetaDevice
+    from minidl.memory.passes.zero import zero_bytes
+    from minidl.memory.runtime.pool import Pool
 
     from minidl import models
     from minidl.engine import Engine

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from minidl.memory.bptt_options import bptt_policy, time_schedule
+from minidl.memory.options.bptt_options import bptt_policy, time_schedule
 
 import minidl
 from minidl import layers as L

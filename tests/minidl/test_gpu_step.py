@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("cupy")
 
-from minidl.memory.strict_device import StrictCudaDevice  # noqa: E402
-from minidl.memory.transfer import to_host  # noqa: E402
+from minidl.memory.runtime.transfer import to_host  # noqa: E402
+from minidl.memory.testing.strict_device import StrictCudaDevice  # noqa: E402
 
 import minidl  # noqa: E402
 from minidl import layers as L  # noqa: E402

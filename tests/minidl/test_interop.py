@@ -23,7 +23,7 @@ def test_public_submodules_are_attributes_after_import_minidl():
         "for name in ('data', 'dryrun', 'graph', 'kernels', 'layers', 'memory', 'models', "
         "'optim', 'report', 'rnn', 'safetensors_io', 'text', 'torch_bridge', 'trainer'):\n"
         "    assert name in minidl.__all__ and hasattr(minidl, name), name\n"
-        "assert minidl.memory.config.MemoryConfig is minidl.MemoryConfig\n"
+        "assert minidl.memory.ir.config.MemoryConfig is minidl.MemoryConfig\n"
         "assert callable(minidl.data.load_dataset) and minidl.memory.parse_size('1KiB') == 1024\n"
         "print(type(opt).__name__, minidl.__version__)\n"
     )

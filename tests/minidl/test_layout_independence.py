@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
-from minidl.memory import workspace_options
-from minidl.memory.auto import BudgetTooSmall
-from minidl.memory.device import CpuDevice
-from minidl.memory.plan import Alloc, Prefetch
-from minidl.memory.pool import Pool
+from minidl.memory.devices.device import CpuDevice
+from minidl.memory.ir.plan import Alloc, Prefetch
+from minidl.memory.options import workspace_options
+from minidl.memory.planners.auto import BudgetTooSmall
+from minidl.memory.runtime.pool import Pool
 
 import minidl
 from minidl import layers as L

@@ -9,10 +9,10 @@ import time
 import numpy as np
 import pytest
 from minidl.layers import SoftmaxCrossEntropy
-from minidl.memory.cost_model import simulate, step_costs
-from minidl.memory.device import CopyEngine, CpuDevice
-from minidl.memory.link_emulation import WINDOW, LinkEmulation, compute_slowdown
-from minidl.memory.targets import get_target
+from minidl.memory.cost.cost_model import simulate, step_costs
+from minidl.memory.cost.link_emulation import WINDOW, LinkEmulation, compute_slowdown
+from minidl.memory.cost.targets import get_target
+from minidl.memory.devices.device import CopyEngine, CpuDevice
 
 import minidl
 from minidl.cli import main

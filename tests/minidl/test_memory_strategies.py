@@ -112,7 +112,7 @@ def test_random_networks_bit_identical(netdef, spec):
 
 
 def test_static_reserved_peak_is_close_to_max_live():
-    from minidl.memory.static_plan import block_intervals, max_live_bytes
+    from minidl.memory.passes.static_plan import block_intervals, max_live_bytes
 
     net = resnet(20, (3, 16, 16), 10, width=8)
     tr = minidl.Trainer(net, memory="reuse,inplace,static", device_memory="256MiB")
@@ -128,7 +128,7 @@ def test_debug_pool_poisons_freed_blocks():
     """The NaN poisoning really reaches tensors read after free: a deliberately broken plan
     (conv2's input freed after its forward and re-allocated before conv2's backward) makes
     conv2's weight gradient NaN."""
-    from minidl.memory.plan import Alloc, Free, StepPlan
+    from minidl.memory.ir.plan import Alloc, Free, StepPlan
 
     net = smallcnn((1, 8, 8), 10, width=2)
     tr = minidl.Trainer(net, memory="reuse", device_memory="16MiB", debug=True)
@@ -202,7 +202,7 @@ def test_swap_trains_where_reuse_runs_out_of_memory():
 
 
 def test_host_bound_too_small_is_a_clear_error_and_leaves_the_pool_clean():
-    from minidl.memory.host_pool import HostMemoryExceeded
+    from minidl.memory.runtime.host_pool import HostMemoryExceeded
 
     rng = np.random.default_rng(5)
     x = rng.standard_normal((16, 1, 16, 16)).astype(np.float32)
@@ -219,7 +219,7 @@ def test_host_bound_too_small_is_a_clear_error_and_leaves_the_pool_clean():
 def test_offloaded_tensors_are_not_readable():
     """A plan that reads a tensor while it is swapped out fails loudly instead of reading
     stale or poisoned memory."""
-    from minidl.memory.runtime import TensorNotResident
+    from minidl.memory.runtime.runtime import TensorNotResident
 
     rng = np.random.default_rng(6)
     x = rng.standard_normal((4, 1, 16, 16)).astype(np.float32)
@@ -227,7 +227,7 @@ def test_offloaded_tensors_are_not_readable():
     net = _tiny_cnn()
     tr = minidl.Trainer(net, memory="reuse,swap=all", device_memory="16MiB", debug=True)
     c = tr.engine.compiled([x.shape], y.shape, True)
-    from minidl.memory.plan import Await, StepPlan
+    from minidl.memory.ir.plan import Await, StepPlan
 
     root = c.plan.swapped[0]
     # remove the await: backward would read the tensor while away
@@ -273,7 +273,7 @@ def test_sparse_plan_uses_measured_densities_after_the_first_iteration():
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.floats(1.0, 1.6), min_size=2, max_size=4))
 def test_auto_peak_is_monotone_in_the_budget_and_plans_fit(factors):
-    from minidl.memory.auto import BudgetTooSmall
+    from minidl.memory.planners.auto import BudgetTooSmall
 
     base = minidl.dry_run(_tiny_cnn(), 32, "reuse,inplace", input_shape=(1, 16, 16))
     lb = base["lower_bound_bytes"]

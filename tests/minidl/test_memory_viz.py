@@ -18,9 +18,9 @@ import sys
 import numpy as np
 import pytest
 from minidl.layers import SoftmaxCrossEntropy
-from minidl.memory.config import MemoryConfig
-from minidl.memory.device import MetaDevice
-from minidl.memory.pool import Pool
+from minidl.memory.devices.device import MetaDevice
+from minidl.memory.ir.config import MemoryConfig
+from minidl.memory.runtime.pool import Pool
 
 import minidl
 from minidl.cli import main

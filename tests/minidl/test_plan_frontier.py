@@ -9,7 +9,7 @@ import importlib.util
 import json
 
 import pytest
-from minidl.memory.auto import BudgetTooSmall
+from minidl.memory.planners.auto import BudgetTooSmall
 
 import minidl
 from minidl.cli import main
@@ -158,7 +158,7 @@ def test_max_batch_under_auto_tries_few_batches(capsys, monkeypatch):
     few auto dry runs settle it where doubling then bisecting takes a dozen."""
     # the lean plans' line predicts the batch where convolutions' workspaces are chosen for
     # memory (vDNN's rule; off by default: W.RULE_KINDS)
-    from minidl.memory import workspace_options
+    from minidl.memory.options import workspace_options
 
     monkeypatch.setattr(workspace_options, "RULE_KINDS", ("cpu",))
     make = lambda: build_model("resnet8", (3, 8, 8), 10)  # noqa: E731

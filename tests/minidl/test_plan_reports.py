@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from minidl.layers.base import Context
-from minidl.memory.auto import BudgetTooSmall
+from minidl.memory.planners.auto import BudgetTooSmall
 
 import minidl
 from minidl import layers as L

@@ -22,7 +22,7 @@ def test_memory_summary_is_a_boxed_table_of_the_pool_and_the_peak():
     lines = text.splitlines()
     assert len({len(ln) for ln in lines}) == 1 and all(ln[0] == ln[-1] == "|" for ln in lines)
     s = tr.pool.stats()
-    peak = minidl.memory.units.format_size(s["allocated_bytes.peak"])
+    peak = minidl.memory.ir.units.format_size(s["allocated_bytes.peak"])
     allocated = next(ln for ln in lines if ln.startswith("| allocated "))
     assert allocated.rstrip(" |").endswith(peak)
     rep = tr.memory_report()

@@ -31,8 +31,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
-from minidl.memory.auto import BudgetTooSmall
-from minidl.memory.workspace_options import NOTE_PREFIX
+from minidl.memory.options.workspace_options import NOTE_PREFIX
+from minidl.memory.planners.auto import BudgetTooSmall
 
 import minidl
 from minidl.optim import SGD

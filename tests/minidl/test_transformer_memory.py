@@ -1,12 +1,13 @@
-"""Attention's memory form as plan data (memory/attention_options.py) through real lowerings,
+"""Attention's memory form as plan data (memory/options/attention_options.py) through real
+lowerings,
 and the transformer layers under every lossless strategy (bit-identical to ``none``)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from minidl.memory import attention_options as A
-from minidl.memory.config import MemoryConfig
+from minidl.memory.ir.config import MemoryConfig
+from minidl.memory.options import attention_options as A
 
 import minidl
 from minidl import layers as L

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from minidl.memory.recompute import articulation_values
+from minidl.memory.passes.recompute import articulation_values
 
 import minidl
 from minidl.cli import main

@@ -1,5 +1,5 @@
 """Convolution workspace caps chosen by the engine under a budget
-(memory/workspace_options.py): only under pressure, recorded in the notes, dry-run peak ==
+(memory/options/workspace_options.py): only under pressure, recorded in the notes, dry-run peak ==
 real peak, training equal to the uncapped run within float32 rounding."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import sys
 import numpy as np
 import pytest
 from minidl.layers import SoftmaxCrossEntropy
-from minidl.memory import workspace_options as W
-from minidl.memory.auto import BudgetTooSmall
-from minidl.memory.device import MetaDevice
-from minidl.memory.pool import Pool
+from minidl.memory.devices.device import MetaDevice
+from minidl.memory.options import workspace_options as W
+from minidl.memory.planners.auto import BudgetTooSmall
+from minidl.memory.runtime.pool import Pool
 
 import minidl
 from minidl import layers as L
@@ -123,7 +123,7 @@ import hashlib, re, sys
 import numpy as np
 import minidl
 from minidl import layers as L
-from minidl.memory.auto import BudgetTooSmall
+from minidl.memory.planners.auto import BudgetTooSmall
 from minidl.optim import SGD
 
 def net():

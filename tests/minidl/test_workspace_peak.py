@@ -1,5 +1,5 @@
 """Convolution workspaces chosen for memory without a budget (vDNN's rule,
-memory/workspace_options.py) and vDNN's policy on a target's memory, through the engine: the
+memory/options/workspace_options.py) and vDNN's policy on a target's memory, through the engine: the
 peak of the least-workspace plan, the same caps and bits for every lossless spec, dry-run peak
 == real peak, and ``vdnn`` taking memory-optimal workspaces where that is what fits."""
 
@@ -10,11 +10,11 @@ import re
 import numpy as np
 import pytest
 from minidl.layers import SoftmaxCrossEntropy
-from minidl.memory import workspace_options as W
-from minidl.memory.base_plan import plan_peak
-from minidl.memory.device import MetaDevice
-from minidl.memory.planner import make_plan
-from minidl.memory.pool import Pool
+from minidl.memory.devices.device import MetaDevice
+from minidl.memory.options import workspace_options as W
+from minidl.memory.passes.base_plan import plan_peak
+from minidl.memory.planners.planner import make_plan
+from minidl.memory.runtime.pool import Pool
 
 import minidl
 from minidl import layers as L

@@ -1,0 +1,2 @@
+"""The cost model: target GPUs' profiles, the step-time simulation, link emulation.
+"""

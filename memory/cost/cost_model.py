@@ -1,0 +1,164 @@
+"""A device cost model: roofline step times and a simulation of one iteration's copies.
+
+Step time on a :class:`~.targets.DeviceProfile`: ``max(flops / peak FLOP/s, bytes / memory
+bandwidth) + launch`` — the roofline at the datasheet peaks, where the bytes are the step's
+tensors read and written once. An upper bound on speed: real kernels reach a fraction of the
+peaks, the same fraction on both sides of a ratio to first order, so overheads (plan time over
+an oracle's) are what the model is for.
+
+:func:`simulate` walks a plan as the CUDA runtime runs it (memory/runtime/runtime.py and
+memory/devices/cuda_device.py): compute on one stream; each ``Offload`` queued on the device-to-host
+engine once the compute issued before it has finished; each ``Prefetch`` on the host-to-device
+engine likewise; ``Await`` and ``Release`` make compute wait for their copy (the stall). Copies
+in one direction run one at a time in issue order; the two directions overlap each other and
+compute. The oracle is vDNN's baseline: the same network's forward and backward steps on a
+device with unlimited memory (no recomputation, no transfers, no codecs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..ir.plan import Await, Offload, Plan, Prefetch, Release
+from ..ir.program import Program
+from .targets import DeviceProfile
+
+__all__ = ["Prediction", "extra_time", "simulate", "step_costs", "step_time"]
+
+
+def step_time(program: Program, index: int, profile: DeviceProfile) -> float:
+    """Roofline seconds of step ``index`` of ``program`` on ``profile``."""
+    st = program.steps[index]
+    tensors = program.tensors
+    touched = sum(tensors[t].nbytes for t in set(st.reads) | set(st.writes))
+    return max(st.flops / profile.flops_per_s, touched / profile.hbm_bytes_per_s) \
+        + profile.launch_s
+
+
+def step_costs(program: Program, profile: DeviceProfile) -> list[float]:
+    """Roofline seconds of every step (the planners' ``step_times``)."""
+    return [step_time(program, i, profile) for i in range(len(program.steps))]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One iteration of a plan on a device, as the cost model predicts it."""
+
+    target: str
+    #: Predicted seconds of the iteration under the plan.
+    step_s: float
+    #: Seconds on a device with unlimited memory (forward + backward, nothing else).
+    oracle_s: float
+    #: Seconds compute waited for copies (``Await`` of a prefetch, ``Release`` of an offload).
+    stall_s: float
+    #: Seconds of recomputed forward steps, and of encode / decode steps.
+    recompute_s: float
+    codec_s: float
+    #: Bytes over the host link, each way.
+    offloaded_bytes: int
+    prefetched_bytes: int
+
+    @property
+    def overhead(self) -> float:
+        """Extra time over the oracle, as a fraction of it."""
+        return self.step_s / self.oracle_s - 1.0 if self.oracle_s > 0 else 0.0
+
+    def as_dict(self) -> dict[str, float | int | str]:
+        return {"target": self.target, "step_s": self.step_s, "oracle_s": self.oracle_s,
+                "overhead": self.overhead, "stall_s": self.stall_s,
+                "recompute_s": self.recompute_s, "codec_s": self.codec_s,
+                "offloaded_bytes": self.offloaded_bytes,
+                "prefetched_bytes": self.prefetched_bytes}
+
+
+@dataclass(frozen=True)
+class _Walk:
+    """One walk of a plan: the compute clock at the end and where its time went."""
+
+    end_s: float
+    stall_s: float
+    recompute_s: float
+    codec_s: float
+    offloaded_bytes: int
+    prefetched_bytes: int
+
+
+def _walk(plan: Plan, costs: Sequence[float], d2h_bytes_per_s: float,
+          h2d_bytes_per_s: float) -> _Walk:
+    """Run ``plan``'s steps (``costs`` seconds each) and copies on the clock (module docstring)."""
+    program = plan.program
+    tensors = program.tensors
+    now = 0.0  # the compute stream's clock
+    d2h_free = h2d_free = 0.0
+    d2h_end: dict[int, float] = {}
+    h2d_end: dict[int, float] = {}
+    stall = recompute = codec = 0.0
+    offloaded = prefetched = 0
+
+    def wait_for(t_end: float) -> None:
+        nonlocal now, stall
+        if t_end > now:
+            stall += t_end - now
+            now = t_end
+
+    def apply(action) -> None:
+        nonlocal d2h_free, h2d_free, offloaded, prefetched
+        if isinstance(action, Offload):
+            nbytes = program.block_size(tensors[action.tensor].nbytes)
+            start = max(now, d2h_free)
+            d2h_free = d2h_end[action.tensor] = start + nbytes / d2h_bytes_per_s
+            offloaded += nbytes
+        elif isinstance(action, Prefetch):
+            nbytes = program.block_size(tensors[action.tensor].nbytes)
+            start = max(now, h2d_free)
+            h2d_free = h2d_end[action.tensor] = start + nbytes / h2d_bytes_per_s
+            prefetched += nbytes
+        elif isinstance(action, Await):
+            wait_for(h2d_end.get(action.tensor, 0.0))
+        elif isinstance(action, Release):
+            wait_for(d2h_end.get(action.tensor, 0.0))
+
+    timed = (Offload, Prefetch, Await, Release)  # (allocations and frees take no time)
+    for action in plan.begin:
+        if isinstance(action, timed):
+            apply(action)
+    for i, st in enumerate(program.steps):
+        for action in plan.steps[i].before:
+            if isinstance(action, timed):
+                apply(action)
+        now += costs[i]
+        if st.phase == "recompute":
+            recompute += costs[i]
+        elif st.phase in ("encode", "decode"):
+            codec += costs[i]
+        for action in plan.steps[i].after:
+            if isinstance(action, timed):
+                apply(action)
+    for action in plan.end:
+        if isinstance(action, timed):
+            apply(action)
+    return _Walk(now, stall, recompute, codec, offloaded, prefetched)
+
+
+def _oracle(program: Program, costs: Sequence[float]) -> float:
+    return sum(c for c, st in zip(costs, program.steps) if st.phase in ("forward", "backward"))
+
+
+def extra_time(plan: Plan, costs: Sequence[float], bandwidth: float) -> float:
+    """Seconds ``plan`` adds to an iteration over its forward and backward steps (stalls on a
+    link of ``bandwidth`` bytes/s each way, recomputation, codecs): what the planners
+    minimise, by the same walk as :func:`simulate`."""
+    walk = _walk(plan, costs, bandwidth, bandwidth)
+    return walk.end_s - _oracle(plan.program, costs)
+
+
+def simulate(plan: Plan, profile: DeviceProfile,
+             step_times: Sequence[float] | None = None) -> Prediction:
+    """Predict one iteration of ``plan`` on ``profile`` (see the module docstring);
+    ``step_times`` (seconds per step, e.g. measured) replace the roofline's step costs."""
+    program = plan.program
+    costs = step_costs(program, profile) if step_times is None else [float(t) for t in step_times]
+    w = _walk(plan, costs, profile.link_d2h_bytes_per_s, profile.link_h2d_bytes_per_s)
+    return Prediction(profile.name, w.end_s, _oracle(program, costs), w.stall_s, w.recompute_s,
+                      w.codec_s, w.offloaded_bytes, w.prefetched_bytes)

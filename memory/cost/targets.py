@@ -1,0 +1,124 @@
+"""Device profiles: the published figures of common GPUs, for plans made for the device a user
+will run on rather than for this CPU (``minidl plan --target v100``).
+
+Figures are the vendors' datasheet peaks: FP32 throughput (CUDA cores; minidl computes in
+float32 and does not enable TF32), memory bandwidth and capacity. The host link is given per
+direction as an *effective* copy rate, not the bus's nominal one: PCIe 3.0 x16 moves about
+12 GB/s of pinned memory each way (16 GB/s nominal; vDNN measured 12.8 GB/s on a Titan X),
+PCIe 4.0 x16 about 25 GB/s, PCIe 5.0 x16 about 50 GB/s. ``launch_s`` is the fixed cost of a
+step's kernel launches. A custom device: ``custom:flops=15.7T,hbm=900G,link=12G,mem=16GiB``
+(optional ``d2h=``, ``launch=``; sizes and rates take the suffixes of :func:`~.units.parse_size`
+in decimal units: ``T`` = 1e12).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir.units import parse_size
+
+__all__ = ["DeviceProfile", "PROFILES", "get_target", "target_names"]
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """What the cost model needs of a device: rates in per-second units, capacity in bytes."""
+
+    name: str
+    flops_per_s: float
+    hbm_bytes_per_s: float
+    link_h2d_bytes_per_s: float
+    link_d2h_bytes_per_s: float
+    capacity_bytes: int
+    launch_s: float = 5e-6
+    #: Where the figures come from (datasheet, generation of the host link).
+    source: str = ""
+
+    def describe(self) -> str:
+        return (f"{self.name}: {self.flops_per_s / 1e12:.1f} TFLOP/s FP32, "
+                f"{self.hbm_bytes_per_s / 1e9:.0f} GB/s memory, host link "
+                f"{self.link_h2d_bytes_per_s / 1e9:.0f}/{self.link_d2h_bytes_per_s / 1e9:.0f} GB/s "
+                f"(h2d/d2h), {self.capacity_bytes / 2**30:.0f} GiB")
+
+
+_GIB = 1 << 30
+_PCIE3, _PCIE4, _PCIE5 = 12e9, 25e9, 50e9
+
+#: Published figures (FP32 peak, memory bandwidth, capacity; effective host link).
+PROFILES: dict[str, DeviceProfile] = {p.name: p for p in [
+    DeviceProfile("titanx-maxwell", 6.6e12, 336.5e9, _PCIE3, _PCIE3, 12 * _GIB,
+                  source="GeForce GTX Titan X (Maxwell, 2015), PCIe 3.0 x16"),
+    DeviceProfile("p100", 9.3e12, 732e9, _PCIE3, _PCIE3, 16 * _GIB,
+                  source="Tesla P100 PCIe 16 GB, PCIe 3.0 x16"),
+    DeviceProfile("v100", 15.7e12, 900e9, _PCIE3, _PCIE3, 16 * _GIB,
+                  source="Tesla V100 SXM2 16 GB, PCIe 3.0 x16 to the host"),
+    DeviceProfile("v100-32gb", 15.7e12, 900e9, _PCIE3, _PCIE3, 32 * _GIB,
+                  source="Tesla V100 SXM2 32 GB, PCIe 3.0 x16 to the host"),
+    DeviceProfile("a100-40gb", 19.5e12, 1555e9, _PCIE4, _PCIE4, 40 * _GIB,
+                  source="A100 40 GB (FP32; TF32 not enabled), PCIe 4.0 x16"),
+    DeviceProfile("a100-80gb", 19.5e12, 2039e9, _PCIE4, _PCIE4, 80 * _GIB,
+                  source="A100 80 GB SXM (FP32; TF32 not enabled), PCIe 4.0 x16"),
+    DeviceProfile("h100", 67e12, 3350e9, _PCIE5, _PCIE5, 80 * _GIB,
+                  source="H100 SXM 80 GB (FP32), PCIe 5.0 x16"),
+    DeviceProfile("rtx4090", 82.6e12, 1008e9, _PCIE4, _PCIE4, 24 * _GIB,
+                  source="GeForce RTX 4090, PCIe 4.0 x16"),
+]}
+_ALIASES = {"titanx": "titanx-maxwell", "a100": "a100-40gb", "v100-16gb": "v100",
+            "4090": "rtx4090"}
+
+
+def target_names() -> list[str]:
+    """The names :func:`get_target` accepts (besides ``custom:...``)."""
+    return sorted(PROFILES) + sorted(_ALIASES)
+
+
+def _rate(text: str, what: str) -> float:
+    t = text.strip()
+    scale = {"k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}
+    try:
+        if t and t[-1].lower() in scale:
+            return float(t[:-1]) * scale[t[-1].lower()]
+        return float(t)
+    except ValueError:
+        raise ValueError(f"custom target: {what}={text!r} is not a rate (e.g. 15.7T, 900G, "
+                         "12e9)") from None
+
+
+def _custom(spec: str) -> DeviceProfile:
+    fields: dict[str, str] = {}
+    for part in spec.split(","):
+        if not part.strip():
+            continue
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise ValueError(f"custom target: {part!r} is not key=value")
+        fields[key.strip().lower()] = value
+    need = ("flops", "hbm", "link", "mem")
+    missing = [k for k in need if k not in fields]
+    unknown = sorted(set(fields) - {*need, "d2h", "launch"})
+    if missing or unknown:
+        raise ValueError(f"custom target needs flops=, hbm=, link=, mem= (optional d2h=, "
+                         f"launch=); missing {missing or 'none'}, unknown {unknown or 'none'}")
+    link = _rate(fields["link"], "link")
+    profile = DeviceProfile(
+        "custom", _rate(fields["flops"], "flops"), _rate(fields["hbm"], "hbm"), link,
+        _rate(fields["d2h"], "d2h") if "d2h" in fields else link,
+        parse_size(fields["mem"]),
+        _rate(fields["launch"], "launch") if "launch" in fields else 5e-6, source=spec)
+    if min(profile.flops_per_s, profile.hbm_bytes_per_s, profile.link_h2d_bytes_per_s,
+           profile.link_d2h_bytes_per_s, profile.capacity_bytes) <= 0:
+        raise ValueError(f"custom target: every rate and the memory must be positive ({spec})")
+    return profile
+
+
+def get_target(name: str) -> DeviceProfile:
+    """The profile named ``name`` (case-insensitive) or a ``custom:...`` one; ``ValueError``
+    naming the valid names otherwise."""
+    key = name.strip().lower()
+    if key.startswith("custom:"):
+        return _custom(key[len("custom:"):])
+    key = _ALIASES.get(key, key)
+    if key not in PROFILES:
+        raise ValueError(f"unknown target {name!r}; valid targets: {', '.join(target_names())} "
+                         "or custom:flops=...,hbm=...,link=...,mem=...")
+    return PROFILES[key]

@@ -1,0 +1,230 @@
+"""The program as memory sees it: plain data, no layers, no arrays.
+
+The engine lowers a bound network into a :class:`Program`: every tensor of one training
+iteration (feature maps, gradient maps, stashes, workspaces, and the persistent parameters,
+gradients and optimizer state) with its size and category, and an ordered list of steps, each
+naming the tensors it reads and writes, its op tag and its cost. Memory policies turn a
+program into a :class:`~minidl.memory.ir.plan.Plan` without knowing anything else about it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from .capabilities import OpCaps
+from .units import ALLOCATION_UNIT, aligned
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor of the program.
+
+    ``role`` says what it is for the engine: ``value`` (an input or a layer output), ``grad``
+    (the gradient of a value), ``grad_partial`` (a fan-out partial gradient, added into the
+    ``grad`` of ``of`` right after it is written), ``stash`` (saved by forward for backward),
+    ``workspace`` (scratch of one step), ``param``, ``param_grad``, ``opt_state``, ``seed``
+    (the loss gradient 1.0). ``persistent`` tensors live across iterations.
+    """
+
+    id: int
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    category: str
+    role: str
+    layer: str = ""
+    of: int = -1  # for grad / grad_partial: the value (or grad) tensor it belongs to
+    persistent: bool = False
+
+    @cached_property
+    def nbytes(self) -> int:
+        return int(math.prod(self.shape)) * np.dtype(self.dtype).itemsize
+
+    def clone(self, id: int, name: str) -> TensorSpec:
+        """This tensor again as tensor ``id`` named ``name``, ``of`` this one (a recomputed or
+        decoded copy: passes make thousands)."""
+        spec = object.__new__(TensorSpec)
+        spec.__dict__.update(self.__dict__)
+        spec.__dict__.update(id=id, name=name, of=self.id)
+        return spec
+
+
+@dataclass(frozen=True)
+class GradInput:
+    """Where a backward step writes one input's gradient: ``written``, then added into
+    ``add_into`` when that gradient already has a writer (fan-out; -1 otherwise)."""
+
+    written: int
+    add_into: int = -1
+
+
+#: The fields of a :class:`Step` that hold tensor ids.
+_TENSOR_FIELDS = frozenset({"reads", "writes", "workspace", "shares", "inputs", "outputs",
+                            "stash", "params", "grad_outputs", "grad_inputs", "grad_params",
+                            "param_partials"})
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of the program: a layer's forward or backward, a recomputation, an encode or
+    decode, or an accumulation — the one list both memory passes and the executor walk.
+
+    ``reads`` / ``writes`` / ``workspace`` are what memory sees. The named slots below them are
+    the same tensors as the layer receives them (llm.c's named buffers): inputs and outputs in
+    the layer's order, the stash by name, parameters and their gradients by the layer's local
+    names. A pass that substitutes tensors (recomputation's clones, decoded stashes) does it
+    through :meth:`remapped`, in every slot at once; nothing maps back.
+    """
+
+    index: int
+    phase: str  # "forward" | "backward" | "recompute" | "encode" | "decode"
+    layer: str
+    kind: str  # op tag: conv, relu, pool, ... ; "encode" ; "decode"
+    node: int  # index of the layer node in the network (-1 for none)
+    reads: tuple[int, ...]
+    writes: tuple[int, ...]
+    workspace: int = -1  # tensor id of this step's workspace, or -1
+    flops: int = 0
+    #: (written, read) tensor pairs the op allows to share one block: an in-place forward
+    #: (output over input) or an in-place backward (input gradient over output gradient).
+    shares: tuple[tuple[int, int], ...] = ()
+    #: Plain facts a pass needs about the op (a max-pool's window, stride and padding; an
+    #: encode step's codec) — never arrays or objects.
+    attrs: dict = field(default_factory=dict)
+    # ---- the layer's named slots (tensor ids)
+    inputs: tuple[int, ...] = ()
+    outputs: tuple[int, ...] = ()
+    stash: dict[str, int] = field(default_factory=dict)
+    params: dict[str, int] = field(default_factory=dict)  # local name -> parameter tensor
+    grad_outputs: tuple[int, ...] = ()
+    grad_inputs: tuple[GradInput | None, ...] = ()
+    grad_params: dict[str, int] = field(default_factory=dict)  # local name -> .grad tensor
+    #: Shared parameters whose gradient this step writes into a partial the executor adds.
+    param_partials: dict[str, int] = field(default_factory=dict)
+    #: Parameters whose gradient the layer adds straight into ``.grad`` (``ctx.accumulate``).
+    accumulate: frozenset[str] = frozenset()
+    in_shapes: tuple[tuple[int, ...], ...] = ()
+    #: What memory passes may do with the op (declared by its layer).
+    caps: OpCaps = OpCaps()
+    #: Per-op options the plan set (``{"bptt": schedule}``), handed to the layer at run time.
+    options: dict = field(default_factory=dict)
+    #: The user's choice for the feature maps this op's forward writes, from a block the
+    #: network marks (``"recompute"``, ``"swap"`` or ``"keep"``; ``""``: the planner's to make).
+    #: Every planner honours it (:mod:`.block_choices`).
+    forced: str = ""
+    #: Index of the lowered step this one runs (itself for lowered steps; a recomputation's
+    #: forward step; -1 for steps a pass added): measured step times are keyed by it.
+    origin: int = -1
+
+    @property
+    def label(self) -> str:
+        return f"{self.layer} ({self.phase})"
+
+    def remapped(self, mapping: dict[int, int], **changes) -> Step:
+        """This step with every tensor id substituted through ``mapping`` (ids not in it stay),
+        in memory's view and in the named slots alike; ``changes`` replace other fields."""
+        if not mapping and not changes:
+            return self
+        own = self.__dict__
+        for k in changes:
+            if k not in own:
+                raise TypeError(f"Step has no field {k!r}")
+        # (a copy with the fields set, without dataclasses.replace's re-validation: the
+        # planners rewrite hundreds of thousands of steps)
+        step = object.__new__(Step)
+        new = step.__dict__
+        new.update(own)
+        if mapping and not mapping.keys().isdisjoint(self._tensor_ids):
+            m = mapping.get
+            new["reads"] = tuple([m(t, t) for t in self.reads])
+            new["writes"] = tuple([m(t, t) for t in self.writes])
+            if self.workspace >= 0:
+                new["workspace"] = m(self.workspace, self.workspace)
+            if self.shares:
+                new["shares"] = tuple([(m(a, a), m(b, b)) for a, b in self.shares])
+            new["inputs"] = tuple([m(t, t) for t in self.inputs])
+            new["outputs"] = tuple([m(t, t) for t in self.outputs])
+            for name in ("stash", "params", "grad_params", "param_partials"):
+                d = own[name]
+                if d:
+                    new[name] = {k: m(t, t) for k, t in d.items()}
+            if self.grad_outputs:
+                new["grad_outputs"] = tuple([m(t, t) for t in self.grad_outputs])
+            if self.grad_inputs:
+                new["grad_inputs"] = tuple([None if g is None else GradInput(
+                    m(g.written, g.written), m(g.add_into, g.add_into) if g.add_into >= 0
+                    else -1) for g in self.grad_inputs])
+            new.pop("_tensor_ids", None)
+        new.update(changes)
+        if not _TENSOR_FIELDS.isdisjoint(changes):
+            new.pop("_tensor_ids", None)
+        return step
+
+    @cached_property
+    def _tensor_ids(self) -> frozenset[int]:
+        """Every tensor id in the step, in memory's view and in the named slots."""
+        ids = {*self.reads, *self.writes, self.workspace, *self.inputs, *self.outputs,
+               *self.stash.values(), *self.params.values(), *self.grad_outputs,
+               *self.grad_params.values(), *self.param_partials.values()}
+        for a, b in self.shares:
+            ids.update((a, b))
+        for g in self.grad_inputs:
+            if g is not None:
+                ids.update((g.written, g.add_into))
+        return frozenset(ids)
+
+
+@dataclass
+class Program:
+    """All tensors and steps of one training (or inference) iteration."""
+
+    tensors: list[TensorSpec]
+    steps: list[Step]
+    inputs: list[int]  # fed tensors (data, labels)
+    loss: int = -1  # the loss value tensor, -1 for inference programs
+    training: bool = True
+    meta: dict = field(default_factory=dict)
+    #: The allocation unit of the pool the program is planned for: every size a pass rounds
+    #: (block intervals, peaks, bounds) is rounded to it (see :meth:`block_size`).
+    alignment: int = ALLOCATION_UNIT
+
+    def block_size(self, nbytes: int) -> int:
+        """Bytes a block of ``nbytes`` occupies in this program's pool."""
+        return aligned(nbytes, self.alignment)
+
+    @cached_property
+    def block_sizes(self) -> list[int]:
+        """:meth:`block_size` of every tensor, by id (programs are never changed once
+        made)."""
+        return [aligned(t.nbytes, self.alignment) for t in self.tensors]
+
+    def tensor(self, tid: int) -> TensorSpec:
+        return self.tensors[tid]
+
+    @property
+    def persistent(self) -> list[TensorSpec]:
+        return [t for t in self.tensors if t.persistent]
+
+    def persistent_bytes(self) -> int:
+        return sum(self.block_size(t.nbytes) for t in self.persistent)
+
+    def step_footprint(self, step: Step) -> int:
+        """Aligned bytes of the non-persistent tensors one step touches, workspace included;
+        an output the op may write over an operand (``shares``) is counted once."""
+        ids = set(step.reads) | set(step.writes)
+        if step.workspace >= 0:
+            ids.add(step.workspace)
+        ids -= {w for w, r in step.shares if r in ids
+                and self.tensors[w].nbytes == self.tensors[r].nbytes}
+        return sum(self.block_size(self.tensors[i].nbytes) for i in ids
+                   if not self.tensors[i].persistent)
+
+    def lower_bound_bytes(self) -> int:
+        """Persistent state plus the largest single step's own inputs, outputs and workspace:
+        no strategy can go below this without splitting the batch."""
+        biggest = max((self.step_footprint(s) for s in self.steps), default=0)
+        return self.persistent_bytes() + biggest

@@ -1,0 +1,3 @@
+"""Per-op variants chosen with the plan: attention's form, the BPTT schedule, convolution
+workspaces.
+"""

@@ -1,0 +1,110 @@
+"""Attention's memory form as a per-op option of the plan (FlashAttention's trade: recompute
+the probabilities in backward instead of keeping them).
+
+A step whose capabilities include the ``"attn"`` option (self-attention) runs the form the
+plan hands it: ``"keep"`` stores the probabilities (B, H, T, T) for backward, quadratic in the
+sequence length T; ``"blockwise:<n>"`` runs over n x n tiles with a running max and sum,
+stores only the row log-sum-exp (B, H, T) and recomputes each tile in backward: its stash is
+linear in T, its workspaces hold a few tiles (larger tiles: fewer, larger products, more
+workspace). Both forms are deterministic and agree to float rounding.
+
+Memory sees the op through ``step.attrs["attention"]`` (batch, seq, dim, heads, causal,
+dropout) and sizes each form with the kernels' own layouts
+(:mod:`minidl.kernels.attention`), the ones the layer declares, so the bytes here are the
+bytes a lowering with that option gives. Plain data, like :mod:`.bptt_options` and
+:mod:`.workspace_options`: lowering sizes the step for the option, the executor hands it to
+the layer in ``ctx.options``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ...kernels import attention as ak
+from ..ir.config import MemoryConfig
+from ..ir.program import Program, Step
+
+OPTION = "attn"
+KEEP = ak.KEEP
+#: Tile sizes of the blockwise candidates, largest (fastest, most workspace) first.
+BLOCKS = (256, 128, 64, 32)
+#: Notes this module writes start with this.
+NOTE_PREFIX = "attention"
+
+
+@dataclass(frozen=True)
+class FormBytes:
+    """Bytes of one attention op under one form: what forward keeps for backward, and the
+    forward and backward workspaces."""
+
+    stash: int
+    forward_workspace: int
+    backward_workspace: int
+
+
+def attention_steps(program: Program) -> list[Step]:
+    """The forward steps taking the option (one per attention op)."""
+    return [st for st in program.steps
+            if st.phase == "forward" and OPTION in st.caps.options and "attention" in st.attrs]
+
+
+def candidates(step: Step) -> list[str]:
+    """Forms to consider for an attention op, keep first, then blockwise with tiles of
+    :data:`BLOCKS` (no larger than the sequence; duplicates dropped)."""
+    seq = int(step.attrs["attention"]["seq"])
+    out = [KEEP]
+    for b in BLOCKS:
+        form = f"{ak.BLOCKWISE}:{min(b, seq)}"
+        if form not in out:
+            out.append(form)
+    return out
+
+
+def form_bytes(program: Program, step: Step, form: str | None) -> FormBytes:
+    """The stash and workspace bytes of ``step``'s op under ``form`` (``None``: keep), in
+    the dtype of its input, as the layer declares them."""
+    a = step.attrs["attention"]
+    dt = np.dtype(program.tensors[step.inputs[0]].dtype)
+    block = ak.parse_form(form)
+    geom = (int(a["batch"]), int(a["seq"]), int(a["dim"]), int(a["heads"]), block)
+    stash = sum(int(np.prod(s)) for s in ak.stash_shapes(*geom).values()) * dt.itemsize
+    drop = bool(a["dropout"])
+    fwd = ak.forward_layout(*geom, drop).nbytes(dt)
+    bwd = ak.backward_layout(*geom, drop).nbytes(dt) if program.training else 0
+    return FormBytes(stash, fwd, bwd)
+
+
+def policies(program: Program, config: MemoryConfig) -> list[str | None]:
+    """The forms to plan ``program`` with, in order of preference: ``[None]`` (each op's
+    default, keep) unless ``auto`` with a budget, which tries keep, then blockwise with
+    tiles from the largest down (:func:`candidates` of the longest sequence)."""
+    steps = attention_steps(program)
+    if not steps or not program.training:
+        return [None]
+    if config.has("auto") and config.budget is not None:
+        longest = max(steps, key=lambda st: int(st.attrs["attention"]["seq"]))
+        return list(candidates(longest))
+    return [None]
+
+
+def options_for(program: Program, form: str | None) -> dict[int, dict[str, Any]]:
+    """Per node, the option of every attention op under ``form`` (empty for ``None``)."""
+    if form is None:
+        return {}
+    ak.parse_form(form)  # refuse a bad form here, naming it
+    return {st.node: {OPTION: form} for st in attention_steps(program)}
+
+
+def describe(program: Program, form: str | None, tried: int) -> str:
+    """A note saying which form the attention ops got and what their stash is under it."""
+    steps = attention_steps(program)
+    kept = sum(form_bytes(program, st, form).stash for st in steps)
+    keep = sum(form_bytes(program, st, None).stash for st in steps)
+    return (f"{NOTE_PREFIX}: {len(steps)} attention op(s) in form {form or KEEP} "
+            f"({tried} candidate(s) tried, keep first): their stashes for backward total "
+            f"{kept / 2**20:,.1f} MiB over the iteration, against {keep / 2**20:,.1f} MiB with "
+            f"the probabilities kept (summed over the layers: the plan drops, recomputes or "
+            f"swaps what the peak cannot hold)")

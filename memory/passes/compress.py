@@ -1,0 +1,166 @@
+"""``binarize``, ``sparse``, ``dpr=fp16|bf16|fp8``: feature maps kept for backward stored
+encoded (Gist, Jain et al. 2018; cDMA's zero-value compression).
+
+A program rewrite, like recomputation: an *encode* step right after a tensor's last forward
+use writes its encoded form (category ``encoded``) so the dense tensor dies there; either a
+*decode* step before its first backward use rebuilds a dense clone that the backward steps
+read, or the backward step itself consumes the encoded form:
+
+* ``binarize`` — the output of an op whose backward can start from its sign (ReLU) and that
+  only that backward needs (ReLU→Pool) is kept as a 1-bit sign mask; the argmax stash of an op
+  whose backward can start from it packed (max-pool) is kept in the fewest bits its window
+  needs (2 bits for 2×2). The layer's ``backward_from_encoded`` runs from those. Lossless.
+* ``sparse`` — a mostly-zero output (ReLU) a convolution keeps (ReLU→Conv) is stored in the
+  smallest of CSR with narrow column indices (Gist's SSDC) and a bitmask plus non-zeros
+  (ZVC), never larger than dense; decoded before the convolution's backward. Lossless; its
+  size depends on the data, so plans use measured densities when the engine has them and an
+  assumed density before (the plan says which).
+* ``dpr`` — every other feature map kept for backward is stored at reduced precision and
+  decoded (lossy: opt-in; the forward pass stays fp32).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from ...kernels import bitpack, poolidx, precision, sparse
+from ..ir.capabilities import StashEncoding
+from ..ir.program import Program, Step, TensorSpec
+
+#: The encoding a layer's backward starts from, for the codecs it consumes directly.
+CODEC_ENCODING = {"sign": StashEncoding.SIGN.value, "poolidx": StashEncoding.PACKED_ARGMAX.value}
+#: Density (fraction of non-zeros) assumed for ReLU outputs before any is measured.
+ASSUMED_DENSITY = 0.5
+
+
+def _backward_readers(program: Program) -> dict[int, list[Step]]:
+    out: dict[int, list[Step]] = {}
+    for st in program.steps:
+        if st.phase in ("backward", "recompute"):
+            for t in st.reads:
+                out.setdefault(t, []).append(st)
+    return out
+
+
+def _last_forward_use(program: Program) -> dict[int, int]:
+    last: dict[int, int] = {}
+    for st in program.steps:
+        if st.phase == "forward":
+            for t in (*st.reads, *st.writes):
+                last[t] = st.index
+    return last
+
+
+def encoded_size(codec: str, spec: TensorSpec, attrs: dict, density: float | None) -> int:
+    """Bytes of ``spec`` encoded with ``codec`` (sparse: at ``density``)."""
+    n = math.prod(spec.shape)
+    if codec == "sign":
+        return bitpack.packed_nbytes(n)
+    if codec == "poolidx":
+        return poolidx.packed_index_nbytes(n, poolidx.index_bits(attrs["window"]))
+    if codec == "sparse":
+        itemsize = 4 if spec.dtype == "float32" else 8
+        return sparse.choose_encoding(n, int(math.ceil(n * density)), itemsize).nbytes
+    return precision.encoded_nbytes(n, codec)
+
+
+def compress_program(program: Program, binarize: bool = False, use_sparse: bool = False,
+                     dpr: str | None = None,
+                     densities: dict[str, float] | None = None) -> Program:
+    """Rewrite ``program`` so the chosen feature maps are kept encoded between forward and
+    backward (see module docstring). ``densities`` maps tensor names to measured fractions of
+    non-zeros."""
+    if not program.training:
+        return program
+    readers = _backward_readers(program)
+    last_fwd = _last_forward_use(program)
+    producer = {t: st for st in program.steps if st.phase == "forward" for t in st.writes}
+    fed = set(program.inputs)
+    plan: dict[int, tuple[str, dict]] = {}  # tensor -> (codec, attrs)
+    for st in program.steps:
+        if st.phase != "forward":
+            continue
+        outs = [t for t in st.writes if program.tensors[t].role == "value"]
+        from_enc = st.caps.backward_from
+        if binarize and StashEncoding.SIGN in from_enc and outs:
+            v = outs[0]
+            rs = readers.get(v, [])
+            if rs and all(r.phase == "backward" and r.node == st.node for r in rs):
+                plan[v] = ("sign", {})
+                continue
+        if binarize and StashEncoding.PACKED_ARGMAX in from_enc:
+            for t in st.writes:
+                if program.tensors[t].role == "stash" and t in readers:
+                    plan[t] = ("poolidx", dict(st.attrs))
+        if use_sparse and st.caps.sparse_output and outs:
+            v = outs[0]
+            if any(r.caps.convolution for r in readers.get(v, [])):
+                plan[v] = ("sparse", {})
+    if dpr:
+        for t in readers:
+            spec = program.tensors[t]
+            if t in plan or t in fed or spec.role != "value" or spec.category != "feature_map":
+                continue
+            if not spec.dtype.startswith("float") or t not in producer:
+                continue
+            plan[t] = (dpr, {})
+    if not plan:
+        return program
+
+    tensors = list(program.tensors)
+    enc_of: dict[int, int] = {}
+    dec_of: dict[int, int] = {}
+    notes = []
+    for t, (codec, attrs) in plan.items():
+        spec = tensors[t]
+        dens = None
+        if codec == "sparse":
+            dens = (densities or {}).get(spec.name)
+            notes.append((spec.name, dens))
+            dens = ASSUMED_DENSITY if dens is None else dens
+        nb = encoded_size(codec, spec, attrs, dens)
+        enc_of[t] = len(tensors)
+        tensors.append(TensorSpec(len(tensors), f"{spec.name}.{codec}", (nb,), "uint8",
+                                  "encoded", "encoded", spec.layer, of=t))
+        if codec not in ("sign", "poolidx"):
+            dec_of[t] = len(tensors)
+            tensors.append(spec.clone(len(tensors), f"{spec.name}@decoded"))
+
+    encode_after: dict[int, list[int]] = {}
+    for t in plan:
+        encode_after.setdefault(last_fwd[t], []).append(t)
+    decode_before: dict[int, list[int]] = {}
+    for t in dec_of:
+        decode_before.setdefault(readers[t][0].index, []).append(t)
+
+    steps: list[Step] = []
+
+    def emit(st: Step) -> None:
+        steps.append(replace(st, index=len(steps)))
+
+    for i, st in enumerate(program.steps):
+        for t in decode_before.get(i, []):
+            codec, attrs = plan[t]
+            emit(Step(0, "decode", tensors[t].layer, "decode", -1, (enc_of[t],), (dec_of[t],),
+                      attrs={"codec": codec, "source": t}))
+        if st.phase in ("backward", "recompute"):
+            decoded = {t: dec_of[t] for t in st.reads if t in dec_of}
+            consumed = [t for t in st.reads if t in enc_of and t not in dec_of]
+            if consumed:  # read encoded: the layer's backward starts from the encoding
+                t = consumed[0]
+                st = replace(st, reads=tuple(enc_of[r] if r == t else r for r in st.reads),
+                             attrs={**st.attrs, "backward_from": CODEC_ENCODING[plan[t][0]],
+                                    "encoded": enc_of[t]})
+            st = st.remapped(decoded)
+        emit(st)
+        for t in encode_after.get(i, []):
+            codec, a = plan[t]
+            emit(Step(0, "encode", tensors[t].layer, "encode", -1, (t,), (enc_of[t],),
+                      attrs={"codec": codec, "source": t, **a}))
+
+    meta = dict(program.meta)
+    meta["encoded"] = {tensors[t].name: codec for t, (codec, _) in plan.items()}
+    meta["sparse_densities"] = {name: d for name, d in notes}
+    return Program(tensors=tensors, steps=steps, inputs=list(program.inputs), loss=program.loss,
+                   training=program.training, meta=meta, alignment=program.alignment)

@@ -1,0 +1,271 @@
+"""``recompute=sqrt|speed|memory|cost``: drop feature maps in forward, recompute them from kept
+checkpoints when backward needs them (Chen et al. 2016; SuperNeurons).
+
+Recomputation is a rewrite of the program, Checkmate-style: recomputed forward steps are
+inserted before the backward steps that need them, writing *clones* of the dropped tensors
+(new tensor ids), and those backward steps read the clones. Every later pass (liveness,
+in-place sharing, swapping, static offsets) then works on the rewritten program unchanged:
+originals die at their last forward use, clones live from their recomputation to their last
+backward use. A recomputed step is its forward step with the clones substituted in every slot
+(:meth:`~minidl.memory.ir.program.Step.remapped`); its ``origin`` stays the forward step's.
+
+Policies choose the *checkpoints* (feature maps kept) and how backward steps are *grouped*
+(all steps of a group share one recomputation):
+
+* ``sqrt`` — Chen et al.: candidate checkpoints are the articulation points of the forward
+  graph (values that alone carry everything later steps read: every layer of a chain, the block
+  outputs of a ResNet); every ⌈√m⌉-th of the m candidates is kept; one recomputation per
+  segment. Extra compute: at most one forward pass.
+* ``speed`` — SuperNeurons' speed-centric: checkpoints are the outputs of ops declaring an
+  expensive recompute cost (conv, linear, embedding, add and concat joins; whole-sequence ops)
+  and of fork points; cheap ones (ReLU, BN, pooling, dropout, activations) are dropped; a
+  segment is recomputed once and kept for the rest of its backward.
+* ``memory`` — memory-centric: same checkpoints, but each backward step recomputes what it
+  needs and frees it at once.
+* ``cost`` — cost-aware: memory-centric peak, then per segment switch to speed-centric when
+  that does not raise the peak.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..ir.capabilities import RecomputeCost
+from ..ir.liveness import lifetimes
+from ..ir.program import Program, Step
+from .block_choices import BlockChoices, block_choices
+
+#: Ops whose outputs the speed / memory / cost policies keep as checkpoints.
+KEPT_COSTS = (RecomputeCost.EXPENSIVE, RecomputeCost.SEQUENCE)
+POLICIES = ("sqrt", "speed", "memory", "cost")
+
+
+def _forward_steps(program: Program) -> list[Step]:
+    return [s for s in program.steps if s.phase == "forward"]
+
+
+def _outputs(program: Program, st: Step) -> list[int]:
+    return [t for t in st.writes if program.tensors[t].role == "value"]
+
+
+def articulation_values(program: Program) -> list[int]:
+    """Values that alone cross the cut after their producer: everything forward steps after
+    it read from earlier steps is this value (or persistent / fed)."""
+    fwd = _forward_steps(program)
+    fed = set(program.inputs)
+    last_read: dict[int, int] = {}
+    made_at: dict[int, int] = {}
+    for k, st in enumerate(fwd):
+        for t in st.reads:
+            last_read[t] = k
+        for t in st.writes:
+            made_at[t] = k
+    expiring: dict[int, list[int]] = {}
+    for t, lr in last_read.items():
+        if t not in fed and not program.tensors[t].persistent and t in made_at:
+            expiring.setdefault(lr, []).append(t)
+    open_: set[int] = set()
+    out = []
+    for k, st in enumerate(fwd):
+        open_ |= {t for t in st.writes if last_read.get(t, -1) > k and t not in fed}
+        open_ -= set(expiring.get(k, ()))
+        outs = _outputs(program, st)
+        if len(outs) != 1 or program.tensors[outs[0]].category != "feature_map":
+            continue
+        if open_ <= {outs[0]}:
+            out.append(outs[0])
+    return out
+
+
+def choose_checkpoints(program: Program, policy: str) -> set[int]:
+    """The feature maps a policy keeps."""
+    fwd = _forward_steps(program)
+    if policy == "sqrt":
+        cands = articulation_values(program)
+        if not cands:
+            return set()
+        every = max(1, math.ceil(math.sqrt(len(cands))))
+        return {c for i, c in enumerate(cands) if (i + 1) % every == 0} | {
+            t for st in fwd if st.caps.cost is RecomputeCost.SEQUENCE
+            for t in _outputs(program, st)}
+    readers: dict[int, int] = {}
+    for st in fwd:
+        for t in st.reads:
+            readers[t] = readers.get(t, 0) + 1
+    keep = set()
+    for st in fwd:
+        for t in _outputs(program, st):
+            if st.caps.cost in KEPT_COSTS or readers.get(t, 0) > 1:
+                keep.add(t)
+    return keep
+
+
+def _segments(program: Program, checkpoints: set[int]) -> dict[int, int]:
+    """Forward step index -> segment id; a segment ends with a checkpoint's producer."""
+    seg: dict[int, int] = {}
+    s = 0
+    for st in _forward_steps(program):
+        seg[st.index] = s
+        if any(t in checkpoints for t in _outputs(program, st)):
+            s += 1
+    return seg
+
+
+def recompute_program(program: Program, checkpoints: set[int],
+                      groups: dict[int, int]) -> Program:
+    """Rewrite ``program`` so dropped feature maps (forward outputs that are not checkpoints
+    and whose layers are not the loss) are recomputed in backward.
+
+    ``groups`` maps each backward step index to a group id; steps of one group share one
+    recomputation placed before the group's first step.
+    """
+    fwd = _forward_steps(program)
+    fed = set(program.inputs)
+    producer: dict[int, Step] = {}
+    for st in fwd:
+        for t in st.writes:
+            producer[t] = st
+    loss_step = producer.get(program.loss)
+    life = lifetimes(program)
+    dropped_steps = set()
+    for st in fwd:
+        if st is loss_step:
+            continue
+        outs = _outputs(program, st)
+        if outs and not any(t in checkpoints for t in outs):
+            dropped_steps.add(st.index)
+
+    def available(t: int) -> bool:
+        """Still on device when backward runs, without recomputation."""
+        tp = program.tensors[t]
+        if tp.persistent or t in fed:
+            return True
+        p = producer.get(t)
+        if p is None:
+            return True
+        if p.index in dropped_steps:
+            return False
+        return life[t].backward_use or t in checkpoints
+
+    tensors = list(program.tensors)
+    steps: list[Step] = []
+
+    def clone(t: int, tag: str) -> int:
+        spec = tensors[t]
+        nid = len(tensors)
+        tensors.append(spec.clone(nid, f"{spec.name}@{tag}"))
+        return nid
+
+    def emit(st: Step, phase: str, remap: dict[int, int]) -> None:
+        steps.append(st.remapped(remap, index=len(steps), phase=phase))
+
+    bwd_by_group: dict[int, list[Step]] = {}
+    for st in program.steps:
+        if st.phase == "backward":
+            bwd_by_group.setdefault(groups.get(st.index, st.index), []).append(st)
+    first_of_group = {g: ss[0].index for g, ss in bwd_by_group.items()}
+    group_remap: dict[int, dict[int, int]] = {}
+    recomputed_flops = 0
+    n_recomputed = 0
+
+    for st in program.steps:
+        if st.phase != "backward":
+            emit(st, st.phase, {})
+            continue
+        g = groups.get(st.index, st.index)
+        if first_of_group[g] == st.index:
+            # everything the group's steps read that is not available: recompute, in order
+            needed: set[int] = set()
+            for b in bwd_by_group[g]:
+                needed |= {t for t in b.reads if not available(t)}
+            todo: set[int] = set()
+            stack = [producer[t].index for t in needed]
+            while stack:
+                k = stack.pop()
+                if k in todo:
+                    continue
+                todo.add(k)
+                for t in program.steps[k].reads:
+                    if not available(t):
+                        stack.append(producer[t].index)
+            remap: dict[int, int] = {}
+            for k in sorted(todo):
+                f = program.steps[k]
+                for t in f.writes:
+                    remap[t] = clone(t, f"r{g}")
+                if f.workspace >= 0:
+                    remap[f.workspace] = clone(f.workspace, f"r{g}")
+                emit(f, "recompute", dict(remap))
+                recomputed_flops += f.flops
+                n_recomputed += 1
+            group_remap[g] = remap
+        emit(st, "backward", group_remap.get(g, {}))
+
+    meta = dict(program.meta)
+    meta.update(recomputed_flops=recomputed_flops, recomputed_steps=n_recomputed,
+                dropped_layers=len(dropped_steps), checkpoints=len(checkpoints))
+    return Program(tensors=tensors, steps=steps, inputs=list(program.inputs), loss=program.loss,
+                   training=program.training, meta=meta, alignment=program.alignment)
+
+
+def honour_blocks(checkpoints: set[int], blocks: BlockChoices) -> set[int]:
+    """A policy's checkpoints with the network's block choices applied: feature maps of
+    forced-recompute ops dropped, forced-keep and forced-swap ones kept."""
+    return (set(checkpoints) - blocks.recomputed) | blocks.kept | blocks.swapped
+
+
+def dropping_program(program: Program, dropped: set[int]) -> Program:
+    """``program`` with exactly the forward steps ``dropped`` (indices) recomputed in backward,
+    once per run of consecutive dropped steps (speed-centric): the rewrite of the auto
+    planner's choice and of blocks forced to recompute."""
+    if not dropped:
+        return program
+    producer_of = {t: st.index for st in program.steps if st.phase == "forward"
+                   for t in st.writes}
+    keep = {t for st in _forward_steps(program) for t in _outputs(program, st)
+            if producer_of.get(t) not in dropped}
+    fwd_of_node = {s.node: s.index for s in program.steps if s.phase == "forward"}
+    seg, s = {}, 0
+    for st in program.steps:
+        if st.phase == "forward":
+            seg[st.index] = s
+            if st.index not in dropped:
+                s += 1
+    groups = {st.index: seg.get(fwd_of_node.get(st.node, -1), -1 - st.index)
+              for st in program.steps if st.phase == "backward"}
+    return recompute_program(program, keep, groups)
+
+
+def policy_program(program: Program, policy: str, peak_of=None) -> Program:
+    """The rewritten program for ``policy``; ``peak_of(program) -> bytes`` is needed by
+    ``cost`` to compare candidate rewrites. Blocks the network forces (:mod:`.block_choices`)
+    are honoured: forced-recompute ops are never checkpoints, forced keep / swap ones are."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown recompute policy {policy!r}; valid: {', '.join(POLICIES)}")
+    if not program.training:
+        return program
+    checkpoints = honour_blocks(choose_checkpoints(program, policy), block_choices(program))
+    seg = _segments(program, checkpoints)
+    bwd = [s for s in program.steps if s.phase == "backward"]
+    fwd_of_node = {s.node: s.index for s in program.steps if s.phase == "forward"}
+    per_segment = {s.index: seg.get(fwd_of_node.get(s.node, -1), -1 - s.index) for s in bwd}
+    per_step = {s.index: -1 - s.index for s in bwd}
+    if policy in ("sqrt", "speed"):
+        return recompute_program(program, checkpoints, per_segment)
+    if policy == "memory":
+        return recompute_program(program, checkpoints, per_step)
+    # cost-aware: start memory-centric; switch segments to speed-centric while the peak holds
+    if peak_of is None:
+        raise ValueError("recompute=cost needs a peak estimator")
+    groups = dict(per_step)
+    best = recompute_program(program, checkpoints, groups)
+    limit = peak_of(best)
+    for sid in sorted(set(per_segment.values())):
+        trial = dict(groups)
+        for b, s in per_segment.items():
+            if s == sid:
+                trial[b] = s + 10 ** 9  # one shared group for the segment
+        cand = recompute_program(program, checkpoints, trial)
+        if peak_of(cand) <= limit:
+            groups, best = trial, cand
+    return best

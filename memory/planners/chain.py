@@ -1,0 +1,285 @@
+"""A training program seen as a chain of stages, and programs for schedules over that chain.
+
+The forward graph is cut at its articulation values (:func:`.recompute.articulation_values`:
+a value that alone carries everything later forward steps read, e.g. a ResNet block's output):
+stage ``k`` is the forward steps between two cuts and the backward steps of the same layers.
+What a stage keeps for its backward, what it holds while it runs and what it costs are the
+figures a chain planner (:mod:`.rotor`) needs.
+
+A *schedule* is the order in which stages run forward (any number of times) and backward
+(once each, in reverse order): Rotor's sequences (Beaumont et al. 2019), Chen et al.'s and
+Griewank's as special cases. :func:`schedule_program` writes it as a program: a stage's first
+forward run is its original forward steps; every later run is a recomputation whose steps write
+*clones* of the stage's tensors (as :mod:`.recompute` does), and every step reads the latest
+version of each value it needs. What is kept and what is dropped then follows from liveness
+alone: a version lives until its last reader.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from ..ir.config import MemoryConfig
+from ..ir.liveness import root_of
+from ..ir.program import Program, Step
+from ..passes.base_plan import base_plan
+from ..passes.recompute import articulation_values
+
+__all__ = ["Chain", "Stage", "chain_of", "schedule_program"]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage: its forward and backward steps (indices into the program), and its figures
+    in bytes and seconds."""
+
+    forward: tuple[int, ...]
+    backward: tuple[int, ...]
+    #: Bytes of the stage's input (the previous cut's value; the fed input for stage 0).
+    input_bytes: int = 0
+    #: Bytes the stage's backward reads that its forward writes (kept if run all at once).
+    kept_bytes: int = 0
+    #: Most bytes the forward holds beyond its input and what it keeps (workspaces, values
+    #: freed within the stage).
+    forward_extra: int = 0
+    #: Most bytes the backward holds beyond what the stage kept and the gradients of its
+    #: input and output (workspaces, gradient maps within the stage).
+    backward_extra: int = 0
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    #: Its memory-centric backward (``("m", k)``: each backward step recomputes from the
+    #: stage's input what it reads of the stage's forward, then frees it): the most bytes of
+    #: recomputed values and gradients one backward step holds, and the seconds recomputed.
+    lean_backward_extra: int = 0
+    lean_recompute_s: float = 0.0
+    #: What a memory-centric backward step must hold at the least (what it reads of the
+    #: stage and writes), for lower bounds.
+    lean_backward_least: int = 0
+    #: What the stage keeps at the least (its stashes and feature maps at their encoded
+    #: sizes where a lossless encoding applies), for lower bounds.
+    kept_least_bytes: int = 0
+    #: Whether the stage's backward reads its input (else no plan needs to keep it).
+    input_read_back: bool = True
+
+
+@dataclass(frozen=True)
+class Chain:
+    """The stages of a program in forward order (the last holds the loss)."""
+
+    program: Program
+    stages: tuple[Stage, ...]
+    #: Bytes of the gradient of each stage's input (as its input: index k for stage k).
+    grad_bytes: tuple[int, ...] = field(default=())
+
+    def __len__(self) -> int:
+        return len(self.stages)
+
+
+def _block(program: Program, t: int) -> int:
+    return program.block_size(program.tensors[t].nbytes)
+
+
+def chain_of(program: Program, costs: list[float],
+             least_sizes: dict[int, int] | None = None) -> Chain | None:
+    """The chain of ``program`` (a training program of forward and backward steps only), with
+    ``costs`` seconds per step; ``None`` when it does not cut into at least two stages or its
+    backward steps do not run stage by stage in reverse. ``least_sizes``: the bytes some
+    tensors can be kept in at the least (lossless encodings), for the stages'
+    ``kept_least_bytes``."""
+    if not program.training or any(st.phase not in ("forward", "backward")
+                                   for st in program.steps):
+        return None
+    forward = [st for st in program.steps if st.phase == "forward"]
+    # sizes count blocks, not tensors: what the plain plan shares (an in-place output, an
+    # input gradient written over the output gradient) is one block
+    aliases = base_plan(program, MemoryConfig.parse("reuse,inplace")).aliases
+    cuts = articulation_values(program)
+    # a cut whose value the next cut's shares (an in-place ReLU over a block's sum) is one cut:
+    # the later
+    cuts = [t for t, nxt in zip(cuts, [*cuts[1:], None])
+            if nxt is None or root_of(aliases, t) != root_of(aliases, nxt)]
+    producer = {t: st.index for st in forward for t in st.writes}
+    cut_at = sorted({producer[t] for t in cuts if t in producer})
+    stage_of: dict[int, int] = {}  # forward step index -> stage
+    k = 0
+    for st in forward:
+        stage_of[st.index] = k
+        if cut_at and st.index == cut_at[0]:
+            cut_at.pop(0)
+            k += 1
+    count = max(stage_of.values(), default=0) + 1
+    fwd_of_node = {st.node: st.index for st in forward}
+    fwd_steps: list[list[int]] = [[] for _ in range(count)]
+    bwd_steps: list[list[int]] = [[] for _ in range(count)]
+    for st in forward:
+        fwd_steps[stage_of[st.index]].append(st.index)
+    last = count
+    for st in program.steps:
+        if st.phase != "backward":
+            continue
+        f = fwd_of_node.get(st.node)
+        if f is None:
+            return None
+        s = stage_of[f]
+        if s > last:
+            return None  # a backward step after an earlier stage's: not a chain
+        last = s
+        bwd_steps[s].append(st.index)
+    if count < 2 or any(not f for f in fwd_steps):
+        return None
+    cut_value = {stage_of[producer[t]] + 1: t for t in cuts if t in producer}
+    tensors = program.tensors
+
+    def blocks(ts: Iterable[int], but: Iterable[int] = ()) -> int:
+        skip = {root_of(aliases, t) for t in but}
+        roots = {root_of(aliases, t) for t in ts if not tensors[t].persistent} - skip
+        return sum(_block(program, r) for r in roots)
+
+    grad_of = {t.of: t.id for t in tensors if t.role == "grad"}
+    least_root: dict[int, int] = {}
+    for t, nbytes in (least_sizes or {}).items():
+        r = root_of(aliases, t)
+        least_root[r] = min(least_root.get(r, nbytes), nbytes)
+    stages, grads = [], []
+    for k in range(count):
+        written = {t for i in fwd_steps[k] for t in program.steps[i].writes}
+        read_back = {t for i in bwd_steps[k] for t in program.steps[i].reads}
+        kept = {t for t in written & read_back if not tensors[t].persistent}
+        inp, out = cut_value.get(k), cut_value.get(k + 1)
+        ends = [t for t in (inp, out) if t is not None]
+        in_bytes = _block(program, inp) if inp is not None else sum(
+            _block(program, t) for t in program.inputs)
+        # (the fed input has no gradient; a cut value's is its size)
+        grads.append(sum(_block(program, grad_of[t]) for t in program.inputs if t in grad_of)
+                     if inp is None else in_bytes)
+        flows = [grad_of[t] for t in ends if t in grad_of]  # gradients crossing the stage
+        kept_bytes = blocks(kept, but=ends)
+        skip = {root_of(aliases, t) for t in ends}
+        kept_roots = {root_of(aliases, t) for t in kept} - skip
+        kept_least = sum(min(_block(program, r), least_root.get(r, _block(program, r)))
+                         for r in kept_roots)
+        reads_input = inp is None or root_of(aliases, inp) in {root_of(aliases, t)
+                                                                 for t in read_back}
+        fwd_extra = max((blocks((*program.steps[i].writes, program.steps[i].workspace)
+                                if program.steps[i].workspace >= 0
+                                else program.steps[i].writes, but=[*kept, *ends])
+                         for i in fwd_steps[k]), default=0)
+        bwd_extra = max((blocks((*program.steps[i].writes, program.steps[i].workspace)
+                                if program.steps[i].workspace >= 0
+                                else program.steps[i].writes, but=flows)
+                         for i in bwd_steps[k]), default=0)
+        lean_extra, lean_least, lean_s = 0, 0, 0.0
+        for i in bwd_steps[k]:
+            st = program.steps[i]
+            need = _closure(program, fwd_steps[k], st.reads)
+            # held at once: what the step reads of the stage, plus the largest value made on
+            # the way to it (the rest dies as the recomputation goes); and what it writes
+            read = blocks(set(st.reads) & written, but=ends)
+            passing = max((blocks([t], but=[*st.reads, *ends]) for j in need
+                           for t in program.steps[j].writes), default=0)
+            own = blocks((*st.writes, st.workspace) if st.workspace >= 0 else st.writes,
+                         but=flows)
+            lean_extra = max(lean_extra, read + passing + own)
+            lean_least = max(lean_least, read + own)
+            lean_s += sum(costs[j] for j in need)
+        stages.append(Stage(tuple(fwd_steps[k]), tuple(bwd_steps[k]), in_bytes, kept_bytes,
+                            fwd_extra, bwd_extra, sum(costs[i] for i in fwd_steps[k]),
+                            sum(costs[i] for i in bwd_steps[k]), lean_extra, lean_s,
+                            lean_least, kept_least, reads_input))
+    return Chain(program, tuple(stages), tuple(grads))
+
+
+def _closure(program: Program, forward: Sequence[int], reads: Sequence[int]) -> list[int]:
+    """The forward steps among ``forward`` (one stage's) that must run again to produce what
+    ``reads`` needs of the stage, with what those read in turn, in forward order."""
+    producer = {t: i for i in forward for t in program.steps[i].writes}
+    todo, seen = [producer[t] for t in reads if t in producer], set()
+    while todo:
+        i = todo.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        todo += [producer[t] for t in program.steps[i].reads if t in producer]
+    return sorted(seen)
+
+
+def schedule_program(chain: Chain, ops: list[tuple[str, int]]) -> Program:
+    """The program running ``ops`` in order: ``("f", k)`` runs stage ``k`` forward (its
+    original steps the first time, a recomputation writing clones afterwards), ``("b", k)``
+    runs its backward steps reading the latest version of every value, ``("m", k)`` runs them
+    memory-centric (each recomputes from the stage's input what it reads of the stage, then
+    frees it). Every stage must run forward before its backward, and backward once each,
+    last stage first (module docstring)."""
+    program = chain.program
+    tensors = list(program.tensors)
+    steps: list[Step] = []
+    version: dict[int, int] = {}
+    runs = [0] * len(chain)
+    recomputed_flops = recomputed = 0
+
+    def recompute(i: int, remap: dict[int, int], tag: str) -> None:
+        """Forward step ``i`` again, writing clones (recorded in ``remap``)."""
+        nonlocal recomputed_flops, recomputed
+        st = program.steps[i]
+        local = {t: remap[t] for t in st.reads if t in remap}
+        for t in (*st.writes, *((st.workspace,) if st.workspace >= 0 else ())):
+            spec = tensors[t]
+            nid = len(tensors)
+            tensors.append(spec.clone(nid, f"{spec.name}@{tag}"))
+            local[t] = nid
+            if t in st.writes:
+                remap[t] = nid
+        steps.append(st.remapped(local, index=len(steps), phase="recompute"))
+        recomputed_flops += st.flops
+        recomputed += 1
+
+    done = [False] * len(chain)
+
+    def refuse(why: str) -> None:
+        raise ValueError(f"not a schedule of the chain's {len(chain)} stages: {why}")
+
+    for kind, k in ops:
+        if kind not in ("f", "b", "m") or not 0 <= k < len(chain):
+            refuse(f"unknown operation {(kind, k)!r} (valid: 'f', 'b' or 'm' of a stage)")
+        stage = chain.stages[k]
+        if kind != "f":
+            if runs[k] == 0:
+                refuse(f"stage {k}'s backward before its forward")
+            if done[k]:
+                refuse(f"stage {k}'s backward twice")
+            if k + 1 < len(chain) and not done[k + 1]:
+                refuse(f"stage {k}'s backward before stage {k + 1}'s")
+            done[k] = True
+        elif runs[k] == 0 and k > 0 and runs[k - 1] == 0:
+            refuse(f"stage {k} runs forward before stage {k - 1}")
+        if kind == "b":
+            for i in stage.backward:
+                st = program.steps[i]
+                steps.append(st.remapped({t: version[t] for t in st.reads if t in version},
+                                         index=len(steps)))
+            continue
+        if kind == "m":  # each backward step recomputes what it needs, from the stage input
+            for n, i in enumerate(stage.backward):
+                st = program.steps[i]
+                local = dict(version)
+                for j in _closure(program, stage.forward, st.reads):
+                    recompute(j, local, f"m{k}.{n}")
+                steps.append(st.remapped({t: local[t] for t in st.reads if t in local},
+                                         index=len(steps)))
+            continue
+        runs[k] += 1
+        for i in stage.forward:
+            if runs[k] == 1:
+                st = program.steps[i]
+                steps.append(st.remapped({t: version[t] for t in st.reads if t in version},
+                                         index=len(steps)))
+            else:
+                recompute(i, version, f"r{k}.{runs[k]}")
+    if not all(done):
+        refuse(f"stage {done.index(False)} has no backward")
+    meta = dict(program.meta)
+    meta.update(recomputed_flops=recomputed_flops, recomputed_steps=recomputed,
+                dropped_layers=sum(1 for r in runs if r > 1), checkpoints=0)
+    return Program(tensors=tensors, steps=steps, inputs=list(program.inputs), loss=program.loss,
+                   training=True, meta=meta, alignment=program.alignment)

@@ -1,0 +1,548 @@
+"""The auto planner's curve: every plan worth running, priced by one cost model, and the
+fastest one that fits a budget.
+
+``auto`` does not search per budget. It gathers candidate plans of one training program, each
+with its peak and its predicted iteration time, keeps the Pareto frontier (no candidate both
+larger and slower than another), and for a budget takes the fastest candidate whose placed
+peak fits. The candidates do not depend on the budget, so the answer is never slower with
+more memory (monotone), and never slower than a fixed spec that fits, since every fixed spec
+is a candidate (dominance). Nothing is timed by the clock: a plan is a function of the
+program, the costs, the link and the budget.
+
+Candidates:
+
+* every fixed combination of the lossless strategies: ``recompute=`` (each policy or none) x
+  ``swap=`` (none, conv, all, auto) x ``binarize`` / ``sparse`` (none, either, both), each
+  priced as it runs (``static`` offsets, so its placed peak is exact);
+* Rotor's schedules (:mod:`.rotor`) over the program's chain of stages (:mod:`.chain`), for
+  memory limits from the least the chain runs in to the plain peak, at several scalings of
+  the chain's memory figures (the programme's estimate is conservative: each schedule is then
+  placed and priced exactly); recomputation in chains, not only one level;
+* those schedules with the swaps the link hides under their compute (:func:`hidden_swaps`),
+  and the lowest plans with swaps added while the peak falls (:func:`swap_down`).
+
+A candidate's *peak* is its placed (static) arena plus the persistent state: exactly what a
+run reaches; its *time* is the cost model's walk of the plan (:func:`.cost_model.extra_time`:
+steps at their costs, copies queued on the link, compute waiting for late copies).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+
+import numpy as np
+
+from ..cost.cost_model import extra_time
+from ..ir.config import MemoryConfig
+from ..ir.liveness import root_of
+from ..ir.plan import Plan
+from ..ir.program import Program
+from ..passes.base_plan import base_plan, plan_peak
+from ..passes.block_choices import block_choices
+from ..passes.compress import compress_program
+from ..passes.recompute import dropping_program
+from ..passes.static_plan import block_intervals, static_plan
+from ..passes.swap import swap_candidates, swap_plan
+from .chain import Chain, chain_of, schedule_program
+from .rotor import RotorTable, rotor_schedule, rotor_table
+
+__all__ = ["Candidate", "Frontier", "build_frontier", "fixed_specs"]
+
+_BASE = MemoryConfig.parse("reuse,inplace")
+#: Memory slots of Rotor's table, and the scalings of the chain's memory figures it is run at.
+ROTOR_SLOTS = 400
+ROTOR_SCALES = (1.0, 0.8, 0.65, 0.5)
+#: The candidates' tables reach this many times the plain peak.
+ROTOR_RANGE = 2.0
+#: Schedules taken from each table (memory limits where its cost falls, spread from the least
+#: memory to the least time).
+ROTOR_POINTS = 60
+#: Swap moves tried below the frontier's lowest schedules (each a plan priced exactly).
+SWAP_MOVES = 60
+
+
+@dataclass
+class Candidate:
+    """One plan on the curve: what made it (``source``), the plan (offsets unplaced), its
+    predicted iteration seconds and the seconds it adds to the oracle's."""
+
+    source: str
+    plan: Plan
+    time_s: float
+    extra_s: float
+    _placed: Plan | None = field(default=None, repr=False)
+
+    @cached_property
+    def live_peak(self) -> int:
+        """Persistent bytes plus the most bytes of the iteration live at once (a lower bound
+        of :attr:`peak`: no placement does better)."""
+        return self.plan.program.persistent_bytes() + plan_peak(self.plan)
+
+    @property
+    def placed(self) -> Plan:
+        """The plan with static offsets (what runs)."""
+        if self._placed is None:
+            self._placed = static_plan(self.plan, base=self.plan.program.persistent_bytes())
+        return self._placed
+
+    @property
+    def peak(self) -> int:
+        """Bytes the run reaches: the persistent state plus the placed arena."""
+        return self.plan.program.persistent_bytes() + self.placed.static_arena
+
+
+def fixed_specs(program: Program) -> list[str]:
+    """The fixed specs ``auto`` is never slower than (every lossless combination)."""
+    specs = []
+    for rec in ("", "recompute=sqrt", "recompute=speed", "recompute=memory", "recompute=cost"):
+        for swap in ("", "swap=conv", "swap=all", "swap=auto"):
+            for enc in ("", "binarize", "sparse", "binarize,sparse"):
+                specs.append(",".join(p for p in ("reuse,inplace", rec, swap, enc) if p))
+    return specs
+
+
+@dataclass
+class Frontier:
+    """The candidates of one program, the Pareto frontier first by least time."""
+
+    program: Program
+    candidates: list[Candidate]
+    oracle_s: float
+    #: The lower bound over recomputation schedules (None: the program is not a chain).
+    bound: RecomputeBound | None = None
+    #: The link's bytes per second (the bound's price of swapping).
+    bandwidth: float = math.inf
+
+    def lower_bound(self, budget: int | None) -> float | None:
+        """A lower bound on the iteration seconds of any plan within ``budget`` (swaps
+        included, :meth:`RecomputeBound.with_swaps`); None where there is no certificate
+        (the program is not a chain). Without a budget: the oracle's time."""
+        if budget is None:
+            return self.oracle_s
+        if self.bound is None:
+            return None
+        return self.bound.with_swaps(budget, self.bandwidth, self.oracle_s)
+
+    def fastest(self) -> Candidate:
+        """The least time (then the least peak): what ``auto`` runs without a budget."""
+        return min(self.candidates, key=lambda c: (c.time_s, c.live_peak))
+
+    def fitting(self, budget: int) -> Candidate | None:
+        """The fastest candidate whose placed peak fits ``budget`` (bytes, the persistent
+        state included), or None."""
+        for c in sorted(self.candidates, key=lambda c: (c.time_s, c.live_peak, c.source)):
+            if c.live_peak <= budget and c.peak <= budget:
+                return c
+        return None
+
+    def least_peak(self) -> Candidate:
+        """The candidate of least placed peak."""
+        return _least_placed(self.candidates)
+
+    def pareto(self) -> list[Candidate]:
+        """The candidates no other beats on both peak and time, by increasing peak (placed
+        peaks, computed for the candidates no other beats on live peak and time)."""
+        live: list[Candidate] = []
+        for c in sorted(self.candidates, key=lambda c: (c.live_peak, c.time_s)):
+            if not live or c.time_s < live[-1].time_s:
+                live.append(c)
+        out: list[Candidate] = []
+        for c in sorted(live, key=lambda c: (c.peak, c.time_s)):
+            if not out or c.time_s < out[-1].time_s:
+                out.append(c)
+        return out
+
+
+def _price(plan: Plan, price: Callable[[Plan], tuple[float, float]], source: str) -> Candidate:
+    time_s, extra_s = price(plan)
+    return Candidate(source, plan, time_s, extra_s)
+
+
+#: Bytes per second an encode or decode step is assumed to stream when no target's roofline
+#: prices it (memory-bound passes on this class of CPU).
+CODEC_BYTES_PER_S = 1e10
+
+
+def pricer(costs: Sequence[float], bandwidth: float,
+           step_cost: Callable[[Program, int], float] | None = None
+           ) -> Callable[[Plan], tuple[float, float]]:
+    """``plan -> (iteration seconds, seconds over the oracle)``: the cost model's walk of the
+    plan; a step costs ``step_cost(program, i)`` when given (a target's roofline, which prices
+    encode / decode steps too), else its lowered step's cost (``costs[step.origin]``), and a
+    step a pass added (encode, decode) its bytes at :data:`CODEC_BYTES_PER_S`."""
+    oracle = sum(costs)
+
+    def added(prog: Program, i: int) -> float:
+        st = prog.steps[i]
+        touched = sum(prog.tensors[t].nbytes for t in set(st.reads) | set(st.writes))
+        return touched / CODEC_BYTES_PER_S
+
+    by_program: dict[int, tuple[Program, list[float]]] = {}  # (plans sharing a program)
+
+    def price(plan: Plan) -> tuple[float, float]:
+        prog = plan.program
+        got = by_program.get(id(prog))
+        if got is not None:
+            c = got[1]
+        elif step_cost is not None:
+            c = [step_cost(prog, i) for i in range(len(prog.steps))]
+        else:
+            c = [costs[s.origin] if 0 <= s.origin < len(costs) else added(prog, s.index)
+                 for s in prog.steps]
+        by_program[id(prog)] = (prog, c)
+        extra = extra_time(plan, c, bandwidth)
+        return oracle + extra, extra
+
+    return price
+
+
+def fixed_candidates(program: Program, make: Callable[[Program, MemoryConfig], Plan],
+                     price: Callable[[Plan], tuple[float, float]]) -> list[Candidate]:
+    """Every fixed spec's plan (:func:`fixed_specs`), priced."""
+    out: list[Candidate] = []
+    seen: set[int] = set()
+    for spec in fixed_specs(program):
+        plan = make(program, MemoryConfig.parse(spec))
+        if id(plan) not in seen:  # (specs that make the same plan: priced once, by the first)
+            seen.add(id(plan))
+            out.append(_price(plan, price, spec))
+    return out
+
+
+def program_chain(program: Program, costs: Sequence[float]) -> Chain | None:
+    """The program's chain of stages for Rotor's programme, or None (not a chain, or the
+    network forces memory choices on blocks: those the fixed specs honour)."""
+    if block_choices(program):
+        return None
+    return chain_of(program, list(costs), least_sizes(program))
+
+
+def least_sizes(program: Program) -> dict[int, int]:
+    """The bytes the feature maps and stashes a lossless encoding applies to are kept in
+    (``binarize`` and ``sparse``, the sizes the planner prices them at)."""
+    encoded = compress_program(program, binarize=True, use_sparse=True)
+    out = {}
+    for st in encoded.steps:
+        if st.phase == "encode":
+            src = st.attrs["source"]
+            out[src] = min(out.get(src, 1 << 62), encoded.block_sizes[st.writes[0]])
+    return out
+
+
+@dataclass(frozen=True)
+class RecomputeBound:
+    """A lower bound on the iteration time of every recomputation schedule of a chain at a
+    memory budget: Rotor's programme with every figure at its least (module docstring of
+    :mod:`.rotor`; no swapping or encoding in it)."""
+
+    table: RotorTable
+    base: int  # bytes outside the table's memory: the persistent state and the fed input
+    stages: int
+
+    def seconds(self, budget: int) -> float:
+        """The bound at ``budget`` bytes (inf: no recomputation schedule fits)."""
+        slots = -(-(budget - self.base) // self.table.unit)
+        if slots < 0:
+            return math.inf
+        return float(self.table.cost[(0, self.stages - 1)][min(slots, self.table.slots)])
+
+    def with_swaps(self, budget: int, bandwidth: float, oracle_s: float) -> float:
+        """A lower bound on every plan within ``budget``, swaps included. In a plan of ``T``
+        seconds, the bytes off the device at any moment were offloaded before it and come
+        back after it, over links of ``bandwidth`` each way: at most ``bandwidth * T / 2``.
+        Without its swaps the plan fits ``budget + bandwidth * T / 2``, and its compute is
+        a recomputation schedule there, no faster than :meth:`seconds` of it; so ``T`` is
+        at least the least ``t`` with ``t >= seconds(budget + bandwidth * t / 2)``, and
+        never below the oracle's time."""
+        cost = self.table.cost[(0, self.stages - 1)]
+        unit = self.table.unit
+        m0 = max(0, -(-(budget - self.base) // unit))
+        if m0 > self.table.slots:
+            return max(oracle_s, float(cost[-1]))
+        m = np.arange(m0, self.table.slots + 1)
+        # the fewest bytes off the device that reach slot m (none for the budget's own slot)
+        off = np.maximum(0, (m - 1) * unit + 1 - (budget - self.base))
+        off[0] = 0
+        lows = np.maximum(cost[m0:], 2 * off / bandwidth)
+        return max(oracle_s, float(lows.min()))
+
+
+#: Memory slots of the lower bound's table (finer than the candidates').
+BOUND_SLOTS = 1000
+
+
+def recompute_bound(program: Program, chain: Chain) -> RecomputeBound:
+    least = replace(chain, stages=tuple(replace(s, lean_backward_extra=s.lean_backward_least)
+                                        for s in chain.stages))
+    top = plan_peak(base_plan(program, _BASE))
+    table = rotor_table(least, max(1, -(-2 * top // BOUND_SLOTS)), BOUND_SLOTS, bound=True)
+    first = chain.stages[0]  # (a fed input no backward reads is freed after its last use)
+    return RecomputeBound(table, program.persistent_bytes()
+                          + (first.input_bytes if first.input_read_back else 0), len(chain))
+
+
+def rotor_candidates(program: Program, chain: Chain | None, costs: Sequence[float],
+                     price: Callable[[Plan], tuple[float, float]]) -> list[Candidate]:
+    """Rotor's schedules of the program's chain (module docstring); none without a chain."""
+    if chain is None:
+        return []
+    top = plan_peak(base_plan(program, _BASE))
+    seen: set[tuple] = set()
+    out = []
+    for scale in ROTOR_SCALES:
+        # (the table reaches twice the plain peak: the programme's figures overestimate)
+        table = rotor_table(_scaled(chain, scale),
+                            max(1, -(-int(ROTOR_RANGE * top) // ROTOR_SLOTS)),
+                            ROTOR_SLOTS)
+        least = table.least_slots()
+        if least is None:
+            continue
+        for slots in _levels(table.cost[(0, len(chain) - 1)], least, ROTOR_POINTS):
+            ops = tuple(rotor_schedule(table, int(slots)))
+            if ops in seen:
+                continue
+            seen.add(ops)
+            plan = base_plan(schedule_program(chain, list(ops)), _BASE)
+            out.append(_price(plan, price, f"rotor {int(slots)}/{ROTOR_SLOTS} x{scale:g}"))
+    return out
+
+
+def _levels(cost: np.ndarray, least: int, points: int = ROTOR_POINTS) -> list[int]:
+    """Memory limits (slots) worth a schedule: the least of each new cost on the table's
+    curve, at most about ``points`` of them, spread evenly over the logarithm of the cost
+    (dense where the time falls fast with memory, at the low end); the least memory and the
+    least time always among them."""
+    finite = np.isfinite(cost)
+    steps = [m for m in range(least, len(cost))
+             if finite[m] and (m == least or cost[m] < cost[m - 1])]
+    if len(steps) <= points:
+        return steps
+    logs = np.log(cost[steps])
+    ratio = (logs[0] - logs[-1]) / (points - 1)
+    picks, last = [0], logs[0]
+    for i in range(1, len(steps) - 1):
+        if last - logs[i] >= ratio * (1 - 1e-9):
+            picks.append(i)
+            last = logs[i]
+    picks.append(len(steps) - 1)
+    return [steps[i] for i in picks]
+
+
+def _scaled(chain: Chain, scale: float) -> Chain:
+    """The chain with its stages' memory figures scaled (their times as they are)."""
+    if scale == 1.0:
+        return chain
+    stages = tuple(replace(s, kept_bytes=int(s.kept_bytes * scale),
+                           forward_extra=int(s.forward_extra * scale),
+                           backward_extra=int(s.backward_extra * scale)) for s in chain.stages)
+    return replace(chain, stages=stages)
+
+
+#: Shares of the forward steps (by recompute time per byte) the knapsack candidates keep (the
+#: shares of benchmarks/planner_curve.py's torch.compile anchor).
+KNAPSACK_SHARES = (0.8, 0.6, 0.45, 0.3, 0.2, 0.1, 0.05, 0.0)
+
+
+def knapsack_candidates(program: Program, costs: Sequence[float],
+                        price: Callable[[Plan], tuple[float, float]]) -> list[Candidate]:
+    """torch.compile's activation-memory policy as candidates: the forward steps ranked by
+    their seconds per byte of output kept; for each share in :data:`KNAPSACK_SHARES` the
+    top share keeps its outputs and every other step is recomputed (once per run of
+    consecutive dropped steps). Single feature maps dropped where they are cheap, which
+    stage-level schedules cannot express."""
+    if not program.training or block_choices(program):
+        return []
+    loss = {st.index for st in program.steps if program.loss in st.writes}
+    items = []
+    for st in program.steps:
+        if st.phase != "forward" or st.index in loss:
+            continue
+        out = [t for t in st.writes if program.tensors[t].role == "value"
+               and program.tensors[t].category == "feature_map"]
+        if out:
+            nbytes = sum(program.block_sizes[t] for t in out)
+            items.append((-costs[st.index] / max(nbytes, 1), st.index))
+    items.sort()
+    out_cands, seen = [], set()
+    for share in KNAPSACK_SHARES:
+        dropped = frozenset(i for _, i in items[int(share * len(items)):])
+        if not dropped or dropped in seen:
+            continue
+        seen.add(dropped)
+        plan = base_plan(dropping_program(program, set(dropped)), _BASE)
+        out_cands.append(_price(plan, price, f"knapsack {share:.0%} kept"))
+    return out_cands
+
+
+def hidden_swaps(candidates: list[Candidate], costs: Sequence[float], bandwidth: float,
+                 price: Callable[[Plan], tuple[float, float]]) -> list[Candidate]:
+    """Each candidate with ``swap=auto`` added: the feature maps whose copies the link can
+    hide under the schedule's own compute (recomputation's steps included), offloaded."""
+    out = []
+    for c in candidates:
+        if c.plan.swapped:
+            continue
+        plan = swap_plan(c.plan, "auto", step_times=_plan_costs(c.plan, costs),
+                         bandwidth=bandwidth,
+                         cost_source="timed on the auto planner's step costs")
+        if plan.swapped:
+            out.append(_price(plan, price, f"{c.source}, swap=auto"))
+    return out
+
+
+def swap_down(candidates: list[Candidate], costs: Sequence[float], bandwidth: float,
+              price: Callable[[Plan], tuple[float, float]], moves: int = SWAP_MOVES
+              ) -> list[Candidate]:
+    """Plans below the lowest candidates: from each of the three lowest that swap nothing,
+    swap the largest feature map live at the peak (one with idle steps between its last
+    forward use and its first backward use) while that lowers the peak; every plan on the way
+    is a candidate. At most ``moves`` plans are priced in all (work, not time)."""
+    out: list[Candidate] = []
+    starts = sorted((c for c in candidates if not c.plan.swapped),
+                    key=lambda c: (c.live_peak, c.time_s))[:3]
+    left = moves
+    for start in starts:
+        base, cur, swapped = start.plan, start, frozenset()
+        pool = {c.root: c for c in swap_candidates(base.program, base.aliases, "all")
+                if c.first_backward - c.last_forward >= 3}
+        while left > 0:
+            live = _live_roots_at_peak(cur.plan)
+            cands = [c for r, c in pool.items() if r in live and r not in swapped]
+            if not cands:
+                break
+            pick = max(cands, key=lambda c: (c.nbytes, -c.root))
+            trial = swapped | {pick.root}
+            left -= 1
+            plan = swap_plan(base, "all", only=set(trial), bandwidth=bandwidth,
+                             step_times=_plan_costs(base, costs),
+                             cost_source="timed on the auto planner's step costs")
+            cand = _price(plan, price, f"{start.source} + {len(trial)} swapped")
+            if cand.live_peak >= cur.live_peak:
+                break
+            out.append(cand)
+            cur, swapped = cand, trial
+    return out
+
+
+def _plan_costs(plan: Plan, costs: Sequence[float]) -> list[float]:
+    return [costs[s.origin] if 0 <= s.origin < len(costs) else 0.0 for s in plan.program.steps]
+
+
+def _live_roots_at_peak(plan: Plan) -> set[int]:
+    """Block roots live where the plan's live bytes peak."""
+    iv = block_intervals(plan)
+    events = sorted([(s, size) for s, _, size in iv.values()]
+                    + [(e, -size) for _, e, size in iv.values()])
+    live = best = when = 0
+    for t, d in events:
+        live += d
+        if live > best:
+            best, when = live, t
+    return {root_of(plan.aliases, tid) for (tid, _), (s, e, _) in iv.items() if s <= when < e}
+
+
+def build_frontier(program: Program, costs: Sequence[float], bandwidth: float,
+                   make: Callable[[Program, MemoryConfig], Plan],
+                   step_cost: Callable[[Program, int], float] | None = None) -> Frontier:
+    """Every candidate of ``program`` (module docstring), priced with ``costs`` (seconds per
+    lowered step) on a link of ``bandwidth`` bytes/s; ``make(program, config)`` plans a
+    fixed spec."""
+    price = pricer(costs, bandwidth, step_cost)
+    chain = program_chain(program, costs)
+    cands = fixed_candidates(program, make, price)
+    cands += knapsack_candidates(program, costs, price)
+    rotor = rotor_candidates(program, chain, costs, price)
+    cands += rotor + hidden_swaps(rotor, costs, bandwidth, price)
+    cands += swap_down(cands, costs, bandwidth, price)
+    bound = None if chain is None else recompute_bound(program, chain)
+    return Frontier(program, cands, sum(costs), bound, bandwidth)
+
+
+def frontier_plan(program: Program, budget: int | None, costs: Sequence[float],
+                  bandwidth: float, make: Callable[[Program, MemoryConfig], Plan],
+                  step_cost: Callable[[Program, int], float] | None = None,
+                  cost_source: str = "cost model", measured: bool = False) -> Plan:
+    """The auto plan for ``budget`` (bytes, the persistent state included; ``None``: the
+    fastest): the fastest candidate of the program's frontier whose placed peak fits, with
+    static offsets and notes saying what was chosen and what else was on the curve.
+
+    Raises :class:`~.auto.BudgetTooSmall` when no candidate fits."""
+    from .auto import BudgetTooSmall  # (auto's greedy walk imports this module's callers)
+
+    fr = build_frontier(program, costs, bandwidth, make, step_cost)
+    pick = fr.fastest() if budget is None else fr.fitting(budget)
+    if pick is None:
+        low = fr.least_peak()
+        persistent = program.persistent_bytes()
+        raise BudgetTooSmall(
+            f"no plan fits the budget of {budget:,} B: the smallest peak the auto planner "
+            f"reaches is {low.peak:,} B ({low.peak / 2**20:.1f} MiB: {persistent:,} B of "
+            f"parameters, gradients and optimizer state, {low.peak - persistent:,} B of "
+            f"feature maps, gradient maps and workspace, with {low.source}); "
+            + ("the persistent state alone exceeds the budget" if persistent >= budget
+               else "a larger budget, a smaller batch or batch splitting (split=K) would fit"))
+    return _noted(fr, pick, budget, cost_source, measured)
+
+
+def _least_placed(cands: list[Candidate]) -> Candidate:
+    """The candidate of least placed peak, placing only those whose live peak (a lower bound
+    of the placed one) could still beat the best placed so far."""
+    best = None
+    for c in sorted(cands, key=lambda c: (c.live_peak, c.time_s)):
+        if best is not None and c.live_peak >= best.peak:
+            break
+        if best is None or c.peak < best.peak:
+            best = c
+    assert best is not None
+    return best
+
+
+def _noted(fr: Frontier, pick: Candidate, budget: int | None, cost_source: str,
+           measured: bool) -> Plan:
+    """``pick``'s placed plan with the auto planner's notes and choice."""
+    from ..ir.plan import AutoChoice, CurvePoint
+
+    plan = pick.placed
+    recomputed = sum(1 for s in plan.program.steps if s.phase == "recompute")
+    over = 100 * pick.extra_s / fr.oracle_s if fr.oracle_s > 0 else 0.0
+    faster = [c for c in fr.candidates if c.time_s < pick.time_s]
+    head = (f"auto: budget {budget:,} B; " if budget is not None else "auto without a budget: ")
+    note = (f"{head}{pick.source} ({len(plan.swapped)} feature maps swapped, {recomputed} "
+            f"forward steps recomputed); peak {pick.peak:,} B, estimated overhead "
+            f"{1000 * pick.extra_s:.2f} ms per iteration ({over:.1f} %, {cost_source}); "
+            f"the fastest of {len(fr.candidates)} candidate plans that fits")
+    notes = [note]
+    if budget is not None and faster:
+        nxt = _least_placed(faster)
+        notes.append(f"auto: {budget - pick.peak:,} B of the budget left unused: the next "
+                     f"faster plan ({nxt.source}, {1000 * nxt.time_s:.2f} ms) needs "
+                     f"{nxt.peak:,} B")
+    low = fr.lower_bound(budget)
+    if low is not None and budget is not None:
+        notes.append(
+            f"auto: lower bound {1000 * low:.2f} ms per iteration at this budget, over "
+            f"stage-level schedules (Rotor's programme over the "
+            f"{fr.bound.stages if fr.bound else 0}-stage chain with the least memory figures, "
+            f"stashes encoded, swaps priced on the link); this plan is "
+            f"{100 * max(0.0, pick.time_s / low - 1):.1f} % above it")
+    curve = tuple(CurvePoint(c.peak, c.time_s, c.source, _summary(c.plan),
+                             fr.lower_bound(c.peak)) for c in fr.pareto())
+    choice = AutoChoice(swapped=set(plan.swapped), dropped=set(), extra_time_s=pick.extra_s,
+                        peak=pick.peak, path=[(pick.source, "", pick.peak, pick.extra_s)],
+                        curve=curve, lower_bound_s=low, oracle_s=fr.oracle_s)
+    plan = plan.with_notes(*notes, first=True)
+    return replace(plan, measured=measured, auto=choice)
+
+
+def _summary(plan: Plan) -> str:
+    """What a plan does, in a few words."""
+    steps = plan.program.steps
+    recomputed = sum(1 for s in steps if s.phase == "recompute")
+    encoded = sum(1 for s in steps if s.phase == "encode")
+    parts = [f"{recomputed} forward steps recomputed" if recomputed else "",
+             f"{len(plan.swapped)} feature maps swapped" if plan.swapped else "",
+             f"{encoded} stashes encoded" if encoded else ""]
+    return ", ".join(p for p in parts if p) or "everything kept"

@@ -1,0 +1,415 @@
+"""The memory runtime: carries out a plan's actions against a pool, tensor by tensor.
+
+It owns the residency of every non-persistent tensor of one iteration — one
+:class:`~.residency.TensorRecord` per tensor (on device, offloading, on host, prefetching,
+cached; illegal moves raise) — hands the executor typed views of resident tensors only, moves
+swapped blocks through the device's copy engine, keeps released blocks in the tensor cache
+(:mod:`.cache`) when the plan asks, and records where the peak happened and what swapping cost
+(bytes moved, stall time, cache hits and misses).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from ..ir.liveness import root_of
+from ..ir.plan import Action, Alloc, Await, Free, Offload, Plan, Prefetch, Release
+from ..ir.program import Program
+from ..ir.residency import SWAPPED_OUT, IllegalTransition, Residency, TensorRecord
+from .cache import TensorCache
+from .pool import DeviceOutOfMemory, PlacementError
+
+
+def tensor_info(program: Program) -> list[tuple[int, tuple[int, ...], np.dtype]]:
+    """(aligned bytes, shape, dtype) of every tensor (compute once per program and pass it to
+    every :class:`MemoryRuntime` of that program)."""
+    return [(program.block_size(t.nbytes), t.shape, np.dtype(t.dtype)) for t in program.tensors]
+
+
+class TensorNotResident(RuntimeError):
+    """A step asked for a tensor that is not on the device (never allocated, freed, offloaded,
+    or still being prefetched)."""
+
+
+@dataclass
+class SwapStats:
+    """What swapping did during one iteration."""
+
+    offloaded_bytes: int = 0
+    prefetched_bytes: int = 0
+    stall_s: float = 0.0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    evictions: int = 0
+    host_peak_bytes: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+#: Swapped-out states whose block is on device but not counted as kept (in flight).
+_IN_FLIGHT = frozenset({Residency.OFFLOADING, Residency.PREFETCHING})
+
+
+class MemoryRuntime:
+    """Apply plan actions on ``pool``; ``position`` is the step being run (-1 before the first,
+    ``len(steps)`` after the last), used to say where the peak occurred. ``host_pool`` holds
+    offloaded tensors (needed only by plans that swap).
+
+    Each tensor touched by an action has one :class:`~.residency.TensorRecord` in
+    ``records``, kept in the order its current device block was assigned (a record moves to the
+    end when it gets a new block), so the blocks live at any moment read in allocation order.
+    """
+
+    def __init__(self, pool: Any, program: Program, plan: Plan, host_pool: Any = None,
+                 poison_offloaded: bool = False,
+                 info: list[tuple[int, tuple[int, ...], np.dtype]] | None = None) -> None:
+        if program.alignment != pool.alignment:
+            raise ValueError(f"the program was planned for {program.alignment}-byte blocks but "
+                             f"the pool allocates {pool.alignment}-byte blocks")
+        self.pool = pool
+        self.program = program
+        self.plan = plan
+        self.host_pool = host_pool
+        self.poison_offloaded = poison_offloaded
+        self.records: dict[int, TensorRecord] = {}
+        self.cache = TensorCache(plan.cache)
+        self._position = -1
+        self.peak_bytes = -1
+        self.peak_position = -1
+        self.peak_live: list[int] = []
+        self._peak_pending = False
+        self.info = info if info is not None else tensor_info(program)
+        self.fallbacks: list[str] = []
+        self.reallocs = 0
+        self.kept_for_backward: dict[str, int] = {}
+        self._swap = SwapStats()
+        self._stall_probes: list[Any] = []  # a GPU's measures of compute waiting for copies
+        #: With ``record=True``: (time, step, op, category, byte delta, tensor) per block event;
+        #: ``op`` is ``alloc`` / ``free``, ``prefetch`` (a block for a copy back) or
+        #: ``release`` (an offloaded tensor's block given back, or evicted from the cache).
+        self.events: list[tuple] | None = None
+        #: While recording: (start, end, step, action, tensor, copy event or None) per action
+        #: applied, and (time, step) each time ``position`` moves to a new step.
+        self.actions: list[tuple] = []
+        self.step_marks: list[tuple[float, int]] = []
+
+    @property
+    def swap_stats(self) -> SwapStats:
+        """What swapping (and the tensor cache) did so far this iteration. ``stall_s`` is the
+        time compute waited for copies: the host's waits, plus on a GPU the compute stream's
+        (read from CUDA events around each wait: this waits for the last of them)."""
+        c = self.cache.stats
+        stall = self._swap.stall_s + sum(p.seconds() for p in self._stall_probes)
+        return replace(self._swap, stall_s=stall, cache_hits=c.hits, cache_misses=c.misses,
+                       evictions=c.evictions)
+
+    @property
+    def position(self) -> int:
+        """The step being run (-1 before the first, ``len(steps)`` after the last)."""
+        return self._position
+
+    @position.setter
+    def position(self, value: int) -> None:
+        self._position = value
+        if self.events is not None:
+            self.step_marks.append((time.perf_counter(), value))
+
+    def residency(self, tid: int) -> Residency:
+        """Where ``tid`` is now; a live alias is where its root's block is."""
+        rec = self.records.get(tid)
+        if rec is None:
+            return Residency.UNALLOCATED
+        if tid in self.plan.aliases and rec.state is Residency.ON_DEVICE:
+            root = self.records.get(root_of(self.plan.aliases, tid))
+            return root.state if root is not None else Residency.FREED
+        return rec.state
+
+    def _record_of(self, tid: int) -> TensorRecord:
+        rec = self.records.get(tid)
+        if rec is None:
+            rec = self.records[tid] = TensorRecord(tid, self.program.tensors[tid].name)
+        return rec
+
+    def _assign_block(self, rec: TensorRecord) -> None:
+        """Move ``rec`` to the end of ``records``: it has just been given a block."""
+        del self.records[rec.tensor]
+        self.records[rec.tensor] = rec
+
+    # ------------------------------------------------------------------ actions
+    def apply(self, action: Action) -> None:
+        """Carry out one plan action (see :mod:`.plan`); while recording, note when it ran
+        and the copy it started."""
+        if self.events is None:
+            self._apply(action)
+            return
+        t0 = time.perf_counter()
+        self._apply(action)
+        rec = self.records.get(action.tensor)
+        copy = None
+        if rec is not None and isinstance(action, Offload):
+            copy = rec.d2h
+        elif rec is not None and isinstance(action, Prefetch):
+            copy = rec.h2d  # None when the tensor cache still held the block
+        self.actions.append((t0, time.perf_counter(), self._position,
+                             type(action).__name__.lower(), action.tensor, copy))
+
+    def _apply(self, action: Action) -> None:
+        if isinstance(action, Alloc):
+            self.alloc(action.tensor, action.offset)
+        elif isinstance(action, Free):
+            self.free(action.tensor)
+        elif isinstance(action, Offload):
+            self.offload(action.tensor)
+        elif isinstance(action, Release):
+            self.release(action.tensor)
+        elif isinstance(action, Prefetch):
+            self.prefetch(action.tensor, action.offset)
+        elif isinstance(action, Await):
+            self.await_(action.tensor)
+        else:
+            raise TypeError(f"memory runtime cannot carry out {action!r}: not a plan action")
+
+    def _allocate(self, tid: int, offset: int = -1, size: int = 0) -> Any:
+        """A pool block for ``tid`` (of ``size`` bytes if given, else the planned size); under
+        pressure, evicts cached blocks (LRU first)."""
+        t = self.program.tensors[tid]
+        planned = self.info[tid][0]
+        if size and size != planned:
+            offset = -1  # not the planned block: the pool places it
+        size = size or planned
+        while True:
+            try:
+                if offset >= 0:
+                    try:
+                        return self.pool.allocate(size, tag=t.name, category=t.category,
+                                                  offset=offset)
+                    except PlacementError as e:
+                        # the planned offset is taken: say so and let the pool place it
+                        self.fallbacks.append(f"{t.name}: {e}")
+                        offset = -1
+                return self.pool.allocate(size, tag=t.name, category=t.category)
+            except DeviceOutOfMemory:
+                if not self.cache.evict_oldest(self._free_swapped_block):
+                    raise
+
+    def _log(self, op: str, blk: Any, tid: int) -> None:
+        if self.events is not None:
+            t = self.program.tensors[tid]
+            delta = blk.size if op in ("alloc", "prefetch") else -blk.size
+            self.events.append((time.perf_counter(), self.position, op, t.category, delta,
+                                t.name))
+
+    def note_kept_for_backward(self) -> None:
+        """Record what is on device as the backward pass begins, by category (the feature
+        maps, stashes and encoded forms kept for backward)."""
+        kept: dict[str, int] = {}
+        for tid, rec in self.records.items():
+            if rec.block is None or rec.state in _IN_FLIGHT:
+                continue
+            cat = self.program.tensors[tid].category
+            kept[cat] = kept.get(cat, 0) + rec.block.size
+        self.kept_for_backward = kept
+
+    def _note_peak(self) -> None:
+        current = self.pool.allocated_bytes
+        if current > self.peak_bytes:
+            self.peak_bytes = current
+            self.peak_position = self.position
+            self._peak_pending = True  # what is live now is listed before the next free
+
+    def snapshot_peak(self) -> None:
+        """List the blocks live at the peak (done lazily: the peak state lasts until the next
+        free, so the list is taken then, or when asked)."""
+        if self._peak_pending:
+            self.peak_live = [t for t, rec in self.records.items() if rec.block is not None]
+            self._peak_pending = False
+
+    def alloc(self, tid: int, offset: int = -1) -> None:
+        _, shape, dtype = self.info[tid]
+        if tid in self.plan.aliases:
+            root = self._record_of(root_of(self.plan.aliases, tid))
+            rec = self._record_of(tid)
+            rec.check("allocate")
+            root.members.add(tid)
+            if root.state in SWAPPED_OUT:
+                rec.allocate(None, None)  # the view appears when the block is back on device
+            elif root.block is None:
+                raise TensorNotResident(f"alias {rec.name} of {root.name}: {root.name} is "
+                                        f"{root.state.value} at step {self.position}")
+            else:
+                rec.allocate(None, root.block.view(shape, dtype))
+            return
+        rec = self._record_of(tid)
+        rec.check("allocate")
+        blk = self._allocate(tid, offset)
+        if self.events is not None:
+            self._log("alloc", blk, tid)
+        rec.allocate(blk, blk.view(shape, dtype))
+        self._assign_block(rec)
+        self._note_peak()
+
+    def realloc(self, tid: int, nbytes: int) -> None:
+        """Replace ``tid``'s block by one of ``nbytes`` (an encoded stash larger than planned);
+        the contents are not kept."""
+        self.snapshot_peak()
+        rec = self._record_of(tid)
+        rec.check("reallocate")
+        old = rec.block
+        self._log("free", old, tid)
+        self.pool.free(old)
+        rec.block = None  # returned to the pool: no longer live
+        blk = self.pool.allocate(self.program.block_size(nbytes),
+                                 tag=self.program.tensors[tid].name,
+                                 category=self.program.tensors[tid].category)
+        self._log("alloc", blk, tid)
+        rec.reallocate(blk, blk.view((int(nbytes),), np.uint8))
+        self._assign_block(rec)
+        self.reallocs += 1
+        self._note_peak()
+
+    def free(self, tid: int) -> None:
+        self.snapshot_peak()
+        rec = self._record_of(tid)
+        if tid in self.plan.aliases:
+            rec.free()
+            root = self.records.get(root_of(self.plan.aliases, tid))
+            if root is not None:
+                root.members.discard(tid)
+            return
+        blk, host = rec.block, rec.host
+        try:
+            rec.free()
+        except IllegalTransition:
+            raise TensorNotResident(f"free of {rec.name}: not allocated") from None
+        if host is not None:
+            self.host_pool.release(host)
+        self.cache.discard(tid)
+        if blk is not None:
+            self._log("free", blk, tid)
+            self.pool.free(blk)
+
+    # ------------------------------------------------------------------ swapping
+    def _members(self, root: TensorRecord) -> list[TensorRecord]:
+        return [root, *(self.records[m] for m in sorted(root.members))]
+
+    def offload(self, root: int) -> None:
+        """Start copying ``root``'s block to host; its views disappear until it is back."""
+        rec = self._record_of(root)
+        rec.check("offload")
+        blk = rec.block
+        nbytes = blk.size
+        host = self.host_pool.acquire(nbytes, rec.name)
+        ev = self.pool.device.copy_engine.copy_async(host, blk.view((nbytes,), np.uint8))
+        for m in self._members(rec):
+            m.saved_shape = None if m.view is None else tuple(m.view.shape)
+            m.view = None
+        rec.offload(host, ev)
+        self._swap.offloaded_bytes += nbytes
+        self._swap.host_peak_bytes = max(self._swap.host_peak_bytes,
+                                         self.host_pool.in_use_bytes)
+
+    def _wait(self, ev: Any) -> None:
+        if ev is not None and not ev.done():
+            t0 = time.perf_counter()
+            ev.wait()
+            self._swap.stall_s += time.perf_counter() - t0
+        elif ev is not None:
+            ev.wait()  # re-raises a failed copy
+
+    def _order_compute(self, ev: Any) -> None:
+        """Later compute work must follow the copy ``ev``: on a GPU the compute stream waits
+        for its event on the device (no host synchronisation; how long it stood still is
+        measured by events, read with :attr:`swap_stats`); elsewhere the host waits."""
+        order = getattr(ev, "order_compute", None)
+        if order is None:
+            self._wait(ev)
+            return
+        probe = order()
+        if probe is not None:
+            self._stall_probes.append(probe)
+
+    def release(self, root: int) -> None:
+        """The device block of an offloaded tensor may go: once its copy has read it (on a
+        GPU, compute that may reuse the block waits for the copy's event), free it — or keep
+        it cached when the plan caches."""
+        rec = self._record_of(root)
+        rec.check("release")
+        self._order_compute(rec.d2h)
+        if self.cache.keep(rec):
+            return
+        self._free_swapped_block(rec)
+        rec.release()
+
+    def _free_swapped_block(self, rec: TensorRecord) -> None:
+        self.snapshot_peak()
+        blk = rec.block
+        if self.poison_offloaded and getattr(self.pool.device, "has_storage", False):
+            self.pool.device.fill(blk.offset, blk.size, float("nan"))
+        self._log("release", blk, rec.tensor)
+        self.pool.free(blk)
+
+    def prefetch(self, root: int, offset: int = -1) -> None:
+        """Bring ``root`` back: free if still cached on device, else allocate and copy."""
+        rec = self._record_of(root)
+        if self.cache.take(rec):
+            return
+        rec.check("prefetch")
+        blk = self._allocate(root, offset, rec.nbytes)
+        self._log("prefetch", blk, root)
+        nbytes = rec.nbytes
+        rec.prefetch(blk, None)
+        self._assign_block(rec)
+        self._note_peak()
+        rec.h2d = self.pool.device.copy_engine.copy_async(blk.view((nbytes,), np.uint8),
+                                                          rec.host)
+        self._swap.prefetched_bytes += nbytes
+
+    def await_(self, root: int) -> None:
+        """Compute is about to read ``root``: wait for its prefetch, restore its views."""
+        rec = self._record_of(root)
+        rec.check("await_prefetch")
+        self._order_compute(rec.h2d)
+        if rec.host is not None:
+            self.host_pool.release(rec.host)
+        blk = rec.block
+        for m in self._members(rec):
+            _, shape, dtype = self.info[m.tensor]
+            m.view = blk.view(shape if m.saved_shape is None else m.saved_shape, dtype)
+        rec.await_prefetch(rec.view)
+
+    # ------------------------------------------------------------------ access
+    def array(self, tid: int) -> Any:
+        rec = self.records.get(tid)
+        if rec is not None and rec.view is not None:
+            return rec.view
+        t = self.program.tensors[tid]
+        root = self.records.get(root_of(self.plan.aliases, tid))
+        where = "swapped out" if root is not None and root.state in SWAPPED_OUT \
+            else "not allocated"
+        raise TensorNotResident(f"tensor {t.name} ({t.category}) is {where} at step "
+                                f"{self.position}")
+
+    def release_all(self) -> None:
+        """Free whatever is still allocated (after a failure), leaving the pool clean."""
+        self.snapshot_peak()
+        for rec in self.records.values():
+            if rec.state not in SWAPPED_OUT:
+                continue
+            for ev in (rec.d2h, rec.h2d):
+                if ev is not None:
+                    try:
+                        ev.wait()
+                    except Exception:
+                        pass
+            if rec.host is not None:
+                self.host_pool.release(rec.host)
+        self.cache.clear()
+        for rec in list(self.records.values()):
+            if rec.block is not None:
+                self.pool.free(rec.block)
+        self.records.clear()

@@ -1,0 +1,32 @@
+"""Part 20 moved memory's flat modules into sub-packages; the old paths still import."""
+
+import importlib
+from unittest import mock
+
+import minidl.memory as memory
+import pytest
+from minidl.memory import MOVED_MODULES
+
+
+@pytest.mark.parametrize("old", sorted(MOVED_MODULES))
+def test_old_path_is_the_moved_module(old):
+    new = importlib.import_module(f"minidl.memory.{MOVED_MODULES[old]}.{old}")
+    assert importlib.import_module(f"minidl.memory.{old}") is new
+    assert getattr(memory, old) is new
+    assert new.__spec__.name == new.__name__ == f"minidl.memory.{MOVED_MODULES[old]}.{old}"
+
+
+def test_from_import_and_patch_reach_the_same_module():
+    from minidl.memory import pool
+    from minidl.memory.runtime import pool as moved
+
+    assert pool is moved
+    with mock.patch("minidl.memory.pool.Pool") as fake:
+        assert moved.Pool is fake
+
+
+def test_unknown_name_is_an_attribute_error():
+    with pytest.raises(AttributeError, match="no attribute 'nonesuch'"):
+        memory.nonesuch  # noqa: B018
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("minidl.memory.nonesuch")
