@@ -21,13 +21,13 @@ import importlib
 import time
 
 import numpy as np
-from minidl.kernels.conv_geometry import host_call
 
-from minidl.bench import synthetic_batch
+from minidl.analysis.dryrun import auto_device_memory
 from minidl.commands.common import build_model
-from minidl.dryrun import auto_device_memory
-from minidl.optim import SGD
-from minidl.trainer import Trainer
+from minidl.kernels.conv_geometry import host_call
+from minidl.net.optim import SGD
+from minidl.tools.bench import synthetic_batch
+from minidl.train.trainer import Trainer
 
 #: name: (model, per-sample shape, batch, classes)
 WORKLOADS = {

@@ -19,8 +19,8 @@ import argparse
 import json
 
 from minidl import layers as L
-from minidl.graph import Input, Network
-from minidl.lowering import lower
+from minidl.compile.lowering import lower
+from minidl.net.graph import Input, Network
 
 
 def attention_bytes(seq: int, form: str, batch: int = 1, dim: int = 768,

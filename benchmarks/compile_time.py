@@ -48,6 +48,7 @@ def pytest_unconfigure(config) -> None:  # noqa: D103
 # ----------------------------------------------------------------------------- modes
 def _conv(algo: str, dtype: str) -> None:
     import numpy as np
+
     from minidl.kernels import conv
 
     rng = np.random.default_rng(0)

@@ -15,7 +15,7 @@ minidl steps, a pause, the same block in PyTorch's process, a pause; the first s
 block is not counted, and figures are medians. The per-layer table repeats the protocol with
 minidl's steps timed layer by layer and, in PyTorch's process, the aten calls its autograd
 makes for each layer. (``minidl bench smallcnn --compare-torch`` compares whole training steps
-through the engine, with ``minidl.bench.TorchProcess``.)
+through the engine, with ``minidl.tools.bench.TorchProcess``.)
 
 The first minidl kernel call puts NumPy's BLAS on one thread (see
 ``minidl.kernels.parallel``), so the NumPy Linear here runs single-threaded, as it would in

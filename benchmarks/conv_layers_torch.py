@@ -14,9 +14,10 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
+from separate_processes import ChildProcess, median_ms, require_torch_absent
+
 from minidl.kernels.conv import conv2d_backward, conv2d_forward
 from minidl.kernels.conv_geometry import choose_algo
-from separate_processes import ChildProcess, median_ms, require_torch_absent
 
 
 def _minidl_ms(x, w, y, dy, dx, dw, algo: str, repeats: int) -> tuple[float, float]:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minidl.comm import SingleProcess
+from minidl.distributed.comm import SingleProcess
 
 WORKER = Path(__file__).parents[1] / "tests" / "minidl" / "dp_worker.py"
 

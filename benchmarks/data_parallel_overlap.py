@@ -21,11 +21,11 @@ import time
 
 import numpy as np
 
-from minidl.comm import MpiCommunicator
-from minidl.data_parallel import DEFAULT_BUCKET_BYTES
-from minidl.models import smallcnn, vgg
-from minidl.optim import SGD
-from minidl.trainer import Trainer
+from minidl.distributed.comm import MpiCommunicator
+from minidl.distributed.data_parallel import DEFAULT_BUCKET_BYTES
+from minidl.net.optim import SGD
+from minidl.train.trainer import Trainer
+from minidl.zoo.models import smallcnn, vgg
 
 MODELS = {
     "vgg11": lambda: vgg(11, (3, 32, 32), 10),

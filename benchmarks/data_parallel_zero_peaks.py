@@ -18,11 +18,11 @@ import argparse
 
 import numpy as np
 
-from minidl.comm import MpiCommunicator
+from minidl.analysis.dryrun import dry_run
 from minidl.commands.common import build_model
-from minidl.dryrun import dry_run
-from minidl.optim import Adam
-from minidl.trainer import Trainer
+from minidl.distributed.comm import MpiCommunicator
+from minidl.net.optim import Adam
+from minidl.train.trainer import Trainer
 
 MODELS = {"smallcnn": (3, 32, 32), "resnet20": (3, 32, 32)}
 

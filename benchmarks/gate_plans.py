@@ -5,8 +5,8 @@
 import json
 
 from minidl import dry_run
-from minidl.models import get_model
-from minidl.rnn import char_rnn
+from minidl.zoo.models import get_model
+from minidl.zoo.rnn import char_rnn
 
 SPECS = ["none", "reuse,inplace", "reuse,inplace,static", "reuse,inplace,swap=all",
          "reuse,inplace,recompute=cost", "reuse,inplace,recompute=sqrt", "reuse,inplace,binarize",

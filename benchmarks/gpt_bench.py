@@ -45,9 +45,9 @@ class MinidlGPT:
         from dataclasses import replace
 
         import minidl
-        from minidl.dryrun import auto_device_memory
-        from minidl.optim import AdamW
-        from minidl.transformers import CONFIGS, gpt
+        from minidl.analysis.dryrun import auto_device_memory
+        from minidl.net.optim import AdamW
+        from minidl.zoo.transformers import CONFIGS, gpt
 
         config = replace(CONFIGS["gpt-char"], context=seq_len, dropout=dropout)
         self.net = gpt(config, name="gpt-char")

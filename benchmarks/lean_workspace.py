@@ -13,15 +13,14 @@ from __future__ import annotations
 import re
 import sys
 
+from minidl.compile.engine import Engine
 from minidl.layers import SoftmaxCrossEntropy
 from minidl.memory.devices.device import MetaDevice
 from minidl.memory.planners.auto import BudgetTooSmall
 from minidl.memory.runtime.pool import Pool
-
-from minidl.engine import Engine
-from minidl.labels import default_label_shape
-from minidl.models import get_model
-from minidl.optim import make_optimizer
+from minidl.net.labels import default_label_shape
+from minidl.net.optim import make_optimizer
+from minidl.zoo.models import get_model
 
 #: ResNets are left out: their greedy walk ends at auto's 20 s search limit, so the smallest
 #: budget depends on the machine's load (a plan at the reported budget may not be found again).

@@ -25,13 +25,13 @@ import statistics
 import time
 
 import numpy as np
+
+import minidl
 from minidl.memory.cost.cost_model import simulate
 from minidl.memory.cost.link_emulation import compute_slowdown
 from minidl.memory.cost.targets import get_target
-
-import minidl
-from minidl.models import resnet, smallcnn, vgg
-from minidl.optim import SGD
+from minidl.net.optim import SGD
+from minidl.zoo.models import resnet, smallcnn, vgg
 
 #: (name, builder, input shape, batch): steps of roughly 0.05-0.3 s on two cores.
 MODELS = [

@@ -21,6 +21,7 @@ import argparse
 import re
 import time
 
+from minidl.compile.engine import Engine
 from minidl.layers import SoftmaxCrossEntropy
 from minidl.memory.cost.cost_model import step_costs
 from minidl.memory.cost.targets import get_target
@@ -32,11 +33,9 @@ from minidl.memory.planners.auto import auto_choose
 from minidl.memory.planners.auto import step_costs as flop_costs
 from minidl.memory.planners.optimal import evaluate, optimal_choose
 from minidl.memory.runtime.pool import Pool
-
-from minidl.engine import Engine
-from minidl.labels import default_label_shape
-from minidl.models import get_model
-from minidl.optim import make_optimizer
+from minidl.net.labels import default_label_shape
+from minidl.net.optim import make_optimizer
+from minidl.zoo.models import get_model
 
 MODELS = "vgg16:3x224x224:64:1000,resnet50:3x224x224:32:1000,resnet56:3x32x32:128:10"
 

@@ -11,10 +11,9 @@ predicted step time, the unlimited-memory device's and the overhead (memory/cost
 """
 import sys
 
-from minidl.memory.planners.auto import BudgetTooSmall
-
 import minidl
-from minidl.models import get_model
+from minidl.memory.planners.auto import BudgetTooSmall
+from minidl.zoo.models import get_model
 
 GIB = 1 << 30
 

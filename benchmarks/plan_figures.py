@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 
 from minidl import dry_run
-from minidl.models import get_model
-from minidl.rnn import char_rnn
+from minidl.zoo.models import get_model
+from minidl.zoo.rnn import char_rnn
 
 GIB = 2**30
 

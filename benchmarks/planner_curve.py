@@ -33,6 +33,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+import minidl
+from minidl.compile.engine import Engine
 from minidl.layers import SoftmaxCrossEntropy
 from minidl.memory.cost.cost_model import simulate, step_costs
 from minidl.memory.cost.targets import get_target
@@ -44,12 +46,9 @@ from minidl.memory.passes.static_plan import static_plan
 from minidl.memory.planners.auto import BudgetTooSmall, auto_plan
 from minidl.memory.planners.frontier import fixed_specs, program_chain, recompute_bound
 from minidl.memory.runtime.pool import Pool
-
-import minidl
-from minidl.engine import Engine
-from minidl.labels import default_label_shape
-from minidl.models import get_model
-from minidl.optim import make_optimizer
+from minidl.net.labels import default_label_shape
+from minidl.net.optim import make_optimizer
+from minidl.zoo.models import get_model
 
 MIB = 2 ** 20
 

@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 import numpy as np
+
 from minidl.memory import CpuDevice, MetaDevice, Pool, format_size
 from minidl.memory.devices.device import available_host_memory
 

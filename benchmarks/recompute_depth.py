@@ -13,7 +13,7 @@ import argparse
 import numpy as np
 
 from minidl import dry_run
-from minidl.models import resnet
+from minidl.zoo.models import resnet
 
 SPECS = ("reuse,inplace", "reuse,inplace,recompute=sqrt")
 

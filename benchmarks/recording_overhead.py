@@ -23,8 +23,8 @@ import time
 import numpy as np
 
 import minidl
-from minidl.models import smallcnn, vgg
-from minidl.optim import SGD
+from minidl.net.optim import SGD
+from minidl.zoo.models import smallcnn, vgg
 
 MODELS = [
     ("smallcnn", lambda: smallcnn((3, 32, 32), 10), 64),

@@ -25,11 +25,12 @@ import time
 
 import numpy as np
 from llvmlite import ir
-from minidl.kernels.parallel import ensure_blas_policy
 from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 from separate_processes import alternated_median_ms
+
+from minidl.kernels.parallel import ensure_blas_policy
 
 ROWS, VECTORS, LANES = 6, 2, 8  # the panel: 6 rows x 2 vectors of 8 floats
 

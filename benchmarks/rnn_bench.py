@@ -18,7 +18,7 @@ gradients are compared after one step each.
 Protocol: ``--rounds`` rounds of a block of ``--block`` + 1 minidl steps, a pause, the same
 block in PyTorch's process, a pause; the first step of each block is not counted (with its
 parts), and figures are medians. (``minidl bench char-lstm --compare-torch`` compares whole
-training steps through the engine, with ``minidl.bench.TorchProcess``.)
+training steps through the engine, with ``minidl.tools.bench.TorchProcess``.)
 
     python benchmarks/rnn_bench.py [--rounds 8] [--block 5] [--batch-size 32] [--seq-len 64]
                                    [--threads N]

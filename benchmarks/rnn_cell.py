@@ -14,9 +14,10 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
+from separate_processes import alternated_median_ms, median_ms
+
 from minidl.kernels import rnn
 from minidl.kernels.parallel import ensure_blas_policy
-from separate_processes import alternated_median_ms, median_ms
 
 
 def _median_us(fn, repeats: int) -> float:

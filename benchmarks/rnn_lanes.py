@@ -16,13 +16,13 @@ from __future__ import annotations
 import argparse
 import time
 
-import minidl.kernels.parallel as parallel
 import numpy as np
 
-from minidl.bench import synthetic_batch
+import minidl.kernels.parallel as parallel
 from minidl.commands.common import build_model
-from minidl.optim import SGD
-from minidl.trainer import Trainer
+from minidl.net.optim import SGD
+from minidl.tools.bench import synthetic_batch
+from minidl.train.trainer import Trainer
 
 
 def main() -> None:

@@ -112,7 +112,7 @@ def alternate(rounds: int, block: int, run_minidl: Callable[[int], Any],
     """``rounds`` blocks of ``block + 1`` runs of minidl (here) then of torch (its process),
     a pause between frameworks; the first run of each block is dropped. Each side returns
     a list of seconds, or a dict of such lists; the kept ones are gathered per side."""
-    from minidl.bench import SWITCH_PAUSE_S  # here, not at the top: the child stays light
+    from minidl.tools.bench import SWITCH_PAUSE_S  # here, not at the top: the child stays light
 
     out: dict[str, Any] = {}
 

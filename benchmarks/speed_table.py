@@ -2,7 +2,7 @@
 
 Each workload is ``minidl bench MODEL ... --memory none --compare-torch --json`` in a fresh
 process (PyTorch runs in a process of its own, the two alternating in blocks; see
-``minidl.bench``); the whole run is repeated ``--repeats`` times, workloads interleaved, and
+``minidl.tools.bench``); the whole run is repeated ``--repeats`` times, workloads interleaved, and
 the table gives the median of each side's step time and of the ratios. The machine must be
 otherwise idle: a busy core stalls every parallel launch of both libraries.
 

@@ -30,13 +30,13 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from minidl.kernels.parallel import num_threads, release_parallel_workers
 
-from minidl.bench import synthetic_batch
+from minidl.analysis.dryrun import auto_device_memory
 from minidl.commands.common import build_model
-from minidl.dryrun import auto_device_memory
-from minidl.optim import SGD
-from minidl.trainer import Trainer
+from minidl.kernels.parallel import num_threads, release_parallel_workers
+from minidl.net.optim import SGD
+from minidl.tools.bench import synthetic_batch
+from minidl.train.trainer import Trainer
 
 WORKLOADS = {  # name: (model, per-sample shape or None, batch)
     "smallcnn": ("smallcnn", (1, 28, 28), 64),

@@ -6,11 +6,11 @@ step); the dry run for the cuda kind gives every other byte. One line per model 
     python benchmarks/strict_scratch.py
 """
 import numpy as np
-from minidl.memory.testing.strict_device import StrictCudaDevice
 
 import minidl
-from minidl.models import resnet, smallcnn, vgg
-from minidl.optim import SGD
+from minidl.memory.testing.strict_device import StrictCudaDevice
+from minidl.net.optim import SGD
+from minidl.zoo.models import resnet, smallcnn, vgg
 
 CASES = [("smallcnn", smallcnn, (1, 28, 28), 64),
          ("resnet20", lambda: resnet(20, (3, 32, 32), 10), (3, 32, 32), 32),

@@ -17,9 +17,9 @@ import argparse
 import numpy as np
 
 import minidl
-from minidl.data import batches, load_dataset
-from minidl.models import get_model
-from minidl.optim import SGD
+from minidl.datasets.data import batches, load_dataset
+from minidl.net.optim import SGD
+from minidl.zoo.models import get_model
 
 
 def losses(model: str, steps: int, eps: float) -> np.ndarray:

@@ -24,12 +24,12 @@ import json
 import math
 
 import numpy as np
-from minidl.layers import Conv2d, Linear, SoftmaxCrossEntropy
 
 from minidl import Network, Trainer, dry_run
 from minidl import data as D
-from minidl.models import get_model
-from minidl.optim import make_optimizer
+from minidl.layers import Conv2d, Linear, SoftmaxCrossEntropy
+from minidl.net.optim import make_optimizer
+from minidl.zoo.models import get_model
 
 INITS = ("he", "vgg", "default")
 

@@ -29,17 +29,17 @@ import sys
 import time
 
 import numpy as np
+
+import minidl
+from minidl import engine as engine_module
 from minidl.kernels.conv import conv2d_backward, conv2d_forward, conv2d_workspace_bytes
 from minidl.kernels.conv_geometry import conv_config
 from minidl.layers import Conv2d, SoftmaxCrossEntropy
 from minidl.memory.devices.device import MetaDevice
 from minidl.memory.options import workspace_options as W
 from minidl.memory.runtime.pool import Pool
-
-import minidl
-from minidl import engine as engine_module
-from minidl.models import get_model
-from minidl.optim import SGD
+from minidl.net.optim import SGD
+from minidl.zoo.models import get_model
 
 CASES = [("vgg16", (3, 224, 224), 64), ("resnet50", (3, 224, 224), 32),
          ("alexnet", (3, 224, 224), 128)]

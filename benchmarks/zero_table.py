@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import argparse
 
+from minidl.analysis.dryrun import dry_run
 from minidl.commands.common import build_model
-from minidl.dryrun import dry_run
 
 MODELS = {  # name -> (input shape, classes, global batch)
     "vgg16": ((3, 224, 224), 1000, 64),

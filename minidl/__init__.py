@@ -13,37 +13,25 @@ from .settings import Settings, set_openblas_thread_timeout
 set_openblas_thread_timeout()
 
 # the public submodules, reachable as attributes after ``import minidl`` (``minidl.optim.SGD``)
-from . import (  # noqa: E402
-    callbacks,
-    data,
-    dryrun,
-    graph,
-    kernels,
-    layers,
-    memory,
-    memory_record,
-    models,
-    optim,
-    report,
-    rnn,
-    safetensors_io,
-    settings,
-    summary,
-    text,
-    torch_bridge,
-    trainer,
-)
-from .dryrun import dry_run, frontier  # noqa: E402
-from .executor import NonFiniteError  # noqa: E402
-from .fitting import History  # noqa: E402
-from .graph import Input, Network, Sequential  # noqa: E402
+from . import kernels, layers, memory, settings  # noqa: E402
+from .analysis import dryrun, memory_record, report, summary  # noqa: E402
+from .analysis.dryrun import dry_run, frontier  # noqa: E402
+from .analysis.memory_record import show_memory  # noqa: E402
+from .analysis.summary import memory_summary  # noqa: E402
+from .compile.executor import NonFiniteError  # noqa: E402
+from .datasets import data, text  # noqa: E402
+from .interop import safetensors_io, torch_bridge  # noqa: E402
 from .layers.base import ShapeError  # noqa: E402
 from .memory.ir.config import MemoryConfig  # noqa: E402
+from .memory.moved import install as install_moved  # noqa: E402
 from .memory.runtime.pool import DeviceOutOfMemory  # noqa: E402
-from .memory_record import show_memory  # noqa: E402
-from .parameter import Parameter  # noqa: E402
-from .summary import memory_summary  # noqa: E402
-from .trainer import Trainer  # noqa: E402
+from .net import graph, optim  # noqa: E402
+from .net.graph import Input, Network, Sequential  # noqa: E402
+from .net.parameter import Parameter  # noqa: E402
+from .train import callbacks, trainer  # noqa: E402
+from .train.fitting import History  # noqa: E402
+from .train.trainer import Trainer  # noqa: E402
+from .zoo import models, rnn  # noqa: E402
 
 
 def _installed_version() -> str:
@@ -55,6 +43,46 @@ def _installed_version() -> str:
 
 
 __version__ = _installed_version()
+
+#: Modules that lived flat in this package before its sub-packages (old name -> sub-package):
+#: ``minidl.trainer`` still imports, as the same module object as ``minidl.train.trainer``.
+MOVED_MODULES = {
+    "bench": "tools",
+    "builder": "net",
+    "callbacks": "train",
+    "checkpoint": "interop",
+    "comm": "distributed",
+    "data": "datasets",
+    "data_parallel": "distributed",
+    "dataset": "datasets",
+    "deferred": "compile",
+    "dryrun": "analysis",
+    "engine": "compile",
+    "estimate": "analysis",
+    "executor": "compile",
+    "fitting": "train",
+    "graph": "net",
+    "labels": "net",
+    "loaders": "datasets",
+    "lowering": "compile",
+    "memory_record": "analysis",
+    "memory_viz": "interop",
+    "models": "zoo",
+    "onnx_export": "interop",
+    "optim": "net",
+    "parameter": "net",
+    "report": "analysis",
+    "rnn": "zoo",
+    "safetensors_io": "interop",
+    "summary": "analysis",
+    "text": "datasets",
+    "torch_bridge": "interop",
+    "trainer": "train",
+    "transformers": "zoo",
+    "user_models": "zoo",
+    "zero": "distributed",
+}
+__getattr__ = install_moved(__name__, MOVED_MODULES)
 
 __all__ = [
     "DeviceOutOfMemory",

@@ -14,7 +14,6 @@ import sys
 import textwrap
 
 from . import __version__
-from . import data as D
 from .commands.bench import cmd_bench
 from .commands.common import (
     EXIT_FAILURE,
@@ -35,15 +34,16 @@ from .commands.export import add_parser as add_export_parser
 from .commands.plan import cmd_plan
 from .commands.show_memory import cmd_show_memory
 from .commands.train import LOADERS, cmd_train
-from .executor import NonFiniteError
+from .compile.executor import NonFiniteError
+from .datasets import data as D
+from .datasets.text import TEXT_DATASETS
 from .memory.cost.targets import target_names
 from .memory.ir.config import FLAGS, PRESETS, MemoryConfig
 from .memory.runtime.pool import DeviceOutOfMemory
-from .models import MODEL_NAMES, SEQUENCE_MODELS, default_input_shape
-from .optim import make_optimizer
-from .rnn import LOG_EVERY_STEPS
+from .net.optim import make_optimizer
 from .settings import Settings
-from .text import TEXT_DATASETS
+from .zoo.models import MODEL_NAMES, SEQUENCE_MODELS, default_input_shape
+from .zoo.rnn import LOG_EVERY_STEPS
 
 EMULATE_LINK_HELP = (
     "throttle the cpu device's copy engine so that copy time / compute time is this GPU's "
@@ -66,14 +66,15 @@ SHARED_HELP = {
 
 
 def model_help() -> str:
-    """The MODEL argument's help: every model of :data:`minidl.models.MODEL_NAMES`."""
+    """The MODEL argument's help: every model of :data:`minidl.zoo.models.MODEL_NAMES`."""
     return (f"the model: {', '.join(MODEL_NAMES)} (resnet<N>: any valid depth, e.g. resnet20, "
             "resnet56, resnet1001), or your own as MODULE:FUNCTION (a function returning a "
             "minidl Network; it gets input_shape, num_classes and width if it takes them)")
 
 
 def per_dataset(field: str, fmt=str) -> str:
-    """``minidl train``'s default of ``field`` by dataset, from :data:`minidl.data.TRAIN_DEFAULTS`
+    """``minidl train``'s default of ``field`` by dataset, from
+    :data:`minidl.datasets.data.TRAIN_DEFAULTS`
     (e.g. "120 on digits, else 30")."""
     base = getattr(D.TrainDefaults(), field)
     special = [f"{fmt(getattr(d, field))} on {name}" for name, d in D.TRAIN_DEFAULTS.items()
@@ -82,7 +83,7 @@ def per_dataset(field: str, fmt=str) -> str:
 
 
 def lr_defaults() -> str:
-    """The optimizers' default learning rates (:func:`minidl.optim.make_optimizer`)."""
+    """The optimizers' default learning rates (:func:`minidl.net.optim.make_optimizer`)."""
     rates: dict[float, list[str]] = {}
     for name in ("sgd", "adam", "adamw"):
         rates.setdefault(make_optimizer(name, []).lr, []).append(name)

@@ -20,7 +20,8 @@ defaults when a user passes nothing. The variables:
     read it before NumPy loads.
 ``OMPI_COMM_WORLD_SIZE``, ``PMI_SIZE``
     Set by ``mpiexec`` (Open MPI; MPICH and Intel MPI): the number of ranks of the job. More
-    than one makes ``minidl train`` train data-parallel over MPI (:mod:`minidl.data_parallel`).
+    than one makes ``minidl train`` train data-parallel over MPI
+    (:mod:`minidl.distributed.data_parallel`).
 ``OPENBLAS_THREAD_TIMEOUT``
     Not read by minidl: *set* (to ``22`` unless already set) when ``minidl`` is imported, the
     one side effect of the import. OpenBLAS's idle workers spin ~2^28 cycles (~0.1 s) after

@@ -5,6 +5,8 @@
   imported at module level, where the layering is visible.
 * The house rules: ``kernels`` imports no other part of minidl, ``layers`` only ``layers`` and
   ``kernels``, ``memory`` only ``memory`` and ``kernels``.
+* minidl's own sub-packages are floors too (:data:`MINIDL_FLOORS`); ``commands``, ``cli`` and
+  the package itself sit above them.
 * Inside ``memory`` the sub-packages are floors (:data:`MEMORY_FLOORS`): each imports only the
   sub-packages below it; the package's own modules (``minidl.memory``, ``device_factory``) sit
   above them all.
@@ -41,6 +43,22 @@ MEMORY_FLOORS = {
     "passes": ("ir",),
     "planners": ("ir", "passes", "cost"),
     "options": ("ir", "passes", "planners"),
+}
+
+#: minidl's sub-packages and the sub-packages each may import (besides memory, layers, kernels
+#: and the top-level ``settings``): networks, then data and models, then compiling and running,
+#: files, distribution, analysis, training, tools over the public API, compression.
+MINIDL_FLOORS = {
+    "net": (),
+    "datasets": (),
+    "zoo": ("net", "datasets"),
+    "compile": ("net",),
+    "interop": ("net", "zoo"),
+    "distributed": ("net",),
+    "analysis": ("net", "compile", "interop"),
+    "train": ("net", "datasets", "compile", "interop", "distributed", "analysis"),
+    "tools": ("net", "compile", "interop", "analysis", "train"),
+    "compression": ("net", "datasets", "zoo", "compile", "analysis", "train"),
 }
 
 
@@ -138,6 +156,7 @@ def test_every_package_is_read():
     for package in PACKAGES.values():
         assert package in MODULES
     assert "minidl.cli" in MODULES and "minidl.memory.runtime.pool" in MODULES
+    assert "minidl.train.trainer" in MODULES
 
 
 def test_no_import_cycle():
@@ -150,7 +169,7 @@ def is_optional(name: str) -> bool:
 
 
 @pytest.mark.parametrize("module", sorted(
-    m for m, (path, _) in MODULES.items() if path.parent == ROOT / "minidl"))
+    m for m, (path, _) in MODULES.items() if path.is_relative_to(ROOT / "minidl")))
 def test_function_level_imports_only_of_optional_dependencies(module):
     bad = [f"line {line}: {sorted(names)[0]}" for names, nested, line in imports(module)
            if nested and not any(is_optional(n) for n in names)]
@@ -195,3 +214,30 @@ def test_memory_sub_packages_import_only_floors_below(floor):
                     if memory_floor(n) not in allowed:
                         bad.append(f"{m} line {line}: {n}")
     assert not bad, f"memory.{floor} may import only memory.{sorted(allowed)}: {bad}"
+
+
+def minidl_floor(module: str) -> str | None:
+    """The sub-package of ``minidl`` a module belongs to (None for the others)."""
+    parts = module.split(".")
+    if len(parts) < 2 or parts[0] != "minidl" or parts[1] not in MINIDL_FLOORS:
+        return None
+    return parts[1]
+
+
+def test_minidl_floors_cover_every_sub_package():
+    subs = {p.name for p in (ROOT / "minidl").iterdir() if (p / "__init__.py").exists()}
+    assert subs - {"commands"} == set(MINIDL_FLOORS)
+
+
+@pytest.mark.parametrize("floor", sorted(MINIDL_FLOORS))
+def test_minidl_sub_packages_import_only_floors_below(floor):
+    allowed = {floor, *MINIDL_FLOORS[floor]}
+    bad = []
+    for m in (m for m in MODULES if minidl_floor(m) == floor):
+        for names, _, line in imports(m):
+            for n in names:
+                top = n.split(".")[1] if n.startswith("minidl.") else None
+                if n in MODULES and not m.startswith(n + ".") and top in MINIDL_FLOORS \
+                        and top not in allowed:
+                    bad.append(f"{m} line {line}: {n}")
+    assert not bad, f"minidl.{floor} may import only minidl.{sorted(allowed)}: {bad}"

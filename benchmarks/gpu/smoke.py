@@ -85,6 +85,7 @@ def device_basics() -> dict:
     if DEVICE != "cuda":
         return "cuda only"
     import cupy as cp
+
     from minidl.memory import CudaDevice, Pool
     from minidl.memory.devices.cuda_device import route_cupy_allocations
 
@@ -111,9 +112,9 @@ def device_basics() -> dict:
 
 def training_equals_cpu(model: str) -> dict:
     import minidl
-    from minidl.models import resnet, smallcnn
-    from minidl.optim import SGD
-    from minidl.rnn import char_rnn
+    from minidl.net.optim import SGD
+    from minidl.zoo.models import resnet, smallcnn
+    from minidl.zoo.rnn import char_rnn
 
     rng = np.random.default_rng(0)
     if model == "smallcnn":

@@ -11,13 +11,12 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
-from minidl.memory.testing.strict_device import StrictCudaDevice
-
 import minidl
-from minidl.bench import synthetic_batch
-from minidl.executor import Executor
-from minidl.models import get_model
-from minidl.optim import SGD, AdamW
+from minidl.compile.executor import Executor
+from minidl.memory.testing.strict_device import StrictCudaDevice
+from minidl.net.optim import SGD, AdamW
+from minidl.tools.bench import synthetic_batch
+from minidl.zoo.models import get_model
 
 CASES = {"smallcnn": ((1, 28, 28), 32), "resnet20": ((3, 32, 32), 32),
          "vgg11": ((3, 32, 32), 16), "char-lstm": ((64,), 16), "gpt-char": ((64,), 4)}

@@ -16,9 +16,9 @@ import traceback
 import numpy as np
 
 import minidl
-from minidl.bench import synthetic_batch
-from minidl.models import get_model
-from minidl.optim import SGD
+from minidl.net.optim import SGD
+from minidl.tools.bench import synthetic_batch
+from minidl.zoo.models import get_model
 
 #: The device the check runs on (cuda; cuda-strict: the strict test device, on the CPU).
 DEVICE = os.environ.get("GPUCHECK_DEVICE", "cuda")

@@ -6,7 +6,7 @@ import argparse
 import functools
 import json
 
-from ..bench import run_bench
+from ..tools.bench import run_bench
 from .common import (
     UsageError,
     build_model,

@@ -13,11 +13,11 @@ from typing import Any
 
 from ..layers.base import ShapeError
 from ..memory.cost.targets import get_target
-from ..memory.devices.cuda_device import CUDA_INSTALL_HINT
 from ..memory.device_factory import make_device
+from ..memory.devices.cuda_device import CUDA_INSTALL_HINT
 from ..memory.ir.config import MemoryConfig
 from ..memory.ir.units import format_size, parse_size
-from ..models import (
+from ..zoo.models import (
     MODEL_NAMES,
     MODELS,
     SEQUENCE_MODELS,
@@ -27,7 +27,7 @@ from ..models import (
     get_model,
     resnet_layout,
 )
-from ..user_models import UserModelError, build_user_model, is_user_model
+from ..zoo.user_models import UserModelError, build_user_model, is_user_model
 
 EXIT_USAGE = 2
 EXIT_OOM = 1
@@ -73,7 +73,7 @@ def smallest_square_input(name: str, channels: int, num_classes: int,
 
 def build_model(name: str, input_shape, num_classes: int, width: int | None = None):
     """The network ``name`` names: a built-in model, or a user's ``MODULE:FUNCTION``
-    (:mod:`minidl.user_models`); one-line usage errors for what cannot be built."""
+    (:mod:`minidl.zoo.user_models`); one-line usage errors for what cannot be built."""
     if is_user_model(name):
         try:
             return build_user_model(name, input_shape, num_classes, width)
@@ -214,7 +214,7 @@ def shape_and_classes(args: argparse.Namespace) -> tuple[tuple[int, ...] | None,
 
 
 def resolved_seq_len(args: argparse.Namespace) -> int:
-    """``--seq-len``, or the model's default (:func:`~minidl.models.default_seq_len`)."""
+    """``--seq-len``, or the model's default (:func:`~minidl.zoo.models.default_seq_len`)."""
     seq_len = default_seq_len(args.model) if args.seq_len is None else args.seq_len
     if seq_len < 1:
         raise UsageError(f"--seq-len must be positive, got {seq_len}")

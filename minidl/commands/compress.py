@@ -11,16 +11,15 @@ import zlib
 
 import numpy as np
 
-from .. import data as D
-from ..checkpoint import damage
+from ..analysis.dryrun import dry_run
 from ..compression import container
 from ..compression.container import CompressedModelError
 from ..compression.inference import plan_inference
 from ..compression.layer_spec import compressible_weights
 from ..compression.pipeline import CompressionSettings, deep_compress
-from ..dryrun import dry_run
-from ..graph import Network
-from ..trainer import check_writable
+from ..datasets import data as D
+from ..interop.checkpoint import check_writable, damage
+from ..net.graph import Network
 from .common import (
     RuntimeFailure,
     UsageError,

@@ -8,7 +8,7 @@ import contextlib
 import sys
 from collections.abc import Iterator
 
-from ..comm import Communicator, MpiCommunicator
+from ..distributed.comm import Communicator, MpiCommunicator
 from ..settings import Settings
 from .common import EXIT_FAILURE, RuntimeFailure, UsageError
 

@@ -1,5 +1,5 @@
 """``minidl export``: a trained checkpoint (``minidl train --save``) as an ONNX file for
-inference (:func:`minidl.onnx_export.export_onnx`).
+inference (:func:`minidl.interop.onnx_export.export_onnx`).
 
 A ``.npz`` checkpoint does not store the model's name, so ``--model`` gives it (a
 ``.safetensors`` file from ``minidl train --save`` names it in its metadata). The sizes
@@ -22,11 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from ..checkpoint import damage
-from ..graph import Network
-from ..models import SEQUENCE_MODELS, TRANSFORMER_MODELS, default_input_shape, default_seq_len
-from ..models import default_vocab as model_vocab
-from ..onnx_export import (
+from ..interop.checkpoint import check_writable, damage
+from ..interop.onnx_export import (
     DEFAULT_OPSET,
     HEADS,
     OnnxExportError,
@@ -34,7 +31,11 @@ from ..onnx_export import (
     export_onnx,
     run_onnx,
 )
-from ..trainer import check_writable
+from ..interop.safetensors_io import SafetensorsError, load_safetensors
+from ..net.graph import Network
+from ..train.trainer import Trainer
+from ..zoo.models import SEQUENCE_MODELS, TRANSFORMER_MODELS, default_input_shape, default_seq_len
+from ..zoo.models import default_vocab as model_vocab
 from .common import (
     RuntimeFailure,
     UsageError,
@@ -103,7 +104,6 @@ def read_checkpoint(path: str) -> tuple[dict[str, np.ndarray], str | None]:
         require_module("safetensors", "io", f"checkpoint {path}")
         from safetensors import safe_open
 
-        from ..safetensors_io import SafetensorsError, load_safetensors
         try:
             params = load_safetensors(path)
             with safe_open(path, framework="np") as f:
@@ -236,8 +236,6 @@ def _random_batch(net: Network, shape: tuple[int, ...], batch: int, seed: int) -
 def check_file(net: Network, path: str, shape: tuple[int, ...], batch: int, seed: int,
                head: str) -> dict[str, Any]:
     """onnxruntime's outputs on a random batch beside minidl's eval-mode ones."""
-    from ..trainer import Trainer
-
     x = _random_batch(net, shape, batch, seed)
     ref = Trainer(net).predict(x).astype(np.float64)
     if head != "logits":

@@ -6,13 +6,13 @@ import argparse
 import json
 import sys
 
-from ..dryrun import dry_run, max_batch_size, suggest_specs
-from ..estimate import estimate_table, format_estimate_table
+from ..analysis.dryrun import dry_run, max_batch_size, suggest_specs
+from ..analysis.estimate import estimate_table, format_estimate_table
+from ..analysis.report import format_layer_table
+from ..interop.memory_viz import is_pickle_path, open_hint
 from ..memory.cost.targets import get_target
 from ..memory.ir.units import parse_size
 from ..memory.planners.auto import BudgetTooSmall
-from ..memory_viz import is_pickle_path, open_hint
-from ..report import format_layer_table
 from .common import (
     EXIT_OOM,
     RuntimeFailure,

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..analysis.memory_record import load_snapshot, plot_snapshot, show_memory, snapshot_trace
 from ..memory.ir.timeline import write_chrome_trace
-from ..memory_record import load_snapshot, plot_snapshot, show_memory, snapshot_trace
 from .common import RuntimeFailure, UsageError, require_module
 
 

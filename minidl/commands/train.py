@@ -12,20 +12,21 @@ import time
 
 import numpy as np
 
-from .. import callbacks as C
-from .. import data as D
-from ..dryrun import auto_device_memory, suggest_specs
-from ..fitting import ResumeMismatch
+from ..analysis.dryrun import auto_device_memory, suggest_specs
+from ..datasets import data as D
+from ..datasets.loaders import ImageReadError
+from ..datasets.text import TEXT_DATASETS, load_text_dataset
+from ..interop.checkpoint import check_writable
+from ..interop.memory_viz import is_pickle_path, open_hint
+from ..interop.safetensors_io import SafetensorsError, load_into, save_safetensors
 from ..layers import SoftmaxCrossEntropy
-from ..loaders import ImageReadError
 from ..memory.runtime.pool import DeviceOutOfMemory
-from ..memory_viz import is_pickle_path, open_hint
-from ..models import SEQUENCE_MODELS, TRANSFORMER_MODELS, default_input_shape
-from ..optim import CosineAnnealingLR, StepLR, make_optimizer
-from ..rnn import train_language_model
-from ..safetensors_io import SafetensorsError, load_into, save_safetensors
-from ..text import TEXT_DATASETS, load_text_dataset
-from ..trainer import CheckpointError, Trainer, check_writable
+from ..net.optim import CosineAnnealingLR, StepLR, make_optimizer
+from ..train import callbacks as C
+from ..train.fitting import ResumeMismatch
+from ..train.trainer import CheckpointError, Trainer
+from ..zoo.models import SEQUENCE_MODELS, TRANSFORMER_MODELS, default_input_shape
+from ..zoo.rnn import train_language_model
 from .common import (
     RuntimeFailure,
     UsageError,

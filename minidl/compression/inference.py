@@ -28,12 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from ..executor import Executor
-from ..graph import Network
+from ..compile.executor import Executor
+from ..compile.lowering import Lowered, lower
 from ..kernels.weight_record import RecordError, check, info
-from ..lowering import Lowered, lower
-from ..memory.devices.device import MetaDevice
 from ..memory.device_factory import make_device
+from ..memory.devices.device import MetaDevice
 from ..memory.ir.config import MemoryConfig
 from ..memory.ir.plan import Plan
 from ..memory.ir.program import Step, TensorSpec
@@ -41,7 +40,8 @@ from ..memory.ir.units import ALLOCATION_UNIT
 from ..memory.planners.planner import make_plan
 from ..memory.runtime.host_pool import HostPool
 from ..memory.runtime.pool import Pool
-from ..models import get_model
+from ..net.graph import Network
+from ..zoo.models import get_model
 from .container import CompressedModel, CompressedModelError
 
 #: The memory spec of inference (no backward: every tensor freed after its last use).

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..graph import Network
 from ..layers import Conv2d, Linear
-from ..parameter import Parameter
+from ..net.graph import Network
+from ..net.parameter import Parameter
 
 KINDS = ("conv", "fc")
 

@@ -14,14 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from ..data import Dataset, random_shift
-from ..dryrun import auto_device_memory
-from ..graph import Network
+from ..analysis.dryrun import auto_device_memory
+from ..datasets.data import Dataset, random_shift
 from ..kernels import weight_record
 from ..memory.runtime.transfer import to_host
-from ..optim import Optimizer, make_optimizer
-from ..parameter import Parameter
-from ..trainer import Trainer
+from ..net.graph import Network
+from ..net.optim import Optimizer, make_optimizer
+from ..net.parameter import Parameter
+from ..train.trainer import Trainer
 from . import container, report
 from .container import CompressedModel
 from .inference import CompressedRunner
@@ -61,7 +61,7 @@ class CompressionSettings:
     eval_batch_size: int = 256
     #: Measure the test accuracy after every pruning round (not only the last).
     evaluate_rounds: bool = False
-    #: Probability that a retraining image is moved by one pixel (:func:`~minidl.data.
+    #: Probability that a retraining image is moved by one pixel (:func:`~minidl.datasets.data.
     #: random_shift`): a network that fits its train split exactly gets no gradient from it.
     shift_probability: float = 0.0
 

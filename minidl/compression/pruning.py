@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from ..kernels.array_api import namespace
-from ..optim import Optimizer, OptimizerWrapper
-from ..parameter import Parameter
+from ..net.optim import Optimizer, OptimizerWrapper
+from ..net.parameter import Parameter
 
 
 def magnitude_mask(weights: Any, fraction: float) -> np.ndarray:

@@ -22,8 +22,8 @@ import numpy as np
 
 from ..kernels.kmeans import kmeans_1d
 from ..memory.runtime.transfer import copy_into, to_host
-from ..optim import Optimizer, OptimizerWrapper
-from ..parameter import Parameter
+from ..net.optim import Optimizer, OptimizerWrapper
+from ..net.parameter import Parameter
 
 
 @dataclass

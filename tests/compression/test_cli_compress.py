@@ -12,7 +12,7 @@ from minidl import Trainer
 from minidl import data as D
 from minidl.cli import main
 from minidl.compression import CompressedRunner, read
-from minidl.models import get_model
+from minidl.zoo.models import get_model
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,10 @@ import os
 
 import numpy as np
 import pytest
-from minidl.kernels import weight_record
 
 from minidl.compression import container
 from minidl.compression.container import CompressedModel, CompressedModelError
+from minidl.kernels import weight_record
 
 
 def _model() -> CompressedModel:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from minidl.kernels import weight_record
 
 from minidl import Trainer
 from minidl.compression.container import CompressedModel, CompressedModelError, to_bytes
@@ -13,7 +12,8 @@ from minidl.compression.inference import CompressedRunner, build_network, plan_i
 from minidl.compression.layer_spec import compressible_weights
 from minidl.compression.pruning import magnitude_mask
 from minidl.compression.quantization import share_weights
-from minidl.models import get_model
+from minidl.kernels import weight_record
+from minidl.zoo.models import get_model
 
 
 def _compressed(name: str, shape: tuple[int, ...], **kw) -> tuple[CompressedModel, object]:

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from minidl.kernels import weight_record as wr
-from minidl.memory.testing import strict_device
 
 from minidl.cli import main
 from minidl.compression import container
 from minidl.compression.container import CompressedModelError
 from minidl.compression.inference import CompressedRunner, plan_inference
+from minidl.kernels import weight_record as wr
+from minidl.memory.testing import strict_device
 
 pytestmark = pytest.mark.skipif(not strict_device.cupy_available(),
                                 reason="the strict device reads CuPy's API from cupy")

@@ -9,8 +9,8 @@ import pytest
 from minidl import Trainer
 from minidl.compression.layer_spec import compressible_weights
 from minidl.compression.pruning import MaskedOptimizer, magnitude_mask, schedule
-from minidl.models import get_model
-from minidl.optim import SGD, Adam, AdamW
+from minidl.net.optim import SGD, Adam, AdamW
+from minidl.zoo.models import get_model
 
 
 def test_magnitude_mask_prunes_the_smallest():

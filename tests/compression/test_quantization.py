@@ -8,8 +8,8 @@ import numpy as np
 from minidl import Trainer
 from minidl.compression.layer_spec import compressible_weights
 from minidl.compression.quantization import ClusterOptimizer, share_weights
-from minidl.models import get_model
-from minidl.optim import SGD
+from minidl.net.optim import SGD
+from minidl.zoo.models import get_model
 
 
 def test_share_weights_keeps_zeros_and_uses_at_most_2_to_the_bits_minus_1_values():

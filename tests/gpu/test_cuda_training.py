@@ -14,12 +14,12 @@ import sys
 
 import numpy as np
 import pytest
-from minidl.memory.runtime.transfer import to_host
 
 import minidl
-from minidl.models import resnet, smallcnn
-from minidl.optim import SGD
-from minidl.rnn import char_rnn
+from minidl.memory.runtime.transfer import to_host
+from minidl.net.optim import SGD
+from minidl.zoo.models import resnet, smallcnn
+from minidl.zoo.rnn import char_rnn
 
 pytestmark = pytest.mark.gpu
 
@@ -116,6 +116,7 @@ def test_dry_run_peak_equals_gpu_peak_and_cupy_pool_stays_empty(spec):
 def test_offload_waits_for_its_producer():
     """A device-to-host copy queued right after a long kernel reads the kernel's result."""
     import cupy
+
     from minidl.memory.devices.cuda_device import CudaDevice
 
     with CudaDevice("64MiB") as dev:
@@ -133,6 +134,7 @@ def test_offload_waits_for_its_producer():
 def test_prefetch_waits_for_queued_readers():
     """A host-to-device copy into a block a queued kernel still reads does not overtake it."""
     import cupy
+
     from minidl.memory.devices.cuda_device import CudaDevice
 
     with CudaDevice("64MiB") as dev:

@@ -1,4 +1,5 @@
-"""minidl.comm.NcclCommunicator on 2 GPUs: 2 MPI ranks, one GPU each, every collective checked
+"""minidl.distributed.comm.NcclCommunicator on 2 GPUs: 2 MPI ranks, one GPU each, every collective
+checked
 against its definition, and the collectives of unequal chunks (ZeRO's reduce_scatter_v and
 allgather_v) against the MPI communicator's results on the same host arrays (skipped without
 CUDA, NCCL in CuPy, 2 GPUs or MPI)."""
@@ -14,7 +15,7 @@ import pytest
 
 SCRIPT = r"""
 import cupy as cp, numpy as np
-from minidl.comm import MpiCommunicator, NcclCommunicator
+from minidl.distributed.comm import MpiCommunicator, NcclCommunicator
 c = NcclCommunicator(MpiCommunicator(timeout_s=60))
 r, n = c.rank, c.size
 with cp.cuda.Device(c.device):
@@ -38,7 +39,7 @@ print(r, all(ok), ok)
 
 UNEQUAL_CHUNKS_SCRIPT = r"""
 import cupy as cp, numpy as np
-from minidl.comm import MpiCommunicator, NcclCommunicator
+from minidl.distributed.comm import MpiCommunicator, NcclCommunicator
 mpi = MpiCommunicator(timeout_s=60)
 c = NcclCommunicator(mpi)
 r, n = c.rank, c.size

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from minidl.kernels import batchnorm as bnk
 from minidl.kernels import elementwise as ek
 

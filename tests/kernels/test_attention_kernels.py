@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from minidl.kernels import attention as ak
 from minidl.kernels import attention_rows as ar
 from minidl.kernels.parallel import set_thread_policy

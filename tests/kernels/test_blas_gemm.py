@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from minidl.kernels.blas import BAND_WORK, batched_gemm, gemm, gemm_bands
 
 

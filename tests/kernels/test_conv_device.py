@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+
 from minidl.kernels import conv as K
 from minidl.kernels import conv_device as D
 from minidl.kernels import pool as P

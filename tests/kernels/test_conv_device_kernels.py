@@ -16,6 +16,7 @@ import math
 
 import numpy as np
 import pytest
+
 from minidl.kernels import _cuda
 from minidl.kernels import conv_device as CD
 from minidl.kernels import pool_device as PD

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+
 from minidl.kernels import conv as K
 
 SETTINGS = settings(max_examples=25, deadline=None)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+
 from minidl.kernels import conv as K
 from minidl.kernels import conv_device as D
 from minidl.kernels.conv_geometry import REFERENCE_ROWS

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+
 from minidl.kernels import _cuda
 from minidl.kernels import bitpack as bp
 from minidl.kernels import conv_device as CD

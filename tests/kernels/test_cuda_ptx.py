@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from minidl.kernels import _cuda, sparse
 
 # the oldest and the newest target (sm_80 lies between them; each arch costs ~7 s of CI): NVVM of

@@ -23,6 +23,7 @@ import textwrap
 
 import numpy as np
 import pytest
+
 from minidl.kernels import _cuda
 
 PRELUDE = textwrap.dedent("""

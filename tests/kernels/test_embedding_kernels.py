@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from minidl.kernels.embedding import embedding_backward, embedding_backward_ref
 
 

@@ -6,8 +6,9 @@ import subprocess
 import sys
 import textwrap
 
-from minidl.kernels.jit import CompileWatch
 from numba import njit
+
+from minidl.kernels.jit import CompileWatch
 
 
 def test_watch_reports_a_compilation_once_and_nothing_when_compiled():

@@ -21,6 +21,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+
 from minidl.kernels import batchnorm as bnk
 from minidl.kernels import softmax_xent as sx
 from minidl.layers import BatchNorm1d, BatchNorm2d, Context, SoftmaxCrossEntropy

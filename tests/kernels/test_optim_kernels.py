@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from minidl.kernels import optim as ko
 
 DTYPES = [np.float32, np.float64]

@@ -7,8 +7,9 @@ import threading
 import numba
 import numpy as np
 import pytest
-from minidl.kernels import parallel
 from numba import njit, prange
+
+from minidl.kernels import parallel
 
 
 @njit(parallel=True)

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+
 from minidl.kernels import precision as pr
 
 SPECIAL = [0.0, -0.0, np.nan, -np.nan, np.inf, -np.inf, 448.0, 449.0, 464.0, -1e30, 65504.0,

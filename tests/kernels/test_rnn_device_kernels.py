@@ -21,6 +21,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+
 from minidl.kernels import _cuda
 from minidl.kernels import rnn as rk
 from minidl.kernels import rnn_device as rd
@@ -319,11 +320,10 @@ def test_kernels_under_the_simulator():
 # ----------------------------------------------------------------------------- strict device
 def _strict_trainer(cell: str, spec: str):
     pytest.importorskip("cupy")
-    from minidl.memory.testing.strict_device import StrictCudaDevice
-
     import minidl
-    from minidl.optim import SGD
-    from minidl.rnn import char_rnn
+    from minidl.memory.testing.strict_device import StrictCudaDevice
+    from minidl.net.optim import SGD
+    from minidl.zoo.rnn import char_rnn
 
     net = char_rnn(17, 8, 12, num_layers=2, steps=6, cell=cell)
     dev = StrictCudaDevice("64MiB")
@@ -340,7 +340,7 @@ SCHEDULES = [("reuse,inplace", 6), ("reuse,inplace,bptt=2", 48)]
 @pytest.mark.parametrize("spec,steps", SCHEDULES, ids=["keep_all", "bptt2"])
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
 def test_fused_stack_launches_per_step_and_layer(cell, spec, steps, monkeypatch):
-    from minidl.executor import Executor
+    from minidl.compile.executor import Executor
 
     tr, dev = _strict_trainer(cell, spec)
     rng = np.random.default_rng(0)
@@ -383,11 +383,10 @@ def test_recomputing_schedule_on_the_device_equals_cpu(cell):
     """bptt=2 over 3 units on the strict device (each unit recomputed in backward) against
     the CPU's run of the same steps."""
     pytest.importorskip("cupy")
-    from minidl.memory.runtime.transfer import to_host
-
     import minidl
-    from minidl.optim import SGD
-    from minidl.rnn import char_rnn
+    from minidl.memory.runtime.transfer import to_host
+    from minidl.net.optim import SGD
+    from minidl.zoo.rnn import char_rnn
 
     rng = np.random.default_rng(1)
     x = rng.integers(0, 17, (2, 40))

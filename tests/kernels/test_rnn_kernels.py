@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from minidl.kernels import rnn as rk
 
 DTYPES = [np.float32, np.float64]

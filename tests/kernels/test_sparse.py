@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+
 from minidl.kernels import sparse as sp
 
 SPECIAL = [-0.0, np.nan, np.inf, -np.inf, 1e-45, -3.5]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
+
 from minidl.kernels.parallel import critical_path_order, run_tasks
 
 

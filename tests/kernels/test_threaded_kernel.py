@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from minidl.kernels.parallel import ThreadedKernel
 from numba import njit
 from numba.core import event
+
+from minidl.kernels.parallel import ThreadedKernel
 
 
 @njit(nogil=True)

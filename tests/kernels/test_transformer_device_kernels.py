@@ -24,6 +24,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+
 from minidl.kernels import attention as AK
 from minidl.kernels import attention_rows as AR
 from minidl.kernels import blas
@@ -501,7 +502,7 @@ LAUNCHES = {("LayerNorm", "forward"): 1, ("LayerNorm", "backward"): 4,
 
 
 def _tiny(model: str):
-    from minidl.transformers import TransformerConfig, bert, gpt
+    from minidl.zoo.transformers import TransformerConfig, bert, gpt
 
     config = TransformerConfig(layers=2, heads=2, dim=16, context=20, vocab=13, dropout=0.1)
     return (gpt if model == "gpt" else bert)(config, name=f"tiny-{model}")
@@ -527,13 +528,12 @@ def test_transformer_steps_on_the_strict_device(model, form, monkeypatch):
     wait, no temporaries (the scratch block for CuPy's temporaries stays empty or a few KiB),
     the CPU's loss and gradients within 1e-5."""
     pytest.importorskip("cupy")
+    import minidl
     import minidl.memory.options.attention_options as A
+    from minidl.compile.executor import Executor
     from minidl.memory.runtime.transfer import to_host
     from minidl.memory.testing.strict_device import StrictCudaDevice
-
-    import minidl
-    from minidl.executor import Executor
-    from minidl.optim import AdamW
+    from minidl.net.optim import AdamW
 
     if form is not None:
         monkeypatch.setattr(A, "policies", lambda program, config: [form])

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from minidl.kernels import _cuda, huffman
 from minidl.kernels import weight_record as wr
 

@@ -3,6 +3,7 @@ name, nested layouts keep declaration order."""
 
 import numpy as np
 import pytest
+
 from minidl.kernels.workspace import Layout, workspace_bytes, workspace_views
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from hypothesis import settings
 from hypothesis import strategies as st
+
 from minidl.layers import Context, Layer
 
 #: Hypothesis settings for layer tests: few examples, no deadline (Numba compiles lazily).

@@ -6,6 +6,7 @@ import numpy as np
 from gradcheck import LAYER_SETTINGS, check_layer, forward_backward, make_inputs, seeds, shapes
 from hypothesis import given
 from hypothesis import strategies as st
+
 from minidl.layers import Context
 from minidl.layers.leaky_relu import LeakyReLU
 from minidl.layers.sigmoid import Sigmoid

@@ -8,6 +8,7 @@ import pytest
 from gradcheck import LAYER_SETTINGS, check_layer, forward_backward, make_inputs, make_params, seeds
 from hypothesis import given
 from hypothesis import strategies as st
+
 from minidl.layers import Context, ShapeError
 from minidl.layers.batchnorm import BatchNorm1d, BatchNorm2d
 

@@ -9,6 +9,7 @@ import pytest
 from gradcheck import LAYER_SETTINGS, check_layer, forward_backward, make_inputs, seeds
 from hypothesis import assume, given
 from hypothesis import strategies as st
+
 from minidl.layers import Context, ShapeError
 from minidl.layers.conv2d import Conv2d
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from minidl.layers import Context
 from minidl.layers.conv2d import Conv2d, workspace_cap
 

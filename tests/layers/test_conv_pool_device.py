@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 import pytest
+
 from minidl.kernels.conv import conv2d_workspace_bytes
 from minidl.kernels.conv_device import conv2d_device_workspace_bytes
 from minidl.layers import Context

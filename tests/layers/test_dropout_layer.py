@@ -7,6 +7,7 @@ import pytest
 from gradcheck import LAYER_SETTINGS, check_layer, forward_backward, make_inputs, seeds, shapes
 from hypothesis import given
 from hypothesis import strategies as st
+
 from minidl.layers import Context
 from minidl.layers.dropout import Dropout
 

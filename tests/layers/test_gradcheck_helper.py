@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gradcheck import check_gradients, check_inplace, make_inputs
+
 from minidl.layers import Context, Layer
 
 

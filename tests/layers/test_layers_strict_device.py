@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from minidl.layers import (
     GRU,
     LSTM,

@@ -9,6 +9,7 @@ import pytest
 from gradcheck import LAYER_SETTINGS, check_layer, make_inputs, seeds
 from hypothesis import given
 from hypothesis import strategies as st
+
 from minidl.layers import ShapeError
 from minidl.layers.linear import Linear
 

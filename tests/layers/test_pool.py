@@ -7,6 +7,7 @@ import pytest
 from gradcheck import LAYER_SETTINGS, check_layer, distinct_values, forward_backward, seeds
 from hypothesis import assume, given
 from hypothesis import strategies as st
+
 from minidl.layers import Context, ShapeError
 from minidl.layers.pool import AvgPool2d, MaxPool2d
 

@@ -17,6 +17,7 @@ from gradcheck import (
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from minidl.layers import GRU, LSTM, Context, ShapeError
 from minidl.memory.passes import bptt
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 from gradcheck import LAYER_SETTINGS, check_layer, make_inputs, seeds, shapes
 from hypothesis import given
+
 from minidl.layers import ReLU
 
 

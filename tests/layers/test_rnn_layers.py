@@ -9,6 +9,7 @@ import pytest
 from gradcheck import check_declarations, check_layer, make_inputs
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from minidl.layers import Context, ShapeError
 from minidl.layers.gru import GRUCell
 from minidl.layers.lstm import LSTMCell

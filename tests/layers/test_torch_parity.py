@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gradcheck import forward_backward
+
 from minidl.layers import Context
 from minidl.layers.batchnorm import BatchNorm1d, BatchNorm2d
 from minidl.layers.embedding import Embedding

@@ -17,6 +17,7 @@ from gradcheck import (
 )
 from hypothesis import given
 from hypothesis import strategies as st
+
 from minidl.layers import (
     GELU,
     Context,

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+import minidl
 from minidl.memory import Pool
 from minidl.memory.devices.device import MetaDevice
 from minidl.memory.ir.program import Program, TensorSpec
 from minidl.memory.ir.units import ALLOCATION_UNIT, aligned
-
-import minidl
-from minidl.models import smallcnn
+from minidl.zoo.models import smallcnn
 
 SHAPE = (1, 12, 12)
 BATCH = 6

@@ -10,6 +10,7 @@ from functools import cache
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from minidl.memory.passes.bptt import (
     BPTTSchedule,
     cost_curve,

@@ -33,6 +33,7 @@ import pytest
 from hand_programs import HandLayer, chain, linear_chain, lower_layers, residual
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from minidl.memory.ir.config import MemoryConfig
 from minidl.memory.passes.base_plan import base_plan, plan_peak
 from minidl.memory.passes.recompute import policy_program

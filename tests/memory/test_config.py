@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from minidl.memory.ir.config import AUTO_EXCLUDES, MemoryConfig
 
 

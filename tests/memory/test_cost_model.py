@@ -8,13 +8,13 @@ import sys
 from dataclasses import replace
 
 import pytest
+
+import minidl
 from minidl.memory.cost.cost_model import simulate, step_costs, step_time
 from minidl.memory.cost.targets import PROFILES, get_target
 from minidl.memory.devices.device import MetaDevice
 from minidl.memory.runtime.pool import Pool
-
-import minidl
-from minidl.models import smallcnn
+from minidl.zoo.models import smallcnn
 
 
 def test_profiles_and_aliases():
@@ -39,10 +39,9 @@ def test_custom_profile():
 
 
 def _compiled(spec, batch=16):
+    from minidl.compile.engine import Engine
     from minidl.layers import SoftmaxCrossEntropy
-
-    from minidl.engine import Engine
-    from minidl.optim import make_optimizer
+    from minidl.net.optim import make_optimizer
 
     net = smallcnn()
     eng = Engine(net, Pool(MetaDevice(kind="cuda")), spec, SoftmaxCrossEntropy(),

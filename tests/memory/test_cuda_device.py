@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+
 from minidl.memory import Pool, make_device
 
 # --------------------------------------------------------------------------- without a GPU
@@ -99,6 +100,7 @@ def test_cupy_allocations_routed_into_the_arena_without_a_gpu():
 @pytest.mark.gpu
 def test_views_into_the_arena():
     import cupy as cp
+
     from minidl.memory import CudaDevice
 
     with CudaDevice("4MiB") as dev:
@@ -119,6 +121,7 @@ def test_views_into_the_arena():
 @pytest.mark.gpu
 def test_copy_roundtrip_pinned_bit_exact():
     import cupy as cp
+
     from minidl.memory import CudaDevice
 
     rng = np.random.default_rng(0)
@@ -169,6 +172,7 @@ def test_pinned_pool_is_bounded():
 @pytest.mark.gpu
 def test_route_cupy_allocations():
     import cupy as cp
+
     from minidl.memory import CudaDevice
     from minidl.memory.devices.cuda_device import route_cupy_allocations
 
@@ -205,6 +209,7 @@ def test_debug_poisoning_on_cuda():
 @pytest.mark.gpu
 def test_capacity_larger_than_device_refused():
     import cupy as cp
+
     from minidl.memory import CudaDevice
 
     free, total = cp.cuda.runtime.memGetInfo()
@@ -218,6 +223,7 @@ def test_an_arena_must_leave_room_for_the_libraries():
     closer to the free memory than the margin is refused with one clear error, and what sits
     outside it is reported."""
     import cupy as cp
+
     from minidl.memory import CudaDevice
     from minidl.memory.devices.cuda_device import OUTSIDE_ARENA_MARGIN
 

@@ -10,6 +10,7 @@ import time
 
 import pytest
 from hand_programs import HandLayer, linear_chain, lower_layers
+
 from minidl.memory.ir.config import MemoryConfig
 from minidl.memory.ir.plan import AutoChoice
 from minidl.memory.planners import auto, optimal
@@ -128,10 +129,9 @@ def test_time_limit_is_deprecated_and_ignored():
 
 
 def _reference(name: str, shape: tuple[int, ...], batch: int):
+    from minidl.compile.lowering import lower
     from minidl.layers import SoftmaxCrossEntropy
-
-    from minidl.lowering import lower
-    from minidl.models import get_model
+    from minidl.zoo.models import get_model
 
     net = get_model(name, shape, 10)
     return lower(net, [(batch, *shape)], loss=SoftmaxCrossEntropy(),

@@ -28,6 +28,10 @@ import pytest
 from hand_programs import chain, linear_chain, residual
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
+
+import minidl
+from minidl import layers as L
+from minidl.compile.engine import Engine
 from minidl.layers import SoftmaxCrossEntropy
 from minidl.memory.cost.cost_model import step_costs, step_time
 from minidl.memory.cost.targets import get_target
@@ -40,11 +44,7 @@ from minidl.memory.planners.auto import step_costs as flop_costs
 from minidl.memory.planners.frontier import build_frontier, fixed_specs, pricer
 from minidl.memory.planners.planner import make_plan
 from minidl.memory.runtime.pool import Pool
-
-import minidl
-from minidl import layers as L
-from minidl.engine import Engine
-from minidl.optim import make_optimizer
+from minidl.net.optim import make_optimizer
 from tests.minidl.random_nets import random_networks
 
 RI = MemoryConfig.parse("reuse,inplace")

@@ -1,10 +1,12 @@
-"""Part 20 moved memory's flat modules into sub-packages; the old paths still import."""
+"""Part 20 moved the flat modules of memory and minidl into sub-packages; old paths import."""
 
 import importlib
 from unittest import mock
 
-import minidl.memory as memory
 import pytest
+
+import minidl
+import minidl.memory as memory
 from minidl.memory import MOVED_MODULES
 
 
@@ -30,3 +32,19 @@ def test_unknown_name_is_an_attribute_error():
         memory.nonesuch  # noqa: B018
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("minidl.memory.nonesuch")
+
+
+@pytest.mark.parametrize("old", sorted(minidl.MOVED_MODULES))
+def test_minidl_old_path_is_the_moved_module(old):
+    new = importlib.import_module(f"minidl.{minidl.MOVED_MODULES[old]}.{old}")
+    assert importlib.import_module(f"minidl.{old}") is new
+    assert getattr(minidl, old) is new
+
+
+def test_minidl_public_names_where_the_readme_shows_them():
+    from minidl.models import get_model
+    from minidl.optim import SGD
+    from minidl.trainer import Trainer
+
+    assert Trainer is minidl.Trainer and SGD is minidl.optim.SGD
+    assert get_model is minidl.zoo.models.get_model

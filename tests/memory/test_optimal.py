@@ -9,6 +9,7 @@ import pytest
 from hand_programs import HandLayer, linear_chain, lower_layers
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+
 from minidl.memory.ir.config import MemoryConfig
 from minidl.memory.ir.plan import AutoChoice
 from minidl.memory.passes.base_plan import plan_peak
@@ -133,10 +134,9 @@ def test_joint_recomputation_beats_the_greedy_walk(monkeypatch):
 
 
 def _reference(name: str, shape: tuple[int, ...], batch: int):
+    from minidl.compile.lowering import lower
     from minidl.layers import SoftmaxCrossEntropy
-
-    from minidl.lowering import lower
-    from minidl.models import get_model
+    from minidl.zoo.models import get_model
 
     net = get_model(name, shape, 10)
     return lower(net, [(batch, *shape)], loss=SoftmaxCrossEntropy(),
@@ -229,7 +229,7 @@ def test_large_programs_are_solved_by_windows_around_the_best_choice(monkeypatch
 
 def test_dry_run_with_planner_optimal():
     from minidl import dry_run
-    from minidl.models import smallcnn
+    from minidl.zoo.models import smallcnn
 
     base = dry_run(smallcnn(), 32, "auto")
     budget = (base["lower_bound_bytes"] + base["peak_reserved_bytes"]) // 2
@@ -289,6 +289,7 @@ def test_timed_steps_place_release_and_prefetch_as_the_swap_pass_does(step_times
     """One swapped block with the link to itself: the model's (release, prefetch) steps are
     where :func:`swap_plan` puts them with the same step times and transfer time."""
     from hand_programs import chain, ids
+
     from minidl.memory.ir.plan import Prefetch, Release
     from minidl.memory.passes.swap import swap_candidates, swap_plan, timed_steps
 
@@ -310,6 +311,7 @@ def test_engine_rows_price_copies_that_outlast_their_compute():
     nothing on their own, the model's link variable is held up by the engines' rows alone
     (and is free when the copies are short)."""
     from hand_programs import chain
+
     from minidl.memory.planners.optimal_model import Lp, build_model, link_rows
 
     p = chain()
@@ -331,6 +333,7 @@ def test_engine_rows_price_copies_that_outlast_their_compute():
 
 def test_price_cut_adds_a_row_on_the_link_for_a_swap_set():
     from hand_programs import chain
+
     from minidl.memory.planners.optimal_model import build_model
 
     p = chain()

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 from hand_programs import chain, ids, render, residual
+
 from minidl.memory.ir.config import MemoryConfig
 from minidl.memory.ir.liveness import Lifetime, lifetimes, liveness_plan
 from minidl.memory.ir.plan import Alloc, Free, StepPlan

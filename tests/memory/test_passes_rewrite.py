@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from hand_programs import chain, ids, linear_chain, residual
+
 from minidl.memory.ir.config import MemoryConfig
 from minidl.memory.passes.base_plan import iteration_peak
 from minidl.memory.passes.compress import compress_program

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 from hand_programs import chain, ids, render, residual
+
 from minidl.memory.ir.config import MemoryConfig
 from minidl.memory.ir.plan import STARTS, Alloc, Await, Offload, Prefetch, Release
 from minidl.memory.passes.base_plan import base_plan, plan_peak

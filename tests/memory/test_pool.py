@@ -16,6 +16,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+
 from minidl.memory import (
     CATEGORIES,
     Block,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from minidl.memory.devices.device import CpuDevice
 from minidl.memory.ir.plan import Alloc, Await, Free, Offload, Plan, Prefetch, Release
 from minidl.memory.ir.program import Program, TensorSpec

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+
 from minidl.memory.devices.device import CopyEvent, CpuDevice
 from minidl.memory.ir.plan import Alloc, Await, Offload, Plan, Prefetch, Release
 from minidl.memory.ir.program import Program, TensorSpec

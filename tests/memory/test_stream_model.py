@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from minidl.memory.testing.stream_model import StreamModel, StreamRace
 
 BLOCK = ((0, 256),)

@@ -9,6 +9,7 @@ from dataclasses import replace
 from hand_programs import UNIT, HandLayer, lower_layers
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from minidl.memory.ir.capabilities import op_caps
 from minidl.memory.ir.config import MemoryConfig
 from minidl.memory.ir.program import Program, TensorSpec

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_workspace_options import _program, _resized
+
 from minidl.memory.ir.config import MemoryConfig
 from minidl.memory.options import workspace_options as W
 from minidl.memory.passes.base_plan import base_plan, plan_peak
-from test_workspace_options import _program, _resized
 
 REUSE = MemoryConfig.parse("reuse,inplace")
 

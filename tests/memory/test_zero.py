@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from minidl.memory.passes.zero import owned_ranges
 
 

@@ -13,14 +13,14 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from minidl.memory.ir.config import MemoryConfig
 
 from minidl import models
-from minidl.comm import MpiCommunicator
-from minidl.dryrun import dry_run
-from minidl.estimate import estimate_table
-from minidl.optim import SGD
-from minidl.trainer import Trainer
+from minidl.analysis.dryrun import dry_run
+from minidl.analysis.estimate import estimate_table
+from minidl.distributed.comm import MpiCommunicator
+from minidl.memory.ir.config import MemoryConfig
+from minidl.net.optim import SGD
+from minidl.train.trainer import Trainer
 
 #: (case name, memory spec, the single-process reference's spec, global batch, bucket bytes):
 #: small buckets give several buckets launched during backward; a batch of 15 gives shards of

@@ -12,9 +12,9 @@ pytest.importorskip("torch")
 
 SCRIPT = r"""
 import functools, json, sys
-from minidl.bench import run_bench
+from minidl.tools.bench import run_bench
 from minidl.memory.ir.config import MemoryConfig
-from minidl.models import get_model
+from minidl.zoo.models import get_model
 
 make = functools.partial(get_model, "smallcnn", (1, 12, 12), 4)
 out = run_bench(make, (1, 12, 12), 8, [MemoryConfig.parse("none")], steps=2, warmup=1,
@@ -35,9 +35,8 @@ def test_torch_runs_in_its_own_process():
 
 def test_compare_torch_refuses_an_unpicklable_model_factory():
     from minidl.memory.ir.config import MemoryConfig
-
-    from minidl.bench import run_bench
-    from minidl.models import get_model
+    from minidl.tools.bench import run_bench
+    from minidl.zoo.models import get_model
 
     with pytest.raises(ValueError, match="picklable make_net"):
         run_bench(lambda: get_model("smallcnn", (1, 12, 12), 4), (1, 12, 12), 4,

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from minidl.memory.passes.base_plan import plan_peak
-from minidl.memory.planners.auto import auto_choose, build, forced_choice, step_costs
-from minidl.memory.planners.optimal import optimal_choose
 
 import minidl
 from minidl import layers as L
-from minidl.lowering import lower
-from minidl.optim import SGD
+from minidl.compile.lowering import lower
+from minidl.memory.passes.base_plan import plan_peak
+from minidl.memory.planners.auto import auto_choose, build, forced_choice, step_costs
+from minidl.memory.planners.optimal import optimal_choose
+from minidl.net.optim import SGD
 
 X = np.random.default_rng(0).standard_normal((6, 3, 8, 8)).astype(np.float32)
 Y = np.random.default_rng(1).integers(0, 10, 6)

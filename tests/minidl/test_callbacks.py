@@ -15,7 +15,10 @@ import numpy as np
 import pytest
 
 from minidl import Sequential, Trainer, layers
-from minidl.callbacks import (
+from minidl.cli import main
+from minidl.datasets.data import Dataset
+from minidl.net.optim import SGD, StepLR
+from minidl.train.callbacks import (
     CSV_COLUMNS,
     Callback,
     EarlyStopping,
@@ -25,9 +28,6 @@ from minidl.callbacks import (
     TensorBoard,
     tensorboard_writer,
 )
-from minidl.cli import main
-from minidl.data import Dataset
-from minidl.optim import SGD, StepLR
 
 
 def _data(noise: bool = False) -> Dataset:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from minidl.layers import SoftmaxCrossEntropy
-from minidl.memory.ir.capabilities import OpCaps, RecomputeCost, StashEncoding, op_caps
 
 import minidl
 from minidl import layers as L
-from minidl.lowering import lower
+from minidl.compile.lowering import lower
+from minidl.layers import SoftmaxCrossEntropy
+from minidl.memory.ir.capabilities import OpCaps, RecomputeCost, StashEncoding, op_caps
 
 
 def _program(net, shape, **kw):

@@ -10,10 +10,10 @@ import stat
 import numpy as np
 import pytest
 
-from minidl.checkpoint import CheckpointError
-from minidl.models import get_model
-from minidl.optim import make_optimizer
-from minidl.trainer import Trainer
+from minidl.interop.checkpoint import CheckpointError
+from minidl.net.optim import make_optimizer
+from minidl.train.trainer import Trainer
+from minidl.zoo.models import get_model
 
 from .test_cli_errors import assert_one_line_error, run
 

@@ -14,12 +14,12 @@ import subprocess
 import sys
 
 import pytest
-from minidl.memory.ir.config import FLAGS, PRESETS
 
 from minidl import cli
 from minidl import data as D
-from minidl.models import MODEL_NAMES, SEQUENCE_MODELS
-from minidl.text import TEXT_DATASETS
+from minidl.datasets.text import TEXT_DATASETS
+from minidl.memory.ir.config import FLAGS, PRESETS
+from minidl.zoo.models import MODEL_NAMES, SEQUENCE_MODELS
 
 MINIDL = shutil.which("minidl", path=os.path.dirname(sys.executable)) or shutil.which("minidl")
 TINY = ["--dataset", "synthetic", "--input", "1x8x8", "--width", "2", "--epochs", "1",
@@ -133,7 +133,7 @@ def test_a_digits_run_trains_the_epochs_the_help_shows():
 
 
 def test_the_learning_rates_shown_are_the_optimizers():
-    from minidl.optim import make_optimizer
+    from minidl.net.optim import make_optimizer
 
     text = expanded_help(SUBCOMMANDS["train"], option(SUBCOMMANDS["train"], "lr"))
     for name in ("sgd", "adam", "adamw"):

@@ -1,4 +1,4 @@
-"""Tests for minidl.data: loaders, idx parsing, adapt_images and batches."""
+"""Tests for minidl.datasets.data: loaders, idx parsing, adapt_images and batches."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from minidl import data
-from minidl.data import (
+from minidl.datasets.data import (
     DATASETS,
     Dataset,
     adapt_images,

@@ -1,4 +1,5 @@
-"""Data-parallel training over MPI (minidl.comm, minidl.data_parallel, mpiexec minidl train).
+"""Data-parallel training over MPI (minidl.distributed.comm, minidl.distributed.data_parallel,
+mpiexec minidl train).
 
 The MPI tests launch ``mpiexec -n 2`` in a subprocess and compare with one process training
 on the same global batch: equal up to float32 summation order (the two shards' gradients are
@@ -21,8 +22,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from minidl.comm import SingleProcess
-from minidl.data_parallel import (
+from minidl.distributed.comm import SingleProcess
+from minidl.distributed.data_parallel import (
     GradientSync,
     check_agreement,
     make_buckets,
@@ -293,7 +294,7 @@ def test_zero_report_says_what_the_peak_holds_beside_the_shards(stage):
     """Stage 2 and 3 hold full gradients (and stage 3 gathered parameters) at the peak, which
     on few ranks can outweigh the shards' savings: the report says how much of each."""
     from minidl import models
-    from minidl.trainer import Trainer
+    from minidl.train.trainer import Trainer
 
     tr = Trainer(models.smallcnn((1, 8, 8), 10), memory=f"reuse,inplace,zero={stage}",
                  device_memory="16MiB")
@@ -306,8 +307,8 @@ def test_zero_report_says_what_the_peak_holds_beside_the_shards(stage):
 
 def test_zero2_keeps_no_full_gradient_and_clips_over_the_shards():
     from minidl import models
-    from minidl.optim import SGD, clip_grad_norm_
-    from minidl.trainer import Trainer
+    from minidl.net.optim import SGD, clip_grad_norm_
+    from minidl.train.trainer import Trainer
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((8, 1, 8, 8)).astype(np.float32)
@@ -362,7 +363,7 @@ class _Alone:
 
 def test_zero3_keeps_parameter_shards_and_needs_rows_on_every_rank():
     from minidl import models
-    from minidl.trainer import Trainer
+    from minidl.train.trainer import Trainer
 
     net = models.smallcnn((1, 8, 8), 10, width=2)
     host = {p.name: p.data for p in net.parameters()}
@@ -383,15 +384,14 @@ class _Rank:
 
 
 def test_zero_bytes_are_what_the_engine_allocates_for_each_rank():
+    from minidl import models
+    from minidl.compile.engine import Engine
+    from minidl.distributed.zero import ZeroOptimizer
     from minidl.layers import SoftmaxCrossEntropy
     from minidl.memory.devices.device import MetaDevice
     from minidl.memory.passes.zero import zero_bytes
     from minidl.memory.runtime.pool import Pool
-
-    from minidl import models
-    from minidl.engine import Engine
-    from minidl.optim import Adam
-    from minidl.zero import ZeroOptimizer
+    from minidl.net.optim import Adam
 
     def engine(make_opt, spec="reuse"):
         net = models.smallcnn((1, 8, 8), 10, width=3)
@@ -486,7 +486,7 @@ class _Recording:
 
 def test_buckets_launch_during_backward_in_reverse_layer_order():
     from minidl import models
-    from minidl.trainer import Trainer
+    from minidl.train.trainer import Trainer
 
     net = models.smallcnn((1, 8, 8), 10, width=4)
     trainer = Trainer(net, memory="reuse,inplace", device_memory="8MiB")
@@ -509,7 +509,7 @@ def test_buckets_launch_during_backward_in_reverse_layer_order():
 
 
 def test_buckets_go_in_bucket_order_even_when_completed_out_of_order():
-    from minidl.parameter import Parameter
+    from minidl.net.parameter import Parameter
 
     params = [Parameter(f"p{i}", np.zeros(4, np.float32)) for i in range(3)]
     for p in params:

@@ -1,5 +1,6 @@
 """Data users have: a folder of images (class per sub-folder) and CIFAR-10 / CIFAR-100's python
-batches, in memory or streamed by minidl.loaders (read batch by batch, the next prefetched on a
+batches, in memory or streamed by minidl.datasets.loaders (read batch by batch, the next prefetched
+on a
 thread): the same arrays and batches, bit for bit, and the same losses through ``minidl train``
 and ``Trainer.fit``; one-line errors for a wrongly named or laid out dataset."""
 
@@ -17,8 +18,8 @@ import pytest
 from minidl import loaders
 from minidl.cli import build_parser, main, validate_args
 from minidl.commands.common import UsageError
-from minidl.data import DATASETS, batches, load_dataset
-from minidl.loaders import ImageArray, ImageReadError, Loader, StreamedDataset
+from minidl.datasets.data import DATASETS, batches, load_dataset
+from minidl.datasets.loaders import ImageArray, ImageReadError, Loader, StreamedDataset
 
 CLASSES = ("ant", "bee", "cat")
 
@@ -286,8 +287,8 @@ def test_train_streamed_gives_the_in_memory_losses(tmp_path, capsys, kind):
 
 def test_fit_streamed_resumes_mid_epoch_bit_identically(tmp_path):
     from minidl import Trainer
-    from minidl.models import get_model
-    from minidl.optim import make_optimizer
+    from minidl.net.optim import make_optimizer
+    from minidl.zoo.models import get_model
 
     _cifar(tmp_path, n=4)
 
@@ -312,7 +313,7 @@ def test_evaluate_reads_a_streamed_test_split_batch_by_batch(tmp_path, monkeypat
     """Trainer.evaluate on a streamed split reads it a batch at a time (never the whole
     split at once) and gives the in-memory figures."""
     from minidl import Trainer
-    from minidl.models import get_model
+    from minidl.zoo.models import get_model
 
     _cifar(tmp_path, n=12)
     mem = load_dataset("cifar10", data_dir=tmp_path, input_shape=(3, 8, 8))

@@ -7,7 +7,7 @@ import pytest
 
 import minidl
 from minidl import layers as L
-from minidl.optim import SGD
+from minidl.net.optim import SGD
 
 
 def _residual_concat_net(dtype="float64", seed=0):
@@ -128,7 +128,7 @@ def test_save_load_continue_is_bit_identical(tmp_path):
 
 
 def test_dry_run_peak_equals_real_run_peak():
-    from minidl.models import lenet5
+    from minidl.zoo.models import lenet5
 
     x, y = _data(32)
     for make, shape in [(_mlp, (1, 8, 8)), (lambda: lenet5((1, 8, 8)), (1, 8, 8))]:
@@ -215,7 +215,7 @@ def test_close_moves_parameters_back_to_host():
 
 
 def test_evaluate_halves_batches_that_do_not_fit():
-    from minidl.models import smallcnn
+    from minidl.zoo.models import smallcnn
 
     net = smallcnn((1, 16, 16), 10, width=8)
     small = minidl.dry_run(smallcnn((1, 16, 16), 10, width=8), 8, "reuse",
@@ -235,8 +235,8 @@ def test_a_second_trainer_takes_the_network_over_and_the_first_refuses_to_run():
     their values), the first then says so instead of training the other's memory."""
     import pickle
 
-    from minidl.models import smallcnn
-    from minidl.optim import SGD
+    from minidl.net.optim import SGD
+    from minidl.zoo.models import smallcnn
 
     net = smallcnn((1, 8, 8), 10, width=2)
     rng = np.random.default_rng(0)

@@ -1,4 +1,5 @@
-"""minidl plan --ranks 1,2,8 --table (minidl.estimate): one row per ZeRO stage and rank count
+"""minidl plan --ranks 1,2,8 --table (minidl.analysis.estimate): one row per ZeRO stage and rank
+count
 with one rank's bytes at its peak by column, summing to its peak, each row the dry run of that
 rank, and the largest batch per rank that fits a budget (exact: that batch fits, the next does
 not). Real 2-rank runs' peaks equal the rows: tests/minidl/test_data_parallel.py."""
@@ -10,9 +11,9 @@ import json
 import pytest
 
 import minidl
+from minidl.analysis.estimate import _largest_fitting, estimate_table, format_estimate_table
 from minidl.cli import main
-from minidl.estimate import _largest_fitting, estimate_table, format_estimate_table
-from minidl.models import smallcnn
+from minidl.zoo.models import smallcnn
 
 SHAPE = (1, 8, 8)
 

@@ -1,18 +1,18 @@
 """Fused LSTM / GRU nodes through the engine: the fused char models against the unrolled ones,
 every lossless memory spec (BPTT schedules included) bit-identical to ``none`` with the dry-run
 peak equal to the real one, stash savings of the schedules on long sequences, the per-T builds
-of :class:`~minidl.rnn.SequenceModel` and the schedules as per-step options of the plan."""
+of :class:`~minidl.zoo.rnn.SequenceModel` and the schedules as per-step options of the plan."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from minidl.memory.options.bptt_options import bptt_policy, time_schedule
 
 import minidl
 from minidl import layers as L
-from minidl.optim import SGD
-from minidl.rnn import UNIT_STEPS, SequenceModel, char_rnn, recurrent_fused
+from minidl.memory.options.bptt_options import bptt_policy, time_schedule
+from minidl.net.optim import SGD
+from minidl.zoo.rnn import UNIT_STEPS, SequenceModel, char_rnn, recurrent_fused
 
 VOCAB = 11
 SPECS = ["reuse,inplace", "reuse,recompute=sqrt", "reuse,bptt=1", "reuse,bptt=3",

@@ -14,16 +14,15 @@ import pytest
 
 pytest.importorskip("cupy")
 
-from minidl.memory.runtime.transfer import to_host  # noqa: E402
-from minidl.memory.testing.strict_device import StrictCudaDevice  # noqa: E402
-
 import minidl  # noqa: E402
 from minidl import layers as L  # noqa: E402
-from minidl.deferred import Deferred  # noqa: E402
-from minidl.executor import NonFiniteError  # noqa: E402
-from minidl.models import resnet, smallcnn  # noqa: E402
-from minidl.optim import SGD, Adam  # noqa: E402
-from minidl.rnn import char_rnn  # noqa: E402
+from minidl.compile.deferred import Deferred  # noqa: E402
+from minidl.compile.executor import NonFiniteError  # noqa: E402
+from minidl.memory.runtime.transfer import to_host  # noqa: E402
+from minidl.memory.testing.strict_device import StrictCudaDevice  # noqa: E402
+from minidl.net.optim import SGD, Adam  # noqa: E402
+from minidl.zoo.models import resnet, smallcnn  # noqa: E402
+from minidl.zoo.rnn import char_rnn  # noqa: E402
 
 
 def _images(shape, batch=4):
@@ -85,7 +84,7 @@ OTHER_LAYERS = 6
 def test_launches_per_layer_are_bounded_and_the_update_is_one(model, monkeypatch):
     from collections import Counter
 
-    from minidl.executor import Executor
+    from minidl.compile.executor import Executor
 
     tr, dev, (x, y) = _trainer(model, "reuse,inplace")
     tr.step(x, y)

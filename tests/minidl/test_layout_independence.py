@@ -15,15 +15,15 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
+
+import minidl
+from minidl import layers as L
 from minidl.memory.devices.device import CpuDevice
 from minidl.memory.ir.plan import Alloc, Prefetch
 from minidl.memory.options import workspace_options
 from minidl.memory.planners.auto import BudgetTooSmall
 from minidl.memory.runtime.pool import Pool
-
-import minidl
-from minidl import layers as L
-from minidl.optim import SGD
+from minidl.net.optim import SGD
 
 
 def _concat_net():

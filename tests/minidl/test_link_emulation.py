@@ -8,17 +8,17 @@ import time
 
 import numpy as np
 import pytest
+
+import minidl
+from minidl.cli import main
+from minidl.compile.lowering import lower
 from minidl.layers import SoftmaxCrossEntropy
 from minidl.memory.cost.cost_model import simulate, step_costs
 from minidl.memory.cost.link_emulation import WINDOW, LinkEmulation, compute_slowdown
 from minidl.memory.cost.targets import get_target
 from minidl.memory.devices.device import CopyEngine, CpuDevice
-
-import minidl
-from minidl.cli import main
-from minidl.lowering import lower
-from minidl.models import smallcnn
-from minidl.optim import SGD
+from minidl.net.optim import SGD
+from minidl.zoo.models import smallcnn
 
 #: A target whose link is slow enough next to its compute that a vDNN run stalls.
 SLOW = "custom:flops=15.7T,hbm=900G,link=200M,mem=16GiB"

@@ -11,9 +11,14 @@ import numpy as np
 import pytest
 
 import minidl
+from minidl.analysis.memory_record import (
+    load_snapshot,
+    show_memory,
+    snapshot_series,
+    snapshot_trace,
+)
 from minidl.cli import main
-from minidl.memory_record import load_snapshot, show_memory, snapshot_series, snapshot_trace
-from minidl.models import smallcnn
+from minidl.zoo.models import smallcnn
 
 SPEC = "reuse,inplace,swap=conv,recompute=sqrt,binarize"
 

@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import minidl
-from minidl.models import lenet5, resnet, smallcnn, vgg
-from minidl.optim import SGD
+from minidl.net.optim import SGD
+from minidl.zoo.models import lenet5, resnet, smallcnn, vgg
 from tests.minidl.random_nets import random_networks
 
 LOSSLESS_SPECS = [

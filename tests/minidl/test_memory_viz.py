@@ -1,4 +1,4 @@
-"""PyTorch's memory snapshot format (minidl.memory_viz): the pickle
+"""PyTorch's memory snapshot format (minidl.interop.memory_viz): the pickle
 torch.cuda.memory._dump_snapshot writes, written from a real run and from a dry run. The block
 addresses are the pool's own; the file keeps what torch's readers and its web viewer rely on;
 torch's own reader (when torch is installed: the test-time oracle) lists minidl's events; a dry
@@ -17,18 +17,18 @@ import sys
 
 import numpy as np
 import pytest
+
+import minidl
+from minidl.analysis.memory_record import load_snapshot, plan_snapshot, save_snapshot, show_memory
+from minidl.cli import main
+from minidl.compile.engine import Engine
+from minidl.interop.memory_viz import EMBED_KEY, PICKLE_PROTOCOL, torch_snapshot
 from minidl.layers import SoftmaxCrossEntropy
 from minidl.memory.devices.device import MetaDevice
 from minidl.memory.ir.config import MemoryConfig
 from minidl.memory.runtime.pool import Pool
-
-import minidl
-from minidl.cli import main
-from minidl.engine import Engine
-from minidl.memory_record import load_snapshot, plan_snapshot, save_snapshot, show_memory
-from minidl.memory_viz import EMBED_KEY, PICKLE_PROTOCOL, torch_snapshot
-from minidl.models import smallcnn
-from minidl.optim import make_optimizer
+from minidl.net.optim import make_optimizer
+from minidl.zoo.models import smallcnn
 
 SPEC = "reuse,inplace,swap=conv,recompute=sqrt,binarize"
 BATCH = 16
@@ -313,7 +313,7 @@ def test_written_without_torch(real, tmp_path):
     src, dst = tmp_path / "run.json", tmp_path / "run.pickle"
     save_snapshot(snap, src)
     code = ("import sys; sys.modules['torch'] = None\n"
-            "from minidl.memory_record import load_snapshot, save_snapshot\n"
+            "from minidl.analysis.memory_record import load_snapshot, save_snapshot\n"
             f"save_snapshot(load_snapshot({str(src)!r}), {str(dst)!r})\n"
             "assert sys.modules['torch'] is None")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -1,4 +1,5 @@
-"""ONNX export (minidl.onnx_export, ``minidl export``): onnxruntime's outputs on each exported
+"""ONNX export (minidl.interop.onnx_export, ``minidl export``): onnxruntime's outputs on each
+exported
 file equal minidl's own eval-mode outputs (``Trainer.predict``) within 1e-5 for CNNs (with
 BatchNorm), the char RNNs (fused and unrolled, LSTM and GRU) and small transformers, at other
 batch sizes (and, where the graph allows, sequence lengths) than the export's; the command
@@ -18,21 +19,20 @@ onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
 import minidl.layers as L  # noqa: E402
-
 from minidl import cli  # noqa: E402
 from minidl.commands import export as export_cmd  # noqa: E402
 from minidl.commands.export import add_parser  # noqa: E402
-from minidl.graph import Input, Network  # noqa: E402
-from minidl.models import get_model  # noqa: E402
-from minidl.onnx_export import (  # noqa: E402
+from minidl.interop.onnx_export import (  # noqa: E402
     SUPPORTED_LAYERS,
     OnnxExportError,
     export_onnx,
     run_onnx,
 )
-from minidl.rnn import char_rnn  # noqa: E402
-from minidl.trainer import Trainer  # noqa: E402
-from minidl.transformers import TransformerConfig, bert, gpt  # noqa: E402
+from minidl.net.graph import Input, Network  # noqa: E402
+from minidl.train.trainer import Trainer  # noqa: E402
+from minidl.zoo.models import get_model  # noqa: E402
+from minidl.zoo.rnn import char_rnn  # noqa: E402
+from minidl.zoo.transformers import TransformerConfig, bert, gpt  # noqa: E402
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 
@@ -276,7 +276,7 @@ def test_cli_finds_the_input_size(tmp_path, monkeypatch, capsys):
 def test_cli_takes_the_model_from_safetensors(tmp_path, monkeypatch, capsys):
     """minidl train --save FILE.safetensors names the model in the file: no --model needed."""
     pytest.importorskip("safetensors")
-    from minidl.safetensors_io import save_safetensors
+    from minidl.interop.safetensors_io import save_safetensors
 
     net = get_model("lenet5", (1, 8, 8), 4)
     save_safetensors(net, tmp_path / "w.safetensors", metadata={"minidl.model": "lenet5"})

@@ -1,4 +1,4 @@
-"""Tests for minidl.optim: updates vs torch.optim and hand-written references, state handling,
+"""Tests for minidl.net.optim: updates vs torch.optim and hand-written references, state handling,
 gradient clipping and learning-rate schedules."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from minidl.optim import (
+from minidl.net.optim import (
     SGD,
     Adam,
     AdamW,
@@ -18,7 +18,7 @@ from minidl.optim import (
     StepLR,
     clip_grad_norm_,
 )
-from minidl.parameter import Parameter
+from minidl.net.parameter import Parameter
 
 SHAPES = ((3, 4), (5,), (2, 3, 2, 2))
 

@@ -9,12 +9,12 @@ import importlib.util
 import json
 
 import pytest
-from minidl.memory.planners.auto import BudgetTooSmall
 
 import minidl
+from minidl.analysis.dryrun import _BatchSearch, dry_run, max_batch_size
 from minidl.cli import main
 from minidl.commands.common import build_model
-from minidl.dryrun import _BatchSearch, dry_run, max_batch_size
+from minidl.memory.planners.auto import BudgetTooSmall
 
 #: A small residual network whose curve has a dozen plans (planned in about a second).
 NET = ["resnet20", "--input", "3x16x16", "--batch-size", "32", "--target", "v100"]
@@ -109,7 +109,7 @@ def test_frontier_usage_errors_are_one_line(capsys, extra, needles):
 
 
 def test_frontier_api():
-    assert minidl.frontier is minidl.dryrun.frontier
+    assert minidl.frontier is minidl.analysis.dryrun.frontier
     curve = minidl.frontier(lambda: build_model("resnet20", SHAPE, 10), 32, SHAPE,
                             target="v100")
     assert len(curve) >= 5

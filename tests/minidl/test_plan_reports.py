@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from minidl.layers.base import Context
-from minidl.memory.planners.auto import BudgetTooSmall
 
 import minidl
 from minidl import layers as L
 from minidl.cli import main
-from minidl.lowering import lower
-from minidl.models import smallcnn
-from minidl.rnn import char_rnn
+from minidl.compile.lowering import lower
+from minidl.layers.base import Context
+from minidl.memory.planners.auto import BudgetTooSmall
+from minidl.zoo.models import smallcnn
+from minidl.zoo.rnn import char_rnn
 
 
 @st.composite
@@ -135,7 +135,7 @@ def test_plan_over_the_budget_says_so_and_exits_1(capsys, spec):
 
 
 def test_plot_data_has_one_point_per_event_and_shows_the_peak(monkeypatch, tmp_path):
-    import minidl.report as report
+    import minidl.analysis.report as report
 
     seen = {}
     monkeypatch.setattr(report, "plot_timeline",

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from minidl import Sequential, Trainer, layers
-from minidl.callbacks import ModelCheckpoint
-from minidl.data import Dataset, random_shift
-from minidl.optim import SGD, Adam, CosineAnnealingLR, StepLR
-from minidl.trainer import CheckpointError
+from minidl.datasets.data import Dataset, random_shift
+from minidl.net.optim import SGD, Adam, CosineAnnealingLR, StepLR
+from minidl.train.callbacks import ModelCheckpoint
+from minidl.train.trainer import CheckpointError
 
 
 def _data() -> Dataset:
@@ -128,7 +128,7 @@ def test_cli_resume_continues_the_run(tmp_path):
 
 
 def _early(patience: int = 2):
-    from minidl.callbacks import EarlyStopping
+    from minidl.train.callbacks import EarlyStopping
 
     return EarlyStopping("val_loss", patience=patience, min_delta=0.2)
 

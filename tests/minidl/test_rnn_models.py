@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import minidl
-from minidl.optim import SGD
-from minidl.rnn import char_rnn
+from minidl.net.optim import SGD
+from minidl.zoo.rnn import char_rnn
 
 
 def _batch(v=11, n=3, t=5, seed=0):
@@ -19,7 +19,7 @@ def _batch(v=11, n=3, t=5, seed=0):
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
 def test_char_rnn_matches_pytorch(cell):
     torch = pytest.importorskip("torch")
-    from minidl.torch_bridge import to_torch
+    from minidl.interop.torch_bridge import to_torch
 
     net = char_rnn(11, 6, 7, 2, steps=5, cell=cell)
     x, y = _batch()

@@ -1,4 +1,5 @@
-"""minidl.safetensors_io and ``minidl train --save FILE.safetensors`` / ``--init-from``: bit-for-
+"""minidl.interop.safetensors_io and ``minidl train --save FILE.safetensors`` / ``--init-from``:
+bit-for-
 bit round trips (CNN, BatchNorm buffers, GPT with a tied head), strict one-line errors, atomic
 writes, the missing extra, the CLI end to end, and PyTorch twins loading the files strictly."""
 
@@ -15,9 +16,7 @@ import numpy as np
 import pytest
 
 import minidl
-from minidl.models import get_model, smallcnn
-from minidl.optim import SGD
-from minidl.safetensors_io import (
+from minidl.interop.safetensors_io import (
     IncompatibleKeys,
     SafetensorsError,
     load_into,
@@ -25,7 +24,9 @@ from minidl.safetensors_io import (
     save_safetensors,
     torch_state_names,
 )
-from minidl.transformers import TransformerConfig, gpt
+from minidl.net.optim import SGD
+from minidl.zoo.models import get_model, smallcnn
+from minidl.zoo.transformers import TransformerConfig, gpt
 
 stn = pytest.importorskip("safetensors.numpy")
 
@@ -252,7 +253,7 @@ def test_cli_errors_are_one_line(tmp_path, args, message):
 def test_the_pytorch_twin_loads_the_file_strictly_with_the_same_logits(tmp_path, model):
     torch = pytest.importorskip("torch")
     st = pytest.importorskip("safetensors.torch")
-    from minidl.torch_bridge import to_torch
+    from minidl.interop.torch_bridge import to_torch
 
     net, other = NETS[model](1), NETS[model](2)
     if model == "resnet8":  # running statistics that keep eval-mode activations in range

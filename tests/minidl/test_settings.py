@@ -10,11 +10,11 @@ import sys
 
 import numpy as np
 import pytest
-from minidl.kernels import parallel
 
 import minidl
-from minidl.models import smallcnn
+from minidl.kernels import parallel
 from minidl.settings import Settings
+from minidl.zoo.models import smallcnn
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -67,7 +67,7 @@ def test_environment_applied_by_a_trainer_not_at_import():
     env.pop("OPENBLAS_THREAD_TIMEOUT", None)
     code = ("import os, minidl; from minidl.kernels import parallel; "
             "print(parallel.num_blas_threads(), os.environ['OPENBLAS_THREAD_TIMEOUT']); "
-            "from minidl.models import smallcnn; "
+            "from minidl.zoo.models import smallcnn; "
             "minidl.Trainer(smallcnn((1, 8, 8), 10, width=4), device_memory='16MiB'); "
             "print(parallel.num_threads(), parallel.num_blas_threads())")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,

@@ -12,15 +12,14 @@ import pytest
 
 pytest.importorskip("cupy")
 
+import minidl  # noqa: E402
+from minidl import layers as L  # noqa: E402
 from minidl.memory.runtime.transfer import to_host  # noqa: E402
 from minidl.memory.testing.stream_model import StreamRace  # noqa: E402
 from minidl.memory.testing.strict_device import StrictCopyEvent, StrictCudaDevice  # noqa: E402
-
-import minidl  # noqa: E402
-from minidl import layers as L  # noqa: E402
-from minidl.models import resnet, smallcnn  # noqa: E402
-from minidl.optim import SGD  # noqa: E402
-from minidl.rnn import char_rnn  # noqa: E402
+from minidl.net.optim import SGD  # noqa: E402
+from minidl.zoo.models import resnet, smallcnn  # noqa: E402
+from minidl.zoo.rnn import char_rnn  # noqa: E402
 
 MLP_SPECS = ["none", "reuse,inplace", "reuse,inplace,static", "swap=all", "reuse,swap=all,cache",
              "reuse,recompute=sqrt", "reuse,inplace,binarize", "reuse,sparse", "superneurons"]
@@ -151,7 +150,7 @@ def test_fit_evaluate_predict_save_load_equal_cpu(tmp_path):
 
     def run(device, name):
         net = minidl.Sequential([L.Linear(20, 16), L.ReLU(), L.Linear(16, 2)], input_shape=(20,))
-        tr = minidl.Trainer(net, minidl.optim.Adam(net.parameters(), lr=0.01),
+        tr = minidl.Trainer(net, minidl.net.optim.Adam(net.parameters(), lr=0.01),
                             memory="reuse,swap=all", device=device, device_memory="8MiB",
                             clip_grad_norm=1.0)
         tr.fit((x, y), epochs=2, batch_size=16)

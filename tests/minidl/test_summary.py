@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import minidl
-from minidl.models import resnet, smallcnn
-from minidl.summary import layer_memory, summary
+from minidl.analysis.summary import layer_memory, summary
+from minidl.zoo.models import resnet, smallcnn
 
 
 def test_memory_summary_is_a_boxed_table_of_the_pool_and_the_peak():

@@ -31,11 +31,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
-from minidl.memory.options.workspace_options import NOTE_PREFIX
-from minidl.memory.planners.auto import BudgetTooSmall
 
 import minidl
-from minidl.optim import SGD
+from minidl.memory.options.workspace_options import NOTE_PREFIX
+from minidl.memory.planners.auto import BudgetTooSmall
+from minidl.net.optim import SGD
 from tests.minidl.random_nets import random_networks
 from tests.minidl.test_memory_strategies import _assert_identical
 
@@ -151,7 +151,7 @@ def test_the_target_prices_the_choices():
     """The property above is not vacuous: the target changes what ``swap=auto`` offloads (more
     on a V100, whose compute hides copies of these small maps, than with this CPU's costs;
     nothing over a 20 MB/s link)."""
-    from minidl.models import resnet
+    from minidl.zoo.models import resnet
 
     def offloaded(target: str | None) -> int:
         rep = minidl.dry_run(resnet(8, (3, 8, 8), 10, width=4), BATCH, "reuse,swap=auto",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minidl.text import load_synthetic_text, load_text_dataset, sequence_batches
+from minidl.datasets.text import load_synthetic_text, load_text_dataset, sequence_batches
 
 
 def test_synthetic_text_and_windows_are_seeded_and_shifted():

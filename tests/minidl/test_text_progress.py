@@ -14,9 +14,9 @@ import numpy as np
 
 from minidl import Trainer
 from minidl.cli import main
-from minidl.optim import SGD
-from minidl.rnn import char_rnn, train_language_model
-from minidl.text import load_text_dataset
+from minidl.datasets.text import load_text_dataset
+from minidl.net.optim import SGD
+from minidl.zoo.rnn import char_rnn, train_language_model
 
 
 def _run(steps: int, **kwargs) -> str:
@@ -62,7 +62,7 @@ def test_long_validation_says_where_it_stands(monkeypatch):
 
 
 def _trained(steps: int, val_every: int | None, dropout: float = 0.0) -> dict:
-    from minidl.transformers import TransformerConfig, gpt
+    from minidl.zoo.transformers import TransformerConfig, gpt
 
     data = load_text_dataset("synthetic-text")
     net = gpt(TransformerConfig(layers=1, heads=2, dim=16, context=8, vocab=data.vocab_size,

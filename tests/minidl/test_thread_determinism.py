@@ -17,10 +17,10 @@ SCRIPT = r"""
 import hashlib
 import numpy as np
 import minidl
-from minidl.models import get_model
-from minidl.optim import SGD
-from minidl.rnn import char_rnn
-from minidl.transformers import TransformerConfig, gpt
+from minidl.zoo.models import get_model
+from minidl.net.optim import SGD
+from minidl.zoo.rnn import char_rnn
+from minidl.zoo.transformers import TransformerConfig, gpt
 
 def digest(net, x, y, memory):
     trainer = minidl.Trainer(net, SGD(net.parameters(), lr=0.01, momentum=0.9),

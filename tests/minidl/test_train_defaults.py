@@ -69,7 +69,7 @@ def test_flags_on_the_command_line_win_and_other_datasets_keep_raw_inputs(capsys
 
 
 def test_lenet5_pools_once_on_8x8_digits_and_twice_on_larger_inputs():
-    from minidl.models import lenet5
+    from minidl.zoo.models import lenet5
 
     small, large = lenet5((1, 8, 8)), lenet5((1, 28, 28))
     # fc1 sees 16 maps of 4x4 on 8x8 inputs (one pooling), 5x5 on 28x28 (two poolings).
@@ -108,8 +108,8 @@ def test_random_shift_moves_by_at_most_one_pixel_and_fills_the_border():
 
 
 def test_fit_trains_on_the_augmented_batches():
-    from minidl.models import lenet5
-    from minidl.trainer import Trainer
+    from minidl.train.trainer import Trainer
+    from minidl.zoo.models import lenet5
 
     ds = D.load_synthetic((1, 8, 8), 10, n_train=64, n_test=16, seed=0)
     seen = []

@@ -5,14 +5,14 @@ Numba kernels."""
 from __future__ import annotations
 
 import minidl
-from minidl.models import smallcnn
+from minidl.zoo.models import smallcnn
 
 
 def test_trainer_device_memory_defaults_to_what_the_machine_has():
     """The Python API's default device is the host's (not a fixed 1 GiB that larger models
     overflow); the CLI sizes its device from dry runs instead."""
-    from minidl.memory.devices.device import available_host_memory
     from minidl.memory.device_factory import AUTO_HOST_SHARE
+    from minidl.memory.devices.device import available_host_memory
 
     tr = minidl.Trainer(smallcnn((1, 16, 16), 10, width=8))
     assert tr.device.capacity > 1 << 30 or \

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from minidl.memory.ir.config import MemoryConfig
-from minidl.memory.options import attention_options as A
 
 import minidl
 from minidl import layers as L
-from minidl.builder import named
-from minidl.graph import Input, Network
-from minidl.lowering import lower
-from minidl.optim import SGD
+from minidl.compile.lowering import lower
+from minidl.memory.ir.config import MemoryConfig
+from minidl.memory.options import attention_options as A
+from minidl.net.builder import named
+from minidl.net.graph import Input, Network
+from minidl.net.optim import SGD
 
 
 def tiny_gpt(vocab=11, t=8, d=8, h=2, causal=True, dropout=0.1, layers=1) -> Network:

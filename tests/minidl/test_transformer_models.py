@@ -9,12 +9,12 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from minidl.memory.passes.recompute import articulation_values
 
 import minidl
 from minidl.cli import main
-from minidl.optim import AdamW
-from minidl.transformers import TransformerConfig, bert, gpt, transformer
+from minidl.memory.passes.recompute import articulation_values
+from minidl.net.optim import AdamW
+from minidl.zoo.transformers import TransformerConfig, bert, gpt, transformer
 
 TINY = TransformerConfig(layers=2, heads=2, dim=32, context=8, vocab=11, dropout=0.1)
 LOSSLESS = [

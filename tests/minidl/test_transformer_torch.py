@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import minidl
-from minidl.optim import SGD
-from minidl.transformers import TransformerConfig, bert, gpt
+from minidl.net.optim import SGD
+from minidl.zoo.transformers import TransformerConfig, bert, gpt
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
@@ -189,9 +189,9 @@ def test_gpt_bench_times_torch_in_its_own_process_from_the_same_weights():
 
 
 def test_to_torch_builds_the_transformers_with_tied_weights():
-    """minidl.torch_bridge (``minidl bench --compare-torch``): the same loss, and one torch
+    """minidl.interop.torch_bridge (``minidl bench --compare-torch``): the same loss, and one torch
     parameter for the embedding and the head they share."""
-    from minidl.torch_bridge import to_torch
+    from minidl.interop.torch_bridge import to_torch
 
     c = TransformerConfig(layers=2, heads=2, dim=16, context=6, vocab=13, dropout=0.0)
     rng = np.random.default_rng(3)

@@ -11,8 +11,8 @@ import textwrap
 import pytest
 
 from minidl.cli import main
-from minidl.graph import Network
-from minidl.user_models import UserModelError, build_user_model, is_user_model
+from minidl.net.graph import Network
+from minidl.zoo.user_models import UserModelError, build_user_model, is_user_model
 
 SOURCE = '''
 import minidl

@@ -10,16 +10,16 @@ import sys
 
 import numpy as np
 import pytest
+
+import minidl
+from minidl import layers as L
+from minidl.compile.engine import Engine
 from minidl.layers import SoftmaxCrossEntropy
 from minidl.memory.devices.device import MetaDevice
 from minidl.memory.options import workspace_options as W
 from minidl.memory.planners.auto import BudgetTooSmall
 from minidl.memory.runtime.pool import Pool
-
-import minidl
-from minidl import layers as L
-from minidl.engine import Engine
-from minidl.optim import SGD
+from minidl.net.optim import SGD
 
 SHAPE = (8, 16, 16)
 BATCH = 8
@@ -124,7 +124,7 @@ import numpy as np
 import minidl
 from minidl import layers as L
 from minidl.memory.planners.auto import BudgetTooSmall
-from minidl.optim import SGD
+from minidl.net.optim import SGD
 
 def net():
     return minidl.Sequential([

@@ -9,18 +9,18 @@ import re
 
 import numpy as np
 import pytest
+
+import minidl
+from minidl import layers as L
+from minidl.compile.engine import Engine
+from minidl.compile.lowering import lower
 from minidl.layers import SoftmaxCrossEntropy
 from minidl.memory.devices.device import MetaDevice
 from minidl.memory.options import workspace_options as W
 from minidl.memory.passes.base_plan import plan_peak
 from minidl.memory.planners.planner import make_plan
 from minidl.memory.runtime.pool import Pool
-
-import minidl
-from minidl import layers as L
-from minidl.engine import Engine
-from minidl.lowering import lower
-from minidl.optim import SGD
+from minidl.net.optim import SGD
 
 SHAPE = (8, 16, 16)
 BATCH = 8

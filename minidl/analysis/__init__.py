@@ -1,0 +1,1 @@
+"""Where the bytes go: dry runs, estimate tables, reports, summaries, memory recording."""

@@ -1,0 +1,348 @@
+"""The executor: walks a plan, memory actions through the runtime, compute through the layers."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import numpy as np
+
+from ..kernels.add import add as add_arrays
+from ..layers.base import Context
+from ..memory.ir.plan import Plan
+from ..memory.ir.program import Step
+from ..memory.passes import codecs
+from ..memory.runtime.runtime import MemoryRuntime, tensor_info
+from ..memory.runtime.scratch import TemporaryRouter
+from ..memory.runtime.transfer import copy_into, fetch_async
+from .lowering import Lowered
+
+
+class NonFiniteError(FloatingPointError):
+    """NaN or inf appeared in a layer's output or in the loss."""
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(z: int) -> int:
+    """SplitMix64's finaliser: a cheap bijective scramble of 64-bit integers."""
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK64
+    return z ^ (z >> 31)
+
+
+def step_seed(seed: int, iteration: int, node: int) -> int:
+    """The reproducible per-(layer, iteration) seed handed to layers (dropout masks): the same
+    for a recomputed forward, different for every layer and iteration."""
+    return _mix64(_mix64(_mix64(seed & _MASK64) ^ iteration) ^ node) >> 1
+
+
+class Executor:
+    """Runs one lowered program under one plan on a pool.
+
+    With ``compute=False`` (the meta device) only the memory actions run: the pool places every
+    block exactly as in a real run, so the dry-run peak equals the real-run peak.
+    """
+
+    def __init__(self, lowered: Lowered, plan: Plan, pool: Any, compute: bool = True,
+                 host_pool: Any = None, debug: bool = False) -> None:
+        self.lowered = lowered
+        self.plan = plan
+        self.pool = pool
+        self.host_pool = host_pool
+        self.debug = debug
+        self.compute = compute
+        self.last_runtime: MemoryRuntime | None = None
+        self.steps = plan.program.steps
+        self.tensor_info = tensor_info(plan.program)
+        self.layers = lowered.layers
+        self.parameters = lowered.parameters
+        self.outputs = set(lowered.output_tensors)
+        self.codec_state: dict[int, dict] = {}
+        #: Largest fraction of non-zeros seen per sparse-encoded tensor (for re-planning).
+        self.densities: dict[str, float] = {}
+        self._step_times = np.zeros(len(self.steps))
+        self._timer: Any = None  # a device's step timer, read when the times are asked for
+        #: Device seconds of the whole last iteration (CUDA events: the compute stream's waits
+        #: for copies and for the host included), once read; ``None`` on host devices.
+        self.iteration_s: float | None = None
+        #: (offset, bytes) of the block reserved for the device library's own temporaries
+        #: (CuPy's): set by the engine once measured; ``None`` routes them into the pool.
+        self.scratch: tuple[int, int] | None = None
+        #: The last run's temporaries (:class:`~minidl.memory.runtime.scratch.TemporaryRouter`:
+        #: their
+        #: footprint, live peak and overflow of the scratch block); ``None`` on the CPU.
+        self.temporaries: TemporaryRouter | None = None
+        self._feed_checks = self._feed_consumers()
+
+    @property
+    def step_times(self) -> np.ndarray:
+        """Seconds of each step in the last run: host time on the CPU, device time from CUDA
+        events on a GPU (reading them waits for the run's last event if it has not passed)."""
+        if self._timer is not None:
+            timer, self._timer = self._timer, None
+            self._step_times[:] = timer.collect()
+            self.iteration_s = getattr(timer, "iteration_s", None)
+        return self._step_times
+
+    @property
+    def temp_peak(self) -> int:
+        """Bytes a scratch block needs for the last run's temporaries (0 without any)."""
+        return 0 if self.temporaries is None else self.temporaries.footprint
+
+    def _feed_consumers(self) -> list[list[tuple[Any, int, list[tuple[int, ...]]]]]:
+        """Per program input, (layer, input index, the step's input shapes) of every forward
+        step reading it."""
+        prog = self.plan.program
+        where = {tid: k for k, tid in enumerate(prog.inputs)}
+        out: list[list[tuple[Any, int, list[tuple[int, ...]]]]] = [[] for _ in prog.inputs]
+        for st in prog.steps:
+            if st.phase == "forward" and st.node >= 0:
+                shapes = [tuple(prog.tensors[t].shape) for t in st.inputs]
+                for j, tid in enumerate(st.inputs):
+                    if tid in where:
+                        out[where[tid]].append((self.layers[st.node], j, shapes))
+        return out
+
+    def device_scope(self, measure: bool = False) -> Any:
+        """The device context the run's work needs: the device current (``cuda:N``) and the
+        device library's temporaries routed into the arena (into the scratch block when one is
+        reserved, else into the pool; ``measure=True`` starts a new measurement in
+        :attr:`temporaries`). The trainer runs the optimizer's update in it too."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(getattr(self.pool.device, "activate", contextlib.nullcontext)())
+        route = getattr(self.pool.device, "route_allocations", None)
+        if route is not None and self.compute:
+            if measure or self.temporaries is None:
+                self.temporaries = TemporaryRouter(self.pool, self.scratch)
+            stack.enter_context(route(self.temporaries.allocate))
+        return stack
+
+    def run(
+        self,
+        feeds: list[np.ndarray],
+        training: bool = True,
+        seed: int = 0,
+        iteration: int = 0,
+        fetch_outputs: bool = False,
+        check_finite: bool = False,
+        recomputing: bool = False,
+        loss_scale: float = 1.0,
+        record: bool = False,
+        data_parallel: Any = None,
+        wait: bool = True,
+    ) -> tuple[Any, list[Any]]:
+        """Run every step. Returns the loss (if the program has one) and, if asked, copies of
+        the network outputs. On any error every block of the iteration is freed.
+        ``wait=False`` on a device that runs asynchronously (a GPU): the loss and outputs come
+        back as pending host copies (``ready()`` / ``result()``,
+        :func:`~minidl.memory.runtime.transfer.fetch_async`) and the host does not wait for the
+        device; elsewhere they are values as with ``wait=True``.
+        ``data_parallel`` (:class:`~minidl.distributed.data_parallel.DataParallel`): its
+        ``grad_ready(self, i)`` is called after each backward step ``i`` (it launches the
+        gradient buckets that step completed), its ``gather_params(self, i)`` (ZeRO stage 3;
+        ``None`` otherwise) before each step ``i`` and its ``batch_sync`` goes to the layers
+        (:attr:`Context.batch_sync <minidl.layers.base.Context.batch_sync>`)."""
+        prog = self.plan.program
+        rt = MemoryRuntime(self.pool, prog, self.plan, self.host_pool,
+                           poison_offloaded=self.debug, info=self.tensor_info)
+        self.last_runtime = rt
+        if record:
+            rt.events = []
+        outputs: list[Any] = []
+        loss_box: list[Any] = [None]
+        try:
+            with self.device_scope(measure=True):
+                self._run_steps(rt, feeds, training, seed, iteration, fetch_outputs,
+                                check_finite, recomputing, loss_scale, outputs, loss_box,
+                                data_parallel)
+        except BaseException:
+            rt.release_all()
+            raise
+        loss = loss_box[0]
+        if wait:
+            loss = None if loss is None else float(loss.result()[()])
+            outputs = [o.result() for o in outputs]
+        return loss, outputs
+
+    def _run_steps(self, rt: MemoryRuntime, feeds: list, training: bool, seed: int,
+                   iteration: int, fetch_outputs: bool, check_finite: bool, recomputing: bool,
+                   loss_scale: float, outputs: list, loss_box: list,
+                   data_parallel: Any = None) -> None:
+        prog = self.plan.program
+        plan_steps = self.plan.steps
+        compute = self.compute
+        loss_value: Any = None
+        device = self.pool.device
+        make_timer = getattr(device, "step_timer", None)
+        upload = getattr(device, "copy_from_host", None)
+        timer = make_timer(len(plan_steps)) if compute and make_timer is not None else None
+        self._timer = None
+        if timer is not None:
+            timer.begin()
+        for a in self.plan.begin:
+            rt.apply(a)
+        if compute:
+            for k, (tid, x) in enumerate(zip(prog.inputs, feeds)):
+                dst = rt.array(tid)
+                host = np.asarray(x).astype(dst.dtype, casting="same_kind", copy=False)
+                if upload is None:
+                    copy_into(dst, host)
+                else:  # a GPU: checked here (the layers' checks would wait for the device),
+                    for layer, j, shapes in self._feed_checks[k]:  # then sent asynchronously
+                        layer.check_feed(j, host, shapes)
+                    upload(dst, host)
+        forward_done = False
+        # ZeRO stage 3: gathers the parameters a step reads into their blocks, before it
+        gather = None if data_parallel is None or not compute else \
+            getattr(data_parallel, "gather_params", None)
+        for i, st in enumerate(self.steps):
+            rt.position = i
+            sp = plan_steps[i]
+            if not forward_done and st.phase in ("backward", "recompute"):
+                forward_done = True
+                rt.note_kept_for_backward()
+            for a in sp.before:
+                rt.apply(a)
+            if compute:
+                if gather is not None:
+                    gather(self, i)
+                if timer is None:
+                    t0 = time.perf_counter()
+                else:
+                    timer.start(i)
+                ctx = None if st.node < 0 else Context(
+                    training=training, seed=step_seed(seed, iteration, st.node),
+                    recomputing=recomputing or st.phase == "recompute",
+                    accumulate=st.accumulate, options=st.options,
+                    batch_sync=None if data_parallel is None else data_parallel.batch_sync)
+                if st.phase == "encode":
+                    self._encode(st, rt)
+                elif st.phase == "decode":
+                    src = st.attrs["source"]
+                    codecs.decode(st.attrs["codec"], rt.array(st.reads[0]),
+                                  rt.array(st.writes[0]), self.codec_state.get(src, {}))
+                elif st.phase == "recompute":
+                    self._forward(st, rt, ctx)
+                elif st.phase == "forward":
+                    self._forward(st, rt, ctx)
+                    if check_finite:
+                        self._check(st, rt)
+                    if fetch_outputs:
+                        outputs += [fetch_async(device, rt.array(t)) for t in st.outputs
+                                    if t in self.outputs]
+                    if prog.loss >= 0 and st.outputs[0] == prog.loss:
+                        loss_value = fetch_async(device, rt.array(prog.loss))
+                else:
+                    self._backward(st, rt, ctx, loss_scale)
+                if timer is None:
+                    self._step_times[i] = time.perf_counter() - t0
+                else:
+                    timer.stop(i)
+                if data_parallel is not None and st.phase == "backward":
+                    data_parallel.grad_ready(self, i)
+            for a in sp.after:
+                rt.apply(a)
+        rt.position = len(plan_steps)
+        for a in self.plan.end:
+            rt.apply(a)
+        loss_box[0] = loss_value
+        if timer is not None:
+            timer.end()
+            self._timer = timer
+
+    def _encode(self, st: Step, rt: MemoryRuntime) -> None:
+        codec, src = st.attrs["codec"], st.attrs["source"]
+        x = rt.array(src)
+        out = st.writes[0]
+        state = self.codec_state.setdefault(src, dict(st.attrs))
+        need = codecs.encode(codec, x, rt.array(out), state)
+        if codec == "sparse":  # (the count the encoder read: no second pass over x)
+            name = rt.program.tensors[src].name
+            density = state["_nnz"] / max(int(x.size), 1)
+            self.densities[name] = max(self.densities.get(name, 0.0), density)
+        if need > rt.array(out).size:
+            # denser than planned: a larger block for this iteration (the plan is refined
+            # from the measured densities after the first iteration)
+            rt.realloc(out, need)
+            codecs.encode(codec, x, rt.array(out), state)
+
+    def _params(self, st: Step, rt: MemoryRuntime) -> dict[str, Any]:
+        """The step's parameters: a :class:`Parameter`'s array, or a block of the iteration
+        for a parameter the program materialises itself (decoded from a compressed model, or
+        under ZeRO stage 3 gathered from the ranks' shards just before the step)."""
+        tensors = rt.program.tensors
+        return {k: self.parameters[t].data if t in self.parameters and tensors[t].persistent
+                else rt.array(t) for k, t in st.params.items()}
+
+    def _forward(self, st: Step, rt: MemoryRuntime, ctx: Context) -> None:
+        arr = rt.array
+        self.layers[st.node].forward(
+            ctx,
+            [arr(t) for t in st.inputs],
+            [arr(t) for t in st.outputs],
+            self._params(st, rt),
+            {k: arr(t) for k, t in st.stash.items()},
+            arr(st.workspace) if st.workspace >= 0 else None,
+        )
+
+    def _backward(self, st: Step, rt: MemoryRuntime, ctx: Context,
+                  loss_scale: float = 1.0) -> None:
+        arr = rt.array
+        layer = self.layers[st.node]
+        encoding = st.attrs.get("backward_from")
+        if encoding is not None:  # the stash is kept encoded: backward starts from it
+            g = st.grad_inputs[0]
+            if g is not None:
+                dx = arr(g.written)
+                layer.backward_from_encoded(encoding, arr(st.attrs["encoded"]),
+                                            arr(st.grad_outputs[0]), dx)
+                if g.add_into >= 0:
+                    add_arrays(arr(g.add_into), dx, arr(g.add_into))
+            return
+        g_out = []
+        for t in st.grad_outputs:
+            g = arr(t)
+            role = rt.program.tensors[t].role
+            if role == "seed":
+                g.fill(loss_scale)
+            elif role == "zeros":
+                g.fill(0.0)
+            g_out.append(g)
+        inputs = [arr(t) if j in layer.retain_inputs else None for j, t in enumerate(st.inputs)]
+        outputs = [arr(t) if j in layer.retain_outputs else None
+                   for j, t in enumerate(st.outputs)]
+        g_in = [None if g is None else arr(g.written) for g in st.grad_inputs]
+        grads = {k: arr(st.param_partials[k]) if k in st.param_partials
+                 else self._param_grad(st, k, rt) for k in st.grad_params}
+        layer.backward(
+            ctx, g_out, g_in, inputs, outputs, self._params(st, rt), grads,
+            {k: arr(t) for k, t in st.stash.items()},
+            arr(st.workspace) if st.workspace >= 0 else None,
+        )
+        for g in st.grad_inputs:
+            if g is not None and g.add_into >= 0:
+                target = arr(g.add_into)
+                add_arrays(target, arr(g.written), target)
+        for k, t in st.param_partials.items():
+            grad = self._param_grad(st, k, rt)
+            add_arrays(grad, arr(t), grad)
+
+    def _param_grad(self, st: Step, k: str, rt: MemoryRuntime) -> Any:
+        """Parameter ``k``'s gradient: its persistent ``.grad``, or under ZeRO stage 2 a block
+        of the iteration (``zero=2``: handed to its bucket after its last write)."""
+        tid = st.grad_params[k]
+        if rt.program.tensors[tid].persistent:
+            return self.parameters[st.params[k]].grad
+        return rt.array(tid)
+
+    def _check(self, st: Step, rt: MemoryRuntime) -> None:
+        for t in st.outputs:
+            a = rt.array(t)
+            if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
+                raise NonFiniteError(
+                    f"non-finite values (NaN or inf) first appear in the output of layer "
+                    f"{st.layer} ({self.layers[st.node].describe()})"
+                )

@@ -1,0 +1,1 @@
+"""Data: the datasets, their streamed loaders, text corpora."""

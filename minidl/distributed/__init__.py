@@ -1,0 +1,1 @@
+"""Data parallelism over MPI: the communicator, DataParallel, ZeRO sharding."""

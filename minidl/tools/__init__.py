@@ -1,0 +1,1 @@
+"""Daily tools over the public API: the benchmark timer (minidl bench)."""

@@ -1,0 +1,1 @@
+"""Training: the Trainer, the fit loop, callbacks."""

@@ -1,0 +1,246 @@
+"""The training loop of :meth:`Trainer.fit <minidl.train.trainer.Trainer.fit>`: epochs of batches
+from where the trainer stands (a resumed run continues mid-epoch), per-epoch validation,
+callbacks (:mod:`minidl.train.callbacks`), per-step measurements in a :class:`History`."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..compile.deferred import Deferred, resolve_all
+from ..datasets.loaders import epoch_batches
+from ..kernels.jit import CompileWatch
+from .callbacks import Callback, FitRun, ProgressLogger, restore_callback_states
+
+
+@dataclass
+class History:
+    """What :meth:`Trainer.fit` measured in this call: per step (``losses``,
+    ``train_accuracy``, ``step_times``, ``lrs``), per epoch (``epochs``: the epoch logs, with
+    the validation when there was one), and the final test evaluation."""
+
+    losses: list[float] = field(default_factory=list)
+    train_accuracy: list[float] = field(default_factory=list)
+    step_times: list[float] = field(default_factory=list)
+    lrs: list[float] = field(default_factory=list)
+    epochs: list[dict[str, Any]] = field(default_factory=list)
+    test_loss: float | None = None
+    test_accuracy: float | None = None
+    wall_time_s: float = 0.0
+    #: The fit position (epoch * steps per epoch + batch) this call started from.
+    start_step: int = 0
+    validating: bool = False
+    stopped_early: bool = False
+    stop_reason: str = ""
+
+
+class ResumeMismatch(ValueError):
+    """A resumed run continued with other data or another batch size (raised before any
+    step)."""
+
+
+def _split(data: Any) -> tuple[Any, Any, Any, Any]:
+    if isinstance(data, tuple):
+        return data[0], data[1], None, None
+    return data.x_train, data.y_train, data.x_test, data.y_test
+
+
+def fit(
+    trainer: Any,
+    data: Any,
+    epochs: int = 1,
+    batch_size: int = 64,
+    max_steps: int | None = None,
+    progress: bool = True,
+    evaluate: bool = True,
+    shuffle: bool = True,
+    augment: Callable[[np.ndarray, np.random.Generator], np.ndarray] | None = None,
+    callbacks: Sequence[Callback] = (),
+    validation_data: tuple[Any, Any] | None = None,
+    val_every: int | None = None,
+    progress_every: int | None = None,
+) -> History:
+    """Train ``trainer`` (a :class:`~minidl.train.trainer.Trainer`) on ``data`` (a
+    :class:`~minidl.datasets.data.Dataset` or ``(x, y)``) until ``epochs`` epochs (or ``max_steps``
+    batches) have been trained, counted from the start of the run: a trainer that already
+    trained, or was restored with ``load(path, resume=True)``, continues where it stood (mid
+    epoch too: same batch order, augmentation and dropout masks as an uninterrupted run).
+    Evaluates on the test split at the end (``evaluate``).
+
+    ``validation_data`` (``(x, y)``) is evaluated every ``val_every`` epochs (default 1);
+    ``val_every`` alone validates on the dataset's test split. ``callbacks`` get the hooks of
+    :class:`~minidl.train.callbacks.Callback`. ``progress`` shows a bar on a terminal, otherwise one
+    line per epoch (and every ``progress_every`` steps).
+
+    ``augment(x_batch, rng)`` returns the images a step trains on instead of ``x_batch``
+    (for instance :func:`~minidl.datasets.data.random_shift`); ``rng`` is seeded by the trainer's
+    seed
+    and the epoch, and saved in checkpoints, so a run is reproducible and resumable.
+
+    The first step compiles the Numba kernels it uses unless Numba's on-disk cache has them:
+    the display then says so and restarts its clock once they are compiled."""
+    x_train, y_train, x_test, y_test = _split(data)
+    if val_every is not None and val_every < 1:
+        raise ValueError(f"val_every must be >= 1, got {val_every}")
+    if validation_data is None and val_every is not None:
+        if x_test is None or not len(x_test):
+            raise ValueError("val_every needs validation_data=(x, y) or a dataset with a test "
+                             "split")
+        validation_data = (x_test, y_test)
+    val_every = val_every or 1
+    steps_per_epoch = -(-len(x_train) // batch_size)
+    if trainer.steps_per_epoch not in (None, steps_per_epoch) and (
+            trainer.epoch or trainer.epoch_step):
+        raise ResumeMismatch(f"the trainer stands at epoch {trainer.epoch + 1}, batch "
+                         f"{trainer.epoch_step} of a run with {trainer.steps_per_epoch} batches "
+                         f"per epoch, but this data and batch size give {steps_per_epoch}: "
+                         "resume with the same data and batch size")
+    trainer.steps_per_epoch = steps_per_epoch
+    total = steps_per_epoch * epochs if max_steps is None else min(
+        max_steps, steps_per_epoch * epochs)
+    hist = History(start_step=trainer.epoch * steps_per_epoch + trainer.epoch_step,
+                   validating=validation_data is not None)
+    run = FitRun(trainer, hist, epochs, total, steps_per_epoch, batch_size,
+                 [*callbacks, *([ProgressLogger(every_steps=progress_every)] if progress else [])])
+    t_start = time.perf_counter()
+    trainer.stop_training = False
+    trainer.fetch_logits = True
+    trainer.fit_callbacks = list(callbacks)
+    if trainer.restored_callback_state:  # (a resumed run: the callbacks as they were)
+        restore_callback_states(trainer.fit_callbacks, trainer.restored_callback_state)
+        trainer.restored_callback_state = {}
+    end_logs: dict[str, Any] = {}
+    announce = trainer.announce_compilation
+    # the progress display says when kernels compile; without progress, fit stays silent
+    trainer.announce_compilation = False
+    try:
+        run.dispatch("on_train_begin")
+        _train(run, x_train, y_train, shuffle, augment, validation_data, val_every)
+        hist.stopped_early = trainer.stop_training
+        hist.stop_reason = run.stop_reason
+        end_logs = {"steps": len(hist.losses), "stopped_early": hist.stopped_early,
+                    "stop_reason": hist.stop_reason}
+    finally:
+        trainer.fetch_logits = False
+        trainer.announce_compilation = announce
+        run.dispatch("on_train_end", end_logs)
+    # (a GPU's deferred figures, read once: the device has long finished most of them)
+    hist.losses[:] = resolve_all(hist.losses)
+    hist.train_accuracy[:] = resolve_all(hist.train_accuracy)
+    if evaluate and x_test is not None and len(x_test):
+        hist.test_loss, hist.test_accuracy = trainer.evaluate(x_test, y_test, batch_size)
+    hist.wall_time_s = time.perf_counter() - t_start
+    return hist
+
+
+def _position(trainer: Any) -> int:
+    return trainer.epoch * trainer.steps_per_epoch + trainer.epoch_step
+
+
+def _train(run: FitRun, x_train: Any, y_train: Any, shuffle: bool, augment: Any,
+           validation_data: tuple[Any, Any] | None, val_every: int) -> None:
+    """The epochs and batches of one :func:`fit` call, from the trainer's position."""
+    trainer, hist = run.trainer, run.history
+    first = True
+    while trainer.epoch < run.epochs and _position(trainer) < run.total_steps \
+            and not trainer.stop_training:
+        epoch = trainer.epoch
+        if trainer.epoch_step == 0 or trainer.augment_rng is None:
+            trainer.augment_rng = np.random.default_rng([trainer.seed, epoch, 1])
+        run.dispatch("on_epoch_begin", epoch)
+        t_epoch = time.perf_counter()
+        lr = trainer.optimizer.lr
+        if trainer.epoch_step == 0:
+            trainer.epoch_losses, trainer.epoch_accuracy = [], []
+        # (streamed images, minidl.datasets.loaders.ImageArray: the next batch read on a thread)
+        todo = epoch_batches(x_train, y_train, run.batch_size, shuffle=shuffle,
+                             seed=trainer.seed, epoch=epoch, start=trainer.epoch_step)
+        with contextlib.closing(todo):
+            for xb, yb in todo:
+                if _position(trainer) >= run.total_steps or trainer.stop_training:
+                    break
+                if augment is not None:
+                    xb = augment(xb, trainer.augment_rng)
+                _step(run, xb, yb, epoch, first)
+                first = False
+        if trainer.epoch_step < run.steps_per_epoch:
+            break  # stopped mid-epoch: the position stays there
+        logs = {"epoch": epoch, "step": trainer.iteration,
+                "loss": _mean(trainer.epoch_losses), "accuracy": _mean(trainer.epoch_accuracy),
+                "lr": lr, "time_s": time.perf_counter() - t_epoch,
+                "peak_bytes": trainer.peak.bytes if trainer.peak else 0}
+        if validation_data is not None and (epoch + 1) % val_every == 0:
+            val_loss, val_acc = trainer.evaluate(*validation_data, batch_size=max(
+                run.batch_size, 256))
+            val = {"epoch": epoch, "step": trainer.iteration, "val_loss": val_loss,
+                   "val_accuracy": val_acc}
+            logs.update(val)
+            run.dispatch("on_evaluate", val)
+        if trainer.scheduler is not None:
+            trainer.scheduler.step()
+        trainer.epoch, trainer.epoch_step = epoch + 1, 0
+        trainer.augment_rng = None
+        hist.epochs.append(logs)
+        run.dispatch("on_epoch_end", logs)
+
+
+def _mean(values: list[Any]) -> float:
+    finite = [v for v in resolve_all(values) if v == v]
+    return float(np.mean(finite)) if finite else float("nan")
+
+
+def _accuracy(logits: Any, labels: np.ndarray) -> Any:
+    """Training accuracy of one step's output: a float, or on a GPU (the logits still on their
+    way to the host) a :class:`~minidl.compile.deferred.Deferred` computed when read."""
+    if logits is None:
+        return float("nan")
+    if isinstance(logits, np.ndarray):
+        return _accuracy_of(logits, labels)
+    return Deferred(lambda: _accuracy_of(logits.result(), labels), logits.ready)
+
+
+def _accuracy_of(logits: np.ndarray, labels: np.ndarray) -> float:
+    if len(logits) != len(labels):
+        return float("nan")
+    return float((logits.argmax(axis=-1) == labels).mean())
+
+
+def _step(run: FitRun, xb: np.ndarray, yb: np.ndarray, epoch: int, first: bool) -> None:
+    """One training step, its measurements and the ``on_step_end`` hooks."""
+    trainer, hist = run.trainer, run.history
+    lr = trainer.optimizer.lr
+    # a GPU: the host does not wait for the step (its figures are read when shown or logged)
+    step = functools.partial(trainer.step, wait=False) \
+        if getattr(trainer, "asynchronous", False) else trainer.step
+    t0 = time.perf_counter()
+    if first:
+        with CompileWatch(on_first_compile=lambda: run.message(
+                "compiling kernels (first run only)...")) as watch:
+            loss = step(xb, yb)
+        if watch.compiled:
+            run.message(f"kernels compiled in {watch.seconds:.1f} s")
+            for cb in run.callbacks:
+                if isinstance(cb, ProgressLogger):
+                    cb.restart_clock()
+    else:
+        loss = step(xb, yb)
+    dt = time.perf_counter() - t0
+    trainer.epoch_step += 1
+    acc = _accuracy(trainer.last_logits, yb)
+    hist.losses.append(loss)
+    hist.step_times.append(dt)
+    hist.train_accuracy.append(acc)
+    # (the epoch's figures so far: in checkpoints, so that an epoch a resume cuts logs all of it)
+    trainer.epoch_losses.append(loss)
+    trainer.epoch_accuracy.append(acc)
+    hist.lrs.append(lr)
+    run.dispatch("on_step_end", {
+        "epoch": epoch, "step": trainer.iteration, "loss": loss, "accuracy": acc, "lr": lr,
+        "step_time_s": dt, "samples_per_s": len(xb) / dt if dt > 0 else float("inf"),
+        "peak_bytes": trainer.peak.bytes if trainer.peak else 0})

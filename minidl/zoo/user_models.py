@@ -1,0 +1,94 @@
+"""A user's own model on the command line: ``minidl plan mypackage.nets:build``, as
+``accelerate estimate-memory`` takes any model. ``MODULE:FUNCTION`` names a function that
+returns a :class:`~minidl.net.graph.Network`; it gets the keyword arguments among
+``input_shape``, ``num_classes`` and ``width`` that it declares (and that were given), and
+its network's input shape is the one to use when ``--input`` is not given."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import re
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ..net.graph import Network
+
+#: ``package.module:function`` (dotted module, a Python name after the colon).
+SPEC = re.compile(r"(?P<module>[A-Za-z_][\w.]*):(?P<function>[A-Za-z_]\w*)")
+
+
+class UserModelError(ValueError):
+    """A ``MODULE:FUNCTION`` model that cannot be built (the message is one line)."""
+
+
+def is_user_model(name: str) -> bool:
+    """Whether ``name`` names a user's model (``MODULE:FUNCTION``) rather than a built-in."""
+    return ":" in name
+
+
+def model_function(name: str) -> Callable[..., Any]:
+    """The function ``MODULE:FUNCTION`` names, imported as ``python -m`` would (the current
+    folder first on the path); :class:`UserModelError` saying what is wrong otherwise."""
+    match = SPEC.fullmatch(name)
+    if match is None:
+        raise UserModelError(f"model {name!r}: expected MODULE:FUNCTION (e.g. "
+                             "mypackage.nets:build), a dotted module and a function name")
+    module_name, function = match["module"], match["function"]
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        missing = e.name or module_name
+        where = "" if missing != module_name.split(".")[0] else \
+            f" (looked in {cwd} and on sys.path)"
+        raise UserModelError(f"model {name!r}: no module named {missing!r}{where}") from None
+    except Exception as e:  # noqa: BLE001 (the user's module failed while importing)
+        raise UserModelError(f"model {name!r}: importing {module_name} raised "
+                             f"{type(e).__name__}: {_first_line(e)}") from None
+    fn = getattr(module, function, None)
+    if fn is None:
+        names = sorted(n for n, v in vars(module).items()
+                       if callable(v) and not n.startswith("_")
+                       and getattr(v, "__module__", None) == module.__name__)
+        raise UserModelError(f"model {name!r}: {module_name} has no {function!r}"
+                             + (f"; its functions: {', '.join(names)}" if names else ""))
+    if not callable(fn):
+        raise UserModelError(f"model {name!r}: {module_name}.{function} is a "
+                             f"{type(fn).__name__}, not a function returning a Network")
+    return fn
+
+
+def build_user_model(name: str, input_shape: tuple[int, ...] | None = None,
+                     num_classes: int | None = None, width: int | None = None) -> Network:
+    """Call ``MODULE:FUNCTION`` with the arguments it declares among ``input_shape``,
+    ``num_classes`` and ``width`` (those given; a function taking ``**kwargs`` gets them
+    all) and check that it returns a :class:`Network`."""
+    fn = model_function(name)
+    given = {k: v for k, v in (("input_shape", input_shape), ("num_classes", num_classes),
+                               ("width", width)) if v is not None}
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = {}
+    takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    kwargs = {k: v for k, v in given.items() if takes_all or k in params}
+    try:
+        net = fn(**kwargs)
+    except Exception as e:  # noqa: BLE001 (the user's function failed)
+        args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        raise UserModelError(f"model {name!r}: {name.split(':')[1]}({args}) raised "
+                             f"{type(e).__name__}: {_first_line(e)}") from None
+    if not isinstance(net, Network):
+        raise UserModelError(f"model {name!r} returned {type(net).__name__}, not a "
+                             "minidl Network (minidl.Sequential or minidl.Network)")
+    return net
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else "(no message)"
