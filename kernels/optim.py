@@ -25,7 +25,7 @@ allocated by the array library of the operands through their ``__array_ufunc__``
 Device arrays (CuPy's, the strict test device's) of one float dtype, C-contiguous, are
 updated by one Numba CUDA kernel each (:func:`_k_sgd`, :func:`_k_adam`: the same operations in
 the same order as the Numba loops); the trainer hands whole parameter groups laid out back to
-back (:class:`minidl.optim.FlatGroup`), so one launch updates a group.
+back (:class:`minidl.net.optim.FlatGroup`), so one launch updates a group.
 
 Arrays of at least :data:`PARALLEL_MIN_SIZE` elements are split into one contiguous chunk per
 thread (:func:`~minidl.kernels.parallel.num_threads`) inside a ``prange``; smaller ones run on
@@ -183,7 +183,7 @@ def _adam_parallel(p, g, m, v, wd, decay, lerp_low, lerp_w, beta2, one_minus_bet
 
 # ---------------------------------------------------------------- CUDA kernels
 # One launch updates a whole flat array (a parameter, or a group of parameters laid out
-# back to back with their gradients and state: minidl.optim.FlatGroup). The arithmetic is the
+# back to back with their gradients and state: minidl.net.optim.FlatGroup). The arithmetic is the
 # Numba loops' above, operation for operation, so an emulated launch (one host thread) gives
 # their bits; on a GPU, NVVM may contract a multiply-add into an FMA (last-bit differences).
 
