@@ -16,6 +16,7 @@ from functools import cached_property
 import numpy as np
 
 from .capabilities import OpCaps
+from .names import Category, Phase, Role
 from .units import ALLOCATION_UNIT, aligned
 
 
@@ -23,22 +24,25 @@ from .units import ALLOCATION_UNIT, aligned
 class TensorSpec:
     """One tensor of the program.
 
-    ``role`` says what it is for the engine: ``value`` (an input or a layer output), ``grad``
-    (the gradient of a value), ``grad_partial`` (a fan-out partial gradient, added into the
-    ``grad`` of ``of`` right after it is written), ``stash`` (saved by forward for backward),
-    ``workspace`` (scratch of one step), ``param``, ``param_grad``, ``opt_state``, ``seed``
-    (the loss gradient 1.0). ``persistent`` tensors live across iterations.
+    ``role`` says what it is for the engine (:class:`~.names.Role`: a value, its gradient, a
+    stash, a workspace, a parameter, ...), ``category`` what its block holds for the pool's
+    statistics (:class:`~.names.Category`); plain strings are accepted and made members.
+    ``persistent`` tensors live across iterations.
     """
 
     id: int
     name: str
     shape: tuple[int, ...]
     dtype: str
-    category: str
-    role: str
+    category: Category
+    role: Role
     layer: str = ""
     of: int = -1  # for grad / grad_partial: the value (or grad) tensor it belongs to
     persistent: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "category", Category.of(self.category))
+        object.__setattr__(self, "role", Role.of(self.role))
 
     @cached_property
     def nbytes(self) -> int:
@@ -81,7 +85,7 @@ class Step:
     """
 
     index: int
-    phase: str  # "forward" | "backward" | "recompute" | "encode" | "decode"
+    phase: Phase  # a plain string is accepted and made a member
     layer: str
     kind: str  # op tag: conv, relu, pool, ... ; "encode" ; "decode"
     node: int  # index of the layer node in the network (-1 for none)
@@ -119,6 +123,9 @@ class Step:
     #: Index of the lowered step this one runs (itself for lowered steps; a recomputation's
     #: forward step; -1 for steps a pass added): measured step times are keyed by it.
     origin: int = -1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "phase", Phase.of(self.phase))
 
     @property
     def label(self) -> str:

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..ir.names import Category
 from ..ir.units import format_size
 
 __all__ = ["CATEGORIES", "format_memory_summary"]
 
 #: What a block holds; every allocation names one (stats are kept per category).
-CATEGORIES: tuple[str, ...] = (
-    "parameter", "gradient", "optimizer_state", "feature_map", "gradient_map", "workspace",
-    "stash", "input", "encoded",
-)
+CATEGORIES: tuple[str, ...] = tuple(c.value for c in Category)
 
 
 def format_memory_summary(s: dict[str, Any], device_name: str, policy: str) -> str:
