@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .units import parse_size
+
 #: Known flags: name -> (allowed values or None for a bare flag, one-line description).
 FLAGS: dict[str, tuple[tuple[str, ...] | None, str]] = {
     "none": (None, "network-wide allocation: every feature and gradient map lives all iteration"),
@@ -67,11 +69,97 @@ def valid_flags_text() -> str:
 AUTO_EXCLUDES = ("swap", "cache", "binarize", "sparse", "dpr")
 
 
+def _expand(spec: str) -> list[tuple[str, str]]:
+    """``(flag, value)`` pairs of a spec in order, presets expanded (a flag given before a
+    preset keeps its value)."""
+    pairs: list[tuple[str, str]] = []
+    for raw in spec.split(","):
+        item = raw.strip().lower()
+        if not item:
+            continue
+        if item in PRESETS:
+            pairs.extend((k, v) for k, v in _expand(PRESETS[item])
+                         if k not in {n for n, _ in pairs})
+            continue
+        name, _, value = item.partition("=")
+        pairs.append((name, value))
+    return pairs
+
+
+def _checked_value(name: str, value: str) -> str:
+    """``value`` of flag ``name`` in its canonical form (sizes in bytes); a ``ValueError``
+    naming what is valid otherwise."""
+    if name not in FLAGS:
+        raise ValueError(f"unknown memory flag {name!r}; valid: {valid_flags_text()}")
+    values, _ = FLAGS[name]
+    if values is None:
+        if value:
+            raise ValueError(f"memory flag {name!r} takes no value (got {value!r})")
+    elif values == ("<size>",):
+        try:
+            value = str(parse_size(value))
+        except ValueError as e:
+            raise ValueError(f"memory flag {name!r}: {e}") from None
+    elif values == ("<int>",):
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"memory flag {name!r} needs a positive integer, got {value!r}")
+    elif value not in values:
+        raise ValueError(
+            f"memory flag {name!r} needs a value in {'|'.join(values)} (got {value!r})")
+    return value
+
+
+def _check_combinations(flags: dict[str, str]) -> None:
+    """Flags that make no sense together, refused with what to do instead."""
+    if "split" in flags and not flags["split"]:
+        raise ValueError("memory flag 'split' needs a value: split=K")
+    if flags.get("split", "1") != "1" and flags.get("zero", "0") in ("2", "3"):
+        raise ValueError(f"split={flags['split']} cannot be combined with "
+                         f"zero={flags['zero']}: micro-batches accumulate full gradients, "
+                         "which ZeRO stages 2 and 3 do not keep; use zero=1 with split")
+    for flag, usage in (("budget", "budget=SIZE"), ("only", "only=recompute|swap"),
+                        ("planner", "planner=greedy|optimal")):
+        if flag in flags and "auto" not in flags:
+            raise ValueError(f"{usage} is for the auto planner: add 'auto' to the spec")
+    ignored = [f for f in AUTO_EXCLUDES if f in flags]
+    if "auto" in flags and ignored:
+        raise ValueError(
+            f"memory flag {ignored[0]!r} cannot be combined with auto: auto chooses keep, "
+            f"swap or recompute per feature map itself (on reuse,inplace,static); drop "
+            f"{ignored[0]!r} or 'auto'")
+
+
+def _flag_property(name: str, doc: str) -> property:
+    """A bare flag as a ``bool`` attribute."""
+    return property(lambda self: name in self.flags, doc=doc)
+
+
+def _value_property(name: str, doc: str) -> property:
+    """A flag's value as an attribute (``None`` when the flag is not given)."""
+    return property(lambda self: self.flags.get(name), doc=doc)
+
+
 @dataclass(frozen=True)
 class MemoryConfig:
-    """A parsed memory spec. ``flags`` maps each flag to its value ('' for bare flags)."""
+    """A parsed memory spec, parsed once: ``flags`` maps each flag to its value ('' for bare
+    flags), in the spec's order; the typed attributes below read it (``config.swap`` is
+    ``"conv"`` or ``None``, ``config.reuse`` a ``bool``, ``config.budget`` bytes or ``None``)."""
 
     flags: dict[str, str] = field(default_factory=dict)
+
+    reuse = _flag_property("reuse", "Free each tensor after its last use.")
+    inplace = _flag_property("inplace", "Outputs written over dead inputs where allowed.")
+    static = _flag_property("static", "Offsets planned ahead from lifetimes.")
+    cache = _flag_property("cache", "Offloaded tensors stay on device while memory allows.")
+    binarize = _flag_property("binarize", "1-bit ReLU masks and packed pool indices (Gist).")
+    sparse = _flag_property("sparse", "Conv inputs kept sparse after a ReLU (Gist SSDC).")
+    auto = _flag_property("auto", "The auto planner chooses keep / swap / recompute.")
+    swap = _value_property("swap", "Which feature maps to offload: conv, all, auto or None.")
+    recompute = _value_property("recompute", "Recomputation policy: sqrt, speed, memory, cost "
+                                             "or None.")
+    dpr = _value_property("dpr", "Reduced precision of other stashes: fp16, bf16, fp8 or None.")
+    planner = _value_property("planner", "How auto chooses: greedy, optimal or None.")
+    only = _value_property("only", "Auto restricted to recompute or swap, or None.")
 
     @classmethod
     def parse(cls, spec: str | MemoryConfig | None) -> MemoryConfig:
@@ -82,57 +170,9 @@ class MemoryConfig:
         if spec is None or not str(spec).strip():
             spec = "none"
         flags: dict[str, str] = {}
-        for raw in str(spec).split(","):
-            item = raw.strip().lower()
-            if not item:
-                continue
-            if item in PRESETS:
-                for k, v in cls.parse(PRESETS[item]).flags.items():
-                    flags.setdefault(k, v)
-                continue
-            name, _, value = item.partition("=")
-            if name not in FLAGS:
-                raise ValueError(f"unknown memory flag {name!r}; valid: {valid_flags_text()}")
-            values, _ = FLAGS[name]
-            if values is None and value:
-                raise ValueError(f"memory flag {name!r} takes no value (got {value!r})")
-            if values == ("<size>",):
-                from .units import parse_size
-
-                try:
-                    value = str(parse_size(value))
-                except ValueError as e:
-                    raise ValueError(f"memory flag {name!r}: {e}") from None
-            elif values == ("<int>",):
-                if not value.isdigit() or int(value) < 1:
-                    raise ValueError(f"memory flag {name!r} needs a positive integer, got "
-                                     f"{value!r}")
-            elif values is not None and value not in values:
-                raise ValueError(
-                    f"memory flag {name!r} needs a value in {'|'.join(values)} (got {value!r})"
-                )
-            flags[name] = value
-        if "split" in flags and not flags["split"]:
-            raise ValueError("memory flag 'split' needs a value: split=K")
-        if flags.get("split", "1") != "1" and flags.get("zero", "0") in ("2", "3"):
-            raise ValueError(f"split={flags['split']} cannot be combined with "
-                             f"zero={flags['zero']}: micro-batches accumulate full gradients, "
-                             "which ZeRO stages 2 and 3 do not keep; use zero=1 with split")
-        if "budget" in flags and "auto" not in flags:
-            raise ValueError("budget=SIZE is for the auto planner: add 'auto' to the spec")
-        if "only" in flags and "auto" not in flags:
-            raise ValueError("only=recompute|swap is for the auto planner: add 'auto' to the "
-                             "spec")
-        if "planner" in flags and "auto" not in flags:
-            raise ValueError("planner=greedy|optimal is for the auto planner: add 'auto' to the "
-                             "spec")
-        if "auto" in flags:
-            ignored = [f for f in AUTO_EXCLUDES if f in flags]
-            if ignored:
-                raise ValueError(
-                    f"memory flag {ignored[0]!r} cannot be combined with auto: auto chooses keep, "
-                    f"swap or recompute per feature map itself (on reuse,inplace,static); drop "
-                    f"{ignored[0]!r} or 'auto'")
+        for name, value in _expand(str(spec)):
+            flags[name] = _checked_value(name, value)
+        _check_combinations(flags)
         if len(flags) > 1:
             flags.pop("none", None)
         if not flags:
@@ -144,6 +184,12 @@ class MemoryConfig:
 
     def get(self, name: str, default: str | None = None) -> str | None:
         return self.flags.get(name, default)
+
+    @property
+    def bptt(self) -> int | None:
+        """Hidden states fused recurrent layers keep over time (``bptt=N``), if given."""
+        b = self.flags.get("bptt")
+        return int(b) if b else None
 
     @property
     def split(self) -> int | None:

@@ -84,7 +84,7 @@ def policies(program: Program, config: MemoryConfig) -> list[str | None]:
     steps = attention_steps(program)
     if not steps or not program.training:
         return [None]
-    if config.has("auto") and config.budget is not None:
+    if config.auto and config.budget is not None:
         longest = max(steps, key=lambda st: int(st.attrs["attention"]["seq"]))
         return list(candidates(longest))
     return [None]

@@ -26,9 +26,9 @@ def bptt_policy(memory: str | MemoryConfig | None) -> str | None:
     """The policy a memory spec asks for: None (keep all), ``"sqrt"``, or ``"dp:<slots>"`` /
     ``"dp:sqrt"`` (Gruslys's dynamic programme)."""
     cfg = MemoryConfig.parse(memory)
-    if cfg.get("bptt"):
-        return f"dp:{cfg.get('bptt')}"
-    rec = cfg.get("recompute")
+    if cfg.bptt:
+        return f"dp:{cfg.bptt}"
+    rec = cfg.recompute
     if rec == "sqrt":
         return "sqrt"
     if rec:
@@ -73,7 +73,7 @@ def policies(program: Program, config: MemoryConfig) -> list[str | None]:
     if not program.training:
         return ["dp:1"]  # no backward: keep one state over time
     policy = bptt_policy(config)
-    if policy is None and config.has("auto") and config.budget is not None:
+    if policy is None and config.auto and config.budget is not None:
         return candidate_policies(max(units.values()))
     return [policy]
 

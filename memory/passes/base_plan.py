@@ -17,8 +17,8 @@ from .static_plan import block_intervals, max_live_bytes
 def sharing_of(config: MemoryConfig) -> tuple[bool, bool]:
     """What of ``config`` the liveness plan depends on: (blocks freed after their last use,
     forward outputs in place)."""
-    frees_early = config.has("reuse") or config.has("recompute") or config.has("auto")
-    return frees_early, config.has("inplace") or config.has("auto")
+    frees_early = config.reuse or config.recompute is not None or config.auto
+    return frees_early, config.inplace or config.auto
 
 
 def _sharing(program: Program, config: MemoryConfig) -> tuple[dict[int, int], set | None]:

@@ -36,22 +36,22 @@ def rewritten(program: Program, config: MemoryConfig,
 
     source = program
     blocks = block_choices(program)
-    if config.has("recompute") and program.training:
-        program = cached((id(source), config.get("recompute"), config.has("reuse"),
-                          config.has("inplace")),
-                         lambda: policy_program(source, config.get("recompute"),
+    if config.recompute is not None and program.training:
+        program = cached((id(source), config.recompute, config.reuse,
+                          config.inplace),
+                         lambda: policy_program(source, config.recompute,
                                                 peak_of=lambda p: iteration_peak(p, config)))
     elif blocks.dropped:
         program = cached((id(source), "blocks"),
                          lambda: dropping_program(source, set(blocks.dropped)))
-    compressing = config.has("binarize") or config.has("sparse") or config.has("dpr")
+    compressing = config.binarize or config.sparse or config.dpr is not None
     if compressing and program.training:
         recomputed = program
-        program = cached((id(recomputed), config.has("binarize"), config.has("sparse"),
-                          config.get("dpr"), tuple(sorted((densities or {}).items()))),
-                         lambda: compress_program(recomputed, config.has("binarize"),
-                                                  config.has("sparse"),
-                                                  config.get("dpr") or None, densities))
+        program = cached((id(recomputed), config.binarize, config.sparse,
+                          config.dpr, tuple(sorted((densities or {}).items()))),
+                         lambda: compress_program(recomputed, config.binarize,
+                                                  config.sparse,
+                                                  config.dpr, densities))
     return program
 
 
@@ -78,17 +78,17 @@ def make_plan(program: Program, config: MemoryConfig,
     auto planner compares, those a pass adds included.
     """
     link: dict = {"cost_source": cost_source}
-    if config.get("only"):
-        link["only"] = config.get("only")
+    if config.only:
+        link["only"] = config.only
     if bandwidth is not None:
         link["bandwidth"] = bandwidth
-    if config.has("auto") and program.training:
-        if config.get("planner") == "optimal":
+    if config.auto and program.training:
+        if config.planner == "optimal":
             from .optimal import optimal_plan
 
             return replace(optimal_plan(program, config.budget, step_times, **link),
                            spec=config.spec)
-        if config.get("only") or block_choices(program):
+        if config.only or block_choices(program):
             # one kind of action only, or the network's own choices on blocks: the greedy walk
             return replace(auto_plan(program, config.budget, step_times, **link),
                            spec=config.spec)
@@ -96,7 +96,7 @@ def make_plan(program: Program, config: MemoryConfig,
                                       step_cost, densities), spec=config.spec)
     blocks = block_choices(program)
     program = rewritten(program, config, densities, rewrites)
-    compressing = config.has("binarize") or config.has("sparse") or config.has("dpr")
+    compressing = config.binarize or config.sparse or config.dpr is not None
     if rewrites is None:
         plan = base_plan(program, config)
     else:  # (specs that differ only in swapping share their liveness plan)
@@ -117,22 +117,22 @@ def make_plan(program: Program, config: MemoryConfig,
                f"; sparse sizes assume {ASSUMED_DENSITY:.0%} non-zeros until measured"
                if dens else ""))
         plan = replace(plan, densities_measured=bool(measured) or not dens)
-    if config.has("recompute") and program.training:
+    if config.recompute is not None and program.training:
         m = program.meta
         plan = plan.with_notes(
             f"recompute={config.get('recompute')}: {m['checkpoints']} checkpoints, "
             f"{m['dropped_layers']} layers dropped, {m['recomputed_steps']} forward steps "
             f"recomputed per iteration ({m['recomputed_flops']:,} FLOPs)")
-    if config.has("swap") or blocks.swapped:
+    if config.swap is not None or blocks.swapped:
         force = frozenset(root_of(plan.aliases, t) for t in blocks.swapped)
-        plan = replace(swap_plan(plan, config.get("swap") or "all", step_times=step_times,
-                                 only=None if config.has("swap") else set(force), force=force,
+        plan = replace(swap_plan(plan, config.swap or "all", step_times=step_times,
+                                 only=None if config.swap is not None else set(force), force=force,
                                  exclude=frozenset(root_of(plan.aliases, t)
                                                    for t in blocks.kept), **link),
-                       cache=config.has("cache"))
+                       cache=config.cache)
     if blocks:
         plan = plan.with_notes(blocks.describe())
-    if config.has("static"):
+    if config.static:
         plan = static_plan(plan, base=program.persistent_bytes())
     return replace(plan, spec=config.spec)
 
@@ -153,7 +153,7 @@ def _frontier_plan(program: Program, config: MemoryConfig, step_times: list[floa
     def make(prog: Program, cfg: MemoryConfig) -> Plan:
         # specs whose rewrites leave the same program (an encoding with nothing to encode)
         # and that swap alike make the same plan: made once
-        key = (id(rewritten(prog, cfg, densities, rewrites)), cfg.get("swap"),
+        key = (id(rewritten(prog, cfg, densities, rewrites)), cfg.swap,
                *sharing_of(cfg))
         if key not in plans:
             plans[key] = make_plan(prog, cfg, step_times=costs, densities=densities,

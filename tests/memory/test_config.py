@@ -36,3 +36,20 @@ def test_auto_refuses_flags_it_would_ignore(flag):
         MemoryConfig.parse(f"auto,budget=1GiB,{flag}")
     with pytest.raises(ValueError, match="cannot be combined with auto"):
         MemoryConfig.parse("gist,auto")
+
+
+def test_typed_attributes_read_the_parsed_spec():
+    c = MemoryConfig.parse("superneurons")
+    assert (c.reuse, c.inplace, c.cache, c.static, c.auto) == (True, True, True, False, False)
+    assert (c.swap, c.recompute, c.dpr, c.bptt, c.budget) == ("conv", "cost", None, None, None)
+    a = MemoryConfig.parse("auto,budget=1KiB,planner=optimal,only=swap,split=2,bptt=3")
+    assert (a.auto, a.budget, a.planner, a.only, a.split, a.bptt) == (True, 1024, "optimal",
+                                                                       "swap", 2, 3)
+    n = MemoryConfig.parse(None)
+    assert n.flags == {"none": ""} and not n.reuse and n.swap is None and n.zero == 0
+
+
+def test_a_preset_keeps_flags_given_before_it_and_yields_to_those_after():
+    assert MemoryConfig.parse("swap=all,vdnn").swap == "all"
+    assert MemoryConfig.parse("vdnn,swap=all").swap == "all"
+    assert MemoryConfig.parse("vdnn").spec == "reuse,swap=conv,static"
