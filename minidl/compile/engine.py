@@ -3,54 +3,41 @@
 It allocates the persistent state (parameters, gradients, optimizer state) once, lowers the
 network per input shape into a program, asks the memory planner for a plan (cached per shape),
 and runs it with the executor. The same engine on the meta device is the dry run.
+
+The searches live beside it: the per-op options and workspace caps a plan is made with
+(:mod:`~minidl.compile.option_search`), the micro-batches a batch runs as
+(:mod:`~minidl.compile.split_search`) and re-planning from measurements
+(:mod:`~minidl.compile.replanning`).
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..kernels.parallel import ensure_blas_policy
 from ..layers.base import Layer
-from ..memory.cost.cost_model import step_costs, step_time
 from ..memory.cost.targets import DeviceProfile
-from ..memory.devices.device import MetaDevice
 from ..memory.ir.config import MemoryConfig
 from ..memory.ir.plan import Plan
 from ..memory.ir.program import aligned
-from ..memory.options import attention_options, bptt_options, workspace_options
-from ..memory.passes.base_plan import plan_peak
-from ..memory.planners.auto import BudgetTooSmall
-from ..memory.planners.planner import make_plan
+from ..memory.options import workspace_options
 from ..memory.runtime.host_pool import HostPool
-from ..memory.runtime.pool import Pool
 from ..memory.runtime.transfer import copy_into, to_host
 from ..net.graph import Network
 from ..net.optim import FlatGroup, Optimizer
+from . import replanning, split_search
+from .compiled import Compiled
 from .executor import Executor
 from .lowering import Lowered, lower
+from .option_search import choice_notes, search_options
+from .split_search import BATCH_STATS_SPLIT, micro_shapes
 
-#: Why a network with batch statistics is never split into micro-batches.
-BATCH_STATS_SPLIT = ("batch splitting with BatchNorm would normalise with micro-batch statistics, "
-                     "not the batch's: use a larger budget or device memory, or a smaller batch")
-
-
-def micro_shapes(batch_shapes: list[tuple[int, ...]], label_shape: tuple[int, ...] | None,
-                 micro: int) -> tuple[list[tuple[int, ...]], tuple[int, ...] | None]:
-    """The same shapes with the batch dimension set to ``micro``."""
-    shapes = [(micro, *s[1:]) for s in batch_shapes]
-    return shapes, None if label_shape is None else (micro, *label_shape[1:])
-
-
-@dataclass
-class Compiled:
-    lowered: Lowered
-    plan: Plan
-    executor: Executor
-    notes: list[str] = field(default_factory=list)  # choices made before planning
+#: Names this module has always offered (some now live in the modules doing their job).
+__all__ = ["BATCH_STATS_SPLIT", "Compiled", "Engine", "PeakInfo", "micro_shapes"]
 
 
 @dataclass
@@ -295,6 +282,8 @@ class Engine:
     def compiled(self, batch_shapes: list[tuple[int, ...]], label_shape: tuple[int, ...] | None,
                  training: bool, label_dtype: str = "int64",
                  accumulate: bool = False) -> Compiled:
+        """The compiled step for these shapes (lowered, planned and cached on first use);
+        ``accumulate``: gradients add into ``.grad`` (a micro-batch of a split batch)."""
         if self.bound and any(p.bound_to is not self for p in self.params):
             raise RuntimeError(
                 f"the parameters of {self.net.name!r} were bound by another Trainer since this "
@@ -316,130 +305,11 @@ class Engine:
                              grad_shards=self.grad_shard_specs if training else None,
                              param_shards=self.param_shard_specs if training else None)
 
-            first = lowered_with(None)
-            # per-op options (fused RNNs' BPTT schedules, attention's memory forms): the
-            # spec's, or under an auto budget the candidates, most kept first
-            policies = bptt_options.policies(first.program, config)
-            forms = attention_options.policies(first.program, config)
-            choices = [(policy, form) for policy in policies for form in forms]
-            for i, (policy, form) in enumerate(choices):
-                options = workspace_options.merged(
-                    bptt_options.options_for(first.program, policy),
-                    attention_options.options_for(first.program, form))
-                lowered = lowered_with(options) if options else first
-                try:
-                    lowered, plan = self._plan_fitting(lowered, options, lowered_with, config,
-                                                       net)
-                except BudgetTooSmall:
-                    if i == len(choices) - 1:
-                        raise
-                    continue
-                if len(policies) > 1:
-                    plan = plan.with_notes(
-                        f"recurrent layers' BPTT schedule {policy or 'keep all'} chosen to fit "
-                        f"the budget ({len(policies)} candidates, most states first)")
-                if len(forms) > 1:
-                    plan = plan.with_notes(attention_options.describe(
-                        lowered.program, form, forms.index(form) + 1))
-                break
+            lowered, plan = search_options(self, lowered_with(None), lowered_with, config, net)
             c = self._compile(lowered, plan)
-            c.notes = [n for n in plan.notes if n.startswith(
-                ("recurrent layers", workspace_options.NOTE_PREFIX,
-                 attention_options.NOTE_PREFIX))]
+            c.notes = choice_notes(plan)
             self._cache[key] = c
         return c
-
-    def _plan_fitting(self, lowered: Lowered, options: dict, lowered_with: Any,
-                      config: MemoryConfig, net: Network) -> tuple[Lowered, Plan]:
-        """The plan of ``lowered`` with convolutions' workspaces chosen by vDNN's rule, capped
-        further when no plan fits the budget
-        (:func:`~minidl.memory.options.workspace_options.plan_fitting`; ``net``'s layers give the
-        convolutions' geometry for their estimated times). A swapping spec planned for a
-        target (vDNN's policy) that does not fit the target's memory with its transfers timed
-        by the cost model is planned again as vDNN schedules them, each prefetch a fixed
-        number of steps ahead (compute waits for the copy), with memory-optimal workspaces
-        where that is what fits (:meth:`_vdnn_fitting`)."""
-
-        def plan_with(opts: dict | None, cfg: MemoryConfig) -> tuple[Lowered, Plan]:
-            low = lowered if opts is None else lowered_with(opts)
-            return low, make_plan(low.program, cfg, **self._target_costs(low))
-
-        times = workspace_options.ConvTimes({i: node.layer for i, node in enumerate(net.nodes)},
-                                            self.device_kind)
-        low, plan = workspace_options.plan_fitting(lowered.program, options, config, plan_with,
-                                                   self.cap_workspaces, times,
-                                                   self.workspace_time_share, self._rule)
-        capacity = self._swap_capacity(config)
-        if capacity is None or self._reserved(plan) <= capacity:
-            return low, plan
-        return self._vdnn_fitting(lowered, options, lowered_with, config, times, capacity,
-                                  (low, plan))
-
-    @property
-    def _rule(self) -> bool:
-        """Whether vDNN's rule caps this engine's convolutions without a budget (its device
-        kind in :data:`~minidl.memory.options.workspace_options.RULE_KINDS`)."""
-        return self.device_kind in workspace_options.RULE_KINDS
-
-    def _swap_capacity(self, config: MemoryConfig) -> int | None:
-        """The target's memory, for a swapping spec without a search (``swap=conv|all``:
-        vDNN's policy) planned for a target; else ``None``."""
-        if self.target is None or config.get("swap") not in ("conv", "all") or \
-                config.has("auto"):
-            return None
-        return self.target.capacity_bytes
-
-    def _reserved(self, plan: Plan) -> int:
-        """The bytes a run of ``plan`` reserves (the persistent state, the scratch block and
-        the iteration's static arena), or without static offsets, allocates at its peak."""
-        scratch = self.scratch.size if self.scratch is not None else 0
-        arena = plan.static_arena if plan.static_arena >= 0 else plan_peak(plan)
-        return plan.program.persistent_bytes() + scratch + arena
-
-    def _vdnn_fitting(self, lowered: Lowered, options: dict, lowered_with: Any,
-                      config: MemoryConfig, times: Any, capacity: int,
-                      timed: tuple[Lowered, Plan]) -> tuple[Lowered, Plan]:
-        """vDNN's policy within ``capacity``: prefetches a fixed number of steps ahead (no
-        step times: :func:`~minidl.memory.passes.swap.swap_plan`'s lookahead), then convolutions'
-        workspaces capped as under a budget of ``capacity``. ``timed`` (the plan that did not
-        fit) when nothing does, with a note saying so."""
-        need = self._reserved(timed[1])
-
-        def plan_with(opts: dict | None, cfg: MemoryConfig) -> tuple[Lowered, Plan]:
-            low = lowered if opts is None else lowered_with(opts)
-            costs = {k: v for k, v in self._target_costs(low).items() if k != "step_times"}
-            fitting = cfg.budget is not None  # the spec within capacity (not the canonical)
-            cfg = MemoryConfig({k: v for k, v in cfg.flags.items() if k != "budget"})
-            plan = make_plan(low.program, cfg, **costs)
-            if fitting and self._reserved(plan) > capacity:
-                raise BudgetTooSmall(f"{self._reserved(plan):,} B")
-            return low, plan
-
-        fit = MemoryConfig({**config.flags, "budget": str(capacity)})
-        where = f"{self.target.name}'s {capacity:,} B"
-        try:
-            low, plan = workspace_options.plan_fitting(
-                lowered.program, options, fit, plan_with, self.cap_workspaces, times,
-                self.workspace_time_share, self._rule)
-        except BudgetTooSmall as e:
-            return timed[0], timed[1].with_notes(
-                f"vDNN's policy: does not fit {where}, with the transfers timed by the cost "
-                f"model ({need:,} B) nor with each prefetch a fixed number of steps ahead and "
-                f"the least workspaces ({str(e).split(' (')[0]})")
-        return low, plan.with_notes(
-            f"vDNN's policy: each prefetch a fixed number of steps ahead, compute waiting for "
-            f"its copy, to fit {where} (the transfers timed by the cost model needed "
-            f"{need:,} B)")
-
-    def _target_costs(self, lowered: Lowered) -> dict[str, Any]:
-        """Step times and link rate from the target's cost model (none without a target)."""
-        if self.target is None:
-            return {}
-        target = self.target
-        return {"step_times": step_costs(lowered.program, target),
-                "bandwidth": min(target.link_h2d_bytes_per_s, target.link_d2h_bytes_per_s),
-                "cost_source": f"{target.name}'s cost model",
-                "step_cost": lambda program, i: step_time(program, i, target)}
 
     def _compile(self, lowered: Lowered, plan: Plan) -> Compiled:
         """The executor for ``plan`` on this engine's pool, host pool and debug setting."""
@@ -468,120 +338,21 @@ class Engine:
                   label_dtype: str = "int64", max_split: int = 64) -> int:
         """Micro-batches per batch: ``split=K`` when given; with ``auto``, the fewest (1, 2, 4,
         ...) whose plan fits the budget (moDNN's batch splitting) or, with a target, more while
-        its cost model predicts a faster iteration.
+        its cost model predicts a faster iteration (:mod:`~minidl.compile.split_search`).
 
         Training a network with batch statistics (BatchNorm) is never split: micro-batches would
         normalise with their own statistics; nor under ``zero=2`` (no full gradients persist
         to accumulate in). ``split=K`` then raises ``ValueError`` and ``auto`` plans the whole
         batch only (raising :class:`BudgetTooSmall` if that does not fit), so a
         dry run accepts exactly what training runs."""
-        k = self.config.split
-        batch_stats = bool(self.net.buffers())
-        if k is not None and k > 1 and batch_stats:
-            raise ValueError(BATCH_STATS_SPLIT)
-        if k is not None and k > 1 and self.grad_shard_specs is not None:
-            raise ValueError(f"split={k} accumulates every parameter's full gradient over the "
-                             f"micro-batches, which zero={self.config.zero} does not keep: use "
-                             "zero=1 with split, or zero=2 without")
-        if k is not None or not self.config.has("auto"):
-            return k or 1
-        batch = batch_shapes[0][0]
-        if batch_stats or self.grad_shard_specs is not None:
-            why = BATCH_STATS_SPLIT if batch_stats else (
-                f"zero={self.config.zero} keeps no full gradients to accumulate micro-batches in")
-            try:
-                self.compiled(batch_shapes, label_shape, True, label_dtype)
-            except BudgetTooSmall as e:
-                raise BudgetTooSmall(f"{e}; batch splitting was not tried: {why}") from None
-            return 1
-        k, last = 1, None
-        while k <= min(max_split, batch):
-            try:
-                c = self.compiled(*micro_shapes(batch_shapes, label_shape, -(-batch // k)),
-                                  True, label_dtype, accumulate=k > 1)
-            except BudgetTooSmall as e:
-                last = e
-                k *= 2
-                continue
-            return self._faster_split(k, c, batch_shapes, label_shape, label_dtype,
-                                      min(max_split, batch))
-        raise last
-
-    def _faster_split(self, k: int, c: Compiled, batch_shapes: list[tuple[int, ...]],
-                      label_shape: tuple[int, ...] | None, label_dtype: str, most: int) -> int:
-        """With a target, more micro-batches while the cost model predicts a shorter iteration
-        (``k`` micro-batches whose plan swaps or recomputes can be slower than ``2k`` whose
-        plans need neither); without one, ``k``."""
-        if self.target is None:
-            return k
-
-        def iteration_s(c: Compiled, k: int) -> float:
-            extra = c.plan.auto.extra_time_s if c.plan.auto is not None else 0.0
-            return k * (sum(step_costs(c.lowered.program, self.target)) + extra)
-
-        best = iteration_s(c, k)
-        while best > 0 and c.plan.auto is not None and c.plan.auto.extra_time_s > 0 \
-                and 2 * k <= most:
-            try:
-                c2 = self.compiled(*micro_shapes(batch_shapes, label_shape, -(-batch_shapes[0][0]
-                                                                               // (2 * k))),
-                                   True, label_dtype, accumulate=True)
-            except BudgetTooSmall:
-                break
-            t2 = iteration_s(c2, 2 * k)
-            if t2 >= best:
-                break
-            k, c, best = 2 * k, c2, t2
-        return k
+        return split_search.split_for(self, batch_shapes, label_shape, label_dtype, max_split)
 
     def refine(self, c: Compiled) -> Compiled:
         """After a measured iteration, re-plan what depends on measurements: the tensors whose
         transfer hides under compute (``swap=auto``, ``auto``: Capuchin) and the sizes of
-        sparse stashes (from the densities seen, with a 10% margin)."""
-        need_times = (self.config.get("swap") == "auto" or self.config.has("auto")) \
-            and not c.plan.measured and self.target is None  # a target's costs stand
-        need_dens = self.config.has("sparse") and not c.plan.densities_measured \
-            and bool(c.executor.densities)
-        self.note_temporaries(c.executor)
-        if self.scratch is not None and c.executor.scratch is None:
-            return c  # the cache was cleared: the next step compiles with the scratch block
-        if not (need_times or need_dens):
-            return c
-        times = list(c.executor.step_times) if need_times else None
-        dens = {k: min(1.0, 1.1 * v + 1e-3) for k, v in c.executor.densities.items()}
-        costs = self._target_costs(c.lowered)
-        if times is not None:
-            costs["step_times"] = times
-            costs["cost_source"] = "measured step times"
-            link = self._measured_link()
-            if link is not None:
-                costs["bandwidth"] = link
-                costs["cost_source"] += " and host link"
-        plan = make_plan(c.lowered.program, self.config, densities=dens, **costs)
-        # choices made before planning (the BPTT schedule) stay in the notes
-        plan = replace(plan, measured=plan.measured or need_times).with_notes(*c.notes)
-        if need_times and not need_dens and any(
-                new > old for new, old in zip(self._simulated_peaks(c.lowered, plan),
-                                              self._simulated_peaks(c.lowered, c.plan))):
-            # timing decisions must not raise the peak a dry run promised (it cannot measure):
-            # a measured plan that would (more swaps, more fragmentation) is not taken
-            plan = replace(c.plan, measured=True)
-        new = self.replace_plan(c, plan)
-        new.executor.densities = dict(c.executor.densities)
-        return new
-
-    def _measured_link(self) -> float | None:
-        """Bytes per second the device's copy engine moved, timed by the device (a GPU's copy
-        streams, CUDA events), once it has copied anything; ``None`` elsewhere (the CPU's copy
-        thread is not the link a plan for it should assume)."""
-        device = self.pool.device
-        if not getattr(device, "asynchronous", False) or not self.compute:
-            return None
-        engine = device.copy_engine
-        engine.synchronize()  # (once: a first iteration's re-planning)
-        if engine.busy_s <= 0 or engine.total_bytes <= 0:
-            return None
-        return engine.total_bytes / engine.busy_s
+        sparse stashes (from the densities seen, with a 10% margin;
+        :mod:`~minidl.compile.replanning`)."""
+        return replanning.refine(self, c)
 
     def replace_plan(self, c: Compiled, plan: Plan) -> Compiled:
         """A compiled step for ``plan`` (a new plan for ``c``'s program) taking ``c``'s place
@@ -592,17 +363,6 @@ class Engine:
             if v is c:
                 self._cache[k] = new
         return new
-
-    def _simulated_peaks(self, lowered: Lowered, plan: Plan) -> tuple[int, int]:
-        """(reserved, allocated) peak bytes one iteration of ``plan`` reaches, placed on a
-        meta pool holding this engine's persistent blocks, no compute."""
-        pool = Pool(MetaDevice(), alignment=self.pool.alignment)
-        for blk in self.persistent_blocks:
-            pool.allocate(blk.size, tag=blk.tag, category="parameter")
-        Executor(lowered, plan, pool, compute=False,
-                 host_pool=HostPool(pool.device, None)).run([None] * len(plan.program.inputs))
-        stats = pool.stats()
-        return stats["reserved_bytes.peak"], stats["allocated_bytes.peak"]
 
     # ------------------------------------------------------------------ reports
     def peak_info(self, c: Compiled) -> PeakInfo:
