@@ -33,9 +33,11 @@ FLAGS: dict[str, tuple[tuple[str, ...] | None, str]] = {
     "auto": (None, "choose keep / swap / recompute per feature map to fit budget=SIZE at the "
                    "least estimated time (Capuchin, moDNN)"),
     "budget": (("<size>",), "device bytes the auto planner must fit, e.g. budget=2GiB"),
-    "planner": (("greedy", "optimal"), "how auto chooses: a greedy walk (default) or a "
-                                       "mixed-integer program solved by HiGHS, taken when it "
-                                       "fits at no more estimated time (Checkmate + swapping)"),
+    "planner": (("greedy", "optimal"), "how auto chooses (default: the frontier, block-chain "
+                                       "dynamic programming over keep / swap / recompute): "
+                                       "greedy, a Capuchin-style walk; optimal, a mixed-integer "
+                                       "program solved by HiGHS, taken when it fits at no more "
+                                       "estimated time (Checkmate + swapping)"),
     "only": (("recompute", "swap"), "restrict auto to one kind of action: recompute only "
                                     "(Checkmate's setting) or swap only (vDNN's)"),
     "split": (("<int>",), "run each batch as K micro-batches, accumulating weight gradients "

@@ -88,8 +88,9 @@ def make_plan(program: Program, config: MemoryConfig,
 
             return replace(optimal_plan(program, config.budget, step_times, **link),
                            spec=config.spec)
-        if config.only or block_choices(program):
-            # one kind of action only, or the network's own choices on blocks: the greedy walk
+        if config.only or config.planner == "greedy" or block_choices(program):
+            # asked for, one kind of action only, or the network's own choices on blocks:
+            # the greedy walk
             return replace(auto_plan(program, config.budget, step_times, **link),
                            spec=config.spec)
         return replace(_frontier_plan(program, config, step_times, bandwidth, cost_source,

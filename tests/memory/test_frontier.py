@@ -389,3 +389,23 @@ def test_auto_plan_certificate_on_a_slow_link():
 @given(random_networks(batchnorm=True))
 def test_auto_plan_curve_and_certificate_on_random_networks(netdef):
     assert_auto_plans(random_setup(netdef, "v100"), points=3)
+
+
+
+def test_planner_greedy_asks_for_the_greedy_walk():
+    """``planner=greedy`` is the Capuchin-style walk, plan for plan, at every budget it fits;
+    the default (the frontier) plans otherwise at some of them."""
+    from minidl.memory.planners.auto import BudgetTooSmall, auto_plan
+
+    s = Setup(chain())
+    differs = 0
+    for budget in budgets(s.frontier(), 8):
+        try:
+            walk = auto_plan(s.program, budget, None)
+        except BudgetTooSmall:
+            continue
+        greedy = make_plan(s.program, MemoryConfig.parse(f"auto,budget={budget},planner=greedy"))
+        default = make_plan(s.program, MemoryConfig.parse(f"auto,budget={budget}"))
+        assert (greedy.begin, greedy.steps) == (walk.begin, walk.steps)
+        differs += (default.begin, default.steps) != (walk.begin, walk.steps)
+    assert differs
