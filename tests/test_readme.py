@@ -56,7 +56,7 @@ AS_WRITTEN = (
     "minidl plan --inference --compressed lenet5.mdc",
     "minidl plan vgg16 --input 3x224x224 --batch-size 64 --ranks 8",
     "minidl plan resnet50 --input 3x224x224 --batch-size 32 --device cuda",
-    "minidl plan minidl.zoo.models:lenet5 --input 1x28x28 --batch-size 64",
+    "minidl plan minidl.models:lenet5 --input 1x28x28 --batch-size 64",
     "minidl plan resnet20 --input 3x32x32 --batch-size 128 --ranks 1,2,8 --table",
     "minidl plan resnet20 --input 3x32x32 --batch-size 128 --snapshot plan.pickle",
     "minidl train smallcnn --dataset synthetic --max-steps 5 --snapshot run.pickle",
@@ -434,7 +434,7 @@ CHECKS = {
     "minidl plan vgg16 --input 3x224x224 --batch-size 64 --ranks 8": check_plan_ranks,
     "minidl plan resnet50 --input 3x224x224 --batch-size 32 --device cuda": check_plan_resnet50,
     "minidl train smallcnn --dataset synthetic --device cuda": check_gpu_train,
-    "minidl plan minidl.zoo.models:lenet5 --input 1x28x28 --batch-size 64": check_user_model,
+    "minidl plan minidl.models:lenet5 --input 1x28x28 --batch-size 64": check_user_model,
     "minidl plan resnet20 --input 3x32x32 --batch-size 128 --ranks 1,2,8 --table": check_table,
     "minidl plan resnet20 --input 3x32x32 --batch-size 128 --snapshot plan.pickle":
         check_plan_snapshot,
