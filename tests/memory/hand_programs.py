@@ -157,6 +157,20 @@ def residual() -> Program:
     ])
 
 
+def joint_recompute() -> Program:
+    """conv -> pool -> relu -> add(relu, pool) with a two-unit input: recomputing the three
+    first layers together costs less than the swap a greedy walk takes one move at a time."""
+    return lower_layers([
+        HandLayer("conv0", "conv", ("x",), 2, params=("w",), fwd_workspace=2, flops=8000),
+        HandLayer("pool1", "pool", ("conv0",), 1, stash={"argmax": 1}, keeps="", flops=100,
+                  attrs={"op": "max", "window": 4, "kernel": (2, 2), "stride": (2, 2),
+                         "padding": (0, 0)}),
+        HandLayer("relu2", "relu", ("pool1",), 1, keeps="output", inplace_backward=True,
+                  flops=4000),
+        HandLayer("add3", "add", ("relu2", "pool1"), 1, keeps="", flops=1000),
+    ], input_units=2)
+
+
 def linear_chain(n: int, units: int = 2) -> Program:
     """``n`` linear layers in a row (every output is an articulation point)."""
     return lower_layers([HandLayer(f"l{i}", "linear", ("x",) if i == 0 else (f"l{i - 1}",),

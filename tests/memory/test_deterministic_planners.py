@@ -9,7 +9,7 @@ import itertools
 import time
 
 import pytest
-from hand_programs import HandLayer, linear_chain, lower_layers
+from hand_programs import joint_recompute, linear_chain
 
 from minidl.memory.ir.config import MemoryConfig
 from minidl.memory.ir.plan import AutoChoice
@@ -44,19 +44,6 @@ def _key(c: AutoChoice) -> tuple:
     """Everything a choice says, its path included."""
     return (sorted(c.swapped), sorted(c.dropped), c.early_release, c.peak, c.extra_time_s,
             c.only, list(c.path))
-
-
-def _joint() -> object:
-    """conv -> pool -> relu -> add(relu, pool) (test_optimal's joint recomputation)."""
-    return lower_layers([
-        HandLayer("conv0", "conv", ("x",), 2, params=("w",), fwd_workspace=2, flops=8000),
-        HandLayer("pool1", "pool", ("conv0",), 1, stash={"argmax": 1}, keeps="", flops=100,
-                  attrs={"op": "max", "window": 4, "kernel": (2, 2), "stride": (2, 2),
-                         "padding": (0, 0)}),
-        HandLayer("relu2", "relu", ("pool1",), 1, keeps="output", inplace_backward=True,
-                  flops=4000),
-        HandLayer("add3", "add", ("relu2", "pool1"), 1, keeps="", flops=1000),
-    ], input_units=2)
 
 
 def _between(program, costs, bandwidth, frac):
@@ -139,7 +126,7 @@ def _reference(name: str, shape: tuple[int, ...], batch: int):
 
 
 def test_exhaustive_search_ignores_the_clock(request):
-    p = _joint()
+    p = joint_recompute()
     costs, bw, budget = step_costs(p, None), 1e9, 4608
     greedy = auto_choose(p, budget, costs, bandwidth=bw)
     calm = optimal_choose(p, budget, costs, bw, greedy=greedy)
@@ -150,7 +137,7 @@ def test_exhaustive_search_ignores_the_clock(request):
 
 def test_whole_milp_ignores_the_clock(monkeypatch, request):
     monkeypatch.setattr(optimal, "EXHAUSTIVE_DECISIONS", 0)
-    p = _joint()
+    p = joint_recompute()
     costs, bw, budget = step_costs(p, None), 1e9, 4608
     greedy = auto_choose(p, budget, costs, bandwidth=bw)
     calm = optimal_choose(p, budget, costs, bw, greedy=greedy)

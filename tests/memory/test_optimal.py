@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hand_programs import HandLayer, linear_chain, lower_layers
+from hand_programs import HandLayer, joint_recompute, linear_chain, lower_layers
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -112,15 +112,7 @@ def test_joint_recomputation_beats_the_greedy_walk(monkeypatch):
     less than the swap the greedy walk takes one move at a time (the MILP finds it: exhaustive
     search off)."""
     monkeypatch.setattr(optimal, "EXHAUSTIVE_DECISIONS", 0)
-    p = lower_layers([
-        HandLayer("conv0", "conv", ("x",), 2, params=("w",), fwd_workspace=2, flops=8000),
-        HandLayer("pool1", "pool", ("conv0",), 1, stash={"argmax": 1}, keeps="", flops=100,
-                  attrs={"op": "max", "window": 4, "kernel": (2, 2), "stride": (2, 2),
-                         "padding": (0, 0)}),
-        HandLayer("relu2", "relu", ("pool1",), 1, keeps="output", inplace_backward=True,
-                  flops=4000),
-        HandLayer("add3", "add", ("relu2", "pool1"), 1, keeps="", flops=1000),
-    ], input_units=2)
+    p = joint_recompute()
     costs, bw, budget = step_costs(p, None), 1e9, 4608
     greedy = auto_choose(p, budget, costs, bandwidth=bw)
     g_peak, g_extra, _ = evaluate(p, greedy, costs, bw)
