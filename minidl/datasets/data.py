@@ -288,28 +288,48 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None,
     if name == "synthetic":
         sizes = {k: v for k, v in (("n_train", n_train), ("n_test", n_test)) if v is not None}
         return load_synthetic(input_shape or (1, 8, 8), num_classes or 10, seed=seed, **sizes)
-    split = {} if test_fraction is None else {"test_fraction": test_fraction}
     streamed = name in STREAMABLE
+    ds = _load_named(name, data_dir, input_shape, seed, test_fraction, progress)
+    _keep_first(ds, n_train, n_test, streamed)
+    if num_classes is not None:
+        if num_classes < ds.num_classes:
+            raise ValueError(f"{name} has {ds.num_classes} classes but num_classes={num_classes}")
+        ds.num_classes = int(num_classes)
+    if input_shape is not None and tuple(input_shape) != ds.input_shape:
+        _fit_images(ds, input_shape, streamed)
+    if streamed and not lazy:
+        ds = ds.to_memory()
+    return ds
+
+
+def _load_named(name: str, data_dir: str | os.PathLike | None,
+                input_shape: tuple[int, int, int] | None, seed: int,
+                test_fraction: float | None, progress: Any) -> Dataset:
+    """Dataset ``name`` (any of :data:`DATASETS` but ``synthetic``) as its loader gives it:
+    whole splits, the data's own shape (a folder's: ``input_shape``), streamed for
+    :data:`STREAMABLE` ones."""
+    split = {} if test_fraction is None else {"test_fraction": test_fraction}
     if name == "digits":
-        ds = load_digits(seed=seed, **split)
-    elif name == "mnist":
-        ds = load_mnist(seed=seed, **split)
-    elif name == "fashion-mnist":
-        ds = load_fashion_mnist(data_dir)
-    elif name == "idx":
+        return load_digits(seed=seed, **split)
+    if name == "mnist":
+        return load_mnist(seed=seed, **split)
+    if name == "fashion-mnist":
+        return load_fashion_mnist(data_dir)
+    if name == "idx":
         if data_dir is None:
             raise ValueError("dataset 'idx' needs data_dir (--data-dir): a folder of idx files")
-        ds = load_idx_dir(data_dir)
-    elif streamed:
-        if data_dir is None:
-            raise ValueError(f"dataset {name!r} needs data_dir (--data-dir): {STREAMABLE[name]}")
-        if name == "folder":
-            ds = loaders.open_folder(data_dir, input_shape, seed=seed, progress=progress,
-                                     **split)
-        else:
-            ds = loaders.open_cifar(data_dir, name, progress=progress)
-    else:
+        return load_idx_dir(data_dir)
+    if name not in STREAMABLE:
         raise ValueError(unknown_dataset(name))
+    if data_dir is None:
+        raise ValueError(f"dataset {name!r} needs data_dir (--data-dir): {STREAMABLE[name]}")
+    if name == "folder":
+        return loaders.open_folder(data_dir, input_shape, seed=seed, progress=progress, **split)
+    return loaders.open_cifar(data_dir, name, progress=progress)
+
+
+def _keep_first(ds: Dataset, n_train: int | None, n_test: int | None, streamed: bool) -> None:
+    """Keep the first ``n_train`` / ``n_test`` samples of each split (None: all)."""
     for split_name, n in (("train", n_train), ("test", n_test)):
         if n is not None:
             if n < 0:
@@ -317,20 +337,17 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None,
             x, y = getattr(ds, f"x_{split_name}"), getattr(ds, f"y_{split_name}")
             setattr(ds, f"x_{split_name}", x.head(n) if streamed else x[:n].copy())
             setattr(ds, f"y_{split_name}", y[:n].copy())
-    if num_classes is not None:
-        if num_classes < ds.num_classes:
-            raise ValueError(f"{name} has {ds.num_classes} classes but num_classes={num_classes}")
-        ds.num_classes = int(num_classes)
-    if input_shape is not None and tuple(input_shape) != ds.input_shape:
-        fit = (lambda x: x.adapted(input_shape)) if streamed else (
-            lambda x: adapt_images(x, input_shape))
-        ds.x_train = fit(ds.x_train)
-        ds.x_test = fit(ds.x_test)
-        ds.adapted_from = ds.input_shape
-        ds.input_shape = tuple(int(d) for d in input_shape)  # type: ignore[assignment]
-    if streamed and not lazy:
-        ds = ds.to_memory()
-    return ds
+
+
+def _fit_images(ds: Dataset, input_shape: tuple[int, int, int], streamed: bool) -> None:
+    """Fit both splits' images to ``input_shape`` (:func:`adapt_images`; when read, for
+    streamed images), recording the data's own shape in ``adapted_from``."""
+    fit = (lambda x: x.adapted(input_shape)) if streamed else (
+        lambda x: adapt_images(x, input_shape))
+    ds.x_train = fit(ds.x_train)
+    ds.x_test = fit(ds.x_test)
+    ds.adapted_from = ds.input_shape
+    ds.input_shape = tuple(int(d) for d in input_shape)  # type: ignore[assignment]
 
 
 # ----------------------------------------------------------------------------- batches

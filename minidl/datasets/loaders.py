@@ -22,45 +22,37 @@ prints a line every few seconds (:data:`PROGRESS_EVERY_S`).
 
 from __future__ import annotations
 
-import codecs
 import itertools
 import os
-import pickle
 import queue
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .dataset import Dataset, adapt_images, batches, num_batches, stratified_indices
+from .cifar_files import CIFAR, cifar_root, class_names, read_split
+from .dataset import Dataset, adapt_images, batches, num_batches
+from .image_folder import (  # noqa: F401 (DEFAULT_TEST_FRACTION re-exported)
+    DEFAULT_TEST_FRACTION,
+    index_folder,
+    read_shape,
+    split_rows,
+)
+from .image_sources import (  # noqa: F401 (PILLOW_HINT re-exported)
+    PILLOW_HINT,
+    ArraySource,
+    FolderSource,
+    ImageReadError,
+    image_extensions,
+)
 
-PILLOW_HINT = "pip install 'minidl[images]'"
 #: Seconds between two progress lines while a folder is indexed or read.
 PROGRESS_EVERY_S = 5.0
-#: The share of each class a folder without test/ holds out as its test split.
-DEFAULT_TEST_FRACTION = 0.2
-
-#: Pillow modes read as one grey channel when the shape is the first image's.
-_GREY_MODES = {"1", "L", "LA", "La", "I", "I;16", "I;16L", "I;16B", "I;16N", "F"}
-_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
-
-
-class ImageReadError(OSError):
-    """An image file or a CIFAR batch that cannot be read (the message names it)."""
-
-
-def _pillow() -> Any:
-    try:
-        from PIL import Image
-    except ImportError:
-        raise ImportError(f"the 'folder' dataset needs Pillow: {PILLOW_HINT}") from None
-    return Image
 
 
 # ----------------------------------------------------------------------------- progress
@@ -94,53 +86,7 @@ class _Progress:
             self.report(f"{line()} ({time.monotonic() - self.t0:.1f} s)")
 
 
-# ----------------------------------------------------------------------------- sources
-
-
-class _FolderSource:
-    """Image files, each decoded to uint8 (C, H, W) when read."""
-
-    def __init__(self, paths: list[str], shape: tuple[int, int, int], root: Path,
-                 report: Callable[[str], None] | None) -> None:
-        self.paths, self.shape, self.root, self.report = paths, shape, root, report
-        self.mode = _MODES[shape[0]]
-
-    def read_one(self, i: int) -> np.ndarray:
-        Image = _pillow()
-        path = self.paths[i]
-        _, h, w = self.shape
-        try:
-            with Image.open(path) as im:
-                im = im.convert(self.mode) if im.mode != self.mode else im
-                if im.size != (w, h):
-                    im = im.resize((w, h), Image.Resampling.BILINEAR)
-                a = np.asarray(im, dtype=np.uint8)
-        except Exception as e:  # (Pillow raises OSError, ValueError, DecompressionBombError...)
-            raise ImageReadError(f"cannot read image {path}: {_why(e)}") from None
-        return a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
-
-    def read(self, rows: np.ndarray, pool: ThreadPoolExecutor | None = None) -> np.ndarray:
-        out = np.empty((len(rows), *self.shape), dtype=np.uint8)
-        images = pool.map(self.read_one, rows.tolist()) if pool else map(self.read_one, rows)
-        for k, image in enumerate(images):
-            out[k] = image
-        return out
-
-    def describe(self) -> str:
-        return str(self.root)
-
-
-class _ArraySource:
-    """uint8 images (N, C, H, W) in memory."""
-
-    def __init__(self, images: np.ndarray, name: str) -> None:
-        self.images, self.name, self.shape, self.report = images, name, images.shape[1:], None
-
-    def read(self, rows: np.ndarray, pool: ThreadPoolExecutor | None = None) -> np.ndarray:
-        return self.images[rows]
-
-    def describe(self) -> str:
-        return self.name
+# ----------------------------------------------------------------------------- streamed images
 
 
 class ImageArray:
@@ -241,58 +187,7 @@ class StreamedDataset(Dataset):
         return "Streamed" + super().__repr__()
 
 
-# ----------------------------------------------------------------------------- folders
-
-
-def _subdirs(path: Path) -> list[str]:
-    return sorted(e.name for e in os.scandir(path) if e.is_dir() and not e.name.startswith("."))
-
-
-def _image_extensions() -> set[str]:
-    """The file extensions of the formats Pillow reads (not those it only writes: .pdf)."""
-    Image = _pillow()
-    return {ext.lower() for ext, fmt in Image.registered_extensions().items()
-            if fmt in Image.OPEN}
-
-
-def _index(root: Path, classes: list[str], labels: list[int], exts: set[str],
-           paths: list[str], ys: list[int], prog: _Progress) -> None:
-    """Append the images under ``root/<class>/`` (any depth, sorted) to ``paths`` / ``ys``."""
-    for k, (cls, label) in enumerate(zip(classes, labels)):
-        for top, dirs, files in os.walk(root / cls, followlinks=True):
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-            for f in sorted(files):
-                if not f.startswith(".") and os.path.splitext(f)[1].lower() in exts:
-                    paths.append(os.path.join(top, f))
-                    ys.append(label)
-            prog.tick(lambda k=k: f"indexing {root}: {len(paths):,} images so far, class "
-                                  f"{k + 1} of {len(classes)}")
-
-
-def _folder_layout(root: Path) -> tuple[Path, Path | None]:
-    """(train root, test root or None): ``train/`` + ``test/`` (or ``val/``) when the folder
-    holds those alone, else the folder itself with no test root."""
-    subs = _subdirs(root)
-    if "train" in subs and set(subs) <= {"train", "test", "val"}:
-        test = "test" if "test" in subs else "val" if "val" in subs else None
-        return root / "train", None if test is None else root / test
-    return root, None
-
-
-def _why(e: Exception) -> str:
-    if type(e).__name__ == "UnidentifiedImageError":  # (its message repeats the path)
-        return "not an image Pillow can identify (damaged, or a format it does not read)"
-    return str(e) or type(e).__name__
-
-
-def _default_shape(path: str) -> tuple[int, int, int]:
-    Image = _pillow()
-    try:
-        with Image.open(path) as im:
-            w, h = im.size
-            return (1 if im.mode in _GREY_MODES else 3, h, w)
-    except Exception as e:
-        raise ImageReadError(f"cannot read image {path}: {_why(e)}") from None
+# ----------------------------------------------------------------------------- the readers
 
 
 def open_folder(data_dir: str | os.PathLike, input_shape: tuple[int, int, int] | None = None,
@@ -314,162 +209,16 @@ def open_folder(data_dir: str | os.PathLike, input_shape: tuple[int, int, int] |
     root = Path(data_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"image folder {root} does not exist")
-    exts = _image_extensions()
+    exts = image_extensions()
     report = _reporter(progress)
-    train_root, test_root = _folder_layout(root)
-    classes = _subdirs(train_root)
-    if not classes:
-        raise ValueError(f"{train_root}: no class sub-folders (the layout is "
-                         f"{train_root}/<class>/<image>, one folder per class)")
-    prog = _Progress(report)
-    paths: list[str] = []
-    ys: list[int] = []
-    _index(train_root, classes, list(range(len(classes))), exts, paths, ys, prog)
-    n_train = len(paths)
-    if test_root is not None:
-        test_classes = _subdirs(test_root)
-        unknown = sorted(set(test_classes) - set(classes))
-        if unknown:
-            raise ValueError(f"{test_root}: class folder(s) {', '.join(map(repr, unknown[:5]))} "
-                             f"not among the {len(classes)} classes of {train_root}")
-        _index(test_root, test_classes, [classes.index(c) for c in test_classes], exts, paths,
-               ys, prog)
-    prog.done(lambda: f"indexed {root}: {len(paths):,} images in {len(classes)} classes")
-    if n_train == 0:
-        raise ValueError(f"{train_root}: no images in its {len(classes)} class folder(s) "
-                         f"({', '.join(classes[:5])}{', ...' if len(classes) > 5 else ''})")
-    labels = np.asarray(ys, dtype=np.int64)
-    rng = np.random.default_rng(seed)
-    if test_root is not None:
-        if test_fraction is not None:
-            raise ValueError(f"{root} has its own test split ({test_root.name}/): test_fraction "
-                             "applies to a folder without one")
-        tr, te = rng.permutation(n_train), n_train + rng.permutation(len(paths) - n_train)
-    else:
-        f = DEFAULT_TEST_FRACTION if test_fraction is None else float(test_fraction)
-        if not 0.0 <= f < 1.0:
-            raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
-        tr, te = (stratified_indices(labels, f, seed) if f > 0
-                  else (rng.permutation(n_train), np.zeros(0, np.int64)))
-    if input_shape is None:
-        shape = _default_shape(paths[0])
-    else:
-        shape = tuple(int(d) for d in input_shape)
-        if len(shape) != 3 or shape[0] not in _MODES or min(shape) < 1:
-            raise ValueError(f"folder images are read as 1 (grey), 3 (RGB) or 4 (RGBA) channels "
-                             f"of at least 1x1 pixels, not {'x'.join(map(str, shape))}")
-    source = _FolderSource(paths, shape, root, report)  # type: ignore[arg-type]
+    found = index_folder(root, exts, _Progress(report))
+    tr, te = split_rows(found, seed, test_fraction)
+    shape = read_shape(input_shape, found.paths[0])
+    source = FolderSource(found.paths, shape, root, report)
+    labels = found.labels
     return StreamedDataset(ImageArray(source, tr), labels[tr], ImageArray(source, te),
-                           labels[te], len(classes), shape, "folder",  # type: ignore[arg-type]
-                           classes=tuple(classes))
-
-
-# ----------------------------------------------------------------------------- CIFAR
-
-
-@dataclass(frozen=True)
-class _CifarFormat:
-    title: str
-    folder: str
-    archive: str
-    train: tuple[str, ...]
-    test: tuple[str, ...]
-    meta: str
-    labels: bytes
-    names: bytes
-    num_classes: int
-
-
-CIFAR = {
-    "cifar10": _CifarFormat("CIFAR-10", "cifar-10-batches-py", "cifar-10-python.tar.gz",
-                            tuple(f"data_batch_{i}" for i in range(1, 6)), ("test_batch",),
-                            "batches.meta", b"labels", b"label_names", 10),
-    "cifar100": _CifarFormat("CIFAR-100", "cifar-100-python", "cifar-100-python.tar.gz",
-                             ("train",), ("test",), "meta", b"fine_labels", b"fine_label_names",
-                             100),
-}
-
-# What a CIFAR batch pickles besides dicts, lists, bytes and numbers: NumPy arrays (Python 2's
-# and 3's numpy.core / numpy._core, protocols 2 to 5) and Python 3 bytes under protocol 2.
-_PICKLED = {
-    "_reconstruct": np.zeros(1).__reduce__()[0],
-    "_frombuffer": np.zeros(1).__reduce_ex__(5)[0],
-    "scalar": np.float64(0).__reduce__()[0],
-    "ndarray": np.ndarray,
-    "dtype": np.dtype,
-}
-_PICKLED_MODULES = {"numpy", "numpy.core.multiarray", "numpy._core.multiarray",
-                    "numpy.core.numeric", "numpy._core.numeric"}
-
-
-class _CifarUnpickler(pickle.Unpickler):
-    """Unpickles arrays, bytes, lists and dicts only (no other code a file could name)."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if module in _PICKLED_MODULES and name in _PICKLED:
-            return _PICKLED[name]
-        if (module, name) == ("_codecs", "encode"):
-            return codecs.encode
-        raise pickle.UnpicklingError(f"it pickles {module}.{name}")
-
-
-def _unpickle(path: Path) -> dict:
-    try:
-        with open(path, "rb") as f:
-            d = _CifarUnpickler(f, encoding="bytes").load()
-    except OSError as e:
-        raise ImageReadError(f"cannot read {path}: {e.strerror or e}") from None
-    except Exception as e:
-        raise ImageReadError(f"{path}: not a CIFAR python batch ({e})") from None
-    if not isinstance(d, dict):
-        raise ImageReadError(f"{path}: not a CIFAR python batch (it holds a "
-                             f"{type(d).__name__}, not a dict)")
-    return {k.encode() if isinstance(k, str) else k: v for k, v in d.items()}
-
-
-def _cifar_root(data_dir: Path, fmt: _CifarFormat, name: str) -> Path:
-    files = fmt.train + fmt.test
-    for cand in (data_dir, data_dir / fmt.folder):
-        if all((cand / f).is_file() for f in files):
-            return cand
-    hint = ""
-    for cand in (data_dir, data_dir.parent):
-        if (cand / fmt.archive).is_file():
-            hint = f" ({cand / fmt.archive} is there: extract it with tar xzf)"
-    for other_name, other in CIFAR.items():
-        if other_name != name and any(all((c / f).is_file() for f in other.train + other.test)
-                                      for c in (data_dir, data_dir / other.folder)):
-            hint = f" (it holds {other.title}: --dataset {other_name})"
-    listing = ", ".join(files) if len(files) < 4 else f"{files[0]}..{len(fmt.train)}, " \
-        f"{fmt.test[0]}"
-    raise FileNotFoundError(f"{data_dir}: no {fmt.title} python batches ({listing}) "
-                            f"there or in {data_dir / fmt.folder}{hint}")
-
-
-def _cifar_split(root: Path, files: tuple[str, ...], fmt: _CifarFormat,
-                 prog: _Progress) -> tuple[np.ndarray, np.ndarray]:
-    xs, ys = [], []
-    for k, f in enumerate(files):
-        path = root / f
-        d = _unpickle(path)
-        data, labels = d.get(b"data"), d.get(fmt.labels)
-        if not isinstance(data, np.ndarray) or labels is None:
-            raise ImageReadError(f"{path}: not a {fmt.title} batch (no "
-                                 f"{'data' if not isinstance(data, np.ndarray) else 'labels'} "
-                                 f"array{'' if labels is not None else ', ' + fmt.labels.decode()}"
-                                 ")")
-        if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
-            raise ImageReadError(f"{path}: data is {data.dtype} {data.shape}, not uint8 "
-                                 "(N, 3072) (32x32 RGB rows)")
-        y = np.asarray(labels, dtype=np.int64).reshape(-1)
-        if len(y) != len(data):
-            raise ImageReadError(f"{path}: {len(data)} images but {len(y)} labels")
-        if y.size and (y.min() < 0 or y.max() >= fmt.num_classes):
-            raise ImageReadError(f"{path}: labels outside [0, {fmt.num_classes})")
-        xs.append(data.reshape(-1, 3, 32, 32))
-        ys.append(y)
-        prog.tick(lambda k=k: f"reading {root}: {k + 1} of {len(files)} files")
-    return np.concatenate(xs), np.concatenate(ys)
+                           labels[te], len(found.classes), shape, "folder",
+                           classes=tuple(found.classes))
 
 
 def open_cifar(data_dir: str | os.PathLike, name: str = "cifar10",
@@ -485,16 +234,12 @@ def open_cifar(data_dir: str | os.PathLike, name: str = "cifar10",
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise FileNotFoundError(f"{fmt.title} folder {data_dir} does not exist")
-    root = _cifar_root(data_dir, fmt, name)
+    root = cifar_root(data_dir, fmt, name)
     prog = _Progress(_reporter(progress))
-    x_train, y_train = _cifar_split(root, fmt.train, fmt, prog)
-    x_test, y_test = _cifar_split(root, fmt.test, fmt, prog)
-    classes = None
-    if (root / fmt.meta).is_file():
-        names = _unpickle(root / fmt.meta).get(fmt.names)
-        if isinstance(names, list) and len(names) == fmt.num_classes:
-            classes = tuple(n.decode() if isinstance(n, bytes) else str(n) for n in names)
-    source = _ArraySource(np.concatenate([x_train, x_test]), str(root))
+    x_train, y_train = read_split(root, fmt.train, fmt, prog)
+    x_test, y_test = read_split(root, fmt.test, fmt, prog)
+    classes = class_names(root, fmt)
+    source = ArraySource(np.concatenate([x_train, x_test]), str(root))
     n = len(x_train)
     return StreamedDataset(ImageArray(source, np.arange(n)), y_train,
                            ImageArray(source, n + np.arange(len(x_test))), y_test,
