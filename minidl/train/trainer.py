@@ -1,13 +1,14 @@
-"""The Trainer: one network, optimizer, loss and memory spec on one device."""
+"""The Trainer: one network, optimizer, loss and memory spec on one device; it steps,
+evaluates and fits. Its parts live beside it: :mod:`~minidl.train.device_setup`,
+:mod:`~minidl.train.checkpointing`, :mod:`~minidl.train.memory_report`,
+:mod:`~minidl.train.inputs`, :mod:`~minidl.train.step_checks`, :mod:`~minidl.train.fitting`.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import sys
 import time
-import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -15,41 +16,33 @@ from typing import Any
 import numpy as np
 
 from ..analysis.memory_record import MemoryRecorder
-from ..analysis.report import strategy_costs
-from ..compile.deferred import Deferred, resolve_all
+from ..compile.deferred import Deferred
 from ..compile.engine import Compiled, Engine, PeakInfo
 from ..compile.executor import NonFiniteError
 from ..distributed.comm import Communicator, SingleProcess
 from ..distributed.data_parallel import DEFAULT_BUCKET_BYTES, DataParallel
 from ..distributed.zero import sharded_optimizer
-from ..interop.checkpoint import (
-    DAMAGED,
-    CheckpointError,
-    damage,
-    describe_file,
-    describe_npz,
-    resume_position,
-    write_npz,
-)
-from ..kernels.jit import CompileWatch
-from ..kernels.parallel import set_thread_policy
+from ..interop.checkpoint import CheckpointError
 from ..layers import SoftmaxCrossEntropy
 from ..layers.base import Layer
-from ..memory.cost.link_emulation import LinkEmulation
-from ..memory.cost.targets import DeviceProfile, get_target
-from ..memory.device_factory import make_device
-from ..memory.devices.device import CpuDevice
+from ..memory.cost.targets import DeviceProfile
 from ..memory.ir.config import MemoryConfig
-from ..memory.ir.units import ALLOCATION_UNIT, format_size, parse_size
+from ..memory.ir.units import ALLOCATION_UNIT, parse_size
 from ..memory.runtime.cache import without_cache
-from ..memory.runtime.pool import DeviceOutOfMemory, Pool
-from ..memory.runtime.transfer import fetch_async
+from ..memory.runtime.pool import DeviceOutOfMemory
 from ..net.graph import Network
 from ..net.labels import default_label_shape
-from ..net.optim import SGD, clip_grad_norm_
-from ..settings import Settings
-from .callbacks import callback_states
+from ..net.optim import SGD
+from .checkpointing import load_checkpoint, save_checkpoint
+from .compile_notice import compile_notice
+from .device_setup import set_up_device
 from .fitting import History, fit
+from .inputs import check_inputs
+from .memory_report import memory_report
+from .step_checks import checked_loss, clip_gradients, raise_at_non_finite_layer
+
+#: ``CheckpointError`` has always been importable from here.
+__all__ = ["CheckpointError", "Trainer"]
 
 
 def _default_optimizer(net: Network) -> SGD:
@@ -73,16 +66,15 @@ class Trainer:
     ``emulate_link`` (a target name such as ``"v100"`` or a profile; cpu device only) plans
     with that GPU's cost model and throttles the copy engine so that copy time / compute time
     is the GPU's (see :mod:`minidl.memory.cost.link_emulation`; ``link_emulation`` holds the
-    measured slowdown and the rate). ``comm`` (a :class:`~minidl.distributed.comm.Communicator` of
-    more
-    than one rank) trains data-parallel (:mod:`minidl.distributed.data_parallel`; gradients
-    all-reduced in
-    buckets of ``bucket_bytes``; ``sync_bn``: BatchNorm with the global batch's statistics):
-    each step's batch is the global batch, this rank trains on its shard, and only rank 0
-    writes checkpoints. ``zero=K`` in the spec shards the training state over the ranks
-    (:mod:`minidl.distributed.zero`; from ``zero=2`` the gradients go through the buckets even on
-    one
-    rank, and ``.grad`` of the parameters stays ``None``: the optimizer's shards hold them).
+    measured slowdown and the rate). ``comm`` (a :class:`~minidl.distributed.comm.Communicator`
+    of more than one rank) trains data-parallel (:mod:`minidl.distributed.data_parallel`;
+    gradients all-reduced in buckets of ``bucket_bytes``; ``sync_bn``: BatchNorm with the global
+    batch's statistics): each step's batch is the global batch, this rank trains on its shard,
+    and only rank 0 writes checkpoints. ``zero=K`` in the spec shards the training state over
+    the ranks (:mod:`minidl.distributed.zero`; from ``zero=2`` the gradients go through the
+    buckets even on one rank, and ``.grad`` of the parameters stays ``None``: the optimizer's
+    shards hold them). The device, its pool and the link emulation are made by
+    :func:`~minidl.train.device_setup.set_up_device`.
     """
 
     def __init__(
@@ -107,30 +99,12 @@ class Trainer:
     ) -> None:
         self.net = net
         self.config = MemoryConfig.parse(memory)
-        target = get_target(emulate_link) if isinstance(emulate_link, str) else emulate_link
-        cpu = isinstance(device, CpuDevice) or (isinstance(device, str)
-                                                and device.strip().lower() == "cpu")
-        if target is not None and not cpu:
-            raise ValueError(f"emulate_link throttles the cpu device's copy engine: it needs "
-                             f"device='cpu', not {device!r}")
+        setup = set_up_device(device, device_memory, host_memory, debug, threads, alignment,
+                              emulate_link)
         #: The emulated host link (``emulate_link``), or ``None``.
-        self.link_emulation = None if target is None else LinkEmulation(target)
-        if isinstance(device, str):
-            extra = {}
-            if device.strip().lower().startswith("cuda") and host_memory is not None:
-                # (cuda-strict takes the same bound for its stand-in of pinned memory)
-                extra["pinned_capacity"] = host_memory  # swapped tensors live in pinned memory
-            self.device = make_device(device, device_memory, **extra)
-        else:
-            self.device = device
-        if debug is None:
-            debug = Settings.from_environment().debug_pool
-        # the kernels' threads: ``threads``, else MINIDL_NUM_THREADS / MINIDL_BLAS_THREADS
-        # (minidl/settings.py), applied when a trainer is made rather than at import
-        settings = Settings.from_environment()
-        set_thread_policy(threads if threads is not None else settings.num_threads,
-                          settings.blas_threads)
-        self.pool = Pool(self.device, alignment=alignment, debug=debug)
+        self.link_emulation = setup.link_emulation
+        self.device = setup.device
+        self.pool = setup.pool
         self.loss_layer = loss if loss is not None else SoftmaxCrossEntropy()
         self.optimizer = sharded_optimizer(optimizer if optimizer is not None else
                                            _default_optimizer(net), comm or SingleProcess(),
@@ -141,7 +115,18 @@ class Trainer:
         self.iteration = 0
         self.engine = Engine(net, self.pool, self.config, self.loss_layer, self.optimizer,
                              host_memory=None if host_memory is None else parse_size(host_memory),
-                             target=target)
+                             target=setup.target)
+        self._init_records()
+        self._init_fit_state()
+        # (zero=2 moves the gradients into the optimizer's shards through the buckets, even
+        # on one rank)
+        self.parallel = None if (comm is None or comm.size == 1) and self.config.zero < 2 \
+            else DataParallel(comm or SingleProcess(), net, self.config.spec, self.optimizer,
+                              self.seed, bucket_bytes, sync_bn=sync_bn)
+
+    def _init_records(self) -> None:
+        """What the steps and evaluations leave to read: the last compiled step, its logits,
+        peaks, step times, swapping runtime, splits."""
         self._swap_runtime: Any = None  # the runtime of the last iteration that swapped
         self.last_split = 1
         #: Evaluation batches that did not fit the device memory and ran in halves.
@@ -159,6 +144,14 @@ class Trainer:
         self.cache_fallbacks = 0
         self.peak: PeakInfo | None = None
         self.step_times: list[float] = []
+        #: Say on stderr when the first steps compile Numba kernels (minutes of silence on a
+        #: new machine otherwise); ``fit`` with progress says it its own way.
+        self.announce_compilation = True
+        self._kernels_ready = False
+        self._recorder: MemoryRecorder | None = None
+
+    def _init_fit_state(self) -> None:
+        """Where :meth:`fit` stands and what its callbacks keep (saved in checkpoints)."""
         #: Where :meth:`fit` stands: epochs completed, batches done in the current epoch, and
         #: the generator of the current epoch's augmentation (saved and restored on resume).
         self.epoch = 0
@@ -175,44 +168,8 @@ class Trainer:
         #: the state a resumed checkpoint holds for the next :meth:`fit`'s callbacks.
         self.fit_callbacks: list[Any] = []
         self.restored_callback_state: dict[str, dict[str, float]] = {}
-        #: Say on stderr when the first steps compile Numba kernels (minutes of silence on a
-        #: new machine otherwise); ``fit`` with progress says it its own way.
-        self.announce_compilation = True
-        self._kernels_ready = False
-        self._recorder: MemoryRecorder | None = None
-        # (zero=2 moves the gradients into the optimizer's shards through the buckets, even
-        # on one rank)
-        self.parallel = None if (comm is None or comm.size == 1) and self.config.zero < 2 \
-            else DataParallel(comm or SingleProcess(), net, self.config.spec, self.optimizer,
-                              self.seed, bucket_bytes, sync_bn=sync_bn)
 
-    # ------------------------------------------------------------------ input checks
-    def _check_inputs(self, x: Any, y: Any | None) -> tuple[np.ndarray, np.ndarray | None]:
-        sym = self.net.inputs[0]
-        want = np.dtype(sym.dtype)
-        x = np.asarray(x)
-        if np.issubdtype(want, np.floating):
-            if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)) \
-                    or x.dtype == np.bool_:
-                raise TypeError(f"input must be a float array, got dtype {x.dtype}")
-            if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
-                bad = int(np.size(x) - np.isfinite(x).sum())
-                raise ValueError(f"input contains {bad} NaN or inf value(s)")
-            x = np.ascontiguousarray(x, dtype=want)
-        elif np.issubdtype(want, np.integer):
-            if not np.issubdtype(x.dtype, np.integer):
-                raise TypeError(f"input must be an integer array of indices, got dtype {x.dtype}")
-            x = np.ascontiguousarray(x, dtype=want)
-        if y is not None:
-            y = np.asarray(y)
-            if np.issubdtype(y.dtype, np.integer):
-                y = np.ascontiguousarray(y, dtype=np.int64)
-            else:
-                y = np.ascontiguousarray(y, dtype=x.dtype if x.dtype.kind == "f" else np.float32)
-            if y.shape[0] != x.shape[0]:
-                raise ValueError(f"{x.shape[0]} inputs but {y.shape[0]} labels")
-        return x, y
-
+    # ------------------------------------------------------------------ compiled steps
     def _compiled(self, x: np.ndarray, y: np.ndarray | None, training: bool) -> Compiled:
         return self.engine.compiled([x.shape], None if y is None else tuple(y.shape), training,
                                     label_dtype="int64" if y is None else y.dtype.name)
@@ -227,7 +184,7 @@ class Trainer:
         return loss
 
     def _gradients(self, x: Any, y: Any, wait: bool) -> Any:
-        x, y = self._check_inputs(x, y)
+        x, y = check_inputs(self.net, x, y)
         if self.parallel is None:
             return self._local_gradients(x, y, wait)
         loss = self.parallel.compute_gradients(self._local_gradients, x, y)
@@ -269,11 +226,11 @@ class Trainer:
                 raise NonFiniteError(f"the program computed no loss at iteration {iteration}")
             if deferred:
                 pending = loss
-                loss = Deferred(lambda: self._checked_loss(pending, iteration), pending.ready)
+                loss = Deferred(lambda: checked_loss(pending, iteration), pending.ready)
             else:  # (the loss first: it comes after the outputs, one wait covers both)
                 loss = float(loss.result()[()])
                 if not np.isfinite(loss):
-                    self._diagnose(c, x, y)
+                    raise_at_non_finite_layer(c, x, y, self.seed, iteration)
                     raise NonFiniteError(
                         f"the loss is {loss} at iteration {iteration} although every layer's "
                         "output is finite")
@@ -282,25 +239,11 @@ class Trainer:
         rt = c.executor.last_runtime
         # where the run peaked, itemised only when it is a new peak or a recording wants it
         if self.peak is None or rt.peak_bytes > self.peak.bytes or self._recorder is not None:
-            info = self.engine.peak_info(c)
-            if self.peak is None or info.bytes > self.peak.bytes:
-                self.peak = info
-            if self._recorder is not None:
-                self._recorder.capture(c, info, self.iteration, timed=self.engine.compute)
+            self._note_peak(c)
         if c.plan.swapped:
             self._swap_runtime = rt
         self._to_refine = c
         return loss if loss is not None else float("nan")
-
-    @staticmethod
-    def _checked_loss(pending: Any, iteration: int) -> float:
-        """A deferred loss's value, or NonFiniteError naming the iteration it came from."""
-        value = float(pending.result()[()])
-        if not np.isfinite(value):
-            raise NonFiniteError(f"the loss is {value} at iteration {iteration} (read after "
-                                 "later steps were queued: on a GPU the loss is checked when "
-                                 "it is read)")
-        return value
 
     def _refine(self) -> None:
         """After the step's work (the update's temporaries included): re-plan what depends on
@@ -348,14 +291,19 @@ class Trainer:
                 raise NonFiniteError(f"the loss is {loss} at iteration {self.iteration}")
             total += (loss or 0.0) * share
             self._calibrate_link(c)
-            info = self.engine.peak_info(c)
-            if self.peak is None or info.bytes > self.peak.bytes:
-                self.peak = info
-            if self._recorder is not None:
-                self._recorder.capture(c, info, self.iteration, timed=self.engine.compute)
+            self._note_peak(c)
             self.last_compiled = c
         self.last_split = k
         return total
+
+    def _note_peak(self, c: Compiled) -> None:
+        """Where the last run of ``c`` peaked: the trainer's peak when higher, and the
+        recording's (:meth:`record_memory`)."""
+        info = self.engine.peak_info(c)
+        if self.peak is None or info.bytes > self.peak.bytes:
+            self.peak = info
+        if self._recorder is not None:
+            self._recorder.capture(c, info, self.iteration, timed=self.engine.compute)
 
     def _calibrate_link(self, c: Compiled) -> None:
         """With link emulation: the CPU's slowdown from this iteration's measured step times,
@@ -398,54 +346,21 @@ class Trainer:
             yield
             return
 
-        def starting() -> None:
-            print("minidl: compiling this machine's kernels (first run only: Numba caches "
-                  "them on disk)...", file=sys.stderr, flush=True)
-
-        with CompileWatch(on_first_compile=starting) as watch:
+        with compile_notice() as watch:
             yield
-        if watch.compiled:
-            print(f"minidl: kernels compiled in {watch.seconds:.1f} s", file=sys.stderr,
-                  flush=True)
-        else:
+        if not watch.compiled:
             self._kernels_ready = True
 
     def _clip(self, loss: Any) -> Any:
         """Clip the gradients' global norm; a non-finite norm raises (on a GPU when the loss is
         read: the norm comes back with it)."""
-        if getattr(self.optimizer, "shards_gradients", False):  # zero=2: over the ranks
-            norm = self.optimizer.clip_grad_norm(self.clip_grad_norm)
-        else:
-            norm = clip_grad_norm_(self.net.parameters(), self.clip_grad_norm)
-        iteration = self.iteration
-
-        def checked_norm(value: float) -> None:
-            if not np.isfinite(value):
-                raise NonFiniteError(f"gradient norm is {value} at iteration {iteration}")
-
-        if not isinstance(loss, Deferred):
-            checked_norm(float(fetch_async(self.device, norm).result()[()]))
-            return loss
-        pending = fetch_async(self.device, norm)
-
-        def read() -> float:
-            checked_norm(float(pending.result()[()]))
-            return loss.read()
-
-        return Deferred(read, lambda: pending.ready() and loss.ready())
-
-    def _diagnose(self, c: Compiled, x: np.ndarray, y: np.ndarray) -> None:
-        """Re-run the forward pass checking each layer's output; raises naming the first layer
-        whose output is not finite. Buffers (BN running stats) are left untouched."""
-        if not self.engine.compute:
-            return
-        c.executor.run([x, y], training=True, seed=self.seed, iteration=self.iteration,
-                       check_finite=True, recomputing=True)
+        return clip_gradients(self.optimizer, self.net.parameters(), self.clip_grad_norm,
+                              self.device, loss, self.iteration)
 
     def predict(self, x: Any, batch_size: int = 256) -> np.ndarray:
         """Network outputs (eval mode) for ``x``, in batches."""
         outs = []
-        x, _ = self._check_inputs(x, None)
+        x, _ = check_inputs(self.net, x, None)
         for i in range(0, len(x), batch_size):
             xb = x[i:i + batch_size]
             outs.append(self._forward_eval(xb, None)[1])
@@ -482,12 +397,12 @@ class Trainer:
             if len(y) != len(x):
                 raise ValueError(f"{len(x)} inputs but {len(y)} labels")
         else:
-            x, y = self._check_inputs(x, y)
+            x, y = check_inputs(self.net, x, y)
         total_loss, correct, n, n_labels = 0.0, 0, 0, 0
         for i in range(0, len(x), batch_size):
             xb, yb = x[i:i + batch_size], y[i:i + batch_size]
             if streamed:
-                xb, yb = self._check_inputs(xb, yb)
+                xb, yb = check_inputs(self.net, xb, yb)
             with self._compile_notice():
                 loss, logits = self._forward_eval(xb, yb)
             total_loss += float(loss) * len(xb)
@@ -513,9 +428,8 @@ class Trainer:
         progress_every: int | None = None,
     ) -> History:
         """Train on ``data`` (a :class:`~minidl.datasets.data.Dataset` or ``(x, y)``) until
-        ``epochs``
-        epochs (or ``max_steps`` batches) counted from the start of the run have been trained
-        (a resumed trainer continues); validates every ``val_every`` epochs on
+        ``epochs`` epochs (or ``max_steps`` batches) counted from the start of the run have
+        been trained (a resumed trainer continues); validates every ``val_every`` epochs on
         ``validation_data`` (or the test split), calls ``callbacks``
         (:mod:`minidl.train.callbacks`), evaluates on the test split at the end; see
         :func:`minidl.train.fitting.fit`."""
@@ -530,32 +444,7 @@ class Trainer:
         :meth:`fit` stands (epoch, batch, augmentation generator) to ``.npz``, written
         atomically (a temporary file renamed into place): everything
         ``load(path, resume=True)`` needs to continue bit for bit."""
-        path = os.fspath(path)
-        arrays: dict[str, Any] = {f"param/{k}": v for k, v in self.net.state_dict().items()}
-        for k, v in self.optimizer.state_dict().items():
-            arrays[f"optim/{k}"] = np.asarray(v)
-        if self.scheduler is not None:
-            for k, v in self.scheduler.state_dict().items():
-                arrays[f"sched/{k}"] = np.asarray(v)
-        arrays["trainer/iteration"] = np.asarray(self.iteration)
-        arrays["trainer/seed"] = np.asarray(self.seed)
-        arrays["trainer/epoch"] = np.asarray(self.epoch)
-        arrays["trainer/epoch_step"] = np.asarray(self.epoch_step)
-        arrays["trainer/steps_per_epoch"] = np.asarray(self.steps_per_epoch or 0)
-        if self.augment_rng is not None:
-            arrays["trainer/augment_rng"] = np.asarray(
-                json.dumps(self.augment_rng.bit_generator.state))
-        arrays["trainer/epoch_losses"] = np.asarray(resolve_all(self.epoch_losses),
-                                                    dtype=np.float64)
-        arrays["trainer/epoch_accuracy"] = np.asarray(resolve_all(self.epoch_accuracy),
-                                                      dtype=np.float64)
-        for key, state in callback_states(self.fit_callbacks).items():
-            for name, value in state.items():
-                arrays[f"callback/{key}/{name}"] = np.asarray(value)
-        if self.parallel is None:
-            write_npz(path, arrays)
-        else:
-            self.parallel.root_writes(lambda: write_npz(path, arrays))
+        save_checkpoint(self, path)
 
     def load(self, path: str | os.PathLike, resume: bool = False) -> None:
         """Restore what :meth:`save` wrote (names and shapes must match this network).
@@ -569,67 +458,7 @@ class Trainer:
         checkpoint of this network (a plain ``np.savez``, a PyTorch file, text...) and
         ``FileNotFoundError`` when it does not exist; a failed load changes nothing.
         """
-        path = os.fspath(path)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"checkpoint {path} does not exist" + (
-                " (it is a folder)" if os.path.isdir(path) else ""))
-        expected = "a minidl checkpoint (.npz written by Trainer.save or minidl train --save)"
-        try:
-            z = np.load(path, allow_pickle=False)
-        except zipfile.BadZipFile as e:
-            raise CheckpointError(f"{path} is damaged ({damage(e)}): not loaded, nothing "
-                                  "changed") from None
-        except (ValueError, OSError, EOFError):
-            raise CheckpointError(f"{path} is {describe_file(path)}, not {expected}") from None
-        if not isinstance(z, np.lib.npyio.NpzFile):
-            raise CheckpointError(f"{path} is a single NumPy array (.npy) of shape {z.shape}, "
-                                  f"not {expected}")
-        with z:
-            if "trainer/iteration" not in z.files:
-                raise CheckpointError(f"{path} is {describe_npz(z.files, self.net)}, "
-                                      f"not {expected}")
-            try:
-                params = {k[6:]: z[k] for k in z.files if k.startswith("param/")}
-                optim = {k[6:]: z[k] for k in z.files if k.startswith("optim/")}
-                sched = {k[6:]: z[k].item() for k in z.files if k.startswith("sched/")}
-                iteration = int(z["trainer/iteration"])
-                position = resume_position(path, z) if resume else None
-                epoch_figures = tuple([float(v) for v in z[k]] if k in z.files else []
-                                      for k in ("trainer/epoch_losses",
-                                                "trainer/epoch_accuracy"))
-                callbacks: dict[str, dict[str, float]] = {}
-                for k in z.files:
-                    if k.startswith("callback/"):
-                        key, name = k[9:].rsplit("/", 1)
-                        callbacks.setdefault(key, {})[name] = z[k].item()
-            except DAMAGED as e:
-                raise CheckpointError(f"{path} is damaged ({damage(e)}): not loaded, "
-                                      "nothing changed") from None
-        if resume and (self.scheduler is None) != (not sched):
-            has = "has" if sched else "has no"
-            raise CheckpointError(f"checkpoint {path} {has} learning-rate scheduler state but "
-                                  f"this trainer {'has no' if self.scheduler is None else 'has a'}"
-                                  " scheduler: resume with the schedule the run was started with")
-        before = (self.net.state_dict(), self.optimizer.state_dict(), self.iteration)
-        try:
-            self.net.load_state_dict(params)
-            self.optimizer.load_state_dict(
-                {k: (v.item() if v.ndim == 0 else v) for k, v in optim.items()})
-            self.iteration = iteration
-        except (KeyError, ValueError) as e:
-            self.net.load_state_dict(before[0])
-            self.optimizer.load_state_dict(before[1])
-            self.iteration = before[2]
-            reason = e.args[0] if isinstance(e, KeyError) and e.args else e
-            raise CheckpointError(f"checkpoint {path} does not match this network "
-                                  f"({self.net.name}) or optimizer "
-                                  f"({type(self.optimizer).__name__}): {reason}") from None
-        if position is not None:
-            if self.scheduler is not None:
-                self.scheduler.load_state_dict(sched)
-            self.epoch, self.epoch_step, self.steps_per_epoch, self.augment_rng = position
-            self.restored_callback_state = callbacks
-            self.epoch_losses, self.epoch_accuracy = epoch_figures
+        load_checkpoint(self, path, resume)
 
     # ------------------------------------------------------------------ reports
     @contextmanager
@@ -655,61 +484,9 @@ class Trainer:
             self._recorder = outer
 
     def memory_report(self) -> dict[str, Any]:
-        """Peak allocated and reserved bytes, bytes by category at the peak, and where."""
-        s = self.pool.stats()
-        rep: dict[str, Any] = {
-            "device": self.device.name,
-            "capacity_bytes": s["capacity"],
-            "memory": self.config.spec,
-            "peak_allocated_bytes": s["allocated_bytes.peak"],
-            "peak_reserved_bytes": s["reserved_bytes.peak"],
-            "num_ooms": s["num_ooms"],
-        }
-        if self.peak is not None:
-            rep["iteration_peak_bytes"] = self.peak.bytes
-            rep["peak_step"] = {"layer": self.peak.step, "phase": self.peak.phase,
-                                "index": self.peak.position}
-            rep["breakdown"] = dict(sorted(self.peak.by_category.items(), key=lambda kv: -kv[1]))
-            rep["largest_live"] = [
-                {"tensor": n, "category": c, "bytes": b} for n, c, b in self.peak.live[:5]]
-        if self.swap_stats:
-            rep["swap"] = dict(self.swap_stats)
-            rep["swap"]["cache_fallbacks"] = self.cache_fallbacks
-        if self.last_split > 1:
-            rep["split"] = self.last_split
-        if self.link_emulation is not None:
-            rep["link_emulation"] = self.link_emulation.as_dict()
-        c = self.last_compiled
-        if c is not None:
-            rep.update(strategy_costs(c))
-            rep["notes"] = list(c.plan.notes)
-            if c.executor.temporaries is not None:
-                t = c.executor.temporaries
-                rep["device_temporaries"] = {
-                    "scratch_bytes": 0 if self.engine.scratch is None else self.engine.scratch.size,
-                    "footprint_bytes": t.footprint, "peak_live_bytes": t.peak_live,
-                    "overflow_bytes": t.overflow_bytes}
-        outside = getattr(self.device, "outside_arena", None)
-        if outside is not None and self.engine.compute:
-            rep["outside_arena"] = outside()
-        if self.config.zero >= 2 and self.peak is not None and c is not None:
-            note = _zero_peak_note(self.config.zero, self.peak, c.lowered.program)
-            if note:
-                rep.setdefault("notes", []).append(note)
-        if self.eval_peak is not None:
-            rep["evaluation_peak_bytes"], rep["evaluation_batch_size"] = self.eval_peak
-            if self.eval_peak[0] > rep.get("iteration_peak_bytes", 0):
-                rep.setdefault("notes", []).append(
-                    f"the peak allocated ({format_size(s['allocated_bytes.peak'])}) is an "
-                    f"evaluation's: batch {self.eval_peak[1]} in eval mode reached "
-                    f"{format_size(self.eval_peak[0])}"
-                    + (f", the training iteration {format_size(self.peak.bytes)}"
-                       if self.peak is not None else ""))
-        if self.eval_splits:
-            rep.setdefault("notes", []).append(
-                f"evaluation: {self.eval_splits} batch(es) did not fit the device memory and ran "
-                "in halves")
-        return rep
+        """Peak allocated and reserved bytes, bytes by category at the peak, and where
+        (:mod:`minidl.train.memory_report`)."""
+        return memory_report(self)
 
     def close(self) -> None:
         """Move parameters back to host memory and free the device pool's blocks."""
@@ -717,26 +494,3 @@ class Trainer:
             self.parallel.close()
         self.engine.release()
 
-
-def _zero_peak_note(stage: int, peak: PeakInfo, program: Any) -> str:
-    """What ZeRO ``stage`` (2 or 3) holds at the iteration's peak beside the rank's shards:
-    full gradients before their reduce-scatter and (stage 3) parameters gathered whole for
-    the step; on few ranks they can outweigh what sharding saves."""
-    persistent = {t.name for t in program.tensors if t.persistent}
-    full = {"gradient": 0, "parameter": 0}
-    shards = 0
-    for name, cat, nbytes in peak.live:
-        if cat in full:
-            if name in persistent:
-                shards += nbytes
-            else:
-                full[cat] += nbytes
-    if not (full["gradient"] or full["parameter"]):
-        return ""
-    parts = [f"{format_size(full['gradient'])} of full gradients before their reduce-scatter"]
-    if stage >= 3:
-        parts.append(f"{format_size(full['parameter'])} of parameters gathered whole for "
-                     "their step")
-    return (f"ZeRO stage {stage} at the peak: {' and '.join(parts)}, beside this rank's "
-            f"shards and buffers ({format_size(shards)}); on few ranks these can outweigh "
-            "what sharding saves")
