@@ -6,6 +6,7 @@ PyTorch is never a dependency of minidl: this module imports it lazily and is us
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -14,49 +15,53 @@ from .. import layers as L
 from ..net.graph import Network
 from ..zoo.rnn import SequenceModel
 
+#: ``(minidl layer classes, build)`` in the order they are tried (a subclass takes the first
+#: entry it matches); ``build(nn, attr, torch)`` makes the ``torch.nn`` module from the layer's
+#: attributes (``attr(name, default=None)``), or None for the parameter-free joins the graph
+#: module computes inline.
+_TORCH_MODULES: tuple[tuple[Any, Callable[[Any, Callable[..., Any], Any], Any]], ...] = (
+    (L.Conv2d, lambda nn, g, torch: nn.Conv2d(
+        g("in_channels"), g("out_channels"), g("kernel_size"), g("stride"), g("padding"),
+        g("dilation"), g("groups"), bias=bool(g("has_bias", g("bias"))))),
+    (L.Linear, lambda nn, g, torch: nn.Linear(g("in_features"), g("out_features"),
+                                              bias=bool(g("bias")))),
+    (L.BatchNorm1d, lambda nn, g, torch: _batchnorm(nn.BatchNorm1d, g)),
+    (L.BatchNorm2d, lambda nn, g, torch: _batchnorm(nn.BatchNorm2d, g)),
+    (L.MaxPool2d, lambda nn, g, torch: nn.MaxPool2d(g("kernel_size"), g("stride"),
+                                                    g("padding"))),
+    (L.AvgPool2d, lambda nn, g, torch: nn.AvgPool2d(g("kernel_size"), g("stride"),
+                                                    g("padding"))),
+    (L.LeakyReLU, lambda nn, g, torch: nn.LeakyReLU(g("negative_slope"))),
+    (L.ReLU, lambda nn, g, torch: nn.ReLU()),
+    (L.Sigmoid, lambda nn, g, torch: nn.Sigmoid()),
+    (L.Tanh, lambda nn, g, torch: nn.Tanh()),
+    (L.Dropout, lambda nn, g, torch: nn.Dropout(g("p"))),
+    (L.Flatten, lambda nn, g, torch: nn.Flatten(g("start_dim", 1), g("end_dim", -1))),
+    (L.Embedding, lambda nn, g, torch: nn.Embedding(g("num_embeddings"), g("embedding_dim"))),
+    (L.LayerNorm, lambda nn, g, torch: nn.LayerNorm(g("dim"), eps=g("eps"))),
+    (L.GELU, lambda nn, g, torch: nn.GELU(approximate=g("approximate"))),
+    (L.PositionalEmbedding, lambda nn, g, torch: _positions(torch, g("context"), g("dim"))),
+    (L.MultiHeadAttention, lambda nn, g, torch: _self_attention(
+        torch, g("dim"), g("heads"), g("causal"), g("dropout"), g("bias"))),
+    ((L.Add, L.Concat, L.GlobalAvgPool2d), lambda nn, g, torch: None),
+)
+
 
 def _module_for(layer: Any, torch: Any) -> Any:
     """The ``torch.nn`` module computing ``layer`` (``None`` for the parameter-free joins the
     graph module computes inline), chosen by the layer's class (subclasses included)."""
-    nn = torch.nn
     g = lambda name, default=None: getattr(layer, name, default)  # noqa: E731
-    if isinstance(layer, L.Conv2d):
-        return nn.Conv2d(g("in_channels"), g("out_channels"), g("kernel_size"), g("stride"),
-                         g("padding"), g("dilation"), g("groups"),
-                         bias=bool(g("has_bias", g("bias"))))
-    if isinstance(layer, L.Linear):
-        return nn.Linear(g("in_features"), g("out_features"), bias=bool(g("bias")))
-    for ours, theirs in ((L.BatchNorm1d, nn.BatchNorm1d), (L.BatchNorm2d, nn.BatchNorm2d)):
-        if isinstance(layer, ours):
-            return theirs(g("num_features"), eps=g("eps"), momentum=g("momentum"),
-                          affine=g("affine"), track_running_stats=g("track_running_stats"))
-    if isinstance(layer, L.MaxPool2d):
-        return nn.MaxPool2d(g("kernel_size"), g("stride"), g("padding"))
-    if isinstance(layer, L.AvgPool2d):
-        return nn.AvgPool2d(g("kernel_size"), g("stride"), g("padding"))
-    if isinstance(layer, L.LeakyReLU):
-        return nn.LeakyReLU(g("negative_slope"))
-    simple = ((L.ReLU, nn.ReLU), (L.Sigmoid, nn.Sigmoid), (L.Tanh, nn.Tanh))
-    for ours, theirs in simple:
-        if isinstance(layer, ours):
-            return theirs()
-    if isinstance(layer, L.Dropout):
-        return nn.Dropout(g("p"))
-    if isinstance(layer, L.Flatten):
-        return nn.Flatten(g("start_dim", 1), g("end_dim", -1))
-    if isinstance(layer, L.Embedding):
-        return nn.Embedding(g("num_embeddings"), g("embedding_dim"))
-    if isinstance(layer, L.LayerNorm):
-        return nn.LayerNorm(g("dim"), eps=g("eps"))
-    if isinstance(layer, L.GELU):
-        return nn.GELU(approximate=g("approximate"))
-    if isinstance(layer, L.PositionalEmbedding):
-        return _positions(torch, g("context"), g("dim"))
-    if isinstance(layer, L.MultiHeadAttention):
-        return _self_attention(torch, g("dim"), g("heads"), g("causal"), g("dropout"), g("bias"))
-    if isinstance(layer, (L.Add, L.Concat, L.GlobalAvgPool2d)):
-        return None
+    for classes, build in _TORCH_MODULES:
+        if isinstance(layer, classes):
+            return build(torch.nn, g, torch)
     raise NotImplementedError(f"no PyTorch equivalent for layer {type(layer).__name__}")
+
+
+def _batchnorm(cls: Any, g: Callable[..., Any]) -> Any:
+    """``cls`` (``nn.BatchNorm1d`` / ``2d``) with the layer's features, eps, momentum, affine
+    and running statistics."""
+    return cls(g("num_features"), eps=g("eps"), momentum=g("momentum"), affine=g("affine"),
+               track_running_stats=g("track_running_stats"))
 
 
 def _positions(torch: Any, context: int, dim: int) -> Any:
