@@ -56,6 +56,100 @@ class Value:
     output_index: int = 0
 
 
+class _GraphBuilder:
+    """The values and nodes of a network read from its symbols: the inputs' values first, then
+    each layer's node (named once: ``names[i]``, the layer's name, or its type and a count)
+    in post-order from the outputs."""
+
+    def __init__(self, inputs: list[Symbol], names: Sequence[str] | None) -> None:
+        self.names = names
+        self.sym_value: dict[int, int] = {}
+        self.values: list[Value] = []
+        self.nodes: list[Node] = []
+        for k, s in enumerate(inputs):
+            self.sym_value[id(s)] = len(self.values)
+            self.values.append(Value(s.name or f"input{k if len(inputs) > 1 else ''}", -1))
+        self.layer_node: dict[int, Node] = {}
+        self.counters: dict[str, int] = {}
+        self.used_names: set[str] = set()
+
+    def node_name(self, layer: Layer, idx: int) -> str:
+        """The name of node ``idx`` (``ValueError`` for a name already taken)."""
+        if self.names is not None:
+            name = self.names[idx]
+        elif layer.name:
+            name = layer.name
+        else:
+            base = type(layer).__name__.lower()
+            self.counters[base] = self.counters.get(base, 0) + 1
+            name = f"{base}{self.counters[base]}"
+        if name in self.used_names:
+            raise ValueError(f"two layers are named {name!r}")
+        self.used_names.add(name)
+        return name
+
+    def new_node(self, layer: Layer, in_values: list[int]) -> Node:
+        """The node of ``layer`` reading ``in_values``, with its output values (the layer
+        takes the node's name)."""
+        idx = len(self.nodes)
+        name = self.node_name(layer, idx)
+        layer.name = name
+        outs = []
+        for j in range(layer.num_outputs):
+            outs.append(len(self.values))
+            suffix = "" if layer.num_outputs == 1 else f".{j}"
+            self.values.append(Value(f"{name}{suffix}", idx, j))
+        if layer.memory_choice and layer.memory_choice not in BLOCK_CHOICES:
+            raise ValueError(
+                f"layer {name}: memory={layer.memory_choice!r} is not a memory choice; "
+                f"valid: {', '.join(BLOCK_CHOICES)}")
+        node = Node(idx, name, layer, in_values, outs, layer.memory_choice)
+        self.nodes.append(node)
+        self.layer_node[id(layer)] = node
+        return node
+
+    def add_node(self, s: Symbol) -> None:
+        """Create (or find) the node of symbol ``s`` whose inputs all have values."""
+        layer = s.layer
+        in_values = [self.sym_value[id(p)] for p in s.inputs]
+        node = self.layer_node.get(id(layer))
+        if node is None:
+            node = self.new_node(layer, in_values)
+        elif in_values != node.in_values:
+            raise ValueError(
+                f"layer {node.name} is applied twice; shared layers are not supported "
+                "(create a second layer)"
+            )
+        self.sym_value[id(s)] = node.out_values[s.index]
+
+    def visit(self, root: Symbol) -> int:
+        """Post-order over the symbols ``root`` depends on, iteratively (deep ResNets); the
+        value of ``root``."""
+        sym_value = self.sym_value
+        stack: list[tuple[Symbol, bool]] = [(root, False)]
+        on_path: set[int] = set()
+        while stack:
+            s, expanded = stack.pop()
+            if id(s) in sym_value:
+                continue
+            if s.layer is None:
+                raise ValueError(
+                    f"the graph reads input {s!r} that is not among the Network's inputs"
+                )
+            if expanded:
+                on_path.discard(id(s))
+                self.add_node(s)
+                continue
+            if id(s) in on_path:
+                raise ValueError(f"cycle through layer {s.layer!r}")
+            on_path.add(id(s))
+            stack.append((s, True))
+            for p in reversed(s.inputs):
+                if id(p) not in sym_value:
+                    stack.append((p, False))
+        return sym_value[id(root)]
+
+
 class Network:
     """A functional graph from ``inputs`` to ``outputs`` (one symbol or a list of them).
 
@@ -81,80 +175,10 @@ class Network:
 
     # ------------------------------------------------------------------ structure
     def _build_graph(self, names: Sequence[str] | None = None) -> None:
-        sym_value: dict[int, int] = {}
-        self.values: list[Value] = []
-        self.nodes: list[Node] = []
-        for k, s in enumerate(self.inputs):
-            sym_value[id(s)] = len(self.values)
-            self.values.append(Value(s.name or f"input{k if len(self.inputs) > 1 else ''}", -1))
-        layer_node: dict[int, Node] = {}
-        counters: dict[str, int] = {}
-        used_names: set[str] = set()
-
-        def add_node(s: Symbol) -> None:
-            """Create (or find) the node of symbol ``s`` whose inputs all have values."""
-            layer = s.layer
-            in_values = [sym_value[id(p)] for p in s.inputs]
-            node = layer_node.get(id(layer))
-            if node is None:
-                idx = len(self.nodes)
-                if names is not None:
-                    name = names[idx]
-                elif layer.name:
-                    name = layer.name
-                else:
-                    base = type(layer).__name__.lower()
-                    counters[base] = counters.get(base, 0) + 1
-                    name = f"{base}{counters[base]}"
-                if name in used_names:
-                    raise ValueError(f"two layers are named {name!r}")
-                used_names.add(name)
-                layer.name = name
-                outs = []
-                for j in range(layer.num_outputs):
-                    outs.append(len(self.values))
-                    suffix = "" if layer.num_outputs == 1 else f".{j}"
-                    self.values.append(Value(f"{name}{suffix}", idx, j))
-                if layer.memory_choice and layer.memory_choice not in BLOCK_CHOICES:
-                    raise ValueError(
-                        f"layer {name}: memory={layer.memory_choice!r} is not a memory choice; "
-                        f"valid: {', '.join(BLOCK_CHOICES)}")
-                node = Node(idx, name, layer, in_values, outs, layer.memory_choice)
-                self.nodes.append(node)
-                layer_node[id(layer)] = node
-            elif in_values != node.in_values:
-                raise ValueError(
-                    f"layer {node.name} is applied twice; shared layers are not supported "
-                    "(create a second layer)"
-                )
-            sym_value[id(s)] = node.out_values[s.index]
-
-        def visit(root: Symbol) -> int:
-            """Post-order over the symbols ``root`` depends on, iteratively (deep ResNets)."""
-            stack: list[tuple[Symbol, bool]] = [(root, False)]
-            on_path: set[int] = set()
-            while stack:
-                s, expanded = stack.pop()
-                if id(s) in sym_value:
-                    continue
-                if s.layer is None:
-                    raise ValueError(
-                        f"the graph reads input {s!r} that is not among the Network's inputs"
-                    )
-                if expanded:
-                    on_path.discard(id(s))
-                    add_node(s)
-                    continue
-                if id(s) in on_path:
-                    raise ValueError(f"cycle through layer {s.layer!r}")
-                on_path.add(id(s))
-                stack.append((s, True))
-                for p in reversed(s.inputs):
-                    if id(p) not in sym_value:
-                        stack.append((p, False))
-            return sym_value[id(root)]
-
-        self.output_values = [visit(s) for s in self.outputs]
+        builder = _GraphBuilder(self.inputs, names)
+        self.values: list[Value] = builder.values
+        self.nodes: list[Node] = builder.nodes
+        self.output_values = [builder.visit(s) for s in self.outputs]
 
     def _create_parameters(self, seed: int, dtype: str = "float32") -> None:
         rng = np.random.default_rng(seed)
