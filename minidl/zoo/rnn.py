@@ -231,27 +231,20 @@ def train_language_model(trainer: Any, data: Any, batch_size: int, seq_len: int,
         interactive = bool(isatty and isatty())
     every = progress_every or LOG_EVERY_STEPS
     start = trainer.iteration
-    losses, times = [], []
+    losses: list[float] = []
+    times: list[float] = []
     history: list[tuple[int, float]] = []
 
+    def say(line: str) -> None:
+        """A line above the bar, else on ``stream``."""
+        if bar is not None:
+            bar.write(line)
+        else:
+            print(line, file=stream, flush=True)
+
     def validate() -> float:
-        """Mean loss over ``eval_batches`` fixed windows of ``data.val`` (nats per char); with
-        progress, a line when it starts and one every :data:`VALIDATION_LINE_S` seconds."""
-        out = bar.write if bar is not None else (
-            lambda line: print(line, file=stream, flush=True))
-        if progress:
-            out(f"validating on {eval_batches} batches of {batch_size} x {seq_len} characters"
-                "...")
-        t_val = last = time.perf_counter()
-        val = []
-        for i, (xb, yb) in enumerate(sequence_batches(
-                data.val, batch_size, seq_len, seed=seed + 1, num_batches=eval_batches), 1):
-            val.append(trainer.evaluate(xb, yb, batch_size)[0])
-            now = time.perf_counter()
-            if progress and now - last >= VALIDATION_LINE_S and i < eval_batches:
-                out(f"  validation batch {i}/{eval_batches}, {now - t_val:.1f} s")
-                last = now
-        return float(np.mean(val))
+        return _validation_loss(trainer, data.val, batch_size, seq_len, eval_batches, seed,
+                                say if progress else None)
 
     t0 = time.perf_counter()
     bar = None
@@ -274,18 +267,13 @@ def train_language_model(trainer: Any, data: Any, batch_size: int, seq_len: int,
                 bar.set_postfix(loss=f"{loss:.3f}", chars_s=f"{xb.size / times[-1]:,.0f}",
                                 refresh=False)
             elif progress and (k % every == 0 or k == steps):
-                since = min(k - (k - 1) // every * every, len(losses))  # since the last line
-                print(f"step {k}/{steps}: loss {np.mean(losses[-since:]):.4f} (mean of the "
-                      f"last {since}), {xb.size * since / sum(times[-since:]):,.0f} chars/s, "
-                      f"{time.perf_counter() - t0:.1f} s", file=stream, flush=True)
+                print(_step_line(k, steps, every, losses, times, xb.size, t0), file=stream,
+                      flush=True)
             if val_every and k % val_every == 0 and k != steps:
                 history.append((k, validate()))
-                line = (f"step {k}/{steps}: validation loss {history[-1][1]:.4f} nats/char, "
+                if bar is not None or progress:
+                    say(f"step {k}/{steps}: validation loss {history[-1][1]:.4f} nats/char, "
                         f"{time.perf_counter() - t0:.1f} s")
-                if bar is not None:
-                    bar.write(line)
-                elif progress:
-                    print(line, file=stream, flush=True)
             if on_step is not None:
                 on_step(k)
     finally:
@@ -297,3 +285,31 @@ def train_language_model(trainer: Any, data: Any, batch_size: int, seq_len: int,
     return {"losses": losses, "step_times": times, "val_loss": val_loss,
             "val_perplexity": math.exp(val_loss), "val_history": history,
             "wall_time_s": time.perf_counter() - t0}
+
+
+def _step_line(k: int, steps: int, every: int, losses: list[float], times: list[float],
+               chars: int, t0: float) -> str:
+    """The progress line after step ``k`` off a terminal: the mean loss and the rate of the
+    steps since the last line (``chars`` characters a step)."""
+    since = min(k - (k - 1) // every * every, len(losses))  # since the last line
+    return (f"step {k}/{steps}: loss {np.mean(losses[-since:]):.4f} (mean of the "
+            f"last {since}), {chars * since / sum(times[-since:]):,.0f} chars/s, "
+            f"{time.perf_counter() - t0:.1f} s")
+
+
+def _validation_loss(trainer: Any, text: Any, batch_size: int, seq_len: int,
+                     eval_batches: int, seed: int, say: Callable[[str], None] | None) -> float:
+    """Mean loss over ``eval_batches`` fixed windows of ``text`` (nats per char); with ``say``,
+    a line when it starts and one every :data:`VALIDATION_LINE_S` seconds."""
+    if say is not None:
+        say(f"validating on {eval_batches} batches of {batch_size} x {seq_len} characters...")
+    t_val = last = time.perf_counter()
+    val = []
+    for i, (xb, yb) in enumerate(sequence_batches(
+            text, batch_size, seq_len, seed=seed + 1, num_batches=eval_batches), 1):
+        val.append(trainer.evaluate(xb, yb, batch_size)[0])
+        now = time.perf_counter()
+        if say is not None and now - last >= VALIDATION_LINE_S and i < eval_batches:
+            say(f"  validation batch {i}/{eval_batches}, {now - t_val:.1f} s")
+            last = now
+    return float(np.mean(val))
