@@ -123,97 +123,143 @@ class _KeepAllPath:
         """Everything kept: the calling thread runs the recurrences (layer k one unit behind
         layer k+1), a second thread the unit GEMMs (input gradients first: the layer below
         waits for them; then weight gradients, in unit order per weight)."""
-        x = inputs[0]
-        n, t = x.shape[0], x.shape[1]
-        L, H, G = self.num_layers, self.hidden_size, self.gates
-        dg_ring, dgh_ring, din_ring, carry = ws.dg_ring, ws.dgh_ring, ws.din_ring, ws.carry
-        workers, token_dg = ws.worker, ws.token_dg
-        gru = self.gate_factor == 3
-        gates, hs, cs = self._internals(stash)
-        units = self.units(t)
-        U = len(units)
+        work = _KeepAllBackward(self, inputs, dy, grad_inputs, params, grad_params, stash, ws,
+                                accumulate)
+        # the recurrences and the input gradients they wait for are the critical path: a free
+        # worker takes them first, weight gradients fill the gaps
+        self._run_lane_tasks("backward", work.x, work.tasks())
 
-        def din_of(k: int, u: int) -> np.ndarray:
-            m = units[u][1] - units[u][0]
-            return _flat(din_ring[k, u % 2], m, n, H)
 
-        pieces = [self._pieces(u0, u1, t) for u0, u1 in units]
+def _done(k: int, u: int) -> tuple:
+    """The task whose end finishes unit ``u`` of layer ``k`` backward (its first piece's
+    recurrence: the pieces run last to first)."""
+    return ("rec", k, u, 0)
 
-        def rec(k: int, u: int, j: int):  # steps of piece j, last to first
-            def run(wid: int) -> None:
-                direct, scratch_db = workers[wid].direct, workers[wid].dbias
-                u0, u1 = units[u]
-                m = u1 - u0
-                a, b = pieces[u][j]
-                din = din_of(k, u)
-                if k == L - 1:
-                    np.copyto(din[a:b], dy[:, u0 + a:u0 + b].transpose(1, 0, 2))
-                dg, dgh = dg_ring[k, u % 2, :m], (dgh_ring if gru else dg_ring)[k, u % 2, :m]
-                for s in range(b - 1, a - 1, -1):
-                    self._backprop_step(k, u0 + s, params, gates, hs, cs, din, s, dg[s],
-                                        dgh[s], carry, direct, scratch_db)
-            return run
 
-        def dx(k: int, u: int, j: int):  # gradient into layer k-1's outputs of piece j
-            def run(wid: int) -> None:
-                m = units[u][1] - units[u][0]
-                self._grad_into_lower(k, params, dg_ring[k, u % 2, :m], din_of(k - 1, u),
-                                      pieces[u][j:j + 1])
-            return run
+class _KeepAllBackward:
+    """One keep-everything backward as tasks: per layer ``k``, unit ``u`` and piece ``j`` the
+    recurrence (``rec``) and the gradient into layer k-1's outputs (``dx``); per unit the
+    weight gradients (``whh``; ``w``: W_ih, biases and layer 0's input gradient). The dG and
+    input-gradient rings hold two units per layer."""
 
-        def dgs(k: int, u: int) -> tuple[np.ndarray, np.ndarray]:
-            """Unit u's (dG, dG_hh) rows of layer k."""
-            rows = (units[u][1] - units[u][0]) * n
-            return (dg_ring[k, u % 2].reshape(-1, G)[:rows],
-                    (dgh_ring if gru else dg_ring)[k, u % 2].reshape(-1, G)[:rows])
+    def __init__(self, layer, inputs, dy, grad_inputs, params, grad_params, stash, ws,
+                 accumulate) -> None:
+        self.layer, self.dy, self.params, self.accumulate = layer, dy, params, accumulate
+        self.grad_inputs, self.grad_params = grad_inputs, grad_params
+        self.x = x = inputs[0]
+        self.n, t = x.shape[0], x.shape[1]
+        self.L, self.H, self.G = layer.num_layers, layer.hidden_size, layer.gates
+        self.dg_ring, self.din_ring, self.carry = ws.dg_ring, ws.din_ring, ws.carry
+        self.workers, self.token_dg = ws.worker, ws.token_dg
+        # (GRU: dG_hh has its own ring; the other cells read dG for it)
+        self.dgh_ring = ws.dgh_ring if layer.gate_factor == 3 else ws.dg_ring
+        self.gates, self.hs, self.cs = layer._internals(stash)
+        self.units = layer.units(t)
+        self.pieces = [layer._pieces(u0, u1, t) for u0, u1 in self.units]
 
-        def whh(k: int, u: int):
-            def run(wid: int) -> None:
-                u0, u1 = units[u]
-                self._grad_w_hh(k, dgs(k, u)[1], hs[k, u0:u1], workers[wid].prod, accumulate)
-            return run
+    def din_of(self, k: int, u: int) -> np.ndarray:
+        """The gradients into layer k's outputs over unit u (its ring slot)."""
+        m = self.units[u][1] - self.units[u][0]
+        return _flat(self.din_ring[k, u % 2], m, self.n, self.H)
 
-        def wgrad(k: int, u: int):  # W_ih, biases, layer 0's input gradient
-            def run(wid: int) -> None:
-                wk = workers[wid]
-                prod, colsum, dxbuf, xs = wk.prod, wk.colsum, wk.dx, wk.xs
-                u0, u1 = units[u]
-                dg2, dgh2 = dgs(k, u)
-                self._grad_w_ih_and_biases(k, params, x, u0, u1, u0, hs, dg2, dgh2, prod,
-                                           colsum, xs, token_dg, accumulate)
-                if k == 0:
-                    self._input_gradient(params, x, grad_inputs, grad_params, u0, u1, dg2,
-                                         dxbuf, token_dg)
-            return run
+    def dgs(self, k: int, u: int) -> tuple[np.ndarray, np.ndarray]:
+        """Unit u's (dG, dG_hh) rows of layer k."""
+        rows = (self.units[u][1] - self.units[u][0]) * self.n
+        return (self.dg_ring[k, u % 2].reshape(-1, self.G)[:rows],
+                self.dgh_ring[k, u % 2].reshape(-1, self.G)[:rows])
 
-        def done(k: int, u: int) -> tuple:  # the last piece backward runs: the unit is done
-            return ("rec", k, u, 0)
+    # ------------------------------------------------------------------ task bodies
+    def rec(self, k: int, u: int, j: int):
+        """The steps of piece j, last to first."""
+        layer = self.layer
 
+        def run(wid: int) -> None:
+            direct, scratch_db = self.workers[wid].direct, self.workers[wid].dbias
+            u0, u1 = self.units[u]
+            m = u1 - u0
+            a, b = self.pieces[u][j]
+            din = self.din_of(k, u)
+            if k == self.L - 1:
+                np.copyto(din[a:b], self.dy[:, u0 + a:u0 + b].transpose(1, 0, 2))
+            dg, dgh = self.dg_ring[k, u % 2, :m], self.dgh_ring[k, u % 2, :m]
+            params, gates, hs, cs, carry = self.params, self.gates, self.hs, self.cs, self.carry
+            for s in range(b - 1, a - 1, -1):
+                layer._backprop_step(k, u0 + s, params, gates, hs, cs, din, s, dg[s], dgh[s],
+                                     carry, direct, scratch_db)
+        return run
+
+    def dx(self, k: int, u: int, j: int):
+        """The gradient into layer k-1's outputs of piece j."""
+        def run(wid: int) -> None:
+            m = self.units[u][1] - self.units[u][0]
+            self.layer._grad_into_lower(k, self.params, self.dg_ring[k, u % 2, :m],
+                                        self.din_of(k - 1, u), self.pieces[u][j:j + 1])
+        return run
+
+    def whh(self, k: int, u: int):
+        def run(wid: int) -> None:
+            u0, u1 = self.units[u]
+            self.layer._grad_w_hh(k, self.dgs(k, u)[1], self.hs[k, u0:u1],
+                                  self.workers[wid].prod, self.accumulate)
+        return run
+
+    def wgrad(self, k: int, u: int):
+        """W_ih, biases, layer 0's input gradient."""
+        def run(wid: int) -> None:
+            wk = self.workers[wid]
+            prod, colsum, dxbuf, xs = wk.prod, wk.colsum, wk.dx, wk.xs
+            u0, u1 = self.units[u]
+            dg2, dgh2 = self.dgs(k, u)
+            self.layer._grad_w_ih_and_biases(k, self.params, self.x, u0, u1, u0, self.hs, dg2,
+                                             dgh2, prod, colsum, xs, self.token_dg,
+                                             self.accumulate)
+            if k == 0:
+                self.layer._input_gradient(self.params, self.x, self.grad_inputs,
+                                           self.grad_params, u0, u1, dg2, dxbuf, self.token_dg)
+        return run
+
+    # ------------------------------------------------------------------ the task graph
+    def rec_deps(self, k: int, u: int, j: int) -> list:
+        """What the recurrence of piece j waits for: the gradient from the layer above, the
+        carried dh (and dc) of the piece after it, and the ring slots it writes being free
+        (unit u+2's weight and input gradients read them)."""
+        U, last = len(self.units), len(self.pieces[u]) - 1
+        deps = [("dx", k + 1, u, j)] if k < self.L - 1 else []
+        if j < last:
+            deps.append(("rec", k, u, j + 1))  # the carried dh, dc
+        elif u + 1 < U:
+            deps.append(_done(k, u + 1))
+        if j == last and u + 2 < U:  # the dG and input-gradient slots are free
+            deps += [("w", k, u + 2), ("whh", k, u + 2)] + (
+                [("dx", k, u + 2, i) for i in range(len(self.pieces[u + 2]))]
+                if k > 0 else [])
+        return deps
+
+    def unit_tasks(self, k: int, u: int) -> list:
+        """Unit u of layer k's recurrences and gradients into the layer below, last piece
+        first."""
+        U = len(self.units)
+        out = []
+        for j in range(len(self.pieces[u]) - 1, -1, -1):
+            out.append((("rec", k, u, j), self.rec_deps(k, u, j), self.rec(k, u, j)))
+            if k > 0:  # writes the ring slot layer k-1's unit u+2 read
+                out.append((("dx", k, u, j), [("rec", k, u, j)] + (
+                    [_done(k - 1, u + 2)] if u + 2 < U else []), self.dx(k, u, j)))
+        return out
+
+    def tasks(self) -> list:
+        """Every task, by wavefront (layer k one unit behind layer k+1): the recurrences and
+        input gradients first, then the weight gradients (added up in unit order; short
+        tasks keep a worker free soon)."""
+        U, L = len(self.units), self.L
         tasks, later = [], []
         for w in range(U + L - 1):
             for k in range(L - 1, -1, -1):
                 u = U - 1 - (w - (L - 1 - k))
                 if not 0 <= u < U:
                     continue
-                last = len(pieces[u]) - 1
-                for j in range(last, -1, -1):
-                    deps = [("dx", k + 1, u, j)] if k < L - 1 else []
-                    if j < last:
-                        deps.append(("rec", k, u, j + 1))  # the carried dh, dc
-                    elif u + 1 < U:
-                        deps.append(done(k, u + 1))
-                    if j == last and u + 2 < U:  # the dG and input-gradient slots are free
-                        deps += [("w", k, u + 2), ("whh", k, u + 2)] + (
-                            [("dx", k, u + 2, i) for i in range(len(pieces[u + 2]))]
-                            if k > 0 else [])
-                    tasks.append((("rec", k, u, j), deps, rec(k, u, j)))
-                    if k > 0:  # writes the ring slot layer k-1's unit u+2 read
-                        tasks.append((("dx", k, u, j), [("rec", k, u, j)] + (
-                            [done(k - 1, u + 2)] if u + 2 < U else []), dx(k, u, j)))
-                # weight gradients add up in unit order; short tasks keep a worker free soon
-                for name, fn in (("whh", whh), ("w", wgrad)):
-                    later.append(((name, k, u), [done(k, u)] + (
+                tasks += self.unit_tasks(k, u)
+                for name, fn in (("whh", self.whh), ("w", self.wgrad)):
+                    later.append(((name, k, u), [_done(k, u)] + (
                         [(name, k, u + 1)] if u + 1 < U else []), fn(k, u)))
-        # the recurrences and the input gradients they wait for are the critical path: a free
-        # worker takes them first, weight gradients fill the gaps
-        self._run_lane_tasks("backward", x, tasks + later)
+        return tasks + later
