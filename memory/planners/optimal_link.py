@@ -25,7 +25,7 @@ def link_rows(lp: Lp, swap: dict[int, int], window: dict[int, tuple[int, int]],
     intervals lie inside copy on one engine within the compute of ``[a, b)`` plus any stall, so
     the stall is at least their copies' time minus that compute. Returns ``z`` (None without
     swaps) and the number of congestion rows; the solver adds rows on ``z`` as it prices
-    solutions exactly (:func:`.optimal.price_cut`)."""
+    solutions exactly (:func:`.optimal_solve.price_cut`)."""
     if not swap:
         return None, 0
     prefix = [0.0]
