@@ -18,7 +18,8 @@ Device arrays are CuPy arrays, Numba device arrays, anything else with
 ``__array_namespace__()`` when it has one, with CuPy for CuPy arrays (so they go through
 whatever allocator CuPy uses, e.g. minidl's pool), else with ``numba.cuda.device_array``.
 
-Launching (:func:`launch`, :func:`run`):
+Launching (:func:`launch`, :func:`run`, and :func:`launch_blocks` for kernels of one thread
+block per item, whose threads share the item's work through :func:`block_sum_py`):
 
 * CuPy arrays run on CuPy's current stream unless a stream is given: the kernel is launched on
   ``numba.cuda.external_stream(cupy.cuda.get_current_stream().ptr)``, so it is ordered after
@@ -260,6 +261,29 @@ def grid(work: int, threads: int = 256) -> tuple[int, int]:
     return max(1, min(4096, math.ceil(work / threads))), threads
 
 
+#: Threads of a block-per-item launch at most (the length of its kernels' shared arrays).
+BLOCK = 256
+#: Blocks of a launch at most (grid-stride loops cover the rest).
+MAX_BLOCKS = 4096
+
+
+def block_threads(width: int) -> int:
+    """Threads of a block whose threads share ``width`` elements (a row, a channel): a power of
+    two from 32 to :data:`BLOCK` (32 under the simulator, whose threads are Python threads)."""
+    if simulator():
+        return 32
+    threads = 32
+    while threads < width and threads < BLOCK:
+        threads *= 2
+    return threads
+
+
+def item_blocks(items: int) -> int:
+    """Blocks of a launch with one block per item (row, channel, tile) of ``items``, at most
+    :data:`MAX_BLOCKS` (4 under the simulator)."""
+    return max(1, min(items, 4 if simulator() else MAX_BLOCKS))
+
+
 def _launch_args(args: tuple, stream: Any) -> tuple[tuple, Any]:
     """Arguments and stream for a Numba launch: CuPy arrays as Numba views without a host
     synchronisation, on CuPy's current stream unless ``stream`` is given."""
@@ -345,6 +369,16 @@ def launch(kernel: Kernel, work: int, *args: Any, stream: Any = None) -> None:
     run(kernel, *grid(work), *args, stream=stream)
 
 
+def launch_blocks(kernel: Kernel, items: int, width: int, *args: Any,
+                  stream: Any = None) -> None:
+    """:func:`run` ``kernel`` with one block per item of ``items`` (grid-stride over them) and
+    :func:`block_threads` of ``width`` threads per block; nothing when ``items`` is 0."""
+    if items <= 0:
+        return
+    run(kernel, item_blocks(items), block_threads(width), *args, stream=stream)
+
+
+
 # ----------------------------------------------------------------------------- PTX
 @contextlib.contextmanager
 def _current_device_cc(cc: tuple[int, int]) -> Iterator[None]:
@@ -379,6 +413,24 @@ def compile_ptx(kernel: Kernel, argtypes: tuple, cc: tuple[int, int]) -> str:
     with _PTX_LOCK, _current_device_cc(cc):
         ptx, _ = c.compile_ptx(_rebind(kernel.py_func, over), argtypes, cc=cc)
     return ptx
+
+
+def block_sum_py(part):
+    """Device function: sum of ``part[:blockDim.x]`` (float64) in a fixed tree order, returned
+    to every thread of the block (all of them call it; ``part`` may be written again as soon as
+    it returns). A kernel module binds it as a device function (``bind``'s ``device=``)."""
+    tid = cuda.threadIdx.x
+    width = cuda.blockDim.x
+    cuda.syncthreads()
+    while width > 1:
+        half = (width + 1) // 2
+        if tid < width - half:
+            part[tid] += part[tid + half]
+        cuda.syncthreads()
+        width = half
+    total = part[0]
+    cuda.syncthreads()
+    return total
 
 
 def _k_exclusive_scan(counts, offsets, n):

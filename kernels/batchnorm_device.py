@@ -32,26 +32,11 @@ cuda: Any = None  # numba.cuda, set by _cuda.bind on first CUDA use
 # value on the host and create no array.
 
 #: Threads of a reduction block at most (the length of its shared arrays).
-BLOCK = 256
+BLOCK = _cuda.BLOCK
 #: Blocks of a launch at most (grid-stride loops cover the rest).
-MAX_BLOCKS = 4096
+MAX_BLOCKS = _cuda.MAX_BLOCKS
 
-
-def _block_sum_py(part):
-    """Sum of ``part[:blockDim.x]`` (float64) in a fixed tree order, returned to every thread
-    of the block (they all call it). Threads synchronise before writing ``part`` again."""
-    tid = cuda.threadIdx.x
-    width = cuda.blockDim.x
-    cuda.syncthreads()
-    while width > 1:
-        half = (width + 1) // 2
-        if tid < width - half:
-            part[tid] += part[tid + half]
-        cuda.syncthreads()
-        width = half
-    return part[0]
-
-
+_block_sum_py = _cuda.block_sum_py  # the block reduction, bound as a device function
 _d_block_sum: Any = None  # the CUDA device version of _block_sum_py (_kernels: bind's device=)
 
 
@@ -194,29 +179,11 @@ def _kernels() -> SimpleNamespace:
                       device={"_d_block_sum": "_block_sum_py"})
 
 
-def _block_threads(work: int) -> int:
-    """Threads of a reduction block over ``work`` elements: a power of two from 32 to
-    :data:`BLOCK` (32 under the simulator, whose threads are Python threads)."""
-    if _cuda.simulator():
-        return 32
-    threads = 32
-    while threads < work and threads < BLOCK:
-        threads *= 2
-    return threads
-
-
-def _blocks(n: int) -> int:
-    """Blocks of a launch with one block per item (channel) of ``n`` (at most 4 under the
-    simulator)."""
-    return max(1, min(n, 4 if _cuda.simulator() else MAX_BLOCKS))
-
-
 # ---------------------------------------------------------------- device versions
 def stats_device(x, mean, var) -> None:
     """:func:`~.batchnorm.stats` on device arrays: one kernel (float64 sums, two passes)."""
-    if x.shape[1]:
-        _cuda.run(_kernels().k_bn_stats, _blocks(x.shape[1]),
-                  _block_threads(x.shape[0] * x.shape[2]), x, mean, var)
+    _cuda.launch_blocks(_kernels().k_bn_stats, x.shape[1], x.shape[0] * x.shape[2], x, mean,
+                        var)
 
 
 def apply_device(x, mean, scale, shift, out) -> None:
@@ -226,9 +193,8 @@ def apply_device(x, mean, scale, shift, out) -> None:
 
 def reduce_device(dy, x, mean, sum_dy, sum_dy_xmu) -> None:
     """:func:`~.batchnorm.reduce` on device arrays: one kernel (float64 sums)."""
-    if x.shape[1]:
-        _cuda.run(_kernels().k_bn_reduce, _blocks(x.shape[1]),
-                  _block_threads(x.shape[0] * x.shape[2]), dy, x, mean, sum_dy, sum_dy_xmu)
+    _cuda.launch_blocks(_kernels().k_bn_reduce, x.shape[1], x.shape[0] * x.shape[2], dy, x,
+                        mean, sum_dy, sum_dy_xmu)
 
 
 def backward_apply_device(dy, x, mean, k, shift, coef, out) -> None:
@@ -259,7 +225,7 @@ def finalize_device(mean64, var64, eps: float, mean, invstd, scale, shift, weigh
     if not update:  # read (tracked[0]) or typed, never written: stand-ins
         running_mean = running_var = invstd
         tracked = mean64 if tracked is None else tracked
-    _cuda.run(_kernels().k_bn_finalize, 1, _block_threads(mean.size), mean64, var64,
+    _cuda.run(_kernels().k_bn_finalize, 1, _cuda.block_threads(mean.size), mean64, var64,
               float(eps), weight if affine else invstd, bias if affine else invstd, affine, mean,
               invstd, scale, shift, running_mean, running_var, tracked.reshape(-1), bool(update),
               0.0 if momentum is None else float(momentum), momentum is None, float(unbias))

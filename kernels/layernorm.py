@@ -44,8 +44,8 @@ ROWS_PER_PART = 256
 #: Elements below which a call runs on the calling thread alone.
 SERIAL_ELEMS = 1 << 15
 #: Most threads of a row block, and most blocks of a launch (device kernels).
-BLOCK = 256
-MAX_BLOCKS = 4096
+BLOCK = _cuda.BLOCK
+MAX_BLOCKS = _cuda.MAX_BLOCKS
 
 cuda: Any = None  # numba.cuda, set by _cuda.bind on first CUDA use
 
@@ -152,22 +152,7 @@ def _sum_parts(partials, dw, db, accumulate):
 
 
 # ---------------------------------------------------------------- CUDA kernels
-def _block_sum_py(part):
-    """Sum of ``part[:blockDim.x]`` (float64) in a fixed tree order, returned to every thread
-    (all of them call it; ``part`` may be written again as soon as it returns)."""
-    tid = cuda.threadIdx.x
-    width = cuda.blockDim.x
-    cuda.syncthreads()
-    while width > 1:
-        half = (width + 1) // 2
-        if tid < width - half:
-            part[tid] += part[tid + half]
-        cuda.syncthreads()
-        width = half
-    total = part[0]
-    cuda.syncthreads()
-    return total
-
+_block_sum_py = _cuda.block_sum_py  # the block reduction, bound as a device function
 
 _d_block_sum: Any = None  # the CUDA device version of _block_sum_py (bind's device=)
 
@@ -282,17 +267,6 @@ def _kernels() -> SimpleNamespace:
                                   "_k_ln_bwd_dx"], device={"_d_block_sum": "_block_sum_py"})
 
 
-def _row_launch(rows: int, dim: int) -> tuple[int, int]:
-    """(blocks, threads) of a block-per-row kernel: threads a power of two from 32 to
-    :data:`BLOCK` (32, and at most 4 blocks, under the simulator)."""
-    if _cuda.simulator():
-        return max(1, min(rows, 4)), 32
-    threads = 32
-    while threads < dim and threads < BLOCK:
-        threads *= 2
-    return max(1, min(rows, MAX_BLOCKS)), threads
-
-
 def _on_device(*arrays) -> bool:
     present = [a for a in arrays if a is not None]
     return _cuda.is_device_array(present[0]) and all(
@@ -302,9 +276,8 @@ def _on_device(*arrays) -> bool:
 
 def layernorm_forward_device(x, weight, bias, y, mean, rstd, eps: float) -> None:
     """:func:`layernorm_forward` on C-contiguous device arrays: one launch."""
-    if x.shape[0]:
-        _cuda.run(_kernels().k_ln_fwd, *_row_launch(*x.shape), x, weight, bias, y, mean, rstd,
-                  float(eps))
+    _cuda.launch_blocks(_kernels().k_ln_fwd, *x.shape, x, weight, bias, y, mean, rstd,
+                        float(eps))
 
 
 def layernorm_backward_device(dy, x, weight, mean, rstd, dx, dweight, dbias, workspace,
@@ -323,8 +296,8 @@ def layernorm_backward_device(dy, x, weight, mean, rstd, dx, dweight, dbias, wor
             _cuda.launch(k.k_ln_bwd_partials, partials.shape[0] * d, dy, x, mean, rstd,
                          partials, ROWS_PER_PART)
             _cuda.launch(k.k_ln_bwd_sum, d, partials, dweight, dbias, bool(accumulate))
-    if dx is not None and rows:
-        _cuda.run(k.k_ln_bwd_dx, *_row_launch(rows, d), dy, x, weight, mean, rstd, dx)
+    if dx is not None:
+        _cuda.launch_blocks(k.k_ln_bwd_dx, rows, d, dy, x, weight, mean, rstd, dx)
 
 
 # ---------------------------------------------------------------- references

@@ -34,24 +34,11 @@ from . import _cuda
 cuda: Any = None  # numba.cuda, set by _cuda.bind on first CUDA use
 
 #: Threads of a block at most (the length of its shared arrays).
-BLOCK = 256
+BLOCK = _cuda.BLOCK
 #: Blocks of a launch at most (grid-stride loops cover the rest).
-MAX_BLOCKS = 4096
+MAX_BLOCKS = _cuda.MAX_BLOCKS
 
-
-def _block_sum_py(part):
-    """Sum of ``part[:blockDim.x]`` (float64) in a fixed tree order, returned to every thread
-    of the block (they all call it). Threads synchronise before writing ``part`` again."""
-    tid = cuda.threadIdx.x
-    width = cuda.blockDim.x
-    cuda.syncthreads()
-    while width > 1:
-        half = (width + 1) // 2
-        if tid < width - half:
-            part[tid] += part[tid + half]
-        cuda.syncthreads()
-        width = half
-    return part[0]
+_block_sum_py = _cuda.block_sum_py  # the block reduction, bound as a device function
 
 
 def _row_argmax_py(x, r, best):
@@ -165,22 +152,6 @@ def _kernels() -> SimpleNamespace:
                       device={"_d_block_sum": "_block_sum_py", "_d_row_argmax": "_row_argmax_py"})
 
 
-def _block_threads(work: int) -> int:
-    """Threads of a block over ``work`` items: a power of two from 32 to :data:`BLOCK` (32
-    under the simulator, whose threads are Python threads)."""
-    if _cuda.simulator():
-        return 32
-    threads = 32
-    while threads < work and threads < BLOCK:
-        threads *= 2
-    return threads
-
-
-def _row_blocks(rows: int) -> int:
-    """Blocks of a launch with one block per row (at most 4 under the simulator)."""
-    return max(1, min(rows, 4 if _cuda.simulator() else MAX_BLOCKS))
-
-
 def forward_device(x: Any, t: Any, label_smoothing: float, nll: Any, out: Any) -> None:
     """The mean softmax cross-entropy of the logits ``x`` (M, K) against the integer targets
     ``t`` (M,) into the 0-d (or one-element) ``out``, through ``nll``, a float64 vector of M
@@ -188,10 +159,8 @@ def forward_device(x: Any, t: Any, label_smoothing: float, nll: Any, out: Any) -
     rows, k = x.shape
     kern = _kernels()
     eps = float(label_smoothing)
-    if rows:
-        _cuda.run(kern.k_xent_rows, _row_blocks(rows), _block_threads(k), x, t, eps != 0.0,
-                  eps, nll)
-    _cuda.run(kern.k_xent_mean, 1, _block_threads(rows), nll, out.reshape(-1))
+    _cuda.launch_blocks(kern.k_xent_rows, rows, k, x, t, eps != 0.0, eps, nll)
+    _cuda.run(kern.k_xent_mean, 1, _cuda.block_threads(rows), nll, out.reshape(-1))
 
 
 def backward_device(x: Any, t: Any, grad: Any, label_smoothing: float, d: Any) -> None:
@@ -201,5 +170,5 @@ def backward_device(x: Any, t: Any, grad: Any, label_smoothing: float, d: Any) -
     if rows == 0:
         return
     eps = float(label_smoothing)
-    _cuda.run(_kernels().k_xent_backward, _row_blocks(rows), _block_threads(k), x, t,
-              grad.reshape(-1), 1.0 / rows, eps != 0.0, eps, d)
+    _cuda.launch_blocks(_kernels().k_xent_backward, rows, k, x, t, grad.reshape(-1), 1.0 / rows,
+                        eps != 0.0, eps, d)

@@ -44,8 +44,8 @@ cuda: Any = None  # numba.cuda, set by _cuda.bind on first CUDA use
 #: Output tile side of :func:`bgemm` (a block of TILE * TILE threads owns one tile).
 TILE = 16
 #: Most threads of a row-reduction block; most blocks of a launch.
-BLOCK = 256
-MAX_BLOCKS = 4096
+BLOCK = _cuda.BLOCK
+MAX_BLOCKS = _cuda.MAX_BLOCKS
 #: :func:`bgemm` modes (which part of a square causal product is computed).
 FULL, SKIP_UPPER, K_LE_ROW, K_GE_ROW = 0, 1, 2, 3
 #: :func:`bgemm` accumulation: overwrite ``c``, add into it, or rescale its rows and add.
@@ -53,25 +53,8 @@ WRITE, ADD, RESCALE_ADD = 0, 1, 2
 
 
 # ---------------------------------------------------------------- device functions
-def _block_sum_py(part):
-    """Sum of ``part[:blockDim.x]`` (float64) in a fixed tree order, returned to every thread
-    (all of them call it; ``part`` may be written again as soon as it returns)."""
-    tid = cuda.threadIdx.x
-    width = cuda.blockDim.x
-    cuda.syncthreads()
-    while width > 1:
-        half = (width + 1) // 2
-        if tid < width - half:
-            part[tid] += part[tid + half]
-        cuda.syncthreads()
-        width = half
-    total = part[0]
-    cuda.syncthreads()
-    return total
-
-
 def _block_max_py(part):
-    """Maximum of ``part[:blockDim.x]`` (float64), as :func:`_block_sum_py`."""
+    """Maximum of ``part[:blockDim.x]`` (float64), as :func:`._cuda.block_sum_py` sums."""
     tid = cuda.threadIdx.x
     width = cuda.blockDim.x
     cuda.syncthreads()
@@ -87,6 +70,7 @@ def _block_max_py(part):
     return top
 
 
+_block_sum_py = _cuda.block_sum_py  # the block reduction, compiled as a device function
 _mix_py = _mix.py_func  # the dropout hash, compiled as a device function
 _d_block_sum: Any = None  # device versions (bind's device=)
 _d_block_max: Any = None
@@ -305,23 +289,7 @@ def _kernels() -> SimpleNamespace:
                               "_d_mix": "_mix_py"})
 
 
-# ---------------------------------------------------------------- launch shapes
-def _row_threads(cols: int) -> int:
-    """Threads of a row block: a power of two from 32 to :data:`BLOCK` (32 under the
-    simulator, whose threads are Python threads)."""
-    if _cuda.simulator():
-        return 32
-    threads = 32
-    while threads < cols and threads < BLOCK:
-        threads *= 2
-    return threads
-
-
-def _blocks(n: int) -> int:
-    """Blocks of a launch with one block per item (row, tile) of ``n``."""
-    return max(1, min(n, 4 if _cuda.simulator() else MAX_BLOCKS))
-
-
+# ---------------------------------------------------------------- entry points
 def device_ok(*arrays: Any) -> bool:
     """Whether these (non-``None``) arrays take the kernels here: device arrays of one float
     dtype (any strides)."""
@@ -330,7 +298,6 @@ def device_ok(*arrays: Any) -> bool:
         and arrays[0].dtype in (np.float32, np.float64)
 
 
-# ---------------------------------------------------------------- entry points
 def bgemm(a: Any, b: Any, c: Any, trans_a: bool = False, trans_b: bool = False,
           mode: int = FULL, accumulate: int = WRITE, alpha: Any = None) -> None:
     """``c[i, j] = op(a[i, j]) @ op(b[i, j])`` on (B, H, rows, cols) device stacks of any
@@ -354,25 +321,21 @@ def bgemm(a: Any, b: Any, c: Any, trans_a: bool = False, trans_b: bool = False,
         alpha = c[:, :, :, 0]  # (unread: a placeholder of the right rank)
     tiles = c.shape[0] * c.shape[1] * -(-m // TILE) * -(-n // TILE)
     threads = 32 if _cuda.simulator() else TILE * TILE
-    _cuda.run(_kernels().k_bgemm, _blocks(tiles), threads, a, b, c, bool(trans_a),
+    _cuda.run(_kernels().k_bgemm, _cuda.item_blocks(tiles), threads, a, b, c, bool(trans_a),
               bool(trans_b), int(mode), int(accumulate), alpha)
 
 
 def softmax_rows(s: Any, scale: float, causal: bool) -> None:
     """:func:`.attention_rows.softmax_rows` on a device (N, T, T) array: one launch."""
-    rows = s.shape[0] * s.shape[1]
-    if rows:
-        _cuda.run(_kernels().k_softmax_rows, _blocks(rows), _row_threads(s.shape[2]), s,
-                  float(scale), bool(causal))
+    _cuda.launch_blocks(_kernels().k_softmax_rows, s.shape[0] * s.shape[1], s.shape[2], s,
+                        float(scale), bool(causal))
 
 
 def online_rows(s: Any, m: Any, l: Any, alpha: Any, scale: float, causal: bool, r0: int,
                 c0: int, first: bool) -> None:
     """:func:`.attention_rows.online_rows` on device arrays: one launch."""
-    rows = s.shape[0] * s.shape[1]
-    if rows:
-        _cuda.run(_kernels().k_online_rows, _blocks(rows), _row_threads(s.shape[2]), s, m, l,
-                  alpha, float(scale), bool(causal), int(r0), int(c0), bool(first))
+    _cuda.launch_blocks(_kernels().k_online_rows, s.shape[0] * s.shape[1], s.shape[2], s, m,
+                        l, alpha, float(scale), bool(causal), int(r0), int(c0), bool(first))
 
 
 def probs_rows(s: Any, lse: Any, scale: float, causal: bool, r0: int, c0: int) -> None:
