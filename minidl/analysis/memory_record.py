@@ -94,7 +94,7 @@ class MemoryRecorder:
             raise RuntimeError("no iteration was recorded: train (step / fit) inside "
                                "trainer.record_memory()")
         if self._snap is None or self._snap[0] is not self._best:
-            self._snap = (self._best, _snapshot(self._best, self))
+            self._snap = (self._best, plain_data(_snapshot(self._best, self)))
         return self._snap[1]
 
     def save_snapshot(self, path: str | os.PathLike) -> None:
@@ -212,6 +212,18 @@ def _addresses(cap: _Capture) -> tuple[list[int], int]:
         addrs.append(blk.offset)
         span = max(span, blk.offset + blk.size)
     return addrs, span
+
+
+def plain_data(value: Any) -> Any:
+    """``value`` with every string subclass (the program's Phase / Role / Category members)
+    made a plain ``str``, through dicts, lists and tuples: snapshots pickle as plain data."""
+    if isinstance(value, str):
+        return str.__str__(value) if type(value) is not str else value
+    if isinstance(value, dict):
+        return {plain_data(k): plain_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain_data(v) for v in value)
+    return value
 
 
 def _snapshot(cap: _Capture, rec: MemoryRecorder) -> dict[str, Any]:
