@@ -32,7 +32,7 @@ from ..net.optim import FlatGroup, Optimizer
 from . import replanning, split_search
 from .compiled import Compiled
 from .executor import Executor
-from .lowering import Lowered, lower
+from .lowering import Lowered, Sharding, lower
 from .option_search import choice_notes, search_options
 from .split_search import BATCH_STATS_SPLIT, micro_shapes
 
@@ -279,6 +279,13 @@ class Engine:
         self._cache.clear()
 
     # ------------------------------------------------------------------ compile
+    def sharding(self) -> Sharding | None:
+        """The persistent state this rank keeps as shards (ZeRO stages 2 and 3), for lowering."""
+        if self.grad_shard_specs is None:
+            return None
+        params = None if self.param_shard_specs is None else tuple(self.param_shard_specs)
+        return Sharding(tuple(self.grad_shard_specs), params)
+
     def compiled(self, batch_shapes: list[tuple[int, ...]], label_shape: tuple[int, ...] | None,
                  training: bool, label_dtype: str = "int64",
                  accumulate: bool = False) -> Compiled:
@@ -302,8 +309,7 @@ class Engine:
                              opt_state=self.opt_state_specs, accumulate_grads=accumulate,
                              alignment=self.pool.alignment, options=options,
                              device_kind=self.device_kind,
-                             grad_shards=self.grad_shard_specs if training else None,
-                             param_shards=self.param_shard_specs if training else None)
+                             sharding=self.sharding() if training else None)
 
             lowered, plan = search_options(self, lowered_with(None), lowered_with, config, net)
             c = self._compile(lowered, plan)

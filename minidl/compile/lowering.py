@@ -20,6 +20,25 @@ from ..memory.ir.units import ALLOCATION_UNIT
 from ..net.graph import Network
 from ..net.parameter import Parameter
 
+#: ``(name, shape, dtype)`` of a persistent tensor the caller declares.
+TensorDecl = tuple[str, tuple[int, ...], str]
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """What a rank keeps of the persistent state when it is sharded across ranks (ZeRO stages
+    2 and 3 build one; lowering knows only this value).
+
+    ``gradient_shards``: the gradient shards kept instead of full persistent gradients; the
+    full gradients become tensors of the iteration (written by backward, handed on, freed
+    after their last write). ``parameter_shards`` (with ``gradient_shards``): the parameter
+    shards kept instead of the trainable parameters; every step using a trainable parameter
+    then reads a tensor of its own (the parameter gathered whole just before that step, freed
+    after its last use), which :attr:`Lowered.parameters` maps to the parameter."""
+
+    gradient_shards: tuple[TensorDecl, ...] = ()
+    parameter_shards: tuple[TensorDecl, ...] | None = None
+
 
 @dataclass
 class Lowered:
@@ -61,8 +80,9 @@ def lower(
     options: dict[int, dict[str, Any]] | None = None,
     alignment: int = ALLOCATION_UNIT,
     device_kind: str = "cpu",
-    grad_shards: list[tuple[str, tuple[int, ...], str]] | None = None,
-    param_shards: list[tuple[str, tuple[int, ...], str]] | None = None,
+    sharding: Sharding | None = None,
+    grad_shards: list[TensorDecl] | None = None,
+    param_shards: list[TensorDecl] | None = None,
 ) -> Lowered:
     """Lower ``net`` for ``batch_shapes``. With ``loss`` (taking the network's first output and
     the labels), a training program: forward, loss, then backward in reverse layer order.
@@ -74,21 +94,19 @@ def lower(
     ``"device_kind"`` in their :attr:`~minidl.layers.base.Layer.option_names` get it as an
     option (their workspaces differ per kind), so a dry run on the meta device plans for it.
 
-    ZeRO (:mod:`minidl.distributed.zero`): ``grad_shards`` (stage 2, ``(name, shape, dtype)`` of the
-    owned ranges of the gradients a rank keeps) makes those the persistent gradient tensors;
-    the parameters' full gradients are then tensors of the iteration (written by backward,
-    copied into their bucket, freed after their last write). ``param_shards`` (stage 3, with
-    ``grad_shards``: the owned ranges of the trainable parameters) makes those the persistent
-    parameter tensors; every step using a trainable parameter then reads a tensor of its own
-    (the parameter gathered whole just before that step, freed after its last use), which
-    :attr:`Lowered.parameters` maps to the parameter."""
+    ``sharding`` (:class:`Sharding`): the persistent state this rank keeps as shards
+    (``grad_shards`` / ``param_shards``: the same given as lists, as before ``Sharding``)."""
+    if sharding is None and (grad_shards is not None or param_shards is not None):
+        sharding = Sharding(tuple(grad_shards or ()),
+                            None if param_shards is None else tuple(param_shards))
     options = dict(options or {})
     for i, node in enumerate(net.nodes):
         if "device_kind" in getattr(node.layer, "option_names", ()):
             options[i] = {**options.get(i, {}), "device_kind": device_kind}
     lo = _Lowering(net, batch_shapes, loss, label_shape, label_dtype, training, options)
-    lo.gather = param_shards is not None and training and loss is not None
-    lo.persistent(opt_state or [], grad_shards, param_shards)
+    lo.gather = sharding is not None and sharding.parameter_shards is not None and training \
+        and loss is not None
+    lo.persistent(opt_state or [], sharding)
     lo.graph()
     lo.forward_steps()
     if loss is not None and training:
@@ -114,17 +132,17 @@ class _Lowering:
         self.grad_t: dict[str, int] = {}
         self.steps: list[Step] = []
         self.stash_t: list[dict[str, int]] = []
-        #: ZeRO stage 3: trainable parameters are gathered per step into tensors of their own
+        #: Parameter shards: trainable parameters are gathered per step into tensors of their own
         self.gather = False
         self.gathered: dict[int, Any] = {}  # such a tensor -> its Parameter
 
     # ---------------------------------------------------------------- tensors
-    def persistent(self, opt_state: list[tuple[str, tuple[int, ...], str]],
-                   grad_shards: list[tuple[str, tuple[int, ...], str]] | None = None,
-                   param_shards: list[tuple[str, tuple[int, ...], str]] | None = None) -> None:
-        """Parameters (under ZeRO stage 3: the buffers, then the parameter shards), then their
-        gradients (or, with ``grad_shards``, the gradient shards: the full gradients are then
-        not persistent), then optimizer state."""
+    def persistent(self, opt_state: list[TensorDecl], sharding: Sharding | None = None) -> None:
+        """Parameters (with parameter shards: the buffers, then the shards), then their
+        gradients (or, sharded, the gradient shards: the full gradients are then not
+        persistent), then optimizer state."""
+        grad_shards = None if sharding is None else sharding.gradient_shards
+        param_shards = None if sharding is None else sharding.parameter_shards
         net, b = self.net, self.b
         for node in net.nodes:
             for p in net.layer_params(node.name).values():

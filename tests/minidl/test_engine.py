@@ -258,3 +258,22 @@ def test_a_second_trainer_takes_the_network_over_and_the_first_refuses_to_run():
     assert all(p.bound_to is None for p in copy.parameters())
     for (k, a), b in zip(net.state_dict().items(), copy.state_dict().values()):
         assert np.array_equal(a, b), k
+
+
+def test_lowering_takes_one_sharding_value_as_it_took_the_two_lists():
+    """A ``Sharding`` (what ZeRO 2/3 hand to lowering) lowers as ``grad_shards`` /
+    ``param_shards`` did: shards persistent, full gradients and gathered parameters not."""
+    from minidl.compile.lowering import Sharding, lower
+    from minidl.layers import SoftmaxCrossEntropy
+    from minidl.zoo.models import get_model
+
+    net = get_model("lenet5", (1, 28, 28), 10)
+    net.infer([(2, 1, 28, 28)])
+    shard = [("w.shard", (8,), "float32")]
+    a = lower(net, [(2, 1, 28, 28)], loss=SoftmaxCrossEntropy(), label_shape=(2,),
+              sharding=Sharding(tuple(shard), tuple(shard)))
+    b = lower(net, [(2, 1, 28, 28)], loss=SoftmaxCrossEntropy(), label_shape=(2,),
+              grad_shards=shard, param_shards=shard)
+    assert a.program.tensors == b.program.tensors and a.program.steps == b.program.steps
+    roles = {t.role for t in a.program.tensors if t.persistent}
+    assert {"grad_shard", "param_shard"} <= roles and "param_grad" not in roles
