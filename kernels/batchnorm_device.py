@@ -37,7 +37,18 @@ BLOCK = _cuda.BLOCK
 MAX_BLOCKS = _cuda.MAX_BLOCKS
 
 _block_sum_py = _cuda.block_sum_py  # the block reduction, bound as a device function
-_d_block_sum: Any = None  # the CUDA device version of _block_sum_py (_kernels: bind's device=)
+
+
+def _nsc_index_py(e, c, s):
+    """Indices ``(i, ch, j)`` of the flat (C-order) element ``e`` of an (N, C, S) array."""
+    i = e // (c * s)
+    r = e - i * c * s
+    ch = r // s
+    return i, ch, r - ch * s
+
+
+_d_block_sum: Any = None  # CUDA device versions of the two above (_kernels: bind's device=)
+_d_nsc_index: Any = None
 
 
 def _k_bn_stats(x, mean, var):
@@ -100,10 +111,7 @@ def _k_bn_apply(x, mean, scale, shift, y):
     """``y = (x - mean) * scale + shift`` per channel of (N, C, S) arrays (``y`` may be ``x``)."""
     c, s = x.shape[1], x.shape[2]
     for e in range(cuda.grid(1), x.size, cuda.gridsize(1)):
-        i = e // (c * s)
-        r = e - i * c * s
-        ch = r // s
-        j = r - ch * s
+        i, ch, j = _d_nsc_index(e, c, s)
         y[i, ch, j] = (x[i, ch, j] - mean[ch]) * scale[ch] + shift[ch]
 
 
@@ -165,10 +173,7 @@ def _k_bn_backward_apply(dy, x, mean, k, shift, coef, dx):
     """``dx = k * (dy - shift - (x - mean) * coef)`` per channel (``dx`` may be ``dy``)."""
     c, s = x.shape[1], x.shape[2]
     for e in range(cuda.grid(1), x.size, cuda.gridsize(1)):
-        i = e // (c * s)
-        r = e - i * c * s
-        ch = r // s
-        j = r - ch * s
+        i, ch, j = _d_nsc_index(e, c, s)
         dx[i, ch, j] = k[ch] * (dy[i, ch, j] - shift[ch] - (x[i, ch, j] - mean[ch]) * coef[ch])
 
 
@@ -176,7 +181,7 @@ def _k_bn_backward_apply(dy, x, mean, k, shift, coef, dx):
 def _kernels() -> SimpleNamespace:
     return _cuda.bind(globals(), ["_k_bn_stats", "_k_bn_finalize", "_k_bn_apply", "_k_bn_reduce",
                                   "_k_bn_backward_finalize", "_k_bn_backward_apply"],
-                      device={"_d_block_sum": "_block_sum_py"})
+                      device={"_d_block_sum": "_block_sum_py", "_d_nsc_index": "_nsc_index_py"})
 
 
 # ---------------------------------------------------------------- device versions

@@ -16,11 +16,20 @@ cuda: Any = None  # numba.cuda, set by _cuda.bind on first CUDA use
 
 
 # ----------------------------------------------------------------------------- CUDA
+def _chunk_stop_py(t, size, n):
+    """End of chunk (or csr row) ``t`` of ``size`` items among ``n``: ``min(t * size + size,
+    n)``, without the ``min`` builtin (see :mod:`._cuda`'s notes)."""
+    stop = t * size + size
+    return stop if stop < n else n
+
+
+_d_chunk_stop: Any = None  # its CUDA device version (_kernels: bind's device=)
+
+
 def _k_counts(xb, counts, n, size, zero):
     for t in range(cuda.grid(1), counts.size, cuda.gridsize(1)):
         s = 0
-        hi = t * size + size if t * size + size < n else n
-        for i in range(t * size, hi):
+        for i in range(t * size, _d_chunk_stop(t, size, n)):
             if xb[i] != zero:
                 s += 1
         counts[t] = s
@@ -29,7 +38,7 @@ def _k_counts(xb, counts, n, size, zero):
 def _k_zvc_encode(xb, mask, vals, offsets, n, size, zero):
     for t in range(cuda.grid(1), offsets.size - 1, cuda.gridsize(1)):
         lo = t * size
-        hi = lo + size if lo + size < n else n
+        hi = _d_chunk_stop(t, size, n)
         pos = offsets[t]
         for j in range(lo // 8, (hi + 7) // 8):
             b = 0
@@ -45,9 +54,7 @@ def _k_zvc_encode(xb, mask, vals, offsets, n, size, zero):
 def _k_mask_counts(mask, counts, size_bytes):
     for t in range(cuda.grid(1), counts.size, cuda.gridsize(1)):
         s = 0
-        lo = t * size_bytes
-        hi = lo + size_bytes if lo + size_bytes < mask.size else mask.size
-        for j in range(lo, hi):
+        for j in range(t * size_bytes, _d_chunk_stop(t, size_bytes, mask.size)):
             s += cuda.popc(np.uint32(mask[j]))
         counts[t] = s
 
@@ -55,8 +62,7 @@ def _k_mask_counts(mask, counts, size_bytes):
 def _k_zvc_decode(mask, vals, offsets, out, n, size, zero):
     for t in range(cuda.grid(1), offsets.size - 1, cuda.gridsize(1)):
         pos = offsets[t]
-        hi = t * size + size if t * size + size < n else n
-        for i in range(t * size, hi):
+        for i in range(t * size, _d_chunk_stop(t, size, n)):
             if (mask[i >> 3] >> (i & 7)) & 1:
                 out[i] = vals[pos]
                 pos += 1
@@ -67,8 +73,7 @@ def _k_zvc_decode(mask, vals, offsets, out, n, size, zero):
 def _k_csr_encode(xb, rowptr, vals, cols, n, w, zero):
     for r in range(cuda.grid(1), rowptr.size - 1, cuda.gridsize(1)):
         pos = rowptr[r]
-        hi = r * w + w if r * w + w < n else n
-        for i in range(r * w, hi):
+        for i in range(r * w, _d_chunk_stop(r, w, n)):
             if xb[i] != zero:
                 vals[pos] = xb[i]
                 cols[pos] = i - r * w
@@ -78,8 +83,7 @@ def _k_csr_encode(xb, rowptr, vals, cols, n, w, zero):
 def _k_csr_decode(vals, cols, rowptr, out, n, w, zero):
     for r in range(cuda.grid(1), rowptr.size - 1, cuda.gridsize(1)):
         lo = r * w
-        hi = lo + w if lo + w < n else n
-        for i in range(lo, hi):
+        for i in range(lo, _d_chunk_stop(r, w, n)):
             out[i] = zero
         for p in range(rowptr[r], rowptr[r + 1]):
             out[lo + int(cols[p])] = vals[p]
@@ -89,7 +93,7 @@ def _k_csr_decode(vals, cols, rowptr, out, n, w, zero):
 def _kernels() -> SimpleNamespace:
     return _cuda.bind(globals(), ["_k_counts", "_k_zvc_encode", "_k_mask_counts",
                                   "_k_zvc_decode", "_k_csr_encode", "_k_csr_decode",
-                                  "_k_put_words"])
+                                  "_k_put_words"], device={"_d_chunk_stop": "_chunk_stop_py"})
 
 
 def _k_put_words(dst, w0, w1, w2, w3):
