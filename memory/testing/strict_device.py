@@ -33,17 +33,18 @@ rules, checked against the installed ``cupy`` package itself:
   current) raises, as it would run on the wrong GPU.
 
 The data live in a NumPy arena, so results are exact and comparable with the CPU device.
+
+Here is the device itself (the arena, allocations, the current device, running a checked
+call); the array type and its ``xp`` are in :mod:`.strict_array`, the copies and fetches on the
+recorded streams in :mod:`.strict_copies`, CuPy's API as the oracle in :mod:`.strict_oracle`
+(their names stay importable from here).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import inspect
 import math
-import re
 import threading
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -51,102 +52,19 @@ import numpy as np
 
 from ..devices.device import as_shape, check_view
 from ..ir.units import ALLOCATION_UNIT, format_size, parse_size
-from .stream_model import StreamEvent, StreamModel
+from .stream_model import StreamModel
+from .strict_array import StrictArray, StrictNamespace
+from .strict_copies import (  # noqa: F401  (StrictCopyEvent: re-exported from its old home)
+    StrictCopyEngine,
+    StrictCopyEvent,
+    StrictHostResult,
+    _host_range,
+)
+from .strict_oracle import StrictCupyError, _cupy, cupy_available
 
 __all__ = ["StrictArray", "StrictCudaDevice", "StrictCupyError", "cupy_available"]
 
 
-class StrictCupyError(TypeError):
-    """Code used a device array in a way CuPy would not accept."""
-
-
-def cupy_available() -> bool:
-    """True if the ``cupy`` package imports (no GPU needed)."""
-    try:
-        import cupy  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-@functools.cache
-def _cupy() -> Any:
-    try:
-        import cupy
-    except ImportError as e:
-        raise RuntimeError("the strict cuda test device reads CuPy's API from the cupy package, "
-                           "which is not installed: pip install 'minidl[test]' (CuPy's API; "
-                           "no GPU needed)") from e
-    return cupy
-
-
-# ----------------------------------------------------------------------------- API oracle
-_DOC_SIG = re.compile(r"^[\w.]+\((.*?)\)")
-
-
-@functools.cache
-def _signature(fn: Any) -> inspect.Signature | None:
-    """``fn``'s signature, from ``inspect`` or the first line of its (Cython) docstring."""
-    try:
-        return inspect.signature(fn)
-    except (TypeError, ValueError):
-        pass
-    doc = (getattr(fn, "__doc__", None) or "").strip().splitlines()
-    if not doc:
-        return None
-    m = _DOC_SIG.match(doc[0].strip())
-    if m is None:
-        return None
-    try:
-        return inspect.signature(eval(f"lambda {m.group(1)}: None", {}, {}))  # noqa: S307
-    except Exception:
-        return None
-
-
-def _check_call(where: str, fn: Any, args: tuple, kwargs: dict, bound_self: bool) -> None:
-    sig = _signature(fn)
-    if sig is None:
-        return
-    try:
-        if bound_self and next(iter(sig.parameters), None) == "self":
-            sig.bind(None, *args, **kwargs)
-        else:
-            sig.bind(*args, **kwargs)
-    except TypeError as e:
-        raise StrictCupyError(f"{where}: CuPy's signature {sig} does not accept this call "
-                              f"({e})") from None
-
-
-@functools.cache
-def _ufunc_accepts(name: str, method: str, keywords: tuple[tuple[str, Any], ...]) -> str | None:
-    """Ask the real CuPy ufunc whether it takes these keywords (``None``) or why not.
-
-    CuPy parses the keyword arguments before it touches a device, so a call with host scalars
-    fails with ``TypeError`` naming the keywords if they are wrong, and with a CUDA error (no
-    device here) or succeeds if they are right.
-    """
-    cp = _cupy()
-    uf = getattr(cp, name, None)
-    if uf is None:
-        return f"cupy has no ufunc {name!r}"
-    fn = uf if method == "__call__" else getattr(uf, method, None)
-    if fn is None:
-        return f"cupy.{name} has no method {method!r}"
-    kwargs = dict(keywords)
-    nin = getattr(uf, "nin", 2)
-    args = (np.zeros(2, np.float32),) if method != "__call__" else (np.float32(1),) * nin
-    try:
-        fn(*args, **kwargs)
-    except TypeError as e:
-        msg = str(e)
-        if "Wrong arguments" in msg or "unexpected keyword" in msg:
-            return msg
-    except Exception:
-        pass
-    return None
-
-
-# ----------------------------------------------------------------------------- arrays
 class _Temp:
     """A device allocation backing arrays created by calls (returned to its allocator)."""
 
@@ -160,12 +78,6 @@ class _Temp:
             self.release()
 
 
-def _is_host_array(x: Any) -> bool:
-    return isinstance(x, np.ndarray)
-
-
-#: Host buffers' ranges in the stream model: their addresses moved above any arena offset.
-_HOST_SPACE = 1 << 62
 #: CuPy's current device per thread (the strict devices' stand-in for cudaSetDevice).
 _CURRENT = threading.local()
 
@@ -174,347 +86,6 @@ def _current_device() -> int:
     return getattr(_CURRENT, "device", 0)
 
 
-def _host_range(a: np.ndarray) -> tuple[tuple[int, int], ...]:
-    """The bytes of a host array as a stream-model range (a space apart from the arena's)."""
-    if a.size == 0:
-        return ()
-    lo, hi = np.lib.array_utils.byte_bounds(a)
-    return ((_HOST_SPACE + lo, _HOST_SPACE + hi),)
-
-
-class StrictArray:
-    """A device array of a :class:`StrictCudaDevice` (see the module docstring)."""
-
-    __slots__ = ("_a", "_dev", "_owner", "__weakref__")
-    __array_priority__ = 100
-
-    def __init__(self, data: np.ndarray, device: StrictCudaDevice, owner: Any = None) -> None:
-        self._a = data
-        self._dev = device
-        self._owner = owner
-
-    # -- what CuPy refuses
-    def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
-        raise TypeError("Implicit conversion to a NumPy array is not allowed. "
-                        "Please use `.get()` to construct a NumPy array explicitly.")
-
-    # -- the dispatch protocols
-    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
-        where = f"numpy.{ufunc.__name__}" + ("" if method == "__call__" else f".{method}")
-        keys = tuple(sorted(((k, _kw_token(v)) for k, v in kwargs.items()), key=lambda kv: kv[0]))
-        why = _ufunc_accepts(ufunc.__name__, method, keys)
-        if why is not None:
-            raise StrictCupyError(f"{where}: {why}")
-        out = kwargs.get("out")
-        outs = out if isinstance(out, tuple) else (() if out is None else (out,))
-        return self._dev._run(where, getattr(ufunc, method) if method != "__call__" else ufunc,
-                              inputs, kwargs, tuple(o for o in outs if o is not None))
-
-    def __array_function__(self, func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
-        cp = _cupy()
-        where = f"{func.__module__}.{func.__name__}"
-        try:
-            module = functools.reduce(getattr, func.__module__.split(".")[1:], cp)
-            cupy_func = getattr(module, func.__name__)
-        except AttributeError:
-            raise StrictCupyError(f"{where}: CuPy has no such function") from None
-        _check_call(where, cupy_func, args, kwargs, bound_self=False)
-        out = kwargs.get("out")
-        outs = (out,) if isinstance(out, StrictArray) else ()
-        if func.__name__ == "copyto":
-            outs = (args[0],) if args else (kwargs["dst"],)
-        return self._dev._run(where, func, args, kwargs, outs)
-
-    def __array_namespace__(self, api_version: str | None = None) -> StrictNamespace:
-        return self._dev.xp
-
-    def __emulated_device_buffer__(self) -> np.ndarray:
-        """The backing NumPy array, for kernel-launch emulation (reads and writes it)."""
-        rng = self._dev._ranges((self,))
-        self._dev.streams.issue("compute", rng, rng, "a kernel launch")
-        return self._a
-
-    def __emulated_launch__(self, kernel: str) -> None:
-        """A kernel is launched with this array among its arguments (once per launch)."""
-        self._dev._check_current(f"kernel {kernel}")
-        self._dev.launches += 1
-
-    # -- attributes CuPy has
-    shape = property(lambda self: self._a.shape)
-    dtype = property(lambda self: self._a.dtype)
-    ndim = property(lambda self: self._a.ndim)
-    size = property(lambda self: self._a.size)
-    nbytes = property(lambda self: self._a.nbytes)
-    itemsize = property(lambda self: self._a.itemsize)
-    strides = property(lambda self: self._a.strides)
-    flags = property(lambda self: self._a.flags)
-
-    @property
-    def T(self) -> StrictArray:
-        return StrictArray(self._a.T, self._dev, self)
-
-    def __len__(self) -> int:
-        return len(self._a)
-
-    def __repr__(self) -> str:
-        return f"StrictArray(shape={self.shape}, dtype={self.dtype})"
-
-    def __getattr__(self, name: str) -> Any:
-        cp = _cupy()
-        cupy_method = getattr(cp.ndarray, name, None)
-        if cupy_method is None or name.startswith("_"):
-            raise AttributeError(f"cupy.ndarray has no attribute {name!r}")
-        np_method = getattr(self._a, name)
-        dev = self._dev
-        if not callable(cupy_method):  # a property (real, imag, base, ...)
-            if isinstance(np_method, np.ndarray):
-                return StrictArray(np_method, dev, self)
-            return np_method
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            where = f"cupy.ndarray.{name}"
-            _check_call(where, cupy_method, args, kwargs, bound_self=True)
-            out = kwargs.get("out")
-            outs = (out,) if isinstance(out, StrictArray) else ()
-            if name == "fill":
-                outs = (self,)
-            return dev._run(where, np_method, args, kwargs, outs, receiver=self)
-
-        return call
-
-    # -- explicit transfers (CuPy's API)
-    def get(self, stream: Any = None, order: str = "C", out: np.ndarray | None = None,
-            blocking: bool = True) -> np.ndarray:
-        """A NumPy copy (a synchronising device-to-host copy)."""
-        self._dev._sync_read(self)
-        if out is not None:
-            np.copyto(out, self._a)
-            return out
-        return self._a.copy(order=order)
-
-    def set(self, arr: np.ndarray, stream: Any = None) -> None:
-        """Copy the host array ``arr`` (same shape) into this array."""
-        if not _is_host_array(arr):
-            raise StrictCupyError(f"set() takes a NumPy array, got {type(arr).__name__}")
-        if arr.shape != self.shape:
-            raise ValueError(f"shape mismatch: {arr.shape} into {self.shape}")
-        self._dev._host_write(self)
-        np.copyto(self._a, arr, casting="unsafe")
-
-    def item(self) -> Any:
-        self._dev._sync_read(self)
-        return self._a.item()
-
-    def tolist(self) -> Any:
-        self._dev._sync_read(self)
-        return self._a.tolist()
-
-    def _scalar(self, kind: type) -> Any:
-        if self.size != 1:
-            raise TypeError("only size-1 arrays can be converted to Python scalars")
-        self._dev._sync_read(self)
-        return kind(self._a.reshape(()))
-
-    def __float__(self) -> float:
-        return self._scalar(float)
-
-    def __int__(self) -> int:
-        return self._scalar(int)
-
-    def __bool__(self) -> bool:
-        return self._scalar(bool)
-
-    def __index__(self) -> int:
-        if not np.issubdtype(self.dtype, np.integer) or self.ndim != 0:
-            raise TypeError("only integer scalar arrays can be converted to a scalar index")
-        return self._scalar(int)
-
-    def __iter__(self) -> Iterator[StrictArray]:
-        for i in range(len(self)):
-            yield self[i]
-
-    # -- indexing
-    def __getitem__(self, key: Any) -> Any:
-        _check_index(key)
-        return self._dev._run("cupy.ndarray.__getitem__", self._a.__getitem__, (key,), {}, (),
-                              receiver=self)
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        _check_index(key)
-        if _is_host_array(value):
-            raise StrictCupyError(
-                "assigning a NumPy array into a device array is an implicit host-to-device "
-                "copy (CuPy refuses it): copy it explicitly with set() / copy_from_host")
-        if isinstance(value, (list, tuple)):
-            raise StrictCupyError("assigning a Python sequence into a device array is an "
-                                  "implicit host-to-device copy (CuPy refuses it)")
-        self._dev._run("cupy.ndarray.__setitem__", self._a.__setitem__, (key, value), {},
-                       (self,), receiver=self)
-
-
-def _kw_token(v: Any) -> Any:
-    """A hashable stand-in for a keyword value: dtypes and strings as they are, else None."""
-    if isinstance(v, type) and issubclass(v, np.generic):
-        return np.dtype(v)
-    if isinstance(v, (np.dtype, str, bool)):
-        return v
-    return None
-
-
-def _check_index(key: Any) -> None:
-    keys = key if isinstance(key, tuple) else (key,)
-    for k in keys:
-        if _is_host_array(k):
-            raise StrictCupyError("indexing a device array with a NumPy array is an implicit "
-                                  "host-to-device copy: put the index on the device")
-        if isinstance(k, list):
-            raise StrictCupyError("indexing a device array with a Python list is an implicit "
-                                  "host-to-device copy: put the index on the device")
-
-
-def _binary(ufunc: np.ufunc, reflected: bool = False) -> Callable:
-    if reflected:
-        return lambda self, other: ufunc(other, self)
-    return lambda self, other: ufunc(self, other)
-
-
-def _inplace(ufunc: np.ufunc) -> Callable:
-    def op(self: StrictArray, other: Any) -> StrictArray:
-        ufunc(self, other, out=self)
-        return self
-
-    return op
-
-
-for _name, _uf in [("add", np.add), ("sub", np.subtract), ("mul", np.multiply),
-                   ("truediv", np.true_divide), ("floordiv", np.floor_divide),
-                   ("mod", np.remainder), ("pow", np.power), ("matmul", np.matmul),
-                   ("and", np.bitwise_and), ("or", np.bitwise_or), ("xor", np.bitwise_xor),
-                   ("lshift", np.left_shift), ("rshift", np.right_shift)]:
-    setattr(StrictArray, f"__{_name}__", _binary(_uf))
-    setattr(StrictArray, f"__r{_name}__", _binary(_uf, reflected=True))
-    setattr(StrictArray, f"__i{_name}__", _inplace(_uf))
-for _name, _uf in [("lt", np.less), ("le", np.less_equal), ("gt", np.greater),
-                   ("ge", np.greater_equal), ("eq", np.equal), ("ne", np.not_equal)]:
-    setattr(StrictArray, f"__{_name}__", _binary(_uf))
-StrictArray.__neg__ = lambda self: np.negative(self)
-StrictArray.__pos__ = lambda self: np.positive(self)
-StrictArray.__abs__ = lambda self: np.absolute(self)
-StrictArray.__invert__ = lambda self: np.invert(self)
-StrictArray.__hash__ = None  # type: ignore[assignment]
-
-
-# ----------------------------------------------------------------------------- namespace
-class StrictNamespace:
-    """The device's ``xp``: CuPy's module-level API over :class:`StrictArray` (checked)."""
-
-    def __init__(self, device: StrictCudaDevice) -> None:
-        self._dev = weakref.proxy(device)
-
-    def __getattr__(self, name: str) -> Any:
-        cp = _cupy()
-        cupy_attr = getattr(cp, name, None)
-        if cupy_attr is None or name.startswith("_"):
-            raise AttributeError(f"cupy has no attribute {name!r}")
-        np_attr = getattr(np, name, None)
-        if np_attr is None:
-            raise AttributeError(f"cupy.{name} has no NumPy counterpart to emulate it with")
-        if not callable(np_attr) or isinstance(np_attr, type):
-            return np_attr  # dtypes and constants
-        dev = self._dev
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            where = f"cupy.{name}"
-            if not isinstance(cupy_attr, np.ufunc):
-                _check_call(where, cupy_attr, args, kwargs, bound_self=False)
-            out = kwargs.get("out")
-            outs = (out,) if isinstance(out, StrictArray) else ()
-            return dev._run(where, np_attr, args, kwargs, outs, host_inputs_ok=name in (
-                "asarray", "array"))
-
-        return call
-
-
-# ----------------------------------------------------------------------------- copies
-class StrictCopyEvent:
-    """A copy on the strict device's copy stream: ``wait()`` (host), ``order_compute()``."""
-
-    def __init__(self, device: StrictCudaDevice, nbytes: int, event: StreamEvent) -> None:
-        self.nbytes = nbytes
-        self._dev = device
-        self._event = event
-        self.elapsed_s = 0.0
-
-    def done(self) -> bool:
-        return False if not self._dev.copies_complete_at_once else True
-
-    def wait(self, timeout: float | None = None) -> None:
-        """The host waits for the copy."""
-        self._dev.host_syncs += 1
-        self._dev.streams.host_wait(self._event)
-
-    def order_compute(self) -> None:
-        """Later compute work waits for this copy on the device (no host synchronisation)."""
-        self._dev.streams.wait_event("compute", self._event)
-
-
-class StrictHostResult:
-    """A fetch of :meth:`StrictCudaDevice.fetch_async`: ``ready()`` once the host has waited
-    for its point of the compute stream, ``result()`` (a host synchronisation if not)."""
-
-    def __init__(self, device: StrictCudaDevice, host: np.ndarray, event: StreamEvent) -> None:
-        self._dev, self._host, self._event = device, host, event
-
-    def ready(self) -> bool:
-        return self._dev.streams.host_reached(self._event)
-
-    def result(self) -> np.ndarray:
-        if not self.ready():
-            self._dev.host_syncs += 1
-            self._dev.streams.host_wait(self._event)
-        return self._host
-
-
-class StrictCopyEngine:
-    """Copies on the recorded copy stream, ordered after the compute work issued before."""
-
-    def __init__(self, device: StrictCudaDevice) -> None:
-        self._dev = device
-        self.total_bytes = 0
-        self.num_copies = 0
-        self.busy_s = 0.0
-        self.closed = False
-
-    def copy_async(self, dst: Any, src: Any) -> StrictCopyEvent:
-        """Queue ``dst[...] = src`` (one side a device array, the other pinned host memory)."""
-        dev = self._dev
-        if dst.shape != src.shape or dst.dtype != src.dtype:
-            raise ValueError(f"copy needs arrays of the same shape and dtype, got dst "
-                             f"{dst.shape} {dst.dtype} and src {src.shape} {src.dtype}")
-        streams = dev.streams
-        d_dev, s_dev = isinstance(dst, StrictArray), isinstance(src, StrictArray)
-        if not (d_dev or s_dev):
-            raise ValueError("a device copy needs at least one device array")
-        stream = "h2d" if d_dev and not s_dev else "d2h"  # one copy stream per direction
-        if dev.copy_waits_for_compute:
-            streams.wait_event(stream, streams.record("compute"))
-        streams.issue(stream, dev._ranges((src,)) if s_dev else _host_range(src),
-                      dev._ranges((dst,)) if d_dev else _host_range(dst), f"a {stream} copy")
-        np.copyto(dst._a if d_dev else dst, src._a if s_dev else src)
-        self.total_bytes += int(dst.nbytes)
-        self.num_copies += 1
-        return StrictCopyEvent(dev, int(dst.nbytes), streams.record(stream))
-
-    def synchronize(self) -> None:
-        self._dev.host_syncs += 1
-        for stream in ("h2d", "d2h"):
-            self._dev.streams.host_wait(self._dev.streams.record(stream))
-
-    def close(self) -> None:
-        self.closed = True
-
-
-# ----------------------------------------------------------------------------- device
 class StrictCudaDevice:
     """A CUDA-kind device for tests: CuPy-strict arrays over a host arena (module docstring).
 
