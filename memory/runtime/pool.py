@@ -12,7 +12,9 @@ dry run with unlimited capacity places every block at the same offset as a real 
 the out-of-memory point depends on the capacity (it is exactly ``reserved_bytes.peak``).
 
 The errors live in :mod:`.pool_errors`, the categories and the summary table in
-:mod:`.pool_report`; both are re-exported here.
+:mod:`.pool_report` (both re-exported here), the counters and what the pool reports from them
+(``stats``, ``stats_at_peak``, ``memory_summary``, ...) in :mod:`.pool_stats`, a base class of
+:class:`Pool`.
 
 The pool is not thread-safe; :meth:`Pool.free_deferred` is the one call that may come from a
 finalizer or another thread.
@@ -37,7 +39,8 @@ from .pool_errors import (
     PoolError,
     UseAfterFreeError,
 )
-from .pool_report import CATEGORIES, format_memory_summary
+from .pool_report import CATEGORIES, format_memory_summary  # noqa: F401  (re-exported)
+from .pool_stats import PoolStatistics
 
 __all__ = [
     "CATEGORIES",
@@ -85,7 +88,7 @@ class Block:
                 f"size={self.size}, nbytes={self.nbytes}{state})")
 
 
-class Pool:
+class Pool(PoolStatistics):
     """A heap over ``device``'s arena. See the module docstring for the placement rules.
 
     ``policy`` is ``"best_fit"`` or ``"first_fit"``; ``alignment`` the allocation unit, a power
@@ -121,21 +124,7 @@ class Pool:
         self._by_addr: list[int] = []
         self._top = 0
         self._deferred: list[Block] = []
-        # Stats.
-        self._allocated = 0
-        self._allocated_peak = 0
-        self._reserved_peak = 0
-        self._requested = 0
-        self._cat_cur = dict.fromkeys(CATEGORIES, 0)
-        self._cat_peak = dict.fromkeys(CATEGORIES, 0)
-        self._num_allocs = 0
-        self._num_frees = 0
-        self._num_ooms = 0
-        # The state at the allocated peak is recorded lazily: the peak state lasts until the
-        # next free, so it is captured just before that free (or when asked for).
-        self._peak_pending = True
-        self._peak_snapshot: dict[str, Any] = {"allocated_bytes": 0, "by_category": {},
-                                               "live": []}
+        self._init_statistics()
 
     # ------------------------------------------------------------------ allocate
 
@@ -341,14 +330,6 @@ class Pool:
         del self._by_size[bisect_left(self._by_size, (size, off))]
         del self._by_addr[bisect_left(self._by_addr, off)]
 
-    def _largest_free(self) -> int:
-        interior = self._by_size[-1][0] if self._by_size else 0
-        return max(interior, self.capacity - self._top)
-
-    def _fragmentation(self, largest: int) -> float:
-        free = self.capacity - self._allocated
-        return 1.0 - largest / free if free > 0 else 0.0
-
     def _oom(self, size: int, nbytes: int, tag: str, category: str,
              offset: int | None = None) -> DeviceOutOfMemory:
         self._num_ooms += 1
@@ -362,68 +343,7 @@ class Pool:
             num_live=len(self._live), largest_live=[(b.tag, b.category, b.size) for b in top],
             offset=offset)
 
-    # ------------------------------------------------------------------ stats
-
-    def _take_peak_snapshot(self) -> None:
-        self._peak_pending = False
-        self._peak_snapshot = {
-            "allocated_bytes": self._allocated,
-            "by_category": {c: n for c, n in self._cat_cur.items() if n},
-            "live": [(b.tag, b.category, b.size) for b in self._live.values()],
-        }
-
-    def stats(self) -> dict[str, Any]:
-        """A flat dict of counters with PyTorch-style names.
-
-        ``allocated`` counts rounded sizes of live blocks; ``reserved`` is the highest end of
-        any live block (the arena span the live blocks need); ``fragmentation`` is
-        ``1 - largest free block / free bytes`` with free counted up to the capacity.
-        """
-        if self._deferred:
-            self._drain_deferred()
-        largest = self._largest_free()
-        s: dict[str, Any] = {
-            "allocated_bytes.current": self._allocated,
-            "allocated_bytes.peak": self._allocated_peak,
-            "active_bytes.current": self._allocated,
-            "active_bytes.peak": self._allocated_peak,
-            "requested_bytes.current": self._requested,
-            "reserved_bytes.current": self._top,
-            "reserved_bytes.peak": self._reserved_peak,
-            "active_blocks": len(self._live),
-            "num_allocs": self._num_allocs,
-            "num_frees": self._num_frees,
-            "num_ooms": self._num_ooms,
-            "capacity": self.capacity,
-            "free_bytes": self.capacity - self._allocated,
-            "largest_free_block": largest,
-            "fragmentation": self._fragmentation(largest),
-            "free_chunks": len(self._free_start),
-        }
-        for c in CATEGORIES:
-            s[f"allocated_bytes.{c}.current"] = self._cat_cur[c]
-            s[f"allocated_bytes.{c}.peak"] = self._cat_peak[c]
-        return s
-
-    def stats_at_peak(self) -> dict[str, Any]:
-        """The state when ``allocated_bytes.peak`` was last raised.
-
-        ``{"allocated_bytes": int, "by_category": {category: bytes}, "live": [(tag, category,
-        size), ...]}`` with ``live`` largest first.
-        """
-        if self._peak_pending:
-            self._take_peak_snapshot()
-        snap = self._peak_snapshot
-        live = sorted(snap["live"], key=lambda t: -t[2])
-        return {"allocated_bytes": snap["allocated_bytes"],
-                "by_category": dict(snap["by_category"]), "live": live}
-
-    def reset_peak_stats(self) -> None:
-        """Set every peak to its current value."""
-        self._allocated_peak = self._allocated
-        self._reserved_peak = self._top
-        self._cat_peak = dict(self._cat_cur)
-        self._peak_pending = True
+    # ------------------------------------------------------------------ blocks and chunks
 
     def live_blocks(self) -> list[Block]:
         """Live blocks in address order."""
@@ -432,25 +352,6 @@ class Pool:
     def free_chunks(self) -> list[tuple[int, int]]:
         """Interior free chunks as ``(offset, size)`` in address order (the top region excluded)."""
         return [(o, self._free_start[o]) for o in self._by_addr]
-
-    @property
-    def allocated_bytes(self) -> int:
-        """Current ``allocated_bytes`` (rounded sizes of live blocks), without building stats."""
-        return self._allocated
-
-    @property
-    def reserved_bytes(self) -> int:
-        """Current ``reserved_bytes``: the highest end of any live block."""
-        return self._top
-
-    @property
-    def top(self) -> int:
-        """Start of the top region: the highest end of any live block (0 when empty)."""
-        return self._top
-
-    def memory_summary(self) -> str:
-        """A readable table of the stats and the per-category current and peak bytes."""
-        return format_memory_summary(self.stats(), self.device.name, self.policy)
 
     def check_invariants(self) -> None:
         """Assert the heap's structure (for tests); raises ``AssertionError`` on corruption."""
