@@ -9,10 +9,12 @@ under the executor that runs it.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import ClassVar, Union
 
 from .program import Program
+from .walk import Where, walk
 
 
 @dataclass(frozen=True)
@@ -169,86 +171,115 @@ class Plan:
         """This plan with ``notes`` added (at the front with ``first``)."""
         return replace(self, notes=(*notes, *self.notes) if first else (*self.notes, *notes))
 
-    def actions(self):
-        """Every action in execution order, as (position, action); position -1 is ``begin``,
-        ``len(steps)`` is ``end``."""
-        for a in self.begin:
-            yield -1, a
-        for i, sp in enumerate(self.steps):
-            for a in sp.before:
-                yield i, a
-            for a in sp.after:
-                yield i, a
-        for a in self.end:
-            yield len(self.steps), a
+    def actions(self) -> Iterator[tuple[int, Action]]:
+        """Every action in execution order (:func:`.walk.walk`), as (position, action);
+        position -1 is ``begin``, ``len(steps)`` is ``end``."""
+        for visit in walk(self):
+            for a in visit.actions:
+                yield visit.step, a
 
     def validate(self) -> None:
         """Every non-persistent tensor a step touches is allocated before and freed after, once;
         a swapped one is offloaded, released, prefetched and awaited in that order."""
-        prog = self.program
-        live: set[int] = set()
-        freed: set[int] = set()
-        away: dict[int, str] = {}  # swapped tensors: offloading | on host | prefetching
+        check = _PlanCheck(self)
+        for visit in walk(self):
+            if visit.where is Where.COMPUTE:
+                check.step_touches_live(visit.step)
+            else:
+                where = visit.where.label(visit.step)
+                for a in visit.actions:
+                    check.apply(a, where)
+        check.nothing_left()
 
-        def root(t: int) -> int:
-            while t in self.aliases:
-                t = self.aliases[t]
-            return t
 
-        def apply(a: Action, where: str) -> None:
-            if isinstance(a, Alloc):
-                if a.tensor in live or a.tensor in freed:
-                    raise AssertionError(f"{where}: tensor {a.tensor} allocated twice")
-                live.add(a.tensor)
-            elif isinstance(a, Free):
-                if a.tensor not in live:
-                    raise AssertionError(f"{where}: tensor {a.tensor} freed while not live")
-                live.discard(a.tensor)
-                freed.add(a.tensor)
-            elif isinstance(a, Offload):
-                if a.tensor not in live:
-                    raise AssertionError(f"{where}: offload of {a.tensor} while not live")
-                live.discard(a.tensor)
-                away[a.tensor] = "offloading"
-            elif isinstance(a, (Release, Prefetch, Await)):
-                # a swapped tensor goes offloading -> (release) on host -> (prefetch)
-                # prefetching -> (await) live, in that order
-                need, after = {Release: ("offloading", "on host"),
-                               Prefetch: ("on host", "prefetching"),
-                               Await: ("prefetching", None)}[type(a)]
-                if a.tensor not in away:
-                    raise AssertionError(f"{where}: {a.op} of {a.tensor} never offloaded")
-                if away[a.tensor] != need:
-                    raise AssertionError(f"{where}: {a.op} of {a.tensor} while "
-                                         f"{away[a.tensor]} (needs {need})")
-                if after is None:
-                    del away[a.tensor]
-                    live.add(a.tensor)
-                else:
-                    away[a.tensor] = after
+#: A swapped tensor goes offloading -> (release) on host -> (prefetch) prefetching -> (await)
+#: live, in that order: per action, the state it needs and the one it leaves (None: live).
+_SWAP_MOVES: dict[type, tuple[str, str | None]] = {
+    Release: ("offloading", "on host"),
+    Prefetch: ("on host", "prefetching"),
+    Await: ("prefetching", None),
+}
 
-        for a in self.begin:
-            apply(a, "begin")
-        for i, (st, sp) in enumerate(zip(prog.steps, self.steps)):
-            for a in sp.before:
-                apply(a, f"step {i} before")
-            touched = set(st.reads) | set(st.writes)
-            if st.workspace >= 0:
-                touched.add(st.workspace)
-            for t in touched:
-                if prog.tensors[t].persistent:
-                    continue
-                if root(t) not in live:
-                    raise AssertionError(
-                        f"step {i} ({st.label}) touches {prog.tensors[t].name} which is not live"
-                    )
-            for a in sp.after:
-                apply(a, f"step {i} after")
-        for a in self.end:
-            apply(a, "end")
-        if live:
-            names = sorted(prog.tensors[t].name for t in live)
+
+class _PlanCheck:
+    """:meth:`Plan.validate`'s state along the walk: what is live, freed and swapped away."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.live: set[int] = set()
+        self.freed: set[int] = set()
+        self.away: dict[int, str] = {}  # swapped tensors: offloading | on host | prefetching
+
+    def apply(self, a: Action, where: str) -> None:
+        """Carry out ``a`` (run at ``where``) on the state, or raise AssertionError."""
+        if isinstance(a, Alloc):
+            self._alloc(a.tensor, where)
+        elif isinstance(a, Free):
+            self._free(a.tensor, where)
+        elif isinstance(a, Offload):
+            self._offload(a.tensor, where)
+        elif isinstance(a, (Release, Prefetch, Await)):
+            self._swap_move(a, where)
+
+    def _alloc(self, t: int, where: str) -> None:
+        if t in self.live or t in self.freed:
+            raise AssertionError(f"{where}: tensor {t} allocated twice")
+        self.live.add(t)
+
+    def _free(self, t: int, where: str) -> None:
+        if t not in self.live:
+            raise AssertionError(f"{where}: tensor {t} freed while not live")
+        self.live.discard(t)
+        self.freed.add(t)
+
+    def _offload(self, t: int, where: str) -> None:
+        if t not in self.live:
+            raise AssertionError(f"{where}: offload of {t} while not live")
+        self.live.discard(t)
+        self.away[t] = "offloading"
+
+    def _swap_move(self, a: Release | Prefetch | Await, where: str) -> None:
+        need, after = _SWAP_MOVES[type(a)]
+        away = self.away
+        if a.tensor not in away:
+            raise AssertionError(f"{where}: {a.op} of {a.tensor} never offloaded")
+        if away[a.tensor] != need:
+            raise AssertionError(f"{where}: {a.op} of {a.tensor} while "
+                                 f"{away[a.tensor]} (needs {need})")
+        if after is None:
+            del away[a.tensor]
+            self.live.add(a.tensor)
+        else:
+            away[a.tensor] = after
+
+    def _root(self, t: int) -> int:
+        aliases = self.plan.aliases
+        while t in aliases:
+            t = aliases[t]
+        return t
+
+    def step_touches_live(self, i: int) -> None:
+        """Every non-persistent tensor step ``i`` reads or writes (or its workspace) is live
+        (through its alias root)."""
+        prog = self.plan.program
+        st = prog.steps[i]
+        touched = set(st.reads) | set(st.writes)
+        if st.workspace >= 0:
+            touched.add(st.workspace)
+        for t in touched:
+            if prog.tensors[t].persistent:
+                continue
+            if self._root(t) not in self.live:
+                raise AssertionError(
+                    f"step {i} ({st.label}) touches {prog.tensors[t].name} which is not live"
+                )
+
+    def nothing_left(self) -> None:
+        """At the end, nothing is live and nothing is still away on the host."""
+        tensors = self.plan.program.tensors
+        if self.live:
+            names = sorted(tensors[t].name for t in self.live)
             raise AssertionError(f"tensors still live at the end: {names[:5]}")
-        if away:
-            names = sorted(prog.tensors[t].name for t in away)
+        if self.away:
+            names = sorted(tensors[t].name for t in self.away)
             raise AssertionError(f"tensors offloaded and never brought back: {names[:5]}")

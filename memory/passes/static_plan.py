@@ -16,12 +16,14 @@ import numpy as np
 from numba import njit
 
 from ..ir.plan import ENDS, STARTS, Action, Plan
+from ..ir.walk import walk
 
 
 def block_intervals(plan: Plan) -> dict[tuple[int, int], tuple[int, int, int]]:
     """(tensor, occurrence) -> (start time, end time, block size in the program's allocation
-    unit) over the plan's action sequence. A swapped tensor has two occurrences: allocation to
-    release, prefetch to free."""
+    unit) over the plan's action sequence (in :func:`.walk.walk`'s order; time counts
+    actions). A swapped tensor has two occurrences: allocation to release, prefetch to
+    free."""
     program = plan.program
     aliases = plan.aliases
     sizes = program.block_sizes
@@ -29,8 +31,8 @@ def block_intervals(plan: Plan) -> dict[tuple[int, int], tuple[int, int, int]]:
     count: dict[int, int] = {}
     out: dict[tuple[int, int], tuple[int, int, int]] = {}
     t = 0
-    for actions in _action_lists(plan):
-        for a in actions:
+    for visit in walk(plan):
+        for a in visit.actions:
             tid = a.tensor
             if tid not in aliases:
                 if isinstance(a, STARTS):
@@ -42,15 +44,6 @@ def block_intervals(plan: Plan) -> dict[tuple[int, int], tuple[int, int, int]]:
                     out[(tid, k)] = (s, t, sizes[tid])
             t += 1
     return out
-
-
-def _action_lists(plan: Plan):
-    """The plan's action tuples in execution order (:meth:`Plan.actions` without positions)."""
-    yield plan.begin
-    for sp in plan.steps:
-        yield sp.before
-        yield sp.after
-    yield plan.end
 
 
 @njit(nogil=True, cache=True)
