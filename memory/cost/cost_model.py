@@ -20,8 +20,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..ir.plan import Await, Offload, Plan, Prefetch, Release
+from ..ir.plan import Action, Await, Offload, Plan, Prefetch, Release
 from ..ir.program import Program
+from ..ir.walk import Where, walk
 from .targets import DeviceProfile
 
 __all__ = ["Prediction", "extra_time", "simulate", "step_costs", "step_time"]
@@ -84,61 +85,74 @@ class _Walk:
     prefetched_bytes: int
 
 
+class _Clock:
+    """The compute stream's clock and the two copy engines' along a plan's walk."""
+
+    def __init__(self, program: Program, d2h_bytes_per_s: float, h2d_bytes_per_s: float):
+        self.program = program
+        self.d2h_bytes_per_s = d2h_bytes_per_s
+        self.h2d_bytes_per_s = h2d_bytes_per_s
+        self.now = 0.0  # the compute stream's clock
+        self.d2h_free = self.h2d_free = 0.0
+        self.d2h_end: dict[int, float] = {}
+        self.h2d_end: dict[int, float] = {}
+        self.stall = self.recompute = self.codec = 0.0
+        self.offloaded = self.prefetched = 0
+
+    def _nbytes(self, tid: int) -> int:
+        return self.program.block_size(self.program.tensors[tid].nbytes)
+
+    def _wait_for(self, t_end: float) -> None:
+        if t_end > self.now:
+            self.stall += t_end - self.now
+            self.now = t_end
+
+    def apply(self, action: Action) -> None:
+        """Queue an ``Offload`` / ``Prefetch`` on its engine, or make compute wait for its
+        copy (``Release`` / ``Await``); allocations and frees take no time."""
+        if isinstance(action, Offload):
+            nbytes = self._nbytes(action.tensor)
+            start = max(self.now, self.d2h_free)
+            self.d2h_free = self.d2h_end[action.tensor] = start + nbytes / self.d2h_bytes_per_s
+            self.offloaded += nbytes
+        elif isinstance(action, Prefetch):
+            nbytes = self._nbytes(action.tensor)
+            start = max(self.now, self.h2d_free)
+            self.h2d_free = self.h2d_end[action.tensor] = start + nbytes / self.h2d_bytes_per_s
+            self.prefetched += nbytes
+        elif isinstance(action, Await):
+            self._wait_for(self.h2d_end.get(action.tensor, 0.0))
+        elif isinstance(action, Release):
+            self._wait_for(self.d2h_end.get(action.tensor, 0.0))
+
+    def compute(self, i: int, cost: float) -> None:
+        """Step ``i`` runs for ``cost`` seconds on the compute stream."""
+        self.now += cost
+        phase = self.program.steps[i].phase
+        if phase == "recompute":
+            self.recompute += cost
+        elif phase in ("encode", "decode"):
+            self.codec += cost
+
+
+#: The actions that take time (allocations and frees take none).
+_TIMED = (Offload, Prefetch, Await, Release)
+
+
 def _walk(plan: Plan, costs: Sequence[float], d2h_bytes_per_s: float,
           h2d_bytes_per_s: float) -> _Walk:
-    """Run ``plan``'s steps (``costs`` seconds each) and copies on the clock (module docstring)."""
-    program = plan.program
-    tensors = program.tensors
-    now = 0.0  # the compute stream's clock
-    d2h_free = h2d_free = 0.0
-    d2h_end: dict[int, float] = {}
-    h2d_end: dict[int, float] = {}
-    stall = recompute = codec = 0.0
-    offloaded = prefetched = 0
-
-    def wait_for(t_end: float) -> None:
-        nonlocal now, stall
-        if t_end > now:
-            stall += t_end - now
-            now = t_end
-
-    def apply(action) -> None:
-        nonlocal d2h_free, h2d_free, offloaded, prefetched
-        if isinstance(action, Offload):
-            nbytes = program.block_size(tensors[action.tensor].nbytes)
-            start = max(now, d2h_free)
-            d2h_free = d2h_end[action.tensor] = start + nbytes / d2h_bytes_per_s
-            offloaded += nbytes
-        elif isinstance(action, Prefetch):
-            nbytes = program.block_size(tensors[action.tensor].nbytes)
-            start = max(now, h2d_free)
-            h2d_free = h2d_end[action.tensor] = start + nbytes / h2d_bytes_per_s
-            prefetched += nbytes
-        elif isinstance(action, Await):
-            wait_for(h2d_end.get(action.tensor, 0.0))
-        elif isinstance(action, Release):
-            wait_for(d2h_end.get(action.tensor, 0.0))
-
-    timed = (Offload, Prefetch, Await, Release)  # (allocations and frees take no time)
-    for action in plan.begin:
-        if isinstance(action, timed):
-            apply(action)
-    for i, st in enumerate(program.steps):
-        for action in plan.steps[i].before:
-            if isinstance(action, timed):
-                apply(action)
-        now += costs[i]
-        if st.phase == "recompute":
-            recompute += costs[i]
-        elif st.phase in ("encode", "decode"):
-            codec += costs[i]
-        for action in plan.steps[i].after:
-            if isinstance(action, timed):
-                apply(action)
-    for action in plan.end:
-        if isinstance(action, timed):
-            apply(action)
-    return _Walk(now, stall, recompute, codec, offloaded, prefetched)
+    """Run ``plan``'s steps (``costs`` seconds each) and copies on the clock (module docstring),
+    in :func:`~minidl.memory.ir.walk.walk`'s order."""
+    clock = _Clock(plan.program, d2h_bytes_per_s, h2d_bytes_per_s)
+    for visit in walk(plan):
+        if visit.where is Where.COMPUTE:
+            clock.compute(visit.step, costs[visit.step])
+        else:
+            for action in visit.actions:
+                if isinstance(action, _TIMED):
+                    clock.apply(action)
+    return _Walk(clock.now, clock.stall, clock.recompute, clock.codec, clock.offloaded,
+                 clock.prefetched)
 
 
 def _oracle(program: Program, costs: Sequence[float]) -> float:
