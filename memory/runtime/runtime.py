@@ -20,6 +20,7 @@ from ..ir.liveness import root_of
 from ..ir.plan import Action, Alloc, Await, Free, Offload, Plan, Prefetch, Release
 from ..ir.program import Program
 from ..ir.residency import SWAPPED_OUT, IllegalTransition, Residency, TensorRecord
+from ..ir.walk import Visit, Where
 from .cache import TensorCache
 from .pool import DeviceOutOfMemory, PlacementError
 
@@ -141,6 +142,14 @@ class MemoryRuntime:
         self.records[rec.tensor] = rec
 
     # ------------------------------------------------------------------ actions
+    def run_visit(self, visit: Visit) -> None:
+        """Carry out the actions of one position of the plan's walk (:func:`.walk.walk`, not
+        ``COMPUTE``): before a step's and at the end, :attr:`position` moves there first."""
+        if visit.where is Where.BEFORE or visit.where is Where.END:
+            self.position = visit.step
+        for action in visit.actions:
+            self.apply(action)
+
     def apply(self, action: Action) -> None:
         """Carry out one plan action (see :mod:`.plan`); while recording, note when it ran
         and the copy it started."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,7 @@ from ..kernels.add import add as add_arrays
 from ..layers.base import Context
 from ..memory.ir.plan import Plan
 from ..memory.ir.program import Step
+from ..memory.ir.walk import Where, walk
 from ..memory.passes import codecs
 from ..memory.runtime.runtime import MemoryRuntime, tensor_info
 from ..memory.runtime.scratch import TemporaryRouter
@@ -37,6 +39,27 @@ def step_seed(seed: int, iteration: int, node: int) -> int:
     """The reproducible per-(layer, iteration) seed handed to layers (dropout masks): the same
     for a recomputed forward, different for every layer and iteration."""
     return _mix64(_mix64(_mix64(seed & _MASK64) ^ iteration) ^ node) >> 1
+
+
+@dataclass
+class _Run:
+    """One run's settings, handed along its steps, and what it fetched."""
+
+    rt: MemoryRuntime
+    training: bool
+    seed: int
+    iteration: int
+    fetch_outputs: bool
+    check_finite: bool
+    recomputing: bool
+    loss_scale: float
+    data_parallel: Any
+    #: ZeRO stage 3's parameter gathering before each step, or ``None``.
+    gather: Any = None
+    #: The device's step timer (``None``: steps timed on the host).
+    timer: Any = None
+    outputs: list[Any] = field(default_factory=list)
+    loss: Any = None
 
 
 class Executor:
@@ -76,6 +99,13 @@ class Executor:
         #: footprint, live peak and overflow of the scratch block); ``None`` on the CPU.
         self.temporaries: TemporaryRouter | None = None
         self._feed_checks = self._feed_consumers()
+        #: The plan's walk (:func:`~minidl.memory.ir.walk.walk`), computed once: every run
+        #: replays it.
+        self._visits = tuple(walk(plan))
+        #: The first backward (or recomputing) step: what is on device then is what the
+        #: forward pass kept for backward (-1: none).
+        self._backward_starts = next((i for i, st in enumerate(self.steps)
+                                      if st.phase in ("backward", "recompute")), -1)
 
     @property
     def step_times(self) -> np.ndarray:
@@ -105,6 +135,19 @@ class Executor:
                     if tid in where:
                         out[where[tid]].append((self.layers[st.node], j, shapes))
         return out
+
+    def _step_timer(self) -> Any:
+        """The device's step timer for a run that computes (``None``: time on the host)."""
+        make_timer = getattr(self.pool.device, "step_timer", None)
+        return make_timer(len(self.plan.steps)) if self.compute and make_timer is not None \
+            else None
+
+    def _gather(self, data_parallel: Any) -> Any:
+        """ZeRO stage 3's ``gather_params(executor, i)``, which gathers the parameters a step
+        reads into their blocks before it; ``None`` without it or without compute."""
+        if data_parallel is None or not self.compute:
+            return None
+        return getattr(data_parallel, "gather_params", None)
 
     def device_scope(self, measure: bool = False) -> Any:
         """The device context the run's work needs: the device current (``cuda:N``) and the
@@ -151,107 +194,113 @@ class Executor:
         self.last_runtime = rt
         if record:
             rt.events = []
-        outputs: list[Any] = []
-        loss_box: list[Any] = [None]
+        state = _Run(rt, training, seed, iteration, fetch_outputs, check_finite, recomputing,
+                     loss_scale, data_parallel, gather=self._gather(data_parallel))
         try:
             with self.device_scope(measure=True):
-                self._run_steps(rt, feeds, training, seed, iteration, fetch_outputs,
-                                check_finite, recomputing, loss_scale, outputs, loss_box,
-                                data_parallel)
+                self._run_steps(state, feeds)
         except BaseException:
             rt.release_all()
             raise
-        loss = loss_box[0]
+        loss, outputs = state.loss, state.outputs
         if wait:
             loss = None if loss is None else float(loss.result()[()])
             outputs = [o.result() for o in outputs]
         return loss, outputs
 
-    def _run_steps(self, rt: MemoryRuntime, feeds: list, training: bool, seed: int,
-                   iteration: int, fetch_outputs: bool, check_finite: bool, recomputing: bool,
-                   loss_scale: float, outputs: list, loss_box: list,
-                   data_parallel: Any = None) -> None:
-        prog = self.plan.program
-        plan_steps = self.plan.steps
+    def _run_steps(self, run: _Run, feeds: list) -> None:
+        """Walk the plan (its visits, computed once): memory actions through the runtime,
+        feeds after ``begin``, each step's compute between its ``before`` and ``after``."""
+        rt = run.rt
         compute = self.compute
-        loss_value: Any = None
-        device = self.pool.device
-        make_timer = getattr(device, "step_timer", None)
-        upload = getattr(device, "copy_from_host", None)
-        timer = make_timer(len(plan_steps)) if compute and make_timer is not None else None
+        steps = self.steps
+        kept_at = self._backward_starts
+        run.timer = self._step_timer()  # (made in the device's scope: its events are there)
         self._timer = None
-        if timer is not None:
-            timer.begin()
-        for a in self.plan.begin:
-            rt.apply(a)
-        if compute:
-            for k, (tid, x) in enumerate(zip(prog.inputs, feeds)):
-                dst = rt.array(tid)
-                host = np.asarray(x).astype(dst.dtype, casting="same_kind", copy=False)
-                if upload is None:
-                    copy_into(dst, host)
-                else:  # a GPU: checked here (the layers' checks would wait for the device),
-                    for layer, j, shapes in self._feed_checks[k]:  # then sent asynchronously
-                        layer.check_feed(j, host, shapes)
-                    upload(dst, host)
-        forward_done = False
-        # ZeRO stage 3: gathers the parameters a step reads into their blocks, before it
-        gather = None if data_parallel is None or not compute else \
-            getattr(data_parallel, "gather_params", None)
-        for i, st in enumerate(self.steps):
-            rt.position = i
-            sp = plan_steps[i]
-            if not forward_done and st.phase in ("backward", "recompute"):
-                forward_done = True
+        if run.timer is not None:
+            run.timer.begin()
+        for visit in self._visits:
+            where = visit.where
+            if where is Where.COMPUTE:
+                if compute:
+                    self._compute(visit.step, steps[visit.step], run)
+                continue
+            if where is Where.BEFORE and visit.step == kept_at:
                 rt.note_kept_for_backward()
-            for a in sp.before:
-                rt.apply(a)
-            if compute:
-                if gather is not None:
-                    gather(self, i)
-                if timer is None:
-                    t0 = time.perf_counter()
-                else:
-                    timer.start(i)
-                ctx = None if st.node < 0 else Context(
-                    training=training, seed=step_seed(seed, iteration, st.node),
-                    recomputing=recomputing or st.phase == "recompute",
-                    accumulate=st.accumulate, options=st.options,
-                    batch_sync=None if data_parallel is None else data_parallel.batch_sync)
-                if st.phase == "encode":
-                    self._encode(st, rt)
-                elif st.phase == "decode":
-                    src = st.attrs["source"]
-                    codecs.decode(st.attrs["codec"], rt.array(st.reads[0]),
-                                  rt.array(st.writes[0]), self.codec_state.get(src, {}))
-                elif st.phase == "recompute":
-                    self._forward(st, rt, ctx)
-                elif st.phase == "forward":
-                    self._forward(st, rt, ctx)
-                    if check_finite:
-                        self._check(st, rt)
-                    if fetch_outputs:
-                        outputs += [fetch_async(device, rt.array(t)) for t in st.outputs
-                                    if t in self.outputs]
-                    if prog.loss >= 0 and st.outputs[0] == prog.loss:
-                        loss_value = fetch_async(device, rt.array(prog.loss))
-                else:
-                    self._backward(st, rt, ctx, loss_scale)
-                if timer is None:
-                    self._step_times[i] = time.perf_counter() - t0
-                else:
-                    timer.stop(i)
-                if data_parallel is not None and st.phase == "backward":
-                    data_parallel.grad_ready(self, i)
-            for a in sp.after:
-                rt.apply(a)
-        rt.position = len(plan_steps)
-        for a in self.plan.end:
-            rt.apply(a)
-        loss_box[0] = loss_value
-        if timer is not None:
-            timer.end()
-            self._timer = timer
+            rt.run_visit(visit)
+            if where is Where.BEGIN and compute:
+                self._load_feeds(rt, feeds)
+        if run.timer is not None:
+            run.timer.end()
+            self._timer = run.timer
+
+    def _load_feeds(self, rt: MemoryRuntime, feeds: list) -> None:
+        """Copy the program's inputs into their blocks."""
+        upload = getattr(self.pool.device, "copy_from_host", None)
+        for k, (tid, x) in enumerate(zip(self.plan.program.inputs, feeds)):
+            dst = rt.array(tid)
+            host = np.asarray(x).astype(dst.dtype, casting="same_kind", copy=False)
+            if upload is None:
+                copy_into(dst, host)
+            else:  # a GPU: checked here (the layers' checks would wait for the device),
+                for layer, j, shapes in self._feed_checks[k]:  # then sent asynchronously
+                    layer.check_feed(j, host, shapes)
+                upload(dst, host)
+
+    def _compute(self, i: int, st: Step, run: _Run) -> None:
+        """Step ``i``'s compute, timed (host time, or the device's step timer): parameters
+        gathered before it (ZeRO stage 3), gradient buckets launched after a backward step."""
+        if run.gather is not None:
+            run.gather(self, i)
+        timer = run.timer
+        if timer is None:
+            t0 = time.perf_counter()
+        else:
+            timer.start(i)
+        self._run_step(st, run)
+        if timer is None:
+            self._step_times[i] = time.perf_counter() - t0
+        else:
+            timer.stop(i)
+        if run.data_parallel is not None and st.phase == "backward":
+            run.data_parallel.grad_ready(self, i)
+
+    def _run_step(self, st: Step, run: _Run) -> None:
+        """The work of one step, by phase."""
+        rt = run.rt
+        data_parallel = run.data_parallel
+        ctx = None if st.node < 0 else Context(
+            training=run.training, seed=step_seed(run.seed, run.iteration, st.node),
+            recomputing=run.recomputing or st.phase == "recompute",
+            accumulate=st.accumulate, options=st.options,
+            batch_sync=None if data_parallel is None else data_parallel.batch_sync)
+        if st.phase == "encode":
+            self._encode(st, rt)
+        elif st.phase == "decode":
+            src = st.attrs["source"]
+            codecs.decode(st.attrs["codec"], rt.array(st.reads[0]),
+                          rt.array(st.writes[0]), self.codec_state.get(src, {}))
+        elif st.phase == "recompute":
+            self._forward(st, rt, ctx)
+        elif st.phase == "forward":
+            self._forward(st, rt, ctx)
+            self._after_forward(st, run)
+        else:
+            self._backward(st, rt, ctx, run.loss_scale)
+
+    def _after_forward(self, st: Step, run: _Run) -> None:
+        """A forward step's outputs checked (``check_finite``), fetched (``fetch_outputs``),
+        and the loss fetched from the step that writes it."""
+        rt = run.rt
+        device = self.pool.device
+        if run.check_finite:
+            self._check(st, rt)
+        if run.fetch_outputs:
+            run.outputs += [fetch_async(device, rt.array(t)) for t in st.outputs
+                            if t in self.outputs]
+        loss = self.plan.program.loss
+        if loss >= 0 and st.outputs[0] == loss:
+            run.loss = fetch_async(device, rt.array(loss))
 
     def _encode(self, st: Step, rt: MemoryRuntime) -> None:
         codec, src = st.attrs["codec"], st.attrs["source"]
