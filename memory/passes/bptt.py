@@ -124,50 +124,18 @@ def simulate(schedule: BPTTSchedule) -> tuple[int, int]:
     """
     units = schedule.units
     _check_units(units)
-    stored: set[int] = set()
-    prev = 0
-    for b in schedule.forward_stores:
-        if not _is_int(b) or not 1 <= b <= units - 1:
-            raise ValueError(f"forward store {b!r} outside boundaries 1..{units - 1}")
-        if b <= prev:
-            raise ValueError(f"forward_stores must be strictly ascending, got {b} after {prev}")
-        stored.add(b)
-        prev = b
+    stored = _forward_phase(schedule)
     peak = len(stored)
     forwards = units
     nxt = units - 1  # next unit to backpropagate
     for i, op in enumerate(schedule.ops):
-        if not isinstance(op, Sequence) or isinstance(op, str) or len(op) != 3:
-            raise ValueError(f"op {i}: expected (kind, a, b), got {op!r}")
-        kind, a, b = op
-        if not (_is_int(a) and _is_int(b)):
-            raise ValueError(f"op {i} {op!r}: boundaries must be ints")
+        kind, a, b = _op_parts(i, op)
         if kind == ADVANCE:
-            if not 0 <= a < b:
-                raise ValueError(f"op {i} {op!r}: advance needs 0 <= a < b")
-            if b > nxt:
-                raise ValueError(
-                    f"op {i} {op!r}: boundary {b} is past the next unit to backprop ({nxt}); "
-                    "it could never be freed"
-                )
-            if a != 0 and a not in stored:
-                raise ValueError(f"op {i} {op!r}: advance from unstored boundary {a}")
-            if b in stored:
-                raise ValueError(f"op {i} {op!r}: boundary {b} is already stored")
-            stored.add(b)
+            _advance(i, op, stored, nxt)
             peak = max(peak, len(stored))
             forwards += b - a
         elif kind == BACKPROP:
-            if b != a + 1:
-                raise ValueError(f"op {i} {op!r}: backprop must be (j, j + 1)")
-            if a != nxt:
-                raise ValueError(
-                    f"op {i} {op!r}: backprop of unit {a} out of order, expected unit {nxt}"
-                )
-            if a != 0:
-                if a not in stored:
-                    raise ValueError(f"op {i} {op!r}: backprop from unstored boundary {a}")
-                stored.remove(a)
+            _backprop(i, op, stored, nxt)
             forwards += 1
             nxt -= 1
         else:
@@ -177,6 +145,63 @@ def simulate(schedule: BPTTSchedule) -> tuple[int, int]:
     if stored:
         raise ValueError(f"boundaries {sorted(stored)} still stored at the end")
     return peak, forwards
+
+
+def _forward_phase(schedule: BPTTSchedule) -> set[int]:
+    """The boundaries the forward phase stores, checked (inside 1..units-1, ascending)."""
+    units = schedule.units
+    stored: set[int] = set()
+    prev = 0
+    for b in schedule.forward_stores:
+        if not _is_int(b) or not 1 <= b <= units - 1:
+            raise ValueError(f"forward store {b!r} outside boundaries 1..{units - 1}")
+        if b <= prev:
+            raise ValueError(f"forward_stores must be strictly ascending, got {b} after {prev}")
+        stored.add(b)
+        prev = b
+    return stored
+
+
+def _op_parts(i: int, op: object) -> Op:
+    """Op ``i`` as ``(kind, a, b)`` with int boundaries, or ValueError."""
+    if not isinstance(op, Sequence) or isinstance(op, str) or len(op) != 3:
+        raise ValueError(f"op {i}: expected (kind, a, b), got {op!r}")
+    kind, a, b = op
+    if not (_is_int(a) and _is_int(b)):
+        raise ValueError(f"op {i} {op!r}: boundaries must be ints")
+    return kind, a, b
+
+
+def _advance(i: int, op: Sequence, stored: set[int], nxt: int) -> None:
+    """Check op ``i``, an advance from boundary a to b, and store b."""
+    _, a, b = op
+    if not 0 <= a < b:
+        raise ValueError(f"op {i} {op!r}: advance needs 0 <= a < b")
+    if b > nxt:
+        raise ValueError(
+            f"op {i} {op!r}: boundary {b} is past the next unit to backprop ({nxt}); "
+            "it could never be freed"
+        )
+    if a != 0 and a not in stored:
+        raise ValueError(f"op {i} {op!r}: advance from unstored boundary {a}")
+    if b in stored:
+        raise ValueError(f"op {i} {op!r}: boundary {b} is already stored")
+    stored.add(b)
+
+
+def _backprop(i: int, op: Sequence, stored: set[int], nxt: int) -> None:
+    """Check op ``i``, the backprop of unit a (the next, ``nxt``), and free boundary a."""
+    _, a, b = op
+    if b != a + 1:
+        raise ValueError(f"op {i} {op!r}: backprop must be (j, j + 1)")
+    if a != nxt:
+        raise ValueError(
+            f"op {i} {op!r}: backprop of unit {a} out of order, expected unit {nxt}"
+        )
+    if a != 0:
+        if a not in stored:
+            raise ValueError(f"op {i} {op!r}: backprop from unstored boundary {a}")
+        stored.remove(a)
 
 
 def _build(units: int, stores: list[int], ops: list[Op], policy: str) -> BPTTSchedule:
