@@ -22,7 +22,7 @@ read, or the backward step itself consumes the encoded form:
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ...kernels import bitpack, poolidx, precision, sparse
 from ..ir.capabilities import StashEncoding
@@ -74,59 +74,114 @@ def compress_program(program: Program, binarize: bool = False, use_sparse: bool 
     if not program.training:
         return program
     readers = _backward_readers(program)
-    last_fwd = _last_forward_use(program)
-    producer = {t: st for st in program.steps if st.phase == "forward" for t in st.writes}
-    fed = set(program.inputs)
-    plan: dict[int, tuple[str, dict]] = {}  # tensor -> (codec, attrs)
-    for st in program.steps:
-        if st.phase != "forward":
-            continue
-        outs = [t for t in st.writes if program.tensors[t].role == "value"]
-        from_enc = st.caps.backward_from
-        if binarize and StashEncoding.SIGN in from_enc and outs:
-            v = outs[0]
-            rs = readers.get(v, [])
-            if rs and all(r.phase == "backward" and r.node == st.node for r in rs):
-                plan[v] = ("sign", {})
-                continue
-        if binarize and StashEncoding.PACKED_ARGMAX in from_enc:
-            for t in st.writes:
-                if program.tensors[t].role == "stash" and t in readers:
-                    plan[t] = ("poolidx", dict(st.attrs))
-        if use_sparse and st.caps.sparse_output and outs:
-            v = outs[0]
-            if any(r.caps.convolution for r in readers.get(v, [])):
-                plan[v] = ("sparse", {})
-    if dpr:
-        for t in readers:
-            spec = program.tensors[t]
-            if t in plan or t in fed or spec.role != "value" or spec.category != "feature_map":
-                continue
-            if not spec.dtype.startswith("float") or t not in producer:
-                continue
-            plan[t] = (dpr, {})
+    plan = _choose_codecs(program, readers, binarize, use_sparse, dpr)
     if not plan:
         return program
+    forms = _EncodedForms.build(program, plan, densities or {})
+    steps = _rewritten_steps(program, plan, forms, readers)
+    meta = dict(program.meta)
+    meta["encoded"] = {forms.tensors[t].name: codec for t, (codec, _) in plan.items()}
+    meta["sparse_densities"] = {name: d for name, d in forms.densities}
+    return Program(tensors=forms.tensors, steps=steps, inputs=list(program.inputs),
+                   loss=program.loss, training=program.training, meta=meta,
+                   alignment=program.alignment)
 
-    tensors = list(program.tensors)
-    enc_of: dict[int, int] = {}
-    dec_of: dict[int, int] = {}
-    notes = []
-    for t, (codec, attrs) in plan.items():
-        spec = tensors[t]
-        dens = None
-        if codec == "sparse":
-            dens = (densities or {}).get(spec.name)
-            notes.append((spec.name, dens))
-            dens = ASSUMED_DENSITY if dens is None else dens
-        nb = encoded_size(codec, spec, attrs, dens)
-        enc_of[t] = len(tensors)
-        tensors.append(TensorSpec(len(tensors), f"{spec.name}.{codec}", (nb,), "uint8",
-                                  "encoded", "encoded", spec.layer, of=t))
-        if codec not in ("sign", "poolidx"):
-            dec_of[t] = len(tensors)
-            tensors.append(spec.clone(len(tensors), f"{spec.name}@decoded"))
 
+#: Tensor -> (codec, its attributes): what the rewrite encodes, in the order chosen.
+_Choice = dict[int, tuple[str, dict]]
+
+
+def _choose_codecs(program: Program, readers: dict[int, list[Step]], binarize: bool,
+                   use_sparse: bool, dpr: str | None) -> _Choice:
+    """The tensors to keep encoded and their codecs: per forward step the lossless ones
+    (``binarize``, ``sparse``), then reduced precision (``dpr``) for the remaining feature
+    maps."""
+    plan: _Choice = {}
+    for st in program.steps:
+        if st.phase == "forward":
+            _choose_lossless(program, st, readers, binarize, use_sparse, plan)
+    if dpr:
+        _choose_reduced_precision(program, readers, dpr, plan)
+    return plan
+
+
+def _choose_lossless(program: Program, st: Step, readers: dict[int, list[Step]],
+                     binarize: bool, use_sparse: bool, plan: _Choice) -> None:
+    """Add to ``plan`` forward step ``st``'s outputs kept as signs, its packed argmax stash,
+    or its sparse output."""
+    outs = [t for t in st.writes if program.tensors[t].role == "value"]
+    from_enc = st.caps.backward_from
+    if binarize and StashEncoding.SIGN in from_enc and outs:
+        v = outs[0]
+        rs = readers.get(v, [])
+        if rs and all(r.phase == "backward" and r.node == st.node for r in rs):
+            plan[v] = ("sign", {})
+            return
+    if binarize and StashEncoding.PACKED_ARGMAX in from_enc:
+        for t in st.writes:
+            if program.tensors[t].role == "stash" and t in readers:
+                plan[t] = ("poolidx", dict(st.attrs))
+    if use_sparse and st.caps.sparse_output and outs:
+        v = outs[0]
+        if any(r.caps.convolution for r in readers.get(v, [])):
+            plan[v] = ("sparse", {})
+
+
+def _choose_reduced_precision(program: Program, readers: dict[int, list[Step]], dpr: str,
+                              plan: _Choice) -> None:
+    """Add to ``plan`` every other floating-point feature map a forward step makes and
+    backward reads, at precision ``dpr``."""
+    fed = set(program.inputs)
+    producer = {t: st for st in program.steps if st.phase == "forward" for t in st.writes}
+    for t in readers:
+        spec = program.tensors[t]
+        if t in plan or t in fed or spec.role != "value" or spec.category != "feature_map":
+            continue
+        if not spec.dtype.startswith("float") or t not in producer:
+            continue
+        plan[t] = (dpr, {})
+
+
+@dataclass
+class _EncodedForms:
+    """The rewritten program's tensors: each chosen tensor's encoded form (``enc_of``) and,
+    unless backward reads the encoding itself, its decoded clone (``dec_of``); and the sparse
+    tensors' densities (None: assumed)."""
+
+    tensors: list[TensorSpec]
+    enc_of: dict[int, int]
+    dec_of: dict[int, int]
+    densities: list[tuple[str, float | None]]
+
+    @classmethod
+    def build(cls, program: Program, plan: _Choice,
+              densities: dict[str, float]) -> _EncodedForms:
+        forms = cls(list(program.tensors), {}, {}, [])
+        tensors = forms.tensors
+        for t, (codec, attrs) in plan.items():
+            spec = tensors[t]
+            dens = None
+            if codec == "sparse":
+                dens = densities.get(spec.name)
+                forms.densities.append((spec.name, dens))
+                dens = ASSUMED_DENSITY if dens is None else dens
+            nb = encoded_size(codec, spec, attrs, dens)
+            forms.enc_of[t] = len(tensors)
+            tensors.append(TensorSpec(len(tensors), f"{spec.name}.{codec}", (nb,), "uint8",
+                                      "encoded", "encoded", spec.layer, of=t))
+            if codec not in ("sign", "poolidx"):
+                forms.dec_of[t] = len(tensors)
+                tensors.append(spec.clone(len(tensors), f"{spec.name}@decoded"))
+        return forms
+
+
+def _rewritten_steps(program: Program, plan: _Choice, forms: _EncodedForms,
+                     readers: dict[int, list[Step]]) -> list[Step]:
+    """The program's steps with an encode step after each chosen tensor's last forward use,
+    a decode step before its first backward reader (where decoded), and backward steps
+    reading the decoded clones or the encoding (renumbered)."""
+    tensors, enc_of, dec_of = forms.tensors, forms.enc_of, forms.dec_of
+    last_fwd = _last_forward_use(program)
     encode_after: dict[int, list[int]] = {}
     for t in plan:
         encode_after.setdefault(last_fwd[t], []).append(t)
@@ -145,22 +200,24 @@ def compress_program(program: Program, binarize: bool = False, use_sparse: bool 
             emit(Step(0, "decode", tensors[t].layer, "decode", -1, (enc_of[t],), (dec_of[t],),
                       attrs={"codec": codec, "source": t}))
         if st.phase in ("backward", "recompute"):
-            decoded = {t: dec_of[t] for t in st.reads if t in dec_of}
-            consumed = [t for t in st.reads if t in enc_of and t not in dec_of]
-            if consumed:  # read encoded: the layer's backward starts from the encoding
-                t = consumed[0]
-                st = replace(st, reads=tuple(enc_of[r] if r == t else r for r in st.reads),
-                             attrs={**st.attrs, "backward_from": CODEC_ENCODING[plan[t][0]],
-                                    "encoded": enc_of[t]})
-            st = st.remapped(decoded)
+            st = _reading_encoded(st, plan, forms)
         emit(st)
         for t in encode_after.get(i, []):
             codec, a = plan[t]
             emit(Step(0, "encode", tensors[t].layer, "encode", -1, (t,), (enc_of[t],),
                       attrs={"codec": codec, "source": t, **a}))
+    return steps
 
-    meta = dict(program.meta)
-    meta["encoded"] = {tensors[t].name: codec for t, (codec, _) in plan.items()}
-    meta["sparse_densities"] = {name: d for name, d in notes}
-    return Program(tensors=tensors, steps=steps, inputs=list(program.inputs), loss=program.loss,
-                   training=program.training, meta=meta, alignment=program.alignment)
+
+def _reading_encoded(st: Step, plan: _Choice, forms: _EncodedForms) -> Step:
+    """Backward (or recomputing) step ``st`` reading decoded clones, or the encoding itself
+    where its layer's backward starts from it."""
+    enc_of, dec_of = forms.enc_of, forms.dec_of
+    decoded = {t: dec_of[t] for t in st.reads if t in dec_of}
+    consumed = [t for t in st.reads if t in enc_of and t not in dec_of]
+    if consumed:  # read encoded: the layer's backward starts from the encoding
+        t = consumed[0]
+        st = replace(st, reads=tuple(enc_of[r] if r == t else r for r in st.reads),
+                     attrs={**st.attrs, "backward_from": CODEC_ENCODING[plan[t][0]],
+                            "encoded": enc_of[t]})
+    return st.remapped(decoded)
