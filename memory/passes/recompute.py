@@ -119,93 +119,126 @@ def recompute_program(program: Program, checkpoints: set[int],
     ``groups`` maps each backward step index to a group id; steps of one group share one
     recomputation placed before the group's first step.
     """
-    fwd = _forward_steps(program)
-    fed = set(program.inputs)
-    producer: dict[int, Step] = {}
-    for st in fwd:
-        for t in st.writes:
-            producer[t] = st
-    loss_step = producer.get(program.loss)
-    life = lifetimes(program)
-    dropped_steps = set()
+    rewrite = _Rewrite(program, checkpoints, groups)
+    for st in program.steps:
+        rewrite.step(st)
+    return rewrite.program()
+
+
+class _Rewrite:
+    """:func:`recompute_program`'s rewrite, step by step: the new tensors (clones) and steps,
+    and what was recomputed."""
+
+    def __init__(self, program: Program, checkpoints: set[int], groups: dict[int, int]):
+        self.source = program
+        self.checkpoints = checkpoints
+        self.groups = groups
+        fwd = _forward_steps(program)
+        self.fed = set(program.inputs)
+        self.producer: dict[int, Step] = {}
+        for st in fwd:
+            for t in st.writes:
+                self.producer[t] = st
+        self.life = lifetimes(program)
+        self.dropped_steps = _dropped_steps(program, fwd, checkpoints,
+                                            self.producer.get(program.loss))
+        self.tensors = list(program.tensors)
+        self.steps: list[Step] = []
+        self.by_group: dict[int, list[Step]] = {}
+        for st in program.steps:
+            if st.phase == "backward":
+                self.by_group.setdefault(groups.get(st.index, st.index), []).append(st)
+        self.first_of_group = {g: ss[0].index for g, ss in self.by_group.items()}
+        self.group_remap: dict[int, dict[int, int]] = {}
+        self.recomputed_flops = 0
+        self.recomputed = 0
+
+    def available(self, t: int) -> bool:
+        """Still on device when backward runs, without recomputation."""
+        tp = self.source.tensors[t]
+        if tp.persistent or t in self.fed:
+            return True
+        p = self.producer.get(t)
+        if p is None:
+            return True
+        if p.index in self.dropped_steps:
+            return False
+        return self.life[t].backward_use or t in self.checkpoints
+
+    def _clone(self, t: int, tag: str) -> int:
+        spec = self.tensors[t]
+        nid = len(self.tensors)
+        self.tensors.append(spec.clone(nid, f"{spec.name}@{tag}"))
+        return nid
+
+    def _emit(self, st: Step, phase: str, remap: dict[int, int]) -> None:
+        self.steps.append(st.remapped(remap, index=len(self.steps), phase=phase))
+
+    def step(self, st: Step) -> None:
+        """Emit ``st``; a backward step first in its group after the group's recomputation,
+        and reading what it recomputed."""
+        if st.phase != "backward":
+            self._emit(st, st.phase, {})
+            return
+        g = self.groups.get(st.index, st.index)
+        if self.first_of_group[g] == st.index:
+            self._recompute_group(g)
+        self._emit(st, "backward", self.group_remap.get(g, {}))
+
+    def _to_recompute(self, g: int) -> set[int]:
+        """The forward steps making what group ``g``'s steps read that is not available, and
+        what those read in turn that is not."""
+        needed: set[int] = set()
+        for b in self.by_group[g]:
+            needed |= {t for t in b.reads if not self.available(t)}
+        todo: set[int] = set()
+        stack = [self.producer[t].index for t in needed]
+        while stack:
+            k = stack.pop()
+            if k in todo:
+                continue
+            todo.add(k)
+            for t in self.source.steps[k].reads:
+                if not self.available(t):
+                    stack.append(self.producer[t].index)
+        return todo
+
+    def _recompute_group(self, g: int) -> None:
+        """Emit group ``g``'s recomputation, in forward order, writing clones."""
+        remap: dict[int, int] = {}
+        for k in sorted(self._to_recompute(g)):
+            f = self.source.steps[k]
+            for t in f.writes:
+                remap[t] = self._clone(t, f"r{g}")
+            if f.workspace >= 0:
+                remap[f.workspace] = self._clone(f.workspace, f"r{g}")
+            self._emit(f, "recompute", dict(remap))
+            self.recomputed_flops += f.flops
+            self.recomputed += 1
+        self.group_remap[g] = remap
+
+    def program(self) -> Program:
+        """The rewritten program (its meta counting what was recomputed and dropped)."""
+        src = self.source
+        meta = dict(src.meta)
+        meta.update(recomputed_flops=self.recomputed_flops, recomputed_steps=self.recomputed,
+                    dropped_layers=len(self.dropped_steps), checkpoints=len(self.checkpoints))
+        return Program(tensors=self.tensors, steps=self.steps, inputs=list(src.inputs),
+                       loss=src.loss, training=src.training, meta=meta,
+                       alignment=src.alignment)
+
+
+def _dropped_steps(program: Program, fwd: list[Step], checkpoints: set[int],
+                   loss_step: Step | None) -> set[int]:
+    """Forward steps (indices) none of whose outputs is a checkpoint, but the loss's."""
+    dropped = set()
     for st in fwd:
         if st is loss_step:
             continue
         outs = _outputs(program, st)
         if outs and not any(t in checkpoints for t in outs):
-            dropped_steps.add(st.index)
-
-    def available(t: int) -> bool:
-        """Still on device when backward runs, without recomputation."""
-        tp = program.tensors[t]
-        if tp.persistent or t in fed:
-            return True
-        p = producer.get(t)
-        if p is None:
-            return True
-        if p.index in dropped_steps:
-            return False
-        return life[t].backward_use or t in checkpoints
-
-    tensors = list(program.tensors)
-    steps: list[Step] = []
-
-    def clone(t: int, tag: str) -> int:
-        spec = tensors[t]
-        nid = len(tensors)
-        tensors.append(spec.clone(nid, f"{spec.name}@{tag}"))
-        return nid
-
-    def emit(st: Step, phase: str, remap: dict[int, int]) -> None:
-        steps.append(st.remapped(remap, index=len(steps), phase=phase))
-
-    bwd_by_group: dict[int, list[Step]] = {}
-    for st in program.steps:
-        if st.phase == "backward":
-            bwd_by_group.setdefault(groups.get(st.index, st.index), []).append(st)
-    first_of_group = {g: ss[0].index for g, ss in bwd_by_group.items()}
-    group_remap: dict[int, dict[int, int]] = {}
-    recomputed_flops = 0
-    n_recomputed = 0
-
-    for st in program.steps:
-        if st.phase != "backward":
-            emit(st, st.phase, {})
-            continue
-        g = groups.get(st.index, st.index)
-        if first_of_group[g] == st.index:
-            # everything the group's steps read that is not available: recompute, in order
-            needed: set[int] = set()
-            for b in bwd_by_group[g]:
-                needed |= {t for t in b.reads if not available(t)}
-            todo: set[int] = set()
-            stack = [producer[t].index for t in needed]
-            while stack:
-                k = stack.pop()
-                if k in todo:
-                    continue
-                todo.add(k)
-                for t in program.steps[k].reads:
-                    if not available(t):
-                        stack.append(producer[t].index)
-            remap: dict[int, int] = {}
-            for k in sorted(todo):
-                f = program.steps[k]
-                for t in f.writes:
-                    remap[t] = clone(t, f"r{g}")
-                if f.workspace >= 0:
-                    remap[f.workspace] = clone(f.workspace, f"r{g}")
-                emit(f, "recompute", dict(remap))
-                recomputed_flops += f.flops
-                n_recomputed += 1
-            group_remap[g] = remap
-        emit(st, "backward", group_remap.get(g, {}))
-
-    meta = dict(program.meta)
-    meta.update(recomputed_flops=recomputed_flops, recomputed_steps=n_recomputed,
-                dropped_layers=len(dropped_steps), checkpoints=len(checkpoints))
-    return Program(tensors=tensors, steps=steps, inputs=list(program.inputs), loss=program.loss,
-                   training=program.training, meta=meta, alignment=program.alignment)
+            dropped.add(st.index)
+    return dropped
 
 
 def honour_blocks(checkpoints: set[int], blocks: BlockChoices) -> set[int]:
