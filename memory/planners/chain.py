@@ -211,17 +211,62 @@ def schedule_program(chain: Chain, ops: list[tuple[str, int]]) -> Program:
     memory-centric (each recomputes from the stage's input what it reads of the stage, then
     frees it). Every stage must run forward before its backward, and backward once each,
     last stage first (module docstring)."""
-    program = chain.program
-    tensors = list(program.tensors)
-    steps: list[Step] = []
-    version: dict[int, int] = {}
-    runs = [0] * len(chain)
-    recomputed_flops = recomputed = 0
+    writer = _ScheduleWriter(chain)
+    for kind, k in ops:
+        writer.check(kind, k)
+        if kind == "b":
+            writer.backward(k)
+        elif kind == "m":
+            writer.lean_backward(k)
+        else:
+            writer.forward(k)
+    return writer.program()
 
-    def recompute(i: int, remap: dict[int, int], tag: str) -> None:
+
+class _ScheduleWriter:
+    """:func:`schedule_program`'s state: the steps and clones written so far, the latest
+    version of each value, how often each stage ran forward and which ran backward."""
+
+    def __init__(self, chain: Chain) -> None:
+        self.chain = chain
+        self.source = chain.program
+        self.tensors = list(self.source.tensors)
+        self.steps: list[Step] = []
+        self.version: dict[int, int] = {}
+        self.runs = [0] * len(chain)
+        self.done = [False] * len(chain)
+        self.recomputed_flops = 0
+        self.recomputed = 0
+
+    def refuse(self, why: str) -> None:
+        raise ValueError(f"not a schedule of the chain's {len(self.chain)} stages: {why}")
+
+    def check(self, kind: str, k: int) -> None:
+        """Refuse an operation the schedule may not run now; note a stage's backward."""
+        runs, done = self.runs, self.done
+        if kind not in ("f", "b", "m") or not 0 <= k < len(self.chain):
+            self.refuse(f"unknown operation {(kind, k)!r} (valid: 'f', 'b' or 'm' of a stage)")
+        if kind != "f":
+            if runs[k] == 0:
+                self.refuse(f"stage {k}'s backward before its forward")
+            if done[k]:
+                self.refuse(f"stage {k}'s backward twice")
+            if k + 1 < len(self.chain) and not done[k + 1]:
+                self.refuse(f"stage {k}'s backward before stage {k + 1}'s")
+            done[k] = True
+        elif runs[k] == 0 and k > 0 and runs[k - 1] == 0:
+            self.refuse(f"stage {k} runs forward before stage {k - 1}")
+
+    def _replay(self, i: int, versions: dict[int, int]) -> None:
+        """Step ``i`` as it is, reading the ``versions`` of what it reads."""
+        st = self.source.steps[i]
+        self.steps.append(st.remapped({t: versions[t] for t in st.reads if t in versions},
+                                      index=len(self.steps)))
+
+    def _recompute(self, i: int, remap: dict[int, int], tag: str) -> None:
         """Forward step ``i`` again, writing clones (recorded in ``remap``)."""
-        nonlocal recomputed_flops, recomputed
-        st = program.steps[i]
+        st = self.source.steps[i]
+        tensors = self.tensors
         local = {t: remap[t] for t in st.reads if t in remap}
         for t in (*st.writes, *((st.workspace,) if st.workspace >= 0 else ())):
             spec = tensors[t]
@@ -230,56 +275,41 @@ def schedule_program(chain: Chain, ops: list[tuple[str, int]]) -> Program:
             local[t] = nid
             if t in st.writes:
                 remap[t] = nid
-        steps.append(st.remapped(local, index=len(steps), phase="recompute"))
-        recomputed_flops += st.flops
-        recomputed += 1
+        self.steps.append(st.remapped(local, index=len(self.steps), phase="recompute"))
+        self.recomputed_flops += st.flops
+        self.recomputed += 1
 
-    done = [False] * len(chain)
-
-    def refuse(why: str) -> None:
-        raise ValueError(f"not a schedule of the chain's {len(chain)} stages: {why}")
-
-    for kind, k in ops:
-        if kind not in ("f", "b", "m") or not 0 <= k < len(chain):
-            refuse(f"unknown operation {(kind, k)!r} (valid: 'f', 'b' or 'm' of a stage)")
-        stage = chain.stages[k]
-        if kind != "f":
-            if runs[k] == 0:
-                refuse(f"stage {k}'s backward before its forward")
-            if done[k]:
-                refuse(f"stage {k}'s backward twice")
-            if k + 1 < len(chain) and not done[k + 1]:
-                refuse(f"stage {k}'s backward before stage {k + 1}'s")
-            done[k] = True
-        elif runs[k] == 0 and k > 0 and runs[k - 1] == 0:
-            refuse(f"stage {k} runs forward before stage {k - 1}")
-        if kind == "b":
-            for i in stage.backward:
-                st = program.steps[i]
-                steps.append(st.remapped({t: version[t] for t in st.reads if t in version},
-                                         index=len(steps)))
-            continue
-        if kind == "m":  # each backward step recomputes what it needs, from the stage input
-            for n, i in enumerate(stage.backward):
-                st = program.steps[i]
-                local = dict(version)
-                for j in _closure(program, stage.forward, st.reads):
-                    recompute(j, local, f"m{k}.{n}")
-                steps.append(st.remapped({t: local[t] for t in st.reads if t in local},
-                                         index=len(steps)))
-            continue
-        runs[k] += 1
-        for i in stage.forward:
-            if runs[k] == 1:
-                st = program.steps[i]
-                steps.append(st.remapped({t: version[t] for t in st.reads if t in version},
-                                         index=len(steps)))
+    def forward(self, k: int) -> None:
+        """Stage ``k`` forward: its steps the first time, a recomputation afterwards."""
+        self.runs[k] += 1
+        for i in self.chain.stages[k].forward:
+            if self.runs[k] == 1:
+                self._replay(i, self.version)
             else:
-                recompute(i, version, f"r{k}.{runs[k]}")
-    if not all(done):
-        refuse(f"stage {done.index(False)} has no backward")
-    meta = dict(program.meta)
-    meta.update(recomputed_flops=recomputed_flops, recomputed_steps=recomputed,
-                dropped_layers=sum(1 for r in runs if r > 1), checkpoints=0)
-    return Program(tensors=tensors, steps=steps, inputs=list(program.inputs), loss=program.loss,
-                   training=True, meta=meta, alignment=program.alignment)
+                self._recompute(i, self.version, f"r{k}.{self.runs[k]}")
+
+    def backward(self, k: int) -> None:
+        """Stage ``k``'s backward steps, reading the latest versions."""
+        for i in self.chain.stages[k].backward:
+            self._replay(i, self.version)
+
+    def lean_backward(self, k: int) -> None:
+        """Stage ``k``'s backward, memory-centric: each step recomputes what it needs from the
+        stage input."""
+        stage = self.chain.stages[k]
+        for n, i in enumerate(stage.backward):
+            local = dict(self.version)
+            for j in _closure(self.source, stage.forward, self.source.steps[i].reads):
+                self._recompute(j, local, f"m{k}.{n}")
+            self._replay(i, local)
+
+    def program(self) -> Program:
+        """The schedule's program, once every stage ran backward."""
+        if not all(self.done):
+            self.refuse(f"stage {self.done.index(False)} has no backward")
+        src = self.source
+        meta = dict(src.meta)
+        meta.update(recomputed_flops=self.recomputed_flops, recomputed_steps=self.recomputed,
+                    dropped_layers=sum(1 for r in self.runs if r > 1), checkpoints=0)
+        return Program(tensors=self.tensors, steps=self.steps, inputs=list(src.inputs),
+                       loss=src.loss, training=True, meta=meta, alignment=src.alignment)
