@@ -70,11 +70,14 @@ def check_view(device: Any, offset: int, nbytes: int, shape: tuple[int, ...],
 
 @runtime_checkable
 class Device(Protocol):
-    """What the pool and the runtime need from a device."""
+    """What the pool and the runtime need from a device (read its traits and optional hooks
+    through :func:`~.traits.device_traits`)."""
 
     name: str
+    kind: str  # one of DEVICE_KINDS
     capacity: int
     has_storage: bool
+    asynchronous: bool
     xp: Any
 
     def view(self, offset: int, nbytes: int, shape: Any, dtype: Any = np.float32) -> Any: ...
@@ -83,6 +86,16 @@ class Device(Protocol):
     @property
     def copy_engine(self) -> Any: ...
     def close(self) -> None: ...
+
+
+class GpuDevice(Device, Protocol):
+    """A device whose compute runs asynchronously on its own streams (CUDA, the strict test
+    device): the hooks the executor and the runtime call when a device has them."""
+
+    def activate(self) -> Any: ...
+    def route_allocations(self, allocate: Any) -> Any: ...
+    def copy_from_host(self, dst: Any, src: np.ndarray) -> None: ...
+    def fetch_async(self, src: Any) -> Any: ...
 
 
 def available_host_memory() -> int:
@@ -112,6 +125,7 @@ class CpuDevice:
 
     name = "cpu"
     kind = "cpu"
+    asynchronous = False
     has_storage = True
     xp = np
 
@@ -246,6 +260,7 @@ class MetaDevice:
 
     name = "meta"
     has_storage = False
+    asynchronous = False
     xp = np
     UNLIMITED = 1 << 62
 

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from ..devices.traits import device_traits
 from ..ir.units import ALLOCATION_UNIT, format_size
 from .pool_errors import (
     DeviceOutOfMemory,
@@ -111,7 +112,7 @@ class Pool(PoolStatistics):
         self.capacity: int = int(device.capacity)
         self._mask = alignment - 1
         self._best_fit = policy == "best_fit"
-        self._poison = debug and bool(getattr(device, "has_storage", False))
+        self._poison = debug and device_traits(device).has_storage
         #: With poisoning: arena bytes below this were poisoned on first touch (or are live).
         self._poisoned_to = 0
         # Chunks. Live blocks by offset; interior free chunks by start (-> size) and by end
@@ -337,7 +338,7 @@ class Pool(PoolStatistics):
         top = heapq.nlargest(5, self._live.values(), key=lambda b: b.size)
         return DeviceOutOfMemory(
             requested=size, nbytes=nbytes, tag=tag, category=category,
-            device=getattr(self.device, "name", "?"), capacity=self.capacity,
+            device=device_traits(self.device).name, capacity=self.capacity,
             allocated=self._allocated, free=self.capacity - self._allocated,
             largest_free_block=largest, fragmentation=self._fragmentation(largest),
             num_live=len(self._live), largest_live=[(b.tag, b.category, b.size) for b in top],

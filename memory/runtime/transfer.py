@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from ..devices.traits import device_traits
+
 __all__ = ["HostValue", "copy_into", "fetch_async", "is_host", "to_host"]
 
 
@@ -71,7 +73,7 @@ def fetch_async(device: Any, a: Any) -> Any:
     wait?) and ``result()`` (the NumPy copy). On a device that runs asynchronously (its
     ``fetch_async``) the copy is queued behind the work producing ``a``; elsewhere it is made
     now (:class:`HostValue`)."""
-    fetch = getattr(device, "fetch_async", None)
+    fetch = device_traits(device).fetch_async
     if fetch is None or is_host(a):
         return HostValue(to_host(a))
     return fetch(a)

@@ -34,6 +34,7 @@ from typing import Any
 from ..compile.engine import Compiled, PeakInfo
 from ..interop import memory_viz
 from ..interop.memory_viz import SNAPSHOT_FORMAT
+from ..memory.devices.traits import device_traits
 from ..memory.ir.plan import Action, Alloc, Plan, Prefetch
 from ..memory.ir.timeline import series, trace, write_chrome_trace, write_json_atomic
 from ..memory.ir.units import format_size
@@ -442,7 +443,7 @@ def plan_snapshot(c: Compiled, peak: PeakInfo, path: str | os.PathLike, *, model
     ``record=True``, on the meta device; ``peak`` its ``engine.peak_info(c)``): torch's pickle
     for a ``.pickle`` / ``.pkl`` path, minidl's JSON otherwise. Returns the minidl snapshot."""
     pool = c.executor.pool
-    rec = MemoryRecorder(model, memory, getattr(pool.device, "name", "meta"), pool.capacity,
+    rec = MemoryRecorder(model, memory, device_traits(pool.device).name, pool.capacity,
                          budget)
     rec.capture(c, peak, 0, timed=False)
     snap = rec.snapshot()

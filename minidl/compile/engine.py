@@ -12,7 +12,6 @@ The searches live beside it: the per-op options and workspace caps a plan is mad
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +20,7 @@ import numpy as np
 from ..kernels.parallel import ensure_blas_policy
 from ..layers.base import Layer
 from ..memory.cost.targets import DeviceProfile
+from ..memory.devices.traits import device_traits
 from ..memory.ir.config import MemoryConfig
 from ..memory.ir.plan import Plan
 from ..memory.ir.program import aligned
@@ -76,9 +76,10 @@ class Engine:
         self.config = MemoryConfig.parse(memory)
         self.loss = loss
         self.optimizer = optimizer
-        self.compute = bool(getattr(pool.device, "has_storage", True))
+        traits = device_traits(pool.device)
+        self.compute = traits.has_storage
         #: "cpu" or "cuda": what the program is lowered for (a meta device names its kind)
-        self.device_kind = getattr(pool.device, "kind", "cpu")
+        self.device_kind = traits.kind
         #: The device the plans are made for (its cost model's step times and host link drive
         #: swap=auto and auto), or ``None``: this device's measured times.
         self.target = target
@@ -127,7 +128,7 @@ class Engine:
         laid out alike, back to back (one flat update per group: :meth:`_group_parameters`)."""
         self._blocks: dict[str, Any] = {}
         try:  # (everything on the device runs with it current: cuda:N)
-            with getattr(self.pool.device, "activate", contextlib.nullcontext)():
+            with device_traits(self.pool.device).activate():
                 self._allocate_blocks(bind, scratch_bytes)
         except BaseException:
             self.release()

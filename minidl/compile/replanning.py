@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from ..memory.cost.targets import DeviceProfile
 from ..memory.devices.device import MetaDevice
+from ..memory.devices.traits import device_traits
 from ..memory.ir.config import MemoryConfig
 from ..memory.ir.plan import Plan
 from ..memory.planners.planner import make_plan
@@ -76,7 +77,7 @@ def measured_link(device: Any, compute: bool) -> float | None:
     """Bytes per second ``device``'s copy engine moved, timed by the device (a GPU's copy
     streams, CUDA events), once it has copied anything; ``None`` elsewhere (the CPU's copy
     thread is not the link a plan for it should assume) or without ``compute``."""
-    if not getattr(device, "asynchronous", False) or not compute:
+    if not device_traits(device).asynchronous or not compute:
         return None
     copies = device.copy_engine
     copies.synchronize()  # (once: a first iteration's re-planning)

@@ -33,6 +33,7 @@ from ..compile.lowering import Lowered, lower
 from ..kernels.weight_record import RecordError, check, info
 from ..memory.device_factory import make_device
 from ..memory.devices.device import MetaDevice
+from ..memory.devices.traits import device_traits
 from ..memory.ir.config import MemoryConfig
 from ..memory.ir.plan import Plan
 from ..memory.ir.program import Step, TensorSpec
@@ -183,7 +184,7 @@ class CompressedRunner:
         shape = tuple(x.shape) if x is not None else tuple(batch_shape)
         run = self.run_for(shape)
         pool = self._pool_for(shape)
-        compute = bool(getattr(pool.device, "has_storage", True))
+        compute = device_traits(pool.device).has_storage
         ex = Executor(run.lowered, run.plan, pool, compute=compute,
                       host_pool=HostPool(pool.device, None))
         feeds = [x, *self.records] if compute else [None] * (1 + len(self.records))

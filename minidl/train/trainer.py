@@ -26,6 +26,7 @@ from ..interop.checkpoint import CheckpointError
 from ..layers import SoftmaxCrossEntropy
 from ..layers.base import Layer
 from ..memory.cost.targets import DeviceProfile
+from ..memory.devices.traits import device_traits
 from ..memory.ir.config import MemoryConfig
 from ..memory.ir.units import ALLOCATION_UNIT, parse_size
 from ..memory.runtime.cache import without_cache
@@ -196,7 +197,7 @@ class Trainer:
     def asynchronous(self) -> bool:
         """True when the device runs behind the host (a GPU): steps can return before it has
         finished (``step(..., wait=False)``)."""
-        return bool(getattr(self.device, "asynchronous", False)) and self.engine.compute
+        return device_traits(self.device).asynchronous and self.engine.compute
 
     def _local_gradients(self, x: np.ndarray, y: np.ndarray, wait: bool = True) -> Any:
         k = self.engine.split_for([x.shape], tuple(y.shape), y.dtype.name)
