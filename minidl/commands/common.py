@@ -13,7 +13,7 @@ from typing import Any
 
 from ..layers.base import ShapeError
 from ..memory.cost.targets import get_target
-from ..memory.device_factory import make_device
+from ..memory.device_factory import DEVICE_NAMES, make_device
 from ..memory.devices.cuda_device import CUDA_INSTALL_HINT
 from ..memory.ir.config import MemoryConfig
 from ..memory.ir.units import format_size, parse_size
@@ -168,7 +168,7 @@ def require_module(module: str, extra: str, what: str) -> None:
 def device_name(text: str) -> str:
     """``--device``: ``cpu``, ``cuda`` or ``cuda:N`` (argparse type; one-line error otherwise)."""
     name = text.strip().lower()
-    if name in ("cpu", "cuda", "cuda-strict") or (name.startswith("cuda:") and name[5:].isdigit()):
+    if name in set(DEVICE_NAMES) - {"meta"} or (name.startswith("cuda:") and name[5:].isdigit()):
         return name
     raise argparse.ArgumentTypeError(f"invalid device {text!r}: valid devices are cpu, cuda, "
                                      "cuda:N (N the GPU's index) and cuda-strict (the CUDA "
