@@ -94,21 +94,52 @@ def chain_of(program: Program, costs: list[float],
     # sizes count blocks, not tensors: what the plain plan shares (an in-place output, an
     # input gradient written over the output gradient) is one block
     aliases = base_plan(program, MemoryConfig.parse("reuse,inplace")).aliases
-    cuts = articulation_values(program)
-    # a cut whose value the next cut's shares (an in-place ReLU over a block's sum) is one cut:
-    # the later
-    cuts = [t for t, nxt in zip(cuts, [*cuts[1:], None])
-            if nxt is None or root_of(aliases, t) != root_of(aliases, nxt)]
+    cuts = _cuts(program, aliases)
     producer = {t: st.index for st in forward for t in st.writes}
-    cut_at = sorted({producer[t] for t in cuts if t in producer})
-    stage_of: dict[int, int] = {}  # forward step index -> stage
+    stage_of = _stage_of(forward, sorted({producer[t] for t in cuts if t in producer}))
+    count = max(stage_of.values(), default=0) + 1
+    split = _steps_by_stage(program, forward, stage_of, count)
+    if split is None:
+        return None
+    fwd_steps, bwd_steps = split
+    if count < 2 or any(not f for f in fwd_steps):
+        return None
+    cut_value = {stage_of[producer[t]] + 1: t for t in cuts if t in producer}
+    sizes = _StageSizes(program, aliases, costs, least_sizes or {})
+    stages, grads = [], []
+    for k in range(count):
+        stage, grad = sizes.stage(fwd_steps[k], bwd_steps[k], cut_value.get(k),
+                                  cut_value.get(k + 1))
+        stages.append(stage)
+        grads.append(grad)
+    return Chain(program, tuple(stages), tuple(grads))
+
+
+def _cuts(program: Program, aliases: dict[int, int]) -> list[int]:
+    """The values the chain is cut at: the articulation values, where one the next shares (an
+    in-place ReLU over a block's sum) counts once, as the later."""
+    cuts = articulation_values(program)
+    return [t for t, nxt in zip(cuts, [*cuts[1:], None])
+            if nxt is None or root_of(aliases, t) != root_of(aliases, nxt)]
+
+
+def _stage_of(forward: list[Step], cut_at: list[int]) -> dict[int, int]:
+    """Forward step index -> stage: a stage ends with the step making a cut (``cut_at``,
+    ascending)."""
+    stage_of: dict[int, int] = {}
     k = 0
     for st in forward:
         stage_of[st.index] = k
         if cut_at and st.index == cut_at[0]:
             cut_at.pop(0)
             k += 1
-    count = max(stage_of.values(), default=0) + 1
+    return stage_of
+
+
+def _steps_by_stage(program: Program, forward: list[Step], stage_of: dict[int, int],
+                    count: int) -> tuple[list[list[int]], list[list[int]]] | None:
+    """Each stage's forward and backward steps; ``None`` when a backward step has no forward
+    step or runs after an earlier stage's."""
     fwd_of_node = {st.node: st.index for st in forward}
     fwd_steps: list[list[int]] = [[] for _ in range(count)]
     bwd_steps: list[list[int]] = [[] for _ in range(count)]
@@ -126,68 +157,86 @@ def chain_of(program: Program, costs: list[float],
             return None  # a backward step after an earlier stage's: not a chain
         last = s
         bwd_steps[s].append(st.index)
-    if count < 2 or any(not f for f in fwd_steps):
-        return None
-    cut_value = {stage_of[producer[t]] + 1: t for t in cuts if t in producer}
-    tensors = program.tensors
+    return fwd_steps, bwd_steps
 
-    def blocks(ts: Iterable[int], but: Iterable[int] = ()) -> int:
+
+class _StageSizes:
+    """A stage's figures in blocks (aliases sharing one block count once) and seconds."""
+
+    def __init__(self, program: Program, aliases: dict[int, int], costs: list[float],
+                 least_sizes: dict[int, int]) -> None:
+        self.program = program
+        self.aliases = aliases
+        self.costs = costs
+        self.grad_of = {t.of: t.id for t in program.tensors if t.role == "grad"}
+        self.least_root: dict[int, int] = {}
+        for t, nbytes in least_sizes.items():
+            r = root_of(aliases, t)
+            self.least_root[r] = min(self.least_root.get(r, nbytes), nbytes)
+
+    def blocks(self, ts: Iterable[int], but: Iterable[int] = ()) -> int:
+        """Bytes of the blocks of the non-persistent ``ts``, but those of ``but``."""
+        aliases, tensors = self.aliases, self.program.tensors
         skip = {root_of(aliases, t) for t in but}
         roots = {root_of(aliases, t) for t in ts if not tensors[t].persistent} - skip
-        return sum(_block(program, r) for r in roots)
+        return sum(_block(self.program, r) for r in roots)
 
-    grad_of = {t.of: t.id for t in tensors if t.role == "grad"}
-    least_root: dict[int, int] = {}
-    for t, nbytes in (least_sizes or {}).items():
-        r = root_of(aliases, t)
-        least_root[r] = min(least_root.get(r, nbytes), nbytes)
-    stages, grads = [], []
-    for k in range(count):
-        written = {t for i in fwd_steps[k] for t in program.steps[i].writes}
-        read_back = {t for i in bwd_steps[k] for t in program.steps[i].reads}
+    def _made(self, i: int) -> tuple[int, ...]:
+        """What step ``i`` writes, with its workspace."""
+        st = self.program.steps[i]
+        return (*st.writes, st.workspace) if st.workspace >= 0 else st.writes
+
+    def stage(self, fwd: list[int], bwd: list[int], inp: int | None,
+              out: int | None) -> tuple[Stage, int]:
+        """The stage of forward steps ``fwd`` and backward steps ``bwd`` between the cut
+        values ``inp`` (None: the fed input) and ``out`` (None: the last stage), and the bytes
+        of its input's gradient."""
+        program, aliases = self.program, self.aliases
+        tensors, steps = program.tensors, program.steps
+        written = {t for i in fwd for t in steps[i].writes}
+        read_back = {t for i in bwd for t in steps[i].reads}
         kept = {t for t in written & read_back if not tensors[t].persistent}
-        inp, out = cut_value.get(k), cut_value.get(k + 1)
         ends = [t for t in (inp, out) if t is not None]
         in_bytes = _block(program, inp) if inp is not None else sum(
             _block(program, t) for t in program.inputs)
         # (the fed input has no gradient; a cut value's is its size)
-        grads.append(sum(_block(program, grad_of[t]) for t in program.inputs if t in grad_of)
-                     if inp is None else in_bytes)
-        flows = [grad_of[t] for t in ends if t in grad_of]  # gradients crossing the stage
-        kept_bytes = blocks(kept, but=ends)
+        grad = sum(_block(program, self.grad_of[t]) for t in program.inputs
+                   if t in self.grad_of) if inp is None else in_bytes
+        flows = [self.grad_of[t] for t in ends if t in self.grad_of]  # gradients crossing
         skip = {root_of(aliases, t) for t in ends}
         kept_roots = {root_of(aliases, t) for t in kept} - skip
-        kept_least = sum(min(_block(program, r), least_root.get(r, _block(program, r)))
+        kept_least = sum(min(_block(program, r), self.least_root.get(r, _block(program, r)))
                          for r in kept_roots)
         reads_input = inp is None or root_of(aliases, inp) in {root_of(aliases, t)
                                                                  for t in read_back}
-        fwd_extra = max((blocks((*program.steps[i].writes, program.steps[i].workspace)
-                                if program.steps[i].workspace >= 0
-                                else program.steps[i].writes, but=[*kept, *ends])
-                         for i in fwd_steps[k]), default=0)
-        bwd_extra = max((blocks((*program.steps[i].writes, program.steps[i].workspace)
-                                if program.steps[i].workspace >= 0
-                                else program.steps[i].writes, but=flows)
-                         for i in bwd_steps[k]), default=0)
+        fwd_extra = max((self.blocks(self._made(i), but=[*kept, *ends]) for i in fwd),
+                        default=0)
+        bwd_extra = max((self.blocks(self._made(i), but=flows) for i in bwd), default=0)
+        lean_extra, lean_least, lean_s = self._lean(fwd, bwd, written, ends, flows)
+        costs = self.costs
+        return Stage(tuple(fwd), tuple(bwd), in_bytes, self.blocks(kept, but=ends), fwd_extra,
+                     bwd_extra, sum(costs[i] for i in fwd), sum(costs[i] for i in bwd),
+                     lean_extra, lean_s, lean_least, kept_least, reads_input), grad
+
+    def _lean(self, fwd: list[int], bwd: list[int], written: set[int], ends: list[int],
+              flows: list[int]) -> tuple[int, int, float]:
+        """The memory-centric backward's figures: the most bytes a backward step holds, the
+        least it must, and the seconds recomputed."""
+        program = self.program
         lean_extra, lean_least, lean_s = 0, 0, 0.0
-        for i in bwd_steps[k]:
+        for i in bwd:
             st = program.steps[i]
-            need = _closure(program, fwd_steps[k], st.reads)
+            need = _closure(program, fwd, st.reads)
             # held at once: what the step reads of the stage, plus the largest value made on
             # the way to it (the rest dies as the recomputation goes); and what it writes
-            read = blocks(set(st.reads) & written, but=ends)
-            passing = max((blocks([t], but=[*st.reads, *ends]) for j in need
+            read = self.blocks(set(st.reads) & written, but=ends)
+            passing = max((self.blocks([t], but=[*st.reads, *ends]) for j in need
                            for t in program.steps[j].writes), default=0)
-            own = blocks((*st.writes, st.workspace) if st.workspace >= 0 else st.writes,
-                         but=flows)
+            own = self.blocks(self._made(i), but=flows)
             lean_extra = max(lean_extra, read + passing + own)
             lean_least = max(lean_least, read + own)
-            lean_s += sum(costs[j] for j in need)
-        stages.append(Stage(tuple(fwd_steps[k]), tuple(bwd_steps[k]), in_bytes, kept_bytes,
-                            fwd_extra, bwd_extra, sum(costs[i] for i in fwd_steps[k]),
-                            sum(costs[i] for i in bwd_steps[k]), lean_extra, lean_s,
-                            lean_least, kept_least, reads_input))
-    return Chain(program, tuple(stages), tuple(grads))
+            lean_s += sum(self.costs[j] for j in need)
+        return lean_extra, lean_least, lean_s
 
 
 def _closure(program: Program, forward: Sequence[int], reads: Sequence[int]) -> list[int]:
