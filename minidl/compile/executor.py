@@ -11,6 +11,7 @@ import numpy as np
 
 from ..kernels.add import add as add_arrays
 from ..layers.base import Context
+from ..memory.devices.traits import device_traits
 from ..memory.ir.plan import Plan
 from ..memory.ir.program import Step
 from ..memory.ir.walk import Where, walk
@@ -18,6 +19,7 @@ from ..memory.passes import codecs
 from ..memory.runtime.runtime import MemoryRuntime, tensor_info
 from ..memory.runtime.scratch import TemporaryRouter
 from ..memory.runtime.transfer import copy_into, fetch_async
+from .hooks import StepHooks, step_hooks
 from .lowering import Lowered
 
 
@@ -53,9 +55,9 @@ class _Run:
     check_finite: bool
     recomputing: bool
     loss_scale: float
-    data_parallel: Any
-    #: ZeRO stage 3's parameter gathering before each step, or ``None``.
-    gather: Any = None
+    hooks: StepHooks | None
+    #: The hooks' ``before_step`` (``None``: nothing before the steps).
+    before_step: Any = None
     #: The device's step timer (``None``: steps timed on the host).
     timer: Any = None
     outputs: list[Any] = field(default_factory=list)
@@ -138,16 +140,16 @@ class Executor:
 
     def _step_timer(self) -> Any:
         """The device's step timer for a run that computes (``None``: time on the host)."""
-        make_timer = getattr(self.pool.device, "step_timer", None)
+        make_timer = device_traits(self.pool.device).step_timer
         return make_timer(len(self.plan.steps)) if self.compute and make_timer is not None \
             else None
 
-    def _gather(self, data_parallel: Any) -> Any:
-        """ZeRO stage 3's ``gather_params(executor, i)``, which gathers the parameters a step
-        reads into their blocks before it; ``None`` without it or without compute."""
-        if data_parallel is None or not self.compute:
+    def _before_step(self, hooks: StepHooks | None) -> Any:
+        """The hooks' ``before_step`` (``None`` without hooks, without one, or without
+        compute)."""
+        if hooks is None or not self.compute:
             return None
-        return getattr(data_parallel, "gather_params", None)
+        return hooks.before_step
 
     def device_scope(self, measure: bool = False) -> Any:
         """The device context the run's work needs: the device current (``cuda:N``) and the
@@ -155,8 +157,9 @@ class Executor:
         reserved, else into the pool; ``measure=True`` starts a new measurement in
         :attr:`temporaries`). The trainer runs the optimizer's update in it too."""
         stack = contextlib.ExitStack()
-        stack.enter_context(getattr(self.pool.device, "activate", contextlib.nullcontext)())
-        route = getattr(self.pool.device, "route_allocations", None)
+        traits = device_traits(self.pool.device)
+        stack.enter_context(traits.activate())
+        route = traits.route_allocations
         if route is not None and self.compute:
             if measure or self.temporaries is None:
                 self.temporaries = TemporaryRouter(self.pool, self.scratch)
@@ -174,8 +177,9 @@ class Executor:
         recomputing: bool = False,
         loss_scale: float = 1.0,
         record: bool = False,
-        data_parallel: Any = None,
+        hooks: StepHooks | None = None,
         wait: bool = True,
+        data_parallel: StepHooks | None = None,
     ) -> tuple[Any, list[Any]]:
         """Run every step. Returns the loss (if the program has one) and, if asked, copies of
         the network outputs. On any error every block of the iteration is freed.
@@ -183,11 +187,11 @@ class Executor:
         back as pending host copies (``ready()`` / ``result()``,
         :func:`~minidl.memory.runtime.transfer.fetch_async`) and the host does not wait for the
         device; elsewhere they are values as with ``wait=True``.
-        ``data_parallel`` (:class:`~minidl.distributed.data_parallel.DataParallel`): its
-        ``grad_ready(self, i)`` is called after each backward step ``i`` (it launches the
-        gradient buckets that step completed), its ``gather_params(self, i)`` (ZeRO stage 3;
-        ``None`` otherwise) before each step ``i`` and its ``batch_sync`` goes to the layers
-        (:attr:`Context.batch_sync <minidl.layers.base.Context.batch_sync>`)."""
+        ``hooks`` (:class:`~.hooks.StepHooks`, e.g. data parallelism; ``data_parallel=``, its
+        former name, is the same): ``before_step(self, i)`` before each step ``i`` when it has
+        one, ``after_backward_step(self, i)`` after each backward step ``i``, and its
+        ``batch_sync`` goes to the layers."""
+        hooks = step_hooks(hooks if hooks is not None else data_parallel)
         prog = self.plan.program
         rt = MemoryRuntime(self.pool, prog, self.plan, self.host_pool,
                            poison_offloaded=self.debug, info=self.tensor_info)
@@ -195,7 +199,7 @@ class Executor:
         if record:
             rt.events = []
         state = _Run(rt, training, seed, iteration, fetch_outputs, check_finite, recomputing,
-                     loss_scale, data_parallel, gather=self._gather(data_parallel))
+                     loss_scale, hooks, before_step=self._before_step(hooks))
         try:
             with self.device_scope(measure=True):
                 self._run_steps(state, feeds)
@@ -236,7 +240,7 @@ class Executor:
 
     def _load_feeds(self, rt: MemoryRuntime, feeds: list) -> None:
         """Copy the program's inputs into their blocks."""
-        upload = getattr(self.pool.device, "copy_from_host", None)
+        upload = device_traits(self.pool.device).copy_from_host
         for k, (tid, x) in enumerate(zip(self.plan.program.inputs, feeds)):
             dst = rt.array(tid)
             host = np.asarray(x).astype(dst.dtype, casting="same_kind", copy=False)
@@ -249,9 +253,10 @@ class Executor:
 
     def _compute(self, i: int, st: Step, run: _Run) -> None:
         """Step ``i``'s compute, timed (host time, or the device's step timer): parameters
-        gathered before it (ZeRO stage 3), gradient buckets launched after a backward step."""
-        if run.gather is not None:
-            run.gather(self, i)
+        the hooks' ``before_step`` before it, their ``after_backward_step`` after a backward
+        step."""
+        if run.before_step is not None:
+            run.before_step(self, i)
         timer = run.timer
         if timer is None:
             t0 = time.perf_counter()
@@ -262,18 +267,18 @@ class Executor:
             self._step_times[i] = time.perf_counter() - t0
         else:
             timer.stop(i)
-        if run.data_parallel is not None and st.phase == "backward":
-            run.data_parallel.grad_ready(self, i)
+        if run.hooks is not None and st.phase == "backward":
+            run.hooks.after_backward_step(self, i)
 
     def _run_step(self, st: Step, run: _Run) -> None:
         """The work of one step, by phase."""
         rt = run.rt
-        data_parallel = run.data_parallel
+        hooks = run.hooks
         ctx = None if st.node < 0 else Context(
             training=run.training, seed=step_seed(run.seed, run.iteration, st.node),
             recomputing=run.recomputing or st.phase == "recompute",
             accumulate=st.accumulate, options=st.options,
-            batch_sync=None if data_parallel is None else data_parallel.batch_sync)
+            batch_sync=None if hooks is None else hooks.batch_sync)
         if st.phase == "encode":
             self._encode(st, rt)
         elif st.phase == "decode":

@@ -416,6 +416,14 @@ class DataParallel:
         """The executor's hook after backward step ``index`` (see :class:`GradientSync`)."""
         self.sync.on_backward_step(executor, index)
 
+    # ---- the executor's StepHooks (minidl.compile.hooks)
+    after_backward_step = grad_ready
+
+    @property
+    def before_step(self) -> Any:
+        """ZeRO stage 3's per-step parameter gathers (:attr:`gather_params`), else ``None``."""
+        return self.gather_params
+
     @property
     def is_root(self) -> bool:
         """Whether this rank prints and writes files (rank 0)."""

@@ -206,7 +206,7 @@ class Trainer:
         c = self._compiled(x, y, training=True)
         record = self._recorder is not None
         run = dict(training=True, seed=self.seed, iteration=self.iteration,
-                   fetch_outputs=self.fetch_logits, record=record, data_parallel=self.parallel,
+                   fetch_outputs=self.fetch_logits, record=record, hooks=self.parallel,
                    wait=False)
         try:
             loss, outs = c.executor.run([x, y], **run)

@@ -492,7 +492,8 @@ def test_buckets_launch_during_backward_in_reverse_layer_order():
     trainer = Trainer(net, memory="reuse,inplace", device_memory="8MiB")
     comm = _Recording()
     sync = GradientSync(comm, net.parameters(), bucket_bytes=1)  # one bucket per parameter
-    trainer.parallel = SimpleNamespace(grad_ready=sync.on_backward_step, batch_sync=None)
+    trainer.parallel = SimpleNamespace(after_backward_step=sync.on_backward_step,
+                                       before_step=None, batch_sync=None)
     x = np.random.default_rng(0).standard_normal((4, 1, 8, 8)).astype(np.float32)
     sync.begin(0.5)
     trainer._local_gradients(x, np.arange(4))

@@ -277,3 +277,32 @@ def test_lowering_takes_one_sharding_value_as_it_took_the_two_lists():
     assert a.program.tensors == b.program.tensors and a.program.steps == b.program.steps
     roles = {t.role for t in a.program.tensors if t.persistent}
     assert {"grad_shard", "param_shard"} <= roles and "param_grad" not in roles
+
+
+def test_step_hooks_are_called_around_the_steps_and_former_names_still_work():
+    """The executor calls a StepHooks' before_step before every step and after_backward_step
+    after every backward step (minidl/compile/hooks.py); an object with the former names
+    (grad_ready, gather_params) is read through them."""
+    from types import SimpleNamespace
+
+    from minidl.compile.hooks import step_hooks
+    from minidl.train.trainer import Trainer
+    from minidl.zoo.models import get_model
+
+    net = get_model("lenet5", (1, 8, 8), 10)
+    trainer = Trainer(net, memory="reuse,inplace", device_memory="8MiB")
+    calls = []
+    trainer.parallel = SimpleNamespace(
+        before_step=lambda ex, i: calls.append(("before", i)),
+        after_backward_step=lambda ex, i: calls.append(("after", i)), batch_sync=None)
+    x = np.random.default_rng(0).standard_normal((4, 1, 8, 8)).astype(np.float32)
+    trainer._local_gradients(x, np.arange(4))
+    (compiled,) = trainer.engine._cache.values()
+    steps = compiled.plan.program.steps
+    befores = [i for k, i in calls if k == "before"]
+    afters = [i for k, i in calls if k == "after"]
+    assert befores == list(range(len(steps)))
+    assert afters == [i for i, st in enumerate(steps) if st.phase == "backward"]
+    former = step_hooks(SimpleNamespace(grad_ready=print, gather_params=None, batch_sync=None))
+    assert former.after_backward_step is print and former.before_step is None
+    assert step_hooks(None) is None
