@@ -45,6 +45,7 @@ from minidl.memory.passes.recompute import dropping_program
 from minidl.memory.passes.static_plan import static_plan
 from minidl.memory.planners.auto import BudgetTooSmall, auto_plan
 from minidl.memory.planners.frontier import fixed_specs, program_chain, recompute_bound
+from minidl.memory.planners.knapsack import knapsack_order
 from minidl.memory.runtime.pool import Pool
 from minidl.net.labels import default_label_shape
 from minidl.net.optim import make_optimizer
@@ -94,23 +95,13 @@ def _placed(program, plan) -> int:
 def knapsack_anchor(program, budget: int, profile) -> tuple[int, float] | None:
     """torch.compile's policy on this program: keep the feature maps with the most recompute
     time per byte while the plan fits (a knapsack by ratio, refined by halving the capacity),
-    recompute the others once (segments, as ``recompute=speed``)."""
-    costs = step_costs(program, profile)
-    loss = {st.index for st in program.steps if program.loss in st.writes}
-    items = []
-    for st in program.steps:
-        if st.phase != "forward" or st.index in loss:
-            continue
-        out = [t for t in st.writes if program.tensors[t].role == "value"
-               and program.tensors[t].category == "feature_map"]
-        if out:
-            nbytes = sum(program.block_size(program.tensors[t].nbytes) for t in out)
-            items.append((costs[st.index] / max(nbytes, 1), st.index))
-    items.sort(reverse=True)
+    recompute the others once (segments, as ``recompute=speed``). Steps of equal ratio: the
+    later one kept first (:func:`~minidl.memory.planners.knapsack.knapsack_order`)."""
+    order = knapsack_order(program, step_costs(program, profile), later_first=True)
     best = None
     for share in (1.0, 0.8, 0.6, 0.45, 0.3, 0.2, 0.1, 0.05, 0.0):
-        keep = {i for _, i in items[:int(share * len(items))]}
-        dropped = {i for _, i in items} - keep
+        keep = set(order[:int(share * len(order))])
+        dropped = set(order) - keep
         prog = dropping_program(program, dropped)
         plan = base_plan(prog, MemoryConfig.parse("reuse,inplace"))
         peak = _placed(prog, plan)
@@ -126,7 +117,7 @@ def greedy_anchor(program, budget: int, profile) -> tuple[int, float] | None:
     costs = step_costs(program, profile)
     bw = min(profile.link_h2d_bytes_per_s, profile.link_d2h_bytes_per_s)
     try:
-        plan = auto_plan(program, budget, costs, bandwidth=bw, time_limit_s=20.0)
+        plan = auto_plan(program, budget, costs, bandwidth=bw)
     except BudgetTooSmall:
         return None
     return program.persistent_bytes() + plan.static_arena, simulate(plan, profile).step_s

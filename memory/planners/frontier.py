@@ -18,40 +18,43 @@ Candidates:
   memory limits from the least the chain runs in to the plain peak, at several scalings of
   the chain's memory figures (the programme's estimate is conservative: each schedule is then
   placed and priced exactly); recomputation in chains, not only one level;
+* torch.compile's activation-memory policy at several shares of the forward steps kept
+  (:mod:`.knapsack`): single feature maps dropped where they are cheap;
 * those schedules with the swaps the link hides under their compute (:func:`hidden_swaps`),
-  and the lowest plans with swaps added while the peak falls (:func:`swap_down`).
+  and the lowest plans with swaps added while the peak falls (:func:`swap_down`), both in
+  :mod:`.frontier_swaps`.
 
-A candidate's *peak* is its placed (static) arena plus the persistent state: exactly what a
-run reaches; its *time* is the cost model's walk of the plan (:func:`.cost_model.extra_time`:
-steps at their costs, copies queued on the link, compute waiting for late copies).
+A candidate's (:class:`.candidate.Candidate`) *peak* is its placed (static) arena plus the
+persistent state: exactly what a run reaches; its *time* is the cost model's walk of the plan
+(:func:`.cost_model.extra_time`: steps at their costs, copies queued on the link, compute
+waiting for late copies).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from functools import cached_property
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..cost.cost_model import extra_time
 from ..ir.config import MemoryConfig
-from ..ir.liveness import root_of
 from ..ir.plan import Plan
 from ..ir.program import Program
 from ..passes.base_plan import base_plan, plan_peak
 from ..passes.block_choices import block_choices
 from ..passes.compress import compress_program
-from ..passes.recompute import dropping_program
-from ..passes.static_plan import block_intervals, static_plan
-from ..passes.swap import swap_candidates, swap_plan
+from .candidate import BASE, CODEC_BYTES_PER_S, Candidate, priced, pricer
 from .chain import Chain, chain_of, schedule_program
+from .frontier_swaps import SWAP_MOVES, hidden_swaps, swap_down
+from .knapsack import KNAPSACK_SHARES, knapsack_candidates
 from .rotor import RotorTable, rotor_schedule, rotor_table
 
-__all__ = ["Candidate", "Frontier", "build_frontier", "fixed_specs"]
+# (Candidate, pricer, the knapsack's and the swaps' candidates: importable here as before)
+__all__ = ["CODEC_BYTES_PER_S", "KNAPSACK_SHARES", "SWAP_MOVES", "Candidate", "Frontier",
+           "build_frontier", "fixed_specs", "hidden_swaps", "knapsack_candidates", "pricer",
+           "swap_down"]
 
-_BASE = MemoryConfig.parse("reuse,inplace")
 #: Memory slots of Rotor's table, and the scalings of the chain's memory figures it is run at.
 ROTOR_SLOTS = 400
 ROTOR_SCALES = (1.0, 0.8, 0.65, 0.5)
@@ -60,38 +63,6 @@ ROTOR_RANGE = 2.0
 #: Schedules taken from each table (memory limits where its cost falls, spread from the least
 #: memory to the least time).
 ROTOR_POINTS = 60
-#: Swap moves tried below the frontier's lowest schedules (each a plan priced exactly).
-SWAP_MOVES = 60
-
-
-@dataclass
-class Candidate:
-    """One plan on the curve: what made it (``source``), the plan (offsets unplaced), its
-    predicted iteration seconds and the seconds it adds to the oracle's."""
-
-    source: str
-    plan: Plan
-    time_s: float
-    extra_s: float
-    _placed: Plan | None = field(default=None, repr=False)
-
-    @cached_property
-    def live_peak(self) -> int:
-        """Persistent bytes plus the most bytes of the iteration live at once (a lower bound
-        of :attr:`peak`: no placement does better)."""
-        return self.plan.program.persistent_bytes() + plan_peak(self.plan)
-
-    @property
-    def placed(self) -> Plan:
-        """The plan with static offsets (what runs)."""
-        if self._placed is None:
-            self._placed = static_plan(self.plan, base=self.plan.program.persistent_bytes())
-        return self._placed
-
-    @property
-    def peak(self) -> int:
-        """Bytes the run reaches: the persistent state plus the placed arena."""
-        return self.plan.program.persistent_bytes() + self.placed.static_arena
 
 
 def fixed_specs(program: Program) -> list[str]:
@@ -156,49 +127,6 @@ class Frontier:
         return out
 
 
-def _price(plan: Plan, price: Callable[[Plan], tuple[float, float]], source: str) -> Candidate:
-    time_s, extra_s = price(plan)
-    return Candidate(source, plan, time_s, extra_s)
-
-
-#: Bytes per second an encode or decode step is assumed to stream when no target's roofline
-#: prices it (memory-bound passes on this class of CPU).
-CODEC_BYTES_PER_S = 1e10
-
-
-def pricer(costs: Sequence[float], bandwidth: float,
-           step_cost: Callable[[Program, int], float] | None = None
-           ) -> Callable[[Plan], tuple[float, float]]:
-    """``plan -> (iteration seconds, seconds over the oracle)``: the cost model's walk of the
-    plan; a step costs ``step_cost(program, i)`` when given (a target's roofline, which prices
-    encode / decode steps too), else its lowered step's cost (``costs[step.origin]``), and a
-    step a pass added (encode, decode) its bytes at :data:`CODEC_BYTES_PER_S`."""
-    oracle = sum(costs)
-
-    def added(prog: Program, i: int) -> float:
-        st = prog.steps[i]
-        touched = sum(prog.tensors[t].nbytes for t in set(st.reads) | set(st.writes))
-        return touched / CODEC_BYTES_PER_S
-
-    by_program: dict[int, tuple[Program, list[float]]] = {}  # (plans sharing a program)
-
-    def price(plan: Plan) -> tuple[float, float]:
-        prog = plan.program
-        got = by_program.get(id(prog))
-        if got is not None:
-            c = got[1]
-        elif step_cost is not None:
-            c = [step_cost(prog, i) for i in range(len(prog.steps))]
-        else:
-            c = [costs[s.origin] if 0 <= s.origin < len(costs) else added(prog, s.index)
-                 for s in prog.steps]
-        by_program[id(prog)] = (prog, c)
-        extra = extra_time(plan, c, bandwidth)
-        return oracle + extra, extra
-
-    return price
-
-
 def fixed_candidates(program: Program, make: Callable[[Program, MemoryConfig], Plan],
                      price: Callable[[Plan], tuple[float, float]]) -> list[Candidate]:
     """Every fixed spec's plan (:func:`fixed_specs`), priced."""
@@ -208,7 +136,7 @@ def fixed_candidates(program: Program, make: Callable[[Program, MemoryConfig], P
         plan = make(program, MemoryConfig.parse(spec))
         if id(plan) not in seen:  # (specs that make the same plan: priced once, by the first)
             seen.add(id(plan))
-            out.append(_price(plan, price, spec))
+            out.append(priced(plan, price, spec))
     return out
 
 
@@ -277,7 +205,7 @@ BOUND_SLOTS = 1000
 def recompute_bound(program: Program, chain: Chain) -> RecomputeBound:
     least = replace(chain, stages=tuple(replace(s, lean_backward_extra=s.lean_backward_least)
                                         for s in chain.stages))
-    top = plan_peak(base_plan(program, _BASE))
+    top = plan_peak(base_plan(program, BASE))
     table = rotor_table(least, max(1, -(-2 * top // BOUND_SLOTS)), BOUND_SLOTS, bound=True)
     first = chain.stages[0]  # (a fed input no backward reads is freed after its last use)
     return RecomputeBound(table, program.persistent_bytes()
@@ -289,7 +217,7 @@ def rotor_candidates(program: Program, chain: Chain | None, costs: Sequence[floa
     """Rotor's schedules of the program's chain (module docstring); none without a chain."""
     if chain is None:
         return []
-    top = plan_peak(base_plan(program, _BASE))
+    top = plan_peak(base_plan(program, BASE))
     seen: set[tuple] = set()
     out = []
     for scale in ROTOR_SCALES:
@@ -305,8 +233,8 @@ def rotor_candidates(program: Program, chain: Chain | None, costs: Sequence[floa
             if ops in seen:
                 continue
             seen.add(ops)
-            plan = base_plan(schedule_program(chain, list(ops)), _BASE)
-            out.append(_price(plan, price, f"rotor {int(slots)}/{ROTOR_SLOTS} x{scale:g}"))
+            plan = base_plan(schedule_program(chain, list(ops)), BASE)
+            out.append(priced(plan, price, f"rotor {int(slots)}/{ROTOR_SLOTS} x{scale:g}"))
     return out
 
 
@@ -339,109 +267,6 @@ def _scaled(chain: Chain, scale: float) -> Chain:
                            forward_extra=int(s.forward_extra * scale),
                            backward_extra=int(s.backward_extra * scale)) for s in chain.stages)
     return replace(chain, stages=stages)
-
-
-#: Shares of the forward steps (by recompute time per byte) the knapsack candidates keep (the
-#: shares of benchmarks/planner_curve.py's torch.compile anchor).
-KNAPSACK_SHARES = (0.8, 0.6, 0.45, 0.3, 0.2, 0.1, 0.05, 0.0)
-
-
-def knapsack_candidates(program: Program, costs: Sequence[float],
-                        price: Callable[[Plan], tuple[float, float]]) -> list[Candidate]:
-    """torch.compile's activation-memory policy as candidates: the forward steps ranked by
-    their seconds per byte of output kept; for each share in :data:`KNAPSACK_SHARES` the
-    top share keeps its outputs and every other step is recomputed (once per run of
-    consecutive dropped steps). Single feature maps dropped where they are cheap, which
-    stage-level schedules cannot express."""
-    if not program.training or block_choices(program):
-        return []
-    loss = {st.index for st in program.steps if program.loss in st.writes}
-    items = []
-    for st in program.steps:
-        if st.phase != "forward" or st.index in loss:
-            continue
-        out = [t for t in st.writes if program.tensors[t].role == "value"
-               and program.tensors[t].category == "feature_map"]
-        if out:
-            nbytes = sum(program.block_sizes[t] for t in out)
-            items.append((-costs[st.index] / max(nbytes, 1), st.index))
-    items.sort()
-    out_cands, seen = [], set()
-    for share in KNAPSACK_SHARES:
-        dropped = frozenset(i for _, i in items[int(share * len(items)):])
-        if not dropped or dropped in seen:
-            continue
-        seen.add(dropped)
-        plan = base_plan(dropping_program(program, set(dropped)), _BASE)
-        out_cands.append(_price(plan, price, f"knapsack {share:.0%} kept"))
-    return out_cands
-
-
-def hidden_swaps(candidates: list[Candidate], costs: Sequence[float], bandwidth: float,
-                 price: Callable[[Plan], tuple[float, float]]) -> list[Candidate]:
-    """Each candidate with ``swap=auto`` added: the feature maps whose copies the link can
-    hide under the schedule's own compute (recomputation's steps included), offloaded."""
-    out = []
-    for c in candidates:
-        if c.plan.swapped:
-            continue
-        plan = swap_plan(c.plan, "auto", step_times=_plan_costs(c.plan, costs),
-                         bandwidth=bandwidth,
-                         cost_source="timed on the auto planner's step costs")
-        if plan.swapped:
-            out.append(_price(plan, price, f"{c.source}, swap=auto"))
-    return out
-
-
-def swap_down(candidates: list[Candidate], costs: Sequence[float], bandwidth: float,
-              price: Callable[[Plan], tuple[float, float]], moves: int = SWAP_MOVES
-              ) -> list[Candidate]:
-    """Plans below the lowest candidates: from each of the three lowest that swap nothing,
-    swap the largest feature map live at the peak (one with idle steps between its last
-    forward use and its first backward use) while that lowers the peak; every plan on the way
-    is a candidate. At most ``moves`` plans are priced in all (work, not time)."""
-    out: list[Candidate] = []
-    starts = sorted((c for c in candidates if not c.plan.swapped),
-                    key=lambda c: (c.live_peak, c.time_s))[:3]
-    left = moves
-    for start in starts:
-        base, cur, swapped = start.plan, start, frozenset()
-        pool = {c.root: c for c in swap_candidates(base.program, base.aliases, "all")
-                if c.first_backward - c.last_forward >= 3}
-        while left > 0:
-            live = _live_roots_at_peak(cur.plan)
-            cands = [c for r, c in pool.items() if r in live and r not in swapped]
-            if not cands:
-                break
-            pick = max(cands, key=lambda c: (c.nbytes, -c.root))
-            trial = swapped | {pick.root}
-            left -= 1
-            plan = swap_plan(base, "all", only=set(trial), bandwidth=bandwidth,
-                             step_times=_plan_costs(base, costs),
-                             cost_source="timed on the auto planner's step costs")
-            cand = _price(plan, price, f"{start.source} + {len(trial)} swapped")
-            if cand.live_peak >= cur.live_peak:
-                break
-            out.append(cand)
-            cur, swapped = cand, trial
-    return out
-
-
-def _plan_costs(plan: Plan, costs: Sequence[float]) -> list[float]:
-    return [costs[s.origin] if 0 <= s.origin < len(costs) else 0.0 for s in plan.program.steps]
-
-
-def _live_roots_at_peak(plan: Plan) -> set[int]:
-    """Block roots live where the plan's live bytes peak."""
-    iv = block_intervals(plan)
-    events = sorted([(s, size) for s, _, size in iv.values()]
-                    + [(e, -size) for _, e, size in iv.values()])
-    live = best = when = 0
-    for t, d in events:
-        live += d
-        if live > best:
-            best, when = live, t
-    return {root_of(plan.aliases, tid) for (tid, _), (s, e, _) in iv.items() if s <= when < e}
 
 
 def build_frontier(program: Program, costs: Sequence[float], bandwidth: float,
