@@ -6,7 +6,7 @@ Flatten -> Linear(3136->10) -> softmax cross-entropy, batch 64, 1x28x28, float32
 The minidl side calls the layers' ``forward`` / ``backward`` directly on preallocated
 buffers, as the engine does (no engine, no optimizer); Flatten, Linear and the loss are plain
 NumPy here. The PyTorch side (the same network, forward + backward, no optimizer) lives in a
-process of its own (``separate_processes.ChildProcess``): torch is never imported in the
+process of its own (``minidl.tools.child_process.ChildProcess``): torch is never imported in the
 process that times minidl (checked), since each runtime's idle threads spinning after its work
 slow the other. Both start from the same weights and batch, and the gradients are compared.
 
@@ -35,7 +35,9 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-from separate_processes import ChildProcess, alternate, require_torch_absent
+from separate_processes import require_torch_absent
+
+from minidl.tools.child_process import ChildProcess, alternate
 
 
 def build_minidl(batch: int, rng: np.random.Generator):
@@ -284,7 +286,7 @@ def _use_relu_kernel() -> None:
     ReLU.forward, ReLU.backward = forward, backward
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=20, help="blocks per framework")
     ap.add_argument("--block", type=int, default=5,
@@ -302,64 +304,64 @@ def main(argv: list[str] | None = None) -> None:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.warmup < 0:
         ap.error("--warmup must be >= 0")
-    if args.threads:
-        os.environ["MINIDL_NUM_THREADS"] = str(args.threads)
-    if args.relu_kernel:
-        _use_relu_kernel()
+    return args
 
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((args.batch_size, 1, 28, 28)).astype(np.float32)
-    y = rng.integers(0, 10, args.batch_size)
-    net, ctx, lin = build_minidl(args.batch_size, rng)
-    step_m = minidl_step_fn(net, ctx, lin, x, y)
-    torch_side = None
+
+def start_torch(args: argparse.Namespace, weights: dict[str, np.ndarray], x: np.ndarray,
+                y: np.ndarray) -> ChildProcess | None:
+    """PyTorch's side in its own process, or None (--no-torch, or torch not installed)."""
     if args.no_torch:
-        pass
-    elif importlib.util.find_spec("torch") is None:
+        return None
+    if importlib.util.find_spec("torch") is None:
         print("torch is not installed: minidl alone")
-    else:
-        torch_side = ChildProcess(TorchSmallCNN, minidl_weights(net, lin), x, y)
-    try:
-        if torch_side is not None:
-            step_m()
-            err = max_relative_difference(minidl_grads(net, lin), torch_side.call("gradients"))
-            print(f"{torch_side.call('describe')} (in a process of its own); "
-                  f"max relative gradient difference {err:.2e}")
-        require_torch_absent()
-        for _ in range(args.warmup):
-            step_m()
-        if torch_side is not None:
-            torch_side.call("time_steps", args.warmup)
-        times = alternate(args.rounds, args.block, lambda k: _timed(step_m, k), torch_side,
-                          "time_steps")
-        med = {k: float(np.median(v)) * 1e3 for k, v in times.items()}
-        print(f"step (batch {args.batch_size}, median of {args.rounds} x {args.block} steps "
-              "in alternating blocks):")
-        for k, v in med.items():
-            q1, q3 = np.percentile(times[k], [25, 75]) * 1e3
-            print(f"  {k:7s} {v:7.2f} ms   (IQR {q1:.2f}-{q3:.2f})")
-        if "torch" in med:
-            print(f"  ratio minidl/torch: {med['minidl'] / med['torch']:.2f}x")
-        if args.no_layers:
-            return
+        return None
+    return ChildProcess(TorchSmallCNN, weights, x, y)
 
-        step_parts: dict[str, list[float]] = {}
-        step_timed = minidl_step_fn(net, ctx, lin, x, y, timer=step_parts)
 
-        def minidl_layers(count: int) -> dict[str, list[float]]:
-            step_parts.clear()
-            for _ in range(count):
-                step_timed()
-            return dict(step_parts)
+def time_steps(args: argparse.Namespace, net, lin, step_m: Callable[[], float],
+               torch_side: ChildProcess | None) -> None:
+    """The gradients compared, then whole steps of both sides alternated: their medians."""
+    if torch_side is not None:
+        step_m()
+        err = max_relative_difference(minidl_grads(net, lin), torch_side.call("gradients"))
+        print(f"{torch_side.call('describe')} (in a process of its own); "
+              f"max relative gradient difference {err:.2e}")
+    require_torch_absent()
+    for _ in range(args.warmup):
+        step_m()
+    if torch_side is not None:
+        torch_side.call("time_steps", args.warmup)
+    times = alternate(args.rounds, args.block, lambda k: _timed(step_m, k), torch_side,
+                      "time_steps", before_round=require_torch_absent)
+    med = {k: float(np.median(v)) * 1e3 for k, v in times.items()}
+    print(f"step (batch {args.batch_size}, median of {args.rounds} x {args.block} steps "
+          "in alternating blocks):")
+    for k, v in med.items():
+        q1, q3 = np.percentile(times[k], [25, 75]) * 1e3
+        print(f"  {k:7s} {v:7.2f} ms   (IQR {q1:.2f}-{q3:.2f})")
+    if "torch" in med:
+        print(f"  ratio minidl/torch: {med['minidl'] / med['torch']:.2f}x")
 
-        for _ in range(args.warmup):
+
+def time_layers(args: argparse.Namespace, net, ctx, lin, x: np.ndarray, y: np.ndarray,
+                torch_side: ChildProcess | None) -> dict[str, dict[str, list[float]]]:
+    """Seconds of each layer's forward and backward on both sides, alternated."""
+    step_parts: dict[str, list[float]] = {}
+    step_timed = minidl_step_fn(net, ctx, lin, x, y, timer=step_parts)
+
+    def minidl_layers(count: int) -> dict[str, list[float]]:
+        step_parts.clear()
+        for _ in range(count):
             step_timed()
-        layer_times = alternate(args.rounds, args.block, minidl_layers, torch_side,
-                                "time_layers")
-        require_torch_absent()
-    finally:
-        if torch_side is not None:
-            torch_side.close()
+        return dict(step_parts)
+
+    for _ in range(args.warmup):
+        step_timed()
+    return alternate(args.rounds, args.block, minidl_layers, torch_side, "time_layers",
+                     before_round=require_torch_absent)
+
+
+def print_layers(layer_times: dict[str, dict[str, list[float]]]) -> None:
     lt, tt = layer_times["minidl"], layer_times.get("torch", {})
     print("per layer (median ms):      minidl    torch")
     tot_m = tot_t = 0.0
@@ -370,6 +372,31 @@ def main(argv: list[str] | None = None) -> None:
         tot_t += 0 if np.isnan(tv) else tv
         print(f"  {k:22s} {m:8.2f} {tv:8.2f}")
     print(f"  {'sum':22s} {tot_m:8.2f} {tot_t:8.2f}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.threads:
+        os.environ["MINIDL_NUM_THREADS"] = str(args.threads)
+    if args.relu_kernel:
+        _use_relu_kernel()
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((args.batch_size, 1, 28, 28)).astype(np.float32)
+    y = rng.integers(0, 10, args.batch_size)
+    net, ctx, lin = build_minidl(args.batch_size, rng)
+    step_m = minidl_step_fn(net, ctx, lin, x, y)
+    torch_side = start_torch(args, minidl_weights(net, lin), x, y)
+    try:
+        time_steps(args, net, lin, step_m, torch_side)
+        if args.no_layers:
+            return
+        layer_times = time_layers(args, net, ctx, lin, x, y, torch_side)
+        require_torch_absent()
+    finally:
+        if torch_side is not None:
+            torch_side.close()
+    print_layers(layer_times)
 
 
 if __name__ == "__main__":

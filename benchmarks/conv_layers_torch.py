@@ -3,7 +3,7 @@
 For each ``N,C,HW`` (C input and output channels, HW x HW planes, no bias) minidl's kernels
 (``minidl.kernels.conv``, the algorithm it chooses, or each of ``--algos``) and PyTorch's
 ``nn.Conv2d`` (input gradient included) are timed; PyTorch in a process of its own
-(``separate_processes.ChildProcess``), the two alternating per round; medians in ms.
+(``minidl.tools.child_process.ChildProcess``), the two alternating per round; medians in ms.
 The default shapes are resnet56's at batch 128.
 
     python benchmarks/conv_layers_torch.py [--shapes 128,16,32 128,32,16 128,64,8] [--rounds 7]
@@ -14,10 +14,11 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-from separate_processes import ChildProcess, median_ms, require_torch_absent
+from separate_processes import median_ms, require_torch_absent
 
 from minidl.kernels.conv import conv2d_backward, conv2d_forward
 from minidl.kernels.conv_geometry import choose_algo
+from minidl.tools.child_process import ChildProcess
 
 
 def _minidl_ms(x, w, y, dy, dx, dw, algo: str, repeats: int) -> tuple[float, float]:

@@ -3,10 +3,11 @@
 The model of ``minidl train gpt-char`` (6 layers, 6 heads, 384 wide, context ``--seq-len``,
 vocabulary 65, dropout 0.2, AdamW lr 1e-3, gradient clipping at 5): one whole training step
 (forward, loss, backward, clipping, optimizer update). The PyTorch side is written here (pre-LN
-blocks, ``scaled_dot_product_attention``, the head tied to the token embedding) and runs in a
-process of its own (:class:`separate_processes.ChildProcess`), starting from minidl's weights;
-the two losses of the first step (dropout off) are printed side by side to show they compute
-the same function. torch is never imported in the process that times minidl (checked).
+blocks around the attention module of ``minidl.interop.torch_bridge``, through
+``scaled_dot_product_attention``, the head tied to the token embedding) and runs in a
+process of its own (:class:`minidl.tools.child_process.ChildProcess`), starting from minidl's
+weights; the two losses of the first step (dropout off) are printed side by side to show they
+compute the same function. torch is never imported in the process that times minidl (checked).
 
 Protocol: ``--rounds`` rounds of ``--block`` + 1 minidl steps, a pause, the same in PyTorch's
 process, a pause; the first step of each block is not counted; figures are medians and their
@@ -23,19 +24,9 @@ import importlib.util
 import time
 
 import numpy as np
-from separate_processes import ChildProcess, alternate, require_torch_absent
+from separate_processes import require_torch_absent
 
-#: minidl's attention parameter (local name) -> nanoGPT's (c_attn / c_proj).
-ATTENTION_NAMES = {"qkv.weight": "c_attn.weight", "qkv.bias": "c_attn.bias",
-                   "proj.weight": "c_proj.weight", "proj.bias": "c_proj.bias"}
-
-
-def torch_name(name: str) -> str:
-    """nanoGPT's name of one of minidl's gpt-char parameters."""
-    for ours, theirs in ATTENTION_NAMES.items():
-        if name.endswith(f".attn.{ours}"):
-            return name[: -len(ours)] + theirs
-    return name
+from minidl.tools.child_process import ChildProcess, alternate
 
 
 class MinidlGPT:
@@ -59,7 +50,7 @@ class MinidlGPT:
         self.y = rng.integers(0, config.vocab, (batch, seq_len))
 
     def weights(self) -> dict[str, np.ndarray]:
-        return {torch_name(n): np.array(v) for n, v in self.net.state_dict().items()}
+        return {n: np.array(v) for n, v in self.net.state_dict().items()}
 
     def loss(self) -> float:
         return self.trainer.evaluate(self.x, self.y, len(self.x))[0]
@@ -74,7 +65,8 @@ class MinidlGPT:
 
 
 class TorchGPT:
-    """The same model in PyTorch (nanoGPT's layout), built and timed in its own process."""
+    """The same model in PyTorch (nanoGPT's layout, minidl's attention), built and timed in
+    its own process."""
 
     def __init__(self, weights: dict[str, np.ndarray], batch: int, seq_len: int,
                  dropout: float, threads: int | None) -> None:
@@ -118,26 +110,18 @@ class TorchGPT:
 
 def _torch_model(torch, layers: int, heads: int, dim: int, context: int, vocab: int,
                  dropout: float):
-    """nanoGPT's GPT (names as its state dict: transformer.h.0.attn.c_attn.weight, ...)."""
+    """nanoGPT's GPT with the attention of ``minidl.interop.torch_bridge`` (minidl's
+    ``MultiHeadAttention`` in PyTorch: ``qkv``, ``proj``, ``scaled_dot_product_attention``),
+    so the state dict's names are minidl's (transformer.h.0.attn.qkv.weight, ...)."""
+    from minidl.interop.torch_bridge import _self_attention
+
     nn, F = torch.nn, torch.nn.functional
-
-    class Attention(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.c_attn, self.c_proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-
-        def forward(self, x):
-            b, t, d = x.shape
-            q, k, v = (a.view(b, t, heads, d // heads).transpose(1, 2)
-                       for a in self.c_attn(x).split(d, dim=2))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                               dropout_p=dropout if self.training else 0.0)
-            return self.c_proj(y.transpose(1, 2).reshape(b, t, d))
 
     class Block(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.ln_1, self.attn = nn.LayerNorm(dim), Attention()
+            self.ln_1 = nn.LayerNorm(dim)
+            self.attn = _self_attention(torch, dim, heads, True, dropout, True)
             self.ln_2 = nn.LayerNorm(dim)
             self.mlp = nn.ModuleDict({"c_fc": nn.Linear(dim, 4 * dim),
                                       "c_proj": nn.Linear(4 * dim, dim)})
@@ -197,7 +181,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{out['torch']} (in a process of its own); first losses (eval) minidl "
                   f"{loss_m:.6f}, torch {out['torch_loss']:.6f}")
         times = alternate(args.rounds, args.block, minidl_side.time_steps, torch_side,
-                          "time_steps")
+                          "time_steps", before_round=require_torch_absent)
         require_torch_absent()
     finally:
         if torch_side is not None:

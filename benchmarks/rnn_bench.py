@@ -10,7 +10,7 @@ will add is timed apart as ``glue``: summing the shared ``weight_hh`` / ``bias_h
 of the steps, summing the two gradients of each h_t (next step and layer above), stacking the
 top layer's h_t for the Linear. Python call overhead of the 256 layer calls is included.
 The PyTorch side (``torch.nn.LSTM``, forward + backward, no optimizer) lives in a process of
-its own (``separate_processes.ChildProcess``): torch is never imported in the process that
+its own (``minidl.tools.child_process.ChildProcess``): torch is never imported in the process that
 times minidl (checked), since each runtime's idle BLAS / OpenMP / Numba threads spinning after
 its work slow the other. Both sides start from the same weights and batch; their losses and
 gradients are compared after one step each.
@@ -36,7 +36,9 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-from separate_processes import ChildProcess, alternate, require_torch_absent
+from separate_processes import require_torch_absent
+
+from minidl.tools.child_process import ChildProcess, alternate
 
 VOCAB, EMBED, HIDDEN, LAYERS = 65, 256, 256, 2
 
@@ -326,7 +328,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"{loss_m:.6f} / {loss_t:.6f}; max relative gradient difference {err:.1e}")
         times = alternate(args.rounds, args.block,
                           lambda k: timed_steps(lambda tm: model.step(tokens, targets, tm), k),
-                          torch_side, "time_steps")
+                          torch_side, "time_steps", before_round=require_torch_absent)
         require_torch_absent()
     finally:
         if torch_side is not None:

@@ -4,23 +4,19 @@ Configurations alternate in short blocks of steps (``block`` steps of each per r
 step of each block not counted) so that the machine's noise hits them alike. Figures are
 medians over the counted steps.
 
-PyTorch runs in a process of its own (:func:`torch_worker`), driven block by block over a
-pipe and idle while minidl runs, and the other way round: in one process, each runtime's
-thread pools slow the other (OpenBLAS, OpenMP and Numba threads spin for a while after their
-work; timed right after minidl in the same process, PyTorch took 3.5x its own time on
-smallcnn). A short pause separates the two frameworks' blocks.
+PyTorch runs in a process of its own (:class:`TorchProcess`, a
+:class:`~minidl.tools.child_process.ChildProcess`), driven block by block over a pipe and idle
+while minidl runs, and the other way round (:func:`~minidl.tools.child_process.alternate`): in
+one process, each runtime's thread pools slow the other (OpenBLAS, OpenMP and Numba threads
+spin for a while after their work; timed right after minidl in the same process, PyTorch took
+3.5x its own time on smallcnn). A short pause separates the two frameworks' blocks.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
-import json
-import os
 import pickle
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -32,9 +28,9 @@ from ..interop.torch_bridge import to_torch
 from ..net.labels import default_label_shape
 from ..net.optim import SGD
 from ..train.trainer import Trainer
+from .child_process import SWITCH_PAUSE_S, ChildProcess, alternate
 
-#: Seconds between one framework's block of steps and the other's (spinning threads settle).
-SWITCH_PAUSE_S = 0.2
+__all__ = ["SWITCH_PAUSE_S", "TorchProcess", "TorchSteps", "run_bench", "synthetic_batch"]
 
 
 def synthetic_batch(net: Any, shape: tuple[int, ...], batch_size: int, seed: int):
@@ -75,54 +71,83 @@ def run_bench(
     """
     from tqdm.auto import tqdm
 
-    kind = "cpu" if device == "cpu" else "cuda"
-    torch = None  # started first: an unusable model factory fails before any minidl work
-    if compare_torch:
-        if importlib.util.find_spec("torch") is None:
-            print("torch is not installed: --compare-torch skipped")
-        else:
-            torch = TorchProcess(make_net, shape, batch_size, seed, lr,  # (cuda-strict: cpu)
-                                 device=device if device.startswith("cuda") and
-                                 device != "cuda-strict" else "cpu")
-    runners: list[tuple[str, Callable[[], float]]] = []
-    times: dict[str, list[float]] = {"torch": []}
-    trainers = []
+    # started first: an unusable model factory fails before any minidl work
+    torch = _torch_process(make_net, shape, batch_size, seed, lr, device) if compare_torch \
+        else None
     try:
-        for spec in specs:
-            net = make_net()
-            cap = auto_device_memory(net, batch_size, spec, "sgd", shape, device_kind=kind,
-                                     emulate_link=emulate_link)
-            tr = Trainer(net, SGD(net.parameters(), lr=lr, momentum=0.9), memory=spec,
-                         device=device, device_memory=cap, seed=seed, emulate_link=emulate_link)
-            trainers.append(tr)
+        trainers = [_trainer(make_net, shape, batch_size, spec, lr, seed, emulate_link, device)
+                    for spec in specs]
         x, y = synthetic_batch(trainers[0].net, shape, batch_size, seed)
-        for spec, tr in zip(specs, trainers):
-            runners.append((spec.spec, functools.partial(_timed_step, tr, x, y)))
-            times[spec.spec] = []
-        for _, fn in runners:
+        runners = [functools.partial(_timed_step, tr, x, y) for tr in trainers]
+        for fn in runners:
             for _ in range(warmup):
                 fn()
         if torch is not None:
             torch.run(warmup)
-        rounds = max(1, -(-steps // block))
-        for _ in tqdm(range(rounds), disable=not progress, desc="bench", unit="round"):
-            for name, fn in runners:
-                for k in range(block + 1):
-                    t0 = time.perf_counter()
-                    fn()
-                    if k > 0:
-                        times[name].append(time.perf_counter() - t0)
-            if torch is not None:
-                time.sleep(SWITCH_PAUSE_S)
-                times["torch"] += torch.run(block + 1)[1:]
-                time.sleep(SWITCH_PAUSE_S)
+        rounds = tqdm(range(max(1, -(-steps // block))), disable=not progress, desc="bench",
+                      unit="round")
+        times = alternate(rounds, block, functools.partial(_time_runners, runners), torch,
+                          "run")
     finally:
         if torch is not None:
             torch.close()
+    results = _results(specs, trainers, times["minidl"])
+    out: dict[str, Any] = {"batch_size": batch_size, "input": list(shape), "steps": steps,
+                           "results": results}
+    if torch is not None:
+        med = float(np.median(times.get("torch", [])))
+        out["torch"] = {"step_time_median_s": med, "time_ratio": results[0]["step_time_median_s"]
+                        / med, "process": "separate", "device": torch.device}
+    return out
+
+
+def _torch_process(make_net: Callable[[], Any], shape: tuple[int, ...], batch_size: int,
+                   seed: int, lr: float, device: str) -> TorchProcess | None:
+    """PyTorch's side of ``compare_torch`` on ``device``'s GPU (else the CPU), or ``None``
+    (said) when torch is not installed."""
+    if importlib.util.find_spec("torch") is None:
+        print("torch is not installed: --compare-torch skipped")
+        return None
+    on_gpu = device.startswith("cuda") and device != "cuda-strict"  # (cuda-strict: cpu)
+    return TorchProcess(make_net, shape, batch_size, seed, lr, device=device if on_gpu else "cpu")
+
+
+def _trainer(make_net: Callable[[], Any], shape: tuple[int, ...], batch_size: int, spec: Any,
+             lr: float, seed: int, emulate_link: Any, device: str) -> Trainer:
+    """A new ``make_net()`` in a Trainer under ``spec`` (SGD with momentum), its device
+    memory what a dry run says it needs."""
+    net = make_net()
+    kind = "cpu" if device == "cpu" else "cuda"
+    cap = auto_device_memory(net, batch_size, spec, "sgd", shape, device_kind=kind,
+                             emulate_link=emulate_link)
+    return Trainer(net, SGD(net.parameters(), lr=lr, momentum=0.9), memory=spec,
+                   device=device, device_memory=cap, seed=seed, emulate_link=emulate_link)
+
+
+def _time_runners(runners: list[Callable[[], None]], count: int) -> dict[int, list[float]]:
+    """``count`` timed steps of each runner in turn, by the runner's index."""
+    times: dict[int, list[float]] = {}
+    for i, fn in enumerate(runners):
+        own = times[i] = []
+        for _ in range(count):
+            t0 = time.perf_counter()
+            fn()
+            own.append(time.perf_counter() - t0)
+    return times
+
+
+def _results(specs: list[Any], trainers: list[Trainer],
+             times: dict[int, list[float]]) -> list[dict[str, Any]]:
+    """Each spec's row: its peaks, median step and ratio to the first spec's, and what its
+    memory report says of swaps, recomputation, compression, splits, BPTT and the link (the
+    steps of specs spelled alike pooled, as one spec)."""
+    pooled: dict[str, list[float]] = {}
+    for i, spec in enumerate(specs):
+        pooled.setdefault(spec.spec, []).extend(times.get(i, []))
     results = []
     base = None
     for spec, tr in zip(specs, trainers):
-        med = float(np.median(times[spec.spec]))
+        med = float(np.median(pooled[spec.spec]))
         base = base or med
         rep = tr.memory_report()
         row = {
@@ -136,13 +161,7 @@ def run_bench(
             if key in rep:
                 row[key] = rep[key]
         results.append(row)
-    out: dict[str, Any] = {"batch_size": batch_size, "input": list(shape), "steps": steps,
-                           "results": results}
-    if torch is not None:
-        med = float(np.median(times["torch"]))
-        out["torch"] = {"step_time_median_s": med, "time_ratio": results[0]["step_time_median_s"]
-                        / med, "process": "separate", "device": torch.device}
-    return out
+    return results
 
 
 def _timed_step(tr: Trainer, x: np.ndarray, y: np.ndarray) -> None:
@@ -160,63 +179,46 @@ def _num_classes(net: Any, shape: tuple[int, ...], batch_size: int) -> int:
     return int(shapes[unrolled.output_values[0]][-1])
 
 
-class TorchProcess:
-    """The same network in PyTorch (:func:`~minidl.interop.torch_bridge.to_torch`, same weights,
-    same
-    batch), stepped in a child process of its own: ``run(k)`` times ``k`` steps there."""
+class TorchProcess(ChildProcess):
+    """The same network in PyTorch (:func:`~minidl.interop.torch_bridge.to_torch`, same
+    weights, same batch), stepped in a child process of its own (:class:`TorchSteps` there):
+    ``run(k)`` times ``k`` steps there."""
 
     def __init__(self, make_net: Callable[[], Any], shape: tuple[int, ...], batch_size: int,
                  seed: int, lr: float, device: str = "cpu") -> None:
         #: ``"cpu"`` or a CUDA device (``"cuda"``, ``"cuda:N"``: cuDNN on, TF32 off).
         self.device = device
         try:
-            payload = pickle.dumps((make_net, tuple(shape), batch_size, seed, lr, device))
+            pickle.dumps(make_net)
         except (pickle.PicklingError, AttributeError, TypeError) as e:
             raise ValueError("compare_torch needs a picklable make_net (a module-level function "
                              f"or functools.partial), not {make_net!r}: {e}") from None
-        with tempfile.NamedTemporaryFile(suffix=".pkl", delete=False) as f:
-            f.write(payload)
-            self._payload = f.name
-        self._proc = subprocess.Popen(
-            [sys.executable, "-c", "from minidl.tools.bench import torch_worker; torch_worker()",
-             self._payload], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self._read()  # "ready": the model is built
-
-    def _read(self) -> Any:
-        line = self._proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the PyTorch process stopped (exit code {self._proc.wait()})")
-        return json.loads(line)
+        super().__init__(TorchSteps, make_net, tuple(shape), batch_size, seed, lr, device,
+                         name="PyTorch process")
 
     def run(self, steps: int) -> list[float]:
         """Seconds of each of ``steps`` training steps, run in the child process."""
-        self._proc.stdin.write(f"{steps}\n")
-        self._proc.stdin.flush()
-        return self._read()
-
-    def close(self) -> None:
-        if self._proc.poll() is None:
-            self._proc.stdin.close()
-            self._proc.wait(timeout=60)
-        os.unlink(self._payload)
+        return self.call("run", steps)
 
 
-def torch_worker() -> None:
-    """Child side of :class:`TorchProcess`: build the model from the pickled arguments in
-    ``sys.argv[1]``, then for each line ``k`` on stdin time ``k`` steps and print the list."""
-    with open(sys.argv[1], "rb") as f:
-        make_net, shape, batch_size, seed, lr, device = pickle.load(f)
-    net = make_net()
-    x, y = synthetic_batch(net, shape, batch_size, seed)
-    step = _torch_runner(net, x, y, lr, device)
-    print(json.dumps("ready"), flush=True)
-    for line in sys.stdin:
+class TorchSteps:
+    """Child side of :class:`TorchProcess`: PyTorch's twin of ``make_net()`` and its training
+    step on one synthetic batch (:func:`synthetic_batch` with ``seed``)."""
+
+    def __init__(self, make_net: Callable[[], Any], shape: tuple[int, ...], batch_size: int,
+                 seed: int, lr: float, device: str = "cpu") -> None:
+        net = make_net()
+        x, y = synthetic_batch(net, shape, batch_size, seed)
+        self._step = _torch_runner(net, x, y, lr, device)
+
+    def run(self, steps: int) -> list[float]:
+        """Seconds of each of ``steps`` training steps."""
         times = []
-        for _ in range(int(line)):
+        for _ in range(steps):
             t0 = time.perf_counter()
-            step()
+            self._step()
             times.append(time.perf_counter() - t0)
-        print(json.dumps(times), flush=True)
+        return times
 
 
 def _torch_runner(net: Any, x: np.ndarray, y: np.ndarray, lr: float,
