@@ -31,20 +31,21 @@ F32 = 4
 Event = tuple  # ("alloc", key, nbytes, tag, category) | ("free", key)
 
 
-def vgg16_trace(batch: int, image: int, classes: int = 1000) -> tuple[list[Event], list[Event]]:
-    """(setup events for persistent state, events of one training iteration)."""
-    setup: list[Event] = []
-    it: list[Event] = []
+Layer = tuple  # (kind, name, cin, cout, h, w): h, w the input's spatial size
 
-    def alloc(ev: list[Event], key: str, nbytes: int, cat: str) -> str:
-        ev.append(("alloc", key, int(nbytes), key, cat))
-        return key
 
-    def free(ev: list[Event], key: str) -> None:
-        ev.append(("free", key))
+def _alloc(ev: list[Event], key: str, nbytes: int, cat: str) -> str:
+    ev.append(("alloc", key, int(nbytes), key, cat))
+    return key
 
-    # layers: (kind, name, cin, cout, h, w) with h, w the input spatial size
-    layers: list[tuple[str, str, int, int, int, int]] = []
+
+def _free(ev: list[Event], key: str) -> None:
+    ev.append(("free", key))
+
+
+def vgg16_layers(image: int, classes: int = 1000) -> list[Layer]:
+    """VGG-16's convolutions, pools and fully connected layers on ``image`` x ``image``."""
+    layers: list[Layer] = []
     c, h, i, j = 3, image, 0, 0
     for v in VGG16:
         if v == "M":
@@ -58,70 +59,87 @@ def vgg16_trace(batch: int, image: int, classes: int = 1000) -> tuple[list[Event
     flat = c * h * h
     for k, (cin, cout) in enumerate([(flat, 4096), (4096, 4096), (4096, classes)]):
         layers.append(("fc", f"fc{6 + k}", cin, cout, 1, 1))
+    return layers
 
-    for kind, name, cin, cout, _, _ in layers:  # persistent state
+
+def persistent_events(layers: list[Layer]) -> list[Event]:
+    """Parameters, gradients and momentum of every layer with weights."""
+    setup: list[Event] = []
+    for kind, name, cin, cout, _, _ in layers:
         if kind == "pool":
             continue
         wsize = cin * cout * (9 if kind == "conv" else 1) * F32
         for suffix, cat in ((".w", "parameter"), (".b", "parameter"), (".w.grad", "gradient"),
                             (".b.grad", "gradient"), (".w.mom", "optimizer_state"),
                             (".b.mom", "optimizer_state")):
-            alloc(setup, name + suffix, wsize if ".w" in suffix else cout * F32, cat)
+            _alloc(setup, name + suffix, wsize if ".w" in suffix else cout * F32, cat)
+    return setup
 
-    # forward
-    x = alloc(it, "data", batch * 3 * image * image * F32, "input")
-    labels = alloc(it, "labels", batch * 8, "input")
-    outs: list[str] = []
-    stash: dict[str, list[str]] = {}
-    prev = x
-    for kind, name, cin, cout, hh, ww in layers:
-        if kind == "conv":
-            out = alloc(it, f"{name}.out", batch * cout * hh * ww * F32, "feature_map")
-            ws = alloc(it, f"{name}.ws", cin * 9 * hh * ww * F32, "workspace")  # im2col, 1 sample
-            free(it, ws)
-            stash[name] = []  # ReLU in place: the output's sign is read from the output
-        elif kind == "pool":
-            n = batch * cout * (hh // 2) * (ww // 2)
-            out = alloc(it, f"{name}.out", n * F32, "feature_map")
-            stash[name] = [alloc(it, f"{name}.argmax", n, "stash")]  # 2x2 window index
-        else:
-            out = alloc(it, f"{name}.out", batch * cout * F32, "feature_map")
-            stash[name] = [] if name == "fc8" else [alloc(it, f"{name}.mask", batch * cout,
-                                                          "stash")]  # dropout mask
-        outs.append(out)
-        prev = out
-    probs = alloc(it, "loss.probs", batch * classes * F32, "stash")
-    free(it, prev)  # logits: softmax-CE backward needs only the probabilities
-    outs[-1] = ""
 
-    # backward
-    grad = alloc(it, "fc8.out.grad", batch * classes * F32, "gradient_map")
-    free(it, probs)
+def _forward_layer(it: list[Event], layer: Layer, batch: int) -> tuple[str, list[str]]:
+    """One layer's forward events: (its output's key, the keys it stashes for backward)."""
+    kind, name, cin, cout, hh, ww = layer
+    if kind == "conv":
+        out = _alloc(it, f"{name}.out", batch * cout * hh * ww * F32, "feature_map")
+        ws = _alloc(it, f"{name}.ws", cin * 9 * hh * ww * F32, "workspace")  # im2col, 1 sample
+        _free(it, ws)
+        return out, []  # ReLU in place: the output's sign is read from the output
+    if kind == "pool":
+        n = batch * cout * (hh // 2) * (ww // 2)
+        out = _alloc(it, f"{name}.out", n * F32, "feature_map")
+        return out, [_alloc(it, f"{name}.argmax", n, "stash")]  # 2x2 window index
+    out = _alloc(it, f"{name}.out", batch * cout * F32, "feature_map")
+    return out, [] if name == "fc8" else [_alloc(it, f"{name}.mask", batch * cout,
+                                                 "stash")]  # dropout mask
+
+
+def _backward(it: list[Event], layers: list[Layer], outs: list[str],
+              stash: dict[str, list[str]], batch: int, classes: int) -> None:
+    """Backward's events, from the loss's gradient down to the first layer."""
+    grad = _alloc(it, "fc8.out.grad", batch * classes * F32, "gradient_map")
+    _free(it, "loss.probs")
     for idx in range(len(layers) - 1, -1, -1):
         kind, name, cin, cout, hh, ww = layers[idx]
         for s in stash[name]:  # ReLU/dropout backward (in place on grad), pool's argmax
             if kind != "pool":
-                free(it, s)
+                _free(it, s)
         if outs[idx]:
-            free(it, outs[idx])  # last use: this layer's activation backward
+            _free(it, outs[idx])  # last use: this layer's activation backward
         if idx == 0:  # no gradient for the data
-            ws = alloc(it, f"{name}.bws", cin * 9 * hh * ww * F32, "workspace")
-            free(it, ws)
-            free(it, grad)
+            ws = _alloc(it, f"{name}.bws", cin * 9 * hh * ww * F32, "workspace")
+            _free(it, ws)
+            _free(it, grad)
             break
         in_bytes = batch * cin * hh * ww * F32
-        g_in = alloc(it, f"{layers[idx - 1][1]}.out.grad", in_bytes, "gradient_map")
+        g_in = _alloc(it, f"{layers[idx - 1][1]}.out.grad", in_bytes, "gradient_map")
         if kind == "conv":
-            ws = alloc(it, f"{name}.bws", cin * 9 * hh * ww * F32, "workspace")
-            free(it, ws)
+            ws = _alloc(it, f"{name}.bws", cin * 9 * hh * ww * F32, "workspace")
+            _free(it, ws)
         for s in stash[name]:
             if kind == "pool":
-                free(it, s)
-        free(it, grad)
+                _free(it, s)
+        _free(it, grad)
         grad = g_in
-    free(it, x)
-    free(it, labels)
-    return setup, it
+
+
+def vgg16_trace(batch: int, image: int, classes: int = 1000) -> tuple[list[Event], list[Event]]:
+    """(setup events for persistent state, events of one training iteration)."""
+    layers = vgg16_layers(image, classes)
+    it: list[Event] = []
+    x = _alloc(it, "data", batch * 3 * image * image * F32, "input")
+    labels = _alloc(it, "labels", batch * 8, "input")
+    outs: list[str] = []
+    stash: dict[str, list[str]] = {}
+    for layer in layers:
+        out, stash[layer[1]] = _forward_layer(it, layer, batch)
+        outs.append(out)
+    _alloc(it, "loss.probs", batch * classes * F32, "stash")
+    _free(it, outs[-1])  # logits: softmax-CE backward needs only the probabilities
+    outs[-1] = ""
+    _backward(it, layers, outs, stash, batch, classes)
+    _free(it, x)
+    _free(it, labels)
+    return persistent_events(layers), it
 
 
 def replay_pool(pool: Pool, trace: list[Event], live: dict[str, Any]) -> None:
