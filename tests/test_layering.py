@@ -241,3 +241,13 @@ def test_minidl_sub_packages_import_only_floors_below(floor):
                         and top not in allowed:
                     bad.append(f"{m} line {line}: {n}")
     assert not bad, f"minidl.{floor} may import only minidl.{sorted(allowed)}: {bad}"
+
+
+#: Longest library source file, in lines (issue 37: a module read in one sitting).
+MAX_FILE_LINES = 500
+
+
+def test_no_library_source_file_is_over_the_limit():
+    long = {str(path.relative_to(ROOT)): n for path, _ in MODULES.values()
+            if (n := len(path.read_text().splitlines())) > MAX_FILE_LINES}
+    assert not long, f"over {MAX_FILE_LINES} lines (split by meaning): {long}"
