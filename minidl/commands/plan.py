@@ -183,40 +183,21 @@ def plot_frontier(rep: dict, path: str, title: str, budget: int | None = None) -
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    if getattr(args, "frontier", False) and (args.inference or args.compressed is not None):
-        _check_frontier(args, None)
+    """``minidl plan``: the options checked, the model built, then one of its questions (the
+    largest batch, the estimate table, or the dry run's report, curve or JSON)."""
     if args.inference or args.compressed is not None:
+        if getattr(args, "frontier", False):
+            _check_frontier(args, None)
         return cmd_plan_inference(args)
     if args.model is None:
         raise UsageError("minidl plan needs a MODEL (or --inference --compressed FILE)")
     profile = _target(args)
-    if profile is not None and args.budget is None and "budget=" not in args.memory:
-        args.budget = str(profile.capacity_bytes)  # the target's memory is the default budget
-    spec = parse_memory(with_budget(args.memory, args.budget))
-    _check_frontier(args, spec)
+    spec = _plan_spec(args, profile)
     shape, classes = shape_and_classes(args)
     net = build_model(args.model, shape, classes, args.width)
     shape = shape or net.input_shapes[0]
     if args.max_batch:
-        if args.budget is None:
-            raise UsageError("--max-batch needs --budget SIZE")
-        found = max_batch_size(lambda: build_model(args.model, shape, classes, args.width),
-                               shape, spec, parse_size(args.budget), args.optimizer,
-                               progress=not args.json, target=profile,
-                               device_kind=args.device)
-        out = {"model": net.name, "memory": spec.spec, "budget_bytes": parse_size(args.budget),
-               "max_batch_size": found["max_batch_size"],
-               "limit_reached": found.get("limit_reached", False),
-               "tried": found["tried"], "report": found["report"]}
-        if args.json:
-            print(json.dumps(out))
-        else:
-            print(f"largest batch of {net.name} ({'x'.join(map(str, shape))}) that fits "
-                  f"{format_bytes(out['budget_bytes'])} with memory {spec.spec!r}: "
-                  f"{out['max_batch_size']}")
-            if found["report"]:
-                print_memory_report(found["report"])
-        return 0
+        return _max_batch_output(args, net.name, shape, classes, spec, profile)
     try:
         budget = None if args.budget is None else parse_size(args.budget)
     except ValueError as e:
@@ -228,6 +209,56 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise UsageError(f"--ranks {args.ranks} lists several rank counts: add --table for one "
                          "row per ZeRO stage and rank count, or give one count")
     args.ranks = ranks[0]
+    rep = _dry_run(args, net, shape, classes, spec, budget, profile)
+    if rep is None:
+        return EXIT_OOM
+    if args.frontier:
+        return _frontier_output(args, rep, spec.budget, profile)
+    if args.json:
+        print(json.dumps(rep))
+    else:
+        _print_plan(args, net.name, classes, rep, budget)
+    return 0 if rep.get("fits_budget", True) else EXIT_OOM
+
+
+def _plan_spec(args: argparse.Namespace, profile):
+    """The memory spec of ``--memory`` and ``--budget`` (the target's memory the default
+    budget), checked against ``--frontier``."""
+    if profile is not None and args.budget is None and "budget=" not in args.memory:
+        args.budget = str(profile.capacity_bytes)  # the target's memory is the default budget
+    spec = parse_memory(with_budget(args.memory, args.budget))
+    _check_frontier(args, spec)
+    return spec
+
+
+def _max_batch_output(args: argparse.Namespace, name: str, shape: tuple[int, ...],
+                      classes: int, spec, profile) -> int:
+    """``--max-batch``: the largest batch that fits ``--budget`` (a line, or JSON)."""
+    if args.budget is None:
+        raise UsageError("--max-batch needs --budget SIZE")
+    found = max_batch_size(lambda: build_model(args.model, shape, classes, args.width),
+                           shape, spec, parse_size(args.budget), args.optimizer,
+                           progress=not args.json, target=profile,
+                           device_kind=args.device)
+    out = {"model": name, "memory": spec.spec, "budget_bytes": parse_size(args.budget),
+           "max_batch_size": found["max_batch_size"],
+           "limit_reached": found.get("limit_reached", False),
+           "tried": found["tried"], "report": found["report"]}
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"largest batch of {name} ({'x'.join(map(str, shape))}) that fits "
+          f"{format_bytes(out['budget_bytes'])} with memory {spec.spec!r}: "
+          f"{out['max_batch_size']}")
+    if found["report"]:
+        print_memory_report(found["report"])
+    return 0
+
+
+def _dry_run(args: argparse.Namespace, net, shape: tuple[int, ...], classes: int, spec,
+             budget: int | None, profile) -> dict | None:
+    """The dry run's report, checked against ``budget``; ``None`` when ``auto`` found no
+    plan within it (said on stderr, with the specs that fit)."""
     try:
         rep = dry_run(net, args.batch_size, spec, args.optimizer, input_shape=shape,
                       plot=None if args.frontier else args.plot, trace=args.trace,
@@ -240,40 +271,41 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print("  specs that fit: " + (", ".join(
             f"{f['memory']!r} ({format_bytes(f['peak_reserved_bytes'])})" for f in fits) or "none"),
             file=sys.stderr)
-        return EXIT_OOM
+        return None
     if budget is not None:
         rep["budget_bytes"] = budget
         rep["fits_budget"] = rep["peak_reserved_bytes"] <= budget
-    if args.frontier:
-        return _frontier_output(args, rep, spec.budget, profile)
-    if args.json:
-        print(json.dumps(rep))
-    else:
-        print(f"{net.name}, batch {args.batch_size}, input "
-              f"{'x'.join(map(str, rep['input']))}, {classes} classes: "
-              f"{rep['num_steps']} steps, {rep['num_tensors']} tensors")
-        print_memory_report(rep, out=sys.stdout)  # the stream now (tests capture it)
-        if rep.get("zero"):
-            print_ranks(rep)
-        if rep.get("prediction"):
-            print_prediction(rep["prediction"])
-        if budget is not None:
-            print(f"  budget {format_bytes(budget)}: the plan "
-                  + ("fits" if rep["fits_budget"] else "does NOT fit")
-                  + " (peak reserved against the budget)")
-        if args.layers:
-            if rep["split"] > 1:
-                print(f"layers of one micro-batch of {rep['micro_batch_size']} (the batch of "
-                      f"{args.batch_size} runs as {rep['split']} micro-batches):")
-            print(format_layer_table(rep["layers"]))
-        snapshot = getattr(args, "snapshot", None)
-        for what, path in (("timeline", args.plot), ("trace", args.trace),
-                           ("memory snapshot", snapshot)):
-            if path:
-                print(f"{what} saved to {path}" + (
-                    "" if what != "memory snapshot" else f" (PyTorch's format: {open_hint(path)})"
-                    if is_pickle_path(path) else f" (minidl show-memory {path})"))
-    return 0 if rep.get("fits_budget", True) else EXIT_OOM
+    return rep
+
+
+def _print_plan(args: argparse.Namespace, name: str, classes: int, rep: dict,
+                budget: int | None) -> None:
+    """The dry run's report as text: the header, the memory report, the ranks' and the
+    prediction's lines, the budget's verdict, the layer table and the files saved."""
+    print(f"{name}, batch {args.batch_size}, input "
+          f"{'x'.join(map(str, rep['input']))}, {classes} classes: "
+          f"{rep['num_steps']} steps, {rep['num_tensors']} tensors")
+    print_memory_report(rep, out=sys.stdout)  # the stream now (tests capture it)
+    if rep.get("zero"):
+        print_ranks(rep)
+    if rep.get("prediction"):
+        print_prediction(rep["prediction"])
+    if budget is not None:
+        print(f"  budget {format_bytes(budget)}: the plan "
+              + ("fits" if rep["fits_budget"] else "does NOT fit")
+              + " (peak reserved against the budget)")
+    if args.layers:
+        if rep["split"] > 1:
+            print(f"layers of one micro-batch of {rep['micro_batch_size']} (the batch of "
+                  f"{args.batch_size} runs as {rep['split']} micro-batches):")
+        print(format_layer_table(rep["layers"]))
+    snapshot = getattr(args, "snapshot", None)
+    for what, path in (("timeline", args.plot), ("trace", args.trace),
+                       ("memory snapshot", snapshot)):
+        if path:
+            print(f"{what} saved to {path}" + (
+                "" if what != "memory snapshot" else f" (PyTorch's format: {open_hint(path)})"
+                if is_pickle_path(path) else f" (minidl show-memory {path})"))
 
 
 def parse_ranks(text: str | int, batch_size: int) -> list[int]:

@@ -16,7 +16,6 @@ from ..analysis.dryrun import auto_device_memory, suggest_specs
 from ..datasets import data as D
 from ..datasets.loaders import ImageReadError
 from ..datasets.text import TEXT_DATASETS, load_text_dataset
-from ..interop.checkpoint import check_writable
 from ..interop.memory_viz import is_pickle_path, open_hint
 from ..interop.safetensors_io import SafetensorsError, load_into, save_safetensors
 from ..layers import SoftmaxCrossEntropy
@@ -25,38 +24,38 @@ from ..net.optim import CosineAnnealingLR, StepLR, make_optimizer
 from ..train import callbacks as C
 from ..train.fitting import ResumeMismatch
 from ..train.trainer import CheckpointError, Trainer
-from ..zoo.models import SEQUENCE_MODELS, TRANSFORMER_MODELS, default_input_shape
+from ..zoo.models import SEQUENCE_MODELS, default_input_shape
 from ..zoo.rnn import train_language_model
 from .common import (
     RuntimeFailure,
     UsageError,
     build_model,
     check_device,
-    check_plot_path,
     emulated_target,
     format_bytes,
     parse_chw,
     parse_memory,
     print_memory_report,
-    require_module,
     resolved_seq_len,
     with_budget,
 )
 from .distributed import mpi_job, quiet_other_ranks, ranks_stop_together, refuse_for_text
+from .train_options import (
+    LOADERS,
+    check_outputs,
+    complete_options,
+    image_loader,
+    is_safetensors,
+    refuse_epoch_flags,
+)
 
-#: --loader: auto streams the datasets read from --data-dir (folder, cifar10, cifar100: images
-#: read batch by batch, the next on a background thread) and loads the others in memory.
-LOADERS = ("auto", "memory", "stream")
-
-
-def _is_safetensors(path: str | None) -> bool:
-    return bool(path) and path.lower().endswith(".safetensors")
+__all__ = ["LOADERS", "cmd_train", "cmd_train_text"]  # (LOADERS: cli.py reads it here)
 
 
 def _save(trainer, path: str) -> None:
     """The --save file: a resumable .npz checkpoint, or the weights only for .safetensors."""
     try:
-        if not _is_safetensors(path):
+        if not is_safetensors(path):
             trainer.save(path)
             return
         meta = {"minidl.model": trainer.net.name, "minidl.iteration": str(trainer.iteration)}
@@ -69,6 +68,16 @@ def _save(trainer, path: str) -> None:
         raise RuntimeFailure(f"cannot write checkpoint {path}: {e}") from None
 
 
+def _save_final(args: argparse.Namespace, trainer: Trainer) -> None:
+    """The run's last checkpoint to ``--save``, said on stderr (by rank 0)."""
+    _save(trainer, args.save)
+    if not (args.json or args.quiet) and (trainer.parallel is None
+                                          or trainer.parallel.comm.rank == 0):
+        print(f"checkpoint saved to {os.path.abspath(args.save)} (step "
+              f"{trainer.iteration}{'' if is_safetensors(args.save) else ', resumable'})",
+              file=sys.stderr)
+
+
 def _init_from(net, path: str | None) -> None:
     """--init-from FILE.safetensors: the weights a new run starts from (strict)."""
     if path:
@@ -76,50 +85,6 @@ def _init_from(net, path: str | None) -> None:
             load_into(net, path, strict=True)
         except (SafetensorsError, OSError) as e:
             raise UsageError(f"--init-from {path}: {e}") from None
-
-
-def _check_outputs(args: argparse.Namespace) -> None:
-    """The files a run writes and reads, checked before any work starts."""
-    if args.save_every is not None and not args.save:
-        raise UsageError("--save-every N writes the checkpoint named by --save FILE: add --save")
-    for flag in ("save", "log", "trace", "plot", "snapshot"):
-        path = getattr(args, flag)
-        if path:
-            try:
-                check_writable(path)
-            except OSError as e:
-                raise UsageError(f"--{flag} {path}: {e}") from None
-    if args.plot:
-        check_plot_path("--plot", args.plot)
-    if args.resume and not os.path.isfile(args.resume):
-        raise UsageError(f"--resume {args.resume}: no such checkpoint file")
-    if _is_safetensors(args.save) and args.save_every is not None:
-        raise UsageError(f"--save-every N writes resumable checkpoints; {args.save} holds the "
-                         "weights only: use --save FILE.npz")
-    if _is_safetensors(args.resume):
-        raise UsageError(f"--resume {args.resume}: a .safetensors file holds the weights only "
-                         "(no optimizer state or position); start a new run from it with "
-                         "--init-from")
-    if args.init_from:
-        if args.resume:
-            raise UsageError("--init-from starts a new run from weights; --resume continues "
-                             "one: give only one of them")
-        if not os.path.isfile(args.init_from):
-            raise UsageError(f"--init-from {args.init_from}: no such file")
-    if _is_safetensors(args.save):
-        require_module("safetensors", "io", f"--save {args.save}")
-    if args.init_from:
-        require_module("safetensors", "io", "--init-from")
-
-
-def _refuse_epoch_flags(args: argparse.Namespace) -> None:
-    """The text models train on random windows, not epochs: no epoch callbacks (they do take
-    --resume, --save-every and --val-every, counted in steps)."""
-    used = [f for f in ("log", "early_stopping", "tensorboard")
-            if getattr(args, f) is not None]
-    if used:
-        raise UsageError(f"--{used[0].replace('_', '-')} is for the image models' epochs; "
-                         f"{args.model} trains on random windows of text")
 
 
 def _callbacks(args: argparse.Namespace) -> list:
@@ -219,7 +184,7 @@ def _print_link(rep: dict) -> None:
 
 def cmd_train_text(args: argparse.Namespace, spec) -> int:
     """Character-level language model on Shakespeare (or synthetic text)."""
-    _refuse_epoch_flags(args)
+    refuse_epoch_flags(args)
     name = "synthetic-text" if args.dataset == "synthetic" else args.dataset
     if name not in TEXT_DATASETS:
         raise UsageError(f"unknown dataset {args.dataset!r} for {args.model}; valid: "
@@ -260,12 +225,7 @@ def cmd_train_text(args: argparse.Namespace, spec) -> int:
                                    on_step=_saver(trainer, args.save, args.save_every),
                                    val_every=args.val_every)
     if args.save:
-        _save(trainer, args.save)
-        if not (args.json or args.quiet) and (trainer.parallel is None
-                                              or trainer.parallel.comm.rank == 0):
-            print(f"checkpoint saved to {os.path.abspath(args.save)} (step "
-                  f"{trainer.iteration}{'' if _is_safetensors(args.save) else ', resumable'})",
-                  file=sys.stderr)
+        _save_final(args, trainer)
     rep = trainer.memory_report()
     result = {"model": args.model, "dataset": ds.name, "memory": spec.spec,
               "losses": res["losses"], "final_loss": res["losses"][-1],
@@ -288,23 +248,13 @@ def cmd_train_text(args: argparse.Namespace, spec) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    """``minidl train``: the options completed and checked, the data loaded, the model and its
+    Trainer built, the run, then its report (rank 0's, under mpiexec)."""
     defaults = D.train_defaults(args.dataset)
-    if args.optimizer is None:
-        args.optimizer = "adamw" if args.model in TRANSFORMER_MODELS else "sgd"
-    if args.epochs is None:
-        args.epochs = defaults.epochs
-    if args.model in SEQUENCE_MODELS:  # (no epochs to schedule; weight decay only if asked)
-        if args.schedule not in (None, "none"):
-            raise UsageError(f"--schedule {args.schedule}: the text models train a number of "
-                             "steps at a constant --lr (no epochs to schedule over)")
-        if args.weight_decay is None:
-            args.weight_decay = 0.0
-    args.schedule = args.schedule or "cosine"
-    if args.weight_decay is None:
-        args.weight_decay = defaults.weight_decay
+    complete_options(args, defaults)
     spec = parse_memory(with_budget(args.memory, args.budget))
     check_device(args.device)
-    _check_outputs(args)
+    check_outputs(args)
     comm = mpi_job()  # under mpiexec -n N (N > 1): data-parallel, rank 0 prints and writes
     quiet_other_ranks(args, comm)
     if args.quiet:
@@ -312,22 +262,35 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.model in SEQUENCE_MODELS:
         refuse_for_text(args, comm)
         return cmd_train_text(args, spec)
-    if args.dataset not in D.DATASETS:
-        raise UsageError(D.unknown_dataset(args.dataset))
-    if args.dataset == "idx" and args.data_dir is None:
-        raise UsageError("--dataset idx needs --data-dir DIR, a folder of MNIST-format idx files "
-                         "(train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-...)")
-    if args.dataset in D.STREAMABLE and args.data_dir is None:
-        raise UsageError(f"--dataset {args.dataset} needs --data-dir DIR: "
-                         f"{D.STREAMABLE[args.dataset]}")
-    if args.data_dir is not None and not os.path.isdir(args.data_dir):
-        raise UsageError(f"--data-dir {args.data_dir}: no such folder")
-    loader = getattr(args, "loader", None) or "auto"  # stream: read batch by batch, prefetched
-    if loader not in LOADERS:
-        raise UsageError(f"unknown --loader {loader!r}; valid: {', '.join(LOADERS)}")
-    if loader == "stream" and args.dataset not in D.STREAMABLE:
-        raise UsageError(f"--loader stream reads {', '.join(D.STREAMABLE)} batch by batch; "
-                         f"{args.dataset} is loaded in memory: leave --loader out")
+    ds = _load_images(args, defaults, image_loader(args))
+    trainer = _image_trainer(args, spec, ds, defaults, comm)
+    augment = None
+    if defaults.shift_probability > 0:
+        augment = functools.partial(D.random_shift, probability=defaults.shift_probability,
+                                    fill=ds.background)
+    if not (args.json or args.quiet):
+        _print_header(args, spec, ds, trainer, defaults, augment is not None, comm)
+    _note_save_every(args, trainer, -(-len(ds.x_train) // args.batch_size))
+    t0 = time.perf_counter()
+    hist = _fit(args, trainer, ds, augment, comm)
+    wall = time.perf_counter() - t0
+    unchanged = bool(args.resume and not hist.losses and args.save
+                     and os.path.abspath(args.save) == os.path.abspath(args.resume))
+    if args.save and not unchanged:  # (a resumed run that trained nothing leaves its file)
+        _save_final(args, trainer)
+    if comm is not None and comm.rank != 0:
+        return 0
+    rep = trainer.memory_report()
+    result = _image_result(args, spec, ds, defaults, trainer, hist, wall, comm, rep)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        _print_image_report(args, trainer, hist, result, rep)
+    return 0
+
+
+def _load_images(args: argparse.Namespace, defaults: D.TrainDefaults, loader: str):
+    """The image dataset of ``--dataset`` (standardised where its defaults say so)."""
     input_shape = parse_chw(args.input)
     if args.dataset == "synthetic" and input_shape is None:
         input_shape = default_input_shape(args.model)
@@ -338,6 +301,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise RuntimeFailure(f"cannot load dataset {args.dataset!r}: {e}") from None
     if defaults.standardize:
         ds.standardize()
+    return ds
+
+
+def _image_trainer(args: argparse.Namespace, spec, ds, defaults: D.TrainDefaults,
+                   comm) -> Trainer:
+    """The image model, its optimizer and schedule, and their Trainer (resumed with
+    ``--resume``)."""
     net = build_model(args.model, ds.input_shape, ds.num_classes, args.width)
     _init_from(net, args.init_from)
     try:
@@ -369,27 +339,31 @@ def cmd_train(args: argparse.Namespace) -> int:
     trainer.announce_compilation = not args.quiet
     if args.resume:
         _resume(trainer, args.resume)
-    augment = None
-    if defaults.shift_probability > 0:
-        augment = functools.partial(D.random_shift, probability=defaults.shift_probability,
-                                    fill=ds.background)
-    if not (args.json or args.quiet):
-        print(f"training {net.name} ({net.num_parameters():,} parameters) on {ds.name}: "
-              f"{len(ds.x_train)} train / {len(ds.x_test)} test samples, input "
-              f"{'x'.join(map(str, ds.input_shape))}"
-              f"{f' ({ds.adaptation()})' if ds.adaptation() else ''}"
-              f"{' (standardised with the train mean/std)' if ds.mean is not None else ''}"
-              f"{f', {defaults.shift_probability:.0%} shifted by 1 px' if augment else ''}, "
-              f"{args.epochs} epochs of batch {args.batch_size}, memory "
-              f"{spec.spec!r}, {trainer.device.name} device with "
-              f"{format_bytes(trainer.device.capacity)}"
-              + (f"; data-parallel over {comm.size} MPI ranks" if comm else ""),
-              file=sys.stderr)
-    _note_save_every(args, trainer, -(-len(ds.x_train) // args.batch_size))
-    t0 = time.perf_counter()
+    return trainer
+
+
+def _print_header(args: argparse.Namespace, spec, ds, trainer: Trainer,
+                  defaults: D.TrainDefaults, augmented: bool, comm) -> None:
+    """The line on stderr saying what is trained on what, how and where."""
+    print(f"training {trainer.net.name} ({trainer.net.num_parameters():,} parameters) on "
+          f"{ds.name}: {len(ds.x_train)} train / {len(ds.x_test)} test samples, input "
+          f"{'x'.join(map(str, ds.input_shape))}"
+          f"{f' ({ds.adaptation()})' if ds.adaptation() else ''}"
+          f"{' (standardised with the train mean/std)' if ds.mean is not None else ''}"
+          f"{f', {defaults.shift_probability:.0%} shifted by 1 px' if augmented else ''}, "
+          f"{args.epochs} epochs of batch {args.batch_size}, memory "
+          f"{spec.spec!r}, {trainer.device.name} device with "
+          f"{format_bytes(trainer.device.capacity)}"
+          + (f"; data-parallel over {comm.size} MPI ranks" if comm else ""),
+          file=sys.stderr)
+
+
+def _fit(args: argparse.Namespace, trainer: Trainer, ds, augment, comm):
+    """The epochs (recorded with --trace / --plot / --snapshot): the fit's history; a device
+    out of memory carries the specs whose dry run fits it."""
     try:
         with ranks_stop_together(comm), _recorded(trainer, args):
-            hist = trainer.fit(ds, epochs=args.epochs, batch_size=args.batch_size,
+            return trainer.fit(ds, epochs=args.epochs, batch_size=args.batch_size,
                                max_steps=args.max_steps, progress=not args.no_progress,
                                augment=augment, callbacks=_callbacks(args),
                                val_every=args.val_every if args.val_every is not None else (
@@ -405,20 +379,12 @@ def cmd_train(args: argparse.Namespace) -> int:
                              trainer.device.capacity, args.optimizer)
         e.suggestions = fits
         raise
-    wall = time.perf_counter() - t0
-    unchanged = bool(args.resume and not hist.losses and args.save
-                     and os.path.abspath(args.save) == os.path.abspath(args.resume))
-    if args.save and not unchanged:  # (a resumed run that trained nothing leaves its file)
-        _save(trainer, args.save)
-        if not (args.json or args.quiet) and (trainer.parallel is None
-                                              or trainer.parallel.comm.rank == 0):
-            print(f"checkpoint saved to {os.path.abspath(args.save)} (step "
-                  f"{trainer.iteration}{'' if _is_safetensors(args.save) else ', resumable'})",
-                  file=sys.stderr)
-    if comm is not None and comm.rank != 0:
-        return 0
-    rep = trainer.memory_report()
-    result = {
+
+
+def _image_result(args: argparse.Namespace, spec, ds, defaults: D.TrainDefaults,
+                  trainer: Trainer, hist, wall: float, comm, rep: dict) -> dict:
+    """The run's results (``--json``'s object)."""
+    return {
         "model": args.model,
         "dataset": ds.name,
         "memory": spec.spec,
@@ -443,23 +409,25 @@ def cmd_train(args: argparse.Namespace) -> int:
         "shift_probability": defaults.shift_probability,
         "memory_report": rep,
     }
-    if args.json:
-        print(json.dumps(result))
+
+
+def _print_image_report(args: argparse.Namespace, trainer: Trainer, hist, result: dict,
+                        rep: dict) -> None:
+    """The run's results as text: the steps (or why none ran), the test figures, the emulated
+    link and the memory report."""
+    if hist.losses:
+        print(f"steps: {len(hist.losses)}, final training loss {result['final_loss']:.4f}, "
+              f"median step {1000 * (result['step_time_median_s'] or 0):.1f} ms, "
+              f"wall time {result['wall_time_s']:.1f} s")
+    elif hist.stopped_early:
+        print(f"nothing to train: the run had stopped early at epoch {trainer.epoch} of "
+              f"{args.epochs} (step {trainer.iteration})")
     else:
-        if hist.losses:
-            print(f"steps: {len(hist.losses)}, final training loss {result['final_loss']:.4f}, "
-                  f"median step {1000 * (result['step_time_median_s'] or 0):.1f} ms, "
-                  f"wall time {wall:.1f} s")
-        elif hist.stopped_early:
-            print(f"nothing to train: the run had stopped early at epoch {trainer.epoch} of "
-                  f"{args.epochs} (step {trainer.iteration})")
-        else:
-            print(f"nothing to train: the run already stands at epoch {trainer.epoch} of "
-                  f"{args.epochs} (step {trainer.iteration})")
-        if hist.stopped_early and hist.losses and args.no_progress:
-            print(hist.stop_reason)  # (else the progress display said it)
-        if hist.test_accuracy is not None:
-            print(f"test loss {hist.test_loss:.4f}, test accuracy {100 * hist.test_accuracy:.2f}%")
-        _print_link(rep)
-        print_memory_report(rep)
-    return 0
+        print(f"nothing to train: the run already stands at epoch {trainer.epoch} of "
+              f"{args.epochs} (step {trainer.iteration})")
+    if hist.stopped_early and hist.losses and args.no_progress:
+        print(hist.stop_reason)  # (else the progress display said it)
+    if hist.test_accuracy is not None:
+        print(f"test loss {hist.test_loss:.4f}, test accuracy {100 * hist.test_accuracy:.2f}%")
+    _print_link(rep)
+    print_memory_report(rep)

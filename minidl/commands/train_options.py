@@ -1,0 +1,104 @@
+"""The options of ``minidl train``: completed from the model and the dataset's defaults, and
+checked (the files a run reads and writes, the data it loads) before any work starts."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from ..datasets import data as D
+from ..interop.checkpoint import check_writable
+from ..zoo.models import SEQUENCE_MODELS, TRANSFORMER_MODELS
+from .common import UsageError, check_plot_path, require_module
+
+#: --loader: auto streams the datasets read from --data-dir (folder, cifar10, cifar100: images
+#: read batch by batch, the next on a background thread) and loads the others in memory.
+LOADERS = ("auto", "memory", "stream")
+
+
+def is_safetensors(path: str | None) -> bool:
+    """Whether ``path`` names a .safetensors file (the weights only, not resumable)."""
+    return bool(path) and path.lower().endswith(".safetensors")
+
+
+def complete_options(args: argparse.Namespace, defaults: D.TrainDefaults) -> None:
+    """The options left out, from the model and the dataset's training defaults; the text
+    models refuse a schedule."""
+    if args.optimizer is None:
+        args.optimizer = "adamw" if args.model in TRANSFORMER_MODELS else "sgd"
+    if args.epochs is None:
+        args.epochs = defaults.epochs
+    if args.model in SEQUENCE_MODELS:  # (no epochs to schedule; weight decay only if asked)
+        if args.schedule not in (None, "none"):
+            raise UsageError(f"--schedule {args.schedule}: the text models train a number of "
+                             "steps at a constant --lr (no epochs to schedule over)")
+        if args.weight_decay is None:
+            args.weight_decay = 0.0
+    args.schedule = args.schedule or "cosine"
+    if args.weight_decay is None:
+        args.weight_decay = defaults.weight_decay
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """The files a run writes and reads, checked before any work starts."""
+    if args.save_every is not None and not args.save:
+        raise UsageError("--save-every N writes the checkpoint named by --save FILE: add --save")
+    for flag in ("save", "log", "trace", "plot", "snapshot"):
+        path = getattr(args, flag)
+        if path:
+            try:
+                check_writable(path)
+            except OSError as e:
+                raise UsageError(f"--{flag} {path}: {e}") from None
+    if args.plot:
+        check_plot_path("--plot", args.plot)
+    if args.resume and not os.path.isfile(args.resume):
+        raise UsageError(f"--resume {args.resume}: no such checkpoint file")
+    if is_safetensors(args.save) and args.save_every is not None:
+        raise UsageError(f"--save-every N writes resumable checkpoints; {args.save} holds the "
+                         "weights only: use --save FILE.npz")
+    if is_safetensors(args.resume):
+        raise UsageError(f"--resume {args.resume}: a .safetensors file holds the weights only "
+                         "(no optimizer state or position); start a new run from it with "
+                         "--init-from")
+    if args.init_from:
+        if args.resume:
+            raise UsageError("--init-from starts a new run from weights; --resume continues "
+                             "one: give only one of them")
+        if not os.path.isfile(args.init_from):
+            raise UsageError(f"--init-from {args.init_from}: no such file")
+    if is_safetensors(args.save):
+        require_module("safetensors", "io", f"--save {args.save}")
+    if args.init_from:
+        require_module("safetensors", "io", "--init-from")
+
+
+def refuse_epoch_flags(args: argparse.Namespace) -> None:
+    """The text models train on random windows, not epochs: no epoch callbacks (they do take
+    --resume, --save-every and --val-every, counted in steps)."""
+    used = [f for f in ("log", "early_stopping", "tensorboard")
+            if getattr(args, f) is not None]
+    if used:
+        raise UsageError(f"--{used[0].replace('_', '-')} is for the image models' epochs; "
+                         f"{args.model} trains on random windows of text")
+
+
+def image_loader(args: argparse.Namespace) -> str:
+    """``--loader`` (``auto`` when left out), checked with ``--dataset`` and ``--data-dir``."""
+    if args.dataset not in D.DATASETS:
+        raise UsageError(D.unknown_dataset(args.dataset))
+    if args.dataset == "idx" and args.data_dir is None:
+        raise UsageError("--dataset idx needs --data-dir DIR, a folder of MNIST-format idx files "
+                         "(train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-...)")
+    if args.dataset in D.STREAMABLE and args.data_dir is None:
+        raise UsageError(f"--dataset {args.dataset} needs --data-dir DIR: "
+                         f"{D.STREAMABLE[args.dataset]}")
+    if args.data_dir is not None and not os.path.isdir(args.data_dir):
+        raise UsageError(f"--data-dir {args.data_dir}: no such folder")
+    loader = getattr(args, "loader", None) or "auto"  # stream: read batch by batch, prefetched
+    if loader not in LOADERS:
+        raise UsageError(f"unknown --loader {loader!r}; valid: {', '.join(LOADERS)}")
+    if loader == "stream" and args.dataset not in D.STREAMABLE:
+        raise UsageError(f"--loader stream reads {', '.join(D.STREAMABLE)} batch by batch; "
+                         f"{args.dataset} is loaded in memory: leave --loader out")
+    return loader
