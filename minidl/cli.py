@@ -221,6 +221,19 @@ def validate_args(args: argparse.Namespace) -> None:
     _note_one_rank(args, configs)
 
 
+def add_memory_files(parser: argparse.ArgumentParser, verb: str, iteration: str) -> None:
+    """``--trace`` and ``--snapshot`` (``train``, ``plan``): the memory of ``iteration``
+    written as a Chrome / Perfetto trace, and as a snapshot of its every event; each help
+    line starts with ``verb``."""
+    parser.add_argument("--trace", default=None, metavar="FILE.json",
+                        help=f"{verb}a Chrome / Perfetto trace of {iteration} (bytes by "
+                             "category, compute and copy threads)")
+    parser.add_argument("--snapshot", default=None, metavar="FILE",
+                        help=f"{verb}every memory event of {iteration}, for minidl show-memory "
+                             "FILE; FILE.pickle is PyTorch's snapshot format "
+                             "(https://pytorch.org/memory_viz, python -m torch.cuda._memory_viz)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="minidl", epilog=EPILOG, description=(
         "minidl: train networks larger than device memory, and see where every byte went."))
@@ -322,17 +335,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--early-stopping", type=int, default=None, metavar="PATIENCE",
                    help="stop once val_loss has not improved for PATIENCE epochs (validates "
                         "every epoch unless --val-every says otherwise)")
-    t.add_argument("--trace", default=None, metavar="FILE.json",
-                   help="record the run's memory: Chrome / Perfetto trace of the iteration with "
-                        "the highest peak (bytes by category, compute and copy threads)")
+    add_memory_files(t, "record the run's memory: ", "the iteration with the highest peak")
     t.add_argument("--plot", default=None, metavar="FILE.png",
                    help="record the run's memory: timeline of device bytes with the peak and "
                         "the budget (needs the plot extra)")
-    t.add_argument("--snapshot", default=None, metavar="FILE",
-                   help="record the run's memory: every event of the iteration with the highest "
-                        "peak, for minidl show-memory FILE; FILE.pickle is PyTorch's snapshot "
-                        "format (https://pytorch.org/memory_viz, python -m "
-                        "torch.cuda._memory_viz)")
     t.add_argument("--tensorboard", default=None, metavar="DIR",
                    help="TensorBoard scalars (loss, lr, epoch metrics) in DIR (needs "
                         "tensorboardX, or torch with tensorboard)")
@@ -378,11 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "searches under them (default: none, or --target's memory)")
     pl.add_argument("--plot", default=None,
                     help="save the timeline of device bytes (PNG; with --frontier: the curve)")
-    pl.add_argument("--trace", default=None, help="save a Chrome/Perfetto trace (JSON)")
-    pl.add_argument("--snapshot", default=None, metavar="FILE",
-                    help="save the iteration's memory snapshot: FILE.pickle in PyTorch's format "
-                         "(https://pytorch.org/memory_viz, python -m torch.cuda._memory_viz), "
-                         "else JSON for minidl show-memory FILE")
+    add_memory_files(pl, "save ", "the planned iteration")
     pl.add_argument("--layers", action="store_true", help="print the per-layer table")
     pl.add_argument("--max-batch", action="store_true",
                     help="find the largest batch that fits --budget (dry runs; with auto, "
