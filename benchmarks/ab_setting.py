@@ -1,7 +1,7 @@
 """One setting at two values, two trainers alternating step by step in one process.
 
 A setting is a module constant or a class attribute, by dotted path (e.g.
-``minidl.kernels.conv_geometry.WINOGRAD4_MIN_COLS`` or
+``minidl.kernels.convolution.conv_geometry.WINOGRAD4_MIN_COLS`` or
 ``minidl.layers.recurrent_units._UnitOps.edge_projection_steps``). Trainer A is built and
 always stepped with the setting at value A, trainer B at value B (the convolutions' cached
 per-shape setup is cleared at each switch), alternating A-B / B-A, so both see the same
@@ -24,7 +24,7 @@ import numpy as np
 
 from minidl.analysis.dryrun import auto_device_memory
 from minidl.commands.common import build_model
-from minidl.kernels.conv_geometry import host_call
+from minidl.kernels.convolution.conv_geometry import host_call
 from minidl.net.optim import SGD
 from minidl.tools.bench import synthetic_batch
 from minidl.train.trainer import Trainer

@@ -23,7 +23,7 @@ the engine. The machine must be otherwise idle: a busy core stalls every paralle
 both libraries for milliseconds.
 
     python benchmarks/conv_bench.py [--rounds 20] [--block 5] [--batch-size 64] [--threads N]
-    python benchmarks/conv_bench.py --relu-kernel   # ReLU through minidl.kernels.relu
+    python benchmarks/conv_bench.py --relu-kernel   # ReLU through minidl.kernels.pointwise.relu
 """
 
 from __future__ import annotations
@@ -272,7 +272,7 @@ def max_relative_difference(ours: dict[str, np.ndarray], theirs: dict[str, np.nd
 def _use_relu_kernel() -> None:
     """Patch ReLU's forward/backward to the one-pass threaded kernels (what layers/relu.py
     would do once it adopts them)."""
-    from minidl.kernels.relu import relu_backward, relu_forward
+    from minidl.kernels.pointwise.relu import relu_backward, relu_forward
     from minidl.layers.relu import ReLU
 
     def forward(self, ctx, inputs, outputs, params, stash, workspace):
@@ -297,7 +297,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-layers", action="store_true", help="skip the per-layer table")
     ap.add_argument("--no-torch", action="store_true", help="time minidl alone")
     ap.add_argument("--relu-kernel", action="store_true",
-                    help="run ReLU through minidl.kernels.relu instead of layers/relu.py's NumPy")
+                    help="run ReLU through minidl.kernels.pointwise.relu instead of "
+                         "layers/relu.py's NumPy")
     args = ap.parse_args(argv)
     for name in ("rounds", "block", "batch_size"):
         if getattr(args, name) < 1:

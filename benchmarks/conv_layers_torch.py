@@ -1,7 +1,8 @@
 """One 3x3 / stride-1 / pad-1 convolution layer, forward and backward, minidl against PyTorch.
 
 For each ``N,C,HW`` (C input and output channels, HW x HW planes, no bias) minidl's kernels
-(``minidl.kernels.conv``, the algorithm it chooses, or each of ``--algos``) and PyTorch's
+(``minidl.kernels.convolution.conv``, the algorithm it chooses, or each of ``--algos``) and
+PyTorch's
 ``nn.Conv2d`` (input gradient included) are timed; PyTorch in a process of its own
 (``minidl.tools.child_process.ChildProcess``), the two alternating per round; medians in ms.
 The default shapes are resnet56's at batch 128.
@@ -16,8 +17,8 @@ import argparse
 import numpy as np
 from separate_processes import median_ms, require_torch_absent
 
-from minidl.kernels.conv import conv2d_backward, conv2d_forward
-from minidl.kernels.conv_geometry import choose_algo
+from minidl.kernels.convolution.conv import conv2d_backward, conv2d_forward
+from minidl.kernels.convolution.conv_geometry import choose_algo
 from minidl.tools.child_process import ChildProcess
 
 

@@ -32,8 +32,8 @@ import numpy as np
 
 import minidl
 from minidl import engine as engine_module
-from minidl.kernels.conv import conv2d_backward, conv2d_forward, conv2d_workspace_bytes
-from minidl.kernels.conv_geometry import conv_config
+from minidl.kernels.convolution.conv import conv2d_backward, conv2d_forward, conv2d_workspace_bytes
+from minidl.kernels.convolution.conv_geometry import conv_config
 from minidl.layers import Conv2d, SoftmaxCrossEntropy
 from minidl.memory.devices.device import MetaDevice
 from minidl.memory.options import workspace_options as W

@@ -146,7 +146,7 @@ def batched_gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, trans_a: bool = Fa
     output through a temporary), else one launch of the strided Numba CUDA GEMM
     (:func:`~.transformer_device.bgemm`). Other host layouts go through ``matmul``."""
     if is_device_array(c):
-        from . import transformer_device as td
+        from .transformer import transformer_device as td
 
         op_a = a.swapaxes(-1, -2) if trans_a else a
         op_b = b.swapaxes(-1, -2) if trans_b else b

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import add as addk
+from ..kernels.pointwise import add as addk
 from .base import Layer
 
 

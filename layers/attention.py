@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import attention as ak
+from ..kernels.transformer import attention as ak
 from .base import Layer, ParamSpec
 from .linear import linear_backward, linear_forward
 
@@ -31,12 +31,14 @@ class MultiHeadAttention(Layer):
     (:data:`NANOGPT_NAMES`) and ``nn.MultiheadAttention``'s ``in_proj_*`` / ``out_proj.*``
     (:data:`NN_MULTIHEAD_NAMES`), the same q|k|v order and head split.
 
-    Memory: the per-op option ``"attn"`` (:func:`~minidl.kernels.attention.parse_form`) set by
+    Memory: the per-op option ``"attn"`` (:func:`~minidl.kernels.transformer.attention.parse_form`)
+    set by
     the plan: ``"keep"`` (the default) stashes the probabilities (N, H, T, T);
     ``"blockwise:<n>"`` stashes only the row log-sum-exp (N, H, T) and recomputes n x n tiles
     of probabilities in backward (FlashAttention); both stash ``qkv`` (N, T, 3D) and the
     heads' output (N, T, D) and retain the input. Workspaces per form:
-    :func:`~minidl.kernels.attention.forward_layout` / ``backward_layout``. Dropout masks
+    :func:`~minidl.kernels.transformer.attention.forward_layout` / ``backward_layout``. Dropout
+    masks
     hash (``ctx.seed``, position in the attention matrix): identical in both forms and when a
     step is recomputed.
     """

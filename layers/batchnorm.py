@@ -7,8 +7,8 @@ import math
 import numpy as np
 
 from ..kernels import _cuda
-from ..kernels import batchnorm as bnk
 from ..kernels.array_api import namespace
+from ..kernels.normalization import batchnorm as bnk
 from .base import Layer, ParamSpec
 
 
@@ -34,7 +34,8 @@ class _BatchNorm(Layer):
     False because training needs the input; in eval mode in-place would be valid (the flag is
     static). ``inplace_backward`` is True: the gradient kernel reads dy before writing dx.
 
-    On a device, forward and backward are Numba CUDA kernels (:mod:`minidl.kernels.batchnorm`),
+    On a device, forward and backward are Numba CUDA kernels
+    (:mod:`minidl.kernels.normalization.batchnorm`),
     the per-channel bookkeeping included (the running statistics, ``momentum=None``'s counter):
     nothing is read on the host and no array is made beyond the workspace's per-channel
     vectors (sync-BN's collectives keep their array operations).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.conv import (
+from ..kernels.convolution.conv import (
     conv2d_backward,
     conv2d_device_workspace_bytes,
     conv2d_forward,
@@ -44,11 +44,12 @@ class Conv2d(Layer):
     both initialised U(-1/sqrt(fan_in), 1/sqrt(fan_in)) as in PyTorch. Backward keeps only
     the input; the im2col buffers live in the declared workspace, whose size depends on the
     ``"device_kind"`` option (``"cpu"``: the Numba kernels'; ``"cuda"``: the device path's,
-    :func:`~minidl.kernels.conv_device.conv2d_device_workspace_bytes`) and on the
+    :func:`~minidl.kernels.convolution.conv_device.conv2d_device_workspace_bytes`) and on the
     ``"conv_ws"`` option: a cap in bytes on each step's workspace, or a ``(forward,
     backward)`` pair of caps (absent or ``None``: the fastest configuration). Under a cap the
     kernels run the fastest algorithm and chunking that fit it
-    (:func:`~minidl.kernels.conv_geometry.conv_config`: im2col instead of Winograd, fewer
+    (:func:`~minidl.kernels.convolution.conv_geometry.conv_config`: im2col instead of Winograd,
+    fewer
     images per product and smaller bands, one gradient part, fewer threads' rows): the whole
     batch still goes in and out, computed a sub-batch of images (or a band of one image) at a
     time. Results then agree with the default's to float32 rounding (sums in another order),

@@ -7,13 +7,14 @@ import math
 import numpy as np
 
 from ..kernels._cuda import is_device_array
-from ..kernels.dropout import dropout_backward_device, dropout_forward, workspace_bytes
+from ..kernels.pointwise.dropout import dropout_backward_device, dropout_forward, workspace_bytes
 from .base import Layer
 
 
 class Dropout(Layer):
     """Training: y = x * mask / (1 - p), mask ~ Bernoulli(1 - p) from a counter-based hash
-    of ``(ctx.seed, element index)`` (:mod:`minidl.kernels.dropout`), so a recomputed forward
+    of ``(ctx.seed, element index)`` (:mod:`minidl.kernels.pointwise.dropout`), so a recomputed
+    forward
     with the same seed replays the same mask, and the CPU and a GPU draw the same one (the
     mask depends on the seed and the size only, not on the dtype or the device).
     Eval: identity. ``p`` in [0, 1]; p = 1 zeroes everything (as PyTorch).

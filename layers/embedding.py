@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels.embedding import embedding_accumulate, embedding_backward, take_rows
+from ..kernels.transformer.embedding import embedding_accumulate, embedding_backward, take_rows
 from .base import Layer, ParamSpec
 
 

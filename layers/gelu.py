@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..kernels.gelu import APPROXIMATIONS, gelu_backward, gelu_forward
+from ..kernels.transformer.gelu import APPROXIMATIONS, gelu_backward, gelu_forward
 from .base import Layer
 
 

@@ -3,7 +3,7 @@
 Equivalent to PyTorch's ``AdaptiveAvgPool2d(1)`` followed by ``flatten(1)``: the output is
 (N, C), ready for a Linear layer. On device arrays forward is one GEMM against a column of
 ``1 / (H*W)`` in its workspace, declared for the ``"cuda"`` device kind only
-(:mod:`minidl.kernels.pool_device`); on NumPy arrays a sum, with no workspace.
+(:mod:`minidl.kernels.pooling.pool_device`); on NumPy arrays a sum, with no workspace.
 """
 
 from __future__ import annotations
@@ -11,7 +11,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels._cuda import is_device_array
-from ..kernels.pool_device import global_avgpool2d_forward_device, global_avgpool2d_workspace_bytes
+from ..kernels.pooling.pool_device import (
+    global_avgpool2d_forward_device,
+    global_avgpool2d_workspace_bytes,
+)
 from .base import Layer
 
 

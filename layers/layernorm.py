@@ -6,7 +6,11 @@ import math
 
 import numpy as np
 
-from ..kernels.layernorm import backward_workspace_shape, layernorm_backward, layernorm_forward
+from ..kernels.normalization.layernorm import (
+    backward_workspace_shape,
+    layernorm_backward,
+    layernorm_forward,
+)
 from ..kernels.workspace import workspace_bytes, workspace_views
 from .base import Layer, ParamSpec
 
@@ -19,7 +23,8 @@ class LayerNorm(Layer):
     Stash: ``mean`` and ``rstd`` (one per row, in the float dtype). Backward retains the input
     and rebuilds the normalised values from it; it may write the input gradient over the
     output gradient (in place). The backward workspace holds the parameter gradients' partial
-    sums over fixed parts of rows (:mod:`minidl.kernels.layernorm`), so the sums do not depend
+    sums over fixed parts of rows (:mod:`minidl.kernels.normalization.layernorm`), so the sums do
+    not depend
     on the thread count.
     """
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..kernels.elementwise import leaky_relu_backward, leaky_relu_forward
+from ..kernels.pointwise.elementwise import leaky_relu_backward, leaky_relu_forward
 from .base import Layer
 
 

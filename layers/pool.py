@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.pool import (
+from ..kernels.pooling.pool import (
     argmax_dtype,
     avgpool2d_backward,
     avgpool2d_forward,
@@ -12,7 +12,7 @@ from ..kernels.pool import (
     maxpool2d_forward,
     pool_output_hw,
 )
-from ..kernels.poolidx import maxpool_backward_packed
+from ..kernels.pooling.poolidx import maxpool_backward_packed
 from .base import Layer, Shape
 from .conv2d import _pair
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels._cuda import is_device_array
-from ..kernels.embedding import positional_grad_device
+from ..kernels.transformer.embedding import positional_grad_device
 from .base import Layer, ParamSpec
 
 

@@ -11,7 +11,8 @@ kernel; in backward the weight gradients are one GEMM per unit (K = N*len) and t
 gradient another. Internally everything is time-major, so a unit's rows are contiguous.
 
 On device arrays (CuPy) a step is two launches each way: forward the recurrent GEMM ``h_prev @
-W_hh.T`` (row-major, cuBLAS) and one Numba CUDA cell kernel (:mod:`minidl.kernels.rnn_device`)
+W_hh.T`` (row-major, cuBLAS) and one Numba CUDA cell kernel
+(:mod:`minidl.kernels.recurrent.rnn_device`)
 that adds the input projection and both biases itself (no per-piece bias pass); backward one
 cell kernel, which adds the carried ``dh`` itself, and the GEMM ``dG @ W_hh`` into the carry.
 A GRU's direct path ``dh * z`` goes from each step's kernel, through that step's (no longer
@@ -54,14 +55,14 @@ import numpy as np
 from ..kernels._cuda import is_device_array
 from ..kernels.device_gemm import gemm as device_gemm
 from ..kernels.parallel import ensure_blas_policy
-from ..kernels.rnn import (
+from ..kernels.recurrent.rnn import (
     gru_add_direct,
     gru_cell_backward,
     gru_cell_forward,
     lstm_cell_backward,
     lstm_cell_forward,
 )
-from ..kernels.rnn_device import (
+from ..kernels.recurrent.rnn_device import (
     gru_backward_device,
     gru_forward_device,
     lstm_backward_device,

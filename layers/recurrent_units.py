@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels.blas import gemm
-from ..kernels.embedding import embedding_accumulate, take_rows
+from ..kernels.transformer.embedding import embedding_accumulate, take_rows
 from .embedding import check_index_range
 
 

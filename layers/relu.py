@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..kernels.bitpack import packed_nbytes, relu_backward_packed
-from ..kernels.relu import relu_backward, relu_forward
+from ..kernels.codecs.bitpack import packed_nbytes, relu_backward_packed
+from ..kernels.pointwise.relu import relu_backward, relu_forward
 from .base import Layer
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.elementwise import sigmoid_backward
+from ..kernels.pointwise.elementwise import sigmoid_backward
 from .base import Layer
 
 

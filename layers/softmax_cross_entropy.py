@@ -6,8 +6,9 @@ import math
 
 import numpy as np
 
-from ..kernels import _cuda, softmax_xent
+from ..kernels import _cuda
 from ..kernels.array_api import namespace
+from ..kernels.pointwise import softmax_xent
 from .base import Layer
 
 #: Elements per chunk of the forward pass (bounds its workspace).
@@ -25,7 +26,8 @@ class SoftmaxCrossEntropy(Layer):
     never holds a second logits-sized array.
 
     On a GPU (CuPy arrays) forward and backward run the Numba CUDA kernels of
-    :mod:`minidl.kernels.softmax_xent`: two launches forward (the rows' float64 losses in its
+    :mod:`minidl.kernels.pointwise.softmax_xent`: two launches forward (the rows' float64 losses in
+    its
     workspace) and one backward, no host synchronisation, no array of their own; their exp and
     sums are not NumPy's, so they agree with the CPU to rounding. Other device arrays (the
     strict test device's) run the host path's array operations (about 15 launches each way, a

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..kernels.moved import install
 from .device_factory import make_device
 from .devices.device import (
     CopyEngine,
@@ -17,7 +18,6 @@ from .devices.device import (
     MetaDevice,
 )
 from .ir.units import format_size, parse_size
-from .moved import install
 from .runtime.pool import (
     CATEGORIES,
     Block,

@@ -21,9 +21,9 @@ from .analysis.summary import memory_summary  # noqa: E402
 from .compile.executor import NonFiniteError  # noqa: E402
 from .datasets import data, text  # noqa: E402
 from .interop import safetensors_io, torch_bridge  # noqa: E402
+from .kernels.moved import install as install_moved  # noqa: E402
 from .layers.base import ShapeError  # noqa: E402
 from .memory.ir.config import MemoryConfig  # noqa: E402
-from .memory.moved import install as install_moved  # noqa: E402
 from .memory.runtime.pool import DeviceOutOfMemory  # noqa: E402
 from .net import graph, optim  # noqa: E402
 from .net.graph import Input, Network, Sequential  # noqa: E402

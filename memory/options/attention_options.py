@@ -10,7 +10,8 @@ workspace). Both forms are deterministic and agree to float rounding.
 
 Memory sees the op through ``step.attrs["attention"]`` (batch, seq, dim, heads, causal,
 dropout) and sizes each form with the kernels' own layouts
-(:mod:`minidl.kernels.attention`), the ones the layer declares, so the bytes here are the
+(:mod:`minidl.kernels.transformer.attention`), the ones the layer declares, so the bytes here are
+the
 bytes a lowering with that option gives. Plain data, like :mod:`.bptt_options` and
 :mod:`.workspace_options`: lowering sizes the step for the option, the executor hands it to
 the layer in ``ctx.options``.
@@ -23,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ...kernels import attention as ak
+from ...kernels.transformer import attention as ak
 from ..ir.config import MemoryConfig
 from ..ir.program import Program, Step
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ...kernels.conv_geometry import MAX_THREADS, REFERENCE_ROWS
+from ...kernels.convolution.conv_geometry import MAX_THREADS, REFERENCE_ROWS
 from ...kernels.parallel import num_threads
 from ..ir.plan import Plan
 from ..ir.program import Program
@@ -158,7 +158,7 @@ def released(caps: dict[int, dict[str, Any]], fast: dict[Key, int],
     (one row per thread of ``rows``, default this machine's kernel threads), so does ``room``
     (the most each workspace may take without raising the peak of the plan the caps were
     made for; ``None``: no such limit), and ``rows`` is more than
-    :data:`~minidl.kernels.conv_geometry.REFERENCE_ROWS`: the cap then holds the fastest
+    :data:`~minidl.kernels.convolution.conv_geometry.REFERENCE_ROWS`: the cap then holds the fastest
     configuration with those rows too, so the layer runs that configuration (the same bits)
     on all its threads instead of the rows a cap is sized for, and the peak stays that of the
     capped plan. (With no more rows than that, the cap runs the same rows as no cap would:

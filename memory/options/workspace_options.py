@@ -66,7 +66,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from ...kernels.conv_geometry import REFERENCE_ROWS  # noqa: F401  (re-exported)
+from ...kernels.convolution.conv_geometry import REFERENCE_ROWS  # noqa: F401  (re-exported)
 from ..ir.config import MemoryConfig
 from ..ir.plan import Plan
 from ..ir.program import Program

@@ -1,6 +1,7 @@
 """Estimated times of convolution steps under workspace caps: what vDNN's rule
 (:mod:`.workspace_peak`) weighs a lower peak against. The estimates are
-:func:`~minidl.kernels.conv_geometry.conv_config`'s configuration costs for the CPU kernels
+:func:`~minidl.kernels.convolution.conv_geometry.conv_config`'s configuration costs for the CPU
+kernels
 (never a clock), in multiply-adds of a large im2col product.
 """
 
@@ -12,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from ...kernels import conv_geometry as CG
-from ...kernels.conv_geometry import REFERENCE_ROWS
+from ...kernels.convolution import conv_geometry as CG
+from ...kernels.convolution.conv_geometry import REFERENCE_ROWS
 from ..ir.program import Program
 from .workspace_caps import OPTION, Key, _key
 
@@ -28,10 +29,10 @@ def _geometry(layer: Any) -> tuple | None:
 
 def _rel_time(x_shape: tuple[int, ...], geom: tuple, itemsize: int, backward: bool,
               cap: int | None) -> float:
-    """:func:`~minidl.kernels.conv_geometry.conv_config`'s estimate of the time of the
+    """:func:`~minidl.kernels.convolution.conv_geometry.conv_config`'s estimate of the time of the
     configuration it runs under ``cap`` (``None``: the default configuration), per
     multiply-add relative to a large im2col product on one thread, with the rows of
-    :data:`~minidl.kernels.conv_geometry.REFERENCE_ROWS` threads that fit the cap."""
+    :data:`~minidl.kernels.convolution.conv_geometry.REFERENCE_ROWS` threads that fit the cap."""
     cout, kernel, stride, padding, dilation, groups = geom
     cfg = CG.conv_config(x_shape, cout, kernel, stride, padding, dilation, groups, itemsize,
                          backward, cap)
@@ -49,7 +50,8 @@ def _rel_time(x_shape: tuple[int, ...], geom: tuple, itemsize: int, backward: bo
 def _time_steps(x_shape: tuple[int, ...], geom: tuple, itemsize: int, backward: bool
                 ) -> tuple[tuple[int, ...], tuple[float, ...], float]:
     """The estimated time of a convolution step as a step function of its cap: the caps at
-    which :func:`~minidl.kernels.conv_geometry.conv_config`'s choice or its rows can change
+    which :func:`~minidl.kernels.convolution.conv_geometry.conv_config`'s choice or its rows can
+    change
     (each candidate configuration's workspace with 1 to REFERENCE_ROWS rows), the relative
     time (:func:`_rel_time`) from each of them on, and the default configuration's."""
     cout, kernel, stride, padding, dilation, groups = geom

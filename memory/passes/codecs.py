@@ -8,8 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from ...kernels import bitpack, poolidx, precision, sparse, weight_record
-from ...kernels.sparse_format import header_for
+from ...kernels.codecs import bitpack, precision, sparse
+from ...kernels.codecs.sparse_format import header_for
+from ...kernels.compression import weight_record
+from ...kernels.pooling import poolidx
 
 
 def encode(codec: str, x: Any, out: Any, attrs: dict) -> int:

@@ -24,7 +24,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from ...kernels import bitpack, poolidx, precision, sparse
+from ...kernels.codecs import bitpack, precision, sparse
+from ...kernels.pooling import poolidx
 from ..ir.capabilities import StashEncoding
 from ..ir.program import Program, Step, TensorSpec
 

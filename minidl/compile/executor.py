@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels.add import add as add_arrays
+from ..kernels.pointwise.add import add as add_arrays
 from ..layers.base import Context
 from ..memory.devices.traits import device_traits
 from ..memory.ir.plan import Plan

@@ -9,7 +9,7 @@ Layout (little-endian)::
     header      zlib-compressed JSON: the model (builder name, input shape, classes, width),
                 the input preprocessing, and per parameter its name and record length
     records     one weight record per parameter, in the header's order
-                (:mod:`minidl.kernels.weight_record`)
+                (:mod:`minidl.kernels.compression.weight_record`)
     crc32       u32      of every byte before it
 
 :func:`read` checks all of it and raises :class:`CompressedModelError` with one line saying
@@ -26,7 +26,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..kernels import weight_record
+from ..kernels.compression import weight_record
 
 MAGIC = b"MINIDLDC"
 FORMAT_VERSION = 1

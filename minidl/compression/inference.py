@@ -15,7 +15,8 @@ exact peak of a real run (:func:`plan_inference`, ``minidl plan --inference --co
 
 Devices: ``cpu`` decodes with the Numba CPU kernels; ``cuda`` (and ``cuda-strict``, its code
 path on the CPU with CuPy's rules checked) feeds the records to the device like the batch and
-decodes them there with the Numba CUDA kernels of :mod:`minidl.kernels.weight_record`, so no
+decodes them there with the Numba CUDA kernels of :mod:`minidl.kernels.compression.weight_record`,
+so no
 weight crosses to the host. The program is lowered for the device's kind (the layers'
 workspaces differ), and the meta run of :func:`plan_inference` takes the same kind. Records
 are checked on the host when the runner is made (the device decoder reports nothing).
@@ -30,7 +31,7 @@ import numpy as np
 
 from ..compile.executor import Executor
 from ..compile.lowering import Lowered, lower
-from ..kernels.weight_record import RecordError, check, info
+from ..kernels.compression.weight_record import RecordError, check, info
 from ..memory.device_factory import make_device
 from ..memory.devices.device import MetaDevice
 from ..memory.devices.traits import device_traits
@@ -74,7 +75,7 @@ def build_network(cm: CompressedModel) -> Network:
 
 def check_records(cm: CompressedModel, net: Network) -> None:
     """Check every record of ``cm`` on the host (streams included) against the dtype of its
-    parameter of ``net`` (:func:`~minidl.kernels.weight_record.check`)."""
+    parameter of ``net`` (:func:`~minidl.kernels.compression.weight_record.check`)."""
     params = dict(net.named_parameters(include_buffers=True))
     for name, rec in cm.records.items():
         try:

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..analysis.dryrun import auto_device_memory
 from ..datasets.data import Dataset, random_shift
-from ..kernels import weight_record
+from ..kernels.compression import weight_record
 from ..memory.runtime.transfer import to_host
 from ..net.graph import Network
 from ..net.optim import Optimizer, make_optimizer

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels.kmeans import kmeans_1d
+from ..kernels.compression.kmeans import kmeans_1d
 from ..memory.runtime.transfer import copy_into, to_host
 from ..net.optim import Optimizer, OptimizerWrapper
 from ..net.parameter import Parameter

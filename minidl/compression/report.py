@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels import weight_record
+from ..kernels.compression import weight_record
 from .quantization import SharedWeights
 
 STAGES = ("dense", "pruned", "quantized", "huffman")

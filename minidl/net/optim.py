@@ -10,7 +10,7 @@ a planner can count the bytes before anything is allocated. Without ``init_state
 Updates follow PyTorch's single-tensor (CPU) formulas in the same order of operations, with
 scalars cast to the parameter's dtype as PyTorch does; results agree with ``torch.optim`` to
 float32 rounding (PyTorch's fused multiply-adds can differ in the last bit). Each parameter is
-updated in place by one fused kernel of :mod:`minidl.kernels.optim`:
+updated in place by one fused kernel of :mod:`minidl.kernels.pointwise.optim`:
 
 - NumPy arrays (C-contiguous, float32 or float64): a Numba loop, one pass over memory, no
   temporaries, nothing allocated per step; bit-identical to the ufunc reference.
@@ -33,7 +33,7 @@ import numpy as np
 from minidl.net.parameter import Parameter
 
 from ..kernels.array_api import namespace
-from ..kernels.optim import adam_update, sgd_update
+from ..kernels.pointwise.optim import adam_update, sgd_update
 from ..memory.runtime.transfer import copy_into, to_host
 
 Alloc = Callable[[str, tuple[int, ...], np.dtype], Any]

@@ -1,7 +1,8 @@
 """Inference from a compressed model on the CUDA code path, without a GPU: the strict test
 device (``cuda-strict``: CuPy-like arrays that refuse implicit host conversion, every array
 call checked against CuPy's API) with the records fed to the device and decoded there by the
-Numba CUDA kernels of kernels/weight_record.py (run as one emulated thread). Every decoded
+Numba CUDA kernels of kernels/compression/weight_record.py (run as one emulated thread). Every
+decoded
 weight equals the decompressed network's bit for bit and the predictions equal the CPU
 device's (the outputs to rounding: the strict device's GEMMs are NumPy's on other pool
 offsets), and ``minidl plan --inference --compressed FILE --device cuda`` gives the real

@@ -1,4 +1,5 @@
-"""Numba kernels of kernels/elementwise.py and kernels/batchnorm.py against their NumPy
+"""Numba kernels of kernels/pointwise/elementwise.py and kernels/normalization/batchnorm.py against
+their NumPy
 references, for both float dtypes, including the in-place (out is the first operand) case."""
 
 from __future__ import annotations

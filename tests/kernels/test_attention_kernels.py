@@ -1,4 +1,5 @@
-"""Attention row kernels (kernels/attention_rows.py): the Numba kernels equal the references
+"""Attention row kernels (kernels/transformer/attention_rows.py): the Numba kernels equal the
+references
 (the arrays' own library: what a device runs), their bits do not depend on the thread count,
 and the dropout masks are the same whatever the tiling; the forms' layouts."""
 

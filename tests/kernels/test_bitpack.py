@@ -1,4 +1,4 @@
-"""kernels/bitpack.py: Numba CPU against the NumPy reference and ``np.packbits``."""
+"""kernels/codecs/bitpack.py: Numba CPU against the NumPy reference and ``np.packbits``."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ import pytest
 from minidl.kernels import _cuda
 from minidl.kernels import conv_device as CD
 from minidl.kernels import pool_device as PD
-from minidl.kernels.conv_geometry import conv_output_hw
+from minidl.kernels.convolution.conv_geometry import conv_output_hw
 
 
 @pytest.fixture

@@ -116,7 +116,7 @@ def test_choose_algo():
 def test_winograd_blocks_wide_products():
     """Small planes: images are blocked until the products have WINOGRAD_MIN_COLS columns,
     but the batch still makes GRAD_PARTS blocks; large planes keep the L2 rule."""
-    from minidl.kernels.conv_geometry import GRAD_PARTS, WINOGRAD_MIN_COLS, _winograd_nb
+    from minidl.kernels.convolution.conv_geometry import GRAD_PARTS, WINOGRAD_MIN_COLS, _winograd_nb
 
     assert _winograd_nb((128, 256, 8, 8), 256, (1, 1), 4) * 16 == WINOGRAD_MIN_COLS
     assert _winograd_nb((128, 512, 4, 4), 512, (1, 1), 4) == 128 // GRAD_PARTS
@@ -231,7 +231,7 @@ def test_im2col_col2im_match_reference(c, h, w, kh, kw, sh, sw, ph, pw, dh, dw):
 
 
 def test_column_pitch_wide_only_for_short_unpadded_stride_one_rows():
-    from minidl.kernels.conv_geometry import column_pitch
+    from minidl.kernels.convolution.conv_geometry import column_pitch
     one = (1, 1)
     assert column_pitch((14, 14), (5, 5), one, (0, 0), one) == 14  # LeNet-5 conv2: 10 of 14
     assert column_pitch((8, 8), (3, 3), one, (0, 0), one) == 8
@@ -253,7 +253,7 @@ def test_wide_layout_matches_reference(n, groups, cin, cout, kh, kw, h, extra_w,
     """Unpadded stride-1 layers whose output rows are short take the wide im2col layout (its
     unused columns never reach the outputs or the gradients), blocks of several images and
     of one, any thread count, NaN-filled outputs and a workspace of stray bytes."""
-    from minidl.kernels.conv_geometry import column_pitch
+    from minidl.kernels.convolution.conv_geometry import column_pitch
     w = (kw - 1) * dw + 1 + extra_w
     ho, wo = K.conv_output_hw((h, w), (kh, kw), (1, 1), (0, 0), (dh, dw))
     assume(ho >= 1 and column_pitch((h, w), (kh, kw), (1, 1), (0, 0), (dh, dw)) == w != wo)
@@ -344,7 +344,7 @@ def test_winograd_float32_rounding_within_the_stated_bound(algo, bound):
 def test_host_call_made_once_per_shapes_and_left_unchanged():
     """The per-call setup is cached by shapes, workspace size and threads; the kernels never
     write its shared arrays."""
-    from minidl.kernels.conv_geometry import host_call
+    from minidl.kernels.convolution.conv_geometry import host_call
     rng = np.random.default_rng(3)
     x = rng.standard_normal((6, 3, 9, 9)).astype(np.float32)
     w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from minidl.kernels import conv as K
 from minidl.kernels import conv_device as D
-from minidl.kernels.conv_geometry import REFERENCE_ROWS
+from minidl.kernels.convolution.conv_geometry import REFERENCE_ROWS
 
 GEOM = dict(kernel=(3, 3), stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1)
 CANARY = 0xA5
@@ -221,7 +221,7 @@ def test_a_cap_can_keep_winograd_with_smaller_blocks():
     """Between the full Winograd workspace and one image per block, a cap picks Winograd
     with fewer images per block (its transformed tiles under WINOGRAD_LEAN_FACTOR times the
     column cap), which runs within the declared workspace and matches the default."""
-    from minidl.kernels.conv_geometry import GEMM_MAX_COL_BYTES
+    from minidl.kernels.convolution.conv_geometry import GEMM_MAX_COL_BYTES
 
     x_shape, cout = (32, 128, 8, 8), 128
     full = _ws_bytes(x_shape, cout, True, None, REFERENCE_ROWS)

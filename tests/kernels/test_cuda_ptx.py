@@ -50,11 +50,12 @@ def _launch_cases():
 
 
 def _all_kernel_functions() -> set:
-    """Every ``_k_*`` function defined in a module of minidl.kernels."""
+    """Every ``_k_*`` function defined in a module of minidl.kernels (its sub-packages
+    included)."""
     found = set()
     pkg = importlib.import_module(_cuda.__package__)
-    for info in pkgutil.iter_modules(pkg.__path__):
-        mod = importlib.import_module(f"{pkg.__name__}.{info.name}")
+    for info in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
+        mod = importlib.import_module(info.name)
         for name, obj in vars(mod).items():
             if name.startswith("_k_") and inspect.isfunction(obj) and \
                     obj.__module__ == mod.__name__:

@@ -1,4 +1,5 @@
-"""Dropout masks (``minidl.kernels.dropout``): the Numba loop and the ufunc reference give the
+"""Dropout masks (``minidl.kernels.pointwise.dropout``): the Numba loop and the ufunc reference
+give the
 same bits for any size and chunking, the rate is 1 - p, seeds give independent masks."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minidl.kernels.embedding import embedding_backward, embedding_backward_ref
+from minidl.kernels.transformer.embedding import embedding_backward, embedding_backward_ref
 
 
 @settings(max_examples=30, deadline=None)

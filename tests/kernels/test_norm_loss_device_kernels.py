@@ -1,5 +1,6 @@
-"""The CUDA kernels of batch normalisation (minidl.kernels.batchnorm) and softmax cross-entropy
-(minidl.kernels.softmax_xent), without a GPU.
+"""The CUDA kernels of batch normalisation (minidl.kernels.normalization.batchnorm) and softmax
+cross-entropy
+(minidl.kernels.pointwise.softmax_xent), without a GPU.
 
 ``CUDA_LAUNCH_CASES`` launch every kernel on emulated device arrays (one host thread, see
 ``_cuda``) and compare with the CPU path: the apply kernels and the per-channel bookkeeping

@@ -1,4 +1,5 @@
-"""Fused optimizer kernels of kernels/optim.py against their NumPy (ufunc) references: bit-identical
+"""Fused optimizer kernels of kernels/pointwise/optim.py against their NumPy (ufunc) references:
+bit-identical
 results for float32 and float64, any shape, serial and parallel loops, and no allocation."""
 
 from __future__ import annotations

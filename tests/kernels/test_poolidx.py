@@ -1,4 +1,4 @@
-"""kernels/poolidx.py: packed max-pool indices and the backward from them."""
+"""kernels/pooling/poolidx.py: packed max-pool indices and the backward from them."""
 
 from __future__ import annotations
 
@@ -106,8 +106,8 @@ def test_tiled_2x2_and_kernel_pool_convention(hw):
 
 
 def test_matches_kernels_pool_stash():
-    """The argmax that kernels/pool.py's MaxPool2d stashes, packed, gives its backward."""
-    kp = pytest.importorskip("minidl.kernels.pool")
+    """The argmax that kernels/pooling/pool.py's MaxPool2d stashes, packed, gives its backward."""
+    kp = pytest.importorskip("minidl.kernels.pooling.pool")
     rng = np.random.default_rng(2)
     for k, s, p, hw in [((2, 2), (2, 2), (0, 0), (9, 8)), ((3, 3), (2, 2), (1, 1), (9, 10)),
                         ((5, 5), (2, 2), (2, 2), (9, 9))]:

@@ -1,4 +1,4 @@
-"""kernels/precision.py: fp16 / bf16 / fp8 (E4M3FN) codes, Numba CPU against NumPy."""
+"""kernels/codecs/precision.py: fp16 / bf16 / fp8 (E4M3FN) codes, Numba CPU against NumPy."""
 
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ def test_layer_backward_zero_is_positive_and_masks_nan_and_float16_falls_back():
     """The ReLU layer's backward (these kernels) gives +0.0 where the output is not positive,
     also for NaN or negative gradients there (PyTorch's threshold_backward does the same),
     and bits equal to Gist's packed-mask backward."""
-    from minidl.kernels.bitpack import pack_sign, relu_backward_packed
+    from minidl.kernels.codecs.bitpack import pack_sign, relu_backward_packed
 
     y = np.array([1.0, 0.0, 2.0, 0.0, 0.0] * 20000, np.float32)
     dy = np.array([-3.0, -2.0, np.nan, np.nan, 5.0] * 20000, np.float32)

@@ -1,9 +1,9 @@
-"""The LSTM / GRU cell kernels for device arrays (minidl.kernels.rnn_device).
+"""The LSTM / GRU cell kernels for device arrays (minidl.kernels.recurrent.rnn_device).
 
 * Emulated launches (one host thread, ``CUDA_LAUNCH_CASES``; test_cuda_ptx.py compiles every
   signature they launch to PTX): every kernel, both float dtypes, both layouts of the
   recurrent product, every bias / carry / direct-path option, against the Numba CPU kernels
-  of minidl.kernels.rnn (same formulas; the activations differ in the last bits).
+  of minidl.kernels.recurrent.rnn (same formulas; the activations differ in the last bits).
 * The Numba CUDA simulator: many threads, each over several grid-stride steps.
 * The fused LSTM / GRU stack on the strict CUDA device: launches per time step and layer
   (<= 4 forward, <= 6 backward) and no host synchronisation, keeping everything and under a

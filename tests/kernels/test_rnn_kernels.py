@@ -1,4 +1,5 @@
-"""kernels/rnn.py: accuracy of the float32 activations, and the Numba LSTM / GRU gate kernels
+"""kernels/recurrent/rnn.py: accuracy of the float32 activations, and the Numba LSTM / GRU gate
+kernels
 against their NumPy references for both float dtypes."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""kernels/sparse.py: CSR and ZVC encodings, Numba CPU against the NumPy reference."""
+"""kernels/codecs/sparse.py: CSR and ZVC encodings, Numba CPU against the NumPy reference."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The transformer layers' device kernels: LayerNorm, attention (strided batched GEMM, row
-kernels), dropout, embeddings (minidl.kernels.transformer_device and the device paths of
+kernels), dropout, embeddings (minidl.kernels.transformer.transformer_device and the device paths of
 layernorm / attention_rows / attention / dropout / embedding / blas.batched_gemm).
 
 * Emulated launches (one host thread, ``CUDA_LAUNCH_CASES``; test_cuda_ptx.py compiles every

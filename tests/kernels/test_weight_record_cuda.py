@@ -1,4 +1,5 @@
-"""The CUDA decoder of compressed weight records (kernels/weight_record.py) without a GPU.
+"""The CUDA decoder of compressed weight records (kernels/compression/weight_record.py) without a
+GPU.
 
 Three checks, as for the other CUDA kernels: the Numba CUDA simulator (a subprocess with
 ``NUMBA_ENABLE_CUDASIM=1``: the grid-stride pass on 4 x 32 threads, the decoding thread on a

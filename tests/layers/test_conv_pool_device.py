@@ -13,8 +13,8 @@ import math
 import numpy as np
 import pytest
 
-from minidl.kernels.conv import conv2d_workspace_bytes
-from minidl.kernels.conv_device import conv2d_device_workspace_bytes
+from minidl.kernels.convolution.conv import conv2d_workspace_bytes
+from minidl.kernels.convolution.conv_device import conv2d_device_workspace_bytes
 from minidl.layers import Context
 from minidl.layers.conv2d import Conv2d
 from minidl.layers.global_avg_pool import GlobalAvgPool2d

@@ -259,7 +259,7 @@ def test_activations(dev, layer):
 
 
 def test_relu_kernels(dev):
-    from minidl.kernels.relu import relu_backward, relu_forward
+    from minidl.kernels.pointwise.relu import relu_backward, relu_forward
 
     rng = np.random.default_rng(18)
     x, dy = _normal(rng, 4, 300), _normal(rng, 4, 300)
@@ -418,7 +418,7 @@ def _update_both(dev, fn, arrays: list[np.ndarray], steps: int, **kw) -> None:
     {"momentum": 0.9, "nesterov": True, "weight_decay": 1e-3},
     {"momentum": 0.8, "dampening": 0.3, "weight_decay": 1e-3}])
 def test_sgd_update(dev, shape, hyper):
-    from minidl.kernels.optim import sgd_update
+    from minidl.kernels.pointwise.optim import sgd_update
 
     rng = np.random.default_rng(12)
     p, g, buf = (_normal(rng, *shape) for _ in range(3))
@@ -430,7 +430,7 @@ def test_sgd_update(dev, shape, hyper):
                                    {"weight_decay": 0.01, "decoupled": True},
                                    {"beta1": 0.3, "beta2": 0.9, "eps": 1e-6}])
 def test_adam_update(dev, shape, hyper):
-    from minidl.kernels.optim import adam_update
+    from minidl.kernels.pointwise.optim import adam_update
 
     rng = np.random.default_rng(13)
     p, g = (_normal(rng, *shape) for _ in range(2))

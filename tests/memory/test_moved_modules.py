@@ -48,3 +48,10 @@ def test_minidl_public_names_where_the_readme_shows_them():
 
     assert Trainer is minidl.Trainer and SGD is minidl.optim.SGD
     assert get_model is minidl.zoo.models.get_model
+
+
+@pytest.mark.parametrize("old", sorted(minidl.kernels.MOVED_MODULES))
+def test_kernels_old_path_is_the_moved_module(old):
+    new = importlib.import_module(f"minidl.kernels.{minidl.kernels.MOVED_MODULES[old]}.{old}")
+    assert importlib.import_module(f"minidl.kernels.{old}") is new
+    assert getattr(minidl.kernels, old) is new

@@ -82,13 +82,13 @@ def test_ab_setting_finds_module_constants_and_class_attributes():
     from minidl.kernels import conv_geometry
     from minidl.layers import recurrent_units
 
-    assert ab_setting._owner("minidl.kernels.conv_geometry.GEMM_MIN_COLS") == (
+    assert ab_setting._owner("minidl.kernels.convolution.conv_geometry.GEMM_MIN_COLS") == (
         conv_geometry, "GEMM_MIN_COLS")
     assert ab_setting._owner(
         "minidl.layers.recurrent_units._UnitOps.edge_projection_steps") == (
         recurrent_units._UnitOps, "edge_projection_steps")
     with pytest.raises(SystemExit, match="no setting"):
-        ab_setting._owner("minidl.kernels.conv_geometry.NO_SUCH_CONSTANT")
+        ab_setting._owner("minidl.kernels.convolution.conv_geometry.NO_SUCH_CONSTANT")
 
 
 def _has_avx2_fma() -> bool:

@@ -1,0 +1,1 @@
+"""Batch and layer normalisation kernels, host and device."""

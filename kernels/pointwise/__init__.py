@@ -1,0 +1,3 @@
+"""Elementwise work: sums, activations, dropout masks, the softmax cross-entropy loss on device,
+fused optimizer updates.
+"""

@@ -1,0 +1,1 @@
+"""Max and average pooling, host and device, and max-pool indices packed in bits."""

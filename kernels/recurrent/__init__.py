@@ -1,0 +1,1 @@
+"""LSTM and GRU cell kernels, host and device."""
