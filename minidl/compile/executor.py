@@ -76,6 +76,9 @@ class Executor:
         self.lowered = lowered
         self.plan = plan
         self.pool = pool
+        #: What the pool's device can do (its step timer, upload, activation, allocator
+        #: routing), read once.
+        self.device = device_traits(pool.device)
         self.host_pool = host_pool
         self.debug = debug
         self.compute = compute
@@ -140,7 +143,7 @@ class Executor:
 
     def _step_timer(self) -> Any:
         """The device's step timer for a run that computes (``None``: time on the host)."""
-        make_timer = device_traits(self.pool.device).step_timer
+        make_timer = self.device.step_timer
         return make_timer(len(self.plan.steps)) if self.compute and make_timer is not None \
             else None
 
@@ -157,9 +160,8 @@ class Executor:
         reserved, else into the pool; ``measure=True`` starts a new measurement in
         :attr:`temporaries`). The trainer runs the optimizer's update in it too."""
         stack = contextlib.ExitStack()
-        traits = device_traits(self.pool.device)
-        stack.enter_context(traits.activate())
-        route = traits.route_allocations
+        stack.enter_context(self.device.activate())
+        route = self.device.route_allocations
         if route is not None and self.compute:
             if measure or self.temporaries is None:
                 self.temporaries = TemporaryRouter(self.pool, self.scratch)
@@ -240,7 +242,7 @@ class Executor:
 
     def _load_feeds(self, rt: MemoryRuntime, feeds: list) -> None:
         """Copy the program's inputs into their blocks."""
-        upload = device_traits(self.pool.device).copy_from_host
+        upload = self.device.copy_from_host
         for k, (tid, x) in enumerate(zip(self.plan.program.inputs, feeds)):
             dst = rt.array(tid)
             host = np.asarray(x).astype(dst.dtype, casting="same_kind", copy=False)
