@@ -190,12 +190,29 @@ def test_house_rules(package):
     assert not bad, f"{package} may import only {allowed} of minidl: {bad}"
 
 
-def memory_floor(module: str) -> str | None:
-    """The sub-package of ``minidl.memory`` a module belongs to (None above them)."""
-    parts = module.split(".")
-    if parts[:2] != ["minidl", "memory"] or len(parts) < 3 or parts[2] not in MEMORY_FLOORS:
+def floor_of(module: str, package: str, floors: dict[str, tuple[str, ...]]) -> str | None:
+    """The sub-package of ``package`` (one of ``floors``) a module belongs to, else None."""
+    if not module.startswith(package + "."):
         return None
-    return parts[2]
+    sub = module[len(package) + 1:].split(".")[0]
+    return sub if sub in floors else None
+
+
+def floor_violations(floor: str, package: str, floors: dict[str, tuple[str, ...]],
+                     top_importable: bool) -> list[str]:
+    """Imports by ``floor``'s modules of ``package``'s sub-packages not below it (with
+    ``top_importable`` False, of ``package``'s own top-level modules too)."""
+    allowed = {floor, *floors[floor]}
+    bad = []
+    for m in (m for m in MODULES if floor_of(m, package, floors) == floor):
+        for names, _, line in imports(m):
+            for n in names:
+                if n not in MODULES or not n.startswith(package) or m.startswith(n + "."):
+                    continue
+                target = floor_of(n, package, floors)
+                if target not in allowed and (target is not None or not top_importable):
+                    bad.append(f"{m} line {line}: {n}")
+    return bad
 
 
 def test_memory_floors_cover_every_sub_package():
@@ -205,23 +222,8 @@ def test_memory_floors_cover_every_sub_package():
 
 @pytest.mark.parametrize("floor", sorted(MEMORY_FLOORS))
 def test_memory_sub_packages_import_only_floors_below(floor):
-    allowed = {floor, *MEMORY_FLOORS[floor]}
-    bad = []
-    for m in (m for m in MODULES if memory_floor(m) == floor):
-        for names, _, line in imports(m):
-            for n in names:
-                if n.startswith("minidl.memory") and n in MODULES and not m.startswith(n + "."):
-                    if memory_floor(n) not in allowed:
-                        bad.append(f"{m} line {line}: {n}")
-    assert not bad, f"memory.{floor} may import only memory.{sorted(allowed)}: {bad}"
-
-
-def minidl_floor(module: str) -> str | None:
-    """The sub-package of ``minidl`` a module belongs to (None for the others)."""
-    parts = module.split(".")
-    if len(parts) < 2 or parts[0] != "minidl" or parts[1] not in MINIDL_FLOORS:
-        return None
-    return parts[1]
+    bad = floor_violations(floor, "minidl.memory", MEMORY_FLOORS, top_importable=False)
+    assert not bad, f"memory.{floor} may import only memory.{MEMORY_FLOORS[floor]}: {bad}"
 
 
 def test_minidl_floors_cover_every_sub_package():
@@ -231,16 +233,21 @@ def test_minidl_floors_cover_every_sub_package():
 
 @pytest.mark.parametrize("floor", sorted(MINIDL_FLOORS))
 def test_minidl_sub_packages_import_only_floors_below(floor):
-    allowed = {floor, *MINIDL_FLOORS[floor]}
-    bad = []
-    for m in (m for m in MODULES if minidl_floor(m) == floor):
-        for names, _, line in imports(m):
-            for n in names:
-                top = n.split(".")[1] if n.startswith("minidl.") else None
-                if n in MODULES and not m.startswith(n + ".") and top in MINIDL_FLOORS \
-                        and top not in allowed:
-                    bad.append(f"{m} line {line}: {n}")
-    assert not bad, f"minidl.{floor} may import only minidl.{sorted(allowed)}: {bad}"
+    bad = floor_violations(floor, "minidl", MINIDL_FLOORS, top_importable=True)
+    assert not bad, f"minidl.{floor} may import only minidl.{MINIDL_FLOORS[floor]}: {bad}"
+
+
+def test_floor_violations_are_found():
+    assert floor_of("minidl.memory.passes.swap", "minidl.memory", MEMORY_FLOORS) == "passes"
+    assert floor_of("minidl.memory.device_factory", "minidl.memory", MEMORY_FLOORS) is None
+    no_devices = {**MEMORY_FLOORS, "runtime": ("ir",)}
+    assert any(v.startswith("minidl.memory.runtime.scratch ") and v.endswith(".devices.device")
+               for v in floor_violations("runtime", "minidl.memory", no_devices,
+                                         top_importable=False))
+    no_compile = {**MINIDL_FLOORS, "train": tuple(f for f in MINIDL_FLOORS["train"]
+                                                  if f != "compile")}
+    assert any(v.endswith(": minidl.compile.deferred")
+               for v in floor_violations("train", "minidl", no_compile, top_importable=True))
 
 
 #: Longest library source file, in lines (issue 37: a module read in one sitting).
