@@ -105,6 +105,8 @@ class Trainer:
         #: The emulated host link (``emulate_link``), or ``None``.
         self.link_emulation = setup.link_emulation
         self.device = setup.device
+        #: The device's traits, read once (:func:`~minidl.memory.devices.traits.device_traits`).
+        self.device_traits = device_traits(setup.device)
         self.pool = setup.pool
         self.loss_layer = loss if loss is not None else SoftmaxCrossEntropy()
         self.optimizer = sharded_optimizer(optimizer if optimizer is not None else
@@ -197,7 +199,7 @@ class Trainer:
     def asynchronous(self) -> bool:
         """True when the device runs behind the host (a GPU): steps can return before it has
         finished (``step(..., wait=False)``)."""
-        return device_traits(self.device).asynchronous and self.engine.compute
+        return self.device_traits.asynchronous and self.engine.compute
 
     def _local_gradients(self, x: np.ndarray, y: np.ndarray, wait: bool = True) -> Any:
         k = self.engine.split_for([x.shape], tuple(y.shape), y.dtype.name)
