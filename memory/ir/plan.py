@@ -1,10 +1,11 @@
 """Plans are data: per step, the memory actions to run before and after its compute.
 
 Actions are typed records (:data:`Action`), carried out by
-:class:`~minidl.memory.runtime.runtime.MemoryRuntime`. A :class:`Plan` is frozen: a pass that
-changes
-a plan returns a new one (:func:`dataclasses.replace`), so a plan once made never changes
-under the executor that runs it.
+:class:`~minidl.memory.runtime.runtime.MemoryRuntime`. Each declares the residency move it
+makes (``residency``: an action of :data:`.residency.TRANSITIONS`, the one table of legal
+moves), which both the runtime and :meth:`Plan.validate` follow. A :class:`Plan` is frozen: a
+pass that changes a plan returns a new one (:func:`dataclasses.replace`), so a plan once made
+never changes under the executor that runs it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import ClassVar, Union
 
 from .program import Program
+from .residency import SWAPPED_OUT, TRANSITIONS, Residency
 from .walk import Where, walk
 
 
@@ -25,6 +27,7 @@ class Alloc:
     tensor: int
     offset: int = -1
     op: ClassVar[str] = "alloc"
+    residency: ClassVar[str] = "allocate"
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,7 @@ class Free:
 
     tensor: int
     op: ClassVar[str] = "free"
+    residency: ClassVar[str] = "free"
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,7 @@ class Offload:
 
     tensor: int
     op: ClassVar[str] = "offload"
+    residency: ClassVar[str] = "offload"
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,7 @@ class Release:
 
     tensor: int
     op: ClassVar[str] = "release"
+    residency: ClassVar[str] = "release"
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,7 @@ class Prefetch:
     tensor: int
     offset: int = -1
     op: ClassVar[str] = "prefetch"
+    residency: ClassVar[str] = "prefetch"
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,7 @@ class Await:
 
     tensor: int
     op: ClassVar[str] = "await"
+    residency: ClassVar[str] = "await_prefetch"
 
 
 #: Every memory action a plan can hold.
@@ -179,8 +187,10 @@ class Plan:
                 yield visit.step, a
 
     def validate(self) -> None:
-        """Every non-persistent tensor a step touches is allocated before and freed after, once;
-        a swapped one is offloaded, released, prefetched and awaited in that order."""
+        """Every action is a legal move of its tensor's residency (:data:`.residency.TRANSITIONS`,
+        the table the runtime follows; one rule on top: each tensor is allocated once), every
+        non-persistent tensor a step touches is on the device, and at the end nothing is on the
+        device or away on the host: raises AssertionError at the first violation."""
         check = _PlanCheck(self)
         for visit in walk(self):
             if visit.where is Where.COMPUTE:
@@ -192,65 +202,52 @@ class Plan:
         check.nothing_left()
 
 
-#: A swapped tensor goes offloading -> (release) on host -> (prefetch) prefetching -> (await)
-#: live, in that order: per action, the state it needs and the one it leaves (None: live).
-_SWAP_MOVES: dict[type, tuple[str, str | None]] = {
-    Release: ("offloading", "on host"),
-    Prefetch: ("on host", "prefetching"),
-    Await: ("prefetching", None),
+def residency_move(action: Action, state: Residency, cache: bool) -> str:
+    """The :data:`.residency.TRANSITIONS` action ``action`` makes on a tensor in ``state``:
+    its declared ``residency``, except that with the tensor cache (``Plan.cache``) a release
+    keeps the block cached and a prefetch of a cached block reuses it."""
+    move = action.residency
+    if cache and move == "release":
+        return "keep_cached"
+    if move == "prefetch" and state is Residency.CACHED:
+        return "reuse_cached"
+    return move
+
+
+#: Moves the table allows that a plan must not make: a plan allocates each tensor once per
+#: iteration (the passes never allocate a tensor they freed; the runtime's table would take it).
+_PLAN_ONLY_FORBIDS = frozenset({("allocate", Residency.FREED)})
+
+#: What :meth:`Plan.validate` says for an illegal move, by the move and the state it met
+#: (anything else: the table's own wording).
+_MISTAKES: dict[tuple[str, Residency], str] = {
+    ("allocate", Residency.ON_DEVICE): "allocated twice",
+    ("allocate", Residency.FREED): "allocated twice (freed before; a plan allocates a tensor "
+                                   "once)",
+    ("free", Residency.UNALLOCATED): "freed while not live (never allocated)",
+    ("free", Residency.FREED): "freed while not live (freed already)",
 }
 
 
 class _PlanCheck:
-    """:meth:`Plan.validate`'s state along the walk: what is live, freed and swapped away."""
+    """:meth:`Plan.validate`'s state along the walk: one :class:`.residency.Residency` per
+    tensor (unallocated until an action moves it), moved only by the transition table."""
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
-        self.live: set[int] = set()
-        self.freed: set[int] = set()
-        self.away: dict[int, str] = {}  # swapped tensors: offloading | on host | prefetching
+        self.state: dict[int, Residency] = {}
 
     def apply(self, a: Action, where: str) -> None:
         """Carry out ``a`` (run at ``where``) on the state, or raise AssertionError."""
-        if isinstance(a, Alloc):
-            self._alloc(a.tensor, where)
-        elif isinstance(a, Free):
-            self._free(a.tensor, where)
-        elif isinstance(a, Offload):
-            self._offload(a.tensor, where)
-        elif isinstance(a, (Release, Prefetch, Await)):
-            self._swap_move(a, where)
-
-    def _alloc(self, t: int, where: str) -> None:
-        if t in self.live or t in self.freed:
-            raise AssertionError(f"{where}: tensor {t} allocated twice")
-        self.live.add(t)
-
-    def _free(self, t: int, where: str) -> None:
-        if t not in self.live:
-            raise AssertionError(f"{where}: tensor {t} freed while not live")
-        self.live.discard(t)
-        self.freed.add(t)
-
-    def _offload(self, t: int, where: str) -> None:
-        if t not in self.live:
-            raise AssertionError(f"{where}: offload of {t} while not live")
-        self.live.discard(t)
-        self.away[t] = "offloading"
-
-    def _swap_move(self, a: Release | Prefetch | Await, where: str) -> None:
-        need, after = _SWAP_MOVES[type(a)]
-        away = self.away
-        if a.tensor not in away:
-            raise AssertionError(f"{where}: {a.op} of {a.tensor} never offloaded")
-        if away[a.tensor] != need:
-            raise AssertionError(f"{where}: {a.op} of {a.tensor} while "
-                                 f"{away[a.tensor]} (needs {need})")
+        t = a.tensor
+        state = self.state.get(t, Residency.UNALLOCATED)
+        move = residency_move(a, state, self.plan.cache)
+        after = None if (move, state) in _PLAN_ONLY_FORBIDS else TRANSITIONS.get((state, move))
         if after is None:
-            del away[a.tensor]
-            self.live.add(a.tensor)
-        else:
-            away[a.tensor] = after
+            raise AssertionError(f"{where}: tensor {t} " + _MISTAKES.get(
+                (move, state), f"is {state.value}: cannot {move} it (allowed: "
+                f"{', '.join(sorted(m for s, m in TRANSITIONS if s is state)) or 'nothing'})"))
+        self.state[t] = after
 
     def _root(self, t: int) -> int:
         aliases = self.plan.aliases
@@ -259,8 +256,8 @@ class _PlanCheck:
         return t
 
     def step_touches_live(self, i: int) -> None:
-        """Every non-persistent tensor step ``i`` reads or writes (or its workspace) is live
-        (through its alias root)."""
+        """Every non-persistent tensor step ``i`` reads or writes (or its workspace) is on the
+        device (through its alias root)."""
         prog = self.plan.program
         st = prog.steps[i]
         touched = set(st.reads) | set(st.writes)
@@ -269,17 +266,19 @@ class _PlanCheck:
         for t in touched:
             if prog.tensors[t].persistent:
                 continue
-            if self._root(t) not in self.live:
+            if self.state.get(self._root(t)) is not Residency.ON_DEVICE:
                 raise AssertionError(
                     f"step {i} ({st.label}) touches {prog.tensors[t].name} which is not live"
                 )
 
     def nothing_left(self) -> None:
-        """At the end, nothing is live and nothing is still away on the host."""
+        """At the end, nothing is on the device and nothing is still away on the host."""
         tensors = self.plan.program.tensors
-        if self.live:
-            names = sorted(tensors[t].name for t in self.live)
+        live = [t for t, s in self.state.items() if s is Residency.ON_DEVICE]
+        if live:
+            names = sorted(tensors[t].name for t in live)
             raise AssertionError(f"tensors still live at the end: {names[:5]}")
-        if self.away:
-            names = sorted(tensors[t].name for t in self.away)
+        away = [t for t, s in self.state.items() if s in SWAPPED_OUT]
+        if away:
+            names = sorted(tensors[t].name for t in away)
             raise AssertionError(f"tensors offloaded and never brought back: {names[:5]}")

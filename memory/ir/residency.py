@@ -5,7 +5,9 @@ device block and the view steps read, the host buffer and the copy events of a s
 transitions are methods; each looks itself up in :data:`TRANSITIONS` (the one table of legal
 moves) and raises :class:`IllegalTransition` naming the tensor, the state and the action when
 the move is not there. :class:`~minidl.memory.runtime.runtime.MemoryRuntime` keeps one record per
-tensor and drives them from the plan's actions::
+tensor and drives them from the plan's actions (each action declares its move,
+``Action.residency``), and :meth:`~minidl.memory.ir.plan.Plan.validate` checks a plan against
+the same table before it runs::
 
     unallocated or freed --allocate--> on_device --offload--> offloading --release--> on_host
     offloading --keep_cached--> cached --evict--> on_host --prefetch--> prefetching

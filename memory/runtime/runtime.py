@@ -11,13 +11,14 @@ swapped blocks through the device's copy engine, keeps released blocks in the te
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from ..ir.liveness import root_of
-from ..ir.plan import Action, Alloc, Await, Free, Offload, Plan, Prefetch, Release
+from ..ir.plan import Action, Offload, Plan, Prefetch
 from ..ir.program import Program
 from ..ir.residency import SWAPPED_OUT, IllegalTransition, Residency, TensorRecord
 from ..ir.walk import Visit, Where
@@ -168,20 +169,12 @@ class MemoryRuntime:
                              type(action).__name__.lower(), action.tensor, copy))
 
     def _apply(self, action: Action) -> None:
-        if isinstance(action, Alloc):
-            self.alloc(action.tensor, action.offset)
-        elif isinstance(action, Free):
-            self.free(action.tensor)
-        elif isinstance(action, Offload):
-            self.offload(action.tensor)
-        elif isinstance(action, Release):
-            self.release(action.tensor)
-        elif isinstance(action, Prefetch):
-            self.prefetch(action.tensor, action.offset)
-        elif isinstance(action, Await):
-            self.await_(action.tensor)
-        else:
-            raise TypeError(f"memory runtime cannot carry out {action!r}: not a plan action")
+        try:
+            carry_out = _CARRY_OUT[action.residency]
+        except (AttributeError, KeyError):
+            raise TypeError(f"memory runtime cannot carry out {action!r}: not a plan action") \
+                from None
+        carry_out(self, action)
 
     def _allocate(self, tid: int, offset: int = -1, size: int = 0) -> Any:
         """A pool block for ``tid`` (of ``size`` bytes if given, else the planned size); under
@@ -422,3 +415,15 @@ class MemoryRuntime:
             if rec.block is not None:
                 self.pool.free(rec.block)
         self.records.clear()
+
+
+#: How the runtime carries out each plan action, by the residency move it declares
+#: (``Action.residency``; the records check the move against the one table, TRANSITIONS).
+_CARRY_OUT: dict[str, Callable[[MemoryRuntime, Any], None]] = {
+    "allocate": lambda rt, a: rt.alloc(a.tensor, a.offset),
+    "free": lambda rt, a: rt.free(a.tensor),
+    "offload": lambda rt, a: rt.offload(a.tensor),
+    "release": lambda rt, a: rt.release(a.tensor),
+    "prefetch": lambda rt, a: rt.prefetch(a.tensor, a.offset),
+    "await_prefetch": lambda rt, a: rt.await_(a.tensor),
+}

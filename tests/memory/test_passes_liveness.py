@@ -219,9 +219,9 @@ def test_validate_follows_a_swapped_tensor_through_its_four_actions():
     plan = _swap_plan_of_chain()
     plan.validate()
     root = plan.swapped[0]
-    with pytest.raises(AssertionError, match=f"prefetch of {root} while offloading"):
+    with pytest.raises(AssertionError, match=f"tensor {root} is offloading: cannot prefetch it"):
         _drop(plan, Release(root)).validate()
-    with pytest.raises(AssertionError, match=f"await of {root} while on host"):
+    with pytest.raises(AssertionError, match=f"tensor {root} is on_host: cannot await_prefetch it"):
         _drop(plan, Prefetch(root)).validate()
     with pytest.raises(AssertionError, match=r"touches \w+ which is not live"):
         _drop(plan, Await(root)).validate()  # backward would read it while away
