@@ -17,6 +17,7 @@ import numpy as np
 
 from .capabilities import OpCaps
 from .names import Category, Phase, Role
+from .payloads import CodecStep, EncodedInput, OpFacts, OpOptions, RewriteSummary
 from .units import ALLOCATION_UNIT, aligned
 
 
@@ -96,9 +97,13 @@ class Step:
     #: (written, read) tensor pairs the op allows to share one block: an in-place forward
     #: (output over input) or an in-place backward (input gradient over output gradient).
     shares: tuple[tuple[int, int], ...] = ()
-    #: Plain facts a pass needs about the op (a max-pool's window, stride and padding; an
-    #: encode step's codec) — never arrays or objects.
-    attrs: dict = field(default_factory=dict)
+    #: Plain facts a pass needs about the op (a max-pool's window, attention's shape, a fused
+    #: RNN's time units), from its layer.
+    facts: OpFacts = OpFacts()
+    #: An encode / decode step's codec and the tensor it encodes or decodes (else None).
+    codec: CodecStep | None = None
+    #: A backward step starting from an encoded stash: which encoding, in which tensor.
+    from_encoded: EncodedInput | None = None
     # ---- the layer's named slots (tensor ids)
     inputs: tuple[int, ...] = ()
     outputs: tuple[int, ...] = ()
@@ -114,8 +119,9 @@ class Step:
     in_shapes: tuple[tuple[int, ...], ...] = ()
     #: What memory passes may do with the op (declared by its layer).
     caps: OpCaps = OpCaps()
-    #: Per-op options the plan set (``{"bptt": schedule}``), handed to the layer at run time.
-    options: dict = field(default_factory=dict)
+    #: Per-op options the plan set (a BPTT schedule, ...), handed to the layer at run time
+    #: (a plain ``{name: value}`` mapping is accepted and made an :class:`OpOptions`).
+    options: OpOptions = OpOptions()
     #: The user's choice for the feature maps this op's forward writes, from a block the
     #: network marks (``"recompute"``, ``"swap"`` or ``"keep"``; ``""``: the planner's to make).
     #: Every planner honours it (:mod:`.block_choices`).
@@ -126,6 +132,31 @@ class Step:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "phase", Phase.of(self.phase))
+        if type(self.options) is not OpOptions:
+            object.__setattr__(self, "options", OpOptions.of(self.options))
+        if type(self.facts) is not OpFacts:
+            object.__setattr__(self, "facts", OpFacts.of(self.facts))
+
+    @property
+    def attrs(self) -> dict:
+        """The former plain-dict view of :attr:`facts`, :attr:`codec` and
+        :attr:`from_encoded` (a new dict; for reading only)."""
+        out: dict = {}
+        f = self.facts
+        window = f.pool if self.codec is None else self.codec.window
+        if self.codec is not None:
+            out.update(codec=self.codec.codec, source=self.codec.source)
+        if window is not None:
+            out.update(window=window.size, kernel=window.kernel, stride=window.stride,
+                       padding=window.padding)
+        if f.attention is not None:
+            out["attention"] = dict(vars(f.attention))
+        if f.time_units is not None:
+            out["time_units"] = f.time_units
+        if self.from_encoded is not None:
+            out.update(backward_from=self.from_encoded.encoding,
+                       encoded=self.from_encoded.tensor)
+        return out
 
     @property
     def label(self) -> str:
@@ -194,10 +225,16 @@ class Program:
     inputs: list[int]  # fed tensors (data, labels)
     loss: int = -1  # the loss value tensor, -1 for inference programs
     training: bool = True
-    meta: dict = field(default_factory=dict)
+    #: What the rewriting passes (recomputation, compression) did to this program.
+    rewrites: RewriteSummary = RewriteSummary()
     #: The allocation unit of the pool the program is planned for: every size a pass rounds
     #: (block intervals, peaks, bounds) is rounded to it (see :meth:`block_size`).
     alignment: int = ALLOCATION_UNIT
+
+    @property
+    def meta(self) -> dict:
+        """The former plain-dict view of :attr:`rewrites` (a new dict; for reading only)."""
+        return self.rewrites.as_dict()
 
     def block_size(self, nbytes: int) -> int:
         """Bytes a block of ``nbytes`` occupies in this program's pool."""

@@ -8,7 +8,7 @@ stores only the row log-sum-exp (B, H, T) and recomputes each tile in backward: 
 linear in T, its workspaces hold a few tiles (larger tiles: fewer, larger products, more
 workspace). Both forms are deterministic and agree to float rounding.
 
-Memory sees the op through ``step.attrs["attention"]`` (batch, seq, dim, heads, causal,
+Memory sees the op through ``step.facts.attention`` (batch, seq, dim, heads, causal,
 dropout) and sizes each form with the kernels' own layouts
 (:mod:`minidl.kernels.transformer.attention`), the ones the layer declares, so the bytes here are
 the
@@ -49,13 +49,14 @@ class FormBytes:
 def attention_steps(program: Program) -> list[Step]:
     """The forward steps taking the option (one per attention op)."""
     return [st for st in program.steps
-            if st.phase == "forward" and OPTION in st.caps.options and "attention" in st.attrs]
+            if st.phase == "forward" and OPTION in st.caps.options
+            and st.facts.attention is not None]
 
 
 def candidates(step: Step) -> list[str]:
     """Forms to consider for an attention op, keep first, then blockwise with tiles of
     :data:`BLOCKS` (no larger than the sequence; duplicates dropped)."""
-    seq = int(step.attrs["attention"]["seq"])
+    seq = step.facts.attention.seq
     out = [KEEP]
     for b in BLOCKS:
         form = f"{ak.BLOCKWISE}:{min(b, seq)}"
@@ -67,12 +68,12 @@ def candidates(step: Step) -> list[str]:
 def form_bytes(program: Program, step: Step, form: str | None) -> FormBytes:
     """The stash and workspace bytes of ``step``'s op under ``form`` (``None``: keep), in
     the dtype of its input, as the layer declares them."""
-    a = step.attrs["attention"]
+    a = step.facts.attention
     dt = np.dtype(program.tensors[step.inputs[0]].dtype)
     block = ak.parse_form(form)
-    geom = (int(a["batch"]), int(a["seq"]), int(a["dim"]), int(a["heads"]), block)
+    geom = (a.batch, a.seq, a.dim, a.heads, block)
     stash = sum(int(np.prod(s)) for s in ak.stash_shapes(*geom).values()) * dt.itemsize
-    drop = bool(a["dropout"])
+    drop = a.dropout
     fwd = ak.forward_layout(*geom, drop).nbytes(dt)
     bwd = ak.backward_layout(*geom, drop).nbytes(dt) if program.training else 0
     return FormBytes(stash, fwd, bwd)
@@ -86,7 +87,7 @@ def policies(program: Program, config: MemoryConfig) -> list[str | None]:
     if not steps or not program.training:
         return [None]
     if config.auto and config.budget is not None:
-        longest = max(steps, key=lambda st: int(st.attrs["attention"]["seq"]))
+        longest = max(steps, key=lambda st: st.facts.attention.seq)
         return list(candidates(longest))
     return [None]
 

@@ -60,7 +60,7 @@ def candidate_policies(units: int) -> list[str | None]:
 
 def _units(program: Program) -> dict[int, int]:
     """Node -> time units of every forward step taking the option."""
-    return {st.node: int(st.attrs["time_units"]) for st in program.steps
+    return {st.node: st.facts.time_units for st in program.steps
             if st.phase == "forward" and OPTION in st.caps.options}
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from ...kernels.codecs import bitpack, precision, sparse
 from ...kernels.pooling import poolidx
 from ..ir.capabilities import StashEncoding
+from ..ir.payloads import CodecStep, CompressionSummary, EncodedInput, PoolWindow
 from ..ir.program import Program, Step, TensorSpec
 
 #: The encoding a layer's backward starts from, for the codecs it consumes directly.
@@ -53,13 +54,15 @@ def _last_forward_use(program: Program) -> dict[int, int]:
     return last
 
 
-def encoded_size(codec: str, spec: TensorSpec, attrs: dict, density: float | None) -> int:
-    """Bytes of ``spec`` encoded with ``codec`` (sparse: at ``density``)."""
+def encoded_size(codec: str, spec: TensorSpec, window: PoolWindow | None,
+                 density: float | None) -> int:
+    """Bytes of ``spec`` encoded with ``codec`` (sparse: at ``density``; packed argmax
+    indices: of a max-pool's ``window``)."""
     n = math.prod(spec.shape)
     if codec == "sign":
         return bitpack.packed_nbytes(n)
     if codec == "poolidx":
-        return poolidx.packed_index_nbytes(n, poolidx.index_bits(attrs["window"]))
+        return poolidx.packed_index_nbytes(n, poolidx.index_bits(window.size))
     if codec == "sparse":
         itemsize = 4 if spec.dtype == "float32" else 8
         return sparse.choose_encoding(n, int(math.ceil(n * density)), itemsize).nbytes
@@ -80,16 +83,16 @@ def compress_program(program: Program, binarize: bool = False, use_sparse: bool 
         return program
     forms = _EncodedForms.build(program, plan, densities or {})
     steps = _rewritten_steps(program, plan, forms, readers)
-    meta = dict(program.meta)
-    meta["encoded"] = {forms.tensors[t].name: codec for t, (codec, _) in plan.items()}
-    meta["sparse_densities"] = {name: d for name, d in forms.densities}
+    rewrites = replace(program.rewrites, compression=CompressionSummary(
+        encoded={forms.tensors[t].name: codec for t, (codec, _) in plan.items()},
+        sparse_densities=dict(forms.densities)))
     return Program(tensors=forms.tensors, steps=steps, inputs=list(program.inputs),
-                   loss=program.loss, training=program.training, meta=meta,
+                   loss=program.loss, training=program.training, rewrites=rewrites,
                    alignment=program.alignment)
 
 
 #: Tensor -> (codec, its attributes): what the rewrite encodes, in the order chosen.
-_Choice = dict[int, tuple[str, dict]]
+_Choice = dict[int, tuple[str, PoolWindow | None]]
 
 
 def _choose_codecs(program: Program, readers: dict[int, list[Step]], binarize: bool,
@@ -116,16 +119,16 @@ def _choose_lossless(program: Program, st: Step, readers: dict[int, list[Step]],
         v = outs[0]
         rs = readers.get(v, [])
         if rs and all(r.phase == "backward" and r.node == st.node for r in rs):
-            plan[v] = ("sign", {})
+            plan[v] = ("sign", None)
             return
     if binarize and StashEncoding.PACKED_ARGMAX in from_enc:
         for t in st.writes:
             if program.tensors[t].role == "stash" and t in readers:
-                plan[t] = ("poolidx", dict(st.attrs))
+                plan[t] = ("poolidx", st.facts.pool)
     if use_sparse and st.caps.sparse_output and outs:
         v = outs[0]
         if any(r.caps.convolution for r in readers.get(v, [])):
-            plan[v] = ("sparse", {})
+            plan[v] = ("sparse", None)
 
 
 def _choose_reduced_precision(program: Program, readers: dict[int, list[Step]], dpr: str,
@@ -140,7 +143,7 @@ def _choose_reduced_precision(program: Program, readers: dict[int, list[Step]], 
             continue
         if not spec.dtype.startswith("float") or t not in producer:
             continue
-        plan[t] = (dpr, {})
+        plan[t] = (dpr, None)
 
 
 @dataclass
@@ -159,14 +162,14 @@ class _EncodedForms:
               densities: dict[str, float]) -> _EncodedForms:
         forms = cls(list(program.tensors), {}, {}, [])
         tensors = forms.tensors
-        for t, (codec, attrs) in plan.items():
+        for t, (codec, window) in plan.items():
             spec = tensors[t]
             dens = None
             if codec == "sparse":
                 dens = densities.get(spec.name)
                 forms.densities.append((spec.name, dens))
                 dens = ASSUMED_DENSITY if dens is None else dens
-            nb = encoded_size(codec, spec, attrs, dens)
+            nb = encoded_size(codec, spec, window, dens)
             forms.enc_of[t] = len(tensors)
             tensors.append(TensorSpec(len(tensors), f"{spec.name}.{codec}", (nb,), "uint8",
                                       "encoded", "encoded", spec.layer, of=t))
@@ -197,16 +200,15 @@ def _rewritten_steps(program: Program, plan: _Choice, forms: _EncodedForms,
 
     for i, st in enumerate(program.steps):
         for t in decode_before.get(i, []):
-            codec, attrs = plan[t]
             emit(Step(0, "decode", tensors[t].layer, "decode", -1, (enc_of[t],), (dec_of[t],),
-                      attrs={"codec": codec, "source": t}))
+                      codec=CodecStep(plan[t][0], t)))
         if st.phase in ("backward", "recompute"):
             st = _reading_encoded(st, plan, forms)
         emit(st)
         for t in encode_after.get(i, []):
-            codec, a = plan[t]
+            codec, window = plan[t]
             emit(Step(0, "encode", tensors[t].layer, "encode", -1, (t,), (enc_of[t],),
-                      attrs={"codec": codec, "source": t, **a}))
+                      codec=CodecStep(codec, t, window)))
     return steps
 
 
@@ -219,6 +221,5 @@ def _reading_encoded(st: Step, plan: _Choice, forms: _EncodedForms) -> Step:
     if consumed:  # read encoded: the layer's backward starts from the encoding
         t = consumed[0]
         st = replace(st, reads=tuple(enc_of[r] if r == t else r for r in st.reads),
-                     attrs={**st.attrs, "backward_from": CODEC_ENCODING[plan[t][0]],
-                            "encoded": enc_of[t]})
+                     from_encoded=EncodedInput(CODEC_ENCODING[plan[t][0]], enc_of[t]))
     return st.remapped(decoded)

@@ -29,9 +29,11 @@ Policies choose the *checkpoints* (feature maps kept) and how backward steps are
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from ..ir.capabilities import RecomputeCost
 from ..ir.liveness import lifetimes
+from ..ir.payloads import RecomputeSummary
 from ..ir.program import Program, Step
 from .block_choices import BlockChoices, block_choices
 
@@ -218,13 +220,13 @@ class _Rewrite:
         self.group_remap[g] = remap
 
     def program(self) -> Program:
-        """The rewritten program (its meta counting what was recomputed and dropped)."""
+        """The rewritten program (its rewrites counting what was recomputed and dropped)."""
         src = self.source
-        meta = dict(src.meta)
-        meta.update(recomputed_flops=self.recomputed_flops, recomputed_steps=self.recomputed,
-                    dropped_layers=len(self.dropped_steps), checkpoints=len(self.checkpoints))
+        rewrites = replace(src.rewrites, recompute=RecomputeSummary(
+            recomputed_flops=self.recomputed_flops, recomputed_steps=self.recomputed,
+            dropped_layers=len(self.dropped_steps), checkpoints=len(self.checkpoints)))
         return Program(tensors=self.tensors, steps=self.steps, inputs=list(src.inputs),
-                       loss=src.loss, training=src.training, meta=meta,
+                       loss=src.loss, training=src.training, rewrites=rewrites,
                        alignment=src.alignment)
 
 

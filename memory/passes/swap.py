@@ -65,7 +65,7 @@ def swap_candidates(program: Program, aliases: dict[int, int], mode: str) -> lis
                     and r not in bwd_first:
                 bwd_first[r] = st.index
     for st in program.steps:  # an encoded conv input counts as a conv input
-        if st.phase == "encode" and root_of(aliases, st.attrs["source"]) in conv_input:
+        if st.phase == "encode" and root_of(aliases, st.codec.source) in conv_input:
             conv_input.add(st.writes[0])
     out = []
     for r in members:

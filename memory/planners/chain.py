@@ -18,10 +18,11 @@ alone: a version lives until its last reader.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..ir.config import MemoryConfig
 from ..ir.liveness import root_of
+from ..ir.payloads import RecomputeSummary
 from ..ir.program import Program, Step
 from ..passes.base_plan import base_plan
 from ..passes.recompute import articulation_values
@@ -357,8 +358,8 @@ class _ScheduleWriter:
         if not all(self.done):
             self.refuse(f"stage {self.done.index(False)} has no backward")
         src = self.source
-        meta = dict(src.meta)
-        meta.update(recomputed_flops=self.recomputed_flops, recomputed_steps=self.recomputed,
-                    dropped_layers=sum(1 for r in self.runs if r > 1), checkpoints=0)
+        rewrites = replace(src.rewrites, recompute=RecomputeSummary(
+            recomputed_flops=self.recomputed_flops, recomputed_steps=self.recomputed,
+            dropped_layers=sum(1 for r in self.runs if r > 1), checkpoints=0))
         return Program(tensors=self.tensors, steps=self.steps, inputs=list(src.inputs),
-                       loss=src.loss, training=True, meta=meta, alignment=src.alignment)
+                       loss=src.loss, training=True, rewrites=rewrites, alignment=src.alignment)

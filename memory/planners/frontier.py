@@ -155,7 +155,7 @@ def least_sizes(program: Program) -> dict[int, int]:
     out = {}
     for st in encoded.steps:
         if st.phase == "encode":
-            src = st.attrs["source"]
+            src = st.codec.source
             out[src] = min(out.get(src, 1 << 62), encoded.block_sizes[st.writes[0]])
     return out
 

@@ -106,8 +106,9 @@ def make_plan(program: Program, config: MemoryConfig,
             rewrites[key] = (program, base_plan(program, config))
         plan = rewrites[key][1]
     if compressing and program.training:
-        enc = program.meta.get("encoded", {})
-        dens = program.meta.get("sparse_densities", {})
+        summary = program.rewrites.compression
+        enc = {} if summary is None else summary.encoded
+        dens = {} if summary is None else summary.sparse_densities
         measured = [n for n, d in dens.items() if d is not None]
         plan = plan.with_notes(
             f"compression: {len(enc)} stashes encoded ("
@@ -119,11 +120,11 @@ def make_plan(program: Program, config: MemoryConfig,
                if dens else ""))
         plan = replace(plan, densities_measured=bool(measured) or not dens)
     if config.recompute is not None and program.training:
-        m = program.meta
+        m = program.rewrites.recompute
         plan = plan.with_notes(
-            f"recompute={config.get('recompute')}: {m['checkpoints']} checkpoints, "
-            f"{m['dropped_layers']} layers dropped, {m['recomputed_steps']} forward steps "
-            f"recomputed per iteration ({m['recomputed_flops']:,} FLOPs)")
+            f"recompute={config.get('recompute')}: {m.checkpoints} checkpoints, "
+            f"{m.dropped_layers} layers dropped, {m.recomputed_steps} forward steps "
+            f"recomputed per iteration ({m.recomputed_flops:,} FLOPs)")
     if config.swap is not None or blocks.swapped:
         force = frozenset(root_of(plan.aliases, t) for t in blocks.swapped)
         plan = replace(swap_plan(plan, config.swap or "all", step_times=step_times,

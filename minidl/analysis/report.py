@@ -130,31 +130,32 @@ def strategy_costs(c: Any) -> dict[str, Any]:
     prog = c.plan.program
     times = c.executor.step_times
     out: dict[str, Any] = {}
-    if prog.meta.get("recomputed_steps"):
+    recompute = prog.rewrites.recompute
+    if recompute is not None and recompute.recomputed_steps:
         out["recompute"] = {
-            "flops": int(prog.meta["recomputed_flops"]),
-            "steps": int(prog.meta["recomputed_steps"]),
+            "flops": int(recompute.recomputed_flops),
+            "steps": int(recompute.recomputed_steps),
             "time_s": float(sum(t for s, t in zip(prog.steps, times) if s.phase == "recompute")),
         }
     bptt = []
     for st in c.lowered.program.steps:
-        sched = st.options.get("bptt")  # the plan's BPTT schedule of a fused RNN step
+        sched = st.options.bptt  # the plan's BPTT schedule of a fused RNN step
         if st.phase == "forward" and sched is not None:
             layer = c.lowered.layers[st.node]
             bptt.append({"layer": st.layer, "policy": sched.policy, "units": sched.units,
                          "unit_steps": layer.unit_steps, "states_kept": sched.max_stored,
                          "unit_forwards": sched.unit_forwards,
-                         "recomputed_flops": layer.recompute_flops(list(st.in_shapes),
-                                                                   st.options)})
+                         "recomputed_flops": layer.recompute_flops(
+                             list(st.in_shapes), st.options.as_layer_options)})
     if bptt:
         out["bptt"] = bptt
     encodes = [s for s in prog.steps if s.phase == "encode"]
     if encodes:
         per = []
         for s in encodes:
-            src = prog.tensors[s.attrs["source"]]
+            src = prog.tensors[s.codec.source]
             enc = s.writes[0]
-            row = {"tensor": src.name, "codec": s.attrs["codec"],
+            row = {"tensor": src.name, "codec": s.codec.codec,
                    "ratio": src.nbytes / max(prog.tensors[enc].nbytes, 1)}
             if src.name in c.executor.densities:
                 row["density"] = c.executor.densities[src.name]

@@ -88,7 +88,7 @@ class Executor:
         self.layers = lowered.layers
         self.parameters = lowered.parameters
         self.outputs = set(lowered.output_tensors)
-        self.codec_state: dict[int, dict] = {}
+        self.codec_state: dict[int, codecs.CodecState] = {}
         #: Largest fraction of non-zeros seen per sparse-encoded tensor (for re-planning).
         self.densities: dict[str, float] = {}
         self._step_times = np.zeros(len(self.steps))
@@ -279,14 +279,14 @@ class Executor:
         ctx = None if st.node < 0 else Context(
             training=run.training, seed=step_seed(run.seed, run.iteration, st.node),
             recomputing=run.recomputing or st.phase == "recompute",
-            accumulate=st.accumulate, options=st.options,
+            accumulate=st.accumulate, options=st.options.as_layer_options,
             batch_sync=None if hooks is None else hooks.batch_sync)
         if st.phase == "encode":
             self._encode(st, rt)
         elif st.phase == "decode":
-            src = st.attrs["source"]
-            codecs.decode(st.attrs["codec"], rt.array(st.reads[0]),
-                          rt.array(st.writes[0]), self.codec_state.get(src, {}))
+            work = st.codec
+            codecs.decode(work.codec, rt.array(st.reads[0]), rt.array(st.writes[0]),
+                          self.codec_state.get(work.source) or codecs.CodecState())
         elif st.phase == "recompute":
             self._forward(st, rt, ctx)
         elif st.phase == "forward":
@@ -310,14 +310,18 @@ class Executor:
             run.loss = fetch_async(device, rt.array(loss))
 
     def _encode(self, st: Step, rt: MemoryRuntime) -> None:
-        codec, src = st.attrs["codec"], st.attrs["source"]
+        codec, src = st.codec.codec, st.codec.source
         x = rt.array(src)
         out = st.writes[0]
-        state = self.codec_state.setdefault(src, dict(st.attrs))
+        state = self.codec_state.get(src)
+        if state is None:
+            window = st.codec.window
+            state = self.codec_state[src] = codecs.CodecState(
+                window=0 if window is None else window.size)
         need = codecs.encode(codec, x, rt.array(out), state)
         if codec == "sparse":  # (the count the encoder read: no second pass over x)
             name = rt.program.tensors[src].name
-            density = state["_nnz"] / max(int(x.size), 1)
+            density = state.nnz / max(int(x.size), 1)
             self.densities[name] = max(self.densities.get(name, 0.0), density)
         if need > rt.array(out).size:
             # denser than planned: a larger block for this iteration (the plan is refined
@@ -348,12 +352,12 @@ class Executor:
                   loss_scale: float = 1.0) -> None:
         arr = rt.array
         layer = self.layers[st.node]
-        encoding = st.attrs.get("backward_from")
-        if encoding is not None:  # the stash is kept encoded: backward starts from it
+        encoded = st.from_encoded
+        if encoded is not None:  # the stash is kept encoded: backward starts from it
             g = st.grad_inputs[0]
             if g is not None:
                 dx = arr(g.written)
-                layer.backward_from_encoded(encoding, arr(st.attrs["encoded"]),
+                layer.backward_from_encoded(encoded.encoding, arr(encoded.tensor),
                                             arr(st.grad_outputs[0]), dx)
                 if g.add_into >= 0:
                     add_arrays(arr(g.add_into), dx, arr(g.add_into))

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..layers.base import Layer
 from ..memory.ir.capabilities import OpCaps, op_caps
+from ..memory.ir.payloads import OpFacts
 from ..memory.ir.program import GradInput, Program, Step, TensorSpec
 from ..memory.ir.units import ALLOCATION_UNIT
 from ..net.graph import Network
@@ -232,7 +233,8 @@ class _Lowering:
         in_shapes = [self.shapes[v] for v in self.node_in[i]]
         self.steps.append(Step(
             index=len(self.steps), origin=len(self.steps), layer=self.node_names[i],
-            kind=self.layers[i].kind, node=i, attrs=self.layers[i].memory_attrs(in_shapes),
+            kind=self.layers[i].kind, node=i,
+            facts=OpFacts.of(self.layers[i].memory_attrs(in_shapes)),
             caps=self.caps[i], options=self.options.get(i, {}), forced=self.node_memory[i],
             inputs=tuple(self.val_t[v] for v in self.node_in[i]),
             outputs=tuple(self.val_t[v] for v in self.node_out[i]),

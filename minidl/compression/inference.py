@@ -36,6 +36,7 @@ from ..memory.device_factory import make_device
 from ..memory.devices.device import MetaDevice
 from ..memory.devices.traits import device_traits
 from ..memory.ir.config import MemoryConfig
+from ..memory.ir.payloads import CodecStep
 from ..memory.ir.plan import Plan
 from ..memory.ir.program import Step, TensorSpec
 from ..memory.ir.units import ALLOCATION_UNIT
@@ -112,7 +113,7 @@ def inference_program(net: Network, record_sizes: dict[str, int],
                 continue  # decoded already (a shared parameter)
             steps.append(Step(index=len(steps), phase="decode", layer=st.layer, kind="decode",
                               node=-1, reads=(rid,), writes=(tid,),
-                              attrs={"codec": "weights", "source": rid}))
+                              codec=CodecStep("weights", rid)))
         steps.append(replace(st, index=len(steps)))
     program = replace(prog, tensors=tensors, steps=steps, inputs=inputs)
     return replace(low, program=program, parameters={})

@@ -440,19 +440,19 @@ def test_adam_update(dev, shape, hyper):
 
 
 # ---------------------------------------------------------------- codecs
-def _codec_round_trip(mem: DeviceMem, codec: str, x: np.ndarray, attrs: dict) -> tuple:
+def _codec_round_trip(mem: DeviceMem, codec: str, x: np.ndarray, window: int = 0) -> tuple:
     """Encode on NumPy and on the device (the bytes used must be identical), then decode both
     (identical, NaN included); returns (host buffer, device buffer, host attrs)."""
     from minidl.memory.passes import codecs
 
     dev = mem.dev
-    hbuf, hattrs = np.zeros(x.nbytes + 1024, np.uint8), dict(attrs)
-    dbuf, dattrs = mem.put(hbuf), dict(attrs)
+    hbuf, hattrs = np.zeros(x.nbytes + 1024, np.uint8), codecs.CodecState(window=window)
+    dbuf, dattrs = mem.put(hbuf), codecs.CodecState(window=window)
     want = codecs.encode(codec, x.copy(), hbuf, hattrs)
     calls = dev.checked_calls
     got = codecs.encode(codec, mem.put(x), dbuf, dattrs)
     assert dev.checked_calls > calls
-    assert got == want and dattrs == hattrs, codec
+    assert got == want and vars(dattrs) == vars(hattrs), codec
     np.testing.assert_array_equal(dbuf.get()[:want], hbuf[:want], err_msg=codec)
     assert codecs.density(mem.put(x)) == codecs.density(x)
     if codec not in ("sign", "poolidx"):  # decoded by backward_from_encoded
@@ -471,7 +471,7 @@ def test_codecs(dev, codec, shape):
     x = rng.standard_normal(shape).astype(np.float32) * 50
     x[rng.random(shape) < 0.7] = 0.0
     x.flat[:4] = [np.inf, -np.nan, -0.0, 1e-42]
-    _codec_round_trip(DeviceMem(dev), codec, x, {})
+    _codec_round_trip(DeviceMem(dev), codec, x)
     gc.collect()
     assert dev.default_pool_bytes == 0
 
@@ -482,11 +482,11 @@ def test_sparse_codec_dense_fallback_and_short_buffer(dev):
     rng = np.random.default_rng(15)
     x = rng.standard_normal((4, 300)).astype(np.float32)  # no zeros: stored dense
     mem = DeviceMem(dev)
-    _, _, attrs = _codec_round_trip(mem, "sparse", x, {})
-    assert attrs["_fmt"] == "dense"
+    _, _, state = _codec_round_trip(mem, "sparse", x)
+    assert state.fmt == "dense"
     x[:, 5:] = 0.0
     small = mem.put(np.full(16, 0xAB, np.uint8))
-    assert codecs.encode("sparse", mem.put(x), small, {}) > small.size
+    assert codecs.encode("sparse", mem.put(x), small, codecs.CodecState()) > small.size
     assert (small.get() == 0xAB).all()  # nothing written
 
 
@@ -494,7 +494,7 @@ def test_pool_index_codec(dev):
     rng = np.random.default_rng(16)
     for window in (4, 9):
         idx = rng.integers(0, window, (3, 5, 7)).astype(np.uint8)
-        _codec_round_trip(DeviceMem(dev), "poolidx", idx, {"window": window})
+        _codec_round_trip(DeviceMem(dev), "poolidx", idx, window)
 
 
 def test_relu_backward_from_sign_encoding(dev):
@@ -502,7 +502,7 @@ def test_relu_backward_from_sign_encoding(dev):
     y = np.maximum(rng.standard_normal((3, 4, 11)).astype(np.float32), 0)
     dy = rng.standard_normal(y.shape).astype(np.float32)
     mem = DeviceMem(dev)
-    hbuf, dbuf, _ = _codec_round_trip(mem, "sign", y, {})
+    hbuf, dbuf, _ = _codec_round_trip(mem, "sign", y)
     want = np.empty_like(dy)
     ReLU().backward_from_encoded("sign", hbuf, dy, want)
     got = _garbage(mem, dy.shape, dy.dtype)

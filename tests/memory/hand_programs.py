@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from minidl.memory.ir.capabilities import OpCaps, op_caps
+from minidl.memory.ir.payloads import OpFacts, PoolWindow
 from minidl.memory.ir.plan import Plan
 from minidl.memory.ir.program import GradInput, Program, Step, TensorSpec
 
@@ -25,6 +26,8 @@ CAPS: dict[str, OpCaps] = {
     "pool": op_caps("pool", backward_from=("packed_argmax",)),
     "loss": op_caps("loss"),
 }
+#: A 2x2 max-pool's facts, as lowering states them for memory.
+MAX_POOL_2X2 = OpFacts(pool=PoolWindow(4, (2, 2), (2, 2), (0, 0)))
 #: float32 elements in one 512-byte allocation unit: a shape of (k * UNIT,) is k units.
 UNIT = 128
 
@@ -46,7 +49,7 @@ class HandLayer:
     keeps: str = "inputs"
     inplace_forward: bool = False
     inplace_backward: bool = False
-    attrs: dict = field(default_factory=dict)
+    facts: OpFacts = OpFacts()
     flops: int = 1000
 
 
@@ -83,7 +86,7 @@ def lower_layers(layers: list[HandLayer], input_units: int = 4, loss_after: str 
         steps.append(Step(
             len(steps), "forward", ly.name, ly.kind, node, ins + tuple(params.values()),
             (out, *stash.values()), ws, ly.flops,
-            ((out, ins[0]),) if ly.inplace_forward else (), dict(ly.attrs), inputs=ins,
+            ((out, ins[0]),) if ly.inplace_forward else (), ly.facts, inputs=ins,
             outputs=(out,), stash=stash, params=params, caps=CAPS[ly.kind], origin=len(steps)))
     grad_of = {value["loss"]: add("loss.grad", 1, "gradient_map", "seed", "loss")}
     fed = {"x", "labels"}
@@ -118,7 +121,7 @@ def lower_layers(layers: list[HandLayer], input_units: int = 4, loss_after: str 
             and g_in[0].add_into < 0 else ()
         steps.append(Step(
             len(steps), "backward", ly.name, ly.kind, node, tuple(dict.fromkeys(reads)),
-            tuple(dict.fromkeys(writes)), ws, 2 * ly.flops, shares, dict(ly.attrs),
+            tuple(dict.fromkeys(writes)), ws, 2 * ly.flops, shares, ly.facts,
             inputs=ins, outputs=(value[ly.name],), stash=stash_of[ly.name], params=params,
             grad_outputs=(g_out,), grad_inputs=tuple(g_in), grad_params=gp,
             caps=CAPS[ly.kind], origin=len(steps)))
@@ -135,8 +138,7 @@ def chain() -> Program:
         HandLayer("relu", "relu", ("conv",), 4, keeps="output", inplace_forward=True,
                   inplace_backward=True, flops=100),
         HandLayer("pool", "pool", ("relu",), 2, stash={"argmax": 2}, keeps="",
-                  attrs={"op": "max", "window": 4, "kernel": (2, 2), "stride": (2, 2),
-                         "padding": (0, 0)}, flops=200),
+                  facts=MAX_POOL_2X2, flops=200),
         HandLayer("fc", "linear", ("pool",), 1, params=("w",), flops=4000),
     ])
 
@@ -163,8 +165,7 @@ def joint_recompute() -> Program:
     return lower_layers([
         HandLayer("conv0", "conv", ("x",), 2, params=("w",), fwd_workspace=2, flops=8000),
         HandLayer("pool1", "pool", ("conv0",), 1, stash={"argmax": 1}, keeps="", flops=100,
-                  attrs={"op": "max", "window": 4, "kernel": (2, 2), "stride": (2, 2),
-                         "padding": (0, 0)}),
+                  facts=MAX_POOL_2X2),
         HandLayer("relu2", "relu", ("pool1",), 1, keeps="output", inplace_backward=True,
                   flops=4000),
         HandLayer("add3", "add", ("relu2", "pool1"), 1, keeps="", flops=1000),

@@ -6,7 +6,13 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hand_programs import HandLayer, joint_recompute, linear_chain, lower_layers
+from hand_programs import (
+    MAX_POOL_2X2,
+    HandLayer,
+    joint_recompute,
+    linear_chain,
+    lower_layers,
+)
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -67,8 +73,7 @@ def random_programs(draw):
         elif kind == "pool":
             half = max(1, units[prev] // 2)
             ly = HandLayer(name, kind, (prev,), half, stash={"argmax": half}, keeps="",
-                           attrs={"op": "max", "window": 4, "kernel": (2, 2), "stride": (2, 2),
-                                  "padding": (0, 0)}, flops=flops)
+                           facts=MAX_POOL_2X2, flops=flops)
         else:
             ly = HandLayer(name, kind, (prev,), draw(st.integers(1, 6)), params=("w",),
                            fwd_workspace=draw(st.integers(0, 2)) if kind == "conv" else 0,

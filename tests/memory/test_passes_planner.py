@@ -4,7 +4,14 @@
 from __future__ import annotations
 
 import pytest
-from hand_programs import HandLayer, chain, linear_chain, lower_layers, residual
+from hand_programs import (
+    MAX_POOL_2X2,
+    HandLayer,
+    chain,
+    linear_chain,
+    lower_layers,
+    residual,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -132,8 +139,7 @@ def random_programs(draw):
         elif kind == "pool":
             ly = HandLayer(name, kind, (prev,), max(1, units[prev] // 2),
                            stash={"argmax": max(1, units[prev] // 2)}, keeps="",
-                           attrs={"op": "max", "window": 4, "kernel": (2, 2),
-                                  "stride": (2, 2), "padding": (0, 0)})
+                           facts=MAX_POOL_2X2)
         else:
             ly = HandLayer(name, kind, (prev,), draw(st.integers(1, 4)), params=("w",),
                            fwd_workspace=draw(st.integers(0, 2)) if kind == "conv" else 0,

@@ -4,9 +4,10 @@ clones, slots) and ``compress`` (encode / decode steps, consumers)."""
 from __future__ import annotations
 
 import pytest
-from hand_programs import chain, ids, linear_chain, residual
+from hand_programs import MAX_POOL_2X2, chain, ids, linear_chain, residual
 
 from minidl.memory.ir.config import MemoryConfig
+from minidl.memory.ir.payloads import CodecStep, EncodedInput, RecomputeSummary
 from minidl.memory.passes.base_plan import iteration_peak
 from minidl.memory.passes.compress import compress_program
 from minidl.memory.passes.recompute import (
@@ -83,9 +84,10 @@ def test_speed_recomputes_a_segment_once_and_backward_reads_the_clones():
         spec = q.tensors[t[clone]]
         assert spec.of == t[clone.split("@")[0]]
         assert spec.nbytes == q.tensors[spec.of].nbytes
-    assert (q.meta["recomputed_steps"], q.meta["dropped_layers"], q.meta["checkpoints"]) == (
-        2, 2, 2)
-    assert q.meta["recomputed_flops"] == 100 + 200
+    assert q.rewrites.recompute == RecomputeSummary(recomputed_flops=100 + 200,
+                                                    recomputed_steps=2, dropped_layers=2,
+                                                    checkpoints=2)
+    assert q.meta["recomputed_steps"] == 2  # the former plain-dict view still reads
 
 
 def test_memory_policy_recomputes_per_backward_step():
@@ -101,7 +103,7 @@ def test_memory_policy_recomputes_per_backward_step():
     pool_b, relu_b = q.steps[11], q.steps[13]
     assert names(q, pool_b.reads) == ["pool.grad", "pool.argmax@r-8"]
     assert names(q, relu_b.reads) == ["relu.grad", "relu@r-9"]
-    assert q.meta["recomputed_steps"] == 5
+    assert q.rewrites.recompute.recomputed_steps == 5
 
 
 def test_recompute_originals_die_in_forward():
@@ -124,7 +126,7 @@ def test_recompute_peaks():
     lc = linear_chain(8)
     assert iteration_peak(lc, cfg) == 24 * 512
     assert iteration_peak(policy_program(lc, "sqrt"), cfg) == 16 * 512
-    assert policy_program(lc, "sqrt").meta["dropped_layers"] == 6
+    assert policy_program(lc, "sqrt").rewrites.recompute.dropped_layers == 6
 
 
 def test_recompute_program_with_no_drop_is_the_same_program():
@@ -133,7 +135,7 @@ def test_recompute_program_with_no_drop_is_the_same_program():
                   if p.tensors[t].role == "value"}
     q = recompute_program(p, everything, {})
     assert outline(q) == outline(p)
-    assert q.meta["recomputed_steps"] == 0
+    assert q.rewrites.recompute.recomputed_steps == 0
 
 
 def test_cost_needs_a_peak_estimator_and_unknown_policy_is_an_error():
@@ -151,7 +153,7 @@ def test_cost_policy_takes_speed_segments_that_do_not_raise_the_memory_peak():
     speed = policy_program(p, "speed")
     assert [label for label, _, _ in outline(q)] == [label for label, _, _ in outline(speed)]
     assert iteration_peak(q, cfg) == iteration_peak(speed, cfg) == 17 * 512
-    assert q.meta["recomputed_steps"] == 2
+    assert q.rewrites.recompute.recomputed_steps == 2
 
 
 # ---- compress
@@ -178,13 +180,13 @@ def test_binarize_encodes_relu_sign_and_packed_argmax_consumed_by_backward():
     # 512 floats: 1 bit each; 256 argmax indices of a 2x2 window: 2 bits each
     assert q.tensors[t["relu.sign"]].nbytes == 64
     assert q.tensors[t["pool.argmax.poolidx"]].nbytes == 64
-    assert q.steps[9].attrs["backward_from"] == "packed_argmax"
-    assert q.steps[9].attrs["encoded"] == t["pool.argmax.poolidx"]
-    assert q.steps[10].attrs["backward_from"] == "sign"
-    assert q.steps[3].attrs == {"codec": "sign", "source": t["relu"]}
-    assert q.steps[4].attrs["codec"] == "poolidx" and q.steps[4].attrs["window"] == 4
-    assert q.meta["encoded"] == {"relu": "sign", "pool.argmax": "poolidx"}
-    assert p.steps[9].attrs.get("backward_from") is None  # the input program is untouched
+    assert q.steps[9].from_encoded == EncodedInput("packed_argmax", t["pool.argmax.poolidx"])
+    assert q.steps[10].from_encoded == EncodedInput("sign", t["relu.sign"])
+    assert q.steps[3].codec == CodecStep("sign", t["relu"])
+    assert q.steps[4].codec == CodecStep("poolidx", t["pool.argmax"], MAX_POOL_2X2.pool)
+    assert q.steps[3].attrs == {"codec": "sign", "source": t["relu"]}  # the former view
+    assert q.rewrites.compression.encoded == {"relu": "sign", "pool.argmax": "poolidx"}
+    assert p.steps[9].from_encoded is None  # the input program is untouched
 
 
 def test_sparse_encodes_a_relu_kept_by_a_conv_and_decodes_before_its_backward():
@@ -198,7 +200,7 @@ def test_sparse_encodes_a_relu_kept_by_a_conv_and_decodes_before_its_backward():
     assert rows[13][0] == "conv2 (backward)" and "relu1@decoded" in rows[13][1]
     assert rows[14] == ("relu1 (backward)", ["relu1.grad", "relu1@decoded"], ["conv1.grad"])
     assert q.steps[13].inputs == (t["relu1@decoded"],)  # the slot, too
-    assert q.meta["sparse_densities"] == {"relu1": 0.25}
+    assert q.rewrites.compression.sparse_densities == {"relu1": 0.25}
     assert q.tensors[t["relu1.sparse"]].nbytes < q.tensors[t["relu1"]].nbytes
     # not relu2: only fc reads it
     assert "relu2.sparse" not in t
@@ -209,13 +211,14 @@ def test_binarize_leaves_a_relu_another_layer_reads():
     r = residual()
     assert compress_program(r, binarize=True) is r
     # in the chain only relu's own backward reads relu
-    assert compress_program(chain(), binarize=True).meta["encoded"]["relu"] == "sign"
+    assert compress_program(chain(), binarize=True).rewrites.compression.encoded["relu"] == \
+        "sign"
 
 
 def test_dpr_encodes_every_other_kept_feature_map_and_decodes_it():
     q = compress_program(chain(), binarize=True, dpr="fp16")
-    assert q.meta["encoded"] == {"relu": "sign", "pool.argmax": "poolidx", "pool": "fp16",
-                                 "fc": "fp16"}
+    assert q.rewrites.compression.encoded == {"relu": "sign", "pool.argmax": "poolidx",
+                                              "pool": "fp16", "fc": "fp16"}
     rows = outline(q)
     assert ("pool (encode)", ["pool"], ["pool.fp16"]) in rows
     i = rows.index(("pool (decode)", ["pool.fp16"], ["pool@decoded"]))

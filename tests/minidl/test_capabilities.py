@@ -56,7 +56,8 @@ def test_binarize_follows_capabilities_not_names(act, encoded):
     net = _net(act)
     tr = minidl.Trainer(net, memory="reuse,binarize", device_memory="16MiB")
     tr.compute_gradients(x, y)
-    enc = tr.last_compiled.plan.program.meta.get("encoded", {})
+    summary = tr.last_compiled.plan.program.rewrites.compression
+    enc = {} if summary is None else summary.encoded
     names = {type(n.layer): n.name for n in net.nodes}
     assert (names[act] in enc) is encoded, enc
     assert enc[f"{names[L.MaxPool2d]}.argmax"] == "poolidx"

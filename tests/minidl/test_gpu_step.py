@@ -117,7 +117,7 @@ def test_sparse_reads_one_count_per_sparse_stash():
     for _ in range(2):
         tr.step(x, y)
     stashes = sum(1 for st in tr.last_compiled.plan.program.steps
-                  if st.phase == "encode" and st.attrs.get("codec") == "sparse")
+                  if st.phase == "encode" and st.codec.codec == "sparse")
     assert stashes > 0
     syncs = dev.host_syncs
     tr.step(x, y, wait=False)

@@ -11,6 +11,7 @@ import minidl
 from minidl import layers as L
 from minidl.compile.lowering import lower
 from minidl.memory.ir.config import MemoryConfig
+from minidl.memory.ir.payloads import OpOptions
 from minidl.memory.options import attention_options as A
 from minidl.net.builder import named
 from minidl.net.graph import Input, Network
@@ -67,7 +68,7 @@ def test_form_bytes_are_the_lowered_bytes(dtype):
     for form in forms:
         low = _lowered(40, form, dtype)
         (st,) = A.attention_steps(low)
-        assert st.options == {"attn": form}
+        assert st.options == OpOptions(attn=form)
         fb = A.form_bytes(low, st, form)
         assert (fb.stash, fb.forward_workspace, fb.backward_workspace) == _attn_bytes(low), form
 
