@@ -113,7 +113,7 @@ def _torch_model(torch, layers: int, heads: int, dim: int, context: int, vocab: 
     """nanoGPT's GPT with the attention of ``minidl.interop.torch_bridge`` (minidl's
     ``MultiHeadAttention`` in PyTorch: ``qkv``, ``proj``, ``scaled_dot_product_attention``),
     so the state dict's names are minidl's (transformer.h.0.attn.qkv.weight, ...)."""
-    from minidl.interop.torch_bridge import _self_attention
+    from minidl.interop.torch_bridge import torch_self_attention
 
     nn, F = torch.nn, torch.nn.functional
 
@@ -121,7 +121,7 @@ def _torch_model(torch, layers: int, heads: int, dim: int, context: int, vocab: 
         def __init__(self) -> None:
             super().__init__()
             self.ln_1 = nn.LayerNorm(dim)
-            self.attn = _self_attention(torch, dim, heads, True, dropout, True)
+            self.attn = torch_self_attention(torch, dim, heads, True, dropout, True)
             self.ln_2 = nn.LayerNorm(dim)
             self.mlp = nn.ModuleDict({"c_fc": nn.Linear(dim, 4 * dim),
                                       "c_proj": nn.Linear(4 * dim, dim)})

@@ -41,7 +41,7 @@ _TORCH_MODULES: tuple[tuple[Any, Callable[[Any, Callable[..., Any], Any], Any]],
     (L.LayerNorm, lambda nn, g, torch: nn.LayerNorm(g("dim"), eps=g("eps"))),
     (L.GELU, lambda nn, g, torch: nn.GELU(approximate=g("approximate"))),
     (L.PositionalEmbedding, lambda nn, g, torch: _positions(torch, g("context"), g("dim"))),
-    (L.MultiHeadAttention, lambda nn, g, torch: _self_attention(
+    (L.MultiHeadAttention, lambda nn, g, torch: torch_self_attention(
         torch, g("dim"), g("heads"), g("causal"), g("dropout"), g("bias"))),
     ((L.Add, L.Concat, L.GlobalAvgPool2d), lambda nn, g, torch: None),
 )
@@ -78,10 +78,12 @@ def _positions(torch: Any, context: int, dim: int) -> Any:
     return Positions()
 
 
-def _self_attention(torch: Any, dim: int, heads: int, causal: bool, dropout: float,
-                    bias: bool) -> Any:
-    """nanoGPT's self-attention with minidl's names (``qkv``, ``proj``), through
-    ``scaled_dot_product_attention`` (dropout on the probabilities in training)."""
+def torch_self_attention(torch: Any, dim: int, heads: int, causal: bool, dropout: float,
+                         bias: bool) -> Any:
+    """A PyTorch module equal to :class:`~minidl.layers.attention.MultiHeadAttention` of the
+    same arguments: nanoGPT's self-attention with minidl's parameter names (``qkv``,
+    ``proj``), through ``scaled_dot_product_attention`` (dropout on the probabilities in
+    training). ``torch`` is the imported module (it is never a dependency of minidl)."""
     F = torch.nn.functional
 
     class SelfAttention(torch.nn.Module):
