@@ -151,6 +151,10 @@ class OpOptions:
     def __contains__(self, name: object) -> bool:
         return name in self.as_layer_options
 
+    def __getitem__(self, name: str) -> Any:
+        """The option ``name``'s value; KeyError when it is not set."""
+        return self.as_layer_options[name]
+
     def get(self, name: str, default: Any = None) -> Any:
         """The option ``name``'s value, or ``default`` when it is not set."""
         return self.as_layer_options.get(name, default)

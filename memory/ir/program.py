@@ -116,6 +116,10 @@ class Step:
     param_partials: dict[str, int] = field(default_factory=dict)
     #: Parameters whose gradient the layer adds straight into ``.grad`` (``ctx.accumulate``).
     accumulate: frozenset[str] = frozenset()
+    #: Positions in ``inputs`` / ``outputs`` a backward step reads (its layer's
+    #: ``retain_inputs`` / ``retain_outputs``).
+    retained_inputs: tuple[int, ...] = ()
+    retained_outputs: tuple[int, ...] = ()
     in_shapes: tuple[tuple[int, ...], ...] = ()
     #: What memory passes may do with the op (declared by its layer).
     caps: OpCaps = OpCaps()
@@ -136,6 +140,29 @@ class Step:
             object.__setattr__(self, "options", OpOptions.of(self.options))
         if type(self.facts) is not OpFacts:
             object.__setattr__(self, "facts", OpFacts.of(self.facts))
+
+    def slot_reads(self) -> tuple[int, ...]:
+        """What the step reads, from its named slots: a forward step its inputs, then its
+        parameters; a backward step (each tensor once) its output gradients, the inputs and
+        outputs it retains, its stash and its parameters. Lowering sets ``reads`` to this."""
+        if self.phase is Phase.BACKWARD:
+            return tuple(dict.fromkeys((
+                *self.grad_outputs, *(self.inputs[j] for j in self.retained_inputs),
+                *(self.outputs[j] for j in self.retained_outputs), *self.stash.values(),
+                *self.params.values())))
+        return (*self.inputs, *self.params.values())
+
+    def slot_writes(self) -> tuple[int, ...]:
+        """What the step writes, from its named slots: a forward step its outputs, then its
+        stash; a backward step (each tensor once) per input its gradient (the partial, then
+        the gradient it is added into), then its parameters' gradients and partials. Lowering
+        sets ``writes`` to this."""
+        if self.phase is Phase.BACKWARD:
+            grads = [t for g in self.grad_inputs if g is not None
+                     for t in ((g.written,) if g.add_into < 0 else (g.written, g.add_into))]
+            return tuple(dict.fromkeys((*grads, *self.grad_params.values(),
+                                        *self.param_partials.values())))
+        return (*self.outputs, *self.stash.values())
 
     @property
     def attrs(self) -> dict:

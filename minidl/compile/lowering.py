@@ -229,16 +229,19 @@ class _Lowering:
         return out
 
     def _push(self, i: int, **fields) -> None:
-        """One step of node i (its named slots filled in here)."""
+        """One step of node i: its named slots filled in here, its reads and writes derived
+        from them (:meth:`Step.slot_reads`, :meth:`Step.slot_writes`)."""
         in_shapes = [self.shapes[v] for v in self.node_in[i]]
-        self.steps.append(Step(
+        step = Step(
             index=len(self.steps), origin=len(self.steps), layer=self.node_names[i],
             kind=self.layers[i].kind, node=i,
             facts=OpFacts.of(self.layers[i].memory_attrs(in_shapes)),
             caps=self.caps[i], options=self.options.get(i, {}), forced=self.node_memory[i],
             inputs=tuple(self.val_t[v] for v in self.node_in[i]),
             outputs=tuple(self.val_t[v] for v in self.node_out[i]),
-            in_shapes=tuple(in_shapes), **fields))
+            in_shapes=tuple(in_shapes), reads=(), writes=(), **fields)
+        self.steps.append(step.remapped({}, reads=step.slot_reads(),
+                                        writes=step.slot_writes()))
 
     # ---------------------------------------------------------------- steps
     def forward_steps(self) -> None:
@@ -261,11 +264,9 @@ class _Lowering:
             ws = b.add(f"{name}.fwd_ws", (ws_bytes,), "uint8", "workspace", "workspace",
                        name) if ws_bytes > 0 else -1
             params = self._step_params(i, "forward")
-            reads = tuple(val_t[v] for v in node_in) + tuple(params.values())
-            writes = tuple(val_t[v] for v in node_out) + tuple(st.values())
             shares = ((val_t[node_out[0]], val_t[node_in[0]]),) if layer.inplace_forward \
                 else ()
-            self._push(i, phase="forward", reads=reads, writes=writes, workspace=ws,
+            self._push(i, phase="forward", workspace=ws,
                        flops=int(layer.flops(in_shapes)), shares=shares, stash=st,
                        params=params)
 
@@ -323,7 +324,6 @@ class _Lowering:
             else:
                 g_out.append(grad_of[v])
         g_in: list[GradInput | None] = []
-        writes: list[int] = []
         for j, v in enumerate(node_in):
             if not wants_in[j]:
                 g_in.append(None)
@@ -333,12 +333,10 @@ class _Lowering:
                 grad_of[v] = b.add(f"{vname}.grad", shapes[v], dtypes[v], "gradient_map",
                                    "grad", name, of=val_t[v])
                 g_in.append(GradInput(grad_of[v]))
-                writes.append(grad_of[v])
             else:
                 part = b.add(f"{name}.grad_in{j}", shapes[v], dtypes[v], "gradient_map",
                              "grad_partial", name, of=grad_of[v])
                 g_in.append(GradInput(part, grad_of[v]))
-                writes += [part, grad_of[v]]
         gp = {k: self.grad_t[p.name] for k, p in trainable.items()}
         gpart: dict[str, int] = {}
         adds: set[str] = set()
@@ -350,21 +348,16 @@ class _Lowering:
                     gpart[k] = b.add(f"{name}.{k}.grad_part", p.shape, p.dtype, "gradient",
                                      "grad_partial", name)
             params_written.add(p.name)
-        writes += list(gp.values()) + list(gpart.values())
-        reads = list(g_out)
-        reads += [val_t[node_in[j]] for j in layer.retain_inputs]
-        reads += [val_t[node_out[j]] for j in layer.retain_outputs]
-        reads += list(self.stash_t[i].values())
         params = self._step_params(i, "backward")
-        reads += list(params.values())
         ws_bytes = layer.backward_workspace_bytes(in_shapes, fdt, **self._opts(i))
         ws = b.add(f"{name}.bwd_ws", (ws_bytes,), "uint8", "workspace", "workspace", name) \
             if ws_bytes > 0 else -1
         shares = ()
         if layer.inplace_backward and g_in and g_in[0] is not None and g_in[0].add_into < 0:
             shares = ((g_in[0].written, g_out[0]),)
-        self._push(i, phase="backward", reads=tuple(dict.fromkeys(reads)),
-                   writes=tuple(dict.fromkeys(writes)), workspace=ws,
+        self._push(i, phase="backward", workspace=ws,
+                   retained_inputs=tuple(layer.retain_inputs),
+                   retained_outputs=tuple(layer.retain_outputs),
                    flops=2 * int(layer.flops(in_shapes)), shares=shares, stash=self.stash_t[i],
                    grad_outputs=tuple(g_out), grad_inputs=tuple(g_in), grad_params=gp,
                    param_partials=gpart, accumulate=frozenset(adds), params=params)
