@@ -50,10 +50,32 @@ def _units(nbytes: int, unit: int, up: bool = True) -> int:
     return -(-int(nbytes) // unit) if up else int(nbytes) // unit
 
 
-def rotor_table(chain: Chain, unit: int, slots: int, bound: bool = False) -> RotorTable:
-    """Fill the programme's table for memory limits of ``0..slots`` slots of ``unit`` bytes.
-    ``bound=True``: every figure rounded down to slots (the table's times are then a lower
-    bound for its schedules, where the figures are)."""
+@dataclass(frozen=True)
+class _StageFigures:
+    """A chain's figures in slots, per stage ``k``: ``x[k]`` its input (``x[n]``: the loss),
+    ``g[k]`` its input's gradient, ``kb[k]`` what it keeps for backward (its output
+    included), ``ft`` / ``bt`` / ``lbt`` its forward, backward and memory-centric backward
+    extras, ``grads[k]`` / ``kept_back[k]`` what its backward holds beside them; its forward,
+    backward and memory-centric recompute times (``uf``, ``ub``, ``lean_s``) and the forward
+    times' prefix sums."""
+
+    x: list[int]
+    g: list[int]
+    kb: list[int]
+    ft: list[int]
+    bt: list[int]
+    lbt: list[int]
+    grads: list[int]
+    kept_back: list[int]
+    uf: np.ndarray
+    ub: np.ndarray
+    lean_s: np.ndarray
+    prefix: np.ndarray
+
+
+def _stage_figures(chain: Chain, unit: int, bound: bool) -> _StageFigures:
+    """The chain's figures in slots of ``unit`` bytes: rounded up, or with ``bound`` rounded
+    down and each at its least (kept stashes encoded, inputs nobody reads free)."""
     n = len(chain)
     st = chain.stages
     up = not bound
@@ -62,13 +84,35 @@ def rotor_table(chain: Chain, unit: int, slots: int, bound: bool = False) -> Rot
     g = ([_units(b, unit, up) for b in chain.grad_bytes] + [0]) if chain.grad_bytes \
         else list(x)
     kb = [_units(s.kept_bytes, unit, up) + x[k + 1] for k, s in enumerate(st)]
-    ft = [_units(s.forward_extra, unit, up) for s in st]
-    bt = [_units(s.backward_extra, unit, up) for s in st]
-    lbt = [_units(s.lean_backward_extra, unit, up) for s in st]
+    # during a stage's backward: the gradients of its input and output (a bound: the larger
+    # only, as when one is written over the other) and what it kept (a bound: not its output)
+    if bound:
+        x = [v if k == 0 or k == n or st[k].input_read_back else 0 for k, v in enumerate(x)]
+        kb = [_units(s.kept_least_bytes, unit, up) + x[k + 1] for k, s in enumerate(st)]
+        grads = [max(g[k], g[k + 1]) for k in range(n)]
+        kept_back = [_units(s.kept_least_bytes, unit, up) for s in st]
+    else:
+        grads = [g[k] + g[k + 1] for k in range(n)]
+        kept_back = kb
     uf = np.array([s.forward_s for s in st])
-    ub = np.array([s.backward_s for s in st])
-    lean_s = np.array([s.lean_recompute_s for s in st])
-    prefix = np.concatenate([[0.0], np.cumsum(uf)])
+    return _StageFigures(
+        x=x, g=g, kb=kb, ft=[_units(s.forward_extra, unit, up) for s in st],
+        bt=[_units(s.backward_extra, unit, up) for s in st],
+        lbt=[_units(s.lean_backward_extra, unit, up) for s in st], grads=grads,
+        kept_back=kept_back, uf=uf, ub=np.array([s.backward_s for s in st]),
+        lean_s=np.array([s.lean_recompute_s for s in st]),
+        prefix=np.concatenate([[0.0], np.cumsum(uf)]))
+
+
+def rotor_table(chain: Chain, unit: int, slots: int, bound: bool = False) -> RotorTable:
+    """Fill the programme's table for memory limits of ``0..slots`` slots of ``unit`` bytes.
+    ``bound=True``: every figure rounded down to slots (the table's times are then a lower
+    bound for its schedules, where the figures are)."""
+    n = len(chain)
+    f = _stage_figures(chain, unit, bound)
+    x, g, kb, ft, bt, lbt = f.x, f.g, f.kb, f.ft, f.bt, f.lbt
+    grads, kept_back, uf, ub, lean_s, prefix = f.grads, f.kept_back, f.uf, f.ub, f.lean_s, \
+        f.prefix
     m = np.arange(slots + 1)
     inf = np.full(slots + 1, np.inf)
     cost: dict[tuple[int, int], np.ndarray] = {}
@@ -82,17 +126,6 @@ def rotor_table(chain: Chain, unit: int, slots: int, bound: bool = False) -> Rot
         if by <= slots:
             out[by:] = v[:slots + 1 - by]
         return out
-
-    # during a stage's backward: the gradients of its input and output (a bound: the larger
-    # only, as when one is written over the other) and what it kept (a bound: not its output)
-    if bound:  # (every figure at its least: kept stashes encoded, inputs nobody reads free)
-        x = [v if k == 0 or k == n or st[k].input_read_back else 0 for k, v in enumerate(x)]
-        kb = [_units(s.kept_least_bytes, unit, up) + x[k + 1] for k, s in enumerate(st)]
-        grads = [max(g[k], g[k + 1]) for k in range(n)]
-        kept_back = [_units(s.kept_least_bytes, unit, up) for s in st]
-    else:
-        grads = [g[k] + g[k + 1] for k in range(n)]
-        kept_back = kb
 
     def base(k: int, held: int) -> np.ndarray:
         need = max(held + kb[k] + ft[k], grads[k] + kept_back[k] + bt[k])
