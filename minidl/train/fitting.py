@@ -1,6 +1,8 @@
-"""The training loop of :meth:`Trainer.fit <minidl.train.trainer.Trainer.fit>`: epochs of batches
-from where the trainer stands (a resumed run continues mid-epoch), per-epoch validation,
-callbacks (:mod:`minidl.train.callbacks`), per-step measurements in a :class:`History`."""
+"""The training loop: :meth:`Trainer.fit <minidl.train.trainer.Trainer.fit>` and the text models'
+:func:`~minidl.zoo.rnn.train_language_model` both run :func:`fit` — epochs of batches from a
+:class:`~minidl.train.batch_sources.BatchSource` (image epochs, text windows), from where the
+trainer stands (a resumed run continues mid-epoch), per-epoch validation, callbacks
+(:mod:`minidl.train.callbacks`), per-step measurements in a :class:`History`."""
 
 from __future__ import annotations
 
@@ -14,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from ..compile.deferred import Deferred, resolve_all
-from ..datasets.loaders import epoch_batches
 from ..kernels.jit import CompileWatch
+from .batch_sources import BatchSource, ImageEpochs
 from .callbacks import Callback, FitRun, ProgressLogger, restore_callback_states
 
 
@@ -51,6 +53,44 @@ def _split(data: Any) -> tuple[Any, Any, Any, Any]:
     return data.x_train, data.y_train, data.x_test, data.y_test
 
 
+def _source_and_test(data: Any, batch_size: int, shuffle: bool, augment: Any
+                     ) -> tuple[BatchSource, Any, Any]:
+    """What fit iterates (``data`` itself when it is a batch source) and the test split."""
+    if hasattr(data, "batches") and hasattr(data, "steps_per_epoch"):
+        return data, None, None
+    x_train, y_train, x_test, y_test = _split(data)
+    return ImageEpochs(x_train, y_train, batch_size, shuffle, augment), x_test, y_test
+
+
+def _validation(validation_data: Any, val_every: int | None, x_test: Any, y_test: Any
+                ) -> tuple[Any, int]:
+    """The data validated on (or None) and every how many epochs."""
+    if val_every is not None and val_every < 1:
+        raise ValueError(f"val_every must be >= 1, got {val_every}")
+    if validation_data is None and val_every is not None:
+        if x_test is None or not len(x_test):
+            raise ValueError("val_every needs validation_data=(x, y) or a dataset with a test "
+                             "split")
+        validation_data = (x_test, y_test)
+    return validation_data, val_every or 1
+
+
+def _place(trainer: Any, source: BatchSource) -> None:
+    """Put the trainer at the run's position in ``source``: a text source's is the trainer's
+    iteration; an epoch source's is the trainer's epoch and batch, which must belong to a run
+    with as many batches per epoch."""
+    steps_per_epoch = source.steps_per_epoch
+    if source.position_is_iteration:
+        trainer.epoch, trainer.epoch_step = 0, min(trainer.iteration, steps_per_epoch)
+    elif trainer.steps_per_epoch not in (None, steps_per_epoch) and (
+            trainer.epoch or trainer.epoch_step):
+        raise ResumeMismatch(f"the trainer stands at epoch {trainer.epoch + 1}, batch "
+                             f"{trainer.epoch_step} of a run with {trainer.steps_per_epoch} "
+                             f"batches per epoch, but this data and batch size give "
+                             f"{steps_per_epoch}: resume with the same data and batch size")
+    trainer.steps_per_epoch = steps_per_epoch
+
+
 def fit(
     trainer: Any,
     data: Any,
@@ -67,7 +107,9 @@ def fit(
     progress_every: int | None = None,
 ) -> History:
     """Train ``trainer`` (a :class:`~minidl.train.trainer.Trainer`) on ``data`` (a
-    :class:`~minidl.datasets.data.Dataset` or ``(x, y)``) until ``epochs`` epochs (or ``max_steps``
+    :class:`~minidl.datasets.data.Dataset`, ``(x, y)``, or a
+    :class:`~minidl.train.batch_sources.BatchSource` such as text windows) until ``epochs``
+    epochs (or ``max_steps``
     batches) have been trained, counted from the start of the run: a trainer that already
     trained, or was restored with ``load(path, resume=True)``, continues where it stood (mid
     epoch too: same batch order, augmentation and dropout masks as an uninterrupted run).
@@ -85,23 +127,10 @@ def fit(
 
     The first step compiles the Numba kernels it uses unless Numba's on-disk cache has them:
     the display then says so and restarts its clock once they are compiled."""
-    x_train, y_train, x_test, y_test = _split(data)
-    if val_every is not None and val_every < 1:
-        raise ValueError(f"val_every must be >= 1, got {val_every}")
-    if validation_data is None and val_every is not None:
-        if x_test is None or not len(x_test):
-            raise ValueError("val_every needs validation_data=(x, y) or a dataset with a test "
-                             "split")
-        validation_data = (x_test, y_test)
-    val_every = val_every or 1
-    steps_per_epoch = -(-len(x_train) // batch_size)
-    if trainer.steps_per_epoch not in (None, steps_per_epoch) and (
-            trainer.epoch or trainer.epoch_step):
-        raise ResumeMismatch(f"the trainer stands at epoch {trainer.epoch + 1}, batch "
-                         f"{trainer.epoch_step} of a run with {trainer.steps_per_epoch} batches "
-                         f"per epoch, but this data and batch size give {steps_per_epoch}: "
-                         "resume with the same data and batch size")
-    trainer.steps_per_epoch = steps_per_epoch
+    source, x_test, y_test = _source_and_test(data, batch_size, shuffle, augment)
+    validation_data, val_every = _validation(validation_data, val_every, x_test, y_test)
+    _place(trainer, source)
+    steps_per_epoch = source.steps_per_epoch
     total = steps_per_epoch * epochs if max_steps is None else min(
         max_steps, steps_per_epoch * epochs)
     hist = History(start_step=trainer.epoch * steps_per_epoch + trainer.epoch_step,
@@ -110,7 +139,7 @@ def fit(
                  [*callbacks, *([ProgressLogger(every_steps=progress_every)] if progress else [])])
     t_start = time.perf_counter()
     trainer.stop_training = False
-    trainer.fetch_logits = True
+    trainer.fetch_logits = source.accuracy
     trainer.fit_callbacks = list(callbacks)
     if trainer.restored_callback_state:  # (a resumed run: the callbacks as they were)
         restore_callback_states(trainer.fit_callbacks, trainer.restored_callback_state)
@@ -121,7 +150,7 @@ def fit(
     trainer.announce_compilation = False
     try:
         run.dispatch("on_train_begin")
-        _train(run, x_train, y_train, shuffle, augment, validation_data, val_every)
+        _train(run, source, validation_data, val_every)
         hist.stopped_early = trainer.stop_training
         hist.stop_reason = run.stop_reason
         end_logs = {"steps": len(hist.losses), "stopped_early": hist.stopped_early,
@@ -143,8 +172,8 @@ def _position(trainer: Any) -> int:
     return trainer.epoch * trainer.steps_per_epoch + trainer.epoch_step
 
 
-def _train(run: FitRun, x_train: Any, y_train: Any, shuffle: bool, augment: Any,
-           validation_data: tuple[Any, Any] | None, val_every: int) -> None:
+def _train(run: FitRun, source: BatchSource, validation_data: tuple[Any, Any] | None,
+           val_every: int) -> None:
     """The epochs and batches of one :func:`fit` call, from the trainer's position."""
     trainer, hist = run.trainer, run.history
     first = True
@@ -159,15 +188,12 @@ def _train(run: FitRun, x_train: Any, y_train: Any, shuffle: bool, augment: Any,
         if trainer.epoch_step == 0:
             trainer.epoch_losses, trainer.epoch_accuracy = [], []
         # (streamed images, minidl.datasets.loaders.ImageArray: the next batch read on a thread)
-        todo = epoch_batches(x_train, y_train, run.batch_size, shuffle=shuffle,
-                             seed=trainer.seed, epoch=epoch, start=trainer.epoch_step)
+        todo = source.batches(trainer, epoch, trainer.epoch_step)
         with contextlib.closing(todo):
             for xb, yb in todo:
                 if _position(trainer) >= run.total_steps or trainer.stop_training:
                     break
-                if augment is not None:
-                    xb = augment(xb, trainer.augment_rng)
-                _step(run, xb, yb, epoch, first)
+                _step(run, source.prepare(xb, trainer), yb, epoch, first)
                 first = False
         if trainer.epoch_step < run.steps_per_epoch:
             break  # stopped mid-epoch: the position stays there
@@ -182,7 +208,7 @@ def _train(run: FitRun, x_train: Any, y_train: Any, shuffle: bool, augment: Any,
                    "val_accuracy": val_acc}
             logs.update(val)
             run.dispatch("on_evaluate", val)
-        if trainer.scheduler is not None:
+        if trainer.scheduler is not None and source.steps_scheduler:
             trainer.scheduler.step()
         trainer.epoch, trainer.epoch_step = epoch + 1, 0
         trainer.augment_rng = None
@@ -232,7 +258,7 @@ def _step(run: FitRun, xb: np.ndarray, yb: np.ndarray, epoch: int, first: bool) 
         loss = step(xb, yb)
     dt = time.perf_counter() - t0
     trainer.epoch_step += 1
-    acc = _accuracy(trainer.last_logits, yb)
+    acc = _accuracy(trainer.last_logits, yb) if trainer.fetch_logits else float("nan")
     hist.losses.append(loss)
     hist.step_times.append(dt)
     hist.train_accuracy.append(acc)

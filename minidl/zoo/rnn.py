@@ -18,16 +18,12 @@ cached, every build sharing the same parameter objects, with PyTorch's names
 
 from __future__ import annotations
 
-import math
-import sys
-import time
 from collections.abc import Callable, Sequence
-from typing import Any, TextIO
+from typing import Any
 
 import numpy as np
 
 from .. import layers as L
-from ..datasets.text import sequence_batches
 from ..layers.base import Layer, Symbol
 from ..net.builder import named
 from ..net.graph import Input, Network
@@ -194,122 +190,3 @@ def sequence_classifier(vocab_size: int, num_classes: int, embedding_dim: int = 
         return x, fc(hs[-1])
 
     return SequenceModel(build, steps, name=f"{cell}-classifier", seed=seed)
-
-
-#: Steps between two progress lines of :func:`train_language_model` off a terminal (the text
-#: models' "epoch": ``minidl train`` runs 100 steps per ``--epochs``).
-LOG_EVERY_STEPS = 100
-#: Seconds between two progress lines while validating.
-VALIDATION_LINE_S = 5.0
-
-
-def train_language_model(trainer: Any, data: Any, batch_size: int, seq_len: int,
-                         steps: int, eval_batches: int = 20, progress: bool = True,
-                         seed: int = 0, progress_every: int | None = None,
-                         stream: TextIO | None = None, interactive: bool | None = None,
-                         on_step: Callable[[int], None] | None = None,
-                         val_every: int | None = None) -> dict[str, Any]:
-    """Train on random windows of ``data.train`` until the trainer has run ``steps`` steps,
-    then report validation loss (nats per character) and perplexity on ``eval_batches`` fixed
-    windows of ``data.val``.
-
-    The run starts at ``trainer.iteration``: after ``Trainer.load(path, resume=True)`` it
-    continues with the windows the interrupted run had not reached (the window sequence is
-    fixed by ``seed``), so 10 steps + save + resume + 10 equal 20 steps bit for bit.
-    ``on_step(k)`` is called after step ``k`` (counted from the run's start; checkpoints).
-    With ``val_every`` the validation loss is also measured after every ``val_every``-th step
-    (the same windows; one progress line each, and ``(step, loss)`` pairs in ``val_history``).
-
-    Progress goes to ``stream`` (default stderr) as :func:`~minidl.train.fitting.fit` shows it: a
-    bar
-    on a terminal; otherwise (a log file, a pipe) no carriage returns, one line every
-    ``progress_every`` steps (default :data:`LOG_EVERY_STEPS`) and one after the last step.
-    ``interactive`` overrides the terminal check."""
-    stream = stream if stream is not None else sys.stderr
-    if interactive is None:
-        isatty = getattr(stream, "isatty", None)
-        interactive = bool(isatty and isatty())
-    every = progress_every or LOG_EVERY_STEPS
-    start = trainer.iteration
-    losses: list[float] = []
-    times: list[float] = []
-    history: list[tuple[int, float]] = []
-
-    def say(line: str) -> None:
-        """A line above the bar, else on ``stream``."""
-        if bar is not None:
-            bar.write(line)
-        else:
-            print(line, file=stream, flush=True)
-
-    def validate() -> float:
-        return _validation_loss(trainer, data.val, batch_size, seq_len, eval_batches, seed,
-                                say if progress else None)
-
-    t0 = time.perf_counter()
-    bar = None
-    if progress and interactive:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=steps, initial=min(start, steps), unit="step", dynamic_ncols=True,
-                   file=stream)
-    try:
-        for k, (xb, yb) in enumerate(sequence_batches(data.train, batch_size, seq_len,
-                                                      seed=seed, num_batches=steps), start=1):
-            if k <= start:
-                continue  # reached before the run was resumed
-            ts = time.perf_counter()
-            loss = trainer.step(xb, yb)
-            times.append(time.perf_counter() - ts)
-            losses.append(loss)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss:.3f}", chars_s=f"{xb.size / times[-1]:,.0f}",
-                                refresh=False)
-            elif progress and (k % every == 0 or k == steps):
-                print(_step_line(k, steps, every, losses, times, xb.size, t0), file=stream,
-                      flush=True)
-            if val_every and k % val_every == 0 and k != steps:
-                history.append((k, validate()))
-                if bar is not None or progress:
-                    say(f"step {k}/{steps}: validation loss {history[-1][1]:.4f} nats/char, "
-                        f"{time.perf_counter() - t0:.1f} s")
-            if on_step is not None:
-                on_step(k)
-    finally:
-        if bar is not None:
-            bar.close()
-            bar = None
-    val_loss = validate()
-    history.append((steps, val_loss))
-    return {"losses": losses, "step_times": times, "val_loss": val_loss,
-            "val_perplexity": math.exp(val_loss), "val_history": history,
-            "wall_time_s": time.perf_counter() - t0}
-
-
-def _step_line(k: int, steps: int, every: int, losses: list[float], times: list[float],
-               chars: int, t0: float) -> str:
-    """The progress line after step ``k`` off a terminal: the mean loss and the rate of the
-    steps since the last line (``chars`` characters a step)."""
-    since = min(k - (k - 1) // every * every, len(losses))  # since the last line
-    return (f"step {k}/{steps}: loss {np.mean(losses[-since:]):.4f} (mean of the "
-            f"last {since}), {chars * since / sum(times[-since:]):,.0f} chars/s, "
-            f"{time.perf_counter() - t0:.1f} s")
-
-
-def _validation_loss(trainer: Any, text: Any, batch_size: int, seq_len: int,
-                     eval_batches: int, seed: int, say: Callable[[str], None] | None) -> float:
-    """Mean loss over ``eval_batches`` fixed windows of ``text`` (nats per char); with ``say``,
-    a line when it starts and one every :data:`VALIDATION_LINE_S` seconds."""
-    if say is not None:
-        say(f"validating on {eval_batches} batches of {batch_size} x {seq_len} characters...")
-    t_val = last = time.perf_counter()
-    val = []
-    for i, (xb, yb) in enumerate(sequence_batches(
-            text, batch_size, seq_len, seed=seed + 1, num_batches=eval_batches), 1):
-        val.append(trainer.evaluate(xb, yb, batch_size)[0])
-        now = time.perf_counter()
-        if say is not None and now - last >= VALIDATION_LINE_S and i < eval_batches:
-            say(f"  validation batch {i}/{eval_batches}, {now - t_val:.1f} s")
-            last = now
-    return float(np.mean(val))

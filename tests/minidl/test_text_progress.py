@@ -1,7 +1,7 @@
-"""The text models' training loop (``rnn.train_language_model``, ``minidl train char-*`` and
-the transformers) shows progress as ``fit`` does: a bar on a terminal, plain lines (every N
-steps and after the last) without carriage returns in logs; it resumes bit for bit and saves
-every N steps."""
+"""The text models' training (``train_language_model``: fit's loop over text windows;
+``minidl train char-*`` and the transformers) shows progress as ``fit`` does: a bar on a
+terminal, plain lines (every N steps and after the last) without carriage returns in logs; it
+resumes bit for bit and saves every N steps."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from minidl import Trainer
 from minidl.cli import main
 from minidl.datasets.text import load_text_dataset
 from minidl.net.optim import SGD
-from minidl.zoo.rnn import char_rnn, train_language_model
+from minidl.train.language_model import train_language_model
+from minidl.zoo.rnn import char_rnn
 
 
 def _run(steps: int, **kwargs) -> str:
@@ -45,9 +46,9 @@ def test_lines_every_n_steps_and_after_the_last_off_a_terminal():
 def test_long_validation_says_where_it_stands(monkeypatch):
     """Validation of a large model runs for tens of seconds after the last step: a line when
     it starts and one every few seconds (here every batch)."""
-    from minidl import rnn
+    from minidl.train import language_model
 
-    monkeypatch.setattr(rnn, "VALIDATION_LINE_S", 0.0)
+    monkeypatch.setattr(language_model, "VALIDATION_LINE_S", 0.0)
     data = load_text_dataset("synthetic-text")
     net = char_rnn(data.vocab_size, 8, 16, num_layers=1, steps=8, cell="gru")
     trainer = Trainer(net, SGD(net.parameters(), lr=0.1), memory="reuse",
