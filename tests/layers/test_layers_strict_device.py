@@ -15,8 +15,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import gc
-import math
-from typing import Any
 
 import numpy as np
 import pytest
@@ -51,9 +49,13 @@ strict = pytest.importorskip("minidl.memory.testing.strict_device")
 if not strict.cupy_available():
     pytest.skip("the strict device reads CuPy's API from the cupy package", allow_module_level=True)
 
+from strict_mem import DeviceMem, HostMem  # noqa: E402
+from strict_mem import garbage as _garbage  # noqa: E402
+from strict_mem import normal as _normal  # noqa: E402
+from strict_mem import workspace as _workspace  # noqa: E402
+
 from minidl.memory import bptt  # noqa: E402
 
-ALIGN = 512
 RTOL = 1e-6
 
 
@@ -61,70 +63,6 @@ RTOL = 1e-6
 def dev():
     return strict.StrictCudaDevice("64MiB")
 
-
-# ---------------------------------------------------------------- memory for one run
-class HostMem:
-    """NumPy arrays."""
-
-    device = False
-
-    def empty(self, shape, dtype) -> np.ndarray:
-        return np.empty(shape, dtype)
-
-    def put(self, host: np.ndarray) -> np.ndarray:
-        return np.array(host, copy=True)
-
-    def get(self, a: Any) -> np.ndarray:
-        return np.array(a, copy=True)
-
-    def fill(self, a: Any, value: Any) -> None:
-        a.fill(value)
-
-
-class DeviceMem(HostMem):
-    """Views of the strict device's arena, each at its own 512-byte aligned offset."""
-
-    device = True
-
-    def __init__(self, dev) -> None:
-        self.dev = dev
-        self.offset = 0
-
-    def empty(self, shape, dtype):
-        dtype = np.dtype(dtype)
-        nbytes = math.prod(shape) * dtype.itemsize
-        off = self.offset
-        self.offset += -(-max(nbytes, 1) // ALIGN) * ALIGN
-        return self.dev.view(off, nbytes, tuple(shape), dtype)
-
-    def put(self, host: np.ndarray):
-        v = self.empty(host.shape, host.dtype)
-        self.dev.copy_from_host(v, host)
-        return v
-
-    def get(self, a: Any) -> np.ndarray:
-        assert isinstance(a, strict.StrictArray), f"a {type(a).__name__} on the device"
-        return a.get()
-
-
-def _garbage(mem, shape, dtype):
-    a = mem.empty(shape, dtype)
-    dt = np.dtype(dtype)
-    if dt.kind == "f":
-        mem.fill(a, np.nan)
-    elif dt.kind in "iu":
-        mem.fill(a, np.iinfo(dt).max)
-    else:
-        mem.fill(a, 1)
-    return a
-
-
-def _workspace(mem, nbytes: int):
-    if not nbytes:
-        return None
-    ws = mem.empty((nbytes,), np.uint8)
-    mem.fill(ws, 0xFF)  # NaN in float32 and float64
-    return ws
 
 
 def _opts(layer: Layer, ctx: Context, mem=None) -> dict:
@@ -244,10 +182,6 @@ def check(dev, layer: Layer, inputs, params=None, grads="random", *, ctx=None, e
     gc.collect()
     assert dev.default_pool_bytes == 0, "temporaries outlived the step"
     return want
-
-
-def _normal(rng, *shape, dtype=np.float32):
-    return rng.standard_normal(shape).astype(dtype)
 
 
 # ---------------------------------------------------------------- simple layers
@@ -391,121 +325,3 @@ def test_fused_rnn(dev, cell, kw, scheduled, monkeypatch):
     # keeping everything, the CPU pipelines units on two threads; a device stays on the
     # calling thread (its current stream)
     assert workers == ([] if scheduled else [2, 2, 1, 1] * 2)
-
-
-# ---------------------------------------------------------------- optimizer updates
-def _update_both(dev, fn, arrays: list[np.ndarray], steps: int, **kw) -> None:
-    """``fn`` (an update kernel) ``steps`` times on NumPy and on device copies: bit-identical
-    (the Numba loops compute exactly what the reference's ufuncs compute)."""
-    host = [a.copy() for a in arrays]
-    mem = DeviceMem(dev)
-    devs = [mem.put(a) for a in arrays]
-    calls = dev.checked_calls
-    for s in range(steps):
-        extra = {"step": s + 1} if "beta1" in kw else {"first_step": s == 0}
-        fn(*host, **kw, **extra)
-        fn(*devs, **kw, **extra)
-    assert dev.checked_calls > calls
-    for h, d in zip(host, devs, strict=True):
-        np.testing.assert_array_equal(d.get(), h, err_msg=str(kw))
-    gc.collect()
-    assert dev.default_pool_bytes == 0
-
-
-@pytest.mark.parametrize("shape", [(), (7,), (3, 50)])
-@pytest.mark.parametrize("hyper", [
-    {"momentum": 0.0}, {"momentum": 0.0, "weight_decay": 0.01}, {"momentum": 0.9},
-    {"momentum": 0.9, "nesterov": True, "weight_decay": 1e-3},
-    {"momentum": 0.8, "dampening": 0.3, "weight_decay": 1e-3}])
-def test_sgd_update(dev, shape, hyper):
-    from minidl.kernels.pointwise.optim import sgd_update
-
-    rng = np.random.default_rng(12)
-    p, g, buf = (_normal(rng, *shape) for _ in range(3))
-    _update_both(dev, sgd_update, [p, g, buf], 3, lr=0.05, **hyper)
-
-
-@pytest.mark.parametrize("shape", [(), (7,), (3, 50)])
-@pytest.mark.parametrize("hyper", [{}, {"weight_decay": 0.01},
-                                   {"weight_decay": 0.01, "decoupled": True},
-                                   {"beta1": 0.3, "beta2": 0.9, "eps": 1e-6}])
-def test_adam_update(dev, shape, hyper):
-    from minidl.kernels.pointwise.optim import adam_update
-
-    rng = np.random.default_rng(13)
-    p, g = (_normal(rng, *shape) for _ in range(2))
-    m = np.zeros_like(p)
-    v = np.zeros_like(p)
-    _update_both(dev, adam_update, [p, g, m, v], 3, lr=1e-2, **{"beta1": 0.9, **hyper})
-
-
-# ---------------------------------------------------------------- codecs
-def _codec_round_trip(mem: DeviceMem, codec: str, x: np.ndarray, window: int = 0) -> tuple:
-    """Encode on NumPy and on the device (the bytes used must be identical), then decode both
-    (identical, NaN included); returns (host buffer, device buffer, host attrs)."""
-    from minidl.memory.passes import codecs
-
-    dev = mem.dev
-    hbuf, hattrs = np.zeros(x.nbytes + 1024, np.uint8), codecs.CodecState(window=window)
-    dbuf, dattrs = mem.put(hbuf), codecs.CodecState(window=window)
-    want = codecs.encode(codec, x.copy(), hbuf, hattrs)
-    calls = dev.checked_calls
-    got = codecs.encode(codec, mem.put(x), dbuf, dattrs)
-    assert dev.checked_calls > calls
-    assert got == want and vars(dattrs) == vars(hattrs), codec
-    np.testing.assert_array_equal(dbuf.get()[:want], hbuf[:want], err_msg=codec)
-    assert codecs.density(mem.put(x)) == codecs.density(x)
-    if codec not in ("sign", "poolidx"):  # decoded by backward_from_encoded
-        hout = np.full_like(x, 7)
-        codecs.decode(codec, hbuf, hout, hattrs)
-        dout = _garbage(mem, x.shape, x.dtype)
-        codecs.decode(codec, dbuf, dout, dattrs)
-        np.testing.assert_array_equal(dout.get(), hout, err_msg=codec)
-    return hbuf, dbuf, hattrs
-
-
-@pytest.mark.parametrize("codec", ["sign", "sparse", "fp16", "bf16", "fp8"])
-@pytest.mark.parametrize("shape", [(3, 5, 7), (2, 40, 70)])
-def test_codecs(dev, codec, shape):
-    rng = np.random.default_rng(14)
-    x = rng.standard_normal(shape).astype(np.float32) * 50
-    x[rng.random(shape) < 0.7] = 0.0
-    x.flat[:4] = [np.inf, -np.nan, -0.0, 1e-42]
-    _codec_round_trip(DeviceMem(dev), codec, x)
-    gc.collect()
-    assert dev.default_pool_bytes == 0
-
-
-def test_sparse_codec_dense_fallback_and_short_buffer(dev):
-    from minidl.memory.passes import codecs
-
-    rng = np.random.default_rng(15)
-    x = rng.standard_normal((4, 300)).astype(np.float32)  # no zeros: stored dense
-    mem = DeviceMem(dev)
-    _, _, state = _codec_round_trip(mem, "sparse", x)
-    assert state.fmt == "dense"
-    x[:, 5:] = 0.0
-    small = mem.put(np.full(16, 0xAB, np.uint8))
-    assert codecs.encode("sparse", mem.put(x), small, codecs.CodecState()) > small.size
-    assert (small.get() == 0xAB).all()  # nothing written
-
-
-def test_pool_index_codec(dev):
-    rng = np.random.default_rng(16)
-    for window in (4, 9):
-        idx = rng.integers(0, window, (3, 5, 7)).astype(np.uint8)
-        _codec_round_trip(DeviceMem(dev), "poolidx", idx, window)
-
-
-def test_relu_backward_from_sign_encoding(dev):
-    rng = np.random.default_rng(17)
-    y = np.maximum(rng.standard_normal((3, 4, 11)).astype(np.float32), 0)
-    dy = rng.standard_normal(y.shape).astype(np.float32)
-    mem = DeviceMem(dev)
-    hbuf, dbuf, _ = _codec_round_trip(mem, "sign", y)
-    want = np.empty_like(dy)
-    ReLU().backward_from_encoded("sign", hbuf, dy, want)
-    got = _garbage(mem, dy.shape, dy.dtype)
-    ReLU().backward_from_encoded("sign", dbuf, mem.put(dy), got)
-    np.testing.assert_array_equal(got.get(), want)
-    np.testing.assert_array_equal(want, dy * (y > 0))
