@@ -15,10 +15,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from emulated_arrays import D, EmuArray, H, same
 
 from minidl.kernels import _cuda
 from minidl.kernels import bitpack as bp
@@ -31,68 +31,6 @@ from minidl.kernels import sparse as sp
 from minidl.kernels import weight_record as wr
 
 SIZES = (1, 7, 1023, 1024, 1025, 4095, 4096, 4097, 9001)
-
-
-class EmuArray:
-    """A minimal CuPy-like array over a host buffer, seen by ``_cuda`` as a device array."""
-
-    def __init__(self, a: np.ndarray) -> None:
-        self._a = a
-
-    def __emulated_device_buffer__(self) -> np.ndarray:
-        return self._a
-
-    def __array__(self, *args, **kwargs):
-        raise TypeError("implicit conversion of a device array")
-
-    def __array_namespace__(self) -> SimpleNamespace:
-        # new device memory holds garbage, as it would on a GPU
-        return SimpleNamespace(empty=lambda shape, dtype: EmuArray(
-            np.full(np.dtype(dtype).itemsize * int(np.prod(shape)), 0xA5, np.uint8)
-            .view(dtype).reshape(shape)))
-
-    shape = property(lambda self: self._a.shape)
-    dtype = property(lambda self: self._a.dtype)
-    size = property(lambda self: self._a.size)
-    nbytes = property(lambda self: self._a.nbytes)
-    flags = property(lambda self: self._a.flags)
-
-    def reshape(self, *shape) -> EmuArray:
-        return EmuArray(self._a.reshape(*shape))
-
-    def view(self, dtype) -> EmuArray:
-        return EmuArray(self._a.view(dtype))
-
-    def __getitem__(self, key) -> EmuArray:
-        return EmuArray(self._a[key])
-
-    def __setitem__(self, key, value) -> None:
-        if isinstance(value, np.ndarray):
-            raise TypeError("implicit host-to-device copy")
-        self._a[key] = value._a if isinstance(value, EmuArray) else value
-
-    def get(self) -> np.ndarray:
-        return self._a.copy()
-
-    def set(self, host: np.ndarray) -> None:
-        assert isinstance(host, np.ndarray) and host.shape == self._a.shape
-        self._a[...] = host
-
-
-def D(a: np.ndarray) -> EmuArray:
-    return EmuArray(np.array(a, copy=True))
-
-
-def H(a: EmuArray) -> np.ndarray:
-    assert isinstance(a, EmuArray), type(a)
-    return a.get()
-
-
-def same(got: np.ndarray, want: np.ndarray) -> None:
-    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, want.shape,
-                                                                 got.dtype, want.dtype)
-    assert np.array_equal(np.ascontiguousarray(got).view(np.uint8),
-                          np.ascontiguousarray(want).view(np.uint8))
 
 
 def _specials(x: np.ndarray) -> np.ndarray:

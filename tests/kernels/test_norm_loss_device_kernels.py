@@ -18,68 +18,16 @@ the CPU's within 1e-5; sync-BN's device path equals the CPU's.
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from emulated_arrays import D, H, same
 
 from minidl.kernels import batchnorm as bnk
 from minidl.kernels import softmax_xent as sx
 from minidl.layers import BatchNorm1d, BatchNorm2d, Context, SoftmaxCrossEntropy
 
-
 # ----------------------------------------------------------------------------- emulated arrays
-class EmuArray:
-    """A minimal CuPy-like array over a host buffer, seen by ``_cuda`` as a device array (as in
-    test_cuda_launch.py)."""
-
-    def __init__(self, a: np.ndarray) -> None:
-        self._a = a
-
-    def __emulated_device_buffer__(self) -> np.ndarray:
-        return self._a
-
-    def __array__(self, *args, **kwargs):
-        raise TypeError("implicit conversion of a device array")
-
-    def __array_namespace__(self) -> SimpleNamespace:
-        return SimpleNamespace(empty=lambda shape, dtype: EmuArray(
-            np.full(np.dtype(dtype).itemsize * int(np.prod(shape)), 0xA5, np.uint8)
-            .view(dtype).reshape(shape)))
-
-    shape = property(lambda self: self._a.shape)
-    dtype = property(lambda self: self._a.dtype)
-    size = property(lambda self: self._a.size)
-    nbytes = property(lambda self: self._a.nbytes)
-    flags = property(lambda self: self._a.flags)
-
-    def reshape(self, *shape) -> EmuArray:
-        return EmuArray(self._a.reshape(*shape))
-
-    def view(self, dtype) -> EmuArray:
-        return EmuArray(self._a.view(dtype))
-
-    def __getitem__(self, key) -> EmuArray:
-        return EmuArray(self._a[key])
-
-    def get(self) -> np.ndarray:
-        return self._a.copy()
-
-
-def D(a: np.ndarray) -> EmuArray:
-    return EmuArray(np.array(a, copy=True))
-
-
-def H(a: EmuArray) -> np.ndarray:
-    assert isinstance(a, EmuArray), type(a)
-    return a.get()
-
-
-def same(got: np.ndarray, want: np.ndarray) -> None:
-    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, want.shape,
-                                                                 got.dtype, want.dtype)
-    assert np.array_equal(np.ascontiguousarray(got).view(np.uint8),
-                          np.ascontiguousarray(want).view(np.uint8))
 
 
 def close(got: np.ndarray, want: np.ndarray, rtol: float, scale: float | None = None) -> None:
@@ -173,7 +121,6 @@ def case_bn_forward(rng: np.random.Generator) -> None:
             x_dev = D(x)
             bnk.apply(x_dev, D(mean), D(scale), D(shift), x_dev)  # in place
             same(H(x_dev), y)
-
 
 
 def _bn_backward_ref(sum_dy, sum_dy_xmu, invstd, dt, weight, count, batch_stats,

@@ -17,10 +17,10 @@ import subprocess
 import sys
 import textwrap
 from collections import Counter
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from emulated_arrays import D, H
 
 from minidl.kernels import _cuda
 from minidl.kernels import rnn as rk
@@ -30,49 +30,6 @@ from minidl.kernels import rnn_device as rd
 SHAPES = [(1, 1), (3, 5), (7, 33)]
 DTYPES = (np.float32, np.float64)
 TOL = {np.float32: dict(rtol=2e-6, atol=1e-6), np.float64: dict(rtol=1e-13, atol=1e-14)}
-
-
-class EmuArray:
-    """A minimal CuPy-like array over a host buffer, seen by ``_cuda`` as a device array
-    (as in test_cuda_launch.py)."""
-
-    def __init__(self, a: np.ndarray) -> None:
-        self._a = a
-
-    def __emulated_device_buffer__(self) -> np.ndarray:
-        return self._a
-
-    def __array__(self, *args, **kwargs):
-        raise TypeError("implicit conversion of a device array")
-
-    def __array_namespace__(self) -> SimpleNamespace:
-        return SimpleNamespace(empty=lambda shape, dtype: EmuArray(
-            np.full(np.dtype(dtype).itemsize * int(np.prod(shape)), 0xA5, np.uint8)
-            .view(dtype).reshape(shape)))
-
-    shape = property(lambda self: self._a.shape)
-    dtype = property(lambda self: self._a.dtype)
-    size = property(lambda self: self._a.size)
-    nbytes = property(lambda self: self._a.nbytes)
-    flags = property(lambda self: self._a.flags)
-
-    def reshape(self, *shape) -> EmuArray:
-        return EmuArray(self._a.reshape(*shape))
-
-    def __getitem__(self, key) -> EmuArray:
-        return EmuArray(self._a[key])
-
-    def get(self) -> np.ndarray:
-        return self._a.copy()
-
-
-def D(a: np.ndarray) -> EmuArray:
-    return EmuArray(np.array(a, copy=True))
-
-
-def H(a: EmuArray) -> np.ndarray:
-    assert isinstance(a, EmuArray), type(a)
-    return a.get()
 
 
 def close(got: np.ndarray, want: np.ndarray, what: str = "") -> None:

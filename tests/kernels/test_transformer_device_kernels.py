@@ -9,9 +9,7 @@ layernorm / attention_rows / attention / dropout / embedding / blas.batched_gemm
   LayerNorm's parameter gradients), else to float rounding.
 * The Numba CUDA simulator: many threads and blocks, so the block reductions, the GEMM's
   shared-memory tiles and the grid-stride loops are checked with real thread semantics.
-* A small GPT and BERT on the strict CUDA device: bounded launches per layer call, no host
-  synchronisation in a step that does not wait, no temporaries (the scratch block stays
-  empty), loss and gradients equal to the CPU run's within 1e-5 (both attention forms).
+* (A small GPT and BERT on the strict CUDA device: test_transformer_strict_device.py.)
 """
 
 from __future__ import annotations
@@ -20,10 +18,11 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections import Counter
 
 import numpy as np
 import pytest
+from emulated_arrays import D, EmuArray, H, same
+from transformer_cases import DTYPES, _heads, _normal, close
 
 from minidl.kernels import attention as AK
 from minidl.kernels import attention_rows as AR
@@ -32,86 +31,6 @@ from minidl.kernels import dropout as DR
 from minidl.kernels import embedding as EM
 from minidl.kernels import layernorm as LN
 from minidl.kernels import transformer_device as TD
-
-DTYPES = (np.float32, np.float64)
-TOL = {np.float32: dict(rtol=1e-5, atol=1e-6), np.float64: dict(rtol=1e-12, atol=1e-13)}
-
-
-class EmuArray:
-    """A minimal CuPy-like array over a host buffer, seen by ``_cuda`` as a device array
-    (as in test_cuda_launch.py, with the views attention takes)."""
-
-    def __init__(self, a: np.ndarray) -> None:
-        self._a = a
-
-    def __emulated_device_buffer__(self) -> np.ndarray:
-        return self._a
-
-    def __array__(self, *args, **kwargs):
-        raise TypeError("implicit conversion of a device array")
-
-    shape = property(lambda self: self._a.shape)
-    dtype = property(lambda self: self._a.dtype)
-    size = property(lambda self: self._a.size)
-    ndim = property(lambda self: self._a.ndim)
-    nbytes = property(lambda self: self._a.nbytes)
-    flags = property(lambda self: self._a.flags)
-
-    def reshape(self, *shape) -> EmuArray:
-        return EmuArray(self._a.reshape(*shape))
-
-    def transpose(self, *axes) -> EmuArray:
-        return EmuArray(self._a.transpose(*axes))
-
-    def swapaxes(self, i: int, j: int) -> EmuArray:
-        return EmuArray(self._a.swapaxes(i, j))
-
-    def view(self, dtype) -> EmuArray:
-        return EmuArray(self._a.view(dtype))
-
-    def fill(self, value) -> None:
-        self._a.fill(value)
-
-    def __setitem__(self, key, value) -> None:
-        assert isinstance(value, EmuArray), "implicit host-to-device copy"
-        self._a[key] = value._a
-
-    def __getitem__(self, key) -> EmuArray:
-        return EmuArray(self._a[key])
-
-    def get(self) -> np.ndarray:
-        return self._a.copy()
-
-
-def D(a: np.ndarray) -> EmuArray:
-    return EmuArray(np.array(a, copy=True))
-
-
-def H(a: EmuArray) -> np.ndarray:
-    assert isinstance(a, EmuArray), type(a)
-    return a.get()
-
-
-def same(got: np.ndarray, want: np.ndarray, what: str = "") -> None:
-    assert got.shape == want.shape and got.dtype == want.dtype, (what, got.shape, want.shape)
-    assert np.array_equal(np.ascontiguousarray(got).view(np.uint8),
-                          np.ascontiguousarray(want).view(np.uint8)), what
-
-
-def close(got: np.ndarray, want: np.ndarray, what: str = "", scale: float = 1.0) -> None:
-    assert got.shape == want.shape and got.dtype == want.dtype, (what, got.shape, want.shape)
-    tol = TOL[want.dtype.type]
-    np.testing.assert_allclose(got, want, rtol=tol["rtol"], atol=tol["atol"] * scale,
-                               err_msg=what)
-
-
-def _normal(rng, *shape, dtype=np.float32, scale=1.0) -> np.ndarray:
-    return (rng.standard_normal(shape) * scale).astype(dtype)
-
-
-def _heads(a: np.ndarray, heads: int, parts: int) -> np.ndarray:
-    b, t, w = a.shape
-    return a.reshape(b, t, parts, heads, w // parts // heads).transpose(2, 0, 3, 1, 4)
 
 
 # ----------------------------------------------------------------------------- cases
@@ -487,118 +406,3 @@ def test_kernels_under_the_simulator():
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(SIM_SCRIPT)], env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "SIM OK" in r.stdout, r.stdout + r.stderr
-
-
-# ----------------------------------------------------------------------------- strict device
-#: Most launches one call of a layer makes on the strict device (its kernels, its GEMMs and
-#: what the executor adds, e.g. a gradient added into a residual's): attention's two
-#: projections are 2 forward and 3 backward each, its core 4 forward and 7 backward (keep form,
-#: dropout on); blockwise attention is bounded per tile.
-LAUNCHES = {("LayerNorm", "forward"): 1, ("LayerNorm", "backward"): 4,
-            ("MultiHeadAttention", "forward"): 8, ("MultiHeadAttention", "backward"): 14,
-            ("Dropout", "forward"): 1, ("Dropout", "backward"): 1,
-            ("Embedding", "forward"): 1, ("Embedding", "backward"): 1,
-            ("PositionalEmbedding", "forward"): 1, ("PositionalEmbedding", "backward"): 2}
-
-
-def _tiny(model: str):
-    from minidl.zoo.transformers import TransformerConfig, bert, gpt
-
-    config = TransformerConfig(layers=2, heads=2, dim=16, context=20, vocab=13, dropout=0.1)
-    return (gpt if model == "gpt" else bert)(config, name=f"tiny-{model}")
-
-
-def _attention_launches(form: str | None, seq: int) -> tuple[int, int]:
-    """Bounds of one attention call's launches: 8 / 14 kept; blockwise (causal, with dropout)
-    4 per tile and 1 per row block forward, 8 per tile and 2 backward, plus the projections
-    (and an add into a residual's gradient)."""
-    if form is None:
-        return LAUNCHES[("MultiHeadAttention", "forward")], \
-            LAUNCHES[("MultiHeadAttention", "backward")]
-    n = AK.parse_form(form)
-    tiles = sum(1 for _ in AK._tiles(seq, min(n, seq), True))
-    blocks = -(-seq // n)
-    return 4 + 4 * tiles + blocks, 7 + 2 + 8 * tiles
-
-
-@pytest.mark.parametrize("model,form", [("gpt", None), ("gpt", "blockwise:5"),
-                                        ("bert", None)])
-def test_transformer_steps_on_the_strict_device(model, form, monkeypatch):
-    """Bounded launches per layer call, no host synchronisation in a step that does not
-    wait, no temporaries (the scratch block for CuPy's temporaries stays empty or a few KiB),
-    the CPU's loss and gradients within 1e-5."""
-    pytest.importorskip("cupy")
-    import minidl
-    import minidl.memory.options.attention_options as A
-    from minidl.compile.executor import Executor
-    from minidl.memory.runtime.transfer import to_host
-    from minidl.memory.testing.strict_device import StrictCudaDevice
-    from minidl.net.optim import AdamW
-
-    if form is not None:
-        monkeypatch.setattr(A, "policies", lambda program, config: [form])
-    rng = np.random.default_rng(0)
-    x, y = rng.integers(0, 13, (3, 20)), rng.integers(0, 13, (3, 20))
-    runs = {}
-    for name, dev in (("cpu", "cpu"), ("gpu", StrictCudaDevice("64MiB"))):
-        net = _tiny(model)
-        tr = minidl.Trainer(net, AdamW(net.parameters(), lr=1e-3), memory="reuse,inplace",
-                            device=dev, device_memory="64MiB")
-        loss = tr.step(x, y)
-        runs[name] = (loss, {k: to_host(p.grad) for k, p in net.named_parameters()}, tr, dev)
-    (loss_c, grads_c, _, _), (loss_g, grads_g, tr, dev) = runs["cpu"], runs["gpu"]
-    assert loss_g == pytest.approx(loss_c, rel=1e-5)
-    for k, g in grads_c.items():
-        err = np.max(np.abs(grads_g[k] - g)) / max(np.max(np.abs(g)), 1e-30)
-        assert err <= 1e-5, (k, err)
-    tr.step(x, y)  # (the scratch block is sized by the first steps)
-    counts: Counter = Counter()
-
-    def counting(run):
-        def counted(self, st, rt, *args):
-            before = dev.launches
-            run(self, st, rt, *args)
-            key = (type(self.layers[st.node]).__name__, st.phase)
-            counts[key] = max(counts[key], dev.launches - before)
-        return counted
-
-    for name in ("_forward", "_backward"):
-        monkeypatch.setattr(Executor, name, counting(getattr(Executor, name)))
-    syncs = dev.host_syncs
-    tr.step(x, y, wait=False)
-    assert dev.host_syncs == syncs, f"{dev.host_syncs - syncs} host synchronisations"
-    bounds = dict(LAUNCHES)
-    fwd, bwd = _attention_launches(form, 20)
-    bounds[("MultiHeadAttention", "forward")] = fwd
-    bounds[("MultiHeadAttention", "backward")] = bwd
-    for key, bound in bounds.items():
-        assert counts[key] <= bound, (key, counts[key], bound)
-    assert counts[("LayerNorm", "forward")] == 1 and counts[("MultiHeadAttention", "forward")]
-    assert tr.engine.scratch is None or tr.engine.scratch.size <= 4 << 10, tr.engine.scratch
-
-
-def test_batched_gemm_on_the_strict_device_writes_into_c():
-    """Contiguous operands go to CuPy's batched matmul, head views to the strided kernel:
-    one launch each, no temporary (what CuPy's matmul would copy)."""
-    pytest.importorskip("cupy")
-    from minidl.memory.testing.strict_device import StrictCudaDevice
-
-    dev = StrictCudaDevice("8MiB")
-    rng = np.random.default_rng(1)
-    qkv, p = _normal(rng, 2, 9, 3 * 8), _normal(rng, 2, 2, 9, 9)
-    offsets = iter(range(0, 1 << 20, 1 << 14))  # arena views, as the engine's arrays
-
-    def put(a):
-        d = dev.view(next(offsets), a.nbytes, a.shape, a.dtype)
-        d.set(a)
-        return d
-
-    dq, dp, dc, dout = map(put, (qkv, p, np.zeros_like(p), np.zeros((2, 2, 9, 4), np.float32)))
-    made = []
-    dev._new_buffer = lambda nbytes, new=dev._new_buffer: made.append(nbytes) or new(nbytes)
-    before = dev.launches
-    blas.batched_gemm(dp, dp, dc)  # contiguous: matmul
-    blas.batched_gemm(dp, dq.reshape(2, 9, 3, 2, 4).transpose(2, 0, 3, 1, 4)[2], dout)
-    assert dev.launches - before == 2 and not made, made
-    close(dc.get(), p @ p, scale=10)
-    close(dout.get(), p @ _heads(qkv, 2, 3)[2], scale=10)

@@ -1,0 +1,9 @@
+"""Kernel tests import the shared emulated device arrays as ``emulated_arrays`` (pytest runs
+with ``--import-mode=importlib``, which leaves sys.path alone)."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
