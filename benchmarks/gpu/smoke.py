@@ -62,7 +62,10 @@ def launch_cases() -> None:
     """The emulated-launch cases, their device arrays made CuPy arrays (D: to the device, H:
     back to the host)."""
     to_device, to_host, sync = _transfers()
-    for path in sorted((REPO / "tests" / "kernels").glob("test_*.py")):
+    folder = REPO / "tests" / "kernels"
+    if str(folder) not in sys.path:  # (their shared emulated arrays, as tests/kernels/conftest.py)
+        sys.path.insert(0, str(folder))
+    for path in sorted(folder.glob("test_*.py")):
         if "\nCUDA_LAUNCH_CASES = " not in path.read_text():
             continue
         spec = importlib.util.spec_from_file_location(f"_gpucheck_{path.stem}", path)
