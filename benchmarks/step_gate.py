@@ -30,14 +30,21 @@ WORKLOADS = {
 }
 
 
-def step_ms(before_site: str | None, args: list[str], steps: int) -> float:
-    """Median step time (ms) of one ``minidl bench`` run in a fresh process."""
+def run_child(before_site: str | None, argv: list[str], **env_vars: str) -> str:
+    """The stdout of ``python argv`` in a fresh process importing the "before" install
+    (``before_site``) or, with None, this interpreter's minidl; ``env_vars`` added."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(env_vars)
     if before_site:
         env["PYTHONPATH"] = before_site
-    out = subprocess.run([sys.executable, "-m", "minidl", "bench", *args, "--json", "--steps",
-                          str(steps), "--warmup", "3"], cwd="/", env=env, capture_output=True,
-                         text=True, check=True).stdout
+    return subprocess.run([sys.executable, *argv], cwd="/", env=env, capture_output=True,
+                          text=True, check=True).stdout
+
+
+def step_ms(before_site: str | None, args: list[str], steps: int) -> float:
+    """Median step time (ms) of one ``minidl bench`` run in a fresh process."""
+    out = run_child(before_site, ["-m", "minidl", "bench", *args, "--json", "--steps",
+                                  str(steps), "--warmup", "3"])
     return 1000 * float(json.loads(out)["results"][0]["step_time_median_s"])
 
 
@@ -75,12 +82,8 @@ print(json.dumps({"median_s": statistics.median(times), "min_s": min(times),
 
 def cpu_step_ms(before_site: str | None, args: list[str], steps: int) -> float:
     """Median single-thread CPU time (ms) of a step, in a fresh process (:data:`CPU_CHILD`)."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(MINIDL_NUM_THREADS="1", NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1")
-    if before_site:
-        env["PYTHONPATH"] = before_site
-    out = subprocess.run([sys.executable, "-c", CPU_CHILD, str(max(steps, 40)), *args], cwd="/",
-                         env=env, capture_output=True, text=True, check=True).stdout
+    out = run_child(before_site, ["-c", CPU_CHILD, str(max(steps, 40)), *args],
+                    MINIDL_NUM_THREADS="1", NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1")
     return 1000 * float(json.loads(out.strip().splitlines()[-1])["median_s"])
 
 
