@@ -33,9 +33,14 @@ def _with_after(plan, i, after):
     return replace(plan, steps=tuple(steps))
 
 
-def _freed_after(plan, tensor):
-    """The step after which ``plan`` frees ``tensor``."""
-    return next(i for i, sp in enumerate(plan.steps) if Free(tensor) in sp.after)
+def _conv_freed():
+    """The chain's liveness plan, its tensor ``conv``, the step after which the plan frees it,
+    and that step's other after-actions."""
+    p = chain()
+    plan = liveness_plan(p)
+    t = ids(p)["conv"]
+    i = next(i for i, sp in enumerate(plan.steps) if Free(t) in sp.after)
+    return plan, t, i, [a for a in plan.steps[i].after if a != Free(t)]
 
 
 def test_every_plan_action_declares_a_move_of_the_table():
@@ -59,11 +64,7 @@ def test_a_swap_plan_validates_with_and_without_the_cache(cache):
 def test_a_tensor_offloaded_and_freed_on_the_host_is_a_legal_plan():
     """The table lets a swapped-out tensor be freed where it is (the runtime returns its host
     buffer); a plan doing so validates."""
-    p = chain()
-    plan = liveness_plan(p)
-    t = ids(p)["conv"]
-    i = _freed_after(plan, t)
-    others = [a for a in plan.steps[i].after if a != Free(t)]
+    plan, t, i, others = _conv_freed()
     offloaded = _with_after(plan, i, [*others, Offload(t), Release(t)])
     freed_on_host = replace(offloaded, end=(*offloaded.end, Free(t)))
     freed_on_host.validate()
@@ -72,11 +73,7 @@ def test_a_tensor_offloaded_and_freed_on_the_host_is_a_legal_plan():
 
 
 def test_an_illegal_move_names_the_state_and_the_legal_moves():
-    p = chain()
-    plan = liveness_plan(p)
-    t = ids(p)["conv"]
-    i = _freed_after(plan, t)
-    others = [a for a in plan.steps[i].after if a != Free(t)]
+    plan, t, i, others = _conv_freed()
     bad = _with_after(plan, i, [*others, Offload(t), Await(t)])
     with pytest.raises(AssertionError, match=f"step {i} after: tensor {t} is offloading: cannot "
                        r"await_prefetch it \(allowed: free, keep_cached, release\)"):
@@ -84,10 +81,7 @@ def test_an_illegal_move_names_the_state_and_the_legal_moves():
 
 
 def test_a_freed_tensor_is_not_allocated_again():
-    p = chain()
-    plan = liveness_plan(p)
-    t = ids(p)["conv"]
-    i = _freed_after(plan, t)
+    plan, t, i, _ = _conv_freed()
     again = _with_after(plan, i, [*plan.steps[i].after, Alloc(t), Free(t)])
     with pytest.raises(AssertionError, match=f"tensor {t} allocated twice \\(freed before"):
         again.validate()
