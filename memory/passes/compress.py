@@ -91,7 +91,8 @@ def compress_program(program: Program, binarize: bool = False, use_sparse: bool 
                    alignment=program.alignment)
 
 
-#: Tensor -> (codec, its attributes): what the rewrite encodes, in the order chosen.
+#: Tensor -> (codec, the max-pool window packed indices need, else None): what the rewrite
+#: encodes, in the order chosen.
 _Choice = dict[int, tuple[str, PoolWindow | None]]
 
 
