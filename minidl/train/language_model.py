@@ -6,7 +6,6 @@ validation every N steps on fixed windows, and the validation loss and perplexit
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections.abc import Callable
 from typing import Any, TextIO
@@ -75,7 +74,7 @@ class TextProgress(ProgressLogger):
 
     def __init__(self, steps: int, chars_per_step: int, every: int, t0: float,
                  stream: TextIO | None = None, interactive: bool | None = None) -> None:
-        super().__init__(stream if stream is not None else sys.stderr, interactive=interactive)
+        super().__init__(stream, interactive=interactive)
         self.steps, self.chars, self.every, self.t0 = steps, chars_per_step, every, t0
 
     def write(self, text: str) -> None:
