@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from bits import assert_same_bits
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -21,7 +22,7 @@ def floats32():
 
 
 def nan_aware_equal(a: np.ndarray, b: np.ndarray) -> None:
-    np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+    assert_same_bits(a, b)
 
 
 @pytest.mark.parametrize("fmt", pr.FORMATS)
