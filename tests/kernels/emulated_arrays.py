@@ -13,7 +13,8 @@ import numpy as np
 class EmuArray:
     """A minimal CuPy-like array over a host buffer: no implicit conversion to or from host
     arrays; new arrays of its namespace hold garbage (0xA5 bytes), as new device memory
-    would."""
+    would. Views and new arrays are of the array's own class (a subclass stands for another
+    device array type, as CuPy's arrays do beside these in benchmarks/gpu/smoke.py)."""
 
     def __init__(self, a: np.ndarray) -> None:
         self._a = a
@@ -25,7 +26,7 @@ class EmuArray:
         raise TypeError("implicit conversion of a device array")
 
     def __array_namespace__(self) -> SimpleNamespace:
-        return SimpleNamespace(empty=lambda shape, dtype: EmuArray(
+        return SimpleNamespace(empty=lambda shape, dtype: type(self)(
             np.full(np.dtype(dtype).itemsize * int(np.prod(shape)), 0xA5, np.uint8)
             .view(dtype).reshape(shape)))
 
@@ -37,22 +38,22 @@ class EmuArray:
     flags = property(lambda self: self._a.flags)
 
     def reshape(self, *shape) -> EmuArray:
-        return EmuArray(self._a.reshape(*shape))
+        return type(self)(self._a.reshape(*shape))
 
     def transpose(self, *axes) -> EmuArray:
-        return EmuArray(self._a.transpose(*axes))
+        return type(self)(self._a.transpose(*axes))
 
     def swapaxes(self, i: int, j: int) -> EmuArray:
-        return EmuArray(self._a.swapaxes(i, j))
+        return type(self)(self._a.swapaxes(i, j))
 
     def view(self, dtype) -> EmuArray:
-        return EmuArray(self._a.view(dtype))
+        return type(self)(self._a.view(dtype))
 
     def fill(self, value) -> None:
         self._a.fill(value)
 
     def __getitem__(self, key) -> EmuArray:
-        return EmuArray(self._a[key])
+        return type(self)(self._a[key])
 
     def __setitem__(self, key, value) -> None:
         if isinstance(value, np.ndarray):

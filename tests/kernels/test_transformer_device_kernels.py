@@ -36,17 +36,25 @@ from minidl.kernels import transformer_device as TD
 # ----------------------------------------------------------------------------- cases
 def case_bgemm(rng: np.random.Generator) -> None:
     """Head views of a fused qkv (strided), both transposes, every mode and accumulation,
-    tiles cut by the matrix edges (T = 19, 33; hd = 5, 16), against float64 ``matmul``."""
+    tiles cut by the matrix edges (T = 19, 33; hd = 5, 16), against float64 ``matmul``. Every
+    device operand comes from ``D`` (the strided ones are views of a ``D`` array), so the
+    check's smoke run, which swaps ``D`` / ``H`` for CuPy's, launches on CuPy arrays only."""
     for dt in DTYPES:
         for b, t, heads, hd in ((2, 19, 3, 5), (1, 33, 2, 16)):
             d = heads * hd
-            q, k, v = _heads(_normal(rng, b, t, 3 * d, dtype=dt), heads, 3)
+            qkv = _normal(rng, b, t, 3 * d, dtype=dt)
+            q, k, v = _heads(qkv, heads, 3)
+            dev_heads = _heads(D(qkv), heads, 3)
+            dq, dk, dv = dev_heads[0], dev_heads[1], dev_heads[2]
             p = _normal(rng, b, heads, t, t, dtype=dt)
             lower = np.tril(p)  # (as a causal P; its transpose is upper triangular)
-            cases = [(q, k, False, True, TD.FULL), (p, v, False, False, TD.FULL),
-                     (p, q, True, False, TD.FULL), (q, k, False, True, TD.SKIP_UPPER),
-                     (lower, v, False, False, TD.K_LE_ROW), (lower, k, True, False, TD.K_GE_ROW)]
-            for a, bb, ta, tb, mode in cases:
+            dp, dlower = D(p), D(lower)
+            cases = [(q, k, dq, dk, False, True, TD.FULL), (p, v, dp, dv, False, False, TD.FULL),
+                     (p, q, dp, dq, True, False, TD.FULL),
+                     (q, k, dq, dk, False, True, TD.SKIP_UPPER),
+                     (lower, v, dlower, dv, False, False, TD.K_LE_ROW),
+                     (lower, k, dlower, dk, True, False, TD.K_GE_ROW)]
+            for a, bb, dev_a, dev_b, ta, tb, mode in cases:
                 op_a = a.swapaxes(-1, -2) if ta else a
                 op_b = bb.swapaxes(-1, -2) if tb else bb
                 want = np.matmul(op_a.astype(np.float64), op_b.astype(np.float64))
@@ -54,7 +62,7 @@ def case_bgemm(rng: np.random.Generator) -> None:
                     c0 = _normal(rng, *want.shape, dtype=dt)
                     alpha = _normal(rng, *want.shape[:3], dtype=dt)
                     c = D(c0)
-                    TD.bgemm(EmuArray(a), EmuArray(bb), c, ta, tb, mode, acc,
+                    TD.bgemm(dev_a, dev_b, c, ta, tb, mode, acc,
                              D(alpha) if acc == TD.RESCALE_ADD else None)
                     ref = want + (0 if acc == TD.WRITE else c0 * (
                         1 if acc == TD.ADD else alpha[..., None]))
@@ -70,13 +78,9 @@ def case_bgemm(rng: np.random.Generator) -> None:
             out = _normal(rng, b, t, d, dtype=dt)
             o = _heads(out, heads, 1)[0]
             dev_out = D(out)
-            blas.batched_gemm(EmuArray(p), EmuArray(v), _heads_emu(dev_out, heads))
+            blas.batched_gemm(dp, dv, _heads(dev_out, heads, 1)[0])
             blas.batched_gemm(p, v, o)
             close(H(dev_out), out, "batched_gemm", scale=10)
-
-
-def _heads_emu(a: EmuArray, heads: int) -> EmuArray:
-    return EmuArray(_heads(a._a, heads, 1)[0])
 
 
 def case_attention_rows(rng: np.random.Generator) -> None:
@@ -143,7 +147,7 @@ def case_attention_rows(rng: np.random.Generator) -> None:
         m_run = _normal(rng, 2, heads, 9, dtype=dt)
         lse_full = np.full((2 * heads, t), np.nan, dt)
         dev_out, dev_lse = D(out), D(lse_full)
-        TD.online_finish(_heads_emu(dev_out, heads)[:, :, 8:17], D(l_run), D(m_run), dev_lse, 8)
+        TD.online_finish(_heads(dev_out, heads, 1)[0][:, :, 8:17], D(l_run), D(m_run), dev_lse, 8)
         o = _heads(out, heads, 1)[0]
         o[:, :, 8:17] /= l_run[..., None]
         lse_full[:, 8:17] = (np.log(l_run) + m_run).reshape(2 * heads, 9)
@@ -286,6 +290,41 @@ CUDA_LAUNCH_CASES = {"bgemm": case_bgemm, "attention_rows": case_attention_rows,
 @pytest.mark.parametrize("name", sorted(CUDA_LAUNCH_CASES))
 def test_emulated_kernels_match_the_host(name):
     CUDA_LAUNCH_CASES[name](np.random.default_rng(0))
+
+
+class _Foreign(EmuArray):
+    """Another device array type: CuPy's, as benchmarks/gpu/smoke.py runs these cases with
+    ``D`` / ``H`` swapped for CuPy's (its views and new arrays stay of this class)."""
+
+
+def _foreign_host(a: _Foreign) -> np.ndarray:
+    assert isinstance(a, _Foreign), type(a)
+    return a.get()
+
+
+@pytest.mark.parametrize("name", sorted(CUDA_LAUNCH_CASES))
+def test_cases_launch_only_on_the_array_type_of_d(name, monkeypatch):
+    """With ``D`` / ``H`` of another array type (as on a GPU, where they are CuPy's), every
+    kernel launch gets arrays of that type only: a case that wrapped an operand itself would
+    mix two types in one launch, which a real device refuses (TypeError in kernels/_cuda.py)."""
+    from minidl.kernels import _cuda
+
+    launches = []
+    emulate = _cuda.Kernel.emulate
+
+    def only_foreign(kernel, *args):
+        mixed = [type(a).__name__ for a in args
+                 if hasattr(type(a), "__emulated_device_buffer__") and type(a) is not _Foreign]
+        if mixed:
+            raise TypeError(f"{kernel!r} got {mixed} beside arrays of D's type")
+        launches.append(kernel)
+        emulate(kernel, *args)
+
+    monkeypatch.setattr(_cuda.Kernel, "emulate", only_foreign)
+    monkeypatch.setitem(globals(), "D", lambda a: _Foreign(np.array(a, copy=True)))
+    monkeypatch.setitem(globals(), "H", _foreign_host)
+    CUDA_LAUNCH_CASES[name](np.random.default_rng(0))
+    assert launches, "no kernel was launched"
 
 
 def test_bgemm_refuses_bad_shapes():
