@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 
 from . import __version__
 from .commands.common import (
     EXIT_FAILURE,
+    EXIT_INTERRUPTED,
     EXIT_OOM,
     EXIT_USAGE,
     RuntimeFailure,
     UsageError,
     check_model_name,
+    check_output_paths,
     check_plot_path,
     emulated_target,
     format_bytes,
@@ -48,6 +51,7 @@ from .commands.parsers import (  # noqa: F401 - add_memory_files: as minidl.cli 
 )
 from .compile.executor import NonFiniteError
 from .memory.ir.config import MemoryConfig
+from .memory.runtime.host_pool import HostMemoryExceeded
 from .memory.runtime.pool import DeviceOutOfMemory
 from .settings import Settings
 from .zoo.models import SEQUENCE_MODELS
@@ -113,6 +117,7 @@ def _note_one_rank(args: argparse.Namespace, configs: list[MemoryConfig]) -> Non
 def validate_args(args: argparse.Namespace) -> None:
     """Every number and size on the command line, checked before any work starts: one
     :class:`UsageError` naming the flag, the bad value and what is valid."""
+    check_output_paths(args)  # (every command's files: a run must not end unable to write)
     if not hasattr(args, "model"):
         return  # show-memory checks its own
     if args.model is not None:  # plan --compressed FILE takes its model from the file
@@ -179,7 +184,27 @@ def _fill_help(sub: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command line (``sys.argv[1:]`` by default) and return its exit code. Its output
+    piped into a reader that stops early (``minidl show-memory FILE | head -5``) ends it
+    quietly; Ctrl-C ends it with one line (``minidl train`` says where, and how to resume)."""
+    try:
+        code = _main(sys.argv[1:] if argv is None else list(argv))
+        sys.stdout.flush()  # (a closed pipe fails here, not at exit)
+        return code
+    except BrokenPipeError:
+        # the reader is gone: what is left to print goes nowhere (not a traceback at exit)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        print("minidl: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = argv  # (what minidl train's interrupted run prints to resume it)
     specs = getattr(args, "memory", None)
     if any(str(s).strip().lower() == "help" for s in (specs if isinstance(specs, list)
                                                        else [specs])):
@@ -190,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"minidl: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    except (RuntimeFailure, NonFiniteError) as e:
+    except (RuntimeFailure, NonFiniteError, HostMemoryExceeded) as e:
         print(f"minidl: error: {e}", file=sys.stderr)
         return EXIT_FAILURE
     except DeviceOutOfMemory as e:
@@ -206,6 +231,10 @@ def main(argv: list[str] | None = None) -> int:
             print("no memory spec fits this device memory at this batch size: lower the "
                   "batch size or raise --device-memory", file=sys.stderr)
         return EXIT_OOM
+    except MemoryError as e:  # the host ran out (NumPy's allocation): one line, not a traceback
+        print(f"minidl: error: out of host memory: {e or 'an allocation failed'}",
+              file=sys.stderr)
+        return EXIT_FAILURE
 
 
 if __name__ == "__main__":

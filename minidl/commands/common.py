@@ -9,6 +9,7 @@ import importlib.util
 import os
 import re
 import sys
+import tempfile
 from typing import Any
 
 from ..layers.base import ShapeError
@@ -17,6 +18,7 @@ from ..memory.device_factory import DEVICE_NAMES, make_device
 from ..memory.devices.cuda_device import CUDA_INSTALL_HINT
 from ..memory.ir.config import MemoryConfig
 from ..memory.ir.units import format_size, parse_size
+from ..net.param_memory import ParameterMemoryError
 from ..zoo.models import (
     MODEL_NAMES,
     MODELS,
@@ -32,6 +34,8 @@ from ..zoo.user_models import UserModelError, build_user_model, is_user_model
 EXIT_USAGE = 2
 EXIT_OOM = 1
 EXIT_FAILURE = 1
+#: A command stopped by Ctrl-C (128 + SIGINT, as the shell's).
+EXIT_INTERRUPTED = 130
 
 
 class UsageError(Exception):
@@ -74,6 +78,15 @@ def smallest_square_input(name: str, channels: int, num_classes: int,
 def build_model(name: str, input_shape, num_classes: int, width: int | None = None):
     """The network ``name`` names: a built-in model, or a user's ``MODULE:FUNCTION``
     (:mod:`minidl.zoo.user_models`); one-line usage errors for what cannot be built."""
+    try:
+        return _build(name, input_shape, num_classes, width)
+    except ParameterMemoryError as e:  # (counted before any parameter was allocated)
+        if width is None:
+            raise UsageError(f"{name}: {e}") from None
+        raise UsageError(f"{name} --width {width}: {e}; lower --width") from None
+
+
+def _build(name: str, input_shape, num_classes: int, width: int | None):
     if is_user_model(name):
         try:
             return build_user_model(name, input_shape, num_classes, width)
@@ -130,6 +143,44 @@ def parse_size_flag(flag: str, text: str | None) -> int | None:
         return parse_size(text)
     except ValueError as e:
         raise UsageError(f"{flag} {text!r}: {e}") from None
+
+
+#: The files a command writes, by their argparse ``dest``: what each is called in an error.
+OUTPUT_FILES = {"save": "checkpoint", "log": "metric log", "trace": "trace",
+                "snapshot": "memory snapshot", "plot": "plot", "onnx": "ONNX model",
+                "out": "compressed model"}
+
+
+def check_output_path(flag: str, path: str, noun: str) -> None:
+    """``flag PATH``: a file this command will write, checked before any work starts (a run
+    that could not write its results at the end would lose them): not a folder, its folder
+    there, and a file can be created in it (a real try: ``os.access`` says yes to root, even
+    in /proc). One :class:`UsageError` naming the flag, the path and what the file is."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise UsageError(f"{flag} {path}: that is a folder; give the {noun}'s file name")
+    if not os.path.isdir(folder):
+        raise UsageError(f"{flag} {path}: folder {folder} does not exist (the {noun} cannot "
+                         "be written there)")
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise UsageError(f"{flag} {path}: the file is not writable (the {noun} cannot be "
+                         "written there)")
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".minidl-write-check-")
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot create files in folder {folder} "
+                         f"({e.strerror or e}): the {noun} cannot be written there") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def check_output_paths(args: argparse.Namespace) -> None:
+    """Every output file of the command line (:data:`OUTPUT_FILES`), checked before any
+    work."""
+    for dest, noun in OUTPUT_FILES.items():
+        path = getattr(args, dest, None)
+        if isinstance(path, str) and path:
+            check_output_path(f"--{dest}", path, noun)
 
 
 #: The formats matplotlib's Agg canvas writes (checked against matplotlib itself when it is

@@ -18,12 +18,13 @@ from ..compression.inference import plan_inference
 from ..compression.layer_spec import compressible_weights
 from ..compression.pipeline import CompressionSettings, deep_compress
 from ..datasets import data as D
-from ..interop.checkpoint import check_writable, damage
+from ..interop.checkpoint import damage
 from ..net.graph import Network
 from .common import (
     RuntimeFailure,
     UsageError,
     build_model,
+    check_output_path,
     format_bytes,
     print_memory_report,
     shape_and_classes,
@@ -108,10 +109,7 @@ def cmd_compress(args: argparse.Namespace) -> int:
         raise UsageError(f"--rounds must be >= 1, got {args.rounds}")
     if args.retrain_steps < 0:
         raise UsageError(f"--retrain-steps must be >= 0, got {args.retrain_steps}")
-    try:
-        check_writable(args.out)
-    except OSError as e:
-        raise UsageError(f"--out {args.out}: {e}") from None
+    check_output_path("--out", args.out, "compressed model")
     try:
         ds = D.load_dataset(args.dataset, data_dir=args.data_dir, seed=0)
     except (ImportError, OSError, ValueError) as e:

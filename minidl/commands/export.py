@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..interop.checkpoint import check_writable, damage
+from ..interop.checkpoint import damage
 from ..interop.onnx_export import (
     DEFAULT_OPSET,
     HEADS,
@@ -41,6 +41,7 @@ from .common import (
     UsageError,
     build_model,
     check_model_name,
+    check_output_path,
     parse_chw,
     require_module,
 )
@@ -251,10 +252,7 @@ def check_file(net: Network, path: str, shape: tuple[int, ...], batch: int, seed
 
 def cmd_export(args: argparse.Namespace) -> int:
     require_module("onnx", "onnx", "minidl export --onnx")
-    try:
-        check_writable(args.onnx)
-    except OSError as e:
-        raise UsageError(f"--onnx {args.onnx}: {e}") from None
+    check_output_path("--onnx", args.onnx, "ONNX model")
     if args.check and importlib.util.find_spec("onnxruntime") is None:
         raise RuntimeFailure("minidl export --check runs the file with onnxruntime, which is "
                              "not installed: pip install onnxruntime")

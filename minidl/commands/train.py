@@ -40,6 +40,7 @@ from .common import (
     with_budget,
 )
 from .distributed import mpi_job, quiet_other_ranks, ranks_stop_together, refuse_for_text
+from .interrupt import StepBoundaryInterrupt, StopOnCtrlC, report_interrupt
 from .train_options import (
     LOADERS,
     check_outputs,
@@ -65,7 +66,7 @@ def _save(trainer, path: str) -> None:
         else:
             trainer.parallel.root_writes(write)
     except OSError as e:
-        raise RuntimeFailure(f"cannot write checkpoint {path}: {e}") from None
+        raise RuntimeFailure(f"cannot write checkpoint {path}: {e.strerror or e}") from None
 
 
 def _save_final(args: argparse.Namespace, trainer: Trainer) -> None:
@@ -218,12 +219,23 @@ def cmd_train_text(args: argparse.Namespace, spec) -> int:
               f"{len(ds.train):,} train / {len(ds.val):,} validation characters, vocabulary "
               f"{ds.vocab_size}, seq-len {args.seq_len}, batch {args.batch_size}, {steps} steps, "
               f"memory {spec.spec!r}", file=sys.stderr)
-    with _recorded(trainer, args):
-        res = train_language_model(trainer, ds, args.batch_size, args.seq_len, steps,
-                                   progress=not args.no_progress, seed=args.seed,
-                                   progress_every=args.log_every,
-                                   on_step=_saver(trainer, args.save, args.save_every),
-                                   val_every=args.val_every)
+    saver = _saver(trainer, args.save, args.save_every)
+    stop = StopOnCtrlC()
+
+    def after_step(k: int) -> None:
+        if saver is not None:
+            saver(k)
+        stop.check()
+
+    try:
+        with stop, _recorded(trainer, args):
+            res = train_language_model(trainer, ds, args.batch_size, args.seq_len, steps,
+                                       progress=not args.no_progress, seed=args.seed,
+                                       progress_every=args.log_every, on_step=after_step,
+                                       val_every=args.val_every)
+    except KeyboardInterrupt as e:
+        return report_interrupt(args, trainer, isinstance(e, StepBoundaryInterrupt), [], _save,
+                                steps=steps)
     if args.save:
         _save_final(args, trainer)
     rep = trainer.memory_report()
@@ -271,8 +283,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     if not (args.json or args.quiet):
         _print_header(args, spec, ds, trainer, defaults, augment is not None, comm)
     _note_save_every(args, trainer, -(-len(ds.x_train) // args.batch_size))
+    callbacks = _callbacks(args)
+    stop = StopOnCtrlC(enabled=comm is None)  # (an mpiexec job's ranks stop together)
     t0 = time.perf_counter()
-    hist = _fit(args, trainer, ds, augment, comm)
+    try:
+        with stop:
+            hist = _fit(args, trainer, ds, augment, comm, [*callbacks, stop])
+    except KeyboardInterrupt as e:
+        return report_interrupt(args, trainer, isinstance(e, StepBoundaryInterrupt), callbacks,
+                                _save)
     wall = time.perf_counter() - t0
     unchanged = bool(args.resume and not hist.losses and args.save
                      and os.path.abspath(args.save) == os.path.abspath(args.resume))
@@ -358,14 +377,14 @@ def _print_header(args: argparse.Namespace, spec, ds, trainer: Trainer,
           file=sys.stderr)
 
 
-def _fit(args: argparse.Namespace, trainer: Trainer, ds, augment, comm):
+def _fit(args: argparse.Namespace, trainer: Trainer, ds, augment, comm, callbacks: list):
     """The epochs (recorded with --trace / --plot / --snapshot): the fit's history; a device
     out of memory carries the specs whose dry run fits it."""
     try:
         with ranks_stop_together(comm), _recorded(trainer, args):
             return trainer.fit(ds, epochs=args.epochs, batch_size=args.batch_size,
                                max_steps=args.max_steps, progress=not args.no_progress,
-                               augment=augment, callbacks=_callbacks(args),
+                               augment=augment, callbacks=callbacks,
                                val_every=args.val_every if args.val_every is not None else (
                                    1 if args.early_stopping is not None else None),
                                progress_every=args.log_every)

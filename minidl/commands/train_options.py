@@ -7,9 +7,8 @@ import argparse
 import os
 
 from ..datasets import data as D
-from ..interop.checkpoint import check_writable
 from ..zoo.models import SEQUENCE_MODELS, TRANSFORMER_MODELS
-from .common import UsageError, check_plot_path, require_module
+from .common import UsageError, check_output_paths, check_plot_path, require_module
 
 #: --loader: auto streams the datasets read from --data-dir (folder, cifar10, cifar100: images
 #: read batch by batch, the next on a background thread) and loads the others in memory.
@@ -43,13 +42,7 @@ def check_outputs(args: argparse.Namespace) -> None:
     """The files a run writes and reads, checked before any work starts."""
     if args.save_every is not None and not args.save:
         raise UsageError("--save-every N writes the checkpoint named by --save FILE: add --save")
-    for flag in ("save", "log", "trace", "plot", "snapshot"):
-        path = getattr(args, flag)
-        if path:
-            try:
-                check_writable(path)
-            except OSError as e:
-                raise UsageError(f"--{flag} {path}: {e}") from None
+    check_output_paths(args)  # (also done by minidl.cli before any command: train's own)
     if args.plot:
         check_plot_path("--plot", args.plot)
     if args.resume and not os.path.isfile(args.resume):

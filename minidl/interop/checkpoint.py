@@ -83,7 +83,11 @@ def atomic_path(path: str | os.PathLike, suffix: str) -> Iterator[str]:
     """A temporary file's path in ``path``'s folder (checked writable first) for the block to
     write; it is renamed onto ``path`` when the block ends, and removed if the block raises."""
     folder = check_writable(path)
-    fd, tmp = tempfile.mkstemp(suffix=suffix, dir=folder)
+    try:
+        fd, tmp = tempfile.mkstemp(suffix=suffix, dir=folder)
+    except OSError as e:  # (named by the file asked for, not the temporary one)
+        raise type(e)(e.errno, f"{e.strerror} (creating a file in {folder})",
+                      os.fspath(path)) from None
     os.close(fd)
     try:
         yield tmp

@@ -17,6 +17,7 @@ from ..layers.base import Layer, ShapeError, Symbol
 from ..memory.ir.units import format_size
 from ..memory.passes.block_choices import BLOCK_CHOICES
 from ..memory.runtime.transfer import copy_into, to_host
+from .param_memory import check_parameter_memory
 from .parameter import Parameter
 
 Shape = tuple[int, ...]
@@ -183,6 +184,10 @@ class Network:
     def _create_parameters(self, seed: int, dtype: str = "float32") -> None:
         rng = np.random.default_rng(seed)
         self.dtype = np.dtype(dtype)
+        # (counted from the shapes first: a network too large for the host, refused in a line)
+        check_parameter_memory(self.name, [
+            spec for node in self.nodes if getattr(node.layer, "bound_params", None) is None
+            for spec in node.layer.param_specs().values()], self.dtype)
         self._params: dict[str, dict[str, Parameter]] = {}
         for node in self.nodes:
             specs = node.layer.param_specs()

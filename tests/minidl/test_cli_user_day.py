@@ -1,0 +1,195 @@
+"""Part 28, a user's day: what ended in a traceback or was taken silently, now one line. Ctrl-C
+during ``train`` (where it stopped, what was saved, how to resume; exit 130), output piped into
+a reader that stops early, every output path checked before any work (named by its flag and
+its own noun, never a temporary file), a host-memory bound too small, a model too large for
+the machine refused before its parameters exist. Each case runs the real command (in a
+subprocess where a signal or a pipe is the point)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minidl.cli import main
+from minidl.memory.ir.units import format_size
+from minidl.net.param_memory import ParameterMemoryError, check_parameter_memory
+from minidl.zoo.models import get_model
+
+MINIDL = shutil.which("minidl", path=os.path.dirname(sys.executable)) or shutil.which("minidl")
+CMD = [MINIDL] if MINIDL else [sys.executable, "-m", "minidl"]
+TRAIN = ["train", "smallcnn", "--dataset", "synthetic", "--input", "1x8x8", "--width", "4"]
+
+
+def one_error(capsys, argv: list[str], code: int = 2) -> str:
+    """Run ``minidl argv`` in this process: its one ``minidl: error:`` line (exit ``code``),
+    nothing on stdout."""
+    assert main(argv) == code
+    out, err = capsys.readouterr()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert out == "" and len(lines) == 1 and lines[0].startswith("minidl: error: "), err
+    return lines[0]
+
+
+# ------------------------------------------------------------------ Ctrl-C during train
+def interrupt_after_step(argv: list[str], step: int, cwd: Path) -> subprocess.CompletedProcess:
+    """Run ``minidl argv`` (printing a line per step), send it SIGINT once step ``step``'s line
+    is out, and wait for it."""
+    proc = subprocess.Popen([*CMD, *argv, "--log-every", "1"], cwd=cwd, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if line.startswith(f"step {step}/"):
+            proc.send_signal(signal.SIGINT)
+            break
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, "".join(seen) + err)
+
+
+def test_ctrl_c_saves_the_checkpoint_and_prints_the_command_that_resumes(tmp_path):
+    ck = tmp_path / "ck.npz"
+    argv = [*TRAIN, "--epochs", "50", "--max-steps", "400", "--save", str(ck)]
+    res = interrupt_after_step(argv, 2, tmp_path)
+    assert res.returncode == 130, res.stderr
+    assert "Traceback" not in res.stderr and "KeyboardInterrupt" not in res.stderr
+    last = res.stderr.strip().splitlines()[-1]
+    # the step the signal came in finishes: the state saved is whole
+    assert last.startswith("minidl: interrupted at step "), last
+    step = int(last.split("at step ")[1].split()[0])
+    assert step >= 2 and "(epoch 1 of 50)" in last
+    assert f"checkpoint saved to {ck}" in last
+    resume = last.split("resume with: ")[1].split()
+    assert resume[0] == "minidl" and resume[-2:] == ["--resume", str(ck)]
+    assert ck.is_file()
+    # the command it prints continues the run (to --max-steps, from the saved step)
+    done = subprocess.run([*CMD, *resume[1:-2], "--max-steps", str(step + 2), "--quiet",
+                           "--resume", str(ck)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "steps: 2," in done.stdout
+
+
+def test_ctrl_c_without_save_says_nothing_was_saved(tmp_path):
+    res = interrupt_after_step([*TRAIN, "--epochs", "50"], 1, tmp_path)
+    assert res.returncode == 130, res.stderr
+    assert "Traceback" not in res.stderr
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("minidl: interrupted at step ") and "nothing saved" in last, last
+    assert "--save FILE" in last
+    assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------ pipes closed early
+@pytest.fixture(scope="module")
+def snapshot(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("snap") / "plan.pickle"
+    assert main(["plan", "lenet5", "--input", "1x8x8", "--batch-size", "2", "--snapshot",
+                 str(path)]) == 0
+    return path
+
+
+@pytest.mark.parametrize("argv", [["show-memory", "{snap}"], ["plan", "lenet5", "--layers"]])
+def test_a_reader_gone_ends_the_command_quietly(argv, snapshot):
+    """Output into a pipe whose reader closed (``| head`` done): no BrokenPipeError."""
+    r, w = os.pipe()
+    os.close(r)  # (the reader is gone before the first byte: every write fails)
+    try:
+        res = subprocess.run([*CMD, *(a.format(snap=snapshot) for a in argv)], stdout=w,
+                             stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(w)
+    assert "Traceback" not in res.stderr and "BrokenPipe" not in res.stderr, res.stderr
+    assert res.stderr == ""
+
+
+def test_show_memory_into_head(snapshot):
+    res = subprocess.run(f"{' '.join(CMD)} show-memory {snapshot} | head -2", shell=True,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and len(res.stdout.splitlines()) == 2
+    assert res.stderr == ""
+
+
+# ------------------------------------------------------------------ output paths
+OUTPUTS = [
+    (["plan", "smallcnn", "--snapshot", "{missing}/p.pickle"], "--snapshot", "memory snapshot"),
+    (["plan", "smallcnn", "--plot", "{missing}/p.png"], "--plot", "plot"),
+    (["plan", "smallcnn", "--trace", "{missing}/p.json"], "--trace", "trace"),
+    ([*TRAIN, "--max-steps", "2", "--save", "{missing}/ck.npz"], "--save", "checkpoint"),
+    ([*TRAIN, "--max-steps", "2", "--log", "{missing}/log.csv"], "--log", "metric log"),
+    ([*TRAIN, "--max-steps", "2", "--trace", "{missing}/t.json"], "--trace", "trace"),
+    (["show-memory", "{snap}", "--trace", "{missing}/t.json"], "--trace", "trace"),
+    (["export", "lenet5", "--onnx", "{missing}/m.onnx"], "--onnx", "ONNX model"),
+    (["compress", "ck.npz", "--model", "lenet5", "--out", "{missing}/m.mdl"], "--out",
+     "compressed model"),
+]
+
+
+@pytest.mark.parametrize("argv,flag,noun", OUTPUTS)
+def test_an_output_in_a_missing_folder_is_refused_before_any_work(capsys, tmp_path, snapshot,
+                                                                   argv, flag, noun):
+    missing = tmp_path / "no" / "such"
+    argv = [a.format(missing=missing, snap=snapshot) for a in argv]
+    line = one_error(capsys, argv)
+    path = argv[argv.index(flag) + 1]
+    assert f"{flag} {path}: folder {missing} does not exist" in line
+    assert f"the {noun} cannot be written" in line
+
+
+def test_an_output_folder_that_takes_no_files_is_refused_by_its_flag(capsys, tmp_path):
+    """/proc (and a read-only folder even for root): the error names the path asked for and
+    comes before the run, not after it with a temporary file's name."""
+    for argv, flag in (([*TRAIN, "--max-steps", "2", "--save", "/proc/ck.npz"], "--save"),
+                       ([*TRAIN, "--max-steps", "2", "--trace", "/proc/x.json"], "--trace")):
+        line = one_error(capsys, argv)
+        assert line.startswith(f"minidl: error: {flag} /proc/") and "tmp" not in line, line
+        assert "cannot create files in folder /proc" in line
+    assert not list(tmp_path.iterdir())
+
+
+def test_an_output_that_is_a_folder_is_refused(capsys, tmp_path):
+    line = one_error(capsys, [*TRAIN, "--max-steps", "2", "--log", str(tmp_path)])
+    assert f"--log {tmp_path}: that is a folder; give the metric log's file name" in line
+
+
+def test_a_checkpoint_write_error_names_the_checkpoint_not_a_temporary_file(tmp_path):
+    from minidl.interop.checkpoint import write_npz
+    with pytest.raises(OSError) as e:
+        write_npz("/proc/ck.npz", {"a": [1]})
+    assert e.value.filename == "/proc/ck.npz"
+
+
+# ------------------------------------------------------------------ memory
+def test_a_host_memory_bound_too_small_is_one_line(capsys):
+    line = one_error(capsys, [*TRAIN, "--max-steps", "2", "--host-memory", "1KiB", "--memory",
+                              "reuse,swap=all", "--quiet"], code=1)
+    assert "host pool bound 1.00 KiB" in line and "raise --host-memory" in line
+
+
+@pytest.mark.parametrize("command", ["train", "plan"])
+def test_a_model_too_large_for_the_machine_is_refused_before_its_parameters_exist(capsys,
+                                                                                  command):
+    argv = [command, "smallcnn", "--width", "100000", "--input", "1x8x8"]
+    if command == "train":
+        argv += ["--dataset", "synthetic", "--max-steps", "2"]
+    line = one_error(capsys, argv)
+    assert "smallcnn --width 100000: the parameters of smallcnn need" in line
+    assert "of memory available; lower --width" in line
+    # what it needs: the convs' (and fc's) float32 values, counted from their shapes
+    needed = 4 * (100000 * 1 * 9 + 100000 + 200000 * 100000 * 9 + 200000 + 200000 * 4 * 10 + 10)
+    assert f"need {format_size(needed)}" in line
+
+
+def test_the_parameter_check_counts_the_shapes_it_is_given():
+    net = get_model("smallcnn", input_shape=(1, 8, 8), num_classes=10, width=4)
+    specs = [s for node in net.nodes for s in node.layer.param_specs().values()]
+    nbytes = 4 * net.num_parameters()
+    check_parameter_memory("smallcnn", specs, "float32", available=10 * nbytes)
+    with pytest.raises(ParameterMemoryError) as e:
+        check_parameter_memory("smallcnn", specs, "float32", available=nbytes)
+    assert e.value.needed_bytes > nbytes and "smallcnn" in str(e.value)
