@@ -16,7 +16,7 @@ import sys
 from minidl.compile.engine import Engine
 from minidl.layers import SoftmaxCrossEntropy
 from minidl.memory.devices.device import MetaDevice
-from minidl.memory.planners.auto import BudgetTooSmall
+from minidl.memory.planners.auto import BelowFloor, BudgetTooSmall
 from minidl.memory.runtime.pool import Pool
 from minidl.net.labels import default_label_shape
 from minidl.net.optim import make_optimizer
@@ -38,12 +38,21 @@ def _engine(model: str, spec: str, caps: bool) -> tuple[Engine, tuple, tuple]:
 
 
 def smallest(model: str, caps: bool) -> int:
-    eng, full, labels = _engine(model, "auto,budget=1", caps)
-    try:
-        eng.split_for([full], labels)
-    except BudgetTooSmall as e:
-        return int(re.search(r"reaches is ([\d,]+) B", str(e)).group(1).replace(",", ""))
-    raise AssertionError("a 1-byte budget fitted")
+    """The least peak the auto planner reaches: a 1-byte budget is refused at once with the
+    floor of every plan (BelowFloor); at the floor, the search's refusal names the least peak
+    it reached (or the floor itself fits)."""
+    budget = 1
+    for _ in range(2):
+        eng, full, labels = _engine(model, f"auto,budget={budget}", caps)
+        try:
+            eng.split_for([full], labels)
+        except BelowFloor as e:
+            budget = e.floor.bytes
+            continue
+        except BudgetTooSmall as e:
+            return int(re.search(r"reaches is ([\d,]+) B", str(e)).group(1).replace(",", ""))
+        return budget
+    raise AssertionError("refused at the floor as under it")
 
 
 def plan_at(model: str, budget: int, caps: bool) -> dict:

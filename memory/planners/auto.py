@@ -52,6 +52,16 @@ class BudgetTooSmall(MemoryError):
     """No plan fits the budget; the message gives the smallest peak reached and its parts."""
 
 
+class BelowFloor(BudgetTooSmall):
+    """The budget is under the peak floor of every plan (:mod:`.floor`): refused before any
+    search. ``floor`` is the :class:`~.floor.PeakFloor`, ``budget`` the bytes asked for."""
+
+    def __init__(self, floor, budget: int) -> None:
+        super().__init__(floor.refusal(budget))
+        self.floor = floor
+        self.budget = budget
+
+
 def step_costs(program: Program, step_times: list[float] | None,
                flops_per_s: float = DEFAULT_FLOPS_PER_S) -> list[float]:
     """Seconds per step of ``program``: measured when given (and of the right length), else

@@ -15,7 +15,7 @@ from typing import Any
 from ..memory.cost.targets import DeviceProfile
 from ..memory.ir.config import MemoryConfig
 from ..memory.ir.units import parse_size
-from ..memory.planners.auto import BudgetTooSmall
+from ..memory.planners.auto import BelowFloor, BudgetTooSmall
 from ..net.graph import Network
 from .batch_search import (  # noqa: F401 (re-exported: minidl.analysis.dryrun's names)
     _JOB,
@@ -94,14 +94,20 @@ SUGGESTIONS = ("reuse,inplace", "reuse,inplace,static", "gist,static", "vdnn-all
 def suggest_specs(make_net, batch_size: int, input_shape: tuple[int, ...], capacity: int,
                   optimizer: str = "sgd") -> list[dict[str, Any]]:
     """Memory specs whose dry-run reserved peak fits ``capacity`` bytes, with their peaks, and
-    the auto planner's plan for that budget if it finds one."""
-    out = []
-    for spec in (*SUGGESTIONS, f"auto,budget={capacity}"):
+    the auto planner's plan for that budget if it finds one. None at once where ``capacity``
+    is under the peak floor of every plan (:class:`BelowFloor`: the auto planner says so
+    before any search)."""
+    auto = f"auto,budget={capacity}"
+    reports: dict[str, dict[str, Any]] = {}
+    for spec in (auto, *SUGGESTIONS):
         try:
-            rep = dry_run(make_net(), batch_size, spec, optimizer, input_shape=input_shape)
+            reports[spec] = dry_run(make_net(), batch_size, spec, optimizer,
+                                    input_shape=input_shape)
+        except BelowFloor:
+            return []
         except BudgetTooSmall:
             continue
-        if rep["peak_reserved_bytes"] <= capacity:
-            out.append({"memory": spec, "peak_reserved_bytes": rep["peak_reserved_bytes"],
-                        "split": rep["split"]})
-    return out
+    return [{"memory": spec, "peak_reserved_bytes": rep["peak_reserved_bytes"],
+             "split": rep["split"]}
+            for spec, rep in ((s, reports[s]) for s in (*SUGGESTIONS, auto) if s in reports)
+            if rep["peak_reserved_bytes"] <= capacity]

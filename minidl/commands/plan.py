@@ -12,7 +12,7 @@ from ..analysis.report import format_layer_table
 from ..interop.memory_viz import is_pickle_path, open_hint
 from ..memory.cost.targets import get_target
 from ..memory.ir.units import parse_size
-from ..memory.planners.auto import BudgetTooSmall
+from ..memory.planners.auto import BelowFloor, BudgetTooSmall
 from .common import (
     EXIT_OOM,
     RuntimeFailure,
@@ -266,8 +266,10 @@ def _dry_run(args: argparse.Namespace, net, shape: tuple[int, ...], classes: int
                       device_kind=args.device, target=profile, ranks=args.ranks)
     except BudgetTooSmall as e:
         print(f"minidl: {e}", file=sys.stderr)
-        fits = suggest_specs(lambda: build_model(args.model, shape, classes, args.width),
-                             args.batch_size, shape, budget or spec.budget, args.optimizer)
+        # (under the floor of every plan of this very program no spec fits: none to try)
+        fits = [] if isinstance(e, BelowFloor) else suggest_specs(
+            lambda: build_model(args.model, shape, classes, args.width),
+            args.batch_size, shape, budget or spec.budget, args.optimizer)
         print("  specs that fit: " + (", ".join(
             f"{f['memory']!r} ({format_bytes(f['peak_reserved_bytes'])})" for f in fits) or "none"),
             file=sys.stderr)

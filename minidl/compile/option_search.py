@@ -18,7 +18,8 @@ from ..memory.ir.config import MemoryConfig
 from ..memory.ir.plan import Plan
 from ..memory.options import attention_options, bptt_options, workspace_options
 from ..memory.passes.base_plan import plan_peak
-from ..memory.planners.auto import BudgetTooSmall
+from ..memory.planners.auto import BelowFloor, BudgetTooSmall
+from ..memory.planners.floor import peak_floor
 from ..memory.planners.planner import make_plan
 from ..net.graph import Network
 from .lowering import Lowered
@@ -41,7 +42,15 @@ def search_options(engine: PlanningEngine, first: Lowered, lowered_with: LowerWi
                    config: MemoryConfig, net: Network) -> tuple[Lowered, Plan]:
     """The first per-op option choice (BPTT schedule x attention form) whose plan fits,
     ``first`` being the program lowered with the defaults; the last choice's
-    :class:`BudgetTooSmall` when none does. A choice among several is said in the notes."""
+    :class:`BudgetTooSmall` when none does. A choice among several is said in the notes.
+
+    A budget under the peak floor of every plan (:func:`~minidl.memory.planners.floor.
+    peak_floor`: the persistent state plus what the largest step holds whole, whatever the
+    options) raises :class:`BelowFloor` at once, before any search."""
+    if config.budget is not None and first.program.training:
+        floor = peak_floor(first.program)
+        if config.budget < floor.bytes:
+            raise BelowFloor(floor, config.budget)
     policies = bptt_options.policies(first.program, config)
     forms = attention_options.policies(first.program, config)
     choices = [(policy, form) for policy in policies for form in forms]

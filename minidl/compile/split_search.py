@@ -62,8 +62,9 @@ def split_for(engine: SplittingEngine, batch_shapes: list[tuple[int, ...]],
             f"zero={engine.config.zero} keeps no full gradients to accumulate micro-batches in")
         try:
             engine.compiled(batch_shapes, label_shape, True, label_dtype)
-        except BudgetTooSmall as e:
-            raise BudgetTooSmall(f"{e}; batch splitting was not tried: {why}") from None
+        except BudgetTooSmall as e:  # (the same kind of refusal, with why no split)
+            e.args = (f"{e}; batch splitting was not tried: {why}",)
+            raise e from None
         return 1
     k, last = 1, None
     while k <= min(max_split, batch):

@@ -5,7 +5,6 @@ straight into ``.grad`` (no partial buffers)."""
 from __future__ import annotations
 
 import json
-import re
 
 import numpy as np
 import pytest
@@ -20,6 +19,7 @@ from minidl.layers.base import Context
 from minidl.memory.planners.auto import BudgetTooSmall
 from minidl.zoo.models import smallcnn
 from minidl.zoo.rnn import char_rnn
+from tests.least_peak import least_reached
 
 
 @st.composite
@@ -91,13 +91,9 @@ def test_explicit_split_with_batchnorm_is_refused_by_the_dry_run_too():
 def _split_budget():
     """A budget smallcnn (batch 64, no BatchNorm) meets only by splitting the batch: just
     below the least peak any plan of the whole batch reaches."""
-    try:
-        minidl.dry_run(smallcnn((1, 16, 16), 10, width=8), 64, "auto,budget=1,split=1",
-                       input_shape=(1, 16, 16))
-    except MemoryError as e:
-        least = int(re.search(r"reaches is ([\d,]+) B", str(e))[1].replace(",", ""))
-        return least - 512
-    raise AssertionError("a budget of 1 B fitted")
+    return least_reached(lambda b: minidl.dry_run(
+        smallcnn((1, 16, 16), 10, width=8), 64, f"auto,budget={b},split=1",
+        input_shape=(1, 16, 16))) - 512
 
 
 def run_cli(capsys, *argv):

@@ -20,6 +20,7 @@ from minidl.memory.options import workspace_options as W
 from minidl.memory.planners.auto import BudgetTooSmall
 from minidl.memory.runtime.pool import Pool
 from minidl.net.optim import SGD
+from tests.least_peak import least_reached
 
 SHAPE = (8, 16, 16)
 BATCH = 8
@@ -50,9 +51,7 @@ def _engine_plan(spec, cap_workspaces=True):
 
 
 def _smallest(cap_workspaces: bool) -> int:
-    with pytest.raises(BudgetTooSmall) as e:
-        _engine_plan("auto,budget=1", cap_workspaces)
-    return int(str(e.value).split("reaches is ")[1].split(" B")[0].replace(",", ""))
+    return least_reached(lambda b: _engine_plan(f"auto,budget={b}", cap_workspaces))
 
 
 def _data():
@@ -123,7 +122,7 @@ import hashlib, re, sys
 import numpy as np
 import minidl
 from minidl import layers as L
-from minidl.memory.planners.auto import BudgetTooSmall
+from minidl.memory.planners.auto import BelowFloor, BudgetTooSmall
 from minidl.net.optim import SGD
 
 def net():
@@ -141,9 +140,15 @@ def smallest(caps):
         self.cap_workspaces = caps
     engine.Engine.__init__ = patched
     try:
-        minidl.dry_run(net(), 8, "auto,budget=1")
-    except BudgetTooSmall as e:
-        return int(re.search(r"reaches is ([\d,]+)", str(e)).group(1).replace(",", ""))
+        try:  # under the floor of every plan: refused at once, naming the floor
+            minidl.dry_run(net(), 8, "auto,budget=1")
+        except BelowFloor as e:
+            floor = e.floor.bytes
+        try:  # at it: the search's refusal names the least peak reached
+            minidl.dry_run(net(), 8, f"auto,budget={floor}")
+        except BudgetTooSmall as e:
+            return int(re.search(r"reaches is ([\d,]+)", str(e)).group(1).replace(",", ""))
+        return floor
     finally:
         engine.Engine.__init__ = init
 
