@@ -1,8 +1,9 @@
-"""Swapping on the GPU against the cost model's prediction for ``--target h100`` (JSON in
-argv[1]): vgg11 (SWAP_MODEL / SWAP_INPUT / SWAP_BATCH: default 3x64x64, batch 64) under
+"""Swapping on the GPU against the cost model's prediction for the card it runs on (JSON in
+argv[1]; SWAP_TARGET, else the profile the GPU's name names, ``h200`` on an H200; ``h100``
+where none does): vgg11 (SWAP_MODEL / SWAP_INPUT / SWAP_BATCH: default 3x64x64, batch 64) under
 ``reuse,inplace``, ``vdnn`` and ``vdnn-all``. Each spec's trainer steps in alternating rounds;
 the measured step (host clock around a step that ends with the device), the device's iteration
-time and stall (CUDA events), the copies and the link rate, against ``dry_run(target="h100")``'s
+time and stall (CUDA events), the copies and the link rate, against ``dry_run(target=...)``'s
 predicted step, stall and overhead."""
 
 from __future__ import annotations
@@ -27,12 +28,33 @@ QUICK = os.environ.get("GPUCHECK_QUICK") == "1"
 SPECS = ["reuse,inplace", "vdnn", "vdnn-all"]
 
 
+def target_for(device_name: str | None) -> str:
+    """The cost model's profile of a GPU named ``device_name`` (CuPy's name: "NVIDIA H200",
+    "NVIDIA A100-SXM4-80GB", ...): the profile with the most parts of its name among the name's
+    words (``a100-80gb``: "a100" and "80gb"), else h100."""
+    from minidl.memory.cost.targets import PROFILES
+
+    words = set((device_name or "").lower().replace("-", " ").split())
+    fits = [name for name in PROFILES if set(name.split("-")) <= words]
+    return max(fits, key=lambda n: len(n.split("-")), default="h100")
+
+
+def device_name() -> str | None:
+    if DEVICE != "cuda":
+        return None
+    import cupy as cp
+
+    name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"]
+    return name.decode() if isinstance(name, bytes) else name
+
+
 def main(out: str) -> None:
     model = os.environ.get("SWAP_MODEL", "smallcnn" if QUICK else "vgg11")
     shape = tuple(int(v) for v in os.environ.get(
         "SWAP_INPUT", "1x12x12" if QUICK else "3x64x64").split("x"))
     batch = int(os.environ.get("SWAP_BATCH", "4" if QUICK else "64"))
-    res: dict = {"model": model, "input": shape, "batch": batch, "target": "h100", "specs": {}}
+    target = os.environ.get("SWAP_TARGET") or target_for(device_name())
+    res: dict = {"model": model, "input": shape, "batch": batch, "target": target, "specs": {}}
 
     def save() -> None:
         with open(out, "w") as f:
@@ -44,7 +66,7 @@ def main(out: str) -> None:
         r = res["specs"][spec] = {}
         try:
             pred = minidl.dry_run(get_model(model, input_shape=shape), batch, spec,
-                                  input_shape=shape, target="h100")["prediction"]
+                                  input_shape=shape, target=target)["prediction"]
             r["predicted"] = {k: pred.get(k) for k in ("step_s", "oracle_s", "overhead",
                                                        "stall_s", "offloaded_bytes",
                                                        "prefetched_bytes")}

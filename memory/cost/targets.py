@@ -60,6 +60,13 @@ PROFILES: dict[str, DeviceProfile] = {p.name: p for p in [
                   source="A100 80 GB SXM (FP32; TF32 not enabled), PCIe 4.0 x16"),
     DeviceProfile("h100", 67e12, 3350e9, _PCIE5, _PCIE5, 80 * _GIB,
                   source="H100 SXM 80 GB (FP32), PCIe 5.0 x16"),
+    # H200 SXM: NVIDIA's H200 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h200,
+    # 2024): 141 GB HBM3e at 4.8 TB/s; FP32 (non-tensor) 67 TFLOP/s, the H100 SXM's (same
+    # Hopper GH100 die and clocks); PCIe Gen5 x16 to the host (128 GB/s nominal both ways
+    # together), so the effective pinned copy rate of the other PCIe 5.0 profiles. Capacity as
+    # the datasheet's "141 GB" in GiB like the others (nvidia-smi there reads 143771 MiB).
+    DeviceProfile("h200", 67e12, 4800e9, _PCIE5, _PCIE5, 141 * _GIB,
+                  source="H200 SXM 141 GB HBM3e (FP32), PCIe 5.0 x16"),
     DeviceProfile("rtx4090", 82.6e12, 1008e9, _PCIE4, _PCIE4, 24 * _GIB,
                   source="GeForce RTX 4090, PCIe 4.0 x16"),
 ]}
