@@ -49,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -175,6 +176,22 @@ def simulator() -> bool:
     return bool(config.ENABLE_CUDASIM)
 
 
+#: Environment switch of Numba's on-disk cache for the CUDA kernels (``1``: on). Off by default:
+#: the cache is keyed on the kernel's own source file, so a device function edited in another
+#: module would be served stale. benchmarks/gpu/check.sh turns it on for one fresh checkout, so
+#: the kernels its parallel smoke workers compile are loaded, not compiled again, by each later
+#: stage's process.
+DISK_CACHE_ENV = "MINIDL_CUDA_CACHE"
+
+
+def disk_cache_options() -> dict[str, Any]:
+    """Keyword arguments of ``numba.cuda.jit`` for a kernel: ``cache=True`` when
+    :data:`DISK_CACHE_ENV` is ``1`` (never under the simulator, which has no such cache)."""
+    if os.environ.get(DISK_CACHE_ENV) == "1" and not simulator():
+        return {"cache": True}
+    return {}
+
+
 class Kernel:
     """A CUDA kernel written as a plain function ``py_func`` of a kernel module.
 
@@ -210,7 +227,7 @@ class Kernel:
                 for name, src in self.device.items():
                     if self.globs.get(name) is None:
                         self.globs[name] = c.jit(device=True)(self.globs[src])
-                self._dispatcher = c.jit(self.py_func)
+                self._dispatcher = c.jit(self.py_func, **disk_cache_options())
             return self._dispatcher
 
     def __getitem__(self, config: tuple) -> Any:

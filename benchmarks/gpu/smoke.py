@@ -2,7 +2,10 @@
 in argv[1] (rewritten after each, so a crash leaves what ran).
 
 * every ``CUDA_LAUNCH_CASES`` case of tests/kernels (each CUDA kernel of minidl against its
-  NumPy / CPU reference, on arrays the cases normally emulate): here on real CuPy arrays;
+  NumPy / CPU reference, on arrays the cases normally emulate): here on real CuPy arrays, in
+  GPUCHECK_WORKERS parallel processes (default: the cores, at most 8), which compile the
+  kernels side by side (into Numba's disk cache where MINIDL_CUDA_CACHE=1, for the later
+  stages); they end before anything below runs, so nothing else is on the GPU then;
 * the device: the arena, views, copies both ways, CuPy's temporaries routed into the arena,
   the bytes outside it;
 * three training steps of smallcnn, resnet8 and char-lstm on the GPU against the CPU's, with
@@ -13,22 +16,25 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import multiprocessing
 import os
 import sys
 import time
 import traceback
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
-OUT = sys.argv[1]
+OUT = ""  # (argv[1], set by main: the module is imported by its workers and tests too)
 REPO = Path(__file__).resolve().parents[2]
 #: The device the check runs on (cuda; cuda-strict: the strict test device, on the CPU).
 DEVICE = os.environ.get("GPUCHECK_DEVICE", "cuda")
 results: dict = {"checks": {}, "device": DEVICE}
 
 
-def check(name: str, fn) -> None:
+def attempt(fn) -> dict:
+    """``fn()``'s outcome: ok and its value, or the error and traceback; its seconds."""
     t0 = time.perf_counter()
     try:
         r = {"ok": True, "value": fn()}
@@ -36,11 +42,20 @@ def check(name: str, fn) -> None:
         r = {"ok": False, "error": f"{type(e).__name__}: {e}"[:2000],
              "traceback": traceback.format_exc()[-4000:]}
     r["seconds"] = round(time.perf_counter() - t0, 3)
+    return r
+
+
+def record(name: str, r: dict) -> None:
     results["checks"][name] = r
     print(name, "ok" if r["ok"] else "FAILED " + r["error"][:300], f"({r['seconds']} s)",
           flush=True)
-    with open(OUT, "w") as f:
-        json.dump(results, f, indent=1, default=str)
+    if OUT:
+        with open(OUT, "w") as f:
+            json.dump(results, f, indent=1, default=str)
+
+
+def check(name: str, fn) -> None:
+    record(name, attempt(fn))
 
 
 def _transfers() -> tuple:
@@ -58,30 +73,80 @@ def _transfers() -> tuple:
             dev.synchronize)
 
 
-def launch_cases() -> None:
-    """The emulated-launch cases, their device arrays made CuPy arrays (D: to the device, H:
-    back to the host)."""
-    to_device, to_host, sync = _transfers()
-    folder = REPO / "tests" / "kernels"
-    if str(folder) not in sys.path:  # (their shared emulated arrays, as tests/kernels/conftest.py)
-        sys.path.insert(0, str(folder))
-    for path in sorted(folder.glob("test_*.py")):
+KERNEL_TESTS = REPO / "tests" / "kernels"
+
+
+def _load(path: Path):
+    """A kernel test module holding ``CUDA_LAUNCH_CASES``."""
+    if str(KERNEL_TESTS) not in sys.path:  # (their shared emulated arrays, as its conftest.py)
+        sys.path.insert(0, str(KERNEL_TESTS))
+    spec = importlib.util.spec_from_file_location(f"_gpucheck_{path.stem}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def case_list() -> list[tuple[str, str]]:
+    """``(module path, case name)`` of every launch case (the first of each module only with
+    GPUCHECK_QUICK=1: the check's own test covers the plumbing, not every kernel)."""
+    cases = []
+    for path in sorted(KERNEL_TESTS.glob("test_*.py")):
         if "\nCUDA_LAUNCH_CASES = " not in path.read_text():
             continue
-        spec = importlib.util.spec_from_file_location(f"_gpucheck_{path.stem}", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        mod.D, mod.H = to_device, to_host
-        cases = list(mod.CUDA_LAUNCH_CASES.items())
+        names = list(_load(path).CUDA_LAUNCH_CASES)
         if os.environ.get("GPUCHECK_QUICK") == "1":
-            cases = cases[:1]  # (the check's own test: the plumbing, not every kernel)
-        for name, case in cases:
-            def run(case=case):
-                with np.errstate(invalid="ignore"):
-                    case(np.random.default_rng(0))
-                sync()
-                return "equal to the reference"
-            check(f"launch:{path.stem}.{name}", run)
+            names = names[:1]
+        cases += [(str(path), name) for name in names]
+    return cases
+
+
+_MODULES: dict = {}
+
+
+def run_case(path: str, name: str) -> dict:
+    """One launch case, its device arrays made CuPy's (D: to the device, H: back to the host):
+    the outcome as :func:`attempt` gives it. Runs in a worker process."""
+    def run() -> str:
+        if path not in _MODULES:
+            mod = _MODULES[path] = _load(Path(path))
+            mod.D, mod.H, mod._gpucheck_sync = _transfers()
+        mod = _MODULES[path]
+        with np.errstate(invalid="ignore"):
+            mod.CUDA_LAUNCH_CASES[name](np.random.default_rng(0))
+        mod._gpucheck_sync()
+        return "equal to the reference"
+    return attempt(run)
+
+
+def workers() -> int:
+    return max(1, int(os.environ.get("GPUCHECK_WORKERS") or min(8, os.cpu_count() or 1)))
+
+
+def launch_cases() -> None:
+    """Every launch case in :func:`workers` spawned processes (CUDA does not survive a fork);
+    a worker that dies fails the cases it had."""
+    cases = case_list()
+    results["launch_workers"] = workers()
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers(), mp_context=ctx) as pool:
+        futures = [(f"launch:{Path(p).stem}.{n}", pool.submit(run_case, p, n)) for p, n in cases]
+        for name, fut in futures:
+            try:
+                r = fut.result()
+            except BaseException as e:  # noqa: BLE001 -- a worker died: a finding
+                r = {"ok": False, "error": f"worker: {type(e).__name__}: {e}"[:2000],
+                     "seconds": None}
+            record(name, r)
+
+
+def link_figures(engine) -> dict:
+    """The copy engine's link rate over the copies that have completed: every queued copy is
+    waited for and retired first (a copy only waited for, ``event.wait()``, is not yet counted
+    in ``busy_s``; ``total_bytes`` counts copies still in flight)."""
+    engine.synchronize()
+    nbytes, busy = engine.retired()
+    return {"copied_bytes": nbytes, "copy_engine_busy_s": busy,
+            "link_GBps": nbytes / busy / 1e9 if nbytes and busy > 0 else None}
 
 
 def device_basics() -> dict:
@@ -108,9 +173,7 @@ def device_basics() -> dict:
             inside = dev.base_ptr <= t.data.ptr < dev.base_ptr + dev.capacity
             del t
         assert inside, "a CuPy temporary was not routed into the arena"
-        return {"copy_engine_busy_s": dev.copy_engine.busy_s,
-                "link_GBps": dev.copy_engine.total_bytes / max(dev.copy_engine.busy_s, 1e-12)
-                / 1e9, "outside_arena": dev.outside_arena()}
+        return {**link_figures(dev.copy_engine), "outside_arena": dev.outside_arena()}
 
 
 def training_equals_cpu(model: str) -> dict:
@@ -166,6 +229,8 @@ def cupy_ops() -> dict:
 
 
 def main() -> None:
+    global OUT
+    OUT = sys.argv[1]
     check("cupy", cupy_ops)
     check("import minidl", lambda: __import__("minidl").__file__)
     launch_cases()

@@ -131,8 +131,12 @@ class CudaCopyEngine:
             self.streams = {"h2d": cp.cuda.Stream(non_blocking=True),
                             "d2h": cp.cuda.Stream(non_blocking=True)}
         self._inflight: deque[CudaCopyEvent] = deque()
+        #: Bytes of every copy queued so far (finished or not).
         self.total_bytes = 0
+        #: Seconds the copies retired so far kept a copy stream busy (each copy's start to end
+        #: event), and the bytes of those copies: :meth:`link_rate` divides the two.
         self.busy_s = 0.0
+        self.retired_bytes = 0
         self.num_copies = 0
         self._closed = False
 
@@ -176,7 +180,23 @@ class CudaCopyEngine:
     def _retire(self) -> None:
         inflight = self._inflight
         while inflight and inflight[0].done():
-            self.busy_s += inflight.popleft().elapsed_s or 0.0
+            event = inflight.popleft()
+            self.busy_s += event.elapsed_s or 0.0
+            self.retired_bytes += event.nbytes
+
+    def retired(self) -> tuple[int, float]:
+        """``(bytes, busy seconds)`` of the copies that have completed, after retiring (without
+        waiting) every finished copy at the head of the queue. A copy waited for with
+        :meth:`CudaCopyEvent.wait` has completed but is only counted here once retired, so
+        ``total_bytes / busy_s`` (bytes queued over time of copies retired) is not a rate."""
+        self._retire()
+        return self.retired_bytes, self.busy_s
+
+    def link_rate(self) -> float | None:
+        """Bytes per second over the copies that have completed (:meth:`retired`); ``None``
+        before any has."""
+        nbytes, busy = self.retired()
+        return nbytes / busy if nbytes > 0 and busy > 0 else None
 
     def synchronize(self) -> None:
         """Wait for every queued copy."""
