@@ -9,6 +9,7 @@ default."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import os
 import sys
@@ -21,6 +22,7 @@ from .commands.common import (
     EXIT_USAGE,
     RuntimeFailure,
     UsageError,
+    check_budget_size,
     check_model_name,
     check_output_paths,
     check_plot_path,
@@ -80,10 +82,44 @@ class _Parser(argparse.ArgumentParser):
 
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("formatter_class", _Formatter)
+        kwargs.setdefault("allow_abbrev", False)  # (--epoch 5 is not --epochs 5: it is refused)
         super().__init__(*args, **kwargs)
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        """argparse's, but an unknown option names the one meant (``--epoch``: ``--epochs``)."""
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            _command_parser(self, ns).error(f"unrecognized arguments: {' '.join(extras)}"
+                                            f"{_meant(self, ns, extras)}")
+        return ns
 
     def error(self, message: str):  # type: ignore[override]
         self.exit(EXIT_USAGE, f"minidl: error: {message} (see '{self.prog} --help')\n")
+
+
+def _command_parser(parser: argparse.ArgumentParser,
+                    ns: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the subcommand ``ns`` ran (``minidl train``), else ``parser``."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and getattr(ns, "command", None):
+            return action.choices[ns.command]
+    return parser
+
+
+def _meant(parser: argparse.ArgumentParser, ns: argparse.Namespace, extras: list[str]) -> str:
+    """`` (did you mean --epochs?)`` for the first unknown option of ``extras`` close to one
+    of the command's (its prefix, as argparse's abbreviations were, or a near spelling)."""
+    options = [o for p in {parser, _command_parser(parser, ns)} for a in p._actions
+               for o in a.option_strings]
+    for extra in extras:
+        name = extra.split("=", 1)[0]
+        if not name.startswith("--"):
+            continue
+        meant = sorted(o for o in options if o.startswith(name) and o != name)
+        meant = meant or difflib.get_close_matches(name, options, n=1, cutoff=0.75)
+        if meant:
+            return f" (did you mean {' or '.join(meant[:3])}? abbreviations are not taken)"
+    return ""
 
 
 def _check_budget(args: argparse.Namespace, configs: list[MemoryConfig]) -> None:
@@ -140,7 +176,8 @@ def validate_args(args: argparse.Namespace) -> None:
     lr = getattr(args, "lr", None)
     if lr is not None and not (lr > 0 and math.isfinite(lr)):
         raise UsageError(f"--lr must be a positive finite number, got {lr}")
-    parse_size_flag("--budget", getattr(args, "budget", None))
+    budget = getattr(args, "budget", None)
+    check_budget_size(f"--budget {budget}", parse_size_flag("--budget", budget))
     parse_size_flag("--host-memory", getattr(args, "host_memory", None))
     if getattr(args, "device_memory", "auto") != "auto":
         parse_size_flag("--device-memory", args.device_memory)

@@ -16,7 +16,7 @@ from ..layers.base import ShapeError
 from ..memory.cost.targets import get_target
 from ..memory.device_factory import DEVICE_NAMES, make_device
 from ..memory.devices.cuda_device import CUDA_INSTALL_HINT
-from ..memory.ir.config import MemoryConfig
+from ..memory.ir.config import MemoryConfig, valid_flags_text
 from ..memory.ir.units import format_size, parse_size
 from ..net.param_memory import ParameterMemoryError
 from ..zoo.models import (
@@ -67,11 +67,37 @@ def smallest_square_input(name: str, channels: int, num_classes: int,
     4096). Failing sizes fail while the graph is built, before any parameter exists."""
     for side in range(1, 4097):
         try:
-            get_model(name, input_shape=(channels, side, side), num_classes=num_classes,
-                      width=width)
+            net = get_model(name, input_shape=(channels, side, side), num_classes=num_classes,
+                            width=width)
         except ShapeError:
             continue
-        return side
+        if input_collapse(net, (channels, side, side)) is None:
+            return side
+    return None
+
+
+def input_collapse(net, input_shape: tuple[int, ...]) -> str | None:
+    """Why image input ``input_shape`` (C, H, W) is too small for ``net`` although its shapes
+    work out (padding keeps them positive), or None: its first windowed layer (conv or pool)
+    has a window larger than the image (it sees mostly padding), or a layer that strides
+    gets a map already 1 pixel wide (nothing left to downsample)."""
+    shapes, _ = net.infer([(1, *input_shape)])
+    first = True
+    for node in net.nodes:
+        kernel = getattr(node.layer, "kernel_size", None)
+        stride = getattr(node.layer, "stride", None)
+        shape = shapes[node.in_values[0]] if node.in_values else None
+        if not (isinstance(kernel, tuple) and isinstance(stride, tuple) and shape is not None
+                and len(shape) == 4 and len(kernel) == 2 and len(stride) == 2):
+            continue
+        h, w = shape[2:]
+        if first and (kernel[0] > h or kernel[1] > w):
+            return (f"its first layer, {node.name}, has a {kernel[0]}x{kernel[1]} window, "
+                    f"larger than the {h}x{w} image")
+        first = False
+        if (stride[0] > 1 and h == 1) or (stride[1] > 1 and w == 1):
+            return (f"the feature maps have shrunk to {h}x{w} before {node.name}, which "
+                    f"downsamples by {stride[0]}x{stride[1]}: the shape collapses there")
     return None
 
 
@@ -93,7 +119,16 @@ def _build(name: str, input_shape, num_classes: int, width: int | None):
         except UserModelError as e:
             raise UsageError(str(e)) from None
     try:
-        return get_model(name, input_shape=input_shape, num_classes=num_classes, width=width)
+        net = get_model(name, input_shape=input_shape, num_classes=num_classes, width=width)
+        collapse = None if input_shape is None or len(input_shape) != 3 else input_collapse(
+            net, tuple(input_shape))
+        if collapse is None:
+            return net
+        c, h, w = input_shape
+        side = smallest_square_input(name, c, num_classes, width)
+        raise UsageError(f"--input {c}x{h}x{w} is too small for {name}: {collapse}"
+                         + ("" if side is None else f"; the smallest square input it takes "
+                            f"with C={c} is {c}x{side}x{side}"))
     except ShapeError as e:
         if input_shape is None or len(input_shape) != 3:
             raise
@@ -285,10 +320,34 @@ def emulated_target(name: str, device: str = "cpu"):
 
 
 def parse_memory(spec: str):
+    """``--memory SPEC`` as a :class:`MemoryConfig`; an empty spec, or an empty flag between
+    commas, is refused (not read as ``none``)."""
+    if isinstance(spec, str):
+        if not spec.strip():
+            raise UsageError(f"--memory {spec!r} is empty: give none (no memory saving) or "
+                             f"flags; valid: {valid_flags_text()}")
+        if any(not item.strip() for item in spec.split(",")):
+            raise UsageError(f"--memory {spec!r} has an empty flag (a comma too many); valid: "
+                             f"{valid_flags_text()}")
     try:
-        return MemoryConfig.parse(spec)
+        config = MemoryConfig.parse(spec)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    check_budget_size(f"--memory {spec}", config.budget)
+    return config
+
+
+#: The largest --budget taken, 1024TiB: more than any device (an H200 has 141 GB), so a size
+#: past it is a typo (999999TiB).
+MAX_BUDGET = 1 << 50
+
+
+def check_budget_size(what: str, nbytes: int | None) -> None:
+    """A budget of ``nbytes`` (``what`` gives it: the flag and its value) at most
+    :data:`MAX_BUDGET`."""
+    if nbytes is not None and nbytes > MAX_BUDGET:
+        raise UsageError(f"{what}: a budget of {format_size(nbytes)} is more than any device "
+                         "holds; give a device's size, up to 1024TiB (e.g. 16GiB)")
 
 
 def format_bytes(n: int) -> str:

@@ -15,6 +15,10 @@ from .common import UsageError, check_output_paths, check_plot_path, require_mod
 LOADERS = ("auto", "memory", "stream")
 
 
+#: What ``--save FILE`` writes, by FILE's suffix.
+SAVE_SUFFIXES = {".npz": "a resumable checkpoint", ".safetensors": "the weights only"}
+
+
 def is_safetensors(path: str | None) -> bool:
     """Whether ``path`` names a .safetensors file (the weights only, not resumable)."""
     return bool(path) and path.lower().endswith(".safetensors")
@@ -43,6 +47,11 @@ def check_outputs(args: argparse.Namespace) -> None:
     if args.save_every is not None and not args.save:
         raise UsageError("--save-every N writes the checkpoint named by --save FILE: add --save")
     check_output_paths(args)  # (also done by minidl.cli before any command: train's own)
+    suffix = os.path.splitext(args.save or "")[1].lower()
+    if args.save and suffix not in SAVE_SUFFIXES:
+        raise UsageError(f"--save {args.save}: "
+                         + (f"'{suffix}' is not a checkpoint format" if suffix else "no suffix")
+                         + "; valid: " + ", ".join(f"{k} ({v})" for k, v in SAVE_SUFFIXES.items()))
     if args.plot:
         check_plot_path("--plot", args.plot)
     if args.resume and not os.path.isfile(args.resume):

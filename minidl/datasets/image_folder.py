@@ -16,6 +16,8 @@ from .image_sources import MODES, ProgressLines, default_shape
 
 #: The share of each class a folder without test/ holds out as its test split.
 DEFAULT_TEST_FRACTION = 0.2
+#: The fewest train images a folder may hold (one image is no dataset: a typo'd --data-dir).
+MIN_TRAIN_IMAGES = 2
 
 
 @dataclass
@@ -85,6 +87,16 @@ def index_folder(root: Path, exts: set[str], prog: ProgressLines) -> FolderIndex
     if n_train == 0:
         raise ValueError(f"{train_root}: no images in its {len(classes)} class folder(s) "
                          f"({', '.join(classes[:5])}{', ...' if len(classes) > 5 else ''})")
+    counts = np.bincount(np.asarray(ys[:n_train], dtype=np.int64), minlength=len(classes))
+    empty = [c for c, n in zip(classes, counts) if n == 0]
+    if empty:  # (a class no image teaches: an output the model could never learn)
+        raise ValueError(f"{train_root}: class folder(s) {', '.join(map(repr, empty[:5]))}"
+                         f"{' ...' if len(empty) > 5 else ''} hold no images (of "
+                         f"{', '.join(sorted(exts)[:6])}, ...): every class needs images to "
+                         "train on; remove the empty folder(s) or fill them")
+    if n_train < MIN_TRAIN_IMAGES:
+        raise ValueError(f"{train_root}: {n_train} image in {len(classes)} class folder(s); a "
+                         f"folder dataset needs at least {MIN_TRAIN_IMAGES} to train on")
     return FolderIndex(root, train_root, test_root, classes, paths,
                        np.asarray(ys, dtype=np.int64), n_train)
 

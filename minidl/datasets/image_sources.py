@@ -63,6 +63,21 @@ def default_shape(path: str) -> tuple[int, int, int]:
         raise ImageReadError(f"cannot read image {path}: {_why(e)}") from None
 
 
+def check_images(paths: list[str], prog: ProgressLines) -> None:
+    """Every image file read through once while the folder is indexed (Pillow's ``verify``:
+    the header, a PNG's every chunk; a truncated or damaged file fails), so that a bad image
+    is refused before training, not met in a later epoch. ``ImageReadError`` names it."""
+    Image = pillow()
+    for k, path in enumerate(paths):
+        try:
+            with Image.open(path) as im:
+                im.verify()
+        except Exception as e:  # (Pillow raises OSError, SyntaxError, struct.error ...)
+            raise ImageReadError(f"cannot read image {path}: {_why(e)}") from None
+        prog.tick(lambda k=k: f"checking {len(paths):,} images: {k + 1:,} read")
+    prog.done(lambda: f"checked {len(paths):,} images")
+
+
 class FolderSource:
     """Image files, each decoded to uint8 (C, H, W) when read."""
 

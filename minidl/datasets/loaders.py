@@ -48,6 +48,7 @@ from .image_sources import (  # noqa: F401 (PILLOW_HINT re-exported)
     ArraySource,
     FolderSource,
     ImageReadError,
+    check_images,
     image_extensions,
 )
 
@@ -212,6 +213,7 @@ def open_folder(data_dir: str | os.PathLike, input_shape: tuple[int, int, int] |
     exts = image_extensions()
     report = _reporter(progress)
     found = index_folder(root, exts, _Progress(report))
+    check_images(found.paths, _Progress(report))  # (a damaged image: refused now, not later)
     tr, te = split_rows(found, seed, test_fraction)
     shape = read_shape(input_shape, found.paths[0])
     source = FolderSource(found.paths, shape, root, report)

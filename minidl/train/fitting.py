@@ -127,6 +127,7 @@ def fit(
 
     The first step compiles the Numba kernels it uses unless Numba's on-disk cache has them:
     the display then says so and restarts its clock once they are compiled."""
+    _check_counts(epochs=epochs, batch_size=batch_size, max_steps=max_steps)
     source, x_test, y_test = _source_and_test(data, batch_size, shuffle, augment)
     validation_data, val_every = _validation(validation_data, val_every, x_test, y_test)
     _place(trainer, source)
@@ -166,6 +167,16 @@ def fit(
         hist.test_loss, hist.test_accuracy = trainer.evaluate(x_test, y_test, batch_size)
     hist.wall_time_s = time.perf_counter() - t_start
     return hist
+
+
+def _check_counts(**counts: Any) -> None:
+    """``fit``'s counts each a whole number >= 1 (``max_steps`` also None): a ``ValueError``
+    naming the argument and its value, rather than a fit that trains nothing."""
+    for name, value in counts.items():
+        if value is None and name == "max_steps":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"fit: {name} must be a whole number >= 1, got {value!r}")
 
 
 def _position(trainer: Any) -> int:

@@ -193,3 +193,150 @@ def test_the_parameter_check_counts_the_shapes_it_is_given():
     with pytest.raises(ParameterMemoryError) as e:
         check_parameter_memory("smallcnn", specs, "float32", available=nbytes)
     assert e.value.needed_bytes > nbytes and "smallcnn" in str(e.value)
+
+
+# ------------------------------------------------------------------ accepted silently, no more
+VALID_FLAGS = "valid: none, reuse, inplace"
+
+
+@pytest.mark.parametrize("spec, needle", [("", "--memory '' is empty"),
+                                          ("  ", "--memory '  ' is empty"),
+                                          ("reuse,,inplace", "--memory 'reuse,,inplace' has an "
+                                                             "empty flag"),
+                                          ("reuse,", "--memory 'reuse,' has an empty flag")])
+def test_an_empty_memory_spec_or_flag_is_refused(capsys, spec, needle):
+    for argv in (["plan", "lenet5", "--input", "1x8x8"], [*TRAIN, "--max-steps", "2"]):
+        line = one_error(capsys, [*argv, "--memory", spec])
+        assert needle in line and VALID_FLAGS in line
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["plan", "lenet5", "--budget", "999999TiB"], "--budget 999999TiB: a budget of 976.56 PiB"),
+    (["plan", "lenet5", "--memory", "auto,budget=999999TiB"],
+     "--memory auto,budget=999999TiB: a budget of 976.56 PiB"),
+    ([*TRAIN, "--memory", "auto", "--budget", "2048TiB"], "--budget 2048TiB: a budget of 2.00 "
+                                                          "PiB"),
+])
+def test_an_absurd_budget_is_refused(capsys, argv, needle):
+    line = one_error(capsys, argv)
+    assert needle in line and "up to 1024TiB" in line
+
+
+def test_a_budget_up_to_a_pebibyte_is_taken(capsys):
+    assert main(["plan", "lenet5", "--input", "1x8x8", "--budget", "1024TiB"]) == 0
+    assert "the plan fits" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("model, shape, needles", [
+    ("lenet5", "1x2x2", ["its first layer, conv1, has a 5x5 window, larger than the 2x2 image",
+                         "the smallest square input it takes with C=1 is 1x5x5"]),
+    ("resnet50", "3x1x1", ["its first layer, conv1, has a 3x3 window, larger than the 1x1 "
+                           "image", "is 3x5x5"]),
+    ("resnet50", "3x3x3", ["shrunk to 1x1 before layer4.0.conv2, which downsamples by 2x2",
+                           "is 3x5x5"]),
+])
+def test_an_input_the_model_collapses_is_refused(capsys, model, shape, needles):
+    line = one_error(capsys, ["plan", model, "--input", shape])
+    assert line.startswith(f"minidl: error: --input {shape} is too small for {model}: ")
+    for needle in needles:
+        assert needle in line
+
+
+@pytest.mark.parametrize("model, shape", [("lenet5", "1x5x5"), ("lenet5", "1x8x8"),
+                                          ("resnet50", "3x5x5"), ("resnet8", "3x8x8")])
+def test_the_smallest_inputs_named_are_taken(capsys, model, shape):
+    assert main(["plan", model, "--input", shape, "--batch-size", "2"]) == 0
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("name, needle", [("ck.txt", "'.txt' is not a checkpoint format"),
+                                          ("ck", "no suffix")])
+def test_save_takes_the_checkpoint_suffixes_only(capsys, tmp_path, name, needle):
+    path = tmp_path / name
+    line = one_error(capsys, [*TRAIN, "--max-steps", "2", "--save", str(path)])
+    assert f"--save {path}: {needle}" in line
+    assert "valid: .npz (a resumable checkpoint), .safetensors (the weights only)" in line
+    assert not path.exists()
+
+
+def _images(folder: Path, per_class: dict[str, int]) -> list[Path]:
+    import numpy as np
+    from PIL import Image
+
+    out = []
+    for cls, n in per_class.items():
+        (folder / cls).mkdir(parents=True)
+        for i in range(n):
+            path = folder / cls / f"{i}.png"
+            Image.fromarray(np.full((6, 6), 40 * i, np.uint8), "L").save(path)
+            out.append(path)
+    return out
+
+
+def _folder_error(capsys, folder: Path) -> str:
+    return one_error(capsys, ["train", "smallcnn", "--dataset", "folder", "--data-dir",
+                              str(folder), "--input", "1x6x6", "--width", "4", "--epochs", "2",
+                              "--quiet"], code=1)
+
+
+def test_a_folder_of_one_image_is_refused(capsys, tmp_path):
+    pytest.importorskip("PIL")
+    _images(tmp_path, {"cat": 1})
+    line = _folder_error(capsys, tmp_path)
+    assert f"{tmp_path}: 1 image in 1 class folder(s)" in line and "at least 2" in line
+
+
+def test_an_empty_class_folder_is_refused(capsys, tmp_path):
+    pytest.importorskip("PIL")
+    _images(tmp_path, {"cat": 3, "dog": 3})
+    (tmp_path / "emu").mkdir()
+    line = _folder_error(capsys, tmp_path)
+    assert f"{tmp_path}: class folder(s) 'emu' hold no images" in line
+
+
+def test_a_truncated_image_is_refused_while_indexing(capsys, tmp_path):
+    """Found before the first step (an epoch that never reads it would not find it)."""
+    pytest.importorskip("PIL")
+    paths = _images(tmp_path, {"cat": 4, "dog": 4})
+    data = paths[5].read_bytes()
+    paths[5].write_bytes(data[: len(data) // 2])
+    line = _folder_error(capsys, tmp_path)
+    assert f"cannot read image {paths[5]}: " in line
+    assert "truncated" in line.lower()
+    # (streamed: opening the folder reads no image's pixels, yet the bad one is found)
+    from minidl.datasets.data import load_dataset
+    from minidl.datasets.loaders import ImageReadError
+
+    with pytest.raises(ImageReadError, match=f"cannot read image {paths[5]}"):
+        load_dataset("folder", data_dir=tmp_path, input_shape=(1, 6, 6), lazy=True)
+
+
+@pytest.mark.parametrize("kw", [{"epochs": 0}, {"epochs": 2.5}, {"max_steps": 0},
+                                {"batch_size": 0}])
+def test_fit_refuses_counts_that_train_nothing(kw):
+    import numpy as np
+
+    from minidl.train.trainer import Trainer
+
+    trainer = Trainer(get_model("smallcnn", input_shape=(1, 8, 8), num_classes=2, width=2))
+    x, y = np.zeros((4, 1, 8, 8), np.float32), np.zeros(4, np.int64)
+    (name, value), = kw.items()
+    with pytest.raises(ValueError, match=rf"fit: {name} must be a whole number >= 1, got "
+                                         rf"{value!r}"):
+        trainer.fit((x, y), progress=False, **kw)
+    assert trainer.iteration == 0
+
+
+@pytest.mark.parametrize("argv, meant", [
+    ([*TRAIN, "--epoch", "5"], "--epochs"),
+    ([*TRAIN, "--max-step=2"], "--max-steps"),
+    (["plan", "lenet5", "--lay"], "--layers"),
+    (["plan", "lenet5", "--bugdet", "1GiB"], "--budget"),
+])
+def test_abbreviated_or_misspelt_options_are_refused_naming_the_option(capsys, argv, meant):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1
+    assert "unrecognized arguments: " in err and f"did you mean {meant}?" in err
