@@ -370,11 +370,20 @@ def _print_header(args: argparse.Namespace, spec, ds, trainer: Trainer,
           f"{f' ({ds.adaptation()})' if ds.adaptation() else ''}"
           f"{' (standardised with the train mean/std)' if ds.mean is not None else ''}"
           f"{f', {defaults.shift_probability:.0%} shifted by 1 px' if augmented else ''}, "
-          f"{args.epochs} epochs of batch {args.batch_size}, memory "
-          f"{spec.spec!r}, {trainer.device.name} device with "
+          f"{_length(args, -(-len(ds.x_train) // args.batch_size))} of batch "
+          f"{args.batch_size}, memory {spec.spec!r}, {trainer.device.name} device with "
           f"{format_bytes(trainer.device.capacity)}"
           + (f"; data-parallel over {comm.size} MPI ranks" if comm else ""),
           file=sys.stderr)
+
+
+def _length(args: argparse.Namespace, steps_per_epoch: int) -> str:
+    """How long the run is: its epochs, or its steps when --max-steps ends it sooner."""
+    epochs = f"{args.epochs} epoch{'s' if args.epochs != 1 else ''}"
+    if args.max_steps is None or args.max_steps >= args.epochs * steps_per_epoch:
+        return epochs
+    return (f"{args.max_steps} step{'s' if args.max_steps != 1 else ''} (--max-steps; "
+            f"{epochs} would be {args.epochs * steps_per_epoch})")
 
 
 def _fit(args: argparse.Namespace, trainer: Trainer, ds, augment, comm, callbacks: list):

@@ -24,6 +24,10 @@ class UserModelError(ValueError):
     """A ``MODULE:FUNCTION`` model that cannot be built (the message is one line)."""
 
 
+#: The names a Network or Sequential has when its builder gave none.
+DEFAULT_NAMES = ("network", "sequential")
+
+
 def is_user_model(name: str) -> bool:
     """Whether ``name`` names a user's model (``MODULE:FUNCTION``) rather than a built-in."""
     return ":" in name
@@ -86,6 +90,8 @@ def build_user_model(name: str, input_shape: tuple[int, ...] | None = None,
     if not isinstance(net, Network):
         raise UserModelError(f"model {name!r} returned {type(net).__name__}, not a "
                              "minidl Network (minidl.Sequential or minidl.Network)")
+    if net.name in DEFAULT_NAMES:  # (unnamed: titled by its function, not "network")
+        net.name = name.split(":")[1]
     return net
 
 

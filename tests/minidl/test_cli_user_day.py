@@ -340,3 +340,26 @@ def test_abbreviated_or_misspelt_options_are_refused_naming_the_option(capsys, a
     out, err = capsys.readouterr()
     assert out == "" and len(err.strip().splitlines()) == 1
     assert "unrecognized arguments: " in err and f"did you mean {meant}?" in err
+
+
+# ------------------------------------------------------------------ numbers and words
+def test_the_header_says_max_steps_ends_the_run_and_counts_epochs_right(capsys):
+    assert main([*TRAIN, "--max-steps", "2", "--no-progress"]) == 0
+    header = capsys.readouterr().err.splitlines()[0]
+    # 512 synthetic images in batches of 32: 16 steps per epoch, 30 epochs by default
+    assert ", 2 steps (--max-steps; 30 epochs would be 480) of batch 32," in header
+    assert main([*TRAIN, "--epochs", "1", "--no-progress"]) == 0
+    assert ", 1 epoch of batch 32," in capsys.readouterr().err.splitlines()[0]
+
+
+def test_an_unnamed_user_model_is_titled_by_its_function(capsys, tmp_path, monkeypatch):
+    (tmp_path / "day_nets.py").write_text(
+        "import minidl\n"
+        "from minidl import layers as L\n\n"
+        "def tiny(input_shape, num_classes):\n"
+        "    x = minidl.Input(input_shape)\n"
+        "    return minidl.Network(x, L.Linear(8, num_classes)(L.Flatten()(x)))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["plan", "day_nets:tiny", "--input", "1x2x4", "--batch-size", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("tiny, batch 2") and "network" not in out.splitlines()[0]
