@@ -62,7 +62,7 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 LOG=$OUT/check.log
 : > "$LOG"
-WORK=$(mktemp -d /tmp/minidl-gpucheck.XXXXXX)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/minidl-gpucheck.XXXXXX")
 RUN=$WORK/run          # every per-run file; archived into $OUT by summary.py
 mkdir -p "$RUN"
 : > "$RUN/stages.tsv"

@@ -128,15 +128,18 @@ def test_a_check_killed_mid_stage_leaves_a_valid_summary_and_archive(tmp_path):
     """SIGKILL (a device call's time limit) while the smoke stage runs: summary.json, rewritten
     every second meanwhile (PACK_EVERY_S=1), still parses and says which stage was running."""
     pytest.importorskip("cupy")
+    work = tmp_path / "tmp"  # (its work folder, which a kill leaves behind)
+    work.mkdir()
+    out = tmp_path / "out"
     proc = subprocess.Popen(["bash", str(CHECK)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, cwd=REPO,
-                            env=_env(tmp_path, CHECK_DEVICE="cuda-strict", QUICK="1",
-                                     STAGES="smoke", PACK_EVERY_S="1"))
+                            env=_env(out, CHECK_DEVICE="cuda-strict", QUICK="1",
+                                     STAGES="smoke", PACK_EVERY_S="1", TMPDIR=str(work)))
     try:
         deadline = time.time() + 240
         while time.time() < deadline:
             try:
-                if (_summary(tmp_path).get("running") or {}).get("stage") == "smoke":
+                if (_summary(out).get("running") or {}).get("stage") == "smoke":
                     break
             except (OSError, ValueError):
                 pass
@@ -151,11 +154,11 @@ def test_a_check_killed_mid_stage_leaves_a_valid_summary_and_archive(tmp_path):
                 pass
         proc.wait(30)
     time.sleep(0.2)
-    _returnable(tmp_path)
-    s = _summary(tmp_path)
+    _returnable(out)
+    s = _summary(out)
     assert s["running"]["stage"] == "smoke"
     assert {st["stage"]: st["rc"] for st in s["stages"]}["env"] == "0"
-    assert {"env.json", "stages.tsv"} <= _archived(tmp_path)
+    assert {"env.json", "stages.tsv"} <= _archived(out)
 
 
 def test_the_summary_reads_what_the_stages_left(tmp_path):
