@@ -25,7 +25,7 @@ from ..ir.program import Program
 from ..ir.walk import Where, walk
 from .targets import DeviceProfile
 
-__all__ = ["Prediction", "extra_time", "simulate", "step_costs", "step_time"]
+__all__ = ["Prediction", "extra_time", "simulate", "step_costs", "step_time", "walk_time"]
 
 
 def step_time(program: Program, index: int, profile: DeviceProfile) -> float:
@@ -165,6 +165,13 @@ def extra_time(plan: Plan, costs: Sequence[float], bandwidth: float) -> float:
     minimise, by the same walk as :func:`simulate`."""
     walk = _walk(plan, costs, bandwidth, bandwidth)
     return walk.end_s - _oracle(plan.program, costs)
+
+
+def walk_time(plan: Plan, costs: Sequence[float], bandwidth: float) -> float:
+    """Seconds of one iteration of ``plan``: the end of the same walk as :func:`extra_time`,
+    every step at its own program's cost (encode / decode steps, and backward steps that
+    start from an encoded stash, priced as they run, not as the base program's steps)."""
+    return _walk(plan, costs, bandwidth, bandwidth).end_s
 
 
 def simulate(plan: Plan, profile: DeviceProfile,

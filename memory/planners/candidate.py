@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from ..cost.cost_model import extra_time
+from ..cost.cost_model import walk_time
 from ..ir.config import MemoryConfig
 from ..ir.plan import Plan
 from ..ir.program import Program
@@ -49,6 +49,16 @@ class Candidate:
         """Bytes the run reaches: the persistent state plus the placed arena."""
         return self.plan.program.persistent_bytes() + self.placed.static_arena
 
+    @cached_property
+    def traffic(self) -> int:
+        """Bytes the plan moves and recomputes per iteration: each swapped tensor (offloaded
+        and brought back), and what every recomputation step writes."""
+        prog = self.plan.program
+        moved = sum(prog.tensors[t].nbytes for t in self.plan.swapped)
+        redone = sum(prog.tensors[t].nbytes for st in prog.steps if st.phase == "recompute"
+                     for t in st.writes)
+        return moved + redone
+
 
 def priced(plan: Plan, price: Callable[[Plan], tuple[float, float]], source: str) -> Candidate:
     """``plan`` as a candidate made by ``source``, priced with ``price`` (:func:`pricer`)."""
@@ -64,10 +74,12 @@ CODEC_BYTES_PER_S = 1e10
 def pricer(costs: Sequence[float], bandwidth: float,
            step_cost: Callable[[Program, int], float] | None = None
            ) -> Callable[[Plan], tuple[float, float]]:
-    """``plan -> (iteration seconds, seconds over the oracle)``: the cost model's walk of the
-    plan; a step costs ``step_cost(program, i)`` when given (a target's roofline, which prices
-    encode / decode steps too), else its lowered step's cost (``costs[step.origin]``), and a
-    step a pass added (encode, decode) its bytes at :data:`CODEC_BYTES_PER_S`."""
+    """``plan -> (iteration seconds, seconds over the oracle)``: the end of the cost model's
+    walk of the plan (:func:`~.cost_model.walk_time`), and that over the base program's
+    oracle (``sum(costs)``); a step costs ``step_cost(program, i)`` when given (a target's
+    roofline, which prices encode / decode steps too), else its lowered step's cost
+    (``costs[step.origin]``), and a step a pass added (encode, decode) its bytes at
+    :data:`CODEC_BYTES_PER_S`."""
     oracle = sum(costs)
 
     def added(prog: Program, i: int) -> float:
@@ -88,7 +100,9 @@ def pricer(costs: Sequence[float], bandwidth: float,
             c = [costs[s.origin] if 0 <= s.origin < len(costs) else added(prog, s.index)
                  for s in prog.steps]
         by_program[id(prog)] = (prog, c)
-        extra = extra_time(plan, c, bandwidth)
-        return oracle + extra, extra
+        # the walk's end, every plan alike: an encoded program's own steps (its backward from
+        # encodings, its codecs) at their costs, not the base program's oracle plus its extra
+        end = walk_time(plan, c, bandwidth)
+        return end, end - oracle
 
     return price

@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -55,6 +56,9 @@ __all__ = ["CODEC_BYTES_PER_S", "KNAPSACK_SHARES", "SWAP_MOVES", "Candidate", "F
            "build_frontier", "fixed_specs", "hidden_swaps", "knapsack_candidates", "pricer",
            "swap_down"]
 
+#: Plans within this share of the least predicted time are told apart by their traffic:
+#: the fewest bytes moved and recomputed wins (:meth:`Frontier.objective`).
+TIE_SHARE = 0.005
 #: Memory slots of Rotor's table, and the scalings of the chain's memory figures it is run at.
 ROTOR_SLOTS = 400
 ROTOR_SCALES = (1.0, 0.8, 0.65, 0.5)
@@ -98,13 +102,30 @@ class Frontier:
         return self.bound.with_swaps(budget, self.bandwidth, self.oracle_s)
 
     def fastest(self) -> Candidate:
-        """The least time (then the least peak): what ``auto`` runs without a budget."""
-        return min(self.candidates, key=lambda c: (c.time_s, c.live_peak))
+        """The least :meth:`objective` (then the least peak): what ``auto`` runs without a
+        budget."""
+        return min(self.candidates, key=lambda c: (self.objective(c), c.live_peak, c.source))
+
+    def objective(self, c: Candidate) -> float:
+        """What ``auto`` minimises: the predicted seconds, raised by at most
+        :data:`TIE_SHARE` in proportion to the bytes the plan moves and recomputes (its
+        :attr:`~.candidate.Candidate.traffic` over the most any candidate has). So among
+        plans within that share of each other the one with less traffic wins (a plan that
+        swaps what it need not, at the same predicted time, loses to one that keeps), while
+        the choice stays one fixed order of the candidates: never slower, in this objective,
+        with more memory."""
+        most = self._most_traffic
+        return c.time_s * (1.0 + TIE_SHARE * (c.traffic / most if most else 0.0))
+
+    @cached_property
+    def _most_traffic(self) -> int:
+        return max((c.traffic for c in self.candidates), default=0)
 
     def fitting(self, budget: int) -> Candidate | None:
-        """The fastest candidate whose placed peak fits ``budget`` (bytes, the persistent
-        state included), or None."""
-        for c in sorted(self.candidates, key=lambda c: (c.time_s, c.live_peak, c.source)):
+        """The candidate of least :meth:`objective` whose placed peak fits ``budget`` (bytes,
+        the persistent state included), or None."""
+        for c in sorted(self.candidates,
+                        key=lambda c: (self.objective(c), c.live_peak, c.source)):
             if c.live_peak <= budget and c.peak <= budget:
                 return c
         return None
@@ -114,15 +135,16 @@ class Frontier:
         return _least_placed(self.candidates)
 
     def pareto(self) -> list[Candidate]:
-        """The candidates no other beats on both peak and time, by increasing peak (placed
-        peaks, computed for the candidates no other beats on live peak and time)."""
+        """The candidates no other beats on both peak and :meth:`objective`, by increasing
+        peak (placed peaks, computed for the candidates no other beats on live peak and
+        objective): the plans ``auto`` chooses among, one per budget range."""
         live: list[Candidate] = []
-        for c in sorted(self.candidates, key=lambda c: (c.live_peak, c.time_s)):
-            if not live or c.time_s < live[-1].time_s:
+        for c in sorted(self.candidates, key=lambda c: (c.live_peak, self.objective(c))):
+            if not live or self.objective(c) < self.objective(live[-1]):
                 live.append(c)
         out: list[Candidate] = []
-        for c in sorted(live, key=lambda c: (c.peak, c.time_s)):
-            if not out or c.time_s < out[-1].time_s:
+        for c in sorted(live, key=lambda c: (c.peak, self.objective(c))):
+            if not out or self.objective(c) < self.objective(out[-1]):
                 out.append(c)
         return out
 

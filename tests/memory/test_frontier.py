@@ -41,7 +41,7 @@ from minidl.memory.passes.base_plan import base_plan
 from minidl.memory.passes.recompute import dropping_program, recompute_program
 from minidl.memory.passes.static_plan import static_plan
 from minidl.memory.planners.auto import step_costs as flop_costs
-from minidl.memory.planners.frontier import build_frontier, fixed_specs, pricer
+from minidl.memory.planners.frontier import TIE_SHARE, build_frontier, fixed_specs, pricer
 from minidl.memory.planners.planner import make_plan
 from minidl.memory.runtime.pool import Pool
 from minidl.net.optim import make_optimizer
@@ -124,7 +124,10 @@ def assert_monotone(fr):
     picks = [fr.fitting(b) for b in bs]
     assert picks[0] is not None and fr.fitting(bs[0] - 1) is None or bs[0] == 0
     for b, a, c in zip(bs[1:], picks, picks[1:]):
-        assert c is not None and c.time_s <= a.time_s, (b, a.source, c.source)
+        # never worse in the planner's objective (time, ties within 0.5 % to less traffic),
+        # so never more than that share slower in time
+        assert c is not None and fr.objective(c) <= fr.objective(a), (b, a.source, c.source)
+        assert c.time_s <= (1 + TIE_SHARE) * a.time_s
         assert c.peak <= b and c.live_peak <= b
     assert picks[-1].time_s == fr.fastest().time_s
 
@@ -369,7 +372,7 @@ def assert_auto_plans(s: Setup, points: int = 5):
         peaks = [c.peak for c in a.curve]
         times = [c.time_s for c in a.curve]
         assert peaks == sorted(peaks) and len(set(peaks)) == len(peaks)
-        assert all(t0 > t1 for t0, t1 in zip(times, times[1:]))
+        assert all(t0 >= t1 for t0, t1 in zip(times, times[1:]))  # (equal: less traffic)
         picked = a.oracle_s + a.extra_time_s
         assert picked == pytest.approx(fr.fitting(budget).time_s)
         assert s.persistent + plan.static_arena == a.peak <= budget
