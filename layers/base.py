@@ -215,6 +215,11 @@ class Layer:
         """Forward floating-point operations (backward is costed at twice this by default)."""
         return int(sum(math.prod(s) for s in self.output_shapes(in_shapes)))
 
+    def recompute_flops(self, in_shapes: list[Shape], options: dict | None = None) -> int:
+        """Forward FLOPs the layer's backward runs again under ``options`` (a BPTT schedule
+        that keeps fewer states): counted in its backward step's cost. None by default."""
+        return 0
+
     def memory_attrs(self, in_shapes: list[Shape]) -> dict:
         """Plain facts memory passes need about the op on inputs of ``in_shapes`` (a max-pool's
         window, for packing its argmax; a fused RNN's time units); never arrays or objects."""

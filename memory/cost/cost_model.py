@@ -128,9 +128,12 @@ class _Clock:
     def compute(self, i: int, cost: float) -> None:
         """Step ``i`` runs for ``cost`` seconds on the compute stream."""
         self.now += cost
-        phase = self.program.steps[i].phase
+        st = self.program.steps[i]
+        phase = st.phase
         if phase == "recompute":
             self.recompute += cost
+        elif st.recompute_flops:  # (the share of a backward spent recomputing inside the op)
+            self.recompute += cost * _redo_share(st)
         elif phase in ("encode", "decode"):
             self.codec += cost
 
@@ -155,8 +158,16 @@ def _walk(plan: Plan, costs: Sequence[float], d2h_bytes_per_s: float,
                  clock.prefetched)
 
 
+def _redo_share(step) -> float:
+    """The share of ``step``'s FLOPs that recompute forward work inside its op."""
+    return step.recompute_flops / step.flops if step.flops > 0 else 0.0
+
+
 def _oracle(program: Program, costs: Sequence[float]) -> float:
-    return sum(c for c, st in zip(costs, program.steps) if st.phase in ("forward", "backward"))
+    """The forward and backward steps' seconds, less what their ops recompute (a BPTT
+    schedule's forward work again: an unlimited-memory device keeps every state)."""
+    return sum(c * (1.0 - _redo_share(st)) for c, st in zip(costs, program.steps)
+               if st.phase in ("forward", "backward"))
 
 
 def extra_time(plan: Plan, costs: Sequence[float], bandwidth: float) -> float:

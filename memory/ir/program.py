@@ -94,6 +94,9 @@ class Step:
     writes: tuple[int, ...]
     workspace: int = -1  # tensor id of this step's workspace, or -1
     flops: int = 0
+    #: Of ``flops``, the forward FLOPs a backward step runs again inside the op (a fused RNN's
+    #: BPTT schedule keeping fewer states): recomputation the cost model counts as such.
+    recompute_flops: int = 0
     #: (written, read) tensor pairs the op allows to share one block: an in-place forward
     #: (output over input) or an in-place backward (input gradient over output gradient).
     shares: tuple[tuple[int, int], ...] = ()

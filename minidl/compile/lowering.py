@@ -352,14 +352,17 @@ class _Lowering:
         ws_bytes = layer.backward_workspace_bytes(in_shapes, fdt, **self._opts(i))
         ws = b.add(f"{name}.bwd_ws", (ws_bytes,), "uint8", "workspace", "workspace", name) \
             if ws_bytes > 0 else -1
+        # forward work a BPTT schedule runs again inside the backward
+        redo = int(layer.recompute_flops(in_shapes, self.options.get(i) or None))
         shares = ()
         if layer.inplace_backward and g_in and g_in[0] is not None and g_in[0].add_into < 0:
             shares = ((g_in[0].written, g_out[0]),)
         self._push(i, phase="backward", workspace=ws,
                    retained_inputs=tuple(layer.retain_inputs),
                    retained_outputs=tuple(layer.retain_outputs),
-                   flops=2 * int(layer.flops(in_shapes)), shares=shares, stash=self.stash_t[i],
-                   grad_outputs=tuple(g_out), grad_inputs=tuple(g_in), grad_params=gp,
+                   flops=2 * int(layer.flops(in_shapes)) + redo, recompute_flops=redo,
+                   shares=shares, stash=self.stash_t[i], grad_outputs=tuple(g_out),
+                   grad_inputs=tuple(g_in), grad_params=gp,
                    param_partials=gpart, accumulate=frozenset(adds), params=params)
 
     def lowered(self, alignment: int) -> Lowered:
