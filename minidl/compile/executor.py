@@ -92,6 +92,8 @@ class Executor:
         #: Largest fraction of non-zeros seen per sparse-encoded tensor (for re-planning).
         self.densities: dict[str, float] = {}
         self._step_times = np.zeros(len(self.steps))
+        #: Iterations run to the end (the first compiles kernels: its times are no measure).
+        self.runs = 0
         self._timer: Any = None  # a device's step timer, read when the times are asked for
         #: Device seconds of the whole last iteration (CUDA events: the compute stream's waits
         #: for copies and for the host included), once read; ``None`` on host devices.
@@ -208,6 +210,7 @@ class Executor:
         except BaseException:
             rt.release_all()
             raise
+        self.runs += 1
         loss, outputs = state.loss, state.outputs
         if wait:
             loss = None if loss is None else float(loss.result()[()])

@@ -39,11 +39,18 @@ class ReplanningEngine(Protocol):
     def replace_plan(self, c: Compiled, plan: Plan) -> Compiled: ...
 
 
+#: Iterations a compiled step runs before its step times are a measure: the first compiles
+#: the kernels (Numba's JIT, CUDA modules) and warms caches, so its times are no guide.
+WARM_RUNS = 2
+
+
 def refine(engine: ReplanningEngine, c: Compiled) -> Compiled:
     """``c`` re-planned from its measured iteration: see :meth:`Engine.refine
-    <minidl.compile.engine.Engine.refine>`."""
+    <minidl.compile.engine.Engine.refine>`. Step times count only from a warm iteration
+    (:data:`WARM_RUNS`): until then the timed re-planning waits (densities do not)."""
     need_times = (engine.config.get("swap") == "auto" or engine.config.has("auto")) \
         and not c.plan.measured and engine.target is None  # a target's costs stand
+    need_times = need_times and c.executor.runs >= WARM_RUNS
     need_dens = engine.config.has("sparse") and not c.plan.densities_measured \
         and bool(c.executor.densities)
     engine.note_temporaries(c.executor)
