@@ -49,7 +49,7 @@ def pytest_unconfigure(config) -> None:  # noqa: D103
 def _conv(algo: str, dtype: str) -> None:
     import numpy as np
 
-    from minidl.kernels import conv
+    from minidl.kernels.convolution import conv
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((8, 32, 14, 14)).astype(dtype)

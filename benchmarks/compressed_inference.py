@@ -10,8 +10,8 @@ import argparse
 import json
 import time
 
-from minidl import data as D
 from minidl.compression import CompressedRunner, plan_inference, read
+from minidl.datasets import data as D
 
 
 def main() -> None:

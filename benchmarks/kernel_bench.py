@@ -19,7 +19,7 @@ from collections.abc import Callable
 import numba
 import numpy as np
 
-from minidl.kernels import bitpack, precision, sparse
+from minidl.kernels.codecs import bitpack, precision, sparse
 
 TARGETS = {"pack_sign": 0.8, "relu_backward_packed": 0.8, "encode zvc": 0.5, "encode csr": 0.5}
 

@@ -16,8 +16,8 @@ import argparse
 import numpy as np
 from separate_processes import alternated_median_ms, median_ms
 
-from minidl.kernels import rnn
 from minidl.kernels.parallel import ensure_blas_policy
+from minidl.kernels.recurrent import rnn
 
 
 def _median_us(fn, repeats: int) -> float:

@@ -54,11 +54,11 @@ CPU_CHILD = """
 import json, statistics, sys, time
 import minidl
 from minidl import Trainer
-from minidl.optim import SGD
+from minidl.net.optim import SGD
 from minidl.cli import build_parser
 from minidl.commands.common import build_model, shape_and_classes
-from minidl.bench import synthetic_batch
-from minidl.dryrun import auto_device_memory
+from minidl.tools.bench import synthetic_batch
+from minidl.analysis.dryrun import auto_device_memory
 steps = int(sys.argv[1])
 args = build_parser().parse_args(["bench", *sys.argv[2:]])
 shape, classes = shape_and_classes(args)

@@ -26,7 +26,7 @@ import math
 import numpy as np
 
 from minidl import Network, Trainer, dry_run
-from minidl import data as D
+from minidl.datasets import data as D
 from minidl.layers import Conv2d, Linear, SoftmaxCrossEntropy
 from minidl.net.optim import make_optimizer
 from minidl.zoo.models import get_model

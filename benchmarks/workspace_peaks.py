@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 import minidl
-from minidl import engine as engine_module
+from minidl.compile import engine as engine_module
 from minidl.kernels.convolution.conv import conv2d_backward, conv2d_forward, conv2d_workspace_bytes
 from minidl.kernels.convolution.conv_geometry import conv_config
 from minidl.layers import Conv2d, SoftmaxCrossEntropy

@@ -4,7 +4,7 @@ import numpy as np
 
 import minidl
 from minidl import layers as L
-from minidl.optim import SGD
+from minidl.net.optim import SGD
 
 x = minidl.Input((1, 28, 28))
 a = L.ReLU()(L.Conv2d(1, 16, 3, padding=1)(x))

@@ -21,7 +21,6 @@ from .analysis.summary import memory_summary  # noqa: E402
 from .compile.executor import NonFiniteError  # noqa: E402
 from .datasets import data, text  # noqa: E402
 from .interop import safetensors_io, torch_bridge  # noqa: E402
-from .kernels.moved import install as install_moved  # noqa: E402
 from .layers.base import ShapeError  # noqa: E402
 from .memory.ir.config import MemoryConfig  # noqa: E402
 from .memory.runtime.pool import DeviceOutOfMemory  # noqa: E402
@@ -43,46 +42,6 @@ def _installed_version() -> str:
 
 
 __version__ = _installed_version()
-
-#: Modules that lived flat in this package before its sub-packages (old name -> sub-package):
-#: ``minidl.trainer`` still imports, as the same module object as ``minidl.train.trainer``.
-MOVED_MODULES = {
-    "bench": "tools",
-    "builder": "net",
-    "callbacks": "train",
-    "checkpoint": "interop",
-    "comm": "distributed",
-    "data": "datasets",
-    "data_parallel": "distributed",
-    "dataset": "datasets",
-    "deferred": "compile",
-    "dryrun": "analysis",
-    "engine": "compile",
-    "estimate": "analysis",
-    "executor": "compile",
-    "fitting": "train",
-    "graph": "net",
-    "labels": "net",
-    "loaders": "datasets",
-    "lowering": "compile",
-    "memory_record": "analysis",
-    "memory_viz": "interop",
-    "models": "zoo",
-    "onnx_export": "interop",
-    "optim": "net",
-    "parameter": "net",
-    "report": "analysis",
-    "rnn": "zoo",
-    "safetensors_io": "interop",
-    "summary": "analysis",
-    "text": "datasets",
-    "torch_bridge": "interop",
-    "trainer": "train",
-    "transformers": "zoo",
-    "user_models": "zoo",
-    "zero": "distributed",
-}
-__getattr__ = install_moved(__name__, MOVED_MODULES)
 
 __all__ = [
     "DeviceOutOfMemory",

@@ -56,7 +56,7 @@ AS_WRITTEN = (
     "minidl plan --inference --compressed lenet5.mdc",
     "minidl plan vgg16 --input 3x224x224 --batch-size 64 --ranks 8",
     "minidl plan resnet50 --input 3x224x224 --batch-size 32 --device cuda",
-    "minidl plan minidl.models:lenet5 --input 1x28x28 --batch-size 64",
+    "minidl plan minidl.zoo.models:lenet5 --input 1x28x28 --batch-size 64",
     "minidl plan resnet20 --input 3x32x32 --batch-size 128 --ranks 1,2,8 --table",
     "minidl plan resnet20 --input 3x32x32 --batch-size 128 --snapshot plan.pickle",
     "minidl train smallcnn --dataset synthetic --max-steps 5 --snapshot run.pickle",
@@ -96,7 +96,7 @@ GPU_ONLY = (
 )
 
 #: Python snippets run as written, by a line they contain.
-PYTHON_AS_WRITTEN = ("x = minidl.Input((1, 28, 28))",)
+PYTHON_AS_WRITTEN = ("class Net(minidl.Module):",)
 
 #: A command as written that takes longer than this (seconds) belongs in SCALED.
 SLOW_S = 90.0
@@ -434,7 +434,7 @@ CHECKS = {
     "minidl plan vgg16 --input 3x224x224 --batch-size 64 --ranks 8": check_plan_ranks,
     "minidl plan resnet50 --input 3x224x224 --batch-size 32 --device cuda": check_plan_resnet50,
     "minidl train smallcnn --dataset synthetic --device cuda": check_gpu_train,
-    "minidl plan minidl.models:lenet5 --input 1x28x28 --batch-size 64": check_user_model,
+    "minidl plan minidl.zoo.models:lenet5 --input 1x28x28 --batch-size 64": check_user_model,
     "minidl plan resnet20 --input 3x32x32 --batch-size 128 --ranks 1,2,8 --table": check_table,
     "minidl plan resnet20 --input 3x32x32 --batch-size 128 --snapshot plan.pickle":
         check_plan_snapshot,
@@ -565,12 +565,17 @@ def test_readme_python_snippet(block, tmp_path, monkeypatch, capsys):
     assert out[-1] == f"{scope['loss']} {breakdown}"
     for p in scope["net"].parameters():
         assert p.grad is not None and p.grad.shape == p.shape
+    # the class's attributes name its parameters as the comment says (PyTorch's names)
+    said = re.search(r"state_dict: ([\w.]+), ([\w.]+), ([\w.]+), \.\.\., ([\w.]+) ",
+                     block.text)
+    names = list(scope["net"].state_dict())
+    assert said and [*names[:3], names[-1]] == list(said.groups()), names
 
 
 def test_the_readme_names_every_model_dataset_memory_flag_and_preset():
     """The lists in the README's prose are the registries (a new model, dataset, flag or
     preset, or a preset's new expansion, shows here)."""
-    from minidl import data as D
+    from minidl.datasets import data as D
     from minidl.datasets.text import TEXT_DATASETS
     from minidl.memory.ir.config import FLAGS, PRESETS
     from minidl.zoo.models import MODEL_NAMES

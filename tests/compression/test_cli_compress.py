@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from minidl import Trainer
-from minidl import data as D
 from minidl.cli import main
 from minidl.compression import CompressedRunner, read
+from minidl.datasets import data as D
 from minidl.zoo.models import get_model
 
 

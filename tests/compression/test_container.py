@@ -10,7 +10,7 @@ import pytest
 
 from minidl.compression import container
 from minidl.compression.container import CompressedModel, CompressedModelError
-from minidl.kernels import weight_record
+from minidl.kernels.compression import weight_record
 
 
 def _model() -> CompressedModel:

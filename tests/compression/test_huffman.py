@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minidl.kernels import huffman
+from minidl.kernels.compression import huffman
 
 streams = st.integers(1, 300).flatmap(
     lambda a: st.tuples(st.just(a), st.lists(st.integers(0, a - 1), max_size=400)))

@@ -12,7 +12,7 @@ from minidl.compression.inference import CompressedRunner, build_network, plan_i
 from minidl.compression.layer_spec import compressible_weights
 from minidl.compression.pruning import magnitude_mask
 from minidl.compression.quantization import share_weights
-from minidl.kernels import weight_record
+from minidl.kernels.compression import weight_record
 from minidl.zoo.models import get_model
 
 

@@ -21,7 +21,7 @@ from minidl.cli import main
 from minidl.compression import container
 from minidl.compression.container import CompressedModelError
 from minidl.compression.inference import CompressedRunner, plan_inference
-from minidl.kernels import weight_record as wr
+from minidl.kernels.compression import weight_record as wr
 from minidl.memory.testing import strict_device
 
 pytestmark = pytest.mark.skipif(not strict_device.cupy_available(),

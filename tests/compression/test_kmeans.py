@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minidl.kernels import kmeans
+from minidl.kernels.compression import kmeans
 
 
 def _lloyd(x: np.ndarray, k: int, iters: int = 100) -> tuple[np.ndarray, np.ndarray]:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minidl.kernels import relative_csr, weight_record
+from minidl.kernels.compression import relative_csr, weight_record
 
 
 def test_fillers_pad_gaps_longer_than_the_index_width():

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minidl.kernels import batchnorm as bnk
-from minidl.kernels import elementwise as ek
+from minidl.kernels.normalization import batchnorm as bnk
+from minidl.kernels.pointwise import elementwise as ek
 
 DTYPES = [np.float32, np.float64]
 TOL = {np.float32: 1e-6, np.float64: 1e-14}

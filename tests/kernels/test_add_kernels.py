@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minidl.kernels import add as A
+from minidl.kernels.pointwise import add as A
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minidl.kernels import attention as ak
-from minidl.kernels import attention_rows as ar
 from minidl.kernels.parallel import set_thread_policy
+from minidl.kernels.transformer import attention as ak
+from minidl.kernels.transformer import attention_rows as ar
 
 
 class _Wrapped(np.ndarray):

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from minidl.kernels import conv as K
-from minidl.kernels import conv_device as D
-from minidl.kernels import pool as P
-from minidl.kernels import pool_device as PD
+from minidl.kernels.convolution import conv as K
+from minidl.kernels.convolution import conv_device as D
+from minidl.kernels.pooling import pool as P
+from minidl.kernels.pooling import pool_device as PD
 
 SETTINGS = settings(max_examples=60, deadline=None)
 STRICT_SETTINGS = settings(max_examples=15, deadline=None)

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from minidl.kernels import _cuda
-from minidl.kernels import conv_device as CD
-from minidl.kernels import pool_device as PD
+from minidl.kernels.convolution import conv_device as CD
 from minidl.kernels.convolution.conv_geometry import conv_output_hw
+from minidl.kernels.pooling import pool_device as PD
 
 
 @pytest.fixture

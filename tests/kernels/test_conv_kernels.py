@@ -7,7 +7,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from minidl.kernels import conv as K
+from minidl.kernels.convolution import conv as K
 
 SETTINGS = settings(max_examples=25, deadline=None)
 

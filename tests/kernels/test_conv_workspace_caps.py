@@ -9,8 +9,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from minidl.kernels import conv as K
-from minidl.kernels import conv_device as D
+from minidl.kernels.convolution import conv as K
+from minidl.kernels.convolution import conv_device as D
 from minidl.kernels.convolution.conv_geometry import REFERENCE_ROWS
 
 GEOM = dict(kernel=(3, 3), stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1)

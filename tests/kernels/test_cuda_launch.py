@@ -21,14 +21,14 @@ import pytest
 from emulated_arrays import D, EmuArray, H, same
 
 from minidl.kernels import _cuda
-from minidl.kernels import bitpack as bp
-from minidl.kernels import conv_device as CD
-from minidl.kernels import pool as P
-from minidl.kernels import pool_device as PD
-from minidl.kernels import poolidx as pi
-from minidl.kernels import precision as pr
-from minidl.kernels import sparse as sp
-from minidl.kernels import weight_record as wr
+from minidl.kernels.codecs import bitpack as bp
+from minidl.kernels.codecs import precision as pr
+from minidl.kernels.codecs import sparse as sp
+from minidl.kernels.compression import weight_record as wr
+from minidl.kernels.convolution import conv_device as CD
+from minidl.kernels.pooling import pool as P
+from minidl.kernels.pooling import pool_device as PD
+from minidl.kernels.pooling import poolidx as pi
 
 SIZES = (1, 7, 1023, 1024, 1025, 4095, 4096, 4097, 9001)
 
@@ -255,7 +255,7 @@ def case_toolchain_probe(rng: np.random.Generator) -> None:
 
 def case_optim(rng: np.random.Generator) -> None:
     """The optimizers' update kernels against the Numba CPU loops (the same operations)."""
-    from minidl.kernels import optim as O
+    from minidl.kernels.pointwise import optim as O
 
     for dt in (np.float32, np.float64):
         for n in (1, 1025, 4097):
@@ -284,7 +284,7 @@ def case_optim(rng: np.random.Generator) -> None:
 
 def case_relu(rng: np.random.Generator) -> None:
     """ReLU's backward kernel against the NumPy reference (NaN and -0.0 outputs included)."""
-    from minidl.kernels import relu as R
+    from minidl.kernels.pointwise import relu as R
 
     for dt in (np.float32, np.float64):
         for n in SIZES:
@@ -300,7 +300,7 @@ def case_relu(rng: np.random.Generator) -> None:
 
 def case_gelu(rng: np.random.Generator) -> None:
     """GELU's kernels (both forms) against the generic float64 Numba loops' bits."""
-    from minidl.kernels import gelu as G
+    from minidl.kernels.transformer import gelu as G
 
     for dt in (np.float32, np.float64):
         x = (4 * rng.standard_normal(4097)).astype(dt)

@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minidl.kernels import _cuda, sparse
+from minidl.kernels import _cuda
+from minidl.kernels.codecs import sparse
 
 # the oldest and the newest target (sm_80 lies between them; each arch costs ~7 s of CI): NVVM of
 # CUDA 13 dropped sm_70 (its oldest is sm_75), so the oldest is the first one this NVVM takes

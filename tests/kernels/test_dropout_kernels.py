@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minidl.kernels import dropout as kd
+from minidl.kernels.pointwise import dropout as kd
 
 
 def _run(fn, x, p, seed, **kw):

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 from emulated_arrays import D, H, same
 
-from minidl.kernels import batchnorm as bnk
-from minidl.kernels import softmax_xent as sx
+from minidl.kernels.normalization import batchnorm as bnk
+from minidl.kernels.pointwise import softmax_xent as sx
 from minidl.layers import BatchNorm1d, BatchNorm2d, Context, SoftmaxCrossEntropy
 
 # ----------------------------------------------------------------------------- emulated arrays

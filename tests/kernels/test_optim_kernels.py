@@ -10,7 +10,7 @@ from bits import assert_same_bits
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minidl.kernels import optim as ko
+from minidl.kernels.pointwise import optim as ko
 
 DTYPES = [np.float32, np.float64]
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from minidl.kernels import pool as P
+from minidl.kernels.pooling import pool as P
 
 
 @st.composite

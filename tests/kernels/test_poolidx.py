@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minidl.kernels import poolidx as pi
+from minidl.kernels.pooling import poolidx as pi
 
 
 def test_index_bits():

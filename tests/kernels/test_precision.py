@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from minidl.kernels import precision as pr
+from minidl.kernels.codecs import precision as pr
 
 SPECIAL = [0.0, -0.0, np.nan, -np.nan, np.inf, -np.inf, 448.0, 449.0, 464.0, -1e30, 65504.0,
            65519.0, 65520.0, 2.0**-9, 2.0**-10, 1.5 * 2.0**-10, 2.0**-24, 2.0**-25, 3 * 2.0**-26,

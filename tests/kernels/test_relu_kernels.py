@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minidl.kernels import relu as R
+from minidl.kernels.pointwise import relu as R
 
 
 @pytest.mark.parametrize("dtype,shape", [

@@ -23,8 +23,8 @@ import pytest
 from emulated_arrays import D, H
 
 from minidl.kernels import _cuda
-from minidl.kernels import rnn as rk
-from minidl.kernels import rnn_device as rd
+from minidl.kernels.recurrent import rnn as rk
+from minidl.kernels.recurrent import rnn_device as rd
 
 #: (N, H): single elements, odd sizes, more work than one block of threads
 SHAPES = [(1, 1), (3, 5), (7, 33)]

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minidl.kernels import rnn as rk
+from minidl.kernels.recurrent import rnn as rk
 
 DTYPES = [np.float32, np.float64]
 TOL = {np.float32: 2e-6, np.float64: 1e-13}

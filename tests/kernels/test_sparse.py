@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from minidl.kernels import sparse as sp
+from minidl.kernels.codecs import sparse as sp
 
 SPECIAL = [-0.0, np.nan, np.inf, -np.inf, 1e-45, -3.5]
 CASES = [("zvc", 256), ("csr", 1), ("csr", 7), ("csr", 256), ("csr", 300), ("csr", 65536)]

@@ -24,13 +24,13 @@ import pytest
 from emulated_arrays import D, EmuArray, H, same
 from transformer_cases import DTYPES, _heads, _normal, close
 
-from minidl.kernels import attention as AK
-from minidl.kernels import attention_rows as AR
 from minidl.kernels import blas
-from minidl.kernels import dropout as DR
-from minidl.kernels import embedding as EM
-from minidl.kernels import layernorm as LN
-from minidl.kernels import transformer_device as TD
+from minidl.kernels.normalization import layernorm as LN
+from minidl.kernels.pointwise import dropout as DR
+from minidl.kernels.transformer import attention as AK
+from minidl.kernels.transformer import attention_rows as AR
+from minidl.kernels.transformer import embedding as EM
+from minidl.kernels.transformer import transformer_device as TD
 
 
 # ----------------------------------------------------------------------------- cases

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from transformer_cases import _heads, _normal, close
 
-from minidl.kernels import attention as AK
 from minidl.kernels import blas
+from minidl.kernels.transformer import attention as AK
 
 # ----------------------------------------------------------------------------- strict device
 #: Most launches one call of a layer makes on the strict device (its kernels, its GEMMs and

@@ -24,8 +24,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minidl.kernels import _cuda, huffman
-from minidl.kernels import weight_record as wr
+from minidl.kernels import _cuda
+from minidl.kernels.compression import huffman
+from minidl.kernels.compression import weight_record as wr
 
 
 def _launch_helpers():

@@ -54,7 +54,7 @@ from strict_mem import garbage as _garbage  # noqa: E402
 from strict_mem import normal as _normal  # noqa: E402
 from strict_mem import workspace as _workspace  # noqa: E402
 
-from minidl.memory import bptt  # noqa: E402
+from minidl.memory.passes import bptt  # noqa: E402
 
 RTOL = 1e-6
 

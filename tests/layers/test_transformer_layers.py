@@ -134,7 +134,7 @@ def test_gelu_torch_parity(approximate):
 
 
 def test_gelu_reference_equals_numba_and_errors():
-    from minidl.kernels import gelu as k
+    from minidl.kernels.transformer import gelu as k
 
     rng = np.random.default_rng(2)
     x = rng.standard_normal(70_000) * 3  # above the serial threshold: threads
@@ -182,7 +182,7 @@ def test_positional_embedding_shapes():
 
 def test_layernorm_kernel_threads_and_reference():
     """The threaded kernel equals the reference, and its bits do not depend on threads."""
-    from minidl.kernels import layernorm as k
+    from minidl.kernels.normalization import layernorm as k
     from minidl.kernels.parallel import set_thread_policy
 
     rng = np.random.default_rng(4)

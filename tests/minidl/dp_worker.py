@@ -14,13 +14,13 @@ from pathlib import Path
 
 import numpy as np
 
-from minidl import models
 from minidl.analysis.dryrun import dry_run
 from minidl.analysis.estimate import estimate_table
 from minidl.distributed.comm import MpiCommunicator
 from minidl.memory.ir.config import MemoryConfig
 from minidl.net.optim import SGD
 from minidl.train.trainer import Trainer
+from minidl.zoo import models
 
 #: (case name, memory spec, the single-process reference's spec, global batch, bucket bytes):
 #: small buckets give several buckets launched during backward; a batch of 15 gives shards of

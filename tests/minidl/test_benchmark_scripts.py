@@ -79,7 +79,7 @@ def test_ab_setting_finds_module_constants_and_class_attributes():
         import ab_setting
     finally:
         sys.path.remove(str(BENCHMARKS))
-    from minidl.kernels import conv_geometry
+    from minidl.kernels.convolution import conv_geometry
     from minidl.layers import recurrent_units
 
     assert ab_setting._owner("minidl.kernels.convolution.conv_geometry.GEMM_MIN_COLS") == (

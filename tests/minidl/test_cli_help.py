@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from minidl import cli
-from minidl import data as D
+from minidl.datasets import data as D
 from minidl.datasets.text import TEXT_DATASETS
 from minidl.memory.ir.config import FLAGS, PRESETS
 from minidl.zoo.models import MODEL_NAMES, SEQUENCE_MODELS

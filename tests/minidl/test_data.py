@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minidl import data
+from minidl.datasets import data
 from minidl.datasets.data import (
     DATASETS,
     Dataset,

@@ -104,7 +104,7 @@ def test_mismatch_is_named():
 
 
 def test_gradient_sync_scales_by_share_and_copies_back():
-    from minidl import models
+    from minidl.zoo import models
 
     net = models.smallcnn((1, 8, 8), 10, width=2)
     for p in net.parameters():
@@ -281,8 +281,8 @@ class _Recording:
 
 
 def test_buckets_launch_during_backward_in_reverse_layer_order():
-    from minidl import models
     from minidl.train.trainer import Trainer
+    from minidl.zoo import models
 
     net = models.smallcnn((1, 8, 8), 10, width=4)
     trainer = Trainer(net, memory="reuse,inplace", device_memory="8MiB")

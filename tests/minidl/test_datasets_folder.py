@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minidl import loaders
 from minidl.cli import build_parser, main, validate_args
 from minidl.commands.common import UsageError
+from minidl.datasets import loaders
 from minidl.datasets.data import DATASETS, batches, load_dataset
 from minidl.datasets.loaders import ImageArray, ImageReadError, Loader, StreamedDataset
 

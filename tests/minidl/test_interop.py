@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import minidl
-from minidl.models import resnet
-from minidl.trainer import CheckpointError
+from minidl.train.trainer import CheckpointError
+from minidl.zoo.models import resnet
 
 
 def test_public_submodules_are_attributes_after_import_minidl():

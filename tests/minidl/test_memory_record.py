@@ -154,7 +154,7 @@ def test_cli_train_records_and_show_memory_reads(tmp_path, capsys):
 def test_plot_draws_the_device_line_only_near_the_peak(real, monkeypatch, times_peak, drawn):
     """A device far larger than the peak (the Python API's default: the host's memory) would
     flatten the timeline: its line is left out and the title says so."""
-    from minidl import memory_record
+    from minidl.analysis import memory_record
 
     seen = {}
     monkeypatch.setattr(memory_record, "plot_timeline",

@@ -119,7 +119,7 @@ def test_fused_path_bit_identical_to_ufunc_path(config, parallel, monkeypatch):
     """NumPy parameters (fused Numba kernels, serial or chunked over threads) and foreign
     arrays (the ufunc reference, i.e. the implementation before the fused kernels) give the
     same bits, state included."""
-    from minidl.kernels import optim as kernels
+    from minidl.kernels.pointwise import optim as kernels
 
     if parallel:
         monkeypatch.setattr(kernels, "PARALLEL_MIN_SIZE", 0)

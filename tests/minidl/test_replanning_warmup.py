@@ -8,7 +8,7 @@ import numpy as np
 import minidl
 from minidl import layers as L
 from minidl.compile.replanning import WARM_RUNS
-from minidl.optim import SGD
+from minidl.net.optim import SGD
 
 
 def _trainer(spec: str) -> minidl.Trainer:

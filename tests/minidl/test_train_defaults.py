@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from minidl import data as D
 from minidl.cli import main
+from minidl.datasets import data as D
 
 
 def _dataset() -> D.Dataset:

@@ -30,8 +30,8 @@ def test_zero_on_one_rank_is_bit_identical_and_checkpoints_unsharded(stage, dp_w
 def test_zero_report_says_what_the_peak_holds_beside_the_shards(stage):
     """Stage 2 and 3 hold full gradients (and stage 3 gathered parameters) at the peak, which
     on few ranks can outweigh the shards' savings: the report says how much of each."""
-    from minidl import models
     from minidl.train.trainer import Trainer
+    from minidl.zoo import models
 
     tr = Trainer(models.smallcnn((1, 8, 8), 10), memory=f"reuse,inplace,zero={stage}",
                  device_memory="16MiB")
@@ -43,9 +43,9 @@ def test_zero_report_says_what_the_peak_holds_beside_the_shards(stage):
 
 
 def test_zero2_keeps_no_full_gradient_and_clips_over_the_shards():
-    from minidl import models
     from minidl.net.optim import SGD, clip_grad_norm_
     from minidl.train.trainer import Trainer
+    from minidl.zoo import models
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((8, 1, 8, 8)).astype(np.float32)
@@ -99,8 +99,8 @@ class _Alone:
 
 
 def test_zero3_keeps_parameter_shards_and_needs_rows_on_every_rank():
-    from minidl import models
     from minidl.train.trainer import Trainer
+    from minidl.zoo import models
 
     net = models.smallcnn((1, 8, 8), 10, width=2)
     host = {p.name: p.data for p in net.parameters()}
@@ -121,7 +121,6 @@ class _Rank:
 
 
 def test_zero_bytes_are_what_the_engine_allocates_for_each_rank():
-    from minidl import models
     from minidl.compile.engine import Engine
     from minidl.distributed.zero import ZeroOptimizer
     from minidl.layers import SoftmaxCrossEntropy
@@ -129,6 +128,7 @@ def test_zero_bytes_are_what_the_engine_allocates_for_each_rank():
     from minidl.memory.passes.zero import zero_bytes
     from minidl.memory.runtime.pool import Pool
     from minidl.net.optim import Adam
+    from minidl.zoo import models
 
     def engine(make_opt, spec="reuse"):
         net = models.smallcnn((1, 8, 8), 10, width=3)
