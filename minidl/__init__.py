@@ -1,8 +1,9 @@
 """minidl: a small, memory-first deep-learning framework.
 
-Define networks with :class:`Sequential` or the functional builder (:func:`Input`,
-:class:`Network`), train them with :class:`Trainer` under a memory spec (``"reuse,inplace"``,
-...) and ask :func:`dry_run` what any model needs before running it.
+Define networks as a class (:class:`Module`, PyTorch's way), with :class:`Sequential` or the
+functional builder (:func:`Input`, :class:`Network`), train them with :class:`Trainer` under a
+memory spec (``"reuse,inplace"``, ...) and ask :func:`dry_run` what any model needs before
+running it.
 """
 
 from importlib.metadata import PackageNotFoundError, version
@@ -13,7 +14,7 @@ from .settings import Settings, set_openblas_thread_timeout
 set_openblas_thread_timeout()
 
 # the public submodules, reachable as attributes after ``import minidl`` (``minidl.optim.SGD``)
-from . import kernels, layers, memory, settings  # noqa: E402
+from . import compression, kernels, layers, memory, settings  # noqa: E402
 from .analysis import dryrun, memory_record, report, summary  # noqa: E402
 from .analysis.dryrun import dry_run, frontier  # noqa: E402
 from .analysis.memory_record import show_memory  # noqa: E402
@@ -26,6 +27,7 @@ from .memory.ir.config import MemoryConfig  # noqa: E402
 from .memory.runtime.pool import DeviceOutOfMemory  # noqa: E402
 from .net import graph, optim  # noqa: E402
 from .net.graph import Input, Network, Sequential  # noqa: E402
+from .net.module import Module, ModuleError  # noqa: E402
 from .net.parameter import Parameter  # noqa: E402
 from .train import callbacks, trainer  # noqa: E402
 from .train.fitting import History  # noqa: E402
@@ -48,6 +50,8 @@ __all__ = [
     "History",
     "Input",
     "MemoryConfig",
+    "Module",
+    "ModuleError",
     "Network",
     "NonFiniteError",
     "Parameter",
@@ -56,6 +60,7 @@ __all__ = [
     "ShapeError",
     "Trainer",
     "callbacks",
+    "compression",
     "data",
     "dry_run",
     "dryrun",

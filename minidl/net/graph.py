@@ -378,3 +378,15 @@ class Sequential(Network):
         self.outputs = [y]
         self._build_graph(names=[str(i) for i in range(len(self.layers))])
         self._create_parameters(seed, dtype)
+
+    def __call__(self, x: Symbol) -> Symbol:
+        """Its layers applied in order to the symbol ``x``: a block inside a
+        :class:`~minidl.net.module.Module`'s ``forward`` (the Module names the layers
+        ``block.0``, ... and holds their parameters)."""
+        if not isinstance(x, Symbol):
+            raise TypeError(f"{self.name}(x) takes a symbolic tensor (inside a Module's forward), "
+                            f"got {type(x).__name__}: to run it on data use "
+                            "minidl.Trainer(net).predict(x)")
+        for layer in self.layers:
+            x = layer(x)
+        return x

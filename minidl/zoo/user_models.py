@@ -1,8 +1,10 @@
 """A user's own model on the command line: ``minidl plan mypackage.nets:build``, as
 ``accelerate estimate-memory`` takes any model. ``MODULE:FUNCTION`` names a function that
-returns a :class:`~minidl.net.graph.Network`; it gets the keyword arguments among
+returns a :class:`~minidl.net.graph.Network`, or a :class:`~minidl.net.module.Module` subclass
+(``mypackage.nets:Net``, constructed); either gets the keyword arguments among
 ``input_shape``, ``num_classes`` and ``width`` that it declares (and that were given), and
-its network's input shape is the one to use when ``--input`` is not given."""
+its network's input shape is the one to use when ``--input`` is not given (a Module built
+without one takes ``--input``, or the dataset's shape)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..net.graph import Network
+from ..net.module import Module
 
 #: ``package.module:function`` (dotted module, a Python name after the colon).
 SPEC = re.compile(r"(?P<module>[A-Za-z_][\w.]*):(?P<function>[A-Za-z_]\w*)")
@@ -61,28 +64,39 @@ def model_function(name: str) -> Callable[..., Any]:
                        and getattr(v, "__module__", None) == module.__name__)
         raise UserModelError(f"model {name!r}: {module_name} has no {function!r}"
                              + (f"; its functions: {', '.join(names)}" if names else ""))
-    if not callable(fn):
+    if isinstance(fn, Network) or not callable(fn):
         raise UserModelError(f"model {name!r}: {module_name}.{function} is a "
-                             f"{type(fn).__name__}, not a function returning a Network")
+                             f"{type(fn).__name__}, not a function returning a Network "
+                             "(or a minidl.Module class)")
+    if isinstance(fn, type) and not issubclass(fn, Module):
+        raise UserModelError(f"model {name!r}: {module_name}.{function} is the class "
+                             f"{fn.__name__}, not a minidl.Module subclass (or a function "
+                             "returning a Network)")
     return fn
 
 
 def build_user_model(name: str, input_shape: tuple[int, ...] | None = None,
                      num_classes: int | None = None, width: int | None = None) -> Network:
-    """Call ``MODULE:FUNCTION`` with the arguments it declares among ``input_shape``,
-    ``num_classes`` and ``width`` (those given; a function taking ``**kwargs`` gets them
-    all) and check that it returns a :class:`Network`."""
+    """Call ``MODULE:FUNCTION`` (or construct ``MODULE:CLASS``, a Module subclass) with the
+    arguments it declares among ``input_shape``, ``num_classes`` and ``width`` (those given; a
+    function taking ``**kwargs`` gets them all) and check that it returns a :class:`Network`
+    (a Module traced, with ``input_shape`` when it was built without one)."""
     fn = model_function(name)
     given = {k: v for k, v in (("input_shape", input_shape), ("num_classes", num_classes),
                                ("width", width)) if v is not None}
     try:
-        params = inspect.signature(fn).parameters
+        # (a Module class: its __init__, not the metaclass's __call__(*args, **kwargs))
+        params = inspect.signature(fn.__init__ if isinstance(fn, type) else fn).parameters
     except (TypeError, ValueError):
         params = {}
     takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     kwargs = {k: v for k, v in given.items() if takes_all or k in params}
     try:
         net = fn(**kwargs)
+        if isinstance(net, Module) and not net.traced:
+            if input_shape is not None and net.input_shape_given is None:
+                net.set_input_shape(input_shape)
+            net.parameters()  # (traced now: forward's errors are the model's)
     except Exception as e:  # noqa: BLE001 (the user's function failed)
         args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
         raise UserModelError(f"model {name!r}: {name.split(':')[1]}({args}) raised "
@@ -90,6 +104,9 @@ def build_user_model(name: str, input_shape: tuple[int, ...] | None = None,
     if not isinstance(net, Network):
         raise UserModelError(f"model {name!r} returned {type(net).__name__}, not a "
                              "minidl Network (minidl.Sequential or minidl.Network)")
+    if isinstance(net, Module) and net.input_shapes[0] is None:
+        raise UserModelError(f"model {name!r}: {type(net).__name__} has no input shape: give "
+                             "--input CxHxW, or input_shape= to its super().__init__()")
     if net.name in DEFAULT_NAMES:  # (unnamed: titled by its function, not "network")
         net.name = name.split(":")[1]
     return net
