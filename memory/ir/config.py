@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .units import parse_size
+from .units import parse_size, size_text
 
 #: Known flags: name -> (allowed values or None for a bare flag, one-line description).
 FLAGS: dict[str, tuple[tuple[str, ...] | None, str]] = {
@@ -212,7 +212,15 @@ class MemoryConfig:
 
     @property
     def spec(self) -> str:
-        return ",".join(f"{k}={v}" if v else k for k, v in self.flags.items())
+        """The spec in canonical form, as people read it and :meth:`parse` reads it back:
+        sizes in the largest unit that divides them exactly (``budget=16GiB``, not
+        ``budget=17179869184``)."""
+        def item(k: str, v: str) -> str:
+            if not v:
+                return k
+            return f"{k}={size_text(int(v)) if FLAGS.get(k, (None,))[0] == ('<size>',) else v}"
+
+        return ",".join(item(k, v) for k, v in self.flags.items())
 
     def __str__(self) -> str:
         return self.spec

@@ -7,7 +7,8 @@ import numbers
 import re
 from fractions import Fraction
 
-__all__ = ["ALLOCATION_UNIT", "UNITS", "aligned", "format_size", "parse_size"]
+__all__ = ["ALLOCATION_UNIT", "UNITS", "aligned", "format_duration", "format_size", "parse_size",
+           "readable_figures", "size_text"]
 
 #: The default allocation unit of a :class:`~minidl.memory.runtime.pool.Pool`, in bytes: every
 #: block's
@@ -90,3 +91,50 @@ def format_size(n: int) -> str:
         if a >= unit:
             return f"{n / unit:.2f} {name}"
     return f"{n} B"
+
+
+_EXACT_UNITS = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10),
+                ("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3))
+
+
+def size_text(n: int) -> str:
+    """``n`` bytes written exactly as :func:`parse_size` reads it back, in the largest unit
+    that divides it (binary first): ``17179869184`` -> ``"16GiB"``, ``1048576`` -> ``"1MiB"``,
+    ``10**9`` -> ``"1GB"``; a count no unit divides stays in bytes (``"1000001"``)."""
+    n = int(n)
+    for name, unit in _EXACT_UNITS:
+        if n and n % unit == 0:
+            return f"{n // unit}{name}"
+    return str(n)
+
+
+def format_duration(seconds: float) -> str:
+    """A time for people: milliseconds up to 10 s (``"640.07 ms"``), seconds above
+    (``"64.07 s"``)."""
+    s = float(seconds)
+    if abs(s) > 10:
+        return f"{s:,.2f} s"
+    return f"{1e3 * s:.2f} ms"
+
+
+#: A byte count written in bytes ("17,179,869,184 B"), not already the exact figure in
+#: parentheses after a binary one ("16.00 GiB (17,179,869,184 B)").
+_BYTES_RE = re.compile(r"(?<![\d,.(])(\d{1,3}(?:,\d{3})+|\d+) B\b")
+#: A time in milliseconds ("64069.67 ms", "1,220,907.54 ms").
+_MS_RE = re.compile(r"(?<![\d,.])(\d[\d,]*(?:\.\d+)?) ms\b")
+
+
+def readable_figures(text: str) -> str:
+    """``text`` (a note written for people) with its figures in the units a person would use:
+    byte counts from 1 KiB up in binary units with the exact bytes after them
+    (``"17,179,869,184 B"`` -> ``"16.00 GiB (17,179,869,184 B)"``), and times over 10 s in
+    seconds (``"64069.67 ms"`` -> ``"64.07 s"``). Other text is left as it is."""
+    def size(m: re.Match) -> str:
+        n = int(m.group(1).replace(",", ""))
+        return m.group(0) if n < 1024 else f"{format_size(n)} ({n:,} B)"
+
+    def duration(m: re.Match) -> str:
+        ms = float(m.group(1).replace(",", ""))
+        return m.group(0) if ms <= 10_000 else format_duration(ms / 1e3)
+
+    return _MS_RE.sub(duration, _BYTES_RE.sub(size, text))

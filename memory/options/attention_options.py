@@ -27,6 +27,7 @@ import numpy as np
 from ...kernels.transformer import attention as ak
 from ..ir.config import MemoryConfig
 from ..ir.program import Program, Step
+from ..ir.units import format_size
 
 OPTION = "attn"
 KEEP = ak.KEEP
@@ -107,6 +108,18 @@ def describe(program: Program, form: str | None, tried: int) -> str:
     keep = sum(form_bytes(program, st, None).stash for st in steps)
     return (f"{NOTE_PREFIX}: {len(steps)} attention op(s) in form {form or KEEP} "
             f"({tried} candidate(s) tried, keep first): their stashes for backward total "
-            f"{kept / 2**20:,.1f} MiB over the iteration, against {keep / 2**20:,.1f} MiB with "
-            f"the probabilities kept (summed over the layers: the plan drops, recomputes or "
-            f"swaps what the peak cannot hold)")
+            f"{_stash_against(kept, keep)} (summed over the layers: the plan drops, "
+            f"recomputes or swaps what the peak cannot hold)")
+
+
+def _stash_against(kept: int, keep: int) -> str:
+    """``kept`` bytes over the iteration against ``keep`` with the probabilities kept, in
+    binary units; the exact bytes where the rounded figures would read the same."""
+    if kept == keep:
+        return (f"{format_size(kept)} ({kept:,} B) over the iteration, as much as with the "
+                "probabilities kept")
+    if format_size(kept) == format_size(keep):
+        return (f"{format_size(kept)} ({kept:,} B) over the iteration, against "
+                f"{format_size(keep)} ({keep:,} B) with the probabilities kept")
+    return (f"{format_size(kept)} over the iteration, against {format_size(keep)} with the "
+            "probabilities kept")

@@ -110,8 +110,17 @@ class _BatchSearch:
             self.order.append(b)
             if self.progress:
                 print(f"  batch {b}: {'fits' if fits else 'does not fit'}"
-                      + (f" (peak reserved {format_size(rep['peak_reserved_bytes'])})"
+                      + (f" ({self.peak_text(rep['peak_reserved_bytes'])})"
                          if rep is not None else ""), flush=True)
+
+    def peak_text(self, peak: int) -> str:
+        """A batch's peak reserved as the progress line shows it: in binary units, with the
+        exact bytes against the budget's where both would round to the same figure (1.00 GiB
+        that does not fit a 1.00 GiB budget)."""
+        if format_size(peak) != format_size(self.budget):
+            return f"peak reserved {format_size(peak)}"
+        return (f"peak reserved {format_size(peak)} ({peak:,} B) against the budget's "
+                f"{self.budget:,} B")
 
     def bounds(self) -> tuple[int, int]:
         """``(lo, hi)``: the largest batch known to fit (0: none) and the least batch above it

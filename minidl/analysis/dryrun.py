@@ -14,7 +14,7 @@ from typing import Any
 
 from ..memory.cost.targets import DeviceProfile
 from ..memory.ir.config import MemoryConfig
-from ..memory.ir.units import parse_size
+from ..memory.ir.units import parse_size, size_text
 from ..memory.planners.auto import BelowFloor, BudgetTooSmall
 from ..net.graph import Network
 from .batch_search import (  # noqa: F401 (re-exported: minidl.analysis.dryrun's names)
@@ -97,7 +97,7 @@ def suggest_specs(make_net, batch_size: int, input_shape: tuple[int, ...], capac
     the auto planner's plan for that budget if it finds one. None at once where ``capacity``
     is under the peak floor of every plan (:class:`BelowFloor`: the auto planner says so
     before any search)."""
-    auto = f"auto,budget={capacity}"
+    auto = f"auto,budget={size_text(capacity)}"  # as people read it; parses the same
     reports: dict[str, dict[str, Any]] = {}
     for spec in (auto, *SUGGESTIONS):
         try:

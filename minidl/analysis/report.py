@@ -113,7 +113,8 @@ def plot_timeline(series: dict[str, Any], path: str, title: str = "",
                     xycoords=("axes fraction", "data"), textcoords="offset points",
                     xytext=(-5, 4), ha="right", fontsize=9, color="r")
         ax.set_ylim(top=max(ax.get_ylim()[1], budget / 2**20 * 1.08))
-    ax.set_xlabel("step of the iteration" if series["axis"] == "step" else "seconds")
+    ax.set_xlabel("program step (one op of the iteration)" if series["axis"] == "step"
+                  else "seconds")
     ax.set_ylabel("device MiB")
     ax.set_title(title)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)  # beside the plot

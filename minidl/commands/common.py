@@ -17,13 +17,14 @@ from ..memory.cost.targets import get_target
 from ..memory.device_factory import DEVICE_NAMES, make_device
 from ..memory.devices.cuda_device import CUDA_INSTALL_HINT
 from ..memory.ir.config import MemoryConfig, valid_flags_text
-from ..memory.ir.units import format_size, parse_size
+from ..memory.ir.units import format_size, parse_size, readable_figures
 from ..net.param_memory import ParameterMemoryError
 from ..zoo.models import (
     MODEL_NAMES,
     MODELS,
     SEQUENCE_MODELS,
     TRANSFORMER_CONFIGS,
+    default_input_shape,
     default_seq_len,
     default_vocab,
     get_model,
@@ -296,7 +297,29 @@ def shape_and_classes(args: argparse.Namespace) -> tuple[tuple[int, ...] | None,
         seq_len = resolved_seq_len(args)
         vocab = getattr(args, "vocab", None)
         return (seq_len,), default_vocab(args.model) if vocab is None else vocab
-    return parse_chw(args.input), args.classes
+    given = parse_chw(args.input)
+    return (given if given is not None or is_user_model(args.model)
+            else own_input_shape(args.model)), args.classes
+
+
+#: The input a CIFAR-layout ResNet (a depth other than ImageNet's 18, 34, 50, 101, 152) was
+#: made for: CIFAR-10's images.
+CIFAR_INPUT = (3, 32, 32)
+
+
+def own_input_shape(name: str) -> tuple[int, ...]:
+    """The input model ``name`` was made for (the commands' default ``--input``): CIFAR's
+    3x32x32 for the three-stage ResNets (resnet20, 32, 56, 110, ...), ImageNet's 3x224x224
+    for resnet18/34/50/101/152, the zoo's default otherwise."""
+    depth = re.fullmatch(r"resnet(\d+)", name)
+    if depth is not None:
+        try:
+            layout = resnet_layout(int(depth.group(1)))
+        except ValueError:
+            return default_input_shape(name)  # (an invalid depth: refused when built)
+        if len(layout[1]) == 3:  # the three-stage CIFAR layout
+            return CIFAR_INPUT
+    return default_input_shape(name)
 
 
 def resolved_seq_len(args: argparse.Namespace) -> int:
@@ -365,7 +388,8 @@ def print_memory_report(rep: dict[str, Any], out=sys.stdout) -> None:
         print(f"  lower bound:           {format_bytes(rep['lower_bound_bytes'])}", file=out)
     if "peak_step" in rep:
         ps = rep["peak_step"]
-        print(f"  peak reached at:       {ps['layer']} ({ps['phase']}, step {ps['index']})",
+        print(f"  peak reached at:       {ps['layer']} ({ps['phase']}, program step "
+              f"{ps['index']})",
               file=out)
     if rep.get("breakdown"):
         print("  bytes by category at the peak:", file=out)
@@ -396,7 +420,7 @@ def print_memory_report(rep: dict[str, Any], out=sys.stdout) -> None:
               f"{format_size(outside['since_arena'])}; CuPy's own pool "
               f"{format_size(outside['cupy_pool'])})", file=out)
     for note in rep.get("notes", []):
-        print(f"  note: {note}", file=out)
+        print(f"  note: {readable_figures(note)}", file=out)
 
 
 def with_budget(spec_text: str, budget: str | None) -> str:

@@ -176,10 +176,10 @@ def cmd_plan_inference(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rep))
         return 0
-    source = f" from {args.compressed} ({rep['compressed_record_bytes']:,} bytes of records)" \
-        if args.compressed else ""
+    source = (f" from {args.compressed} ({format_bytes(rep['compressed_record_bytes'])} of "
+              "records)") if args.compressed else ""
     print(f"{rep['model']}{source}, inference on a batch of {rep['batch_size']}, input "
-          f"{'x'.join(map(str, rep['input']))}: {rep['num_steps']} steps")
+          f"{'x'.join(map(str, rep['input']))}: {rep['num_steps']} program steps")
     print_memory_report(rep, out=sys.stdout)
     dense = rep["dense_weight_bytes"]
     print(f"  the dense float32 weights alone: {format_bytes(dense)}; the peak is "

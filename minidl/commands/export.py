@@ -34,7 +34,7 @@ from ..interop.onnx_export import (
 from ..interop.safetensors_io import SafetensorsError, load_safetensors
 from ..net.graph import Network
 from ..train.trainer import Trainer
-from ..zoo.models import SEQUENCE_MODELS, TRANSFORMER_MODELS, default_input_shape, default_seq_len
+from ..zoo.models import SEQUENCE_MODELS, TRANSFORMER_MODELS, default_seq_len
 from ..zoo.models import default_vocab as model_vocab
 from .common import (
     RuntimeFailure,
@@ -42,6 +42,7 @@ from .common import (
     build_model,
     check_model_name,
     check_output_path,
+    own_input_shape,
     parse_chw,
     require_module,
 )
@@ -169,7 +170,7 @@ def _classifier(net: Network) -> str | None:
 
 def _build_image(name: str, args, params) -> tuple[Network, tuple[int, ...]]:
     given = parse_chw(args.input)
-    start = given or default_input_shape(name)
+    start = given or own_input_shape(name)
     first = build_model(name, start, args.classes or 10, args.width)
     head = _classifier(first)
     classes = args.classes or (int(params[head].shape[0]) if head in params else 10)
@@ -181,7 +182,7 @@ def _build_image(name: str, args, params) -> tuple[Network, tuple[int, ...]]:
     if given:
         shapes = [given]
     else:
-        c0, *hw = default_input_shape(name)
+        c0, *hw = own_input_shape(name)
         channels = [int(params[convs[0][0]].shape[1])] if convs and convs[0][0] in params \
             else [c0, *({1, 3} - {c0})]
         shapes = [(c, *hw) for c in channels] + [(c, s, s) for c in channels for s in SIDES]

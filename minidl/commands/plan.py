@@ -11,7 +11,7 @@ from ..analysis.estimate import estimate_table, format_estimate_table
 from ..analysis.report import format_layer_table
 from ..interop.memory_viz import is_pickle_path, open_hint
 from ..memory.cost.targets import get_target
-from ..memory.ir.units import parse_size
+from ..memory.ir.units import format_duration, parse_size
 from ..memory.planners.auto import BelowFloor, BudgetTooSmall
 from .common import (
     EXIT_OOM,
@@ -40,11 +40,12 @@ def _target(args: argparse.Namespace):
 def print_prediction(pred: dict, out=sys.stdout) -> None:
     """The cost model's lines of ``minidl plan --target``."""
     print(f"predicted on {pred['target_description']}:", file=out)
-    print(f"  step time:             {1e3 * pred['step_s']:.1f} ms (an unlimited-memory "
-          f"device: {1e3 * pred['oracle_s']:.1f} ms; overhead {100 * pred['overhead']:.1f} %)",
+    t = format_duration
+    print(f"  step time:             {t(pred['step_s'])} (an unlimited-memory "
+          f"device: {t(pred['oracle_s'])}; overhead {100 * pred['overhead']:.1f} %)",
           file=out)
-    print(f"  stall waiting for copies: {1e3 * pred['stall_s']:.1f} ms per step; recomputed "
-          f"forward {1e3 * pred['recompute_s']:.1f} ms; codecs {1e3 * pred['codec_s']:.1f} ms",
+    print(f"  stall waiting for copies: {t(pred['stall_s'])} per step; recomputed "
+          f"forward {t(pred['recompute_s'])}; codecs {t(pred['codec_s'])}",
           file=out)
     print(f"  host link per step:    {format_bytes(pred['offloaded_bytes'])} to host, "
           f"{format_bytes(pred['prefetched_bytes'])} back", file=out)
@@ -100,10 +101,13 @@ def print_frontier(rep: dict, budget: int | None, out=None) -> None:
     out = out or sys.stdout  # (the stream now: tests capture it)
     auto = rep["auto"]
     lb = auto["lower_bound_bytes"]
-    head = f"{'':2s}{'peak MiB':>11s} {'x LB':>6s} {'step ms':>10s} {'overhead':>9s}"
+    # one unit per column: seconds where a step takes over 10 s (bert-base), else ms
+    unit, scale = (("s", 1.0) if max((p["step_s"] for p in auto["curve"]), default=0) > 10
+                   else ("ms", 1e3))
+    head = f"{'':2s}{'peak MiB':>11s} {'x LB':>6s} {'step ' + unit:>10s} {'overhead':>9s}"
     bounded = any(p["lower_bound_s"] is not None for p in auto["curve"])
     if bounded:
-        head += f" {'bound ms':>9s}"
+        head += f" {'bound ' + unit:>9s}"
     print(f"the auto planner's curve ({len(auto['curve'])} plans, least peak to unconstrained; "
           f"x LB: multiples of the program's lower bound {format_bytes(lb)})"
           + (f"; times are {auto['split']} micro-batches'" if auto["split"] > 1 else ""),
@@ -111,21 +115,22 @@ def print_frontier(rep: dict, budget: int | None, out=None) -> None:
     print(head + "  plan", file=out)
     for p in auto["curve"]:
         row = (f"{'*' if p['chosen'] else ' ':2s}{p['peak_bytes'] / 2**20:11.2f} "
-               f"{p['peak_over_lower_bound'] or 0:6.2f} {1e3 * p['step_s']:10.2f} "
+               f"{p['peak_over_lower_bound'] or 0:6.2f} {scale * p['step_s']:10.2f} "
                f"{100 * p['overhead']:+8.1f}%")
         if bounded:
             low = p["lower_bound_s"]
-            row += f" {'' if low is None else f'{1e3 * low:.2f}':>9s}"
+            row += f" {'' if low is None else f'{scale * low:.2f}':>9s}"
         print(f"{row}  {p['source']}: {p['summary']}", file=out)
     where = (f"for the budget {format_bytes(budget)}" if budget is not None
              else "without a budget")
     line = (f"chosen (*) {where}: peak {format_bytes(auto['chosen_peak_bytes'])}, "
-            f"{1e3 * auto['chosen_step_s']:.2f} ms per step")
+            f"{format_duration(auto['chosen_step_s'])} per step")
     if auto["lower_bound_s"] is not None:
         gap = auto["chosen_step_s"] / auto["lower_bound_s"] - 1 if auto["lower_bound_s"] else 0
-        line += (f"; certified lower bound at this budget {1e3 * auto['lower_bound_s']:.2f} ms "
+        line += ("; certified lower bound at this budget "
+                 f"{format_duration(auto['lower_bound_s'])} "
                  f"({100 * max(0.0, gap):.1f} % above it)")
-    print(line + f"; an unlimited-memory device: {1e3 * auto['oracle_s']:.2f} ms", file=out)
+    print(line + f"; an unlimited-memory device: {format_duration(auto['oracle_s'])}", file=out)
 
 
 def plot_frontier(rep: dict, path: str, title: str, budget: int | None = None) -> None:
@@ -286,7 +291,7 @@ def _print_plan(args: argparse.Namespace, name: str, classes: int, rep: dict,
     prediction's lines, the budget's verdict, the layer table and the files saved."""
     print(f"{name}, batch {args.batch_size}, input "
           f"{'x'.join(map(str, rep['input']))}, {classes} classes: "
-          f"{rep['num_steps']} steps, {rep['num_tensors']} tensors")
+          f"{rep['num_steps']} program steps, {rep['num_tensors']} tensors")
     print_memory_report(rep, out=sys.stdout)  # the stream now (tests capture it)
     if rep.get("zero"):
         print_ranks(rep)

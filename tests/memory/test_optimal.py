@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from minidl.memory.ir.config import MemoryConfig
 from minidl.memory.ir.plan import AutoChoice
+from minidl.memory.ir.units import size_text
 from minidl.memory.passes.base_plan import plan_peak
 from minidl.memory.planners import optimal
 from minidl.memory.planners.auto import BudgetTooSmall, auto_choose, auto_plan, step_costs
@@ -177,7 +178,8 @@ def test_make_plan_with_planner_optimal_fits_and_says_which_choice_it_took():
     slow = {"bandwidth": 1e7}  # a slow link: swapping costs time, so the MILP has work to do
     plan = make_plan(p, MemoryConfig.parse(f"auto,budget={budget},planner=optimal"), **slow)
     plan.validate()
-    assert plan.spec == f"auto,budget={budget},planner=optimal"
+    assert plan.spec == f"auto,budget={size_text(budget)},planner=optimal"
+    assert MemoryConfig.parse(plan.spec).budget == budget
     assert plan.auto.peak <= budget
     assert plan.auto.peak == p.persistent_bytes() + plan_peak(plan)
     assert plan.static_base == p.persistent_bytes()

@@ -1,0 +1,154 @@
+"""Part 28, numbers and words that mislead: every figure a person reads in the units they would
+use. Budgets in binary units in specs, notes and the out-of-memory hint (parsed back to the
+same bytes); times over 10 s in seconds; "program step" for a step of the program, not an
+iteration; the exact bytes where two rounded figures would read the same."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from minidl.cli import main
+from minidl.commands.common import print_memory_report
+from minidl.commands.plan import print_frontier, print_prediction
+from minidl.memory.ir.config import MemoryConfig
+from minidl.memory.ir.units import format_duration, parse_size, readable_figures, size_text
+from minidl.memory.options.attention_options import _stash_against
+
+TRAIN = ["train", "smallcnn", "--dataset", "synthetic", "--input", "1x8x8", "--width", "4"]
+
+
+# ------------------------------------------------------------------ budgets in binary units
+@pytest.mark.parametrize("nbytes, text", [(17179869184, "16GiB"), (1048576, "1MiB"),
+                                          (1536 << 20, "1536MiB"), (10**9, "1GB"),
+                                          (1000001, "1000001"), (512, "512")])
+def test_size_text_is_exact_and_parses_back(nbytes, text):
+    assert size_text(nbytes) == text
+    assert parse_size(text) == nbytes
+
+
+def test_spec_prints_the_budget_in_binary_units_and_parses_to_the_same_bytes():
+    c = MemoryConfig.parse("auto,budget=17179869184,planner=greedy")
+    assert c.spec == "auto,budget=16GiB,planner=greedy"
+    assert c.budget == 17179869184 and MemoryConfig.parse(c.spec) == c
+    odd = MemoryConfig.parse("auto,budget=1000001")
+    assert odd.spec == "auto,budget=1000001" and MemoryConfig.parse(odd.spec) == odd
+
+
+def test_the_oom_hint_suggests_the_budget_in_binary_units(capsys):
+    code = main([*TRAIN, "--device-memory", "1MiB", "--max-steps", "1", "--batch-size", "512"])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "--memory auto,budget=1MiB " in err and "budget=1048576" not in err
+
+
+# ------------------------------------------------------------------ notes and times
+def test_notes_read_in_binary_units_and_seconds():
+    note = ("auto: budget 17,179,869,184 B; peak 17,116,981,248 B, estimated overhead "
+            "64069.67 ms per iteration; next (1220907.54 ms); 512 B; 3.50 ms; "
+            "16.00 GiB (17,179,869,184 B)")
+    assert readable_figures(note) == (
+        "auto: budget 16.00 GiB (17,179,869,184 B); peak 15.94 GiB (17,116,981,248 B), "
+        "estimated overhead 64.07 s per iteration; next (1,220.91 s); 512 B; 3.50 ms; "
+        "16.00 GiB (17,179,869,184 B)")
+
+
+def test_format_duration_switches_to_seconds_over_10_s():
+    assert format_duration(64.06967) == "64.07 s"
+    assert format_duration(9.5) == "9500.00 ms"
+    assert format_duration(0.0034) == "3.40 ms"
+
+
+def test_memory_report_says_program_step_and_prints_notes_readably():
+    rep = {"memory": "auto,budget=16GiB", "peak_allocated_bytes": 1 << 30,
+           "peak_reserved_bytes": 1 << 30,
+           "peak_step": {"layer": "conv2", "phase": "backward", "index": 21},
+           "notes": ["auto: budget 17,179,869,184 B; overhead 64069.67 ms per iteration"]}
+    buf = io.StringIO()
+    print_memory_report(rep, out=buf)
+    out = buf.getvalue()
+    assert "conv2 (backward, program step 21)" in out
+    assert "note: auto: budget 16.00 GiB (17,179,869,184 B); overhead 64.07 s" in out
+
+
+def test_prediction_and_frontier_print_long_steps_in_seconds(capsys):
+    print_prediction({"target_description": "a V100", "step_s": 1220.90754, "oracle_s": 1156.8,
+                      "overhead": 0.055, "stall_s": 0.0021, "recompute_s": 64.07,
+                      "codec_s": 0.0, "offloaded_bytes": 1 << 30, "prefetched_bytes": 1 << 30},
+                     out=(buf := io.StringIO()))
+    out = buf.getvalue()
+    assert "step time:             1,220.91 s (an unlimited-memory device: 1,156.80 s" in out
+    assert "stall waiting for copies: 2.10 ms per step; recomputed forward 64.07 s" in out
+    curve = [{"chosen": i == 1, "peak_bytes": (16 - i) << 30, "peak_over_lower_bound": 1.5,
+              "step_s": 1200.0 + i, "overhead": 0.05, "lower_bound_s": 1100.0,
+              "source": "rotor", "summary": "x"} for i in range(2)]
+    print_frontier({"auto": {"lower_bound_bytes": 8 << 30, "curve": curve, "split": 1,
+                             "chosen_peak_bytes": 15 << 30, "chosen_step_s": 1201.0,
+                             "lower_bound_s": 1100.0, "oracle_s": 1150.0}}, 16 << 30)
+    out = capsys.readouterr().out
+    assert "step s" in out and "bound s" in out and "step ms" not in out
+    assert "   1201.00 " in out
+    assert "1,201.00 s per step" in out and "an unlimited-memory device: 1,150.00 s" in out
+
+
+# ------------------------------------------------------------------ the attention note
+def test_attention_note_shows_bytes_when_the_rounded_figures_agree():
+    same = _stash_against(14495514624, 14495514624)
+    assert same == ("13.50 GiB (14,495,514,624 B) over the iteration, as much as with the "
+                    "probabilities kept")
+    close = _stash_against(14495514624, 14495514624 + 4096)
+    assert "(14,495,514,624 B)" in close and "(14,495,518,720 B)" in close
+    apart = _stash_against(100, 1 << 30)
+    assert apart == "100 B over the iteration, against 1.00 GiB with the probabilities kept"
+
+
+# ------------------------------------------------------------------ --max-batch, bench
+def test_max_batch_shows_the_bytes_when_the_peak_rounds_to_the_budget():
+    from minidl.analysis.batch_search import _BatchSearch
+    from minidl.zoo.models import get_model
+
+    search = _BatchSearch(lambda: get_model("lenet5"), (1, 28, 28), MemoryConfig.parse("none"),
+                          1 << 30, "sgd", 1024, False, None, "meta")
+    assert search.peak_text((1 << 30) + 4096) == (
+        "peak reserved 1.00 GiB (1,073,745,920 B) against the budget's 1,073,741,824 B")
+    assert search.peak_text(3 << 30) == "peak reserved 3.00 GiB"
+
+
+def test_bench_table_has_one_meaning_per_column():
+    import argparse
+
+    from minidl.commands.bench import print_bench
+
+    result = {"results": [{"spec": "none", "peak_allocated_bytes": 3 << 20,
+                           "step_time_median_s": 0.010, "time_ratio": 1.0},
+                          {"spec": "reuse,inplace", "peak_allocated_bytes": 2 << 20,
+                           "step_time_median_s": 0.012, "time_ratio": 1.2}],
+              "torch": {"step_time_median_s": 0.005, "time_ratio": 2.0, "device": "cpu"}}
+    args = argparse.Namespace(model="smallcnn", batch_size=8, steps=5, device="cpu")
+    buf = io.StringIO()
+    import contextlib
+    with contextlib.redirect_stdout(buf):
+        print_bench(args, (1, 16, 16), result)
+    lines = buf.getvalue().splitlines()
+    assert lines[1].split()[-2:] == ["x", "first"] and "ratio" not in buf.getvalue()
+    rows = {ln.split()[0]: ln.split() for ln in lines[2:5]}
+    assert rows["none"][1:] == ["3.00", "MiB", "10.00", "1.000"]
+    assert rows["reuse,inplace"][-1] == "1.200"
+    assert rows["pytorch"][-1] == "0.500"  # PyTorch's step over the first spec's, as above it
+    assert "x first: median step time over the first spec's (none)" in lines
+    assert "minidl with none takes 2.000x PyTorch's step time (slower)" in lines
+
+
+# ------------------------------------------------------------------ a model's own input
+@pytest.mark.parametrize("model, shape", [("resnet20", "3x32x32"), ("resnet110", "3x32x32"),
+                                          ("resnet18", "3x224x224"), ("lenet5", "1x28x28")])
+def test_plan_defaults_to_the_models_own_input(capsys, model, shape):
+    from minidl.commands.common import own_input_shape
+
+    assert "x".join(map(str, own_input_shape(model))) == shape
+    if model == "resnet20":  # (the others' shapes are the zoo's, as before)
+        assert main(["plan", model, "--batch-size", "2"]) == 0
+        head = capsys.readouterr().out.splitlines()[0]
+        assert head.startswith(f"resnet20, batch 2, input {shape}, 10 classes: ")
+        assert head.endswith(" tensors") and " program steps, " in head
