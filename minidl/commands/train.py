@@ -14,7 +14,7 @@ import numpy as np
 
 from ..analysis.dryrun import auto_device_memory, suggest_specs
 from ..datasets import data as D
-from ..datasets.loaders import ImageReadError
+from ..datasets.image_sources import ImageReadError
 from ..datasets.text import TEXT_DATASETS, load_text_dataset
 from ..interop.memory_viz import is_pickle_path, open_hint
 from ..interop.safetensors_io import SafetensorsError, load_into, save_safetensors
