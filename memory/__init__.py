@@ -18,7 +18,6 @@ from .devices.device import (
 )
 from .ir.units import format_size, parse_size
 from .runtime.pool import (
-    CATEGORIES,
     Block,
     DeviceOutOfMemory,
     DoubleFreeError,
@@ -28,6 +27,7 @@ from .runtime.pool import (
     PoolError,
     UseAfterFreeError,
 )
+from .runtime.pool_report import CATEGORIES
 
 __all__ = [
     "CATEGORIES",

@@ -33,20 +33,14 @@ from .commands.common import (
 )
 from .commands.compress import add_parser as add_compress_parser
 from .commands.export import add_parser as add_export_parser
-from .commands.help_text import (  # noqa: F401 - the names minidl.cli has always offered
-    EMULATE_LINK_HELP,
+from .commands.help_text import (
     EPILOG,
-    MEMORY_HELP,
     SHARED_HELP,
     TEXT_DEFAULT_DATASET,
-    lr_defaults,
     memory_help,
-    model_help,
-    per_dataset,
 )
-from .commands.parsers import (  # noqa: F401 - add_memory_files: as minidl.cli offered it
+from .commands.parsers import (
     add_bench_parser,
-    add_memory_files,
     add_plan_parser,
     add_show_memory_parser,
     add_train_parser,

@@ -38,6 +38,7 @@ import numpy as np
 
 from .. import _cuda
 from ..parallel import ensure_blas_policy, num_threads
+from .conv_call import cut_workspace
 from .conv_device import (
     check_conv_shapes,
     conv2d_backward_device,
@@ -63,7 +64,6 @@ from .conv_geometry import (
     conv2d_workspace_bytes,
     conv_config,
     conv_output_hw,
-    cut_workspace,
     grad_parts,
     host_call,
 )

@@ -21,7 +21,6 @@ import numpy as np
 from ..parallel import chunks, num_threads, split
 from . import winograd, winograd4
 from .conv_call import HostCall, _aligned
-from .conv_call import cut_workspace as cut_workspace  # re-exported (conv.py)
 
 Pair = tuple[int, int]
 

@@ -29,9 +29,6 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
-# the workspace helpers lived here; kept importable from this module
-from ..workspace import workspace_bytes as workspace_bytes
-from ..workspace import workspace_views as workspace_views
 from . import rnn_device as dev
 
 _JIT = {"cache": True, "nogil": True, "error_model": "numpy"}

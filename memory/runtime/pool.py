@@ -12,7 +12,7 @@ dry run with unlimited capacity places every block at the same offset as a real 
 the out-of-memory point depends on the capacity (it is exactly ``reserved_bytes.peak``).
 
 The errors live in :mod:`.pool_errors`, the categories and the summary table in
-:mod:`.pool_report` (both re-exported here), the counters and what the pool reports from them
+:mod:`.pool_report`, the counters and what the pool reports from them
 (``stats``, ``stats_at_peak``, ``memory_summary``, ...) in :mod:`.pool_stats`, a base class of
 :class:`Pool`.
 
@@ -40,7 +40,7 @@ from .pool_errors import (
     PoolError,
     UseAfterFreeError,
 )
-from .pool_report import CATEGORIES, format_memory_summary  # noqa: F401  (re-exported)
+from .pool_report import CATEGORIES
 from .pool_stats import PoolStatistics
 
 __all__ = [

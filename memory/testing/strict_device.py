@@ -54,9 +54,8 @@ from ..devices.device import as_shape, check_view
 from ..ir.units import ALLOCATION_UNIT, format_size, parse_size
 from .stream_model import StreamModel
 from .strict_array import StrictArray, StrictNamespace
-from .strict_copies import (  # noqa: F401  (StrictCopyEvent: re-exported from its old home)
+from .strict_copies import (
     StrictCopyEngine,
-    StrictCopyEvent,
     StrictHostResult,
     _host_range,
 )

@@ -37,17 +37,14 @@ import numpy as np
 
 from .cifar_files import CIFAR, cifar_root, class_names, read_split
 from .dataset import Dataset, adapt_images, batches, num_batches
-from .image_folder import (  # noqa: F401 (DEFAULT_TEST_FRACTION re-exported)
-    DEFAULT_TEST_FRACTION,
+from .image_folder import (
     index_folder,
     read_shape,
     split_rows,
 )
-from .image_sources import (  # noqa: F401 (PILLOW_HINT re-exported)
-    PILLOW_HINT,
+from .image_sources import (
     ArraySource,
     FolderSource,
-    ImageReadError,
     check_images,
     image_extensions,
 )

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minidl.kernels.recurrent import rnn as rk
+from minidl.kernels.workspace import workspace_bytes, workspace_views
 
 DTYPES = [np.float32, np.float64]
 TOL = {np.float32: 2e-6, np.float64: 1e-13}
@@ -167,10 +168,10 @@ def test_kernels_accept_strided_views():
 
 def test_workspace_views_are_aligned_and_disjoint():
     shapes = [(3, 5), (7,), (2, 2)]
-    nbytes = rk.workspace_bytes(np.float32, *shapes)
+    nbytes = workspace_bytes(np.float32, *shapes)
     ws = np.zeros(nbytes + 64, np.uint8)
     off = -ws.ctypes.data % 64
-    views = rk.workspace_views(ws[off:off + nbytes], np.float32, *shapes)
+    views = workspace_views(ws[off:off + nbytes], np.float32, *shapes)
     for v, s in zip(views, shapes):
         assert v.shape == s and v.dtype == np.float32 and v.ctypes.data % 64 == 0
         v.fill(len(s))

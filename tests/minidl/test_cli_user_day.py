@@ -305,7 +305,7 @@ def test_a_truncated_image_is_refused_while_indexing(capsys, tmp_path):
     assert "truncated" in line.lower()
     # (streamed: opening the folder reads no image's pixels, yet the bad one is found)
     from minidl.datasets.data import load_dataset
-    from minidl.datasets.loaders import ImageReadError
+    from minidl.datasets.image_sources import ImageReadError
 
     with pytest.raises(ImageReadError, match=f"cannot read image {paths[5]}"):
         load_dataset("folder", data_dir=tmp_path, input_shape=(1, 6, 6), lazy=True)

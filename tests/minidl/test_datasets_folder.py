@@ -19,7 +19,8 @@ from minidl.cli import build_parser, main, validate_args
 from minidl.commands.common import UsageError
 from minidl.datasets import loaders
 from minidl.datasets.data import DATASETS, batches, load_dataset
-from minidl.datasets.loaders import ImageArray, ImageReadError, Loader, StreamedDataset
+from minidl.datasets.image_sources import ImageReadError
+from minidl.datasets.loaders import ImageArray, Loader, StreamedDataset
 
 CLASSES = ("ant", "bee", "cat")
 

@@ -16,7 +16,8 @@ import minidl  # noqa: E402
 from minidl import layers as L  # noqa: E402
 from minidl.memory.runtime.transfer import to_host  # noqa: E402
 from minidl.memory.testing.stream_model import StreamRace  # noqa: E402
-from minidl.memory.testing.strict_device import StrictCopyEvent, StrictCudaDevice  # noqa: E402
+from minidl.memory.testing.strict_copies import StrictCopyEvent  # noqa: E402
+from minidl.memory.testing.strict_device import StrictCudaDevice  # noqa: E402
 from minidl.net.optim import SGD  # noqa: E402
 from minidl.zoo.models import resnet, smallcnn  # noqa: E402
 from minidl.zoo.rnn import char_rnn  # noqa: E402
