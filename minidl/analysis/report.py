@@ -7,8 +7,9 @@ import math
 from typing import Any
 
 from ..compile.engine import Compiled
+from ..interop.checkpoint import write_json
 from ..memory.ir.liveness import lifetimes, root_of
-from ..memory.ir.timeline import category_series, chrome_trace, write_chrome_trace
+from ..memory.ir.timeline import category_series, chrome_trace
 from ..memory.ir.units import format_size
 
 
@@ -75,8 +76,8 @@ def save_trace(c: Compiled, path: str, measured: bool) -> None:
     if rt is None or rt.events is None:
         raise RuntimeError("no recorded iteration: run with record=True first")
     times = list(c.executor.step_times) if measured else None
-    write_chrome_trace(path, chrome_trace(rt.events, c.plan.program, times,
-                                          persistent_by_category(c)))
+    write_json(path, chrome_trace(rt.events, c.plan.program, times,  # (0644, not 0600)
+                                  persistent_by_category(c)))
 
 
 def plot_timeline(series: dict[str, Any], path: str, title: str = "",

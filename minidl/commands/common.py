@@ -386,19 +386,29 @@ def print_memory_report(rep: dict[str, Any], out=sys.stdout) -> None:
     print(f"  peak reserved:         {format_bytes(rep['peak_reserved_bytes'])}", file=out)
     if "lower_bound_bytes" in rep:
         print(f"  lower bound:           {format_bytes(rep['lower_bound_bytes'])}", file=out)
+    # (an evaluation batch may set the pool's peak: the place and the breakdown below are
+    # the training iteration's, so its own peak is printed beside them, in the same phase)
+    iteration = rep.get("iteration_peak_bytes")
+    split = iteration is not None and iteration != rep["peak_allocated_bytes"]
+    if split:
+        print(f"  training iteration:    {format_bytes(iteration)} at its peak", file=out)
+        if "evaluation_peak_bytes" in rep:
+            print(f"  evaluation:            {format_bytes(rep['evaluation_peak_bytes'])} at "
+                  f"its peak (batch {rep['evaluation_batch_size']}, eval mode)", file=out)
     if "peak_step" in rep:
         ps = rep["peak_step"]
-        print(f"  peak reached at:       {ps['layer']} ({ps['phase']}, program step "
-              f"{ps['index']})",
-              file=out)
+        print(f"  {'training peak at:' if split else 'peak reached at:':<22} {ps['layer']} "
+              f"({ps['phase']}, program step {ps['index']})", file=out)
     if rep.get("breakdown"):
-        print("  bytes by category at the peak:", file=out)
+        print("  bytes by category at the "
+              + ("training iteration's peak:" if split else "peak:"), file=out)
         total = sum(rep["breakdown"].values()) or 1
         for cat, b in rep["breakdown"].items():
             print(f"    {cat:<17} {format_bytes(b):>32}  {100 * b / total:5.1f}%", file=out)
     live = rep.get("live_at_peak") or rep.get("largest_live")
     if live:
-        print("  largest tensors live at the peak:", file=out)
+        print("  largest tensors live at the "
+              + ("training iteration's peak:" if split else "peak:"), file=out)
         for r in live[:5]:
             print(f"    {r['tensor']:<28} {r['category']:<14} {format_bytes(r['bytes'])}", file=out)
     for b in rep.get("bptt", []):

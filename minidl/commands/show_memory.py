@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from ..analysis.memory_record import load_snapshot, plot_snapshot, show_memory, snapshot_trace
-from ..memory.ir.timeline import write_chrome_trace
+from ..interop.checkpoint import write_json
 from .common import RuntimeFailure, UsageError, require_module
 
 
@@ -32,7 +32,7 @@ def cmd_show_memory(args: argparse.Namespace) -> int:
             plot_snapshot(snap, args.plot)
             print(f"timeline saved to {args.plot}")
         if args.trace:
-            write_chrome_trace(args.trace, snapshot_trace(snap))
+            write_json(args.trace, snapshot_trace(snap))  # (mode 0644 less the umask)
             print(f"trace saved to {args.trace} (open it in https://ui.perfetto.dev)")
     except OSError as e:
         raise RuntimeFailure(f"cannot write {e.filename}: {e.strerror}") from None

@@ -99,6 +99,13 @@ def atomic_path(path: str | os.PathLike, suffix: str) -> Iterator[str]:
         raise
 
 
+def write_json(path: str | os.PathLike, data: Any) -> None:
+    """``data`` as JSON at ``path``, atomically (:func:`atomic_path`): mode 0666 less the
+    umask, as any file the user writes (a trace, a snapshot), not mkstemp's 0600."""
+    with atomic_path(path, ".json") as tmp, open(tmp, "w") as f:
+        json.dump(data, f)
+
+
 def write_npz(path: str, arrays: dict[str, Any]) -> None:
     """``np.savez`` of ``arrays`` to ``path``, atomically (:func:`atomic_path`)."""
     with atomic_path(path, ".npz") as tmp, open(tmp, "wb") as f:

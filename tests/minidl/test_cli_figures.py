@@ -6,6 +6,8 @@ iteration; the exact bytes where two rounded figures would read the same."""
 from __future__ import annotations
 
 import io
+import os
+import stat
 
 import pytest
 
@@ -152,3 +154,49 @@ def test_plan_defaults_to_the_models_own_input(capsys, model, shape):
         head = capsys.readouterr().out.splitlines()[0]
         assert head.startswith(f"resnet20, batch 2, input {shape}, 10 classes: ")
         assert head.endswith(" tensors") and " program steps, " in head
+
+
+# ------------------------------------------------------------------ file modes
+@pytest.fixture
+def umask_022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def test_traces_are_written_0644_as_other_files(tmp_path, capsys, umask_022):
+    trace, snap, again = tmp_path / "plan.json", tmp_path / "plan.mem", tmp_path / "again.json"
+    assert main(["plan", "lenet5", "--batch-size", "2", "--trace", str(trace),
+                 "--snapshot", str(snap)]) == 0
+    assert main(["show-memory", str(snap), "--trace", str(again)]) == 0
+    capsys.readouterr()
+    assert stat.S_IMODE(trace.stat().st_mode) == 0o644
+    assert stat.S_IMODE(again.stat().st_mode) == 0o644
+    os.umask(0o077)  # a stricter umask is kept, as open() keeps it
+    assert main(["show-memory", str(snap), "--trace", str(again)]) == 0
+    assert stat.S_IMODE(again.stat().st_mode) == 0o600
+
+
+# ------------------------------------------------------------------ one phase per figure
+def test_report_prints_the_training_peak_beside_its_breakdown_when_evaluation_peaked():
+    rep = {"device": "cpu", "memory": "reuse", "peak_allocated_bytes": 5 << 20,
+           "peak_reserved_bytes": 6 << 20, "iteration_peak_bytes": 3 << 20,
+           "evaluation_peak_bytes": 5 << 20, "evaluation_batch_size": 256,
+           "peak_step": {"layer": "conv2", "phase": "backward", "index": 21},
+           "breakdown": {"feature_map": 2 << 20, "parameter": 1 << 20},
+           "largest_live": [{"tensor": "conv1", "category": "feature_map", "bytes": 1 << 20}]}
+    buf = io.StringIO()
+    print_memory_report(rep, out=buf)
+    lines = buf.getvalue().splitlines()
+    at = lines.index("  bytes by category at the training iteration's peak:")
+    assert lines[at - 1] == "  training peak at:      conv2 (backward, program step 21)"
+    assert lines[at - 3] == "  training iteration:    3.00 MiB (3,145,728 B) at its peak"
+    assert lines[at - 2].startswith("  evaluation:            5.00 MiB (5,242,880 B) at its "
+                                    "peak (batch 256, eval mode)")
+    assert sum(rep["breakdown"].values()) == rep["iteration_peak_bytes"]
+    assert "  largest tensors live at the training iteration's peak:" in lines
+    same = dict(rep, iteration_peak_bytes=5 << 20)
+    buf = io.StringIO()
+    print_memory_report(same, out=buf)
+    assert "  bytes by category at the peak:" in buf.getvalue()
+    assert "training iteration" not in buf.getvalue()
