@@ -36,17 +36,18 @@ def damage(e: BaseException) -> str:
     return text
 
 
-def check_writable(path: str | os.PathLike) -> str:
-    """The folder a checkpoint at ``path`` goes to, after checking it exists and is writable
-    and that ``path`` is not a folder (so that a run can fail before training, not after)."""
+def check_writable(path: str | os.PathLike, noun: str = "checkpoint") -> str:
+    """The folder a file at ``path`` goes to, after checking it exists and is writable and
+    that ``path`` is not a folder (so that a run can fail before training, not after); errors
+    call the file by its own ``noun`` (a checkpoint, a memory snapshot, a trace)."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
-        raise IsADirectoryError(f"cannot write checkpoint {path}: it is a folder")
+        raise IsADirectoryError(f"cannot write {noun} {path}: it is a folder")
     if not os.path.isdir(folder):
-        raise FileNotFoundError(f"cannot write checkpoint {path}: folder {folder} does not exist")
+        raise FileNotFoundError(f"cannot write {noun} {path}: folder {folder} does not exist")
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise PermissionError(f"cannot write checkpoint {path}: folder {folder} is not writable")
+        raise PermissionError(f"cannot write {noun} {path}: folder {folder} is not writable")
     return folder
 
 
@@ -79,10 +80,12 @@ def describe_npz(names: list[str], net: Network) -> str:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, suffix: str) -> Iterator[str]:
-    """A temporary file's path in ``path``'s folder (checked writable first) for the block to
-    write; it is renamed onto ``path`` when the block ends, and removed if the block raises."""
-    folder = check_writable(path)
+def atomic_path(path: str | os.PathLike, suffix: str,
+                noun: str = "checkpoint") -> Iterator[str]:
+    """A temporary file's path in ``path``'s folder (checked writable first; errors name the
+    file by ``noun``) for the block to write; it is renamed onto ``path`` when the block
+    ends, and removed if the block raises."""
+    folder = check_writable(path, noun)
     try:
         fd, tmp = tempfile.mkstemp(suffix=suffix, dir=folder)
     except OSError as e:  # (named by the file asked for, not the temporary one)
@@ -99,10 +102,10 @@ def atomic_path(path: str | os.PathLike, suffix: str) -> Iterator[str]:
         raise
 
 
-def write_json(path: str | os.PathLike, data: Any) -> None:
+def write_json(path: str | os.PathLike, data: Any, noun: str = "trace") -> None:
     """``data`` as JSON at ``path``, atomically (:func:`atomic_path`): mode 0666 less the
     umask, as any file the user writes (a trace, a snapshot), not mkstemp's 0600."""
-    with atomic_path(path, ".json") as tmp, open(tmp, "w") as f:
+    with atomic_path(path, ".json", noun) as tmp, open(tmp, "w") as f:
         json.dump(data, f)
 
 

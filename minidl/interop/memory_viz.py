@@ -138,7 +138,7 @@ def save_torch_snapshot(snap: dict[str, Any], path: str | os.PathLike) -> None:
     """Write :func:`torch_snapshot` of ``snap`` to ``path`` as ``_dump_snapshot`` does (a
     pickle), atomically (a temporary file renamed into place)."""
     data = pickle.dumps(torch_snapshot(snap), protocol=PICKLE_PROTOCOL)
-    with atomic_path(path, ".pickle") as tmp, open(tmp, "wb") as f:
+    with atomic_path(path, ".pickle", "memory snapshot") as tmp, open(tmp, "wb") as f:
         f.write(data)
 
 

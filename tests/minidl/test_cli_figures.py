@@ -200,3 +200,22 @@ def test_report_prints_the_training_peak_beside_its_breakdown_when_evaluation_pe
     print_memory_report(same, out=buf)
     assert "  bytes by category at the peak:" in buf.getvalue()
     assert "training iteration" not in buf.getvalue()
+
+
+# ------------------------------------------------------------------ each file by its own noun
+def test_atomic_writes_name_the_file_by_its_own_noun(tmp_path, capsys):
+    from minidl.analysis.memory_record import load_snapshot
+    from minidl.interop.checkpoint import write_json, write_npz
+    from minidl.interop.memory_viz import save_torch_snapshot
+
+    assert main(["plan", "lenet5", "--batch-size", "2", "--snapshot", str(tmp_path / "s.json")
+                 ]) == 0
+    capsys.readouterr()
+    snap = load_snapshot(tmp_path / "s.json")
+    gone = tmp_path / "gone"
+    with pytest.raises(FileNotFoundError, match=r"^cannot write trace .*t\.json: folder"):
+        write_json(gone / "t.json", {})
+    with pytest.raises(FileNotFoundError, match=r"^cannot write memory snapshot .*s\.pickle"):
+        save_torch_snapshot(snap, gone / "s.pickle")
+    with pytest.raises(IsADirectoryError, match=r"^cannot write checkpoint .*: it is a folder"):
+        write_npz(str(tmp_path), {})
