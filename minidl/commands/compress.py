@@ -145,8 +145,9 @@ def cmd_compress(args: argparse.Namespace) -> int:
         print(json.dumps(result.as_dict() | {"out": args.out}))
     else:
         print(result.table())
-        print(f"wrote {args.out}: {result.file_bytes:,} bytes ({result.ratio:.1f}x smaller "
-              f"than the {result.dense_bytes:,} bytes of float32 parameters); predictions "
+        print(f"wrote {args.out}: {format_bytes(result.file_bytes)}, {result.ratio:.1f}x "
+              f"smaller than the {format_bytes(result.dense_bytes)} of float32 parameters; "
+              "predictions "
               f"from the file {'match' if result.predictions_match else 'DIFFER FROM'} the "
               f"decompressed model's")
     return 0

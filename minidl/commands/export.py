@@ -42,6 +42,7 @@ from .common import (
     build_model,
     check_model_name,
     check_output_path,
+    format_bytes,
     own_input_shape,
     parse_chw,
     require_module,
@@ -277,7 +278,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         built = "" if dims[1:] == list(shape) else f" (built for {'x'.join(map(str, shape))})"
         print(f"wrote {args.onnx}: {name}, input ({', '.join(map(str, dims))}){built}, "
               f"{report['parameters']:,} parameters, opset {args.opset}, "
-              f"{report['bytes']:,} bytes")
+              f"{format_bytes(report['bytes'])}")
         if args.check:
             print(f"onnxruntime vs minidl on a batch of {args.batch_size}: max |difference| "
                   f"{report['max_abs_difference']:.3g} (outputs up to "

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..kernels.compression import weight_record
+from ..memory.ir.units import format_size
 from .quantization import SharedWeights
 
 STAGES = ("dense", "pruned", "quantized", "huffman")
@@ -122,7 +123,7 @@ def format_table(rows: list[LayerRow], accuracy: dict[str, float | None],
                  f"{_size(t['huffman']):>12}{t['dense'] / max(t['huffman'], 1):>7.1f}x")
     lines.append(f"compression: pruning {t['dense'] / t['pruned']:.1f}x, + quantization "
                  f"{t['dense'] / t['quantized']:.1f}x, + Huffman {t['dense'] / t['huffman']:.1f}x"
-                 f"; the file ({file_bytes:,} bytes, header and checksum included) "
+                 f"; the file ({format_size(file_bytes)}, header and checksum included) "
                  f"{t['dense'] / file_bytes:.1f}x")
     acc = [f"{k} {100 * v:.2f}%" for k, v in accuracy.items() if v is not None]
     if acc:

@@ -9,6 +9,7 @@ import io
 import os
 import stat
 
+import numpy as np
 import pytest
 
 from minidl.cli import main
@@ -219,3 +220,29 @@ def test_atomic_writes_name_the_file_by_its_own_noun(tmp_path, capsys):
         save_torch_snapshot(snap, gone / "s.pickle")
     with pytest.raises(IsADirectoryError, match=r"^cannot write checkpoint .*: it is a folder"):
         write_npz(str(tmp_path), {})
+
+
+# ------------------------------------------------------------------ compress's file sizes
+def test_compression_summary_gives_the_file_size_in_binary_units():
+    from minidl.compression.report import format_table, raw_row
+
+    row = raw_row("fc.bias", "fc", np.zeros(4096, np.float32), b"x" * 16390)
+    text = format_table([row], {"baseline": 0.5}, 7731)
+    assert "the file (7.55 KiB, header and checksum included)" in text
+    assert "7,731 bytes" not in text
+
+
+def test_compress_and_export_say_file_sizes_in_binary_units(tmp_path, capsys):
+    ck, mdc, onnx_file = tmp_path / "l5.npz", tmp_path / "l5.mdc", tmp_path / "l5.onnx"
+    assert main(["train", "lenet5", "--max-steps", "1", "--save", str(ck), "--quiet"]) == 0
+    assert main(["compress", str(ck), "--model", "lenet5", "--retrain-steps", "0", "--rounds",
+                 "1", "--out", str(mdc)]) == 0
+    out = capsys.readouterr().out
+    size = mdc.stat().st_size
+    line = next(ln for ln in out.splitlines() if ln.startswith(f"wrote {mdc}: "))
+    assert line.startswith(f"wrote {mdc}: {size / 1024:.2f} KiB ({size:,} B), ")
+    assert "the 173.54 KiB (177,704 B) of float32 parameters" in line
+    pytest.importorskip("onnx")
+    assert main(["export", str(ck), "--model", "lenet5", "--onnx", str(onnx_file)]) == 0
+    size = onnx_file.stat().st_size
+    assert f", {size / 1024:.2f} KiB ({size:,} B)" in capsys.readouterr().out
