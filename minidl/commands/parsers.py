@@ -110,6 +110,17 @@ def _train_optimization_arguments(t: argparse.ArgumentParser) -> None:
     t.add_argument("--schedule", default=None, choices=["cosine", "step", "none"],
                    help="learning-rate schedule over the epochs of the image models (default: "
                         "cosine; the text models keep --lr and refuse another)")
+    t.add_argument("--clip-grad-norm", type=float, default=None, metavar="X",
+                   help="clip the gradients' global L2 norm to X before each optimizer step "
+                        "(torch.nn.utils.clip_grad_norm_; default: none, the text models 5)")
+    t.add_argument("--accumulate-grad-batches", type=int, default=1, metavar="K",
+                   help="sum the gradients of K batches (each loss scaled by 1/K) per "
+                        "optimizer step, an epoch's last window stepping with what it has "
+                        "(Lightning's accumulate_grad_batches; default 1)")
+    t.add_argument("--label-smoothing", type=float, default=None, metavar="X",
+                   help="label smoothing of the image models' cross-entropy, in [0, 1) "
+                        "(default per dataset: "
+                        f"{per_dataset('label_smoothing', lambda v: f'{v:g}')})")
 
 
 def _train_device_arguments(t: argparse.ArgumentParser) -> None:
@@ -163,8 +174,12 @@ def _train_report_arguments(t: argparse.ArgumentParser) -> None:
                         "(default: per epoch; the text models print every "
                         f"{LOG_EVERY_STEPS} steps)")
     t.add_argument("--val-every", type=int, default=None, metavar="N",
-                   help="evaluate on the test split every N epochs (val_loss, val_accuracy); "
-                        "the text models: the validation loss every N steps")
+                   help="evaluate on the test split every N epochs (val_loss, val_accuracy; "
+                        "default: every epoch, --no-val: never); the text models: the "
+                        "validation loss every N steps")
+    t.add_argument("--no-val", action="store_true",
+                   help="no validation during training (the test split is still evaluated at "
+                        "the end)")
     t.add_argument("--early-stopping", type=int, default=None, metavar="PATIENCE",
                    help="stop once val_loss has not improved for PATIENCE epochs (validates "
                         "every epoch unless --val-every says otherwise)")

@@ -93,9 +93,9 @@ def _callbacks(args: argparse.Namespace) -> list:
     stopping."""
     out: list = []
     if args.save_every is not None:
-        out.append(C.ModelCheckpoint(args.save, every_steps=args.save_every))
+        out.append(C.ModelCheckpoint(args.save, every_n_train_steps=args.save_every))
     if args.log:
-        out.append(C.MetricLogger(args.log, every_steps=args.log_every,
+        out.append(C.MetricLogger(args.log, log_every_n_steps=args.log_every,
                                   append=args.resume is not None))
     if args.early_stopping is not None:
         out.append(C.EarlyStopping("val_loss", patience=args.early_stopping))
@@ -205,7 +205,8 @@ def cmd_train_text(args: argparse.Namespace, spec) -> int:
             net, args.batch_size, spec, args.optimizer, (args.seq_len,),
             device_kind="cuda" if args.device.startswith("cuda") else "cpu", emulate_link=link)
     trainer = Trainer(net, opt, memory=spec, device=args.device, device_memory=device_memory,
-                      seed=args.seed, clip_grad_norm=5.0, host_memory=args.host_memory,
+                      seed=args.seed, host_memory=args.host_memory,
+                      clip_grad_norm=5.0 if args.clip_grad_norm is None else args.clip_grad_norm,
                       emulate_link=link)
     steps = args.max_steps or max(1, args.epochs) * 100
     if args.resume:
@@ -349,7 +350,9 @@ def _image_trainer(args: argparse.Namespace, spec, ds, defaults: D.TrainDefaults
     try:
         trainer = Trainer(net, opt, memory=spec, device=args.device, device_memory=device_memory,
                           seed=args.seed, scheduler=scheduler, host_memory=args.host_memory,
-                          loss=SoftmaxCrossEntropy(label_smoothing=defaults.label_smoothing),
+                          loss=SoftmaxCrossEntropy(label_smoothing=args.label_smoothing),
+                          clip_grad_norm=args.clip_grad_norm,
+                          accumulate_grad_batches=args.accumulate_grad_batches,
                           emulate_link=link, comm=comm, sync_bn=args.sync_bn)
     except RuntimeError as e:  # the cuda device without a GPU
         raise RuntimeFailure(str(e)) from None
@@ -369,12 +372,25 @@ def _print_header(args: argparse.Namespace, spec, ds, trainer: Trainer,
           f"{'x'.join(map(str, ds.input_shape))}"
           f"{f' ({ds.adaptation()})' if ds.adaptation() else ''}"
           f"{' (standardised with the train mean/std)' if ds.mean is not None else ''}"
-          f"{f', {defaults.shift_probability:.0%} shifted by 1 px' if augmented else ''}, "
+          f"{f', {defaults.shift_probability:.0%} shifted by 1 px' if augmented else ''}"
+          f"{f', label smoothing {args.label_smoothing:g}' if args.label_smoothing else ''}"
+          f"{_gradient_note(args)}, "
           f"{_length(args, -(-len(ds.x_train) // args.batch_size))} of batch "
           f"{args.batch_size}, memory {spec.spec!r}, {trainer.device.name} device with "
           f"{format_bytes(trainer.device.capacity)}"
           + (f"; data-parallel over {comm.size} MPI ranks" if comm else ""),
           file=sys.stderr)
+
+
+def _gradient_note(args: argparse.Namespace) -> str:
+    """The header's words for --clip-grad-norm and --accumulate-grad-batches (when given)."""
+    note = ""
+    if args.clip_grad_norm is not None:
+        note += f", gradients clipped to norm {args.clip_grad_norm:g}"
+    if args.accumulate_grad_batches > 1:
+        note += (f", gradients of {args.accumulate_grad_batches} batches per optimizer step "
+                 f"(effective batch {args.accumulate_grad_batches * args.batch_size})")
+    return note
 
 
 def _length(args: argparse.Namespace, steps_per_epoch: int) -> str:
@@ -394,8 +410,7 @@ def _fit(args: argparse.Namespace, trainer: Trainer, ds, augment, comm, callback
             return trainer.fit(ds, epochs=args.epochs, batch_size=args.batch_size,
                                max_steps=args.max_steps, progress=not args.no_progress,
                                augment=augment, callbacks=callbacks,
-                               val_every=args.val_every if args.val_every is not None else (
-                                   1 if args.early_stopping is not None else None),
+                               val_every=0 if args.no_val else args.val_every,
                                progress_every=args.log_every)
     except ResumeMismatch as e:
         raise UsageError(f"--resume {args.resume}: {e}") from None
@@ -432,7 +447,9 @@ def _image_result(args: argparse.Namespace, spec, ds, defaults: D.TrainDefaults,
         "weight_decay": args.weight_decay,
         "input_mean": ds.mean,
         "input_std": ds.std,
-        "label_smoothing": defaults.label_smoothing,
+        "label_smoothing": args.label_smoothing,
+        "clip_grad_norm": args.clip_grad_norm,
+        "accumulate_grad_batches": args.accumulate_grad_batches,
         "ranks": 1 if comm is None else comm.size,
         "shift_probability": defaults.shift_probability,
         "memory_report": rep,

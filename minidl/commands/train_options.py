@@ -40,6 +40,44 @@ def complete_options(args: argparse.Namespace, defaults: D.TrainDefaults) -> Non
     args.schedule = args.schedule or "cosine"
     if args.weight_decay is None:
         args.weight_decay = defaults.weight_decay
+    check_gradient_options(args, defaults)
+
+
+def check_gradient_options(args: argparse.Namespace, defaults: D.TrainDefaults) -> None:
+    """--clip-grad-norm, --accumulate-grad-batches, --label-smoothing and --no-val checked
+    (one line naming the value and what is valid); label smoothing completed from the
+    dataset's default."""
+    if args.clip_grad_norm is not None and not (args.clip_grad_norm > 0
+                                                and args.clip_grad_norm < float("inf")):
+        raise UsageError(f"--clip-grad-norm {args.clip_grad_norm:g}: give the largest global "
+                         "L2 norm of the gradients, a number > 0")
+    if args.accumulate_grad_batches < 1:
+        raise UsageError(f"--accumulate-grad-batches {args.accumulate_grad_batches}: give the "
+                         "number of batches per optimizer step, a whole number >= 1")
+    k = args.accumulate_grad_batches
+    if k > 1 and args.save_every is not None and args.save_every % k:
+        raise UsageError(f"--save-every {args.save_every} with --accumulate-grad-batches {k}: "
+                         "a checkpoint mid-window would drop the gradients summed so far; give "
+                         f"a multiple of {k}")
+    if args.no_val and (args.val_every is not None or args.early_stopping is not None):
+        raise UsageError("--no-val turns validation off; --val-every and --early-stopping need "
+                         "it: give only one of them")
+    if args.model in SEQUENCE_MODELS:
+        if args.label_smoothing is not None:
+            raise UsageError("--label-smoothing is for the image models' classes; "
+                             f"{args.model} predicts characters without it")
+        if k > 1:
+            raise UsageError(f"--accumulate-grad-batches is for the image models; {args.model} "
+                             "trains on random windows: raise --batch-size instead")
+        if args.no_val:
+            raise UsageError("--no-val is for the image models' epochs; the text models "
+                             "validate at the end of the run (and every --val-every steps)")
+        return
+    if args.label_smoothing is None:
+        args.label_smoothing = defaults.label_smoothing
+    if not 0 <= args.label_smoothing < 1:
+        raise UsageError(f"--label-smoothing {args.label_smoothing:g}: give a number in [0, 1) "
+                         "(0: none)")
 
 
 def check_outputs(args: argparse.Namespace) -> None:

@@ -25,6 +25,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+import numpy as np
+
 from ..compile.deferred import is_ready, resolve
 from ..memory.ir.units import format_size
 
@@ -118,11 +120,19 @@ def _mode_for(monitor: str, mode: str) -> str:
     return "max" if "acc" in monitor else "min"
 
 
+def renamed(who: str, new: str, new_value: Any, old: str, old_value: Any) -> Any:
+    """The value of an argument given under its Lightning name ``new`` or its earlier name
+    ``old`` (still taken); both at once is a ``TypeError``."""
+    if new_value is not None and old_value is not None:
+        raise TypeError(f"{who}: {old}= is the earlier name of {new}=: give one of them")
+    return new_value if new_value is not None else old_value
+
+
 def _check_monitor(run: FitRun, monitor: str, who: str) -> None:
     if monitor.startswith("val_") and not run.history.validating:
         raise ValueError(f"{who} monitors {monitor!r} but this fit does not validate: pass "
-                         "validation_data= (or use the dataset's test split with val_every=) "
-                         "or monitor 'loss' / 'accuracy'")
+                         "validation_data= or data with a test split (and no val_every=0), or "
+                         "monitor 'loss' / 'accuracy'")
 
 
 class EarlyStopping(Callback):
@@ -176,18 +186,27 @@ class EarlyStopping(Callback):
 
 
 class ModelCheckpoint(Callback):
-    """Save the trainer (:meth:`Trainer.save`, atomic) to ``path`` every ``every_steps``
-    steps, and/or (``save_best``) after each epoch whose ``monitor`` is the best so far.
-    ``path`` may hold ``{epoch}`` and ``{step}`` fields (one file per checkpoint)."""
+    """Save the trainer (:meth:`Trainer.save`, atomic) to ``path`` every
+    ``every_n_train_steps`` steps, at the end of every ``every_n_epochs`` epochs, and/or
+    (``save_best``) after each epoch whose ``monitor`` is the best so far (Lightning's names;
+    ``every_steps`` is the earlier name of ``every_n_train_steps``). ``path`` may hold
+    ``{epoch}`` and ``{step}`` fields (one file per checkpoint)."""
 
-    def __init__(self, path: str | os.PathLike, every_steps: int | None = None,
-                 save_best: bool = False, monitor: str = "val_loss", mode: str = "auto") -> None:
-        if every_steps is None and not save_best:
-            raise ValueError("ModelCheckpoint needs every_steps=N or save_best=True")
-        if every_steps is not None and every_steps < 1:
-            raise ValueError(f"every_steps must be >= 1, got {every_steps}")
+    def __init__(self, path: str | os.PathLike, every_n_train_steps: int | None = None,
+                 save_best: bool = False, monitor: str = "val_loss", mode: str = "auto",
+                 every_n_epochs: int | None = None, every_steps: int | None = None) -> None:
+        every_steps = renamed("ModelCheckpoint", "every_n_train_steps", every_n_train_steps,
+                              "every_steps", every_steps)
+        if every_steps is None and every_n_epochs is None and not save_best:
+            raise ValueError("ModelCheckpoint needs every_n_train_steps=N, every_n_epochs=N or "
+                             "save_best=True")
+        for name, value in (("every_n_train_steps", every_steps),
+                            ("every_n_epochs", every_n_epochs)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
         self.path = os.fspath(path)
         self.every_steps, self.save_best = every_steps, save_best
+        self.every_n_epochs = every_n_epochs
         self.monitor, self.mode = monitor, _mode_for(monitor, mode)
         self.best: float | None = None
         self.saved: list[str] = []
@@ -213,7 +232,13 @@ class ModelCheckpoint(Callback):
         if self.every_steps and run.trainer.iteration % self.every_steps == 0:
             self._save(run, logs["epoch"])
 
+    @property
+    def every_n_train_steps(self) -> int | None:
+        return self.every_steps
+
     def on_epoch_end(self, run: FitRun, logs: dict[str, Any]) -> None:
+        if self.every_n_epochs and (logs["epoch"] + 1) % self.every_n_epochs == 0:
+            self._save(run, logs["epoch"])
         value = logs.get(self.monitor)
         if not self.save_best or value is None or not math.isfinite(value):
             return
@@ -234,8 +259,10 @@ class MetricLogger(Callback):
     complete up to the last row if the run dies. ``append`` continues an existing file (a
     resumed run) instead of starting a new one."""
 
-    def __init__(self, path: str | os.PathLike, every_steps: int | None = None,
-                 append: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike, log_every_n_steps: int | None = None,
+                 append: bool = False, every_steps: int | None = None) -> None:
+        every_steps = renamed("MetricLogger", "log_every_n_steps", log_every_n_steps,
+                              "every_steps", every_steps)
         self.path = os.fspath(path)
         self.jsonl = self.path.lower().endswith((".jsonl", ".json", ".ndjson"))
         self.every_steps = every_steps
@@ -293,9 +320,12 @@ class TensorBoard(Callback):
     ``every_steps`` steps, the epoch metrics and validations. Needs ``tensorboardX`` or
     ``torch.utils.tensorboard`` (checked when constructed)."""
 
-    def __init__(self, logdir: str | os.PathLike, every_steps: int = 10) -> None:
+    def __init__(self, logdir: str | os.PathLike, log_every_n_steps: int | None = None,
+                 every_steps: int | None = None) -> None:
+        every_steps = renamed("TensorBoard", "log_every_n_steps", log_every_n_steps,
+                              "every_steps", every_steps)
         self.writer = tensorboard_writer(os.fspath(logdir))
-        self.every_steps = max(1, int(every_steps))
+        self.every_steps = max(1, int(10 if every_steps is None else every_steps))
 
     def on_step_end(self, run: FitRun, logs: dict[str, Any]) -> None:
         if logs["step"] % self.every_steps == 0:
@@ -312,6 +342,52 @@ class TensorBoard(Callback):
         self.writer.close()
 
 
+#: Runs expected to take longer than this (seconds) say so once their first steps are timed.
+LONG_RUN_S = 120.0
+#: Steps timed for the estimate (after the fit's first, which may compile kernels).
+ESTIMATE_STEPS = 5
+
+
+def format_duration(seconds: float) -> str:
+    """``seconds`` as a person says it: 45 s, 3.2 min, 12.9 h."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+class RunEstimate:
+    """The run's expected time from its first timed steps (the fit's first step, which may
+    compile kernels, left out): one line when the steps left would take over
+    :data:`LONG_RUN_S`, else nothing."""
+
+    def __init__(self, steps: int = ESTIMATE_STEPS, long_s: float = LONG_RUN_S) -> None:
+        self.steps, self.long_s = steps, long_s
+        self.times: list[float] = []
+        self.done = False
+
+    def observe(self, run: FitRun, logs: dict[str, Any]) -> str | None:
+        if self.done:
+            return None
+        done = run.history.start_step + len(run.history.losses)
+        if len(run.history.losses) > 1:  # (not the fit's first step)
+            self.times.append(float(logs["step_time_s"]))
+        left = run.total_steps - done
+        if len(self.times) < self.steps or left <= 0:
+            if left <= 0:
+                self.done = True
+            return None
+        self.done = True
+        per_step = float(np.median(self.times))
+        expected = per_step * left
+        if expected <= self.long_s:
+            return None
+        return (f"expected time: about {format_duration(expected)} for the {left:,} steps left "
+                f"({1000 * per_step:,.0f} ms a step over steps {done - len(self.times) + 1}-"
+                f"{done}; evaluations not counted); --max-steps N shortens the run")
+
+
 def _fmt(value: Any, spec: str) -> str:
     value = resolve(value)
     return "nan" if value is None or not math.isfinite(value) else format(value, spec)
@@ -322,19 +398,27 @@ class ProgressLogger(Callback):
     otherwise no carriage returns, one line per epoch and one every ``every_steps`` steps (if
     given), fit for log files. ``interactive`` overrides the terminal check."""
 
-    def __init__(self, stream: TextIO | None = None, every_steps: int | None = None,
-                 interactive: bool | None = None) -> None:
+    def __init__(self, stream: TextIO | None = None, log_every_n_steps: int | None = None,
+                 interactive: bool | None = None, every_steps: int | None = None) -> None:
         self.stream = stream if stream is not None else sys.stderr
         isatty = getattr(self.stream, "isatty", None)
         self.interactive = interactive if interactive is not None else bool(isatty and isatty())
-        self.every_steps = every_steps
+        self.every_steps = renamed("ProgressLogger", "log_every_n_steps", log_every_n_steps,
+                                   "every_steps", every_steps)
         self.bar: Any = None
+        self.estimate = RunEstimate()
 
     def write(self, text: str) -> None:
         if self.bar is not None:
             self.bar.write(text, file=self.stream)
         else:
             print(text, file=self.stream, flush=True)
+
+    def say_expected_time(self, run: FitRun, logs: dict[str, Any]) -> None:
+        """Once the first steps are timed: a line with the run's expected time, when long."""
+        line = self.estimate.observe(run, logs)
+        if line:
+            self.write(line)
 
     def restart_clock(self) -> None:
         """Forget the time spent so far (kernel compilation) in the bar's rate and ETA."""
@@ -351,6 +435,7 @@ class ProgressLogger(Callback):
                             dynamic_ncols=True, file=self.stream)
 
     def on_step_end(self, run: FitRun, logs: dict[str, Any]) -> None:
+        self.say_expected_time(run, logs)
         peak = format_size(logs["peak_bytes"])
         if self.bar is not None:
             self.bar.update(1)

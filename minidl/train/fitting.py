@@ -19,6 +19,7 @@ from ..compile.deferred import Deferred, resolve_all
 from ..kernels.jit import CompileWatch
 from .batch_sources import BatchSource, ImageEpochs
 from .callbacks import Callback, FitRun, ProgressLogger, restore_callback_states
+from .step_checks import check_accumulation, check_clip_norm
 
 
 @dataclass
@@ -64,15 +65,40 @@ def _source_and_test(data: Any, batch_size: int, shuffle: bool, augment: Any
 
 def _validation(validation_data: Any, val_every: int | None, x_test: Any, y_test: Any
                 ) -> tuple[Any, int]:
-    """The data validated on (or None) and every how many epochs."""
-    if val_every is not None and val_every < 1:
-        raise ValueError(f"val_every must be >= 1, got {val_every}")
-    if validation_data is None and val_every is not None:
-        if x_test is None or not len(x_test):
-            raise ValueError("val_every needs validation_data=(x, y) or a dataset with a test "
-                             "split")
+    """The data validated on (or None) and every how many epochs: by default every epoch, on
+    ``validation_data`` or else the dataset's held-out (test) split when it has one;
+    ``val_every=0`` never."""
+    if val_every is not None and (isinstance(val_every, bool) or val_every < 0):
+        raise ValueError(f"val_every must be >= 1 (or 0: no validation), got {val_every}")
+    if val_every == 0:
+        return None, 1
+    held_out = x_test is not None and len(x_test) > 0
+    if validation_data is None and val_every is not None and not held_out:
+        raise ValueError("val_every needs validation_data=(x, y) or a dataset with a test "
+                         "split")
+    if validation_data is None and held_out:
         validation_data = (x_test, y_test)
     return validation_data, val_every or 1
+
+
+#: Lightning's names for fit's arguments (also taken).
+LIGHTNING_NAMES = {"max_epochs": "epochs", "check_val_every_n_epoch": "val_every"}
+
+
+def _lightning_names(given: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
+    """``own`` (fit's arguments) with the values given under Lightning's names; a name fit
+    does not know, or both names of one argument, is a ``TypeError``."""
+    for name, value in given.items():
+        if name not in LIGHTNING_NAMES:
+            raise TypeError(f"fit() got an unexpected keyword argument {name!r}")
+        ours = LIGHTNING_NAMES[name]
+        if own[ours] is not None and own[ours] != FIT_DEFAULTS.get(ours):
+            raise TypeError(f"fit() got both {ours}= and {name}= (the same argument)")
+        own[ours] = value
+    return own
+
+
+FIT_DEFAULTS = {"epochs": 1, "val_every": None}
 
 
 def _place(trainer: Any, source: BatchSource) -> None:
@@ -105,6 +131,9 @@ def fit(
     validation_data: tuple[Any, Any] | None = None,
     val_every: int | None = None,
     progress_every: int | None = None,
+    accumulate_grad_batches: int | None = None,
+    clip_grad_norm: float | None = None,
+    **lightning_names: Any,
 ) -> History:
     """Train ``trainer`` (a :class:`~minidl.train.trainer.Trainer`) on ``data`` (a
     :class:`~minidl.datasets.data.Dataset`, ``(x, y)``, or a
@@ -115,8 +144,12 @@ def fit(
     epoch too: same batch order, augmentation and dropout masks as an uninterrupted run).
     Evaluates on the test split at the end (``evaluate``).
 
-    ``validation_data`` (``(x, y)``) is evaluated every ``val_every`` epochs (default 1);
-    ``val_every`` alone validates on the dataset's test split. ``callbacks`` get the hooks of
+    ``validation_data`` (``(x, y)``, else the dataset's test split when it has one) is
+    evaluated every ``val_every`` epochs (default 1; 0: never). ``accumulate_grad_batches=K``
+    sums the gradients of K batches (each loss scaled by 1/K) per optimizer step, the last
+    window of an epoch (or of the fit) stepping with what it has; ``clip_grad_norm`` clips
+    their global L2 norm before each step (both default to the trainer's). ``max_epochs`` and
+    ``check_val_every_n_epoch`` (Lightning's names) are taken too. ``callbacks`` get the hooks of
     :class:`~minidl.train.callbacks.Callback`. ``progress`` shows a bar on a terminal, otherwise one
     line per epoch (and every ``progress_every`` steps).
 
@@ -127,7 +160,36 @@ def fit(
 
     The first step compiles the Numba kernels it uses unless Numba's on-disk cache has them:
     the display then says so and restarts its clock once they are compiled."""
+    named = _lightning_names(lightning_names, {"epochs": epochs, "val_every": val_every})
+    epochs, val_every = named["epochs"], named["val_every"]
     _check_counts(epochs=epochs, batch_size=batch_size, max_steps=max_steps)
+    with _trainer_settings(trainer, accumulate_grad_batches, clip_grad_norm):
+        return _fit(trainer, data, epochs, batch_size, max_steps, progress, evaluate, shuffle,
+                    augment, callbacks, validation_data, val_every, progress_every)
+
+
+@contextlib.contextmanager
+def _trainer_settings(trainer: Any, accumulate_grad_batches: int | None,
+                      clip_grad_norm: float | None):
+    """The trainer's accumulation and clipping set for one fit (checked), then restored."""
+    saved = (trainer.accumulate_grad_batches, trainer.clip_grad_norm)
+    if accumulate_grad_batches is not None:
+        trainer.accumulate_grad_batches = check_accumulation(accumulate_grad_batches)
+        if accumulate_grad_batches > 1 and trainer.parallel is not None:
+            raise ValueError("accumulate_grad_batches > 1 is for one process without zero=2 "
+                             "(data-parallel ranks all-reduce each batch's gradients)")
+    if clip_grad_norm is not None:
+        trainer.clip_grad_norm = check_clip_norm(clip_grad_norm)
+    try:
+        yield
+    finally:
+        trainer.accumulate_grad_batches, trainer.clip_grad_norm = saved
+
+
+def _fit(trainer: Any, data: Any, epochs: int, batch_size: int, max_steps: int | None,
+         progress: bool, evaluate: bool, shuffle: bool, augment: Any,
+         callbacks: Sequence[Callback], validation_data: Any, val_every: int | None,
+         progress_every: int | None) -> History:
     source, x_test, y_test = _source_and_test(data, batch_size, shuffle, augment)
     validation_data, val_every = _validation(validation_data, val_every, x_test, y_test)
     _place(trainer, source)
@@ -136,8 +198,9 @@ def fit(
         max_steps, steps_per_epoch * epochs)
     hist = History(start_step=trainer.epoch * steps_per_epoch + trainer.epoch_step,
                    validating=validation_data is not None)
+    shown = [ProgressLogger(log_every_n_steps=progress_every)] if progress else []
     run = FitRun(trainer, hist, epochs, total, steps_per_epoch, batch_size,
-                 [*callbacks, *([ProgressLogger(every_steps=progress_every)] if progress else [])])
+                 [*callbacks, *shown])
     t_start = time.perf_counter()
     trainer.stop_training = False
     trainer.fetch_logits = source.accuracy
@@ -152,6 +215,7 @@ def fit(
     try:
         run.dispatch("on_train_begin")
         _train(run, source, validation_data, val_every)
+        trainer.finish_accumulation()  # (a fit ending mid-window: no gradients lost)
         hist.stopped_early = trainer.stop_training
         hist.stop_reason = run.stop_reason
         end_logs = {"steps": len(hist.losses), "stopped_early": hist.stopped_early,
@@ -208,6 +272,7 @@ def _train(run: FitRun, source: BatchSource, validation_data: tuple[Any, Any] | 
                 first = False
         if trainer.epoch_step < run.steps_per_epoch:
             break  # stopped mid-epoch: the position stays there
+        trainer.finish_accumulation()  # (the epoch's last, partial window)
         logs = {"epoch": epoch, "step": trainer.iteration,
                 "loss": _mean(trainer.epoch_losses), "accuracy": _mean(trainer.epoch_accuracy),
                 "lr": lr, "time_s": time.perf_counter() - t_epoch,

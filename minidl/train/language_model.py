@@ -84,6 +84,7 @@ class TextProgress(ProgressLogger):
             print(text, file=self.stream, flush=True)
 
     def on_step_end(self, run: FitRun, logs: dict[str, Any]) -> None:
+        self.say_expected_time(run, logs)
         k, times = run.trainer.epoch_step, run.history.step_times
         if self.bar is not None:
             self.bar.update(1)

@@ -15,6 +15,24 @@ from ..memory.runtime.transfer import fetch_async
 from ..net.optim import clip_grad_norm_
 
 
+def check_accumulation(k: Any) -> int:
+    """``accumulate_grad_batches``: a whole number >= 1 (``ValueError`` naming it otherwise)."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"accumulate_grad_batches must be a whole number >= 1, got {k!r}")
+    return int(k)
+
+
+def check_clip_norm(value: Any) -> float | None:
+    """``clip_grad_norm``: ``None`` (no clipping) or a finite number > 0."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) \
+            or not np.isfinite(value) or value <= 0:
+        raise ValueError(f"clip_grad_norm must be a number > 0 (the gradients' largest global "
+                         f"L2 norm), got {value!r}")
+    return float(value)
+
+
 def checked_loss(pending: Any, iteration: int) -> float:
     """A deferred loss's value, or NonFiniteError naming the iteration it came from."""
     value = float(pending.result()[()])

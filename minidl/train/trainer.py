@@ -40,7 +40,13 @@ from .device_setup import set_up_device
 from .fitting import History, fit
 from .inputs import check_inputs
 from .memory_report import memory_report
-from .step_checks import checked_loss, clip_gradients, raise_at_non_finite_layer
+from .step_checks import (
+    check_accumulation,
+    check_clip_norm,
+    checked_loss,
+    clip_gradients,
+    raise_at_non_finite_layer,
+)
 
 #: ``CheckpointError`` has always been importable from here.
 __all__ = ["CheckpointError", "Trainer"]
@@ -97,6 +103,7 @@ class Trainer:
         comm: Communicator | None = None,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         sync_bn: bool = False,
+        accumulate_grad_batches: int = 1,
     ) -> None:
         self.net = net
         self.config = MemoryConfig.parse(memory)
@@ -113,7 +120,13 @@ class Trainer:
                                            _default_optimizer(net), comm or SingleProcess(),
                                            self.config.zero)  # zero=1: this rank's share
         self.scheduler = scheduler
-        self.clip_grad_norm = clip_grad_norm
+        #: The gradients' largest global L2 norm (``torch.nn.utils.clip_grad_norm_``), or None.
+        self.clip_grad_norm = check_clip_norm(clip_grad_norm)
+        #: Gradients summed over this many batches (each batch's loss gradient scaled by
+        #: 1/K) before one optimizer step, as Lightning's ``accumulate_grad_batches``.
+        self.accumulate_grad_batches = check_accumulation(accumulate_grad_batches)
+        #: Batches whose gradients ``.grad`` holds since the last optimizer step.
+        self.accumulated = 0
         self.seed = int(seed)
         self.iteration = 0
         self.engine = Engine(net, self.pool, self.config, self.loss_layer, self.optimizer,
@@ -126,6 +139,9 @@ class Trainer:
         self.parallel = None if (comm is None or comm.size == 1) and self.config.zero < 2 \
             else DataParallel(comm or SingleProcess(), net, self.config.spec, self.optimizer,
                               self.seed, bucket_bytes, sync_bn=sync_bn)
+        if self.accumulate_grad_batches > 1 and self.parallel is not None:
+            raise ValueError("accumulate_grad_batches > 1 is for one process without zero=2 "
+                             "(data-parallel ranks all-reduce each batch's gradients)")
 
     def _init_records(self) -> None:
         """What the steps and evaluations leave to read: the last compiled step, its logits,
@@ -173,9 +189,11 @@ class Trainer:
         self.restored_callback_state: dict[str, dict[str, float]] = {}
 
     # ------------------------------------------------------------------ compiled steps
-    def _compiled(self, x: np.ndarray, y: np.ndarray | None, training: bool) -> Compiled:
+    def _compiled(self, x: np.ndarray, y: np.ndarray | None, training: bool,
+                  accumulate: bool = False) -> Compiled:
         return self.engine.compiled([x.shape], None if y is None else tuple(y.shape), training,
-                                    label_dtype="int64" if y is None else y.dtype.name)
+                                    label_dtype="int64" if y is None else y.dtype.name,
+                                    accumulate=accumulate)
 
     # ------------------------------------------------------------------ training
     def compute_gradients(self, x: Any, y: Any) -> float:
@@ -203,13 +221,21 @@ class Trainer:
 
     def _local_gradients(self, x: np.ndarray, y: np.ndarray, wait: bool = True) -> Any:
         k = self.engine.split_for([x.shape], tuple(y.shape), y.dtype.name)
+        accumulating = self.accumulate_grad_batches > 1
         if k > 1:
+            if accumulating:
+                raise ValueError(f"accumulate_grad_batches={self.accumulate_grad_batches} "
+                                 f"with a batch the device runs in {k} parts: give a budget "
+                                 "or device memory that holds the whole batch")
             return self._compute_gradients_split(x, y, k)
-        c = self._compiled(x, y, training=True)
+        # (accumulating: the window's first batch writes .grad, the others add into it)
+        c = self._compiled(x, y, training=True, accumulate=accumulating and self.accumulated > 0)
         record = self._recorder is not None
         run = dict(training=True, seed=self.seed, iteration=self.iteration,
                    fetch_outputs=self.fetch_logits, record=record, hooks=self.parallel,
                    wait=False)
+        if accumulating:
+            run["loss_scale"] = 1.0 / self.accumulate_grad_batches
         try:
             loss, outs = c.executor.run([x, y], **run)
         except DeviceOutOfMemory:
@@ -331,14 +357,35 @@ class Trainer:
         c = self.last_compiled
         scope = c.executor.device_scope() if c is not None and self.engine.compute else \
             contextlib.nullcontext()
-        with scope:  # (the device current, CuPy's temporaries in the arena)
-            if self.clip_grad_norm is not None:
-                loss = self._clip(loss)
-            self.optimizer.step()
+        self.accumulated += 1
+        if self.accumulated >= self.accumulate_grad_batches:
+            with scope:  # (the device current, CuPy's temporaries in the arena)
+                loss = self._optimizer_step(loss)
         self._refine()
         self.step_times.append(time.perf_counter() - t0)
         self.iteration += 1
         return loss
+
+    def _optimizer_step(self, loss: Any = None) -> Any:
+        """Clip (``clip_grad_norm``) and update from the gradients in ``.grad``; the loss,
+        deferred with the norm's check when clipping a deferred one."""
+        if self.clip_grad_norm is not None:
+            loss = self._clip(loss)
+        self.optimizer.step()
+        self.accumulated = 0
+        return loss
+
+    def finish_accumulation(self) -> bool:
+        """The optimizer step of a partial accumulation window (an epoch's last batches, or a
+        fit ending mid-window), so no batch's gradients are lost; whether it stepped."""
+        if not self.accumulated:
+            return False
+        c = self.last_compiled
+        scope = c.executor.device_scope() if c is not None and self.engine.compute else \
+            contextlib.nullcontext()
+        with scope:
+            self._optimizer_step()
+        return True
 
     @contextmanager
     def _compile_notice(self) -> Iterator[None]:
@@ -429,17 +476,23 @@ class Trainer:
         validation_data: tuple[Any, Any] | None = None,
         val_every: int | None = None,
         progress_every: int | None = None,
+        accumulate_grad_batches: int | None = None,
+        clip_grad_norm: float | None = None,
+        **lightning_names: Any,
     ) -> History:
         """Train on ``data`` (a :class:`~minidl.datasets.data.Dataset` or ``(x, y)``) until
         ``epochs`` epochs (or ``max_steps`` batches) counted from the start of the run have
         been trained (a resumed trainer continues); validates every ``val_every`` epochs on
         ``validation_data`` (or the test split), calls ``callbacks``
         (:mod:`minidl.train.callbacks`), evaluates on the test split at the end; see
-        :func:`minidl.train.fitting.fit`."""
+        :func:`minidl.train.fitting.fit`. ``accumulate_grad_batches`` and ``clip_grad_norm``
+        set the trainer's for this call; Lightning's names ``max_epochs`` and
+        ``check_val_every_n_epoch`` are taken for ``epochs`` and ``val_every``."""
         return fit(self, data, epochs=epochs, batch_size=batch_size, max_steps=max_steps,
                    progress=progress, evaluate=evaluate, shuffle=shuffle, augment=augment,
                    callbacks=callbacks, validation_data=validation_data, val_every=val_every,
-                   progress_every=progress_every)
+                   progress_every=progress_every, accumulate_grad_batches=accumulate_grad_batches,
+                   clip_grad_norm=clip_grad_norm, **lightning_names)
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str | os.PathLike) -> None:

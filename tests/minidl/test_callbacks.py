@@ -94,9 +94,9 @@ def test_early_stopping_stops_when_val_loss_stalls():
     learning = _trainer().fit(_data(), epochs=6, batch_size=20, progress=False,
                               callbacks=[EarlyStopping(patience=2)], val_every=1)
     assert not learning.stopped_early and len(learning.epochs) == 6
-    with pytest.raises(ValueError, match="does not validate"):
+    with pytest.raises(ValueError, match="does not validate"):  # (it would by default)
         _trainer().fit(_data(), epochs=1, batch_size=20, progress=False,
-                       callbacks=[EarlyStopping()])
+                       callbacks=[EarlyStopping()], val_every=0)
 
 
 def test_checkpoint_of_the_best_epoch(tmp_path):
@@ -109,7 +109,7 @@ def test_checkpoint_of_the_best_epoch(tmp_path):
     restored = _trainer()
     restored.load(ck.saved[-1], resume=True)
     assert restored.epoch == best[-1] + 1
-    with pytest.raises(ValueError, match="every_steps=N or save_best"):
+    with pytest.raises(ValueError, match="every_n_epochs=N or save_best"):
         ModelCheckpoint(tmp_path / "x.npz")
 
 
