@@ -141,13 +141,22 @@ class _Stages:
         return trainer.evaluate(self.ds.x_test, self.ds.y_test, self.s.eval_batch_size)[1]
 
     def train(self, trainer: Trainer, steps: int) -> None:
-        if steps > 0:
-            per_epoch = math.ceil(self.ds.n_train / self.s.batch_size)
-            augment = None if self.s.shift_probability <= 0 else functools.partial(
-                random_shift, probability=self.s.shift_probability, fill=self.ds.background)
-            trainer.fit(self.ds, epochs=math.ceil(steps / per_epoch), max_steps=steps,
-                        batch_size=self.s.batch_size, progress=self.progress, evaluate=False,
-                        augment=augment)
+        """``steps`` steps of ``trainer``: the whole epochs in one ``fit`` (its lines count
+        them: epoch 1/7 ... 7/7), then the last, partial epoch's steps in a second one that
+        continues where the first stopped (the same batches and augmentation as one call;
+        it prints no epoch line, as an epoch cut short never did, so no line announces an
+        epoch that is not printed: 1/8 ... 7/8 before)."""
+        if steps <= 0:
+            return
+        per_epoch = math.ceil(self.ds.n_train / self.s.batch_size)
+        augment = None if self.s.shift_probability <= 0 else functools.partial(
+            random_shift, probability=self.s.shift_probability, fill=self.ds.background)
+        whole, rest = divmod(steps, per_epoch)
+        for epochs, upto in ((whole, whole * per_epoch), (whole + 1, steps) if rest else (0, 0)):
+            if epochs:
+                trainer.fit(self.ds, epochs=epochs, max_steps=upto,
+                            batch_size=self.s.batch_size, progress=self.progress,
+                            evaluate=False, augment=augment)
 
 
 def deep_compress(net: Network, ds: Dataset, model: dict[str, Any],

@@ -246,3 +246,30 @@ def test_compress_and_export_say_file_sizes_in_binary_units(tmp_path, capsys):
     assert main(["export", str(ck), "--model", "lenet5", "--onnx", str(onnx_file)]) == 0
     size = onnx_file.stat().st_size
     assert f", {size / 1024:.2f} KiB ({size:,} B)" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ compress's epoch count
+def test_compress_retraining_prints_the_epochs_it_runs_and_trains_as_one_fit(capsys):
+    import functools
+
+    from minidl.compression.pipeline import CompressionSettings, _Stages
+    from minidl.datasets.data import load_dataset, random_shift
+    from minidl.zoo.models import get_model
+
+    ds = load_dataset("synthetic", input_shape=(1, 8, 8), n_train=100, n_test=20,
+                      progress=False)
+    s = CompressionSettings(batch_size=32, shift_probability=0.5)  # 4 steps per epoch
+    nets = [get_model("smallcnn", (1, 8, 8), ds.num_classes, width=4) for _ in range(2)]
+    split, one = (_Stages(net, ds, s, progress=True) for net in nets)
+    t = split.trainer(split.optimizer(nets[0].parameters()))
+    split.train(t, 10)  # 2 whole epochs and 2 steps of a third
+    lines = [ln.split(":")[0] for ln in capsys.readouterr().err.splitlines()
+             if ln.startswith("epoch ")]
+    assert lines == ["epoch 1/2", "epoch 2/2"] and t.iteration == 10
+    ref = one.trainer(one.optimizer(nets[1].parameters()))
+    ref.fit(ds, epochs=3, max_steps=10, batch_size=32, progress=False, evaluate=False,
+            augment=functools.partial(random_shift, probability=0.5, fill=ds.background))
+    for (name, a), b in zip(nets[0].state_dict().items(), nets[1].state_dict().values()):
+        np.testing.assert_array_equal(a, b, err_msg=name)
+    t.close()
+    ref.close()

@@ -263,7 +263,7 @@ def test_cli_finds_the_input_size(tmp_path, monkeypatch, capsys):
     Trainer(get_model("vgg11_bn", (3, 32, 32), 4, width=8)).save(tmp_path / "v.npz")
     # (the sizes tried cut to two: a 224x224 VGG has a 4096-wide classifier, seconds to build)
     monkeypatch.setattr(export_cmd, "SIDES", (8,))
-    monkeypatch.setattr(export_cmd, "default_input_shape", lambda name: (3, 32, 32))
+    monkeypatch.setattr(export_cmd, "own_input_shape", lambda name: (3, 32, 32))
     one_line_error(*minidl(monkeypatch, capsys, "export", tmp_path / "v.npz", "--model",
                            "vgg11_bn", "--onnx", tmp_path / "v.onnx"),
                    "fit vgg11_bn on inputs of 3x32x32, 3x8x8", "--input")
