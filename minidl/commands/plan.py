@@ -101,9 +101,7 @@ def print_frontier(rep: dict, budget: int | None, out=None) -> None:
     out = out or sys.stdout  # (the stream now: tests capture it)
     auto = rep["auto"]
     lb = auto["lower_bound_bytes"]
-    # one unit per column: seconds where a step takes over 10 s (bert-base), else ms
-    unit, scale = (("s", 1.0) if max((p["step_s"] for p in auto["curve"]), default=0) > 10
-                   else ("ms", 1e3))
+    unit, scale = time_unit([p["step_s"] for p in auto["curve"]])  # (one per column)
     head = f"{'':2s}{'peak MiB':>11s} {'x LB':>6s} {'step ' + unit:>10s} {'overhead':>9s}"
     bounded = any(p["lower_bound_s"] is not None for p in auto["curve"])
     if bounded:
@@ -133,6 +131,12 @@ def print_frontier(rep: dict, budget: int | None, out=None) -> None:
     print(line + f"; an unlimited-memory device: {format_duration(auto['oracle_s'])}", file=out)
 
 
+def time_unit(seconds: list[float]) -> tuple[str, float]:
+    """The unit of a column or axis of step times, and the factor from seconds: s where a
+    step takes over 10 s (bert-base's plans), else ms."""
+    return ("s", 1.0) if max(seconds, default=0) > 10 else ("ms", 1e3)
+
+
 def plot_frontier(rep: dict, path: str, title: str, budget: int | None = None) -> None:
     """Predicted step time against the budget (PNG at ``path``): a step line (the time at a
     budget is that of the fastest plan whose peak fits it), the curve's plans as points, a
@@ -148,7 +152,8 @@ def plot_frontier(rep: dict, path: str, title: str, budget: int | None = None) -
     auto = rep["auto"]
     pts = auto["curve"]
     xs = [p["peak_bytes"] / 2**20 for p in pts]
-    ys = [1e3 * p["step_s"] for p in pts]
+    unit, scale = time_unit([p["step_s"] for p in pts])
+    ys = [scale * p["step_s"] for p in pts]
     fig, ax = plt.subplots(figsize=(10, 5.5))
     right = max(xs[-1] * 1.08, (budget or 0) / 2**20 * 1.02)
     ax.step(xs + [right], ys + [ys[-1]], where="post", color="C0", lw=1.5,
@@ -163,8 +168,8 @@ def plot_frontier(rep: dict, path: str, title: str, budget: int | None = None) -
             ax.annotate(name, (xs[i], ys[i]), textcoords="offset points",
                         xytext=(4, 6 if i % 2 else 14), fontsize=7)
             last = xs[i]
-    ax.axhline(1e3 * auto["oracle_s"], color="k", ls="--", lw=0.8,
-               label=f"unlimited memory {1e3 * auto['oracle_s']:.2f} ms")
+    ax.axhline(scale * auto["oracle_s"], color="k", ls="--", lw=0.8,
+               label=f"unlimited memory {scale * auto['oracle_s']:.2f} {unit}")
     lb = auto["lower_bound_bytes"]
     if lb:
         ax.axvline(lb / 2**20, color="grey", ls=":", lw=1.0,
@@ -173,11 +178,11 @@ def plot_frontier(rep: dict, path: str, title: str, budget: int | None = None) -
     if chosen:
         i = chosen[0]
         ax.plot([xs[i]], [ys[i]], "o", color="C3", ms=8, mfc="none", mew=1.5,
-                label=f"chosen: {ys[i]:.2f} ms at {xs[i]:.1f} MiB")
+                label=f"chosen: {ys[i]:.2f} {unit} at {xs[i]:.1f} MiB")
     if budget is not None:
         ax.axvline(budget / 2**20, color="C3", lw=1.0, label=f"budget {budget / 2**20:.1f} MiB")
     ax.set_xlabel("budget (MiB, persistent state included)")
-    ax.set_ylabel("predicted step time (ms)")
+    ax.set_ylabel(f"predicted step time ({unit})")
     ax.set_ylim(0, max(ys) * 1.2)
     ax.set_title(title)
     ax.grid(alpha=0.3)

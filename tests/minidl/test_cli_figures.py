@@ -273,3 +273,10 @@ def test_compress_retraining_prints_the_epochs_it_runs_and_trains_as_one_fit(cap
         np.testing.assert_array_equal(a, b, err_msg=name)
     t.close()
     ref.close()
+
+
+def test_frontier_plot_axis_in_seconds_for_long_steps():
+    from minidl.commands.plan import time_unit
+
+    assert time_unit([0.004, 1220.9]) == ("s", 1.0)
+    assert time_unit([0.004, 9.9]) == ("ms", 1e3)
