@@ -94,9 +94,6 @@ class Step:
     writes: tuple[int, ...]
     workspace: int = -1  # tensor id of this step's workspace, or -1
     flops: int = 0
-    #: Of ``flops``, the forward FLOPs a backward step runs again inside the op (a fused RNN's
-    #: BPTT schedule keeping fewer states): recomputation the cost model counts as such.
-    recompute_flops: int = 0
     #: (written, read) tensor pairs the op allows to share one block: an in-place forward
     #: (output over input) or an in-place backward (input gradient over output gradient).
     shares: tuple[tuple[int, int], ...] = ()
@@ -136,6 +133,9 @@ class Step:
     #: Index of the lowered step this one runs (itself for lowered steps; a recomputation's
     #: forward step; -1 for steps a pass added): measured step times are keyed by it.
     origin: int = -1
+    #: Of ``flops``, the forward FLOPs a backward step runs again inside the op (a fused RNN's
+    #: BPTT schedule keeping fewer states): recomputation the cost model counts as such.
+    recompute_flops: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "phase", Phase.of(self.phase))

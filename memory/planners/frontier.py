@@ -46,6 +46,7 @@ from ..passes.base_plan import base_plan, plan_peak
 from ..passes.block_choices import block_choices
 from ..passes.compress import compress_program
 from .candidate import BASE, CODEC_BYTES_PER_S, Candidate, priced, pricer
+from .certificate import TimeBound, time_bound
 from .chain import Chain, chain_of, schedule_program
 from .frontier_swaps import SWAP_MOVES, hidden_swaps, swap_down
 from .knapsack import KNAPSACK_SHARES, knapsack_candidates
@@ -86,20 +87,24 @@ class Frontier:
     program: Program
     candidates: list[Candidate]
     oracle_s: float
-    #: The lower bound over recomputation schedules (None: the program is not a chain).
+    #: Rotor's least times over stage-level recomputation schedules (None: the program is
+    #: not a chain): how far stage-level schedules go, not a bound on every plan.
     bound: RecomputeBound | None = None
     #: The link's bytes per second (the bound's price of swapping).
     bandwidth: float = math.inf
+    #: The certificate: a lower bound on every plan of the program (:mod:`.certificate`).
+    certificate: TimeBound | None = None
 
     def lower_bound(self, budget: int | None) -> float | None:
-        """A lower bound on the iteration seconds of any plan within ``budget`` (swaps
-        included, :meth:`RecomputeBound.with_swaps`); None where there is no certificate
-        (the program is not a chain). Without a budget: the oracle's time."""
+        """A lower bound on the iteration seconds of any plan of the program within
+        ``budget`` (:mod:`.certificate`: recomputation at any grain, swaps, encodings and
+        workspace caps included; inf where no plan fits); None without a certificate.
+        Without a budget: the oracle's time."""
         if budget is None:
             return self.oracle_s
-        if self.bound is None:
+        if self.certificate is None:
             return None
-        return self.bound.with_swaps(budget, self.bandwidth, self.oracle_s)
+        return self.certificate.seconds(budget)
 
     def fastest(self) -> Candidate:
         """The least :meth:`objective` (then the least peak): what ``auto`` runs without a
@@ -305,7 +310,8 @@ def build_frontier(program: Program, costs: Sequence[float], bandwidth: float,
     cands += rotor + hidden_swaps(rotor, costs, bandwidth, price)
     cands += swap_down(cands, costs, bandwidth, price)
     bound = None if chain is None else recompute_bound(program, chain)
-    return Frontier(program, cands, sum(costs), bound, bandwidth)
+    cert = time_bound(program, costs, bandwidth, least_sizes(program))
+    return Frontier(program, cands, sum(costs), bound, bandwidth, cert)
 
 
 def frontier_plan(program: Program, budget: int | None, costs: Sequence[float],
@@ -370,11 +376,10 @@ def _noted(fr: Frontier, pick: Candidate, budget: int | None, cost_source: str,
     low = fr.lower_bound(budget)
     if low is not None and budget is not None:
         notes.append(
-            f"auto: lower bound {1000 * low:.2f} ms per iteration at this budget, over "
-            f"stage-level schedules (Rotor's programme over the "
-            f"{fr.bound.stages if fr.bound else 0}-stage chain with the least memory figures, "
-            f"stashes encoded, swaps priced on the link); this plan is "
-            f"{100 * max(0.0, pick.time_s / low - 1):.1f} % above it")
+            f"auto: lower bound {1000 * low:.2f} ms per iteration at this budget, over every "
+            f"plan of this program (the whole batch: recomputation at any grain, swaps on the "
+            f"link, encodings and workspace caps; memory/planners/certificate.py); this plan "
+            f"is {100 * max(0.0, pick.time_s / low - 1):.1f} % above it")
     curve = tuple(CurvePoint(c.peak, c.time_s, c.source, _summary(c.plan),
                              fr.lower_bound(c.peak)) for c in fr.pareto())
     choice = AutoChoice(swapped=set(plan.swapped), dropped=set(), extra_time_s=pick.extra_s,

@@ -210,13 +210,14 @@ def _auto_report(choice: AutoChoice | None, split: int, lower_bound_bytes: int
                  ) -> dict[str, Any]:
     """The frontier planner's curve and choice (empty without one: no ``auto``, or the greedy
     walk). Peaks are one micro-batch's (the device's); times are the whole iteration's, the
-    ``split`` micro-batches one after another."""
+    ``split`` micro-batches one after another. The certificate covers plans of one program:
+    with the batch split, none is given (a plan of another split could beat it)."""
     if choice is None or not choice.curve:
         return {}
     oracle = (choice.oracle_s or 0.0) * split
 
     def point(p: CurvePoint) -> dict[str, Any]:
-        low = p.lower_bound_s
+        low = p.lower_bound_s if split == 1 else None
         return {"peak_bytes": p.peak,
                 "peak_over_lower_bound": p.peak / lower_bound_bytes if lower_bound_bytes else None,
                 "step_s": p.time_s * split,
@@ -227,8 +228,8 @@ def _auto_report(choice: AutoChoice | None, split: int, lower_bound_bytes: int
     return {"curve": [point(p) for p in choice.curve],
             "chosen_peak_bytes": choice.peak,
             "chosen_step_s": (choice.oracle_s or 0.0) * split + choice.extra_time_s * split,
-            "lower_bound_s": None if choice.lower_bound_s is None
-            else choice.lower_bound_s * split,
+            "lower_bound_s": None if choice.lower_bound_s is None or split > 1
+            else choice.lower_bound_s,
             "oracle_s": oracle, "split": split, "lower_bound_bytes": lower_bound_bytes}
 
 

@@ -125,7 +125,7 @@ def print_frontier(rep: dict, budget: int | None, out=None) -> None:
             f"{format_duration(auto['chosen_step_s'])} per step")
     if auto["lower_bound_s"] is not None:
         gap = auto["chosen_step_s"] / auto["lower_bound_s"] - 1 if auto["lower_bound_s"] else 0
-        line += ("; certified lower bound at this budget "
+        line += ("; lower bound over every plan of the whole batch at this budget "
                  f"{format_duration(auto['lower_bound_s'])} "
                  f"({100 * max(0.0, gap):.1f} % above it)")
     print(line + f"; an unlimited-memory device: {format_duration(auto['oracle_s'])}", file=out)
