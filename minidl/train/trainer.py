@@ -32,14 +32,15 @@ from ..memory.ir.units import ALLOCATION_UNIT, parse_size
 from ..memory.runtime.cache import without_cache
 from ..memory.runtime.pool import DeviceOutOfMemory
 from ..net.graph import Network
-from ..net.labels import default_label_shape
 from ..net.optim import SGD
 from .checkpointing import load_checkpoint, save_checkpoint
 from .compile_notice import compile_notice
 from .device_setup import set_up_device
+from .evaluation import evaluate, forward_eval
 from .fitting import History, fit
 from .inputs import check_inputs
 from .memory_report import memory_report
+from .split_steps import split_gradients
 from .step_checks import (
     check_accumulation,
     check_clip_norm,
@@ -295,35 +296,8 @@ class Trainer:
         return stats
 
     def _compute_gradients_split(self, x: np.ndarray, y: np.ndarray, k: int) -> float:
-        """The batch as ``k`` micro-batches; weight gradients accumulate in ``.grad``, each
-        micro-batch's loss gradient scaled by its share of the batch (equal to the full batch's
-        gradients up to float summation order)."""
-        if self.net.buffers():
-            raise ValueError(
-                "batch splitting with BatchNorm would normalise with micro-batch statistics, "
-                "not the batch's: use a larger budget or device memory, or a smaller batch")
-        for p in self.net.parameters():
-            if p.grad is not None:
-                p.grad.fill(0)
-        n = len(x)
-        micro = -(-n // k)
-        total = 0.0
-        for i in range(0, n, micro):
-            xb, yb = x[i:i + micro], y[i:i + micro]
-            c = self.engine.compiled([xb.shape], tuple(yb.shape), True, yb.dtype.name,
-                                     accumulate=True)
-            share = len(xb) / n
-            loss, _ = c.executor.run([xb, yb], training=True, seed=self.seed,
-                                     iteration=self.iteration, loss_scale=share,
-                                     record=self._recorder is not None)
-            if self.engine.compute and (loss is None or not np.isfinite(loss)):
-                raise NonFiniteError(f"the loss is {loss} at iteration {self.iteration}")
-            total += (loss or 0.0) * share
-            self._calibrate_link(c)
-            self._note_peak(c)
-            self.last_compiled = c
-        self.last_split = k
-        return total
+        """The batch as ``k`` micro-batches (:func:`~minidl.train.split_steps.split_gradients`)."""
+        return split_gradients(self, x, y, k)
 
     def _note_peak(self, c: Compiled) -> None:
         """Where the last run of ``c`` peaked: the trainer's peak when higher, and the
@@ -417,50 +391,14 @@ class Trainer:
         return np.concatenate(outs)
 
     def _forward_eval(self, xb: np.ndarray, yb: np.ndarray | None):
-        """Eval-mode forward of one batch: (mean loss, outputs). A batch that does not fit the
-        device memory runs in halves (inference needs no batch statistics across them)."""
-        if yb is None:  # placeholder class labels: (N,) or, for sequence models, (N, T)
-            yb = np.zeros(default_label_shape(self.net, tuple(xb.shape)), dtype=np.int64)
-        c = self._compiled(xb, yb, training=False)
-        try:
-            loss, outs = c.executor.run([xb, yb], training=False, seed=self.seed,
-                                        iteration=self.iteration, fetch_outputs=True)
-            peak = c.executor.last_runtime.peak_bytes
-            if self.eval_peak is None or peak > self.eval_peak[0]:
-                self.eval_peak = (peak, len(xb))
-            return loss, outs[0]
-        except DeviceOutOfMemory:
-            if len(xb) < 2:
-                raise
-        self.eval_splits += 1  # (said in memory_report's notes)
-        h = len(xb) // 2
-        l1, o1 = self._forward_eval(xb[:h], yb[:h])
-        l2, o2 = self._forward_eval(xb[h:], yb[h:])
-        return (l1 * h + l2 * (len(xb) - h)) / len(xb), np.concatenate([o1, o2])
+        """Eval-mode forward of one batch: (mean loss, outputs); see
+        :func:`~minidl.train.evaluation.forward_eval`."""
+        return forward_eval(self, xb, yb)
 
     def evaluate(self, x: Any, y: Any, batch_size: int = 256) -> tuple[float, float]:
         """Mean loss and accuracy (argmax over the last axis) in eval mode. ``x`` may be a
         streamed image array (:class:`~minidl.datasets.loaders.ImageArray`): read batch by batch."""
-        streamed = not isinstance(x, np.ndarray) and hasattr(x, "take")
-        if streamed:
-            y = np.asarray(y)
-            if len(y) != len(x):
-                raise ValueError(f"{len(x)} inputs but {len(y)} labels")
-        else:
-            x, y = check_inputs(self.net, x, y)
-        total_loss, correct, n, n_labels = 0.0, 0, 0, 0
-        for i in range(0, len(x), batch_size):
-            xb, yb = x[i:i + batch_size], y[i:i + batch_size]
-            if streamed:
-                xb, yb = check_inputs(self.net, xb, yb)
-            with self._compile_notice():
-                loss, logits = self._forward_eval(xb, yb)
-            total_loss += float(loss) * len(xb)
-            if np.issubdtype(yb.dtype, np.integer):
-                correct += int((logits.argmax(axis=-1) == yb).sum())
-            n += len(xb)
-            n_labels += yb.size
-        return total_loss / max(n, 1), correct / max(n_labels, 1)
+        return evaluate(self, x, y, batch_size)
 
     def fit(
         self,
