@@ -10,6 +10,7 @@ when the timed one does not fit the target's memory (:func:`vdnn_fitting`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Protocol
 
 from ..memory.cost.cost_model import step_costs, step_time
@@ -62,9 +63,12 @@ def search_options(engine: PlanningEngine, first: Lowered, lowered_with: LowerWi
         try:
             lowered, plan = plan_fitting(engine, lowered, options, lowered_with, config, net)
         except BudgetTooSmall:
-            if i == len(choices) - 1:
+            if i < len(choices) - 1:
+                continue
+            greedy = greedy_fitting(engine, lowered, options, lowered_with, config)
+            if greedy is None:
                 raise
-            continue
+            lowered, plan = greedy
         break
     if len(policies) > 1:
         plan = plan.with_notes(
@@ -74,6 +78,31 @@ def search_options(engine: PlanningEngine, first: Lowered, lowered_with: LowerWi
         plan = plan.with_notes(attention_options.describe(
             lowered.program, form, forms.index(form) + 1))
     return lowered, plan
+
+
+def greedy_fitting(engine: PlanningEngine, lowered: Lowered, options: dict,
+                   lowered_with: LowerWith, config: MemoryConfig
+                   ) -> tuple[Lowered, Plan] | None:
+    """The last resort of ``auto`` under a budget below the least peak of its frontier: the
+    greedy walk (swap or recompute, one feature map at a time, what frees the most bytes per
+    second of overhead: partial moves the frontier's candidates do not express), with every
+    convolution at its least workspace; ``None`` when it does not fit either (or the spec
+    asked for another planner)."""
+    if config.budget is None or not config.has("auto") or config.get("planner") is not None \
+            or not lowered.program.training:
+        return None
+    lean = workspace_options.lean_options(lowered.program) if engine.cap_workspaces else {}
+    low = lowered_with(workspace_options.merged(options, lean)) if lean else lowered
+    greedy = MemoryConfig({**config.flags, "planner": "greedy"})
+    try:
+        plan = make_plan(low.program, greedy, **target_costs(engine.target, low))
+    except BudgetTooSmall:
+        return None
+    if not workspace_options.arena_fits(plan, config.budget):
+        return None
+    return low, replace(plan, spec=config.spec).with_notes(
+        "auto: no plan of the frontier fits this budget (its least peak is above it); the "
+        "greedy walk's does, every convolution at its least workspace", first=True)
 
 
 def choice_notes(plan: Plan) -> list[str]:
