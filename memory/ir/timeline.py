@@ -168,6 +168,10 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f)
+        # the mode of a file open() makes (0666 less the umask), not mkstemp's private 0600
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
