@@ -41,12 +41,14 @@ def frontier(net: Network | Callable[[], Network], batch_size: int,
     included), ``peak_over_lower_bound`` (that over the program's ``lower_bound_bytes``),
     ``step_s`` (predicted seconds per iteration: ``target``'s cost model, else FLOPs at an
     assumed rate), ``overhead`` (over an unlimited-memory device's time), ``lower_bound_s``
-    (a certified lower bound at that peak where the planner gives one per point, else None),
+    (a lower bound on every plan of the whole batch at that peak, memory/planners/
+    certificate.py; None with the batch split),
     ``source`` and ``summary`` (the plan and what it does) and ``chosen`` (the plan picked for
     ``budget``: bytes or a size such as ``"2GiB"``; default the target's memory, else none).
-    The step time never rises with the peak. ``memory`` is an ``auto`` spec (``auto``, or
+    The step time never rises with the peak by more than the 0.5 % within which ties go to
+    the plan moving and recomputing fewer bytes. ``memory`` is an ``auto`` spec (``auto``, or
     with ``split=K`` or ``zero=K``); ``kwargs`` go to :func:`dry_run` (``label_shape``,
-    ``device_kind``, ``ranks``, ...). The whole report, with the certified bound at the budget,
+    ``device_kind``, ``ranks``, ...). The whole report, with the lower bound at the budget,
     is ``dry_run(...)["auto"]``.
 
     Raises :class:`~minidl.memory.planners.auto.BudgetTooSmall` when nothing fits ``budget`` and
