@@ -2,8 +2,11 @@
 
 Actions are typed records (:data:`Action`), carried out by
 :class:`~minidl.memory.runtime.runtime.MemoryRuntime`. Each declares the residency move it
-makes (``residency``: an action of :data:`.residency.TRANSITIONS`, the one table of legal
-moves), which both the runtime and :meth:`Plan.validate` follow. A :class:`Plan` is frozen: a
+is of one :class:`ActionKind`, and :data:`EFFECTS`, the one table every reader of actions
+dispatches on, says by kind what it does: the residency move it makes (a
+:class:`.residency.Move`, a key of :data:`.residency.TRANSITIONS`, the one table of legal
+moves, which both the runtime and :meth:`Plan.validate` follow), whether it puts a block on
+the device or takes one off, and the host-link copy it starts. A :class:`Plan` is frozen: a
 pass that changes a plan returns a new one (:func:`dataclasses.replace`), so a plan once made
 never changes under the executor that runs it.
 """
@@ -12,76 +15,123 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from typing import ClassVar, Union
+from typing import ClassVar, NamedTuple, Union
 
+from .names import Name
 from .program import Program
-from .residency import SWAPPED_OUT, TRANSITIONS, Residency
+from .residency import SWAPPED_OUT, TRANSITIONS, Move, Residency
 from .walk import Where, walk
 
 
+class ActionKind(Name):
+    """The kinds of plan action; each member is the name the runtime logs the action by (the
+    snapshot's ``action`` column)."""
+
+    ALLOC = "alloc"
+    FREE = "free"
+    OFFLOAD = "offload"
+    RELEASE = "release"
+    PREFETCH = "prefetch"
+    AWAIT = "await"
+
+
+class Effect(NamedTuple):
+    """What an action of one kind does: the residency move it makes, whether it puts a device
+    block on (``starts_block``) or takes one off (``ends_block``), and the host-link copy it
+    starts (``"d2h"`` / ``"h2d"``, or None)."""
+
+    move: Move
+    starts_block: bool = False
+    ends_block: bool = False
+    copy: str | None = None
+
+
+#: The one table of what plan actions do, by kind.
+EFFECTS: dict[ActionKind, Effect] = {
+    ActionKind.ALLOC: Effect(Move.ALLOCATE, starts_block=True),
+    ActionKind.FREE: Effect(Move.FREE, ends_block=True),
+    ActionKind.OFFLOAD: Effect(Move.OFFLOAD, copy="d2h"),
+    ActionKind.RELEASE: Effect(Move.RELEASE, ends_block=True),
+    ActionKind.PREFETCH: Effect(Move.PREFETCH, starts_block=True, copy="h2d"),
+    ActionKind.AWAIT: Effect(Move.AWAIT_PREFETCH),
+}
+#: The kinds that take a block off the device (the runtime's block events carry these names).
+ENDING_KINDS = frozenset(k for k, e in EFFECTS.items() if e.ends_block)
+
+
+class _Action:
+    """What every action reads from :data:`EFFECTS` through its ``kind``."""
+
+    __slots__ = ()
+    kind: ClassVar[ActionKind]
+
+    @property
+    def effect(self) -> Effect:
+        return EFFECTS[self.kind]
+
+    @property
+    def move(self) -> Move:
+        """The residency move the action makes (:data:`.residency.TRANSITIONS`)."""
+        return EFFECTS[self.kind].move
+
+
 @dataclass(frozen=True)
-class Alloc:
+class Alloc(_Action):
     """Put ``tensor`` (a block, or a view of its alias's block) on the device, at ``offset``
     when a static plan placed it (-1: the pool chooses)."""
 
     tensor: int
     offset: int = -1
-    op: ClassVar[str] = "alloc"
-    residency: ClassVar[str] = "allocate"
+    kind: ClassVar[ActionKind] = ActionKind.ALLOC
 
 
 @dataclass(frozen=True)
-class Free:
+class Free(_Action):
     """Return ``tensor``'s block (or drop its alias view)."""
 
     tensor: int
-    op: ClassVar[str] = "free"
-    residency: ClassVar[str] = "free"
+    kind: ClassVar[ActionKind] = ActionKind.FREE
 
 
 @dataclass(frozen=True)
-class Offload:
+class Offload(_Action):
     """Start copying ``tensor``'s block to host memory (the copy engine; asynchronous)."""
 
     tensor: int
-    op: ClassVar[str] = "offload"
-    residency: ClassVar[str] = "offload"
+    kind: ClassVar[ActionKind] = ActionKind.OFFLOAD
 
 
 @dataclass(frozen=True)
-class Release:
+class Release(_Action):
     """Wait for ``tensor``'s offload, then free its device block (or keep it cached)."""
 
     tensor: int
-    op: ClassVar[str] = "release"
-    residency: ClassVar[str] = "release"
+    kind: ClassVar[ActionKind] = ActionKind.RELEASE
 
 
 @dataclass(frozen=True)
-class Prefetch:
+class Prefetch(_Action):
     """Allocate ``tensor``'s block again (at ``offset`` if planned) and start copying it back."""
 
     tensor: int
     offset: int = -1
-    op: ClassVar[str] = "prefetch"
-    residency: ClassVar[str] = "prefetch"
+    kind: ClassVar[ActionKind] = ActionKind.PREFETCH
 
 
 @dataclass(frozen=True)
-class Await:
+class Await(_Action):
     """Wait until ``tensor``'s prefetch has arrived (the stall, if any)."""
 
     tensor: int
-    op: ClassVar[str] = "await"
-    residency: ClassVar[str] = "await_prefetch"
+    kind: ClassVar[ActionKind] = ActionKind.AWAIT
 
 
 #: Every memory action a plan can hold.
 Action = Union[Alloc, Free, Offload, Release, Prefetch, Await]  # noqa: UP007 - a runtime alias
 ACTIONS = (Alloc, Free, Offload, Release, Prefetch, Await)
-#: Actions that put a block on the device, and those that take it off.
-STARTS = (Alloc, Prefetch)
-ENDS = (Free, Release)
+#: Actions that put a block on the device, and those that take it off (from :data:`EFFECTS`).
+STARTS = tuple(a for a in ACTIONS if EFFECTS[a.kind].starts_block)
+ENDS = tuple(a for a in ACTIONS if EFFECTS[a.kind].ends_block)
 
 
 @dataclass(frozen=True)
@@ -202,30 +252,30 @@ class Plan:
         check.nothing_left()
 
 
-def residency_move(action: Action, state: Residency, cache: bool) -> str:
-    """The :data:`.residency.TRANSITIONS` action ``action`` makes on a tensor in ``state``:
-    its declared ``residency``, except that with the tensor cache (``Plan.cache``) a release
+def residency_move(action: Action, state: Residency, cache: bool) -> Move:
+    """The :data:`.residency.TRANSITIONS` move ``action`` makes on a tensor in ``state``:
+    its declared ``move``, except that with the tensor cache (``Plan.cache``) a release
     keeps the block cached and a prefetch of a cached block reuses it."""
-    move = action.residency
-    if cache and move == "release":
-        return "keep_cached"
-    if move == "prefetch" and state is Residency.CACHED:
-        return "reuse_cached"
+    move = action.move
+    if cache and move is Move.RELEASE:
+        return Move.KEEP_CACHED
+    if move is Move.PREFETCH and state is Residency.CACHED:
+        return Move.REUSE_CACHED
     return move
 
 
 #: Moves the table allows that a plan must not make: a plan allocates each tensor once per
 #: iteration (the passes never allocate a tensor they freed; the runtime's table would take it).
-_PLAN_ONLY_FORBIDS = frozenset({("allocate", Residency.FREED)})
+_PLAN_ONLY_FORBIDS = frozenset({(Move.ALLOCATE, Residency.FREED)})
 
 #: What :meth:`Plan.validate` says for an illegal move, by the move and the state it met
 #: (anything else: the table's own wording).
-_MISTAKES: dict[tuple[str, Residency], str] = {
-    ("allocate", Residency.ON_DEVICE): "allocated twice",
-    ("allocate", Residency.FREED): "allocated twice (freed before; a plan allocates a tensor "
-                                   "once)",
-    ("free", Residency.UNALLOCATED): "freed while not live (never allocated)",
-    ("free", Residency.FREED): "freed while not live (freed already)",
+_MISTAKES: dict[tuple[Move, Residency], str] = {
+    (Move.ALLOCATE, Residency.ON_DEVICE): "allocated twice",
+    (Move.ALLOCATE, Residency.FREED): "allocated twice (freed before; a plan allocates a "
+                                      "tensor once)",
+    (Move.FREE, Residency.UNALLOCATED): "freed while not live (never allocated)",
+    (Move.FREE, Residency.FREED): "freed while not live (freed already)",
 }
 
 

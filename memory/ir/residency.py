@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from .names import Name
+
 
 class Residency(Enum):
     """The state of one tensor within an iteration."""
@@ -47,28 +49,46 @@ class Residency(Enum):
     FREED = "freed"  # gone for the rest of the iteration
 
 
-#: Every legal transition: (state, action) -> the state it leads to. Anything else is illegal.
-TRANSITIONS: dict[tuple[Residency, str], Residency] = {
-    (Residency.UNALLOCATED, "allocate"): Residency.ON_DEVICE,
+class Move(Name):
+    """A residency move: what an action does to one tensor's residency. The keys of
+    :data:`TRANSITIONS`; each plan action declares one (``Action.move``, whose effects on
+    blocks and the host link are :data:`~minidl.memory.ir.plan.EFFECTS`). Members are their
+    strings (:class:`.names.Name`)."""
+
+    ALLOCATE = "allocate"
+    REALLOCATE = "reallocate"
+    OFFLOAD = "offload"
+    RELEASE = "release"
+    KEEP_CACHED = "keep_cached"
+    EVICT = "evict"
+    REUSE_CACHED = "reuse_cached"
+    PREFETCH = "prefetch"
+    AWAIT_PREFETCH = "await_prefetch"
+    FREE = "free"
+
+
+#: Every legal transition: (state, move) -> the state it leads to. Anything else is illegal.
+TRANSITIONS: dict[tuple[Residency, Move], Residency] = {
+    (Residency.UNALLOCATED, Move.ALLOCATE): Residency.ON_DEVICE,
     # a plan may free a tensor and allocate it again later: a new block, no old contents
-    (Residency.FREED, "allocate"): Residency.ON_DEVICE,
-    (Residency.ON_DEVICE, "reallocate"): Residency.ON_DEVICE,
-    (Residency.ON_DEVICE, "offload"): Residency.OFFLOADING,
-    (Residency.OFFLOADING, "release"): Residency.ON_HOST,
-    (Residency.OFFLOADING, "keep_cached"): Residency.CACHED,
-    (Residency.CACHED, "evict"): Residency.ON_HOST,
-    (Residency.CACHED, "reuse_cached"): Residency.PREFETCHING,
-    (Residency.ON_HOST, "prefetch"): Residency.PREFETCHING,
-    (Residency.PREFETCHING, "await_prefetch"): Residency.ON_DEVICE,
-    (Residency.ON_DEVICE, "free"): Residency.FREED,
-    (Residency.OFFLOADING, "free"): Residency.FREED,
-    (Residency.ON_HOST, "free"): Residency.FREED,
-    (Residency.PREFETCHING, "free"): Residency.FREED,
-    (Residency.CACHED, "free"): Residency.FREED,
+    (Residency.FREED, Move.ALLOCATE): Residency.ON_DEVICE,
+    (Residency.ON_DEVICE, Move.REALLOCATE): Residency.ON_DEVICE,
+    (Residency.ON_DEVICE, Move.OFFLOAD): Residency.OFFLOADING,
+    (Residency.OFFLOADING, Move.RELEASE): Residency.ON_HOST,
+    (Residency.OFFLOADING, Move.KEEP_CACHED): Residency.CACHED,
+    (Residency.CACHED, Move.EVICT): Residency.ON_HOST,
+    (Residency.CACHED, Move.REUSE_CACHED): Residency.PREFETCHING,
+    (Residency.ON_HOST, Move.PREFETCH): Residency.PREFETCHING,
+    (Residency.PREFETCHING, Move.AWAIT_PREFETCH): Residency.ON_DEVICE,
+    (Residency.ON_DEVICE, Move.FREE): Residency.FREED,
+    (Residency.OFFLOADING, Move.FREE): Residency.FREED,
+    (Residency.ON_HOST, Move.FREE): Residency.FREED,
+    (Residency.PREFETCHING, Move.FREE): Residency.FREED,
+    (Residency.CACHED, Move.FREE): Residency.FREED,
 }
 
 #: Every action a record accepts (the names of its transition methods).
-ACTIONS: tuple[str, ...] = tuple(dict.fromkeys(action for _, action in TRANSITIONS))
+ACTIONS: tuple[Move, ...] = tuple(dict.fromkeys(move for _, move in TRANSITIONS))
 
 #: States in which a tensor has been offloaded and is not yet back (a swap is under way).
 SWAPPED_OUT = frozenset({Residency.OFFLOADING, Residency.CACHED, Residency.ON_HOST,
@@ -108,60 +128,60 @@ class TensorRecord:
     saved_shape: tuple[int, ...] | None = None
     members: set[int] = field(default_factory=set)
 
-    def check(self, action: str) -> Residency:
-        """The state ``action`` leads to from here; raises :class:`IllegalTransition`."""
+    def check(self, move: Move) -> Residency:
+        """The state ``move`` leads to from here; raises :class:`IllegalTransition`."""
         try:
-            return TRANSITIONS[(self.state, action)]
+            return TRANSITIONS[(self.state, move)]
         except KeyError:
-            raise IllegalTransition(self.name, self.state, action) from None
+            raise IllegalTransition(self.name, self.state, move) from None
 
     def allocate(self, block: Any, view: Any) -> None:
         """On device in ``block`` (None for an alias), readable as ``view`` (None for an alias
         whose root is away)."""
-        self.state = self.check("allocate")
+        self.state = self.check(Move.ALLOCATE)
         self.block, self.view = block, view
 
     def reallocate(self, block: Any, view: Any) -> None:
         """The device block replaced by ``block`` (the caller frees the old one)."""
-        self.state = self.check("reallocate")
+        self.state = self.check(Move.REALLOCATE)
         self.block, self.view = block, view
 
     def offload(self, host: Any, event: Any) -> None:
         """Being copied into ``host`` (``event`` completes the copy); not readable meanwhile."""
-        self.state = self.check("offload")
+        self.state = self.check(Move.OFFLOAD)
         self.host, self.d2h, self.nbytes = host, event, self.block.size
         self.view = None
 
     def release(self) -> None:
         """The device block is gone (the caller freed it); the host copy remains."""
-        self.state = self.check("release")
+        self.state = self.check(Move.RELEASE)
         self.block = None
 
     def keep_cached(self) -> None:
         """Released, but the block stays on device until evicted or reused."""
-        self.state = self.check("keep_cached")
+        self.state = self.check(Move.KEEP_CACHED)
 
     def evict(self) -> None:
         """The cached block is gone (the caller freed it); the host copy remains."""
-        self.state = self.check("evict")
+        self.state = self.check(Move.EVICT)
         self.block = None
 
     def reuse_cached(self) -> None:
         """A prefetch found the block still cached: back without a copy."""
-        self.state = self.check("reuse_cached")
+        self.state = self.check(Move.REUSE_CACHED)
         self.h2d = None
 
     def prefetch(self, block: Any, event: Any) -> None:
         """Copying back into ``block`` (``event`` completes the copy)."""
-        self.state = self.check("prefetch")
+        self.state = self.check(Move.PREFETCH)
         self.block, self.h2d = block, event
 
     def await_prefetch(self, view: Any) -> None:
         """The copy back is complete (the caller waited and returned the host buffer)."""
-        self.state = self.check("await_prefetch")
+        self.state = self.check(Move.AWAIT_PREFETCH)
         self.view, self.host = view, None
 
     def free(self) -> None:
         """Gone for the rest of the iteration (the caller returned the block and host buffer)."""
-        self.state = self.check("free")
+        self.state = self.check(Move.FREE)
         self.block = self.view = self.host = self.d2h = self.h2d = None

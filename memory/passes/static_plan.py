@@ -15,7 +15,7 @@ from dataclasses import replace
 import numpy as np
 from numba import njit
 
-from ..ir.plan import ENDS, STARTS, Action, Plan
+from ..ir.plan import Action, Plan
 from ..ir.walk import walk
 
 
@@ -35,11 +35,12 @@ def block_intervals(plan: Plan) -> dict[tuple[int, int], tuple[int, int, int]]:
         for a in visit.actions:
             tid = a.tensor
             if tid not in aliases:
-                if isinstance(a, STARTS):
+                effect = a.effect
+                if effect.starts_block:
                     k = count.get(tid, 0)
                     count[tid] = k + 1
                     start[tid] = (k, t)
-                elif isinstance(a, ENDS) and tid in start:
+                elif effect.ends_block and tid in start:
                     k, s = start.pop(tid)
                     out[(tid, k)] = (s, t, sizes[tid])
             t += 1
@@ -145,7 +146,7 @@ def static_plan(plan: Plan, base: int) -> Plan:
     def place(actions: list[Action]) -> list[Action]:
         out = []
         for a in actions:
-            if isinstance(a, STARTS) and a.tensor not in plan.aliases:
+            if a.effect.starts_block and a.tensor not in plan.aliases:
                 k = seen.get(a.tensor, 0)
                 seen[a.tensor] = k + 1
                 a = replace(a, offset=base + offsets[(a.tensor, k)])

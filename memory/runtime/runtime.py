@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from ..ir.liveness import root_of
-from ..ir.plan import Action, Offload, Plan, Prefetch
+from ..ir.plan import Action, Plan
 from ..ir.program import Program
-from ..ir.residency import SWAPPED_OUT, IllegalTransition, Residency, TensorRecord
+from ..ir.residency import SWAPPED_OUT, IllegalTransition, Move, Residency, TensorRecord
 from ..ir.walk import Visit, Where
 from .cache import TensorCache
 from .pool import DeviceOutOfMemory, PlacementError
@@ -160,17 +160,16 @@ class MemoryRuntime:
         t0 = time.perf_counter()
         self._apply(action)
         rec = self.records.get(action.tensor)
-        copy = None
-        if rec is not None and isinstance(action, Offload):
-            copy = rec.d2h
-        elif rec is not None and isinstance(action, Prefetch):
-            copy = rec.h2d  # None when the tensor cache still held the block
-        self.actions.append((t0, time.perf_counter(), self._position,
-                             type(action).__name__.lower(), action.tensor, copy))
+        effect = action.effect
+        copy = None  # a prefetch's is None when the tensor cache still held the block
+        if rec is not None and effect.copy is not None:
+            copy = rec.d2h if effect.copy == "d2h" else rec.h2d
+        self.actions.append((t0, time.perf_counter(), self._position, action.kind,
+                             action.tensor, copy))
 
     def _apply(self, action: Action) -> None:
         try:
-            carry_out = _CARRY_OUT[action.residency]
+            carry_out = _CARRY_OUT[action.move]
         except (AttributeError, KeyError):
             raise TypeError(f"memory runtime cannot carry out {action!r}: not a plan action") \
                 from None
@@ -418,12 +417,12 @@ class MemoryRuntime:
 
 
 #: How the runtime carries out each plan action, by the residency move it declares
-#: (``Action.residency``; the records check the move against the one table, TRANSITIONS).
-_CARRY_OUT: dict[str, Callable[[MemoryRuntime, Any], None]] = {
-    "allocate": lambda rt, a: rt.alloc(a.tensor, a.offset),
-    "free": lambda rt, a: rt.free(a.tensor),
-    "offload": lambda rt, a: rt.offload(a.tensor),
-    "release": lambda rt, a: rt.release(a.tensor),
-    "prefetch": lambda rt, a: rt.prefetch(a.tensor, a.offset),
-    "await_prefetch": lambda rt, a: rt.await_(a.tensor),
+#: (``Action.move``; the records check the move against the one table, TRANSITIONS).
+_CARRY_OUT: dict[Move, Callable[[MemoryRuntime, Any], None]] = {
+    Move.ALLOCATE: lambda rt, a: rt.alloc(a.tensor, a.offset),
+    Move.FREE: lambda rt, a: rt.free(a.tensor),
+    Move.OFFLOAD: lambda rt, a: rt.offload(a.tensor),
+    Move.RELEASE: lambda rt, a: rt.release(a.tensor),
+    Move.PREFETCH: lambda rt, a: rt.prefetch(a.tensor, a.offset),
+    Move.AWAIT_PREFETCH: lambda rt, a: rt.await_(a.tensor),
 }

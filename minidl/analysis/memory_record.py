@@ -35,9 +35,10 @@ from ..compile.engine import Compiled, PeakInfo
 from ..interop import memory_viz
 from ..interop.memory_viz import SNAPSHOT_FORMAT
 from ..memory.devices.traits import device_traits
-from ..memory.ir.plan import Action, Alloc, Plan, Prefetch
+from ..memory.ir.plan import EFFECTS, ENDING_KINDS, Action, Plan
 from ..memory.ir.timeline import series, trace, write_chrome_trace, write_json_atomic
 from ..memory.ir.units import format_size
+from ..memory.ir.walk import Where, walk
 from ..memory.runtime.pool import PlacementError, Pool
 from .report import persistent_by_category, plot_timeline
 
@@ -122,10 +123,12 @@ def _compute_spans(cap: _Capture, t0: float) -> list[tuple[float, float]]:
     for _, end, pos, *_ in rt.actions:
         before_ends.setdefault(pos, []).append(end)
     spans = []
-    for i, sp in enumerate(plan.steps):
-        ends = before_ends.get(i, [])[:len(sp.before)]
-        start = ends[-1] if ends else marks.get(i, t0)
-        spans.append((start - t0, start - t0 + float(cap.step_times[i])))
+    for visit in walk(plan):
+        if visit.where is Where.BEFORE:
+            i = visit.step
+            ends = before_ends.get(i, [])[:len(visit.actions)]
+            start = ends[-1] if ends else marks.get(i, t0)
+            spans.append((start - t0, start - t0 + float(cap.step_times[i])))
     return spans
 
 
@@ -138,7 +141,7 @@ def _copies(cap: _Capture, names: list[str], nbytes: list[int],
     for start, _, _, action, tid, copy in cap.runtime.actions:
         if copy is None:
             continue
-        lane = "d2h" if action == "offload" else "h2d"
+        lane = EFFECTS[action].copy
         begin = max(start - t0, lane_free[lane])
         end = begin + float(copy.elapsed_s or 0.0)
         lane_free[lane] = end
@@ -157,12 +160,8 @@ class _ArenaCopy:
 
 
 def _applied_order(plan: Plan) -> list[Action]:
-    """The plan's actions in the order the executor applies them."""
-    out = list(plan.begin)
-    for sp in plan.steps:
-        out += sp.before
-        out += sp.after
-    return out + list(plan.end)
+    """The plan's actions in the order the executor applies them (the plan's walk)."""
+    return [a for visit in walk(plan) for a in visit.actions]
 
 
 def _addresses(cap: _Capture) -> tuple[list[int], int]:
@@ -177,7 +176,7 @@ def _addresses(cap: _Capture) -> tuple[list[int], int]:
         pool.allocate(size, tag, cat, offset=off)
         span = max(span, off + size)
     planned, applied = _applied_order(plan), rt.actions
-    if [(type(a).__name__.lower(), a.tensor) for a in planned] != [r[3:5] for r in applied]:
+    if [(a.kind, a.tensor) for a in planned] != [r[3:5] for r in applied]:
         raise RuntimeError("the recorded actions are not the plan's: the blocks' addresses "
                            "cannot be replayed")
     blocks: dict[str, Any] = {}
@@ -190,8 +189,8 @@ def _addresses(cap: _Capture) -> tuple[list[int], int]:
         while k < len(applied) and applied[k][1] < t:
             k += 1
         a = planned[k] if k < len(applied) and applied[k][0] <= t else None
-        want = a if isinstance(a, (Alloc, Prefetch)) and a.offset >= 0 else None
-        if op in ("free", "release"):
+        want = a if a is not None and a.effect.starts_block and a.offset >= 0 else None
+        if op in ENDING_KINDS:
             blk = blocks.pop(name, None)
             if blk is None:
                 raise RuntimeError(f"{op} of {name}, not allocated in the recorded iteration: "

@@ -13,8 +13,9 @@ from ..layers.base import Layer
 from ..memory.devices.device import MetaDevice
 from ..memory.ir.config import MemoryConfig
 from ..memory.ir.liveness import root_of
-from ..memory.ir.plan import Alloc, Free, Prefetch, Release
+from ..memory.ir.names import Phase
 from ..memory.ir.units import format_size
+from ..memory.ir.walk import Where, walk
 from ..memory.runtime.pool import Pool
 from ..net.graph import Network
 from ..net.labels import default_label_shape
@@ -115,26 +116,25 @@ def layer_memory(net: Network, batch_size: int, memory: str | MemoryConfig = "no
     return rows
 
 
+_BACKWARD_PHASES = (Phase.BACKWARD, Phase.RECOMPUTE)
+
+
 def _on_device_when_backward_starts(plan: Any) -> set[int]:
     """Tensors whose own block is on the device just before the first backward or
     recomputation step (aliases count under their root)."""
     live: set[int] = set()
-
-    def apply(actions: Any) -> None:
-        for a in actions:
+    steps = plan.program.steps
+    for visit in walk(plan):
+        if visit.where is Where.END or (visit.where is Where.BEFORE
+                                        and steps[visit.step].phase in _BACKWARD_PHASES):
+            break
+        for a in visit.actions:
             if a.tensor in plan.aliases:
                 continue
-            if isinstance(a, (Alloc, Prefetch)):
+            if a.effect.starts_block:
                 live.add(a.tensor)
-            elif isinstance(a, (Free, Release)):
+            elif a.effect.ends_block:
                 live.discard(root_of(plan.aliases, a.tensor))
-
-    apply(plan.begin)
-    for st, sp in zip(plan.program.steps, plan.steps):
-        if st.phase in ("backward", "recompute"):
-            break
-        apply(sp.before)
-        apply(sp.after)
     return live
 
 

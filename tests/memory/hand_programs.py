@@ -184,7 +184,7 @@ def ids(program: Program) -> dict[str, int]:
 
 
 def _name(program: Program, action) -> str:
-    return f"{action.op} {program.tensors[action.tensor].name}"
+    return f"{action.kind} {program.tensors[action.tensor].name}"
 
 
 def render(plan: Plan) -> list[tuple[str, list[str], list[str]]]:

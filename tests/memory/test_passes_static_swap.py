@@ -26,9 +26,9 @@ def live_bytes_by_walk(plan) -> int:
         if a.tensor in plan.aliases:
             continue
         size = p.block_size(p.tensors[a.tensor].nbytes)
-        if isinstance(a, STARTS):
+        if a.effect.starts_block:
             live += size
-        elif a.op in ("free", "release"):
+        elif a.effect.ends_block:
             live -= size
         best = max(best, live)
     return best

@@ -13,6 +13,7 @@ from minidl.memory.ir.config import MemoryConfig
 from minidl.memory.ir.liveness import liveness_plan
 from minidl.memory.ir.plan import (
     ACTIONS,
+    EFFECTS,
     Alloc,
     Await,
     Free,
@@ -44,7 +45,7 @@ def _conv_freed():
 
 
 def test_every_plan_action_declares_a_move_of_the_table():
-    assert {a.residency for a in ACTIONS} <= set(RESIDENCY_ACTIONS)
+    assert {EFFECTS[a.kind].move for a in ACTIONS} <= set(RESIDENCY_ACTIONS)
 
 
 def test_the_cache_turns_release_and_prefetch_into_the_cached_moves():
