@@ -36,6 +36,7 @@ from minidl.kernels.convolution.conv import conv2d_backward, conv2d_forward, con
 from minidl.kernels.convolution.conv_geometry import conv_config
 from minidl.layers import Conv2d, SoftmaxCrossEntropy
 from minidl.memory.devices.device import MetaDevice
+from minidl.memory.options import workspace_caps as WC
 from minidl.memory.options import workspace_options as W
 from minidl.memory.runtime.pool import Pool
 from minidl.net.optim import SGD
@@ -187,8 +188,8 @@ def layers(model, shape, batch, rounds=3) -> None:
     print(_note({"notes": c.plan.notes}))
     caps, shapes = {}, {}
     for st in c.plan.program.steps:
-        if st.kind == "conv" and st.phase == "forward" and st.options.get(W.OPTION):
-            caps[st.layer] = st.options[W.OPTION]
+        if st.kind == "conv" and st.phase == "forward" and st.options.get(WC.OPTION):
+            caps[st.layer] = st.options[WC.OPTION]
             shapes[st.layer] = c.plan.program.tensors[st.reads[0]].shape
     mods = {node.name: node.layer for node in net.nodes}
     rng = np.random.default_rng(0)

@@ -66,24 +66,17 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from ...kernels.convolution.conv_geometry import REFERENCE_ROWS  # noqa: F401  (re-exported)
 from ..ir.config import MemoryConfig
 from ..ir.plan import Plan
 from ..ir.program import Program
 from ..ir.units import ALLOCATION_UNIT
 from ..passes.base_plan import plan_peak
 from ..planners.auto import BudgetTooSmall
-from .workspace_caps import (  # noqa: F401  (re-exported: the names lived here)
+from .workspace_caps import (
     AT_PEAK,
-    FIT_BUDGET,
-    NOTE_PREFIX,
-    OPTION,
+    NOTE_PREFIX,  # noqa: F401  (minidl/compile reads it through this module)
     Key,
-    _key,
-    _live_curve,
-    as_options,
     capped_rows,
-    capped_steps,
     describe,
     headroom_options,
     lean_options,
@@ -91,17 +84,16 @@ from .workspace_caps import (  # noqa: F401  (re-exported: the names lived here)
     released,
     workspaces,
 )
-from .workspace_peak import (  # noqa: F401  (re-exported: the names lived here)
+from .workspace_peak import (
     CANONICAL,
     TIME_SHARE,
     T,
     _blocks,
     level_caps,
     measured,
-    peak_level,
     peak_options,
 )
-from .workspace_times import ConvTimes, _extra, _geometry, _rel_time, _time_steps  # noqa: F401
+from .workspace_times import ConvTimes
 
 #: Device kinds whose convolutions vDNN's rule caps without a budget (module docstring).
 #: None by default for now: under the rule each spec's plan caps its own convolutions, so a

@@ -393,7 +393,7 @@ def test_emulation_does_not_import_numba_cuda():
     script = (f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
               "import numpy as np\n"
               "from test_cuda_launch import D, H, same\n"
-              "from minidl.kernels import bitpack, precision\n"
+              "from minidl.kernels.codecs import bitpack, precision\n"
               "x = np.linspace(-1, 1, 999, dtype=np.float32)\n"
               "same(H(bitpack.pack_sign(D(x))), bitpack.pack_sign(x, impl='numpy'))\n"
               "same(H(precision.encode(D(x), 'fp16')), precision.encode(x, 'fp16', "

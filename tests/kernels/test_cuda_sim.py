@@ -43,7 +43,7 @@ PRELUDE = textwrap.dedent("""
 SCRIPTS = {
     # lengths not multiple of 8, -0.0, NaN, inf; in-place ReLU backward; an explicit stream
     "bitpack": """
-        from minidl.kernels import bitpack as bp
+        from minidl.kernels.codecs import bitpack as bp
         for n, dt in ((2053, np.float32), (1111, np.float64), (1029, np.bool_)):
             x = rng.standard_normal(n)
             x[::7] = 0; x[3] = -0.0; x[5] = np.nan; x[6] = np.inf
@@ -65,7 +65,7 @@ SCRIPTS = {
     """,
     # every bit width; backward with overlapping windows and padding
     "poolidx": """
-        from minidl.kernels import poolidx as pi
+        from minidl.kernels.pooling import poolidx as pi
         for bits in (1, 2, 4, 8):
             idx = rng.integers(0, 2**bits, 1301).astype(np.uint8)
             p = pi.pack_indices(D(idx), bits)
@@ -85,7 +85,7 @@ SCRIPTS = {
     """,
     # count / zvc / csr with more chunks (256 elements) and rows than the 128 threads
     "sparse": """
-        from minidl.kernels import sparse as sp
+        from minidl.kernels.codecs import sparse as sp
         for dt, n in ((np.float32, 33333), (np.float64, 4101)):
             xs = (rng.standard_normal(n) * (rng.random(n) < 0.3)).astype(dt)
             xs[-50:] = 0; xs[1] = -0.0; xs[2] = np.nan
@@ -115,7 +115,7 @@ SCRIPTS = {
     """,
     # specials, subnormals, overflow; every fp8 code; float64 output
     "precision": """
-        from minidl.kernels import precision as pr
+        from minidl.kernels.codecs import precision as pr
         xf = np.concatenate([rng.standard_normal(301).astype(np.float32) * 100, np.array(
             [0, -0.0, np.inf, -np.inf, np.nan, 1e-8, 6e-8, 3e-5, 2.0**-10, 500, 65520, 1e-3,
              448, 464], np.float32)])
@@ -133,7 +133,7 @@ SCRIPTS = {
     """,
     # max pooling forward (ties, NaN, -inf, padding) and backward (overlapping windows)
     "maxpool": """
-        from minidl.kernels import pool as P
+        from minidl.kernels.pooling import pool as P
         for k, s, pad, shape in [((2, 2), (2, 2), (0, 0), (2, 3, 17, 19)),
                                  ((3, 3), (2, 2), (1, 1), (1, 3, 15, 13)),
                                  ((3, 3), (1, 1), (1, 1), (2, 1, 9, 11)),
@@ -155,7 +155,7 @@ SCRIPTS = {
     # conv_device's im2col / col2im tile kernels: a multi-image tile, bands of rows (dx
     # accumulated over them from NaN garbage), padding, stride, dilation
     "conv_device": """
-        from minidl.kernels import conv_device as CD
+        from minidl.kernels.convolution import conv_device as CD
         for x_shape, k, s, pad, dil, cap in [
                 ((3, 2, 7, 6), (3, 3), (1, 1), (1, 1), (1, 1), 1 << 20),
                 ((1, 3, 9, 7), (3, 2), (2, 1), (2, 1), (1, 2), 2100)]:
@@ -179,8 +179,8 @@ SCRIPTS = {
     """,
     # average pooling's gather kernels (padding, overlapping and gapped windows)
     "avgpool": """
-        from minidl.kernels import pool as P
-        from minidl.kernels import pool_device as PD
+        from minidl.kernels.pooling import pool as P
+        from minidl.kernels.pooling import pool_device as PD
         for k, s, pad, shape in [((3, 3), (2, 2), (1, 1), (2, 2, 11, 13)),
                                  ((2, 3), (3, 1), (1, 1), (1, 3, 10, 9))]:
             ho, wo = P.pool_output_hw(shape[2:], k, s, pad)
@@ -202,7 +202,7 @@ SCRIPTS = {
     # the 32 threads; the finalize block's 40 channels over 32 threads, the counter read by
     # all before it is incremented; float64 tree sums, so compared within 1e-12
     "batchnorm": """
-        from minidl.kernels import batchnorm as bnk
+        from minidl.kernels.normalization import batchnorm as bnk
         def close(a, b, rtol):
             np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol * np.abs(b).max())
         for dt in (np.float32, np.float64):
@@ -262,7 +262,7 @@ SCRIPTS = {
     # softmax cross-entropy: rows over 4 blocks, classes fewer and more than the 32 threads,
     # a NaN row, ties and -inf; against the layer's host path (float32 sums there)
     "softmax_xent": """
-        from minidl.kernels import softmax_xent as sx
+        from minidl.kernels.pointwise import softmax_xent as sx
         from minidl.layers import Context, SoftmaxCrossEntropy
         for dt, rtol in ((np.float32, 2e-6), (np.float64, 1e-12)):
             for m, k in ((6, 45), (5, 3)):
@@ -315,7 +315,8 @@ def test_cuda_kernels_under_simulator(name):
 
 def test_import_does_not_load_numba_cuda():
     script = ("import sys, numpy as np\n"
-              "from minidl.kernels import bitpack, poolidx, sparse, precision, pool\n"
+              "from minidl.kernels.codecs import bitpack, sparse, precision\n"
+              "from minidl.kernels.pooling import poolidx, pool\n"
               "bitpack.pack_sign(np.ones(9, np.float32))\n"
               "assert 'numba.cuda' not in sys.modules, 'numba.cuda imported'\n"
               "print('LAZY OK')\n")

@@ -154,7 +154,7 @@ def test_reference_matches_torch(kernel, stride, padding):
 CUDA_SIM_SCRIPT = """
 import numpy as np
 from numba import config, cuda
-from minidl.kernels import pool as P
+from minidl.kernels.pooling import pool as P
 assert config.ENABLE_CUDASIM
 rng = np.random.default_rng(0)
 for dt in (np.float32, np.float64):

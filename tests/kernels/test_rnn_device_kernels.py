@@ -215,8 +215,8 @@ SIM_SCRIPT = """
 import numpy as np
 from numba import config, cuda
 from minidl.kernels import _cuda
-from minidl.kernels import rnn as rk
-from minidl.kernels import rnn_device as rd
+from minidl.kernels.recurrent import rnn as rk
+from minidl.kernels.recurrent import rnn_device as rd
 assert config.ENABLE_CUDASIM and _cuda.grid(10**6) == (4, 32)
 rng = np.random.default_rng(0)
 D, H = cuda.to_device, (lambda a: a.copy_to_host())

@@ -343,11 +343,11 @@ SIM_SCRIPT = """
 import numpy as np
 from numba import config, cuda
 from minidl.kernels import _cuda
-from minidl.kernels import attention_rows as AR
-from minidl.kernels import dropout as DR
-from minidl.kernels import embedding as EM
-from minidl.kernels import layernorm as LN
-from minidl.kernels import transformer_device as TD
+from minidl.kernels.transformer import attention_rows as AR
+from minidl.kernels.pointwise import dropout as DR
+from minidl.kernels.transformer import embedding as EM
+from minidl.kernels.normalization import layernorm as LN
+from minidl.kernels.transformer import transformer_device as TD
 assert config.ENABLE_CUDASIM and _cuda.grid(10**6) == (4, 32)
 rng = np.random.default_rng(0)
 D, H = cuda.to_device, (lambda a: a.copy_to_host())

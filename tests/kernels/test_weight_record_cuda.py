@@ -57,7 +57,8 @@ def _device_decode(rec: bytes, n: int, dtype=np.float32) -> tuple[np.ndarray, in
 SIM_SCRIPT = textwrap.dedent("""
     import numpy as np
     from numba import config, cuda
-    from minidl.kernels import _cuda, weight_record as wr
+    from minidl.kernels import _cuda
+    from minidl.kernels.compression import weight_record as wr
     assert config.ENABLE_CUDASIM and _cuda.grid(10**6) == (4, 32)
     rng = np.random.default_rng(0)
     D, H = cuda.to_device, (lambda a: a.copy_to_host())

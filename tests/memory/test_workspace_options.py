@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from minidl.memory.ir.capabilities import op_caps
 from minidl.memory.ir.config import MemoryConfig
 from minidl.memory.ir.program import Program, TensorSpec
+from minidl.memory.options import workspace_caps as WC
 from minidl.memory.options import workspace_options as W
 from minidl.memory.passes.base_plan import base_plan, plan_peak
 
@@ -41,7 +42,7 @@ def _resized(program: Program, sizes: dict[W.Key, int]) -> Program:
     """``program`` with the workspaces of the given (node, backward) keys grown to ``sizes``
     bytes (never shrunk), as a lowering under caps that size could make them."""
     tensors = list(program.tensors)
-    for i in W.capped_steps(program):
+    for i in WC.capped_steps(program):
         st = program.steps[i]
         key = (st.node, st.phase == "backward")
         if key in sizes:
@@ -54,16 +55,16 @@ def _resized(program: Program, sizes: dict[W.Key, int]) -> Program:
 
 def test_steps_taking_the_option_and_lean_options():
     p = _program([(2, 3), (0, 5)])
-    nodes = {p.steps[i].node for i in W.capped_steps(p)}
+    nodes = {p.steps[i].node for i in WC.capped_steps(p)}
     assert nodes == {0, 2}  # conv0's and conv1's nodes (a relu in between)
-    assert len(W.capped_steps(p)) == 3  # conv1 has no forward workspace
+    assert len(WC.capped_steps(p)) == 3  # conv1 has no forward workspace
     assert W.workspaces(p) == {(0, False): 2 * UNIT * 4, (0, True): 3 * UNIT * 4,
                                (2, True): 5 * UNIT * 4}
     assert W.lean_options(p) == {0: {"conv_ws": (0, 0)}, 2: {"conv_ws": (None, 0)}}
     assert W.merged({0: {"bptt": "x"}}, W.lean_options(p)) == {
         0: {"bptt": "x", "conv_ws": (0, 0)}, 2: {"conv_ws": (None, 0)}}
     no_option = lower_layers([HandLayer("c", "conv", ("x",), 4, fwd_workspace=2)])
-    assert W.capped_steps(no_option) == [] and W.lean_options(no_option) == {}
+    assert WC.capped_steps(no_option) == [] and W.lean_options(no_option) == {}
 
 
 @settings(max_examples=40, deadline=None)

@@ -9,8 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_workspace_options import _program, _resized
 
+from minidl.kernels.convolution.conv_geometry import REFERENCE_ROWS
 from minidl.memory.ir.config import MemoryConfig
+from minidl.memory.options import workspace_caps as WC
 from minidl.memory.options import workspace_options as W
+from minidl.memory.options import workspace_peak as WP
+from minidl.memory.options import workspace_times as WT
 from minidl.memory.passes.base_plan import base_plan, plan_peak
 
 REUSE = MemoryConfig.parse("reuse,inplace")
@@ -29,7 +33,7 @@ def _lowering(ws: list[tuple[int, int]], grow: list[int]):
     def sizes(options):
         out = dict(fast)
         for node, o in (options or {}).items():
-            for backward, cap in zip((False, True), o.get(W.OPTION, (None, None))):
+            for backward, cap in zip((False, True), o.get(WC.OPTION, (None, None))):
                 if cap is not None and (node, backward) in small:
                     out[(node, backward)] = max(small[(node, backward)],
                                                 min(cap, fast[(node, backward)]))
@@ -146,22 +150,22 @@ def test_peak_level_is_the_lowest_level_within_the_share(blocks, steps, share, w
 
     def cost(level):
         c = W.level_caps(bl, level, unit)
-        return sum(W._extra(table[k], v) for k, v in c.items()) / total
+        return sum(WT._extra(table[k], v) for k, v in c.items()) / total
 
-    level, added = W.peak_level(bl, peak, unit, table, total, share)
+    level, added = WP.peak_level(bl, peak, unit, table, total, share)
     assert added == cost(level) and added <= share + 1e-12
     assert all(cost(lv) > share for lv in range(peak, level, unit))
 
 
 def test_released_lifts_only_caps_this_machines_rows_fit():
-    caps = {0: {W.OPTION: (100, 50)}, 2: {W.OPTION: (None, 10)}}
+    caps = {0: {WC.OPTION: (100, 50)}, 2: {WC.OPTION: (None, 10)}}
     fast = {(0, False): 80, (0, True): 60, (2, True): 10}
     assert W.released(caps, fast, rows=1) == caps  # one row: the capped size may differ
     # the reference rows: a cap holding the fastest size runs the same rows as no cap
-    assert W.released(caps, fast, rows=W.REFERENCE_ROWS) == caps
-    assert W.released(caps, fast, rows=16) == {0: {W.OPTION: (None, 50)}}
+    assert W.released(caps, fast, rows=REFERENCE_ROWS) == caps
+    assert W.released(caps, fast, rows=16) == {0: {WC.OPTION: (None, 50)}}
     # the uncapped size would raise the capped plan's peak: the cap stays (its rows only)
     assert W.released(caps, fast, rows=16, room={(0, False): 70, (2, True): 10}) == {
-        0: {W.OPTION: (100, 50)}}
+        0: {WC.OPTION: (100, 50)}}
     assert W.released(caps, fast, rows=16, room={(0, False): 80}) == {
-        0: {W.OPTION: (None, 50)}, 2: {W.OPTION: (None, 10)}}
+        0: {WC.OPTION: (None, 50)}, 2: {WC.OPTION: (None, 10)}}

@@ -16,6 +16,7 @@ from minidl import layers as L
 from minidl.compile.engine import Engine
 from minidl.layers import SoftmaxCrossEntropy
 from minidl.memory.devices.device import MetaDevice
+from minidl.memory.options import workspace_caps as WC
 from minidl.memory.options import workspace_options as W
 from minidl.memory.planners.auto import BudgetTooSmall
 from minidl.memory.runtime.pool import Pool
@@ -37,8 +38,8 @@ def _net():
 
 
 def _caps(compiled) -> dict[str, int]:
-    return {st.layer: st.options[W.OPTION] for st in compiled.plan.program.steps
-            if st.options.get(W.OPTION) is not None}
+    return {st.layer: st.options[WC.OPTION] for st in compiled.plan.program.steps
+            if st.options.get(WC.OPTION) is not None}
 
 
 def _engine_plan(spec, cap_workspaces=True):
@@ -78,7 +79,7 @@ def test_caps_lower_the_smallest_budget_and_only_come_under_pressure():
         # no pressure: vDNN's rule alone, one set of caps whatever the spec
         c = _engine_plan(spec)
         assert _caps(c) == rule
-        assert not any(W.FIT_BUDGET in n for n in c.plan.notes if n.startswith(W.NOTE_PREFIX))
+        assert not any(WC.FIT_BUDGET in n for n in c.plan.notes if n.startswith(W.NOTE_PREFIX))
         if "budget" not in spec:  # (below the fastest configurations' peak)
             c = _engine_plan(spec, cap_workspaces=False)
             assert _caps(c) == {} and not any(n.startswith(W.NOTE_PREFIX)
@@ -133,7 +134,7 @@ def net():
     ], input_shape=(8, 16, 16))
 
 def smallest(caps):
-    from minidl import engine
+    from minidl.compile import engine
     init = engine.Engine.__init__
     def patched(self, *a, **k):
         init(self, *a, **k)

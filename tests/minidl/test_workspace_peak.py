@@ -16,6 +16,7 @@ from minidl.compile.engine import Engine
 from minidl.compile.lowering import lower
 from minidl.layers import SoftmaxCrossEntropy
 from minidl.memory.devices.device import MetaDevice
+from minidl.memory.options import workspace_caps as WC
 from minidl.memory.options import workspace_options as W
 from minidl.memory.passes.base_plan import plan_peak
 from minidl.memory.planners.planner import make_plan
@@ -50,8 +51,8 @@ def _compiled(spec, rule=True, share=float("inf")):
 
 
 def _caps(c):
-    return {st.layer: st.options[W.OPTION] for st in c.plan.program.steps
-            if st.options.get(W.OPTION) is not None}
+    return {st.layer: st.options[WC.OPTION] for st in c.plan.program.steps
+            if st.options.get(WC.OPTION) is not None}
 
 
 def _data():
@@ -121,7 +122,7 @@ CUSTOM = "custom:flops=15T,hbm=900G,link=12G,mem={mem}"
 
 def test_vdnn_takes_memory_optimal_workspaces_where_that_is_what_fits():
     roomy = minidl.dry_run(_net(), BATCH, "vdnn", target=CUSTOM.format(mem="16GiB"))
-    assert not any("vDNN's policy" in n or W.FIT_BUDGET in n for n in roomy["notes"])
+    assert not any("vDNN's policy" in n or WC.FIT_BUDGET in n for n in roomy["notes"])
     tiny = minidl.dry_run(_net(), BATCH, "vdnn", target=CUSTOM.format(mem="1KiB"))
     note = next(n for n in tiny["notes"] if n.startswith("vDNN's policy: does not fit"))
     least = int(re.search(r"least workspaces \(([\d,]+) B\)", note).group(1).replace(",", ""))
@@ -129,7 +130,7 @@ def test_vdnn_takes_memory_optimal_workspaces_where_that_is_what_fits():
     rep = minidl.dry_run(_net(), BATCH, "vdnn", target=CUSTOM.format(mem=least))
     assert rep["peak_reserved_bytes"] <= least < roomy["peak_reserved_bytes"]
     assert any("vDNN's policy: each prefetch" in n for n in rep["notes"])
-    assert any(n.startswith(W.NOTE_PREFIX) and W.FIT_BUDGET in n for n in rep["notes"])
+    assert any(n.startswith(W.NOTE_PREFIX) and WC.FIT_BUDGET in n for n in rep["notes"])
     # the run a CPU makes of that plan (the target's link emulated): the dry run's peak
     target = CUSTOM.format(mem=least)
     emu = minidl.dry_run(_net(), BATCH, "vdnn", target=target, emulated=True)
