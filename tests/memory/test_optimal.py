@@ -21,8 +21,9 @@ from minidl.memory.ir.plan import AutoChoice
 from minidl.memory.ir.units import size_text
 from minidl.memory.passes.base_plan import plan_peak
 from minidl.memory.planners import optimal
-from minidl.memory.planners.auto import BudgetTooSmall, auto_choose, auto_plan, step_costs
+from minidl.memory.planners.auto import BudgetTooSmall, auto_choose, auto_plan, build, step_costs
 from minidl.memory.planners.optimal import evaluate, evaluate_placements, optimal_choose, swap_costs
+from minidl.memory.planners.optimal_solve import solve_model
 from minidl.memory.planners.planner import make_plan
 
 
@@ -102,7 +103,7 @@ def test_equal_to_exhaustive_search_on_random_programs(program, bandwidth, frac)
     # the MILP alone: its only incumbent to beat is doing nothing (no greedy walk)
     nothing = AutoChoice(peak=hi)
     opt = optimal_choose(program, budget, costs, bandwidth, greedy=nothing)
-    peak = program.persistent_bytes() + plan_peak(optimal.build(program, opt, costs, bandwidth))
+    peak = program.persistent_bytes() + plan_peak(build(program, opt, costs, bandwidth))
     assert peak == opt.peak
     if best is None:
         assert opt.peak > budget  # nothing fits: the fallback, which does not fit either
@@ -167,7 +168,7 @@ def test_never_worse_than_greedy_on_reference_models(model, target):
             assert opt.peak <= budget
             assert opt.extra_time_s <= g_extra * (1 + 1e-12)
         if opt.peak <= budget:  # the recorded peak is the built plan's
-            assert opt.peak == p.persistent_bytes() + plan_peak(optimal.build(p, opt, costs, bw))
+            assert opt.peak == p.persistent_bytes() + plan_peak(build(p, opt, costs, bw))
 
 
 def test_make_plan_with_planner_optimal_fits_and_says_which_choice_it_took():
@@ -323,7 +324,7 @@ def test_engine_rows_price_copies_that_outlast_their_compute():
         assert model.link is not None and model.swap
         for v in model.swap.values():
             model.lp.ge([(v, 1.0)], 1.0)
-        return float(optimal._solve(model, 10.0, 0.0).x[model.link])
+        return float(solve_model(model, 10.0, 0.0).x[model.link])
 
     assert forced_link(30.0) >= 30.0 - sum(costs)
     assert forced_link(0.01) == pytest.approx(0.0, abs=1e-9)
@@ -347,4 +348,4 @@ def test_price_cut_adds_a_row_on_the_link_for_a_swap_set():
     assert not optimal.price_cut(model, AutoChoice(), 5.0)
     assert not optimal.price_cut(model, AutoChoice(swapped={t}), 0.0)
     model.lp.ge([(model.swap[t], 1.0)], 1.0)
-    assert optimal._solve(model, 10.0, 0.0).x[model.link] >= 5.0 - 1e-9
+    assert solve_model(model, 10.0, 0.0).x[model.link] >= 5.0 - 1e-9
