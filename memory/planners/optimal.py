@@ -37,11 +37,10 @@ from ..ir.plan import AutoChoice, Plan
 from ..ir.program import Program
 from ..passes.block_choices import block_choices
 from ..passes.swap import DEFAULT_BANDWIDTH, swap_candidates
-from .auto import (  # noqa: F401  (build: the name callers read here)
+from .auto import (
     DEFAULT_FLOPS_PER_S,
     auto_choose,
     auto_plan,
-    build,
     default_evaluations,
     deprecated_time_limit,
     plan_for_choice,
