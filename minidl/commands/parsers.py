@@ -9,6 +9,7 @@ import argparse
 from ..datasets import data as D
 from ..datasets.text import TEXT_DATASETS
 from ..memory.cost.targets import target_names
+from ..train.fitting import DEFAULT_BATCH_SIZE
 from ..train.language_model import LOG_EVERY_STEPS
 from ..zoo.models import default_input_shape
 from .bench import cmd_bench
@@ -67,7 +68,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     checkpoints and reports (in that order on its help page)."""
     t = sub.add_parser("train", help="train a model with progress bars and a memory report",
                        epilog=EPILOG)
-    add_model_arguments(t, 32, input_default=(
+    add_model_arguments(t, DEFAULT_BATCH_SIZE, input_default=(
         "the dataset's, a folder's first image's; another shape pads or crops the images and "
         "repeats their channel (a folder's are resized); synthetic: the model's own"))
     _train_data_arguments(t)
@@ -205,7 +206,7 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
     """``minidl plan``: a dry run on the meta device."""
     pl = sub.add_parser("plan", help="dry run on the meta device: the exact peak, no compute",
                         epilog=EPILOG)
-    add_model_arguments(pl, 64, model_required=False)  # not with --compressed FILE
+    add_model_arguments(pl, DEFAULT_BATCH_SIZE, model_required=False)  # (not with --compressed)
     pl.add_argument("--classes", type=int, default=10, help=SHARED_HELP["classes"])
     pl.add_argument("--vocab", type=int, default=None,
                     help="vocabulary size of the text models (default: the model's, 65 for the "

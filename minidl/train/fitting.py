@@ -81,6 +81,10 @@ def _validation(validation_data: Any, val_every: int | None, x_test: Any, y_test
     return validation_data, val_every or 1
 
 
+#: The batch size of ``fit``, ``minidl train`` and ``minidl plan`` when none is given (one
+#: figure, so that a plan describes the run it plans).
+DEFAULT_BATCH_SIZE = 32
+
 #: Lightning's names for fit's arguments (also taken).
 LIGHTNING_NAMES = {"max_epochs": "epochs", "check_val_every_n_epoch": "val_every"}
 
@@ -121,7 +125,7 @@ def fit(
     trainer: Any,
     data: Any,
     epochs: int = 1,
-    batch_size: int = 64,
+    batch_size: int = DEFAULT_BATCH_SIZE,
     max_steps: int | None = None,
     progress: bool = True,
     evaluate: bool = True,

@@ -37,7 +37,7 @@ from .checkpointing import load_checkpoint, save_checkpoint
 from .compile_notice import compile_notice
 from .device_setup import set_up_device
 from .evaluation import evaluate, forward_eval
-from .fitting import History, fit
+from .fitting import DEFAULT_BATCH_SIZE, History, fit
 from .inputs import check_inputs
 from .memory_report import memory_report
 from .split_steps import split_gradients
@@ -404,7 +404,7 @@ class Trainer:
         self,
         data: Any,
         epochs: int = 1,
-        batch_size: int = 64,
+        batch_size: int = DEFAULT_BATCH_SIZE,
         max_steps: int | None = None,
         progress: bool = True,
         evaluate: bool = True,

@@ -199,3 +199,18 @@ def test_import_minidl_exposes_compression():
     code = "import minidl; print(minidl.compression.deep_compress.__name__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "deep_compress", out.stderr
+
+
+def test_one_default_batch_size_for_train_plan_and_fit(capsys):
+    import inspect
+
+    from minidl.train.fitting import DEFAULT_BATCH_SIZE, fit
+
+    assert main(["plan", "lenet5", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["batch_size"] == DEFAULT_BATCH_SIZE == 32
+    assert inspect.signature(fit).parameters["batch_size"].default == DEFAULT_BATCH_SIZE
+    assert inspect.signature(Trainer.fit).parameters["batch_size"].default == DEFAULT_BATCH_SIZE
+    assert main(["train", "smallcnn", "--dataset", "synthetic", "--input", "1x8x8",
+                 "--max-steps", "1", "--json", "--no-progress", "--no-val"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["batch_size"] == DEFAULT_BATCH_SIZE
