@@ -95,6 +95,9 @@ class MemoryRuntime:
         #: ``op`` is ``alloc`` / ``free``, ``prefetch`` (a block for a copy back) or
         #: ``release`` (an offloaded tensor's block given back, or evicted from the cache).
         self.events: list[tuple] | None = None
+        #: While recording: the offset in the device arena of each event's block (in the
+        #: order of ``events``): where the pool placed it, or where it was when given back.
+        self.event_offsets: list[int] = []
         #: While recording: (start, end, step, action, tensor, copy event or None) per action
         #: applied, and (time, step) each time ``position`` moves to a new step.
         self.actions: list[tuple] = []
@@ -204,6 +207,7 @@ class MemoryRuntime:
             delta = blk.size if op in ("alloc", "prefetch") else -blk.size
             self.events.append((time.perf_counter(), self.position, op, t.category, delta,
                                 t.name))
+            self.event_offsets.append(blk.offset)
 
     def note_kept_for_backward(self) -> None:
         """Record what is on device as the backward pass begins, by category (the feature

@@ -13,15 +13,12 @@ category, bytes, tensor and the layer owning it), every plan action applied (off
 the peak (bytes, where, by category, the tensors live there) and the device's capacity and
 budget. A dry run (the meta device) records the same events in the same order, untimed.
 
-Every block event has its block's address: its offset in the device arena. The runtime logs
-events without them, so they are the pool's placement replayed: the blocks live when the
-iteration ended (the persistent ones: an iteration frees what it allocates) are placed at
-their offsets in a storage-less pool of the same policy and alignment, then every event of
-the iteration is replayed in order, an allocation at the offset its plan action asked for
-(falling back as the runtime does). The pool's placement depends only on the blocks live and
-the request, so the offsets are the run's (a GPU's library temporaries that overflow into the
-arena are no events and are left out). ``arena`` holds those blocks and the span the
-iteration used.
+Every block event has its block's address: its offset in the device arena, as the runtime
+logged it with the event (``MemoryRuntime.event_offsets``: where the pool placed the block,
+or where it was when given back; a GPU's library temporaries that overflow into the arena
+are no events and are left out). ``arena`` holds the blocks live when the iteration ended
+(the persistent ones: an iteration frees what it allocates) and the span the iteration
+used.
 """
 
 from __future__ import annotations
@@ -35,11 +32,11 @@ from ..compile.engine import Compiled, PeakInfo
 from ..interop import memory_viz
 from ..interop.memory_viz import SNAPSHOT_FORMAT
 from ..memory.devices.traits import device_traits
-from ..memory.ir.plan import EFFECTS, ENDING_KINDS, Action, Plan
+from ..memory.ir.plan import EFFECTS, ENDING_KINDS
 from ..memory.ir.timeline import series, trace, write_chrome_trace, write_json_atomic
 from ..memory.ir.units import format_size
 from ..memory.ir.walk import Where, walk
-from ..memory.runtime.pool import PlacementError, Pool
+from ..memory.runtime.pool import Pool
 from .report import persistent_by_category, plot_timeline
 
 SNAPSHOT_VERSION = 2  # 2: every event's block address and the arena's blocks ("arena")
@@ -149,68 +146,18 @@ def _copies(cap: _Capture, names: list[str], nbytes: list[int],
     return out
 
 
-class _ArenaCopy:
-    """The device under the replay's pool: a capacity, no storage."""
-
-    name = "arena copy"
-    has_storage = False
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-
-
-def _applied_order(plan: Plan) -> list[Action]:
-    """The plan's actions in the order the executor applies them (the plan's walk)."""
-    return [a for visit in walk(plan) for a in visit.actions]
-
-
 def _addresses(cap: _Capture) -> tuple[list[int], int]:
-    """Every event's block offset, by replaying the iteration on a copy of the arena (see the
-    module docstring), and the highest end of any block (the arena's span)."""
-    rt, plan = cap.runtime, cap.compiled.plan
-    tensors = plan.program.tensors
-    arena = cap.arena
-    pool = Pool(_ArenaCopy(arena["capacity"]), arena["policy"], arena["alignment"])
-    span = 0
-    for off, size, _, tag, cat in arena["blocks"]:
-        pool.allocate(size, tag, cat, offset=off)
-        span = max(span, off + size)
-    planned, applied = _applied_order(plan), rt.actions
-    if [(a.kind, a.tensor) for a in planned] != [r[3:5] for r in applied]:
-        raise RuntimeError("the recorded actions are not the plan's: the blocks' addresses "
-                           "cannot be replayed")
-    blocks: dict[str, Any] = {}
-    addrs: list[int] = []
-    k = 0
-    # (an action's events happen while it is applied: between its start and end times; a
-    # cached block evicted to make room is freed inside the allocating action, under pool
-    # placement: static plans are never cached)
-    for t, _, op, cat, delta, name in rt.events:
-        while k < len(applied) and applied[k][1] < t:
-            k += 1
-        a = planned[k] if k < len(applied) and applied[k][0] <= t else None
-        want = a if a is not None and a.effect.starts_block and a.offset >= 0 else None
-        if op in ENDING_KINDS:
-            blk = blocks.pop(name, None)
-            if blk is None:
-                raise RuntimeError(f"{op} of {name}, not allocated in the recorded iteration: "
-                                   "its address cannot be replayed")
-            addrs.append(blk.offset)
-            pool.free(blk)
-            continue
-        offset = None
-        if want is not None and tensors[want.tensor].name == name and \
-                delta == plan.program.block_size(tensors[want.tensor].nbytes):
-            offset = want.offset  # (a prefetch of a block larger than planned is placed)
-        try:
-            blk = pool.allocate(delta, name, cat, offset=offset)
-        except PlacementError:  # the planned bytes are taken: the pool places it
-            blk = pool.allocate(delta, name, cat)
-        if name in blocks:
-            raise RuntimeError(f"{name} allocated twice in the recorded iteration")
-        blocks[name] = blk
-        addrs.append(blk.offset)
-        span = max(span, blk.offset + blk.size)
+    """Every event's block offset, as the runtime logged it (where the pool placed the block,
+    or where it was when given back), and the highest end of any block (the arena's span)."""
+    rt = cap.runtime
+    addrs = list(rt.event_offsets)
+    if len(addrs) != len(rt.events):
+        raise RuntimeError(f"{len(rt.events)} block events but {len(addrs)} offsets logged: "
+                           "the recorded iteration is incomplete")
+    span = max((off + size for off, size, *_ in cap.arena["blocks"]), default=0)
+    for (_, _, op, _, delta, _), off in zip(rt.events, addrs):
+        if op not in ENDING_KINDS:
+            span = max(span, off + delta)
     return addrs, span
 
 

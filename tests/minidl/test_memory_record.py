@@ -165,3 +165,31 @@ def test_plot_draws_the_device_line_only_near_the_peak(real, monkeypatch, times_
     memory_record.plot_snapshot(snap, "unused.png")
     assert (seen["budget"] == capacity) is drawn
     assert ("off the chart" in seen["title"]) is not drawn
+
+
+def test_block_addresses_are_the_offsets_the_runtime_logged():
+    net = smallcnn((1, 16, 16), 10, width=8)
+    tr = minidl.Trainer(net, memory="reuse,inplace,swap=all", device="cpu",
+                        device_memory="64MiB")
+    x = np.random.default_rng(0).normal(size=(16, 1, 16, 16)).astype(np.float32)
+    y = np.arange(16) % 10
+    with tr.record_memory() as rec:
+        tr.step(x, y)
+    rt = rec._best.runtime
+    assert len(rt.event_offsets) == len(rt.events) > 0
+    snap = rec.snapshot()
+    assert [e[7] for e in snap["events"]] == rt.event_offsets
+    live: dict[str, tuple[int, int]] = {}
+    for e in snap["events"]:  # a block is given back where it was placed; none overlap
+        name, delta, addr = e[5], e[4], e[7]
+        if delta > 0:
+            assert all(addr + delta <= a or b + a <= addr for a, b in live.values())
+            live[name] = (addr, delta)
+        else:
+            assert live.pop(name) == (addr, -delta)
+    assert snap["arena"]["reserved_bytes"] >= max(a + b for a, b in
+                                                  [(e[7], e[4]) for e in snap["events"]])
+    del rt.event_offsets[-1]  # a recording that lost an offset is refused, not misread
+    rec._snap = None
+    with pytest.raises(RuntimeError, match="offsets logged"):
+        rec.snapshot()
