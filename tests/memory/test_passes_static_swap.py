@@ -44,7 +44,7 @@ def _live_after(plan, step: int) -> int:
         if a.tensor in plan.aliases:
             continue
         size = p.block_size(p.tensors[a.tensor].nbytes)
-        live += size if isinstance(a, STARTS) else -size if a.op in ("free", "release") else 0
+        live += size if a.effect.starts_block else -size if a.effect.ends_block else 0
     return live
 
 
