@@ -314,11 +314,13 @@ def show_memory(snap: dict[str, Any] | str | os.PathLike, top: int = 10,
     if not isinstance(snap, dict):
         snap = load_snapshot(snap)
     p = snap["peak"]
+    room = ("no capacity limit" if snap["device"] == "meta"
+            else format_size(snap["capacity_bytes"]))
     lines = [f"{snap['model']}, memory {snap['memory']!r}, {snap['device']} device "
-             f"({format_size(snap['capacity_bytes'])}), iteration {snap['iteration']} "
+             f"({room}), iteration {snap['iteration']} "
              f"(highest peak of {snap['iterations_recorded']} recorded"
              f"{'' if snap['timed'] else ', dry run: untimed'})"]
-    where = f"{p['layer']} ({p['phase']}, step {p['step']})"
+    where = f"{p['layer']} ({p['phase']}, program step {p['step']})"
     if snap["timed"] and 0 <= p["step"] < len(snap["steps"]):
         where += f" at {1000 * snap['steps'][p['step']]['start_s']:.2f} ms"
     lines.append(f"peak {format_size(p['bytes'])} ({p['bytes']:,} B) reached at {where}")

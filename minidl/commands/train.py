@@ -432,7 +432,9 @@ def _image_result(args: argparse.Namespace, spec, ds, defaults: D.TrainDefaults,
         "dataset": ds.name,
         "memory": spec.spec,
         "losses": hist.losses,
-        "final_loss": hist.losses[-1] if hist.losses else None,
+        "final_loss": _last_epoch_loss(hist, trainer.iteration)[0],
+        "final_loss_over": _last_epoch_loss(hist, trainer.iteration)[1],
+        "last_step_loss": hist.losses[-1] if hist.losses else None,
         "test_loss": hist.test_loss,
         "test_accuracy": hist.test_accuracy,
         "peak_allocated_bytes": rep["peak_allocated_bytes"],
@@ -457,12 +459,30 @@ def _image_result(args: argparse.Namespace, spec, ds, defaults: D.TrainDefaults,
     }
 
 
+def _last_epoch_loss(hist, iteration: int) -> tuple[float | None, str]:
+    """The mean training loss of the last epoch this fit ran, and the words saying what it
+    is: a whole epoch's mean, or where the run stopped inside an epoch (``--max-steps``) the
+    mean of its steps since the last whole one. ``iteration``: the trainer's at the end."""
+    if not hist.losses:
+        return None, ""
+    if hist.epochs and hist.epochs[-1]["step"] == iteration:
+        return float(hist.epochs[-1]["loss"]), f"epoch {hist.epochs[-1]['epoch'] + 1}'s mean"
+    start = iteration - len(hist.losses)  # (a resumed run's first iteration)
+    since = hist.epochs[-1]["step"] - start if hist.epochs else 0
+    tail = [v for v in hist.losses[max(0, since):] if v == v]
+    if not tail:
+        return None, ""
+    return float(np.mean(tail)), f"mean of the last {len(tail)} steps, inside an epoch"
+
+
 def _print_image_report(args: argparse.Namespace, trainer: Trainer, hist, result: dict,
                         rep: dict) -> None:
     """The run's results as text: the steps (or why none ran), the test figures, the emulated
     link and the memory report."""
     if hist.losses:
-        print(f"steps: {len(hist.losses)}, final training loss {result['final_loss']:.4f}, "
+        final = result["final_loss"]
+        print(f"steps: {len(hist.losses)}, training loss "
+              f"{'nan' if final is None else f'{final:.4f}'} ({result['final_loss_over']}), "
               f"median step {1000 * (result['step_time_median_s'] or 0):.1f} ms, "
               f"wall time {result['wall_time_s']:.1f} s")
     elif hist.stopped_early:

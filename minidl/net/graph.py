@@ -50,6 +50,15 @@ class Node:
     memory: str = ""
 
 
+def listed_names(names: list[str], limit: int = 4) -> str:
+    """``names`` for a one-line message: the first ``limit`` and how many in all (a wrong
+    model's checkpoint misses hundreds)."""
+    if not names:
+        return "none"
+    head = ", ".join(names[:limit])
+    return head + (f", ... ({len(names)} in all)" if len(names) > limit else "")
+
+
 @dataclass
 class Value:
     name: str
@@ -248,7 +257,8 @@ class Network:
             missing = sorted(set(own) - set(state))
             unexpected = sorted(set(state) - set(own))
             if missing or unexpected:
-                raise KeyError(f"state_dict mismatch: missing {missing}, unexpected {unexpected}")
+                raise KeyError(f"state_dict mismatch: missing {listed_names(missing)}, "
+                               f"unexpected {listed_names(unexpected)}")
         values = {name: np.asarray(value) for name, value in state.items() if name in own}
         for name, value in values.items():
             if tuple(value.shape) != own[name].shape:

@@ -35,6 +35,7 @@ from minidl.net.parameter import Parameter
 from ..kernels.array_api import namespace
 from ..kernels.pointwise.optim import adam_update, sgd_update
 from ..memory.runtime.transfer import copy_into, to_host
+from .graph import listed_names
 
 Alloc = Callable[[str, tuple[int, ...], np.dtype], Any]
 StateSpec = list[tuple[str, tuple[int, ...], np.dtype]]
@@ -159,8 +160,8 @@ class Optimizer:
         expected = set(self.state_dict_keys())
         missing, unexpected = expected - set(d), set(d) - expected
         if missing or unexpected:
-            raise KeyError(f"state dict mismatch: missing {sorted(missing)}, "
-                           f"unexpected {sorted(unexpected)}")
+            raise KeyError(f"state dict mismatch: missing {listed_names(sorted(missing))}, "
+                           f"unexpected {listed_names(sorted(unexpected))}")
         for p in self.params:
             for slot in self.slots:
                 key = f"{p.name}.{slot}"
