@@ -49,7 +49,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -181,13 +180,19 @@ def simulator() -> bool:
 #: module would be served stale. benchmarks/gpu/check.sh turns it on for one fresh checkout, so
 #: the kernels its parallel smoke workers compile are loaded, not compiled again, by each later
 #: stage's process.
-DISK_CACHE_ENV = "MINIDL_CUDA_CACHE"
+_DISK_CACHE = {"enabled": False}
+
+
+def set_disk_cache(enabled: bool) -> None:
+    """Compile the CUDA kernels made from now on into Numba's disk cache (``MINIDL_CUDA_CACHE``
+    through :class:`minidl.settings.Settings`, applied where a trainer is made)."""
+    _DISK_CACHE["enabled"] = bool(enabled)
 
 
 def disk_cache_options() -> dict[str, Any]:
-    """Keyword arguments of ``numba.cuda.jit`` for a kernel: ``cache=True`` when
-    :data:`DISK_CACHE_ENV` is ``1`` (never under the simulator, which has no such cache)."""
-    if os.environ.get(DISK_CACHE_ENV) == "1" and not simulator():
+    """Keyword arguments of ``numba.cuda.jit`` for a kernel: ``cache=True`` once
+    :func:`set_disk_cache` turned the cache on (never under the simulator, which has none)."""
+    if _DISK_CACHE["enabled"] and not simulator():
         return {"cache": True}
     return {}
 

@@ -6,6 +6,7 @@ memory spec (``"reuse,inplace"``, ...) and ask :func:`dry_run` what any model ne
 running it.
 """
 
+import sys as _sys
 from importlib.metadata import PackageNotFoundError, version
 
 from .settings import Settings, set_openblas_thread_timeout
@@ -33,6 +34,19 @@ from .train import callbacks, trainer  # noqa: E402
 from .train.fitting import History  # noqa: E402
 from .train.trainer import Trainer  # noqa: E402
 from .zoo import models, rnn  # noqa: E402
+
+#: The public submodules above, importable by their short names as well as reached as
+#: attributes (``from minidl.optim import SGD``, as ``torch.optim``): the same module objects
+#: entered in ``sys.modules``, no import hook. Every other module has its one path
+#: (docs/ARCHITECTURE.md, "Where each name lives").
+PUBLIC_SUBMODULES = ("callbacks", "data", "dryrun", "graph", "memory_record", "models", "optim",
+                     "report", "rnn", "safetensors_io", "summary", "text", "torch_bridge",
+                     "trainer")
+
+
+for _name in PUBLIC_SUBMODULES:
+    _sys.modules.setdefault(f"{__name__}.{_name}", globals()[_name])
+del _name
 
 
 def _installed_version() -> str:

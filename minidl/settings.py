@@ -18,6 +18,11 @@ defaults when a user passes nothing. The variables:
     a multi-threaded OpenBLAS also changes results by thread count). Applied by a Trainer too.
     This module imports nothing but the standard library, so that ``minidl/__init__.py`` can
     read it before NumPy loads.
+``MINIDL_CUDA_CACHE``
+    ``1``: compile the CUDA kernels into Numba's disk cache (off by default: a kernel module
+    edited in place could be served stale); the GPU check turns it on so that the kernels its
+    parallel smoke workers compile are loaded by the later stages. Applied by a Trainer, or
+    :func:`minidl.kernels._cuda.set_disk_cache`.
 ``OMPI_COMM_WORLD_SIZE``, ``PMI_SIZE``
     Set by ``mpiexec`` (Open MPI; MPICH and Intel MPI): the number of ranks of the job. More
     than one makes ``minidl train`` train data-parallel over MPI
@@ -69,12 +74,14 @@ class Settings:
     ``debug_pool``: poison freed device bytes with NaN. ``num_threads``: threads of the CPU
     kernels (``None``: Numba's count). ``blas_threads``: threads of NumPy's/SciPy's BLAS.
     ``mpi_ranks``: ranks of the MPI job this process was launched in by ``mpiexec`` (1 outside).
+    ``cuda_disk_cache``: CUDA kernels compiled into Numba's disk cache.
     """
 
     debug_pool: bool = False
     num_threads: int | None = None
     blas_threads: int = 1
     mpi_ranks: int = 1
+    cuda_disk_cache: bool = False
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -83,7 +90,8 @@ class Settings:
         return cls(debug_pool=_flag(env.get("MINIDL_DEBUG_POOL")),
                    num_threads=_count(env, "MINIDL_NUM_THREADS"),
                    blas_threads=_count(env, "MINIDL_BLAS_THREADS") or 1,
-                   mpi_ranks=max(_count(env, v) or 1 for v in MPI_SIZE_VARIABLES))
+                   mpi_ranks=max(_count(env, v) or 1 for v in MPI_SIZE_VARIABLES),
+                   cuda_disk_cache=env.get("MINIDL_CUDA_CACHE", "").strip() == "1")
 
 
 def set_openblas_thread_timeout(environ: MutableMapping[str, str] | None = None) -> None:

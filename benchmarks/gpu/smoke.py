@@ -107,6 +107,10 @@ def run_case(path: str, name: str) -> dict:
     """One launch case, its device arrays made CuPy's (D: to the device, H: back to the host):
     the outcome as :func:`attempt` gives it. Runs in a worker process."""
     def run() -> str:
+        from minidl.kernels._cuda import set_disk_cache
+        from minidl.settings import Settings
+
+        set_disk_cache(Settings.from_environment().cuda_disk_cache)  # (MINIDL_CUDA_CACHE)
         if path not in _MODULES:
             mod = _MODULES[path] = _load(Path(path))
             mod.D, mod.H, mod._gpucheck_sync = _transfers()

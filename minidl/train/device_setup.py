@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..kernels._cuda import set_disk_cache
 from ..kernels.parallel import set_thread_policy
 from ..memory.cost.link_emulation import LinkEmulation
 from ..memory.cost.targets import DeviceProfile, get_target
@@ -59,5 +60,6 @@ def set_up_device(
     settings = Settings.from_environment()
     set_thread_policy(threads if threads is not None else settings.num_threads,
                       settings.blas_threads)
+    set_disk_cache(settings.cuda_disk_cache)
     pool = Pool(device, alignment=alignment, debug=debug)
     return DeviceSetup(device, pool, target, link_emulation)

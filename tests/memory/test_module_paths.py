@@ -32,7 +32,8 @@ OLD_FLAT = {
                       "softmax_xent sparse sparse_device sparse_format transformer_device "
                       "weight_record winograd winograd4",
 }
-OLD_PATHS = sorted(f"{pkg}.{name}" for pkg, names in OLD_FLAT.items() for name in names.split())
+OLD_PATHS = sorted(f"{pkg}.{name}" for pkg, names in OLD_FLAT.items() for name in names.split()
+                   if f"{pkg}.{name}" not in {f"minidl.{n}" for n in minidl.PUBLIC_SUBMODULES})
 
 
 def _section() -> str:
@@ -106,3 +107,12 @@ def test_no_hook_serves_old_paths():
     with pytest.raises(AttributeError):
         minidl.estimate  # noqa: B018
     assert not hasattr(minidl, "MOVED_MODULES")
+
+
+@pytest.mark.parametrize("name", minidl.PUBLIC_SUBMODULES)
+def test_public_submodules_import_by_their_short_names(name):
+    """``minidl.optim`` and the other public submodules: attributes and import paths, the same
+    module objects as their real paths (the README's ``from minidl.optim import SGD``)."""
+    module = importlib.import_module(f"minidl.{name}")
+    assert module is getattr(minidl, name)
+    assert importlib.import_module(module.__name__) is module

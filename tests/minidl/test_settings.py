@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 import minidl
+from minidl import layers as L
 from minidl.kernels import parallel
+from minidl.optim import SGD
 from minidl.settings import Settings
 from minidl.zoo.models import smallcnn
 
@@ -90,3 +92,21 @@ def test_trainer_debug_and_threads_are_options(monkeypatch):
         assert np.isfinite(tr.step(x, np.zeros(2, np.int64)))
     finally:
         parallel.set_thread_policy(None, 1)
+
+
+def test_cuda_disk_cache_from_the_environment_applied_by_a_trainer(monkeypatch):
+    """MINIDL_CUDA_CACHE=1 is read by Settings only and applied when a trainer is made; the
+    kernels then ask Numba for its disk cache (not under the simulator, which has none)."""
+    from minidl.kernels import _cuda
+
+    assert Settings.from_environment({"MINIDL_CUDA_CACHE": "1"}).cuda_disk_cache
+    assert not Settings.from_environment({}).cuda_disk_cache
+    monkeypatch.setattr(_cuda, "simulator", lambda: False)
+    monkeypatch.setenv("MINIDL_CUDA_CACHE", "1")
+    try:
+        net = minidl.Sequential([L.Linear(2, 2)], input_shape=(2,))
+        minidl.Trainer(net, SGD(net.parameters(), lr=0.1))
+        assert _cuda.disk_cache_options() == {"cache": True}
+    finally:
+        _cuda.set_disk_cache(False)
+    assert _cuda.disk_cache_options() == {}
