@@ -119,22 +119,18 @@ def time_bound(program: Program, costs: Sequence[float], bandwidth: float,
     least = least_sizes or {}
     first: dict[int, int] = {}
     last: dict[int, int] = {}
-    writer: dict[int, int] = {}
+    writer: dict[int, int] = {}  # a block's forward writer (what recomputing it reruns)
     for i, st in enumerate(program.steps):
-        for t in st.writes:
+        for t in (*st.writes, *st.reads):
             if tensors[t].persistent:
                 continue
             r = root_of(aliases, t)
             first.setdefault(r, i)
             last[r] = max(last.get(r, i), i)
-            if r == t and st.phase == Phase.FORWARD:
-                writer.setdefault(r, i)
-        for t in st.reads:
-            if tensors[t].persistent:
-                continue
-            r = root_of(aliases, t)
-            first.setdefault(r, i)
-            last[r] = max(last.get(r, i), i)
+        if st.phase == Phase.FORWARD:
+            for t in st.writes:
+                if not tensors[t].persistent and root_of(aliases, t) == t:
+                    writer.setdefault(t, i)
     roots = sorted(first)
     starts = np.array([first[r] for r in roots])
     ends = np.array([last[r] for r in roots])
