@@ -162,6 +162,8 @@ def validate_args(args: argparse.Namespace) -> None:
     at_least("--batch-size", args.batch_size, 1)
     at_least("--width", args.width, 1)
     at_least("--seq-len", args.seq_len, 1)
+    if getattr(args, "val_every", None) == 0:  # (fit's val_every=0: never, as --no-val)
+        args.val_every, args.no_val = None, True
     for flag in ("epochs", "max_steps", "classes", "vocab", "steps", "save_every", "log_every",
                  "early_stopping", "val_every"):
         at_least(f"--{flag.replace('_', '-')}", getattr(args, flag, None), 1)

@@ -176,7 +176,7 @@ def _train_report_arguments(t: argparse.ArgumentParser) -> None:
                         f"{LOG_EVERY_STEPS} steps)")
     t.add_argument("--val-every", type=int, default=None, metavar="N",
                    help="evaluate on the test split every N epochs (val_loss, val_accuracy; "
-                        "default: every epoch, --no-val: never); the text models: the "
+                        "default: every epoch; 0 or --no-val: never); the text models: the "
                         "validation loss every N steps")
     t.add_argument("--no-val", action="store_true",
                    help="no validation during training (the test split is still evaluated at "

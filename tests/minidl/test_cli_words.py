@@ -56,3 +56,14 @@ def test_meta_snapshot_says_no_capacity_limit(tmp_path, capsys):
     text = show_memory(snap)
     assert "meta device (no capacity limit)" in text and "EiB" not in text
     assert "program step" in text
+
+
+def test_val_every_zero_means_never(capsys):
+    assert main(["train", "lenet5", "--dataset", "digits", "--epochs", "1", "--no-progress",
+                 "--json", "--val-every", "0"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert all("val_loss" not in e for e in out["epoch_logs"])
+    assert main(["train", "lenet5", "--dataset", "digits", "--epochs", "1", "--no-progress",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "val_loss" in out["epoch_logs"][-1]  # (the default validates every epoch)
