@@ -16,13 +16,15 @@ set_openblas_thread_timeout()
 
 # the public submodules, reachable as attributes after ``import minidl`` (``minidl.optim.SGD``)
 from . import compression, kernels, layers, memory, settings  # noqa: E402
-from .analysis import dryrun, memory_record, report, summary  # noqa: E402
+from .analysis import dryrun, estimate, memory_record, report, summary  # noqa: E402
 from .analysis.dryrun import dry_run, frontier  # noqa: E402
 from .analysis.memory_record import show_memory  # noqa: E402
 from .analysis.summary import memory_summary  # noqa: E402
+from .compile import deferred  # noqa: E402
 from .compile.executor import NonFiniteError  # noqa: E402
-from .datasets import data, text  # noqa: E402
-from .interop import safetensors_io, torch_bridge  # noqa: E402
+from .datasets import data, loaders, text  # noqa: E402
+from .distributed import comm  # noqa: E402
+from .interop import onnx_export, safetensors_io, torch_bridge  # noqa: E402
 from .layers.base import ShapeError  # noqa: E402
 from .memory.ir.config import MemoryConfig  # noqa: E402
 from .memory.runtime.pool import DeviceOutOfMemory  # noqa: E402
@@ -39,9 +41,9 @@ from .zoo import models, rnn  # noqa: E402
 #: attributes (``from minidl.optim import SGD``, as ``torch.optim``): the same module objects
 #: entered in ``sys.modules``, no import hook. Every other module has its one path
 #: (docs/ARCHITECTURE.md, "Where each name lives").
-PUBLIC_SUBMODULES = ("callbacks", "data", "dryrun", "graph", "memory_record", "models", "optim",
-                     "report", "rnn", "safetensors_io", "summary", "text", "torch_bridge",
-                     "trainer")
+PUBLIC_SUBMODULES = ("callbacks", "comm", "data", "deferred", "dryrun", "estimate", "graph",
+                     "loaders", "memory_record", "models", "onnx_export", "optim", "report",
+                     "rnn", "safetensors_io", "summary", "text", "torch_bridge", "trainer")
 
 
 for _name in PUBLIC_SUBMODULES:
@@ -74,18 +76,23 @@ __all__ = [
     "ShapeError",
     "Trainer",
     "callbacks",
+    "comm",
     "compression",
     "data",
+    "deferred",
     "dry_run",
     "dryrun",
+    "estimate",
     "frontier",
     "graph",
     "kernels",
     "layers",
+    "loaders",
     "memory",
     "memory_record",
     "memory_summary",
     "models",
+    "onnx_export",
     "optim",
     "report",
     "rnn",

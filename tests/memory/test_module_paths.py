@@ -105,7 +105,7 @@ def test_no_hook_serves_old_paths():
     with pytest.raises(AttributeError):
         minidl.kernels.conv  # noqa: B018
     with pytest.raises(AttributeError):
-        minidl.estimate  # noqa: B018
+        minidl.engine  # noqa: B018
     assert not hasattr(minidl, "MOVED_MODULES")
 
 
