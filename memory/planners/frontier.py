@@ -87,13 +87,19 @@ class Frontier:
     program: Program
     candidates: list[Candidate]
     oracle_s: float
-    #: Rotor's least times over stage-level recomputation schedules (None: the program is
-    #: not a chain): how far stage-level schedules go, not a bound on every plan.
-    bound: RecomputeBound | None = None
+    #: The program's chain of stages (None: not a chain).
+    chain: Chain | None = None
     #: The link's bytes per second (the bound's price of swapping).
     bandwidth: float = math.inf
     #: The certificate: a lower bound on every plan of the program (:mod:`.certificate`).
     certificate: TimeBound | None = None
+
+    @cached_property
+    def bound(self) -> RecomputeBound | None:
+        """Rotor's least times over stage-level recomputation schedules (None: the program is
+        not a chain): how far stage-level schedules go, not a bound on every plan. Made
+        when first read (no plan needs it)."""
+        return None if self.chain is None else recompute_bound(self.program, self.chain)
 
     def lower_bound(self, budget: int | None) -> float | None:
         """A lower bound on the iteration seconds of any plan of the program within
@@ -167,12 +173,14 @@ def fixed_candidates(program: Program, make: Callable[[Program, MemoryConfig], P
     return out
 
 
-def program_chain(program: Program, costs: Sequence[float]) -> Chain | None:
+def program_chain(program: Program, costs: Sequence[float],
+                  sizes: dict[int, int] | None = None) -> Chain | None:
     """The program's chain of stages for Rotor's programme, or None (not a chain, or the
-    network forces memory choices on blocks: those the fixed specs honour)."""
+    network forces memory choices on blocks: those the fixed specs honour). ``sizes``: the
+    program's :func:`least_sizes`, where the caller has them."""
     if block_choices(program):
         return None
-    return chain_of(program, list(costs), least_sizes(program))
+    return chain_of(program, list(costs), least_sizes(program) if sizes is None else sizes)
 
 
 def least_sizes(program: Program) -> dict[int, int]:
@@ -303,15 +311,15 @@ def build_frontier(program: Program, costs: Sequence[float], bandwidth: float,
     lowered step) on a link of ``bandwidth`` bytes/s; ``make(program, config)`` plans a
     fixed spec."""
     price = pricer(costs, bandwidth, step_cost)
-    chain = program_chain(program, costs)
+    sizes = least_sizes(program)
+    chain = program_chain(program, costs, sizes)
     cands = fixed_candidates(program, make, price)
     cands += knapsack_candidates(program, costs, price)
     rotor = rotor_candidates(program, chain, costs, price)
     cands += rotor + hidden_swaps(rotor, costs, bandwidth, price)
     cands += swap_down(cands, costs, bandwidth, price)
-    bound = None if chain is None else recompute_bound(program, chain)
-    cert = time_bound(program, costs, bandwidth, least_sizes(program))
-    return Frontier(program, cands, sum(costs), bound, bandwidth, cert)
+    cert = time_bound(program, costs, bandwidth, sizes)
+    return Frontier(program, cands, sum(costs), chain, bandwidth, cert)
 
 
 def frontier_plan(program: Program, budget: int | None, costs: Sequence[float],
