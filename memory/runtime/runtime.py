@@ -4,8 +4,9 @@ It owns the residency of every non-persistent tensor of one iteration — one
 :class:`~.residency.TensorRecord` per tensor (on device, offloading, on host, prefetching,
 cached; illegal moves raise) — hands the executor typed views of resident tensors only, moves
 swapped blocks through the device's copy engine, keeps released blocks in the tensor cache
-(:mod:`.cache`) when the plan asks, and records where the peak happened and what swapping cost
-(bytes moved, stall time, cache hits and misses).
+(:mod:`.cache`) when the plan asks, and counts what swapping cost (bytes moved, stall time,
+cache hits and misses). Where the peak happened is kept by its :class:`~.peak.PeakTracker`, the
+log of a recorded iteration by its :class:`~.recording.RuntimeRecording`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from ..ir.program import Program
 from ..ir.residency import SWAPPED_OUT, IllegalTransition, Move, Residency, TensorRecord
 from ..ir.walk import Visit, Where
 from .cache import TensorCache
+from .peak import PeakTracker
 from .pool import DeviceOutOfMemory, PlacementError
+from .recording import RuntimeRecording
 
 
 def tensor_info(program: Program) -> list[tuple[int, tuple[int, ...], np.dtype]]:
@@ -65,6 +68,8 @@ class MemoryRuntime:
     Each tensor touched by an action has one :class:`~.residency.TensorRecord` in
     ``records``, kept in the order its current device block was assigned (a record moves to the
     end when it gets a new block), so the blocks live at any moment read in allocation order.
+    ``peak`` says where the allocated bytes peaked; ``recording`` is the iteration's log after
+    :meth:`start_recording` (``None`` otherwise).
     """
 
     def __init__(self, pool: Any, program: Program, plan: Plan, host_pool: Any = None,
@@ -80,28 +85,21 @@ class MemoryRuntime:
         self.poison_offloaded = poison_offloaded
         self.records: dict[int, TensorRecord] = {}
         self.cache = TensorCache(plan.cache)
-        self._position = -1
-        self.peak_bytes = -1
-        self.peak_position = -1
-        self.peak_live: list[int] = []
-        self._peak_pending = False
+        #: The step being run (-1 before the first, ``len(steps)`` after the last).
+        self.position = -1
+        self.peak = PeakTracker()
+        self.recording: RuntimeRecording | None = None
         self.info = info if info is not None else tensor_info(program)
         self.fallbacks: list[str] = []
         self.reallocs = 0
         self.kept_for_backward: dict[str, int] = {}
         self._swap = SwapStats()
         self._stall_probes: list[Any] = []  # a GPU's measures of compute waiting for copies
-        #: With ``record=True``: (time, step, op, category, byte delta, tensor) per block event;
-        #: ``op`` is ``alloc`` / ``free``, ``prefetch`` (a block for a copy back) or
-        #: ``release`` (an offloaded tensor's block given back, or evicted from the cache).
-        self.events: list[tuple] | None = None
-        #: While recording: the offset in the device arena of each event's block (in the
-        #: order of ``events``): where the pool placed it, or where it was when given back.
-        self.event_offsets: list[int] = []
-        #: While recording: (start, end, step, action, tensor, copy event or None) per action
-        #: applied, and (time, step) each time ``position`` moves to a new step.
-        self.actions: list[tuple] = []
-        self.step_marks: list[tuple[float, int]] = []
+
+    def start_recording(self) -> RuntimeRecording:
+        """Log every block event and applied action from now on (:attr:`recording`)."""
+        self.recording = RuntimeRecording()
+        return self.recording
 
     @property
     def swap_stats(self) -> SwapStats:
@@ -112,17 +110,6 @@ class MemoryRuntime:
         stall = self._swap.stall_s + sum(p.seconds() for p in self._stall_probes)
         return replace(self._swap, stall_s=stall, cache_hits=c.hits, cache_misses=c.misses,
                        evictions=c.evictions)
-
-    @property
-    def position(self) -> int:
-        """The step being run (-1 before the first, ``len(steps)`` after the last)."""
-        return self._position
-
-    @position.setter
-    def position(self, value: int) -> None:
-        self._position = value
-        if self.events is not None:
-            self.step_marks.append((time.perf_counter(), value))
 
     def residency(self, tid: int) -> Residency:
         """Where ``tid`` is now; a live alias is where its root's block is."""
@@ -151,13 +138,16 @@ class MemoryRuntime:
         ``COMPUTE``): before a step's and at the end, :attr:`position` moves there first."""
         if visit.where is Where.BEFORE or visit.where is Where.END:
             self.position = visit.step
+            if self.recording is not None:
+                self.recording.step(visit.step)
         for action in visit.actions:
             self.apply(action)
 
     def apply(self, action: Action) -> None:
         """Carry out one plan action (see :mod:`.plan`); while recording, note when it ran
         and the copy it started."""
-        if self.events is None:
+        recording = self.recording
+        if recording is None:
             self._apply(action)
             return
         t0 = time.perf_counter()
@@ -167,8 +157,7 @@ class MemoryRuntime:
         copy = None  # a prefetch's is None when the tensor cache still held the block
         if rec is not None and effect.copy is not None:
             copy = rec.d2h if effect.copy == "d2h" else rec.h2d
-        self.actions.append((t0, time.perf_counter(), self._position, action.kind,
-                             action.tensor, copy))
+        recording.action(t0, self.position, action.kind, action.tensor, copy)
 
     def _apply(self, action: Action) -> None:
         try:
@@ -178,7 +167,7 @@ class MemoryRuntime:
                 from None
         carry_out(self, action)
 
-    def _allocate(self, tid: int, offset: int = -1, size: int = 0) -> Any:
+    def _allocate_block(self, tid: int, offset: int = -1, size: int = 0) -> Any:
         """A pool block for ``tid`` (of ``size`` bytes if given, else the planned size); under
         pressure, evicts cached blocks (LRU first)."""
         t = self.program.tensors[tid]
@@ -202,12 +191,9 @@ class MemoryRuntime:
                     raise
 
     def _log(self, op: str, blk: Any, tid: int) -> None:
-        if self.events is not None:
+        if self.recording is not None:
             t = self.program.tensors[tid]
-            delta = blk.size if op in ("alloc", "prefetch") else -blk.size
-            self.events.append((time.perf_counter(), self.position, op, t.category, delta,
-                                t.name))
-            self.event_offsets.append(blk.offset)
+            self.recording.block(op, blk, self.position, t.category, t.name)
 
     def note_kept_for_backward(self) -> None:
         """Record what is on device as the backward pass begins, by category (the feature
@@ -220,21 +206,7 @@ class MemoryRuntime:
             kept[cat] = kept.get(cat, 0) + rec.block.size
         self.kept_for_backward = kept
 
-    def _note_peak(self) -> None:
-        current = self.pool.allocated_bytes
-        if current > self.peak_bytes:
-            self.peak_bytes = current
-            self.peak_position = self.position
-            self._peak_pending = True  # what is live now is listed before the next free
-
-    def snapshot_peak(self) -> None:
-        """List the blocks live at the peak (done lazily: the peak state lasts until the next
-        free, so the list is taken then, or when asked)."""
-        if self._peak_pending:
-            self.peak_live = [t for t, rec in self.records.items() if rec.block is not None]
-            self._peak_pending = False
-
-    def alloc(self, tid: int, offset: int = -1) -> None:
+    def _alloc(self, tid: int, offset: int = -1) -> None:
         _, shape, dtype = self.info[tid]
         if tid in self.plan.aliases:
             root = self._record_of(root_of(self.plan.aliases, tid))
@@ -251,17 +223,17 @@ class MemoryRuntime:
             return
         rec = self._record_of(tid)
         rec.check("allocate")
-        blk = self._allocate(tid, offset)
-        if self.events is not None:
+        blk = self._allocate_block(tid, offset)
+        if self.recording is not None:
             self._log("alloc", blk, tid)
         rec.allocate(blk, blk.view(shape, dtype))
         self._assign_block(rec)
-        self._note_peak()
+        self.peak.note(self.pool.allocated_bytes, self.position)
 
     def realloc(self, tid: int, nbytes: int) -> None:
         """Replace ``tid``'s block by one of ``nbytes`` (an encoded stash larger than planned);
         the contents are not kept."""
-        self.snapshot_peak()
+        self.peak.snapshot(self.records)
         rec = self._record_of(tid)
         rec.check("reallocate")
         old = rec.block
@@ -275,10 +247,10 @@ class MemoryRuntime:
         rec.reallocate(blk, blk.view((int(nbytes),), np.uint8))
         self._assign_block(rec)
         self.reallocs += 1
-        self._note_peak()
+        self.peak.note(self.pool.allocated_bytes, self.position)
 
-    def free(self, tid: int) -> None:
-        self.snapshot_peak()
+    def _free(self, tid: int) -> None:
+        self.peak.snapshot(self.records)
         rec = self._record_of(tid)
         if tid in self.plan.aliases:
             rec.free()
@@ -302,7 +274,7 @@ class MemoryRuntime:
     def _members(self, root: TensorRecord) -> list[TensorRecord]:
         return [root, *(self.records[m] for m in sorted(root.members))]
 
-    def offload(self, root: int) -> None:
+    def _offload(self, root: int) -> None:
         """Start copying ``root``'s block to host; its views disappear until it is back."""
         rec = self._record_of(root)
         rec.check("offload")
@@ -338,7 +310,7 @@ class MemoryRuntime:
         if probe is not None:
             self._stall_probes.append(probe)
 
-    def release(self, root: int) -> None:
+    def _release(self, root: int) -> None:
         """The device block of an offloaded tensor may go: once its copy has read it (on a
         GPU, compute that may reuse the block waits for the copy's event), free it — or keep
         it cached when the plan caches."""
@@ -351,30 +323,30 @@ class MemoryRuntime:
         rec.release()
 
     def _free_swapped_block(self, rec: TensorRecord) -> None:
-        self.snapshot_peak()
+        self.peak.snapshot(self.records)
         blk = rec.block
         if self.poison_offloaded and getattr(self.pool.device, "has_storage", False):
             self.pool.device.fill(blk.offset, blk.size, float("nan"))
         self._log("release", blk, rec.tensor)
         self.pool.free(blk)
 
-    def prefetch(self, root: int, offset: int = -1) -> None:
+    def _prefetch(self, root: int, offset: int = -1) -> None:
         """Bring ``root`` back: free if still cached on device, else allocate and copy."""
         rec = self._record_of(root)
         if self.cache.take(rec):
             return
         rec.check("prefetch")
-        blk = self._allocate(root, offset, rec.nbytes)
+        blk = self._allocate_block(root, offset, rec.nbytes)
         self._log("prefetch", blk, root)
         nbytes = rec.nbytes
         rec.prefetch(blk, None)
         self._assign_block(rec)
-        self._note_peak()
+        self.peak.note(self.pool.allocated_bytes, self.position)
         rec.h2d = self.pool.device.copy_engine.copy_async(blk.view((nbytes,), np.uint8),
                                                           rec.host)
         self._swap.prefetched_bytes += nbytes
 
-    def await_(self, root: int) -> None:
+    def _await(self, root: int) -> None:
         """Compute is about to read ``root``: wait for its prefetch, restore its views."""
         rec = self._record_of(root)
         rec.check("await_prefetch")
@@ -401,7 +373,7 @@ class MemoryRuntime:
 
     def release_all(self) -> None:
         """Free whatever is still allocated (after a failure), leaving the pool clean."""
-        self.snapshot_peak()
+        self.peak.snapshot(self.records)
         for rec in self.records.values():
             if rec.state not in SWAPPED_OUT:
                 continue
@@ -423,10 +395,10 @@ class MemoryRuntime:
 #: How the runtime carries out each plan action, by the residency move it declares
 #: (``Action.move``; the records check the move against the one table, TRANSITIONS).
 _CARRY_OUT: dict[Move, Callable[[MemoryRuntime, Any], None]] = {
-    Move.ALLOCATE: lambda rt, a: rt.alloc(a.tensor, a.offset),
-    Move.FREE: lambda rt, a: rt.free(a.tensor),
-    Move.OFFLOAD: lambda rt, a: rt.offload(a.tensor),
-    Move.RELEASE: lambda rt, a: rt.release(a.tensor),
-    Move.PREFETCH: lambda rt, a: rt.prefetch(a.tensor, a.offset),
-    Move.AWAIT_PREFETCH: lambda rt, a: rt.await_(a.tensor),
+    Move.ALLOCATE: lambda rt, a: rt._alloc(a.tensor, a.offset),
+    Move.FREE: lambda rt, a: rt._free(a.tensor),
+    Move.OFFLOAD: lambda rt, a: rt._offload(a.tensor),
+    Move.RELEASE: lambda rt, a: rt._release(a.tensor),
+    Move.PREFETCH: lambda rt, a: rt._prefetch(a.tensor, a.offset),
+    Move.AWAIT_PREFETCH: lambda rt, a: rt._await(a.tensor),
 }

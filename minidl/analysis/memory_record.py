@@ -14,7 +14,7 @@ the peak (bytes, where, by category, the tensors live there) and the device's ca
 budget. A dry run (the meta device) records the same events in the same order, untimed.
 
 Every block event has its block's address: its offset in the device arena, as the runtime
-logged it with the event (``MemoryRuntime.event_offsets``: where the pool placed the block,
+logged it with the event (``RuntimeRecording.event_offsets``: where the pool placed the block,
 or where it was when given back; a GPU's library temporaries that overflow into the arena
 are no events and are left out). ``arena`` holds the blocks live when the iteration ended
 (the persistent ones: an iteration frees what it allocates) and the span the iteration
@@ -37,6 +37,7 @@ from ..memory.ir.timeline import series, trace, write_chrome_trace, write_json_a
 from ..memory.ir.units import format_size
 from ..memory.ir.walk import Where, walk
 from ..memory.runtime.pool import Pool
+from ..memory.runtime.recording import RuntimeRecording
 from .report import persistent_by_category, plot_timeline
 
 SNAPSHOT_VERSION = 2  # 2: every event's block address and the arena's blocks ("arena")
@@ -50,7 +51,7 @@ class _Capture:
     """One recorded iteration, as the runtime left it (turned into data only when asked)."""
 
     compiled: Compiled
-    runtime: Any
+    recording: RuntimeRecording
     step_times: list[float]
     peak: PeakInfo
     iteration: int
@@ -83,8 +84,9 @@ class MemoryRecorder:
         if its peak is at least the highest so far."""
         self.iterations += 1
         if self._best is None or peak.bytes >= self._best.peak.bytes:
-            self._best = _Capture(c, c.executor.last_runtime, list(c.executor.step_times), peak,
-                                  iteration, timed, _arena(c.executor.pool))
+            self._best = _Capture(c, c.executor.last_runtime.recording,
+                                  list(c.executor.step_times), peak, iteration, timed,
+                                  _arena(c.executor.pool))
 
     def snapshot(self) -> dict[str, Any]:
         """The recorded iteration with the highest peak as plain data (see module docstring;
@@ -114,7 +116,7 @@ def _compute_spans(cap: _Capture, t0: float) -> list[tuple[float, float]]:
     """Each step's compute (start, end) in seconds from ``t0``: it starts when the step's
     ``before`` actions are done (when the executor moved to the step, if it has none) and
     lasts its measured step time."""
-    rt, plan = cap.runtime, cap.compiled.plan
+    rt, plan = cap.recording, cap.compiled.plan
     marks = {pos: t for t, pos in rt.step_marks}
     before_ends: dict[int, list[float]] = {}
     for _, end, pos, *_ in rt.actions:
@@ -135,7 +137,7 @@ def _copies(cap: _Capture, names: list[str], nbytes: list[int],
     each for its measured duration."""
     lane_free = {"d2h": 0.0, "h2d": 0.0}
     out = []
-    for start, _, _, action, tid, copy in cap.runtime.actions:
+    for start, _, _, action, tid, copy in cap.recording.actions:
         if copy is None:
             continue
         lane = EFFECTS[action].copy
@@ -149,7 +151,7 @@ def _copies(cap: _Capture, names: list[str], nbytes: list[int],
 def _addresses(cap: _Capture) -> tuple[list[int], int]:
     """Every event's block offset, as the runtime logged it (where the pool placed the block,
     or where it was when given back), and the highest end of any block (the arena's span)."""
-    rt = cap.runtime
+    rt = cap.recording
     addrs = list(rt.event_offsets)
     if len(addrs) != len(rt.events):
         raise RuntimeError(f"{len(rt.events)} block events but {len(addrs)} offsets logged: "
@@ -174,7 +176,7 @@ def plain_data(value: Any) -> Any:
 
 
 def _snapshot(cap: _Capture, rec: MemoryRecorder) -> dict[str, Any]:
-    c, rt = cap.compiled, cap.runtime
+    c, rt = cap.compiled, cap.recording
     prog = c.plan.program
     names = [t.name for t in prog.tensors]
     owner = {t.name: t.layer for t in prog.tensors}

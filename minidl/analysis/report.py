@@ -66,17 +66,17 @@ def persistent_by_category(c: Compiled) -> dict[str, int]:
 
 def timeline(c: Compiled, by_step: bool = True) -> dict[str, Any]:
     rt = c.executor.last_runtime
-    if rt is None or rt.events is None:
+    if rt is None or rt.recording is None:
         raise RuntimeError("no recorded iteration: run with record=True first")
-    return category_series(rt.events, c.plan.program, persistent_by_category(c), by_step)
+    return category_series(rt.recording.events, c.plan.program, persistent_by_category(c), by_step)
 
 
 def save_trace(c: Compiled, path: str, measured: bool) -> None:
     rt = c.executor.last_runtime
-    if rt is None or rt.events is None:
+    if rt is None or rt.recording is None:
         raise RuntimeError("no recorded iteration: run with record=True first")
     times = list(c.executor.step_times) if measured else None
-    write_json(path, chrome_trace(rt.events, c.plan.program, times,  # (0644, not 0600)
+    write_json(path, chrome_trace(rt.recording.events, c.plan.program, times,  # (0644, not 0600)
                                   persistent_by_category(c)))
 
 

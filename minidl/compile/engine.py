@@ -23,6 +23,7 @@ from ..memory.cost.targets import DeviceProfile
 from ..memory.devices.traits import device_traits
 from ..memory.ir.config import MemoryConfig
 from ..memory.ir.plan import Plan
+from ..memory.ir.precision import Precision
 from ..memory.ir.program import aligned
 from ..memory.options import workspace_options
 from ..memory.runtime.host_pool import HostPool
@@ -66,6 +67,7 @@ class Engine:
         host_memory: int | None = None,
         scratch_bytes: int | None = None,
         target: DeviceProfile | None = None,
+        precision: Precision | str = Precision.FP32,
     ) -> None:
         # BLAS single-threaded from the first product on (else the first step's products ran
         # on OpenBLAS's threads, cut by thread count, and the bits depended on it)
@@ -83,6 +85,8 @@ class Engine:
         #: The device the plans are made for (its cost model's step times and host link drive
         #: swap=auto and auto), or ``None``: this device's measured times.
         self.target = target
+        #: What the programs are lowered in (:mod:`~minidl.memory.ir.precision`)
+        self.precision = Precision.of(precision)
         self.persistent_blocks: list[Any] = []
         #: The block reserved for the device library's own temporaries (CuPy's), sized from
         #: the first step's measured peak, or from ``scratch_bytes`` (a dry run for a GPU
@@ -310,7 +314,8 @@ class Engine:
                              opt_state=self.opt_state_specs, accumulate_grads=accumulate,
                              alignment=self.pool.alignment, options=options,
                              device_kind=self.device_kind,
-                             sharding=self.sharding() if training else None)
+                             sharding=self.sharding() if training else None,
+                             precision=self.precision)
 
             lowered, plan = search_options(self, lowered_with(None), lowered_with, config, net)
             c = self._compile(lowered, plan)
@@ -381,8 +386,8 @@ class Engine:
         by_cat: dict[str, int] = {}
         live: list[tuple[str, str, int]] = []
         tids = [t.id for t in prog.persistent]
-        rt.snapshot_peak()
-        tids += [t for t in rt.peak_live if t not in c.plan.aliases]
+        rt.peak.snapshot(rt.records)
+        tids += [t for t in rt.peak.live if t not in c.plan.aliases]
         for tid in tids:
             t = prog.tensors[tid]
             size = prog.block_size(t.nbytes)
@@ -392,10 +397,10 @@ class Engine:
             by_cat["workspace"] = by_cat.get("workspace", 0) + self.scratch.size
             live.append(("cupy.scratch", "workspace", self.scratch.size))
         live.sort(key=lambda r: -r[2])
-        pos = rt.peak_position
+        pos = rt.peak.position
         if 0 <= pos < len(prog.steps):
             st = prog.steps[pos]
             step, phase = st.layer, st.phase
         else:
             step, phase = ("(start)", "setup") if pos < 0 else ("(end)", "end")
-        return PeakInfo(rt.peak_bytes, pos, step, phase, by_cat, live)
+        return PeakInfo(rt.peak.bytes, pos, step, phase, by_cat, live)

@@ -201,7 +201,7 @@ class Executor:
                            poison_offloaded=self.debug, info=self.tensor_info)
         self.last_runtime = rt
         if record:
-            rt.events = []
+            rt.start_recording()
         state = _Run(rt, training, seed, iteration, fetch_outputs, check_finite, recomputing,
                      loss_scale, hooks, before_step=self._before_step(hooks))
         try:

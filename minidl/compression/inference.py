@@ -215,17 +215,17 @@ def plan_inference(cm: CompressedModel, batch_size: int, alignment: int = ALLOCA
     runner.run_batch(None, shape)
     stats = runner.pool.stats()
     rt = runner.last_runtime
-    rt.snapshot_peak()
+    rt.peak.snapshot(rt.records)
     prog = runner.run_for(shape).lowered.program
     by_cat: dict[str, int] = {}
     live = []
-    for tid in rt.peak_live:
+    for tid in rt.peak.live:
         t = prog.tensors[tid]
         size = prog.block_size(t.nbytes)
         by_cat[t.category] = by_cat.get(t.category, 0) + size
         live.append({"tensor": t.name, "category": t.category, "bytes": size})
     live.sort(key=lambda r: -r["bytes"])
-    pos = rt.peak_position
+    pos = rt.peak.position
     step = prog.steps[pos] if 0 <= pos < len(prog.steps) else None
     params = dict(runner.net.named_parameters(include_buffers=True))
     return {

@@ -21,7 +21,7 @@ def forward_eval(trainer: Any, xb: np.ndarray, yb: np.ndarray | None) -> tuple[A
     try:
         loss, outs = c.executor.run([xb, yb], training=False, seed=trainer.seed,
                                     iteration=trainer.iteration, fetch_outputs=True)
-        peak = c.executor.last_runtime.peak_bytes
+        peak = c.executor.last_runtime.peak.bytes
         if trainer.eval_peak is None or peak > trainer.eval_peak[0]:
             trainer.eval_peak = (peak, len(xb))
         return loss, outs[0]

@@ -268,7 +268,7 @@ class Trainer:
             self.last_logits = outs[0] if deferred else outs[0].result()
         rt = c.executor.last_runtime
         # where the run peaked, itemised only when it is a new peak or a recording wants it
-        if self.peak is None or rt.peak_bytes > self.peak.bytes or self._recorder is not None:
+        if self.peak is None or rt.peak.bytes > self.peak.bytes or self._recorder is not None:
             self._note_peak(c)
         if c.plan.swapped:
             self._swap_runtime = rt

@@ -173,8 +173,8 @@ def test_peak_lists_blocks_in_the_order_they_were_last_assigned():
     rt = _runtime([1, 1, 1])
     for a in (Alloc(0), Alloc(1), Offload(0), Release(0), Alloc(2), Prefetch(0)):
         rt.apply(a)
-    rt.snapshot_peak()
-    assert rt.peak_live == [1, 2, 0]
+    rt.peak.snapshot(rt.records)
+    assert rt.peak.live == [1, 2, 0]
     rt.note_kept_for_backward()  # t0 is still being prefetched: not counted as kept
     assert rt.kept_for_backward == {"feature_map": 1024}
 

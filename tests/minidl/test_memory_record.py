@@ -175,7 +175,7 @@ def test_block_addresses_are_the_offsets_the_runtime_logged():
     y = np.arange(16) % 10
     with tr.record_memory() as rec:
         tr.step(x, y)
-    rt = rec._best.runtime
+    rt = rec._best.recording
     assert len(rt.event_offsets) == len(rt.events) > 0
     snap = rec.snapshot()
     assert [e[7] for e in snap["events"]] == rt.event_offsets
