@@ -17,8 +17,9 @@ from ..layers.base import Layer, ShapeError, Symbol
 from ..memory.ir.units import format_size
 from ..memory.passes.block_choices import BLOCK_CHOICES
 from ..memory.runtime.transfer import copy_into, to_host
+from .deferred_init import DeferredInitialiser, deferring
 from .param_memory import check_parameter_memory
-from .parameter import Parameter
+from .parameter import Parameter, new_parameter
 
 Shape = tuple[int, ...]
 
@@ -193,10 +194,13 @@ class Network:
     def _create_parameters(self, seed: int, dtype: str = "float32") -> None:
         rng = np.random.default_rng(seed)
         self.dtype = np.dtype(dtype)
-        # (counted from the shapes first: a network too large for the host, refused in a line)
-        check_parameter_memory(self.name, [
-            spec for node in self.nodes if getattr(node.layer, "bound_params", None) is None
-            for spec in node.layer.param_specs().values()], self.dtype)
+        # (deferred: drawn, and counted, when first read)
+        initialiser = DeferredInitialiser(self.name) if deferring() else None
+        if initialiser is None:
+            # (counted from the shapes first: a network too large for the host, refused in a line)
+            check_parameter_memory(self.name, [
+                spec for node in self.nodes if getattr(node.layer, "bound_params", None) is None
+                for spec in node.layer.param_specs().values()], self.dtype)
         self._params: dict[str, dict[str, Parameter]] = {}
         for node in self.nodes:
             specs = node.layer.param_specs()
@@ -214,9 +218,10 @@ class Network:
                 self._params[node.name] = {k: bound[k] for k in specs}
                 continue
             self._params[node.name] = {
-                pname: Parameter(
-                    f"{node.name}.{pname}", spec.initial_value(rng, self.dtype),
-                    trainable=spec.trainable,
+                pname: new_parameter(
+                    f"{node.name}.{pname}", spec.shape, spec.dtype or self.dtype,
+                    lambda spec=spec: spec.initial_value(rng, self.dtype),
+                    trainable=spec.trainable, initialiser=initialiser,
                 )
                 for pname, spec in specs.items()
             }

@@ -26,8 +26,9 @@ import numpy as np
 from .. import layers as L
 from ..layers.base import Layer, Symbol
 from ..net.builder import named
+from ..net.deferred_init import DeferredInitialiser, deferring
 from ..net.graph import Input, Network
-from ..net.parameter import Parameter
+from ..net.parameter import Parameter, new_parameter
 
 #: Time steps per unit of the fused layers' loops and schedules: the weight-gradient GEMMs
 #: then run on N*16 rows (512 for batch 32, ~95% of OpenBLAS's large-GEMM rate here).
@@ -42,6 +43,8 @@ class ParameterStore:
         self.rng = np.random.default_rng(seed)
         self.dtype = np.dtype(dtype)
         self.params: dict[str, Parameter] = {}
+        # (under deferred_parameters(): values drawn, in this order, when one is first read)
+        self.initialiser = DeferredInitialiser("ParameterStore") if deferring() else None
 
     def bind(self, layer: Layer, names: dict[str, str], order: Sequence[str] = ()) -> Layer:
         """Give ``layer`` the parameters ``names`` maps its local names to (created on first
@@ -52,8 +55,10 @@ class ParameterStore:
         for local, spec in specs.items():
             full = names[local]
             if full not in self.params:
-                self.params[full] = Parameter(full, spec.initial_value(self.rng, self.dtype),
-                                              trainable=spec.trainable)
+                self.params[full] = new_parameter(
+                    full, spec.shape, spec.dtype or self.dtype,
+                    lambda spec=spec: spec.initial_value(self.rng, self.dtype),
+                    trainable=spec.trainable, initialiser=self.initialiser)
             bound[local] = self.params[full]
         layer.bound_params = bound
         return layer

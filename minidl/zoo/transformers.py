@@ -33,8 +33,9 @@ import numpy as np
 from .. import layers as L
 from ..layers.base import Layer, ParamSpec, Symbol
 from ..net.builder import named
+from ..net.deferred_init import DeferredInitialiser, deferring
 from ..net.graph import Input, Network
-from ..net.parameter import Parameter
+from ..net.parameter import Parameter, new_parameter
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,8 @@ class _Graph:
         self.dtype = np.dtype(dtype)
         self.residual, self.layers = residual, layers
         self.params: dict[str, Parameter] = {}
+        # (under deferred_parameters(): values drawn, in this order, when one is first read)
+        self.initialiser = DeferredInitialiser("transformer") if deferring() else None
 
     def __call__(self, layer: Layer, name: str, *xs: Symbol,
                  names: dict[str, str] | None = None) -> Symbol:
@@ -92,19 +95,23 @@ class _Graph:
 
     def _parameter(self, full: str, spec: ParamSpec) -> Parameter:
         if full not in self.params:
-            if len(spec.shape) >= 2:
-                std = 0.02
-                if self.layers and any(r in full for r in self.residual):
-                    std /= math.sqrt(2 * self.layers)
-                value = self.rng.standard_normal(spec.shape, dtype=np.float32)
-                value *= np.float32(std)
-                value = value.astype(self.dtype, copy=False)
-            elif spec.init in ("ones", "zeros"):  # LayerNorm's scale and shift
-                value = spec.initial_value(self.rng, self.dtype)
-            else:  # biases
-                value = np.zeros(spec.shape, self.dtype)
-            self.params[full] = Parameter(full, value, trainable=spec.trainable)
+            dtype = (spec.dtype or self.dtype) if spec.init in ("ones", "zeros") else self.dtype
+            self.params[full] = new_parameter(
+                full, spec.shape, dtype, lambda: self._initial_value(full, spec),
+                trainable=spec.trainable, initialiser=self.initialiser)
         return self.params[full]
+
+    def _initial_value(self, full: str, spec: ParamSpec) -> np.ndarray:
+        if len(spec.shape) >= 2:
+            std = 0.02
+            if self.layers and any(r in full for r in self.residual):
+                std /= math.sqrt(2 * self.layers)
+            value = self.rng.standard_normal(spec.shape, dtype=np.float32)
+            value *= np.float32(std)
+            return value.astype(self.dtype, copy=False)
+        if spec.init in ("ones", "zeros"):  # LayerNorm's scale and shift
+            return spec.initial_value(self.rng, self.dtype)
+        return np.zeros(spec.shape, self.dtype)  # biases
 
 
 def _dropout(g: _Graph, p: float, name: str, x: Symbol) -> Symbol:
