@@ -13,6 +13,7 @@ from ..interop.memory_viz import is_pickle_path, open_hint
 from ..memory.cost.targets import get_target
 from ..memory.ir.units import format_duration, parse_size
 from ..memory.planners.auto import BelowFloor, BudgetTooSmall
+from ..net.deferred_init import deferred_parameters
 from .common import (
     EXIT_OOM,
     RuntimeFailure,
@@ -194,7 +195,13 @@ def plot_frontier(rep: dict, path: str, title: str, budget: int | None = None) -
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """``minidl plan``: the options checked, the model built, then one of its questions (the
-    largest batch, the estimate table, or the dry run's report, curve or JSON)."""
+    largest batch, the estimate table, or the dry run's report, curve or JSON). Models are
+    built with deferred parameters: a plan reads shapes only, so no weight is drawn."""
+    with deferred_parameters():
+        return _plan(args)
+
+
+def _plan(args: argparse.Namespace) -> int:
     if args.inference or args.compressed is not None:
         if getattr(args, "frontier", False):
             _check_frontier(args, None)
