@@ -78,7 +78,7 @@ def report_interrupt(args: argparse.Namespace, trainer: Any, whole: bool, callba
     """After Ctrl-C: save the checkpoint when the state is ``whole`` and ``--save`` names one
     (``save(trainer, path)``), and print the one line (rank 0). Returns exit code 130."""
     step = trainer.iteration
-    epoch = "" if steps is not None else f" (epoch {trainer.epoch + 1} of {args.epochs})"
+    epoch = "" if steps is not None else f" (epoch {trainer.fit_state.epoch + 1} of {args.epochs})"
     of = "" if steps is None else f" of {steps}"  # (the text models: steps, no epochs)
     where = f"at step {step}{of}{epoch}" if whole else f"inside step {step + 1}{of}{epoch}"
     kept = [p for cb in callbacks if isinstance(cb, ModelCheckpoint) for p in cb.saved]

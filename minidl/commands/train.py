@@ -486,10 +486,10 @@ def _print_image_report(args: argparse.Namespace, trainer: Trainer, hist, result
               f"median step {1000 * (result['step_time_median_s'] or 0):.1f} ms, "
               f"wall time {result['wall_time_s']:.1f} s")
     elif hist.stopped_early:
-        print(f"nothing to train: the run had stopped early at epoch {trainer.epoch} of "
+        print(f"nothing to train: the run had stopped early at epoch {trainer.fit_state.epoch} of "
               f"{args.epochs} (step {trainer.iteration})")
     else:
-        print(f"nothing to train: the run already stands at epoch {trainer.epoch} of "
+        print(f"nothing to train: the run already stands at epoch {trainer.fit_state.epoch} of "
               f"{args.epochs} (step {trainer.iteration})")
     if hist.stopped_early and hist.losses and args.no_progress:
         print(hist.stop_reason)  # (else the progress display said it)

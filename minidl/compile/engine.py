@@ -32,8 +32,9 @@ from ..net.optim import FlatGroup, Optimizer
 from . import replanning, split_search
 from .compiled import Compiled
 from .executor import Executor
-from .lowering import Lowered, Sharding, lower
+from .lowering import Lowered, lower
 from .option_search import choice_notes, search_options
+from .shard_layout import ShardLayout, shard_layout, sharding_of
 from .split_search import BATCH_STATS_SPLIT, micro_shapes
 
 #: Names this module has always offered (some now live in the modules doing their job).
@@ -90,17 +91,9 @@ class Engine:
         self.scratch: Any = None
         self.params: list[Any] = []  # the network's parameters and buffers, bound in order
         self.opt_state_specs: list[tuple[str, tuple[int, ...], str]] = []
-        #: ZeRO stage 2 and above (``zero=2``): the gradient shards allocated persistently,
-        #: by the optimizer (:meth:`~minidl.distributed.zero.ZeroOptimizer.init_grads`), instead of
-        #: every parameter's full gradient (then a block of the iteration); ``None`` below.
-        self.grad_shard_specs: list[tuple[str, tuple[int, ...], str]] | None = \
-            [] if self.config.zero >= 2 else None
-        #: ZeRO stage 3 (``zero=3``, training): the parameter shards, likewise
-        #: (:meth:`~minidl.distributed.zero.ZeroOptimizer.init_params`); the trainable parameters
-        #: keep
-        #: their host arrays and are gathered per step into blocks of the iteration.
-        self.param_shard_specs: list[tuple[str, tuple[int, ...], str]] | None = \
-            [] if self.config.zero >= 3 and loss is not None else None
+        #: What this rank keeps of the persistent state: the layout of the spec's sharding
+        #: stage, the optimizer's (:func:`~minidl.compile.shard_layout.shard_layout`).
+        self.shards: ShardLayout = shard_layout(self.config.zero, optimizer, loss is not None)
         self._cache: dict[tuple, Compiled] = {}
         #: Under a budget no plan fits, cap convolutions' workspaces (leaner algorithms and
         #: chunking, :mod:`~minidl.memory.options.workspace_options`) and plan again.
@@ -138,11 +131,10 @@ class Engine:
         params = self.params = [p for _, p in self.net.named_parameters(include_buffers=True)]
         views = {}
         for p in sorted(params, key=lambda q: not q.trainable):  # (a stable sort)
-            sharded = self.param_shard_specs is not None and p.trainable
-            views[id(p)] = None if sharded else self._alloc(p.name, p.shape, p.dtype,
-                                                            "parameter")
+            whole = self.shards.keeps_whole(p)
+            views[id(p)] = self._alloc(p.name, p.shape, p.dtype, "parameter") if whole else None
         grads = []
-        if self.loss is not None and self.grad_shard_specs is None:
+        if self.loss is not None and self.shards.gradient_specs is None:
             for p in params:
                 if p.trainable:
                     grads.append((p, self._alloc(p.name + ".grad", p.shape, p.dtype,
@@ -151,7 +143,7 @@ class Engine:
             self.bound = True
             for p in params:
                 v = views[id(p)]
-                if v is not None:  # (zero=3: the host array stays, shards in the pool)
+                if v is not None:  # (sharded: the host array stays, shards in the pool)
                     copy_into(v, p.data)  # the values, wherever they live
                     p.data = v
                 p.bound_to = self
@@ -167,7 +159,7 @@ class Engine:
                 self.opt_state_specs.append((name, tuple(shape), np.dtype(dtype).name))
                 return arr
 
-            self._allocate_shards()
+            self.shards.allocate_shards(self._alloc, self.compute)
             self.optimizer.init_state(alloc_state)
             if self.bound:
                 self._group_parameters()
@@ -181,7 +173,7 @@ class Engine:
         in the flat update, and must stay finite)."""
         opt = self.optimizer
         if not isinstance(opt, Optimizer):
-            return  # (ZeRO's wrapper shards the state: it updates its shards itself)
+            return  # (a wrapper sharding the state updates its shards itself)
         blocks = self._blocks
         slots = opt.slots
 
@@ -225,40 +217,6 @@ class Engine:
                                     tuple((p.data, p.grad) for p, _ in run)))
         opt.flat_groups = groups
 
-    def _allocate_shards(self) -> None:
-        """ZeRO stages 2 and 3: the optimizer's parameter shards (their values copied from the
-        parameters) and gradient shards (zeroed), through the pool."""
-        if self.grad_shard_specs is None:
-            return
-        init_params = getattr(self.optimizer, "init_params", None)
-        init_grads = getattr(self.optimizer, "init_grads", None)
-        if init_grads is None:
-            if self.compute:
-                raise ValueError(f"zero={self.config.zero} trains with the optimizer wrapped in "
-                                 "minidl.distributed.zero.ZeroOptimizer (as Trainer does), "
-                                 "not a bare "
-                                 f"{type(self.optimizer).__name__}")
-            return  # a dry run: the rank's shards are accounted by memory.zero
-        if self.param_shard_specs is not None:
-
-            def alloc_param(name: str, shape: tuple[int, ...], dtype: Any, values: Any) -> Any:
-                arr = self._alloc(name, shape, dtype, "parameter")
-                if self.compute:
-                    copy_into(arr, values)
-                self.param_shard_specs.append((name, tuple(shape), np.dtype(dtype).name))
-                return arr
-
-            init_params(alloc_param)
-
-        def alloc_grad(name: str, shape: tuple[int, ...], dtype: Any) -> Any:
-            arr = self._alloc(name, shape, dtype, "gradient")
-            if self.compute:
-                arr[...] = 0
-            self.grad_shard_specs.append((name, tuple(shape), np.dtype(dtype).name))
-            return arr
-
-        init_grads(alloc_grad)
-
     def release(self) -> None:
         """Return every persistent block to the pool; bound parameters move back to host arrays
         first, so the network stays usable."""
@@ -280,12 +238,10 @@ class Engine:
         self._cache.clear()
 
     # ------------------------------------------------------------------ compile
-    def sharding(self) -> Sharding | None:
-        """The persistent state this rank keeps as shards (ZeRO stages 2 and 3), for lowering."""
-        if self.grad_shard_specs is None:
-            return None
-        params = None if self.param_shard_specs is None else tuple(self.param_shard_specs)
-        return Sharding(tuple(self.grad_shard_specs), params)
+    @property
+    def grad_shard_specs(self) -> list[tuple[str, tuple[int, ...], str]] | None:
+        """The gradient shards this rank keeps instead of full gradients, or ``None``."""
+        return self.shards.gradient_specs
 
     def compiled(self, batch_shapes: list[tuple[int, ...]], label_shape: tuple[int, ...] | None,
                  training: bool, label_dtype: str = "int64",
@@ -310,7 +266,7 @@ class Engine:
                              opt_state=self.opt_state_specs, accumulate_grads=accumulate,
                              alignment=self.pool.alignment, options=options,
                              device_kind=self.device_kind,
-                             sharding=self.sharding() if training else None)
+                             sharding=sharding_of(self.shards) if training else None)
 
             lowered, plan = search_options(self, lowered_with(None), lowered_with, config, net)
             c = self._compile(lowered, plan)

@@ -11,7 +11,7 @@ parameters' size outside the device pool, as the gradient buckets are).
 * **Stage 1** (optimizer state sharded): the gradients are all-reduced whole into every
   parameter's persistent ``.grad``; a shard's gradient is a view of it.
 * **Stage 2** (also gradients): each shard has its own persistent gradient block in the pool
-  (:meth:`ZeroOptimizer.init_grads`, called by the engine), and no parameter keeps a full
+  (allocated by the engine through :class:`ZeroShardLayout`), and no parameter keeps a full
   gradient: the engine lowers the full gradients as blocks of the iteration, which the
   executor frees after their last write, once
   :class:`~minidl.distributed.data_parallel.GradientSync`
@@ -22,7 +22,7 @@ parameters' size outside the device pool, as the gradient buckets are).
   summed over the ranks). Micro-batch splitting (``split=K``) needs the full gradients to
   accumulate in, so it is refused from stage 2 on.
 * **Stage 3** (also parameters): each shard's values are a persistent block of their own
-  (:meth:`ZeroOptimizer.init_params`) and the pool holds no full trainable parameter between
+  (:class:`ZeroShardLayout`) and the pool holds no full trainable parameter between
   steps. The engine lowers every step that reads a trainable parameter (forward, backward)
   with a block of its own for it, allocated just before the step and freed after its last
   use (a recomputation reuses its forward's); :class:`LayerGather`, called by the executor
@@ -134,15 +134,10 @@ class ZeroOptimizer(OptimizerWrapper):
         return [(f"{p.base.name}.grad[{p.lo}:{p.hi}]", (p.hi - p.lo,), p.base.dtype)
                 for p in self.shard.params]
 
-    def init_params(self, alloc: Any) -> None:
-        """Stage 3: allocate the owned ranges of the parameters through
-        ``alloc(name, shape, dtype, values)`` (the engine's pool, which copies ``values``, the
-        parameter's current elements, in); nothing below stage 3."""
-        if self.stage < 3:
-            return
-        for p in self.shard.params:
-            p.own_data = alloc(p.name, (p.hi - p.lo,), p.base.dtype,
-                               p.base.data.reshape(-1)[p.lo:p.hi])
+    def shard_layout(self, training: bool) -> ZeroShardLayout:
+        """What this rank keeps of the persistent state, for the engine (stages 2 and 3;
+        ``training``: an engine with a loss)."""
+        return ZeroShardLayout(self, training)
 
     def params_changed(self) -> None:
         """The parameters' (host) values were set from outside (broadcast from rank 0, a
@@ -157,13 +152,6 @@ class ZeroOptimizer(OptimizerWrapper):
         """Stage 3: the executor's hook that gathers a step's parameters (see
         :class:`LayerGather`), over ``comm`` (a duplicate of the gradients' communicator)."""
         return LayerGather(self, comm) if self.stage >= 3 else None
-
-    def init_grads(self, alloc: Any) -> None:
-        """Stage 2: allocate the owned ranges' gradients through ``alloc(name, shape, dtype)``
-        (the engine's pool; one block per range, as :func:`~minidl.memory.passes.zero.zero_bytes`
-        counts them). Stage 1 allocates nothing (the gradients are the parameters')."""
-        for p, (name, shape, dtype) in zip(self.shard.params, self.grad_spec()):
-            p.own_grad = alloc(name, shape, dtype)
 
     def clip_grad_norm(self, max_norm: float) -> float:
         """:func:`~minidl.net.optim.clip_grad_norm_` over every rank's gradients: under stage 2
@@ -228,6 +216,56 @@ class ZeroOptimizer(OptimizerWrapper):
         return (f"ZeroOptimizer({self.inner!r}, stage {self.stage}, rank {self.comm.rank} of "
                 f"{self.comm.size}: "
                 f"{sum(p.hi - p.lo for p in self.shard.params):,} elements)")
+
+
+class ZeroShardLayout:
+    """ZeRO stages 2 and 3 as the engine allocates them: the gradient shards (stage 2) and the
+    parameter shards (stage 3, training) persistent in the pool through the optimizer
+    (the shards' ``own_grad`` and ``own_data``) instead of every
+    parameter's full gradient (then a block of the iteration) and the trainable parameters
+    (which keep their host arrays and are gathered per step into blocks of the iteration). A
+    dry run's plain optimizer supplies none (:mod:`minidl.compile.shard_layout`)."""
+
+    def __init__(self, optimizer: ZeroOptimizer, training: bool) -> None:
+        stage = self.stage = optimizer.stage
+        self.optimizer = optimizer
+        self.gradient_specs: list[tuple[str, tuple[int, ...], str]] | None = []
+        self.parameter_specs: list[tuple[str, tuple[int, ...], str]] | None = \
+            [] if stage >= 3 and training else None
+
+    def keeps_whole(self, param: Any) -> bool:
+        """Whether the engine allocates ``param``'s whole block (not under stage 3)."""
+        return self.parameter_specs is None or not param.trainable
+
+    def allocate_shards(self, alloc: Any, compute: bool) -> None:
+        """The parameter shards (their values copied from the parameters) and gradient shards
+        (zeroed) through the engine's ``alloc(name, shape, dtype, category)``."""
+        param_specs, grad_specs = self.parameter_specs, self.gradient_specs
+        if param_specs is not None:
+
+            def alloc_param(name: str, shape: tuple[int, ...], dtype: Any, values: Any) -> Any:
+                arr = alloc(name, shape, dtype, "parameter")
+                if compute:
+                    copy_into(arr, values)
+                param_specs.append((name, tuple(shape), np.dtype(dtype).name))
+                return arr
+
+            for p in self.optimizer.shard.params:  # (their values copied in)
+                p.own_data = alloc_param(p.name, (p.hi - p.lo,), p.base.dtype,
+                                         p.base.data.reshape(-1)[p.lo:p.hi])
+
+        def alloc_grad(name: str, shape: tuple[int, ...], dtype: Any) -> Any:
+            arr = alloc(name, shape, dtype, "gradient")
+            if compute:
+                arr[...] = 0
+            grad_specs.append((name, tuple(shape), np.dtype(dtype).name))
+            return arr
+
+        # (one block per owned range, as memory.passes.zero.zero_bytes counts them)
+        for p, (name, shape, dtype) in zip(self.optimizer.shard.params,
+                                           self.optimizer.grad_spec()):
+            p.own_grad = alloc_grad(name, shape, dtype)
+
 
 
 def sharded_optimizer(optimizer: Any, comm: Communicator, stage: int) -> Any:

@@ -61,7 +61,7 @@ class ImageEpochs:
                              seed=trainer.seed, epoch=epoch, start=start)
 
     def prepare(self, x: np.ndarray, trainer: Any) -> np.ndarray:
-        return x if self.augment is None else self.augment(x, trainer.augment_rng)
+        return x if self.augment is None else self.augment(x, trainer.fit_state.augment_rng)
 
 
 class TextWindows:

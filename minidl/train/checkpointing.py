@@ -44,17 +44,17 @@ def checkpoint_arrays(trainer: Any) -> dict[str, Any]:
             arrays[f"sched/{k}"] = np.asarray(v)
     arrays["trainer/iteration"] = np.asarray(trainer.iteration)
     arrays["trainer/seed"] = np.asarray(trainer.seed)
-    arrays["trainer/epoch"] = np.asarray(trainer.epoch)
-    arrays["trainer/epoch_step"] = np.asarray(trainer.epoch_step)
-    arrays["trainer/steps_per_epoch"] = np.asarray(trainer.steps_per_epoch or 0)
-    if trainer.augment_rng is not None:
+    arrays["trainer/epoch"] = np.asarray(trainer.fit_state.epoch)
+    arrays["trainer/epoch_step"] = np.asarray(trainer.fit_state.epoch_step)
+    arrays["trainer/steps_per_epoch"] = np.asarray(trainer.fit_state.steps_per_epoch or 0)
+    if trainer.fit_state.augment_rng is not None:
         arrays["trainer/augment_rng"] = np.asarray(
-            json.dumps(trainer.augment_rng.bit_generator.state))
-    arrays["trainer/epoch_losses"] = np.asarray(resolve_all(trainer.epoch_losses),
+            json.dumps(trainer.fit_state.augment_rng.bit_generator.state))
+    arrays["trainer/epoch_losses"] = np.asarray(resolve_all(trainer.fit_state.epoch_losses),
                                                 dtype=np.float64)
-    arrays["trainer/epoch_accuracy"] = np.asarray(resolve_all(trainer.epoch_accuracy),
+    arrays["trainer/epoch_accuracy"] = np.asarray(resolve_all(trainer.fit_state.epoch_accuracy),
                                                   dtype=np.float64)
-    for key, state in callback_states(trainer.fit_callbacks).items():
+    for key, state in callback_states(trainer.fit_state.callbacks).items():
         for name, value in state.items():
             arrays[f"callback/{key}/{name}"] = np.asarray(value)
     return arrays
@@ -143,10 +143,10 @@ def load_checkpoint(trainer: Any, path: str | os.PathLike, resume: bool = False)
     if ckpt.position is not None:
         if trainer.scheduler is not None:
             trainer.scheduler.load_state_dict(ckpt.sched)
-        trainer.epoch, trainer.epoch_step, trainer.steps_per_epoch, trainer.augment_rng = \
-            ckpt.position
-        trainer.restored_callback_state = ckpt.callbacks
-        trainer.epoch_losses, trainer.epoch_accuracy = ckpt.epoch_losses, ckpt.epoch_accuracy
+        fs = trainer.fit_state
+        fs.epoch, fs.epoch_step, fs.steps_per_epoch, fs.augment_rng = ckpt.position
+        fs.restored_callback_state = ckpt.callbacks
+        fs.epoch_losses, fs.epoch_accuracy = ckpt.epoch_losses, ckpt.epoch_accuracy
 
 
 def restore_weights(trainer: Any, path: str, ckpt: Checkpoint) -> None:

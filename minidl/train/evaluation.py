@@ -21,14 +21,12 @@ def forward_eval(trainer: Any, xb: np.ndarray, yb: np.ndarray | None) -> tuple[A
     try:
         loss, outs = c.executor.run([xb, yb], training=False, seed=trainer.seed,
                                     iteration=trainer.iteration, fetch_outputs=True)
-        peak = c.executor.last_runtime.peak.bytes
-        if trainer.eval_peak is None or peak > trainer.eval_peak[0]:
-            trainer.eval_peak = (peak, len(xb))
+        trainer.observed.note_evaluation(c.executor.last_runtime.peak.bytes, len(xb))
         return loss, outs[0]
     except DeviceOutOfMemory:
         if len(xb) < 2:
             raise
-    trainer.eval_splits += 1  # (said in memory_report's notes)
+    trainer.observed.eval_splits += 1  # (said in memory_report's notes)
     h = len(xb) // 2
     l1, o1 = forward_eval(trainer, xb[:h], yb[:h])
     l2, o2 = forward_eval(trainer, xb[h:], yb[h:])

@@ -110,15 +110,15 @@ def _place(trainer: Any, source: BatchSource) -> None:
     iteration; an epoch source's is the trainer's epoch and batch, which must belong to a run
     with as many batches per epoch."""
     steps_per_epoch = source.steps_per_epoch
+    fs = trainer.fit_state
     if source.position_is_iteration:
-        trainer.epoch, trainer.epoch_step = 0, min(trainer.iteration, steps_per_epoch)
-    elif trainer.steps_per_epoch not in (None, steps_per_epoch) and (
-            trainer.epoch or trainer.epoch_step):
-        raise ResumeMismatch(f"the trainer stands at epoch {trainer.epoch + 1}, batch "
-                             f"{trainer.epoch_step} of a run with {trainer.steps_per_epoch} "
+        fs.epoch, fs.epoch_step = 0, min(trainer.iteration, steps_per_epoch)
+    elif fs.steps_per_epoch not in (None, steps_per_epoch) and (fs.epoch or fs.epoch_step):
+        raise ResumeMismatch(f"the trainer stands at epoch {fs.epoch + 1}, batch "
+                             f"{fs.epoch_step} of a run with {fs.steps_per_epoch} "
                              f"batches per epoch, but this data and batch size give "
                              f"{steps_per_epoch}: resume with the same data and batch size")
-    trainer.steps_per_epoch = steps_per_epoch
+    trainer.fit_state.steps_per_epoch = steps_per_epoch
 
 
 def fit(
@@ -200,7 +200,8 @@ def _fit(trainer: Any, data: Any, epochs: int, batch_size: int, max_steps: int |
     steps_per_epoch = source.steps_per_epoch
     total = steps_per_epoch * epochs if max_steps is None else min(
         max_steps, steps_per_epoch * epochs)
-    hist = History(start_step=trainer.epoch * steps_per_epoch + trainer.epoch_step,
+    fs = trainer.fit_state
+    hist = History(start_step=fs.epoch * steps_per_epoch + fs.epoch_step,
                    validating=validation_data is not None)
     shown = [ProgressLogger(log_every_n_steps=progress_every)] if progress else []
     run = FitRun(trainer, hist, epochs, total, steps_per_epoch, batch_size,
@@ -208,10 +209,10 @@ def _fit(trainer: Any, data: Any, epochs: int, batch_size: int, max_steps: int |
     t_start = time.perf_counter()
     trainer.stop_training = False
     trainer.fetch_logits = source.accuracy
-    trainer.fit_callbacks = list(callbacks)
-    if trainer.restored_callback_state:  # (a resumed run: the callbacks as they were)
-        restore_callback_states(trainer.fit_callbacks, trainer.restored_callback_state)
-        trainer.restored_callback_state = {}
+    fs.callbacks = list(callbacks)
+    if fs.restored_callback_state:  # (a resumed run: the callbacks as they were)
+        restore_callback_states(fs.callbacks, fs.restored_callback_state)
+        fs.restored_callback_state = {}
     end_logs: dict[str, Any] = {}
     announce = trainer.announce_compilation
     # the progress display says when kernels compile; without progress, fit stays silent
@@ -248,7 +249,8 @@ def _check_counts(**counts: Any) -> None:
 
 
 def _position(trainer: Any) -> int:
-    return trainer.epoch * trainer.steps_per_epoch + trainer.epoch_step
+    fs = trainer.fit_state
+    return fs.epoch * fs.steps_per_epoch + fs.epoch_step
 
 
 def _train(run: FitRun, source: BatchSource, validation_data: tuple[Any, Any] | None,
@@ -256,31 +258,32 @@ def _train(run: FitRun, source: BatchSource, validation_data: tuple[Any, Any] | 
     """The epochs and batches of one :func:`fit` call, from the trainer's position."""
     trainer, hist = run.trainer, run.history
     first = True
-    while trainer.epoch < run.epochs and _position(trainer) < run.total_steps \
+    while trainer.fit_state.epoch < run.epochs and _position(trainer) < run.total_steps \
             and not trainer.stop_training:
-        epoch = trainer.epoch
-        if trainer.epoch_step == 0 or trainer.augment_rng is None:
-            trainer.augment_rng = np.random.default_rng([trainer.seed, epoch, 1])
+        epoch = trainer.fit_state.epoch
+        if trainer.fit_state.epoch_step == 0 or trainer.fit_state.augment_rng is None:
+            trainer.fit_state.augment_rng = np.random.default_rng([trainer.seed, epoch, 1])
         run.dispatch("on_epoch_begin", epoch)
         t_epoch = time.perf_counter()
         lr = trainer.optimizer.lr
-        if trainer.epoch_step == 0:
-            trainer.epoch_losses, trainer.epoch_accuracy = [], []
+        if trainer.fit_state.epoch_step == 0:
+            trainer.fit_state.epoch_losses, trainer.fit_state.epoch_accuracy = [], []
         # (streamed images, minidl.datasets.loaders.ImageArray: the next batch read on a thread)
-        todo = source.batches(trainer, epoch, trainer.epoch_step)
+        todo = source.batches(trainer, epoch, trainer.fit_state.epoch_step)
         with contextlib.closing(todo):
             for xb, yb in todo:
                 if _position(trainer) >= run.total_steps or trainer.stop_training:
                     break
                 _step(run, source.prepare(xb, trainer), yb, epoch, first)
                 first = False
-        if trainer.epoch_step < run.steps_per_epoch:
+        if trainer.fit_state.epoch_step < run.steps_per_epoch:
             break  # stopped mid-epoch: the position stays there
         trainer.finish_accumulation()  # (the epoch's last, partial window)
         logs = {"epoch": epoch, "step": trainer.iteration,
-                "loss": _mean(trainer.epoch_losses), "accuracy": _mean(trainer.epoch_accuracy),
+                "loss": _mean(trainer.fit_state.epoch_losses),
+                "accuracy": _mean(trainer.fit_state.epoch_accuracy),
                 "lr": lr, "time_s": time.perf_counter() - t_epoch,
-                "peak_bytes": trainer.peak.bytes if trainer.peak else 0}
+                "peak_bytes": trainer.observed.peak.bytes if trainer.observed.peak else 0}
         if validation_data is not None and (epoch + 1) % val_every == 0:
             val_loss, val_acc = trainer.evaluate(*validation_data, batch_size=max(
                 run.batch_size, 256))
@@ -290,8 +293,8 @@ def _train(run: FitRun, source: BatchSource, validation_data: tuple[Any, Any] | 
             run.dispatch("on_evaluate", val)
         if trainer.scheduler is not None and source.steps_scheduler:
             trainer.scheduler.step()
-        trainer.epoch, trainer.epoch_step = epoch + 1, 0
-        trainer.augment_rng = None
+        trainer.fit_state.epoch, trainer.fit_state.epoch_step = epoch + 1, 0
+        trainer.fit_state.augment_rng = None
         hist.epochs.append(logs)
         run.dispatch("on_epoch_end", logs)
 
@@ -337,16 +340,16 @@ def _step(run: FitRun, xb: np.ndarray, yb: np.ndarray, epoch: int, first: bool) 
     else:
         loss = step(xb, yb)
     dt = time.perf_counter() - t0
-    trainer.epoch_step += 1
+    trainer.fit_state.epoch_step += 1
     acc = _accuracy(trainer.last_logits, yb) if trainer.fetch_logits else float("nan")
     hist.losses.append(loss)
     hist.step_times.append(dt)
     hist.train_accuracy.append(acc)
     # (the epoch's figures so far: in checkpoints, so that an epoch a resume cuts logs all of it)
-    trainer.epoch_losses.append(loss)
-    trainer.epoch_accuracy.append(acc)
+    trainer.fit_state.epoch_losses.append(loss)
+    trainer.fit_state.epoch_accuracy.append(acc)
     hist.lrs.append(lr)
     run.dispatch("on_step_end", {
         "epoch": epoch, "step": trainer.iteration, "loss": loss, "accuracy": acc, "lr": lr,
         "step_time_s": dt, "samples_per_s": len(xb) / dt if dt > 0 else float("inf"),
-        "peak_bytes": trainer.peak.bytes if trainer.peak else 0})
+        "peak_bytes": trainer.observed.peak.bytes if trainer.observed.peak else 0})

@@ -85,7 +85,7 @@ class TextProgress(ProgressLogger):
 
     def on_step_end(self, run: FitRun, logs: dict[str, Any]) -> None:
         self.say_expected_time(run, logs)
-        k, times = run.trainer.epoch_step, run.history.step_times
+        k, times = run.trainer.fit_state.epoch_step, run.history.step_times
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix(loss=f"{resolve(logs['loss']):.3f}",
@@ -109,7 +109,7 @@ class WindowValidation(Callback):
         self.history: list[tuple[int, float]] = []
 
     def on_step_end(self, run: FitRun, logs: dict[str, Any]) -> None:
-        k = run.trainer.epoch_step
+        k = run.trainer.fit_state.epoch_step
         if not self.every or k % self.every or k == self.steps:
             return
         self.history.append((k, self.validate()))
@@ -126,7 +126,7 @@ class AfterStep(Callback):
         self.hook = hook
 
     def on_step_end(self, run: FitRun, logs: dict[str, Any]) -> None:
-        self.hook(run.trainer.epoch_step)
+        self.hook(run.trainer.fit_state.epoch_step)
 
 
 def step_line(k: int, steps: int, every: int, losses: list[float], times: list[float],

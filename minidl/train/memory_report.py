@@ -23,13 +23,13 @@ def memory_report(trainer: Any) -> dict[str, Any]:
         "peak_reserved_bytes": s["reserved_bytes.peak"],
         "num_ooms": s["num_ooms"],
     }
-    if trainer.peak is not None:
-        rep.update(peak_entries(trainer.peak))
+    if trainer.observed.peak is not None:
+        rep.update(peak_entries(trainer.observed.peak))
     if trainer.swap_stats:
         rep["swap"] = dict(trainer.swap_stats)
-        rep["swap"]["cache_fallbacks"] = trainer.cache_fallbacks
-    if trainer.last_split > 1:
-        rep["split"] = trainer.last_split
+        rep["swap"]["cache_fallbacks"] = trainer.observed.cache_fallbacks
+    if trainer.observed.last_split > 1:
+        rep["split"] = trainer.observed.last_split
     if trainer.link_emulation is not None:
         rep["link_emulation"] = trainer.link_emulation.as_dict()
     c = trainer.last_compiled
@@ -38,16 +38,17 @@ def memory_report(trainer: Any) -> dict[str, Any]:
     outside = getattr(trainer.device, "outside_arena", None)
     if outside is not None and trainer.engine.compute:
         rep["outside_arena"] = outside()
-    if trainer.config.zero >= 2 and trainer.peak is not None and c is not None:
-        note = zero_peak_note(trainer.config.zero, trainer.peak, c.lowered.program)
+    if trainer.config.zero >= 2 and trainer.observed.peak is not None and c is not None:
+        note = zero_peak_note(trainer.config.zero, trainer.observed.peak, c.lowered.program)
         if note:
             rep.setdefault("notes", []).append(note)
-    if trainer.eval_peak is not None:
-        add_evaluation_peak(rep, trainer.eval_peak, trainer.peak, s["allocated_bytes.peak"])
-    if trainer.eval_splits:
+    if trainer.observed.eval_peak is not None:
+        add_evaluation_peak(rep, trainer.observed.eval_peak, trainer.observed.peak,
+                            s["allocated_bytes.peak"])
+    if trainer.observed.eval_splits:
         rep.setdefault("notes", []).append(
-            f"evaluation: {trainer.eval_splits} batch(es) did not fit the device memory and ran "
-            "in halves")
+            f"evaluation: {trainer.observed.eval_splits} batch(es) did not fit the device memory "
+            "and ran in halves")
     return rep
 
 

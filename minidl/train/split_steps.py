@@ -31,12 +31,12 @@ def split_gradients(trainer: Any, x: np.ndarray, y: np.ndarray, k: int) -> float
         share = len(xb) / n
         loss, _ = c.executor.run([xb, yb], training=True, seed=trainer.seed,
                                  iteration=trainer.iteration, loss_scale=share,
-                                 record=trainer._recorder is not None)
+                                 record=trainer.observed.recorder is not None)
         if trainer.engine.compute and (loss is None or not np.isfinite(loss)):
             raise NonFiniteError(f"the loss is {loss} at iteration {trainer.iteration}")
         total += (loss or 0.0) * share
         trainer._calibrate_link(c)
-        trainer._note_peak(c)
+        trainer.observed.note_peak(c, trainer.iteration)
         trainer.last_compiled = c
-    trainer.last_split = k
+    trainer.observed.last_split = k
     return total

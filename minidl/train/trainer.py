@@ -11,35 +11,29 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
 from ..analysis.memory_record import MemoryRecorder
+from ..compile.compiled import Compiled
 from ..compile.deferred import Deferred
-from ..compile.engine import Compiled, Engine, PeakInfo
 from ..compile.executor import NonFiniteError
-from ..distributed.comm import Communicator, SingleProcess
-from ..distributed.data_parallel import DEFAULT_BUCKET_BYTES, DataParallel
-from ..distributed.zero import sharded_optimizer
 from ..interop.checkpoint import CheckpointError
 from ..layers import SoftmaxCrossEntropy
-from ..layers.base import Layer
-from ..memory.cost.targets import DeviceProfile
-from ..memory.devices.traits import device_traits
 from ..memory.ir.config import MemoryConfig
-from ..memory.ir.units import ALLOCATION_UNIT, parse_size
 from ..memory.runtime.cache import without_cache
 from ..memory.runtime.pool import DeviceOutOfMemory
 from ..net.graph import Network
-from ..net.optim import SGD
+from .assembly import assemble
 from .checkpointing import load_checkpoint, save_checkpoint
 from .compile_notice import compile_notice
-from .device_setup import set_up_device
 from .evaluation import evaluate, forward_eval
+from .fit_state import FitState
 from .fitting import DEFAULT_BATCH_SIZE, History, fit
 from .inputs import check_inputs
 from .memory_report import memory_report
+from .run_observation import RunObservation
 from .split_steps import split_gradients
 from .step_checks import (
     check_accumulation,
@@ -48,13 +42,10 @@ from .step_checks import (
     clip_gradients,
     raise_at_non_finite_layer,
 )
+from .trainer_options import TrainerKeywords, TrainerOptions
 
 #: ``CheckpointError`` has always been importable from here.
 __all__ = ["CheckpointError", "Trainer"]
-
-
-def _default_optimizer(net: Network) -> SGD:
-    return SGD(net.parameters(), lr=0.01, momentum=0.9)
 
 
 class Trainer:
@@ -83,111 +74,63 @@ class Trainer:
     buckets even on one rank, and ``.grad`` of the parameters stays ``None``: the optimizer's
     shards hold them). The device, its pool and the link emulation are made by
     :func:`~minidl.train.device_setup.set_up_device`.
+
+    The keywords above are the fields of ``options``
+    (:class:`~minidl.train.trainer_options.TrainerOptions`: device, step and data-parallel
+    groups); a keyword given beside ``options`` overrides its field. The parts are assembled
+    by :func:`~minidl.train.assembly.assemble`; what the runs showed is in ``observed``
+    (:class:`~minidl.train.run_observation.RunObservation`: ``peak``, ``step_times``, ...),
+    where :meth:`fit` stands in ``fit_state`` (:class:`~minidl.train.fit_state.FitState`).
     """
 
-    def __init__(
-        self,
-        net: Network,
-        optimizer: Any = None,
-        memory: str | MemoryConfig = "none",
-        device: Any = "cpu",
-        device_memory: int | str = "auto",
-        loss: Layer | None = None,
-        seed: int = 0,
-        debug: bool | None = None,
-        clip_grad_norm: float | None = None,
-        scheduler: Any = None,
-        host_memory: int | str | None = None,
-        threads: int | None = None,
-        alignment: int = ALLOCATION_UNIT,
-        emulate_link: str | DeviceProfile | None = None,
-        comm: Communicator | None = None,
-        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-        sync_bn: bool = False,
-        accumulate_grad_batches: int = 1,
-    ) -> None:
+    def __init__(self, net: Network, optimizer: Any = None, memory: str | MemoryConfig = "none",
+                 options: TrainerOptions | None = None,
+                 **keywords: Unpack[TrainerKeywords]) -> None:
         self.net = net
         self.config = MemoryConfig.parse(memory)
-        setup = set_up_device(device, device_memory, host_memory, debug, threads, alignment,
-                              emulate_link)
-        #: The emulated host link (``emulate_link``), or ``None``.
-        self.link_emulation = setup.link_emulation
-        self.device = setup.device
+        options = (options or TrainerOptions()).with_keywords(dict(keywords))
+        step = options.step
+        self.loss_layer = step.loss if step.loss is not None else SoftmaxCrossEntropy()
+        parts = assemble(net, optimizer, self.config, self.loss_layer, options)
+        self.device, self.pool, self.engine = parts.device, parts.pool, parts.engine
         #: The device's traits, read once (:func:`~minidl.memory.devices.traits.device_traits`).
-        self.device_traits = device_traits(setup.device)
-        self.pool = setup.pool
-        self.loss_layer = loss if loss is not None else SoftmaxCrossEntropy()
-        self.optimizer = sharded_optimizer(optimizer if optimizer is not None else
-                                           _default_optimizer(net), comm or SingleProcess(),
-                                           self.config.zero)  # zero=1: this rank's share
-        self.scheduler = scheduler
+        self.device_traits = parts.traits
+        #: The emulated host link (``emulate_link``), or ``None``.
+        self.link_emulation = parts.link_emulation
+        self.optimizer, self.parallel = parts.optimizer, parts.parallel
+        #: True when the device runs behind the host (a GPU): steps can return before it has
+        #: finished (``step(..., wait=False)``).
+        self.asynchronous = self.device_traits.asynchronous and self.engine.compute
+        self.scheduler = step.scheduler
         #: The gradients' largest global L2 norm (``torch.nn.utils.clip_grad_norm_``), or None.
-        self.clip_grad_norm = check_clip_norm(clip_grad_norm)
+        self.clip_grad_norm = check_clip_norm(step.clip_grad_norm)
         #: Gradients summed over this many batches (each batch's loss gradient scaled by
         #: 1/K) before one optimizer step, as Lightning's ``accumulate_grad_batches``.
-        self.accumulate_grad_batches = check_accumulation(accumulate_grad_batches)
+        self.accumulate_grad_batches = check_accumulation(step.accumulate_grad_batches)
         #: Batches whose gradients ``.grad`` holds since the last optimizer step.
         self.accumulated = 0
-        self.seed = int(seed)
+        self.seed = int(step.seed)
         self.iteration = 0
-        self.engine = Engine(net, self.pool, self.config, self.loss_layer, self.optimizer,
-                             host_memory=None if host_memory is None else parse_size(host_memory),
-                             target=setup.target)
-        self._init_records()
-        self._init_fit_state()
-        # (zero=2 moves the gradients into the optimizer's shards through the buckets, even
-        # on one rank)
-        self.parallel = None if (comm is None or comm.size == 1) and self.config.zero < 2 \
-            else DataParallel(comm or SingleProcess(), net, self.config.spec, self.optimizer,
-                              self.seed, bucket_bytes, sync_bn=sync_bn)
-        if self.accumulate_grad_batches > 1 and self.parallel is not None:
-            raise ValueError("accumulate_grad_batches > 1 is for one process without zero=2 "
-                             "(data-parallel ranks all-reduce each batch's gradients)")
-
-    def _init_records(self) -> None:
-        """What the steps and evaluations leave to read: the last compiled step, its logits,
-        peaks, step times, swapping runtime, splits."""
-        self._swap_runtime: Any = None  # the runtime of the last iteration that swapped
-        self.last_split = 1
-        #: Evaluation batches that did not fit the device memory and ran in halves.
-        self.eval_splits = 0
-        #: The highest peak (bytes in use, persistent state included) of an evaluation batch
-        #: and that batch's size: evaluations at larger batches than training's can set the
-        #: pool's peak (said in :meth:`memory_report`).
-        self.eval_peak: tuple[int, int] | None = None
-        self._to_refine: Compiled | None = None
+        #: Peaks, step times, swapping and recording of the runs (:mod:`.run_observation`).
+        self.observed = RunObservation(self.engine)
+        #: Where :meth:`fit` stands and what its callbacks keep (:mod:`.fit_state`).
+        self.fit_state = FitState()
+        #: Set by a callback (e.g. :class:`~minidl.train.callbacks.EarlyStopping`) to end
+        #: :meth:`fit`.
+        self.stop_training = False
         #: With ``fetch_logits``, each training step keeps a copy of the network output in
         #: ``last_logits`` (for the training accuracy ``fit`` shows).
         self.fetch_logits = False
         self.last_logits: np.ndarray | None = None
         self.last_compiled: Any = None
-        self.cache_fallbacks = 0
-        self.peak: PeakInfo | None = None
-        self.step_times: list[float] = []
         #: Say on stderr when the first steps compile Numba kernels (minutes of silence on a
         #: new machine otherwise); ``fit`` with progress says it its own way.
         self.announce_compilation = True
         self._kernels_ready = False
-        self._recorder: MemoryRecorder | None = None
-
-    def _init_fit_state(self) -> None:
-        """Where :meth:`fit` stands and what its callbacks keep (saved in checkpoints)."""
-        #: Where :meth:`fit` stands: epochs completed, batches done in the current epoch, and
-        #: the generator of the current epoch's augmentation (saved and restored on resume).
-        self.epoch = 0
-        self.epoch_step = 0
-        self.steps_per_epoch: int | None = None
-        self.augment_rng: np.random.Generator | None = None
-        #: The current epoch's step losses and training accuracies (its log's means).
-        self.epoch_losses: list[Any] = []
-        self.epoch_accuracy: list[Any] = []
-        #: Set by a callback (e.g. :class:`~minidl.train.callbacks.EarlyStopping`) to end
-        #: :meth:`fit`.
-        self.stop_training = False
-        #: The callbacks of the latest :meth:`fit` (their state goes into checkpoints), and
-        #: the state a resumed checkpoint holds for the next :meth:`fit`'s callbacks.
-        self.fit_callbacks: list[Any] = []
-        self.restored_callback_state: dict[str, dict[str, float]] = {}
+        self._to_refine: Compiled | None = None
+        if self.accumulate_grad_batches > 1 and self.parallel is not None:
+            raise ValueError("accumulate_grad_batches > 1 is for one process without zero=2 "
+                             "(data-parallel ranks all-reduce each batch's gradients)")
 
     # ------------------------------------------------------------------ compiled steps
     def _compiled(self, x: np.ndarray, y: np.ndarray | None, training: bool,
@@ -214,12 +157,6 @@ class Trainer:
             self.last_logits = self.parallel.gather_rows(self.last_logits)
         return loss
 
-    @property
-    def asynchronous(self) -> bool:
-        """True when the device runs behind the host (a GPU): steps can return before it has
-        finished (``step(..., wait=False)``)."""
-        return self.device_traits.asynchronous and self.engine.compute
-
     def _local_gradients(self, x: np.ndarray, y: np.ndarray, wait: bool = True) -> Any:
         k = self.engine.split_for([x.shape], tuple(y.shape), y.dtype.name)
         accumulating = self.accumulate_grad_batches > 1
@@ -231,7 +168,7 @@ class Trainer:
             return self._compute_gradients_split(x, y, k)
         # (accumulating: the window's first batch writes .grad, the others add into it)
         c = self._compiled(x, y, training=True, accumulate=accumulating and self.accumulated > 0)
-        record = self._recorder is not None
+        record = self.observed.recorder is not None
         run = dict(training=True, seed=self.seed, iteration=self.iteration,
                    fetch_outputs=self.fetch_logits, record=record, hooks=self.parallel,
                    wait=False)
@@ -245,7 +182,7 @@ class Trainer:
             # the tensor cache kept swapped tensors resident until even evicting all of them
             # left memory too fragmented: from now on release them at once (plain swapping)
             c = self.engine.replace_plan(c, without_cache(c.plan))
-            self.cache_fallbacks += 1
+            self.observed.cache_fallbacks += 1
             loss, outs = c.executor.run([x, y], **run)
         self.last_compiled = c
         self._calibrate_link(c)
@@ -266,12 +203,7 @@ class Trainer:
                         "output is finite")
         if outs:
             self.last_logits = outs[0] if deferred else outs[0].result()
-        rt = c.executor.last_runtime
-        # where the run peaked, itemised only when it is a new peak or a recording wants it
-        if self.peak is None or rt.peak.bytes > self.peak.bytes or self._recorder is not None:
-            self._note_peak(c)
-        if c.plan.swapped:
-            self._swap_runtime = rt
+        self.observed.after_iteration(c, self.iteration)
         self._to_refine = c
         return loss if loss is not None else float("nan")
 
@@ -288,25 +220,11 @@ class Trainer:
         """What swapping did in the last iteration that swapped (bytes each way, the stall
         compute waited for copies, the tensor cache's hits; reading it on a GPU waits for that
         iteration's events); empty when nothing was swapped."""
-        rt = self._swap_runtime
-        if rt is None:
-            return {}
-        stats = rt.swap_stats.as_dict()
-        stats["host_peak_bytes"] = self.engine.host_pool.peak_bytes
-        return stats
+        return self.observed.swap_stats()
 
     def _compute_gradients_split(self, x: np.ndarray, y: np.ndarray, k: int) -> float:
         """The batch as ``k`` micro-batches (:func:`~minidl.train.split_steps.split_gradients`)."""
         return split_gradients(self, x, y, k)
-
-    def _note_peak(self, c: Compiled) -> None:
-        """Where the last run of ``c`` peaked: the trainer's peak when higher, and the
-        recording's (:meth:`record_memory`)."""
-        info = self.engine.peak_info(c)
-        if self.peak is None or info.bytes > self.peak.bytes:
-            self.peak = info
-        if self._recorder is not None:
-            self._recorder.capture(c, info, self.iteration, timed=self.engine.compute)
 
     def _calibrate_link(self, c: Compiled) -> None:
         """With link emulation: the CPU's slowdown from this iteration's measured step times,
@@ -336,7 +254,7 @@ class Trainer:
             with scope:  # (the device current, CuPy's temporaries in the arena)
                 loss = self._optimizer_step(loss)
         self._refine()
-        self.step_times.append(time.perf_counter() - t0)
+        self.observed.step_times.append(time.perf_counter() - t0)
         self.iteration += 1
         return loss
 
@@ -471,11 +389,8 @@ class Trainer:
         """
         recorder = MemoryRecorder(self.net.name, self.config.spec, self.device.name,
                                   self.device.capacity, self.config.budget)
-        outer, self._recorder = self._recorder, recorder
-        try:
+        with self.observed.recording_memory(recorder):
             yield recorder
-        finally:
-            self._recorder = outer
 
     def memory_report(self) -> dict[str, Any]:
         """Peak allocated and reserved bytes, bytes by category at the peak, and where

@@ -21,7 +21,7 @@ class _Steps(Callback):
         self.epochs = 0
 
     def on_step_end(self, run, logs) -> None:
-        self.steps.append(run.trainer.epoch_step)
+        self.steps.append(run.trainer.fit_state.epoch_step)
 
     def on_epoch_end(self, run, logs) -> None:
         self.epochs += 1

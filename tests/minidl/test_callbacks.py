@@ -108,7 +108,7 @@ def test_checkpoint_of_the_best_epoch(tmp_path):
     assert ck.saved == [str(tmp_path / f"best-{i + 1}.npz") for i in best]
     restored = _trainer()
     restored.load(ck.saved[-1], resume=True)
-    assert restored.epoch == best[-1] + 1
+    assert restored.fit_state.epoch == best[-1] + 1
     with pytest.raises(ValueError, match="every_n_epochs=N or save_best"):
         ModelCheckpoint(tmp_path / "x.npz")
 

@@ -233,7 +233,7 @@ def test_evaluation_at_a_larger_batch_does_not_split_and_equals_cpu():
         tr.step(x, y)
         tr.step(x, y)
         outs[name] = tr.predict(xe, batch_size=16)
-        assert tr.eval_splits == 0
+        assert tr.observed.eval_splits == 0
     np.testing.assert_allclose(outs["gpu"], outs["cpu"], rtol=1e-5, atol=1e-6)
 
 

@@ -198,7 +198,7 @@ def random_networks(draw):
 def _exact(tr):
     """Whether ``tr``'s last step ran the whole batch with every convolution's default
     configuration: its sums are then in the order of ``none``'s."""
-    return tr.last_split == 1 and not any(
+    return tr.observed.last_split == 1 and not any(
         n.startswith(workspace_options.NOTE_PREFIX) for n in tr.last_compiled.plan.notes)
 
 

@@ -56,7 +56,8 @@ def test_resume_is_bit_identical(tmp_path, optimizer, schedule, stop):
     first.save(tmp_path / "ck.npz")
     second = _trainer(optimizer, schedule)
     second.load(tmp_path / "ck.npz", resume=True)
-    assert (second.epoch, second.epoch_step) == (first.epoch, first.epoch_step)
+    assert (second.fit_state.epoch, second.fit_state.epoch_step) == (
+        first.fit_state.epoch, first.fit_state.epoch_step)
     h_second = _fit(second, 20)
     assert h_first.losses + h_second.losses == h_whole.losses
     assert second.optimizer.lr == whole.optimizer.lr
@@ -90,7 +91,7 @@ def test_resume_errors_name_the_problem(tmp_path):
     with pytest.raises(CheckpointError, match="scheduler"):
         plain.load(tmp_path / "ck.npz", resume=True)
     plain.load(tmp_path / "ck.npz")  # the weights alone: a new run from them
-    assert plain.epoch == 0 and plain.iteration == 3
+    assert plain.fit_state.epoch == 0 and plain.iteration == 3
     other = _trainer("sgd", "cosine")
     other.load(tmp_path / "ck.npz", resume=True)
     with pytest.raises(ValueError, match="same data and batch size"):
