@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels.pointwise import add as addk
+from ..kernels.vocabulary import RecomputeCost
 from .base import Layer
 
 
@@ -13,7 +14,7 @@ class Add(Layer):
     grad-input 0 may alias the grad output (in-place backward). Retains nothing."""
 
     kind = "add"
-    recompute_cost = "expensive"  # a join: kept as a checkpoint
+    recompute_cost = RecomputeCost.EXPENSIVE  # a join: kept as a checkpoint
     num_inputs = None
     inplace_forward = True
     inplace_backward = True

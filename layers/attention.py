@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels.transformer import attention as ak
+from ..kernels.vocabulary import RecomputeCost
 from .base import Layer, ParamSpec
 from .linear import linear_backward, linear_forward
 
@@ -44,7 +45,7 @@ class MultiHeadAttention(Layer):
     """
 
     kind = "attention"
-    recompute_cost = "expensive"
+    recompute_cost = RecomputeCost.EXPENSIVE
     retain_inputs = (0,)
     accumulates_grads = True
     option_names = ("attn",)

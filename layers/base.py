@@ -33,7 +33,15 @@ from typing import Any
 
 import numpy as np
 
+from ..kernels.vocabulary import DeviceKind, RecomputeCost, StashEncoding
+
 Shape = tuple[int, ...]
+
+
+def device_kind(options: dict | None) -> DeviceKind:
+    """The kind of device a layer's per-op ``options`` name (``"device_kind"``; CPU without
+    one); a ``ValueError`` naming the valid kinds for an unknown one."""
+    return DeviceKind.of((options or {}).get("device_kind", DeviceKind.CPU))
 
 
 class ShapeError(ValueError):
@@ -129,15 +137,15 @@ class Layer:
 
     #: Op tag shown in reports (conv, linear, relu, act, pool, bn, ...); memory never reads it.
     kind: str = "generic"
-    # ---- memory capabilities, as plain values (minidl.memory.ir.capabilities is the vocabulary;
-    # lowering checks them and refuses unknown ones)
-    #: "cheap" (recomputed freely), "expensive" (kept as a checkpoint: conv, linear, joins) or
-    #: "sequence" (a whole sequence in one op: never recomputed as a whole).
-    recompute_cost: str = "cheap"
-    #: Encodings backward can start from instead of the dense stash ("sign": ReLU's output
-    #: sign; "packed_argmax": a max-pool's argmax packed), through
+    # ---- memory capabilities, in the vocabulary of minidl.kernels.vocabulary (lowering checks
+    # them and refuses unknown ones)
+    #: CHEAP (recomputed freely), EXPENSIVE (kept as a checkpoint: conv, linear, joins) or
+    #: SEQUENCE (a whole sequence in one op: never recomputed as a whole).
+    recompute_cost: RecomputeCost = RecomputeCost.CHEAP
+    #: Encodings backward can start from instead of the dense stash (SIGN: ReLU's output
+    #: sign; PACKED_ARGMAX: a max-pool's argmax packed), through
     #: :meth:`backward_from_encoded`.
-    backward_from: tuple[str, ...] = ()
+    backward_from: tuple[StashEncoding, ...] = ()
     #: Outputs mostly zeros (ReLU); a convolution (vDNN swaps its inputs, Gist keeps them sparse).
     sparse_output: bool = False
     convolution: bool = False

@@ -9,7 +9,8 @@ import numpy as np
 from ..kernels import _cuda
 from ..kernels.array_api import namespace
 from ..kernels.normalization import batchnorm as bnk
-from .base import Layer, ParamSpec
+from ..kernels.vocabulary import DeviceKind
+from .base import Layer, ParamSpec, device_kind
 
 
 class _BatchNorm(Layer):
@@ -97,12 +98,12 @@ class _BatchNorm(Layer):
         return self.num_features * (8 * n64 + np.dtype(dtype).itemsize * ndt)
 
     def forward_workspace_bytes(self, in_shapes, dtype, options=None) -> int:
-        if (options or {}).get("device_kind", "cpu") != "cuda":
+        if device_kind(options) != DeviceKind.CUDA:
             return 0
         return self._device_bytes("forward", dtype)
 
     def backward_workspace_bytes(self, in_shapes, dtype, options=None) -> int:
-        if (options or {}).get("device_kind", "cpu") != "cuda":
+        if device_kind(options) != DeviceKind.CUDA:
             return 0
         return self._device_bytes("backward", dtype)
 

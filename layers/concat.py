@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kernels.vocabulary import RecomputeCost
 from .base import Layer
 
 
@@ -14,7 +15,7 @@ class Concat(Layer):
     input sizes along the axis (8 bytes per input)."""
 
     kind = "concat"
-    recompute_cost = "expensive"  # a join: kept as a checkpoint
+    recompute_cost = RecomputeCost.EXPENSIVE  # a join: kept as a checkpoint
     num_inputs = None
 
     def __init__(self, axis: int = 1) -> None:

@@ -11,7 +11,8 @@ from ..kernels.convolution.conv import (
     conv2d_workspace_bytes,
     conv_output_hw,
 )
-from .base import Layer, ParamSpec, Shape
+from ..kernels.vocabulary import DeviceKind, RecomputeCost
+from .base import Layer, ParamSpec, Shape, device_kind
 
 
 def _pair(v: int | tuple[int, int], name: str, minimum: int) -> tuple[int, int]:
@@ -57,7 +58,7 @@ class Conv2d(Layer):
     """
 
     kind = "conv"
-    recompute_cost = "expensive"
+    recompute_cost = RecomputeCost.EXPENSIVE
     convolution = True
     retain_inputs = (0,)
     accumulates_grads = True
@@ -137,13 +138,11 @@ class Conv2d(Layer):
                    options: dict | None) -> int:
         self.output_shapes(in_shapes)
         options = options or {}
-        kind = options.get("device_kind", "cpu")
-        if kind not in ("cpu", "cuda"):
-            raise ValueError(f"Conv2d: unknown device kind {kind!r} (cpu or cuda)")
+        kind = device_kind(options)
         cap = workspace_cap(options, backward)
         geom = (tuple(in_shapes[0]), self.out_channels, self.kernel_size, self.stride,
                 self.padding, self.dilation, self.groups, dtype, backward)
-        if kind == "cuda":
+        if kind == DeviceKind.CUDA:
             return conv2d_device_workspace_bytes(*geom, max_workspace=cap)
         return conv2d_workspace_bytes(*geom, max_workspace=cap)
 

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from ..kernels.transformer.embedding import embedding_accumulate, embedding_backward, take_rows
+from ..kernels.vocabulary import RecomputeCost
 from .base import Layer, ParamSpec
 
 
@@ -38,7 +39,7 @@ class Embedding(Layer):
     Backward scatter-adds into the weight gradient; the indices get no gradient."""
 
     kind = "embedding"
-    recompute_cost = "expensive"
+    recompute_cost = RecomputeCost.EXPENSIVE
     retain_inputs = (0,)
     accumulates_grads = True
     nondiff_inputs = (0,)

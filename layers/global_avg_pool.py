@@ -15,7 +15,8 @@ from ..kernels.pooling.pool_device import (
     global_avgpool2d_forward_device,
     global_avgpool2d_workspace_bytes,
 )
-from .base import Layer
+from ..kernels.vocabulary import DeviceKind
+from .base import Layer, device_kind
 
 
 class GlobalAvgPool2d(Layer):
@@ -37,7 +38,7 @@ class GlobalAvgPool2d(Layer):
 
     def forward_workspace_bytes(self, in_shapes, dtype, options=None) -> int:
         self.output_shapes(in_shapes)
-        if (options or {}).get("device_kind", "cpu") == "cuda":
+        if device_kind(options) == DeviceKind.CUDA:
             return global_avgpool2d_workspace_bytes(tuple(in_shapes[0]), dtype)
         return 0
 

@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from ..kernels.blas import gemm
+from ..kernels.vocabulary import RecomputeCost
 from .base import Layer, ParamSpec
 
 
@@ -46,7 +47,7 @@ class Linear(Layer):
     U(-1/sqrt(in), 1/sqrt(in)) as in PyTorch. Backward retains only the input."""
 
     kind = "linear"
-    recompute_cost = "expensive"
+    recompute_cost = RecomputeCost.EXPENSIVE
     retain_inputs = (0,)
     accumulates_grads = True
 

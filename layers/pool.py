@@ -13,6 +13,7 @@ from ..kernels.pooling.pool import (
     pool_output_hw,
 )
 from ..kernels.pooling.poolidx import maxpool_backward_packed
+from ..kernels.vocabulary import StashEncoding
 from .base import Layer, Shape
 from .conv2d import _pair
 
@@ -64,7 +65,7 @@ class MaxPool2d(_Pool2d):
     maximum (``argmax``, one byte per output element for windows up to 256 elements).
     """
 
-    backward_from = ("packed_argmax",)
+    backward_from = (StashEncoding.PACKED_ARGMAX,)
 
     def stash_specs(self, in_shapes: list[Shape], dtype: np.dtype) -> dict[str, tuple]:
         return {"argmax": (self.output_shapes(in_shapes)[0], argmax_dtype(self.kernel_size))}

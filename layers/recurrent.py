@@ -68,6 +68,7 @@ from ..kernels.recurrent.rnn_device import (
     lstm_backward_device,
     lstm_forward_device,
 )
+from ..kernels.vocabulary import RecomputeCost
 from ..kernels.workspace import Layout
 from .base import Layer, ParamSpec, Shape
 from .embedding import check_integer_dtype
@@ -80,7 +81,7 @@ class _Recurrent(_KeepAllPath, _ScheduledPath, _UnitOps, Layer):
     """Shared machinery of :class:`LSTM` and :class:`GRU` (see the module docstring)."""
 
     kind = "recurrent"
-    recompute_cost = "sequence"
+    recompute_cost = RecomputeCost.SEQUENCE
     option_names = ("bptt",)
     accumulates_grads = True
     cell = ""

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from ..kernels.codecs.bitpack import packed_nbytes, relu_backward_packed
 from ..kernels.pointwise.relu import relu_backward, relu_forward
+from ..kernels.vocabulary import StashEncoding
 from .base import Layer
 
 
 class ReLU(Layer):
     kind = "relu"
-    backward_from = ("sign",)
+    backward_from = (StashEncoding.SIGN,)
     sparse_output = True
     retain_outputs = (0,)
     inplace_forward = True
@@ -26,7 +27,7 @@ class ReLU(Layer):
 
     def backward_from_encoded(self, encoding, encoded, grad_output, grad_input) -> None:
         """From the 1-bit sign mask of the output (Gist's binarize)."""
-        if encoding != "sign":
+        if encoding != StashEncoding.SIGN:
             super().backward_from_encoded(encoding, encoded, grad_output, grad_input)
         relu_backward_packed(grad_output, encoded[:packed_nbytes(grad_output.size)],
                              out=grad_input)

@@ -9,7 +9,8 @@ import numpy as np
 from ..kernels import _cuda
 from ..kernels.array_api import namespace
 from ..kernels.pointwise import softmax_xent
-from .base import Layer
+from ..kernels.vocabulary import DeviceKind
+from .base import Layer, device_kind
 
 #: Elements per chunk of the forward pass (bounds its workspace).
 _CHUNK = 1 << 16
@@ -86,7 +87,7 @@ class SoftmaxCrossEntropy(Layer):
     def forward_workspace_bytes(self, in_shapes, dtype, options=None):
         chunks = self._rows_per_chunk(in_shapes) * in_shapes[0][-1] * np.dtype(dtype).itemsize
         if self.device_kernels is not False and \
-                (options or {}).get("device_kind", "cpu") == "cuda":
+                device_kind(options) == DeviceKind.CUDA:
             return max(chunks, math.prod(in_shapes[0][:-1]) * 8)  # or float64 per row
         return chunks
 

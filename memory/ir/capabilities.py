@@ -1,6 +1,7 @@
 """What memory passes may do with an op: capabilities as typed data, never op names.
 
-Layers declare plain values (``recompute_cost = "expensive"``, ``backward_from = ("sign",)``:
+Layers declare them with the enums of :mod:`minidl.kernels.vocabulary`
+(``recompute_cost = RecomputeCost.EXPENSIVE``, ``backward_from = (StashEncoding.SIGN,)``;
 layers import nothing of memory); lowering turns them into an :class:`OpCaps` with
 :func:`op_caps`, which refuses an unknown value, and puts it on every step. Passes read
 ``step.caps`` only: a new layer gets every strategy by declaring its capabilities.
@@ -9,29 +10,10 @@ layers import nothing of memory); lowering turns them into an :class:`OpCaps` wi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 
+from ...kernels.vocabulary import RecomputeCost, StashEncoding
 
-class RecomputeCost(str, Enum):
-    """How recomputation policies treat an op's outputs."""
-
-    #: Cheap to recompute (activations, normalisation, pooling, dropout, reshapes): dropped.
-    CHEAP = "cheap"
-    #: Expensive (convolution, linear, embedding) or a join (add, concat): kept as checkpoints
-    #: by the speed / memory / cost policies.
-    EXPENSIVE = "expensive"
-    #: A whole sequence in one op (fused RNNs): never recomputed as a whole (it recomputes
-    #: over time inside, by its own BPTT schedule); its outputs are always checkpoints.
-    SEQUENCE = "sequence"
-
-
-class StashEncoding(str, Enum):
-    """Encodings an op's backward can start from, instead of its dense stash (Gist)."""
-
-    #: Only the sign of output 0 (ReLU): a 1-bit mask.
-    SIGN = "sign"
-    #: Its ``argmax`` stash packed to the fewest bits its window needs (max-pool).
-    PACKED_ARGMAX = "packed_argmax"
+__all__ = ["OPTIONS", "OpCaps", "RecomputeCost", "StashEncoding", "op_caps"]
 
 
 @dataclass(frozen=True)
@@ -57,7 +39,7 @@ class OpCaps:
 OPTIONS = ("bptt", "device_kind", "conv_ws", "attn")
 
 
-def op_caps(owner: str, cost: str = "cheap", backward_from: tuple[str, ...] = (),
+def op_caps(owner: str, cost: str = RecomputeCost.CHEAP, backward_from: tuple[str, ...] = (),
             sparse_output: bool = False, convolution: bool = False,
             options: tuple[str, ...] = ()) -> OpCaps:
     """:class:`OpCaps` from plain declared values; ``ValueError`` naming ``owner`` and the

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .names import Phase
 from .plan import Action, Alloc, Free, Plan, StepPlan
 from .program import Program
 
@@ -43,7 +44,7 @@ def _lifetimes(program: Program) -> dict[int, Lifetime]:
     for st in program.steps:
         i = st.index
         ids = [t for t in st.reads if t not in persistent]
-        if st.phase == "backward":
+        if st.phase == Phase.BACKWARD:
             bwd.update(ids)
         ids += [t for t in st.writes if t not in persistent]
         if st.workspace >= 0 and st.workspace not in persistent:

@@ -1,35 +1,18 @@
-"""The closed vocabularies of programs: a step's phase, a tensor's role and its category.
+"""The closed vocabularies of programs: a step's phase, a tensor's role and its category, the
+device kind a program is lowered for and the codec of an encode / decode step.
 
 Each is an :class:`enum.Enum` whose members are also the plain strings they stand for
 (``Phase.FORWARD == "forward"``, same hash, ``f"{Phase.FORWARD}"`` is ``"forward"``), so
 programs, plans, reports and JSON read as before while an unknown name fails where it is made,
-naming the valid ones.
+naming the valid ones. :class:`Name` and :class:`DeviceKind` live in
+:mod:`minidl.kernels.vocabulary`, where layers can read them too.
 """
 
 from __future__ import annotations
 
-from enum import Enum
+from ...kernels.vocabulary import DeviceKind, Name
 
-
-class Name(str, Enum):
-    """A member of a closed set of names that behaves as its string everywhere."""
-
-    __str__ = str.__str__
-    __format__ = str.__format__
-    __hash__ = str.__hash__
-
-    def __repr__(self) -> str:
-        return repr(self.value)
-
-    @classmethod
-    def of(cls, value: str) -> Name:
-        """``value`` as a member; a ``ValueError`` naming the valid values otherwise."""
-        try:
-            return cls(value)
-        except ValueError:
-            valid = ", ".join(m.value for m in cls)
-            raise ValueError(f"unknown {cls.__name__.lower()} {value!r}; valid: {valid}") \
-                from None
+__all__ = ["Category", "Codec", "DeviceKind", "Name", "Phase", "Role"]
 
 
 class Phase(Name):
@@ -72,3 +55,15 @@ class Category(Name):
     STASH = "stash"
     INPUT = "input"
     ENCODED = "encoded"
+
+
+class Codec(Name):
+    """How an encode step stores a tensor and its decode step restores it."""
+
+    SIGN = "sign"  # ReLU's output as its 1-bit sign (Gist binarize)
+    POOLIDX = "poolidx"  # a max-pool's argmax packed to the fewest bits its window needs
+    SPARSE = "sparse"  # CSR / zero-value compression (Gist SSDC)
+    FP16 = "fp16"  # reduced precision (Gist DPR)
+    BF16 = "bf16"
+    FP8 = "fp8"
+    WEIGHTS = "weights"  # a compressed weight record decoded for inference

@@ -21,6 +21,9 @@ from dataclasses import dataclass, fields
 from functools import cached_property
 from typing import Any
 
+from ...kernels.vocabulary import StashEncoding
+from .names import Codec
+
 
 def _refuse_unknown(kind: str, given: Mapping[str, Any], valid: tuple[str, ...]) -> None:
     unknown = sorted(set(given) - set(valid))
@@ -96,9 +99,12 @@ class CodecStep:
     form is the step's write for an encode, its read for a decode); ``window``: the max-pool's
     window when the codec packs argmax indices (``poolidx``)."""
 
-    codec: str
+    codec: Codec
     source: int
     window: PoolWindow | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "codec", Codec.of(self.codec))
 
 
 @dataclass(frozen=True)
@@ -107,8 +113,11 @@ class EncodedInput:
     ``backward_from_encoded`` takes (``"sign"``, ``"packed_argmax"``) and the ``tensor``
     holding it."""
 
-    encoding: str
+    encoding: StashEncoding
     tensor: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "encoding", StashEncoding.of(self.encoding))
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ import numpy as np
 
 from ...kernels.transformer import attention as ak
 from ..ir.config import MemoryConfig
+from ..ir.names import Phase
 from ..ir.program import Program, Step
 from ..ir.units import format_size
 
@@ -50,7 +51,7 @@ class FormBytes:
 def attention_steps(program: Program) -> list[Step]:
     """The forward steps taking the option (one per attention op)."""
     return [st for st in program.steps
-            if st.phase == "forward" and OPTION in st.caps.options
+            if st.phase == Phase.FORWARD and OPTION in st.caps.options
             and st.facts.attention is not None]
 
 

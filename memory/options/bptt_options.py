@@ -16,6 +16,7 @@ import math
 from typing import Any
 
 from ..ir.config import MemoryConfig
+from ..ir.names import Phase
 from ..ir.program import Program
 from ..passes import bptt
 
@@ -61,7 +62,7 @@ def candidate_policies(units: int) -> list[str | None]:
 def _units(program: Program) -> dict[int, int]:
     """Node -> time units of every forward step taking the option."""
     return {st.node: st.facts.time_units for st in program.steps
-            if st.phase == "forward" and OPTION in st.caps.options}
+            if st.phase == Phase.FORWARD and OPTION in st.caps.options}
 
 
 def policies(program: Program, config: MemoryConfig) -> list[str | None]:

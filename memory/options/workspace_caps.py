@@ -16,6 +16,7 @@ import numpy as np
 
 from ...kernels.convolution.conv_geometry import MAX_THREADS, REFERENCE_ROWS
 from ...kernels.parallel import num_threads
+from ..ir.names import Phase
 from ..ir.plan import Plan
 from ..ir.program import Program
 from ..passes.static_plan import block_intervals
@@ -38,7 +39,7 @@ def capped_steps(program: Program) -> list[int]:
 
 def _key(program: Program, i: int) -> Key:
     st = program.steps[i]
-    return st.node, st.phase == "backward"
+    return st.node, st.phase == Phase.BACKWARD
 
 
 def workspaces(program: Program) -> dict[Key, int]:

@@ -15,6 +15,7 @@ import numpy as np
 
 from ...kernels.convolution import conv_geometry as CG
 from ...kernels.convolution.conv_geometry import REFERENCE_ROWS
+from ..ir.names import DeviceKind, Phase
 from ..ir.program import Program
 from .workspace_caps import OPTION, Key, _key
 
@@ -82,7 +83,7 @@ class ConvTimes:
 
     def __init__(self, layers: dict[int, Any], kind: str = "cpu") -> None:
         self.geom = {n: g for n, layer in layers.items()
-                     if (g := _geometry(layer)) is not None} if kind == "cpu" else {}
+                     if (g := _geometry(layer)) is not None} if kind == DeviceKind.CPU else {}
 
     def _steps(self, program: Program, i: int) -> tuple | None:
         st = program.steps[i]
@@ -90,7 +91,7 @@ class ConvTimes:
         if geom is None or not st.in_shapes or OPTION not in st.caps.options:
             return None
         itemsize = np.dtype(program.tensors[st.inputs[0]].dtype).itemsize
-        return _time_steps(tuple(st.in_shapes[0]), geom, itemsize, st.phase == "backward")
+        return _time_steps(tuple(st.in_shapes[0]), geom, itemsize, st.phase == Phase.BACKWARD)
 
     def table(self, program: Program) -> tuple[dict[Key, list[tuple[float, tuple]]], float]:
         """Per (node, backward) of the steps taking the option: (weight, time steps) of each

@@ -19,10 +19,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..ir.names import Category, Name, Phase, Role
 from ..ir.program import Program
 
-#: The choices a block may force.
-BLOCK_CHOICES = ("recompute", "swap", "keep")
+
+class BlockChoice(Name):
+    """What a ``Checkpoint`` block forces on its feature maps (``Step.forced``)."""
+
+    RECOMPUTE = "recompute"
+    SWAP = "swap"
+    KEEP = "keep"
+
+
+#: The choices a block may force, as plain strings (for messages and the network's checks).
+BLOCK_CHOICES = tuple(c.value for c in BlockChoice)
 
 
 @dataclass(frozen=True)
@@ -57,22 +67,22 @@ def block_choices(program: Program) -> BlockChoices:
     if not program.training:
         return BlockChoices()
     loss_step = next((st.index for st in program.steps
-                      if st.phase == "forward" and program.loss in st.writes), -1)
+                      if st.phase == Phase.FORWARD and program.loss in st.writes), -1)
     dropped, swapped, kept, recomputed = set(), set(), set(), set()
     for st in program.steps:
-        if st.phase != "forward" or not st.forced or st.index == loss_step:
+        if st.phase != Phase.FORWARD or not st.forced or st.index == loss_step:
             continue
         if st.forced not in BLOCK_CHOICES:
             raise ValueError(f"layer {st.layer}: memory choice {st.forced!r} is not one of "
                              f"{', '.join(BLOCK_CHOICES)}")
-        outs = {t for t in st.writes if program.tensors[t].role == "value"
-                and program.tensors[t].category == "feature_map"}
+        outs = {t for t in st.writes if program.tensors[t].role == Role.VALUE
+                and program.tensors[t].category == Category.FEATURE_MAP}
         if not outs:
             continue
-        if st.forced == "recompute":
+        if st.forced == BlockChoice.RECOMPUTE:
             dropped.add(st.index)
             recomputed |= outs
-        elif st.forced == "swap":
+        elif st.forced == BlockChoice.SWAP:
             swapped |= outs
         else:
             kept |= outs

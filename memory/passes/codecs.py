@@ -13,6 +13,7 @@ from ...kernels.codecs import bitpack, precision, sparse
 from ...kernels.codecs.sparse_format import header_for
 from ...kernels.compression import weight_record
 from ...kernels.pooling import poolidx
+from ..ir.names import Codec
 
 
 @dataclass(eq=False)
@@ -27,20 +28,20 @@ class CodecState:
     header: Any = None
 
 
-def encode(codec: str, x: Any, out: Any, state: CodecState) -> int:
+def encode(codec: Codec, x: Any, out: Any, state: CodecState) -> int:
     """Encode ``x`` into the byte buffer ``out``; returns the bytes needed. When the data needs
     more than ``out`` holds (a sparse tensor denser than planned), nothing is written and the
     caller must provide a larger buffer. ``sparse`` leaves the non-zero count in
     ``state.nnz``."""
-    if codec == "sign":
+    if codec == Codec.SIGN:
         bitpack.pack_sign(x.reshape(-1), out=out[:bitpack.packed_nbytes(x.size)])
         return bitpack.packed_nbytes(x.size)
-    if codec == "poolidx":
+    if codec == Codec.POOLIDX:
         bits = poolidx.index_bits(state.window)
         nb = poolidx.packed_index_nbytes(x.size, bits)
         poolidx.pack_indices(x.reshape(-1), bits, out=out[:nb])
         return nb
-    if codec == "sparse":
+    if codec == Codec.SPARSE:
         # the format and size depend on the count: on a GPU this read is the step's one host
         # synchronisation per sparse stash (kept in state.nnz for the density it measures)
         nnz = state.nnz = sparse.count_nonzero(x)
@@ -60,15 +61,15 @@ def encode(codec: str, x: Any, out: Any, state: CodecState) -> int:
     return x.size * codes.itemsize
 
 
-def decode(codec: str, buf: Any, out: Any, state: CodecState) -> None:
+def decode(codec: Codec, buf: Any, out: Any, state: CodecState) -> None:
     """Decode the byte buffer ``buf`` into the dense array ``out`` (``state``: what its
     encoding left)."""
-    if codec == "weights":
+    if codec == Codec.WEIGHTS:
         # a compressed model's parameter (Deep Compression), decoded by the kernels of out's
         # device (its records are checked when the model is loaded: a device reports nothing)
         weight_record.decode_into(buf, out)
         return
-    if codec == "sparse":
+    if codec == Codec.SPARSE:
         if state.fmt == "dense":
             out.reshape(-1).view(np.uint8)[...] = buf[:out.nbytes]
         else:  # (the header the encoder wrote, known here: not read back from the device)

@@ -27,11 +27,12 @@ from dataclasses import dataclass, replace
 from ...kernels.codecs import bitpack, precision, sparse
 from ...kernels.pooling import poolidx
 from ..ir.capabilities import StashEncoding
+from ..ir.names import Category, Codec, Phase, Role
 from ..ir.payloads import CodecStep, CompressionSummary, EncodedInput, PoolWindow
 from ..ir.program import Program, Step, TensorSpec
 
 #: The encoding a layer's backward starts from, for the codecs it consumes directly.
-CODEC_ENCODING = {"sign": StashEncoding.SIGN.value, "poolidx": StashEncoding.PACKED_ARGMAX.value}
+CODEC_ENCODING = {Codec.SIGN: StashEncoding.SIGN, Codec.POOLIDX: StashEncoding.PACKED_ARGMAX}
 #: Density (fraction of non-zeros) assumed for ReLU outputs before any is measured.
 ASSUMED_DENSITY = 0.5
 
@@ -39,7 +40,7 @@ ASSUMED_DENSITY = 0.5
 def _backward_readers(program: Program) -> dict[int, list[Step]]:
     out: dict[int, list[Step]] = {}
     for st in program.steps:
-        if st.phase in ("backward", "recompute"):
+        if st.phase in (Phase.BACKWARD, Phase.RECOMPUTE):
             for t in st.reads:
                 out.setdefault(t, []).append(st)
     return out
@@ -48,22 +49,22 @@ def _backward_readers(program: Program) -> dict[int, list[Step]]:
 def _last_forward_use(program: Program) -> dict[int, int]:
     last: dict[int, int] = {}
     for st in program.steps:
-        if st.phase == "forward":
+        if st.phase == Phase.FORWARD:
             for t in (*st.reads, *st.writes):
                 last[t] = st.index
     return last
 
 
-def encoded_size(codec: str, spec: TensorSpec, window: PoolWindow | None,
+def encoded_size(codec: Codec, spec: TensorSpec, window: PoolWindow | None,
                  density: float | None) -> int:
     """Bytes of ``spec`` encoded with ``codec`` (sparse: at ``density``; packed argmax
     indices: of a max-pool's ``window``)."""
     n = math.prod(spec.shape)
-    if codec == "sign":
+    if codec == Codec.SIGN:
         return bitpack.packed_nbytes(n)
-    if codec == "poolidx":
+    if codec == Codec.POOLIDX:
         return poolidx.packed_index_nbytes(n, poolidx.index_bits(window.size))
-    if codec == "sparse":
+    if codec == Codec.SPARSE:
         itemsize = 4 if spec.dtype == "float32" else 8
         return sparse.choose_encoding(n, int(math.ceil(n * density)), itemsize).nbytes
     return precision.encoded_nbytes(n, codec)
@@ -93,7 +94,7 @@ def compress_program(program: Program, binarize: bool = False, use_sparse: bool 
 
 #: Tensor -> (codec, the max-pool window packed indices need, else None): what the rewrite
 #: encodes, in the order chosen.
-_Choice = dict[int, tuple[str, PoolWindow | None]]
+_Choice = dict[int, tuple[Codec, PoolWindow | None]]
 
 
 def _choose_codecs(program: Program, readers: dict[int, list[Step]], binarize: bool,
@@ -103,7 +104,7 @@ def _choose_codecs(program: Program, readers: dict[int, list[Step]], binarize: b
     maps."""
     plan: _Choice = {}
     for st in program.steps:
-        if st.phase == "forward":
+        if st.phase == Phase.FORWARD:
             _choose_lossless(program, st, readers, binarize, use_sparse, plan)
     if dpr:
         _choose_reduced_precision(program, readers, dpr, plan)
@@ -114,22 +115,22 @@ def _choose_lossless(program: Program, st: Step, readers: dict[int, list[Step]],
                      binarize: bool, use_sparse: bool, plan: _Choice) -> None:
     """Add to ``plan`` forward step ``st``'s outputs kept as signs, its packed argmax stash,
     or its sparse output."""
-    outs = [t for t in st.writes if program.tensors[t].role == "value"]
+    outs = [t for t in st.writes if program.tensors[t].role == Role.VALUE]
     from_enc = st.caps.backward_from
     if binarize and StashEncoding.SIGN in from_enc and outs:
         v = outs[0]
         rs = readers.get(v, [])
-        if rs and all(r.phase == "backward" and r.node == st.node for r in rs):
-            plan[v] = ("sign", None)
+        if rs and all(r.phase == Phase.BACKWARD and r.node == st.node for r in rs):
+            plan[v] = (Codec.SIGN, None)
             return
     if binarize and StashEncoding.PACKED_ARGMAX in from_enc:
         for t in st.writes:
-            if program.tensors[t].role == "stash" and t in readers:
-                plan[t] = ("poolidx", st.facts.pool)
+            if program.tensors[t].role == Role.STASH and t in readers:
+                plan[t] = (Codec.POOLIDX, st.facts.pool)
     if use_sparse and st.caps.sparse_output and outs:
         v = outs[0]
         if any(r.caps.convolution for r in readers.get(v, [])):
-            plan[v] = ("sparse", None)
+            plan[v] = (Codec.SPARSE, None)
 
 
 def _choose_reduced_precision(program: Program, readers: dict[int, list[Step]], dpr: str,
@@ -137,14 +138,15 @@ def _choose_reduced_precision(program: Program, readers: dict[int, list[Step]], 
     """Add to ``plan`` every other floating-point feature map a forward step makes and
     backward reads, at precision ``dpr``."""
     fed = set(program.inputs)
-    producer = {t: st for st in program.steps if st.phase == "forward" for t in st.writes}
+    producer = {t: st for st in program.steps if st.phase == Phase.FORWARD for t in st.writes}
     for t in readers:
         spec = program.tensors[t]
-        if t in plan or t in fed or spec.role != "value" or spec.category != "feature_map":
+        if t in plan or t in fed or spec.role != Role.VALUE \
+                or spec.category != Category.FEATURE_MAP:
             continue
         if not spec.dtype.startswith("float") or t not in producer:
             continue
-        plan[t] = (dpr, None)
+        plan[t] = (Codec.of(dpr), None)
 
 
 @dataclass
@@ -166,7 +168,7 @@ class _EncodedForms:
         for t, (codec, window) in plan.items():
             spec = tensors[t]
             dens = None
-            if codec == "sparse":
+            if codec == Codec.SPARSE:
                 dens = densities.get(spec.name)
                 forms.densities.append((spec.name, dens))
                 dens = ASSUMED_DENSITY if dens is None else dens
@@ -174,7 +176,7 @@ class _EncodedForms:
             forms.enc_of[t] = len(tensors)
             tensors.append(TensorSpec(len(tensors), f"{spec.name}.{codec}", (nb,), "uint8",
                                       "encoded", "encoded", spec.layer, of=t))
-            if codec not in ("sign", "poolidx"):
+            if codec not in (Codec.SIGN, Codec.POOLIDX):
                 forms.dec_of[t] = len(tensors)
                 tensors.append(spec.clone(len(tensors), f"{spec.name}@decoded"))
         return forms
@@ -203,7 +205,7 @@ def _rewritten_steps(program: Program, plan: _Choice, forms: _EncodedForms,
         for t in decode_before.get(i, []):
             emit(Step(0, "decode", tensors[t].layer, "decode", -1, (enc_of[t],), (dec_of[t],),
                       codec=CodecStep(plan[t][0], t)))
-        if st.phase in ("backward", "recompute"):
+        if st.phase in (Phase.BACKWARD, Phase.RECOMPUTE):
             st = _reading_encoded(st, plan, forms)
         emit(st)
         for t in encode_after.get(i, []):

@@ -33,6 +33,7 @@ from dataclasses import replace
 
 from ..ir.capabilities import RecomputeCost
 from ..ir.liveness import lifetimes
+from ..ir.names import Category, Phase, Role
 from ..ir.payloads import RecomputeSummary
 from ..ir.program import Program, Step
 from .block_choices import BlockChoices, block_choices
@@ -43,11 +44,11 @@ POLICIES = ("sqrt", "speed", "memory", "cost")
 
 
 def _forward_steps(program: Program) -> list[Step]:
-    return [s for s in program.steps if s.phase == "forward"]
+    return [s for s in program.steps if s.phase == Phase.FORWARD]
 
 
 def _outputs(program: Program, st: Step) -> list[int]:
-    return [t for t in st.writes if program.tensors[t].role == "value"]
+    return [t for t in st.writes if program.tensors[t].role == Role.VALUE]
 
 
 def articulation_values(program: Program) -> list[int]:
@@ -72,7 +73,7 @@ def articulation_values(program: Program) -> list[int]:
         open_ |= {t for t in st.writes if last_read.get(t, -1) > k and t not in fed}
         open_ -= set(expiring.get(k, ()))
         outs = _outputs(program, st)
-        if len(outs) != 1 or program.tensors[outs[0]].category != "feature_map":
+        if len(outs) != 1 or program.tensors[outs[0]].category != Category.FEATURE_MAP:
             continue
         if open_ <= {outs[0]}:
             out.append(outs[0])
@@ -148,7 +149,7 @@ class _Rewrite:
         self.steps: list[Step] = []
         self.by_group: dict[int, list[Step]] = {}
         for st in program.steps:
-            if st.phase == "backward":
+            if st.phase == Phase.BACKWARD:
                 self.by_group.setdefault(groups.get(st.index, st.index), []).append(st)
         self.first_of_group = {g: ss[0].index for g, ss in self.by_group.items()}
         self.group_remap: dict[int, dict[int, int]] = {}
@@ -179,7 +180,7 @@ class _Rewrite:
     def step(self, st: Step) -> None:
         """Emit ``st``; a backward step first in its group after the group's recomputation,
         and reading what it recomputed."""
-        if st.phase != "backward":
+        if st.phase != Phase.BACKWARD:
             self._emit(st, st.phase, {})
             return
         g = self.groups.get(st.index, st.index)
@@ -255,19 +256,19 @@ def dropping_program(program: Program, dropped: set[int]) -> Program:
     planner's choice and of blocks forced to recompute."""
     if not dropped:
         return program
-    producer_of = {t: st.index for st in program.steps if st.phase == "forward"
+    producer_of = {t: st.index for st in program.steps if st.phase == Phase.FORWARD
                    for t in st.writes}
     keep = {t for st in _forward_steps(program) for t in _outputs(program, st)
             if producer_of.get(t) not in dropped}
-    fwd_of_node = {s.node: s.index for s in program.steps if s.phase == "forward"}
+    fwd_of_node = {s.node: s.index for s in program.steps if s.phase == Phase.FORWARD}
     seg, s = {}, 0
     for st in program.steps:
-        if st.phase == "forward":
+        if st.phase == Phase.FORWARD:
             seg[st.index] = s
             if st.index not in dropped:
                 s += 1
     groups = {st.index: seg.get(fwd_of_node.get(st.node, -1), -1 - st.index)
-              for st in program.steps if st.phase == "backward"}
+              for st in program.steps if st.phase == Phase.BACKWARD}
     return recompute_program(program, keep, groups)
 
 
@@ -281,8 +282,8 @@ def policy_program(program: Program, policy: str, peak_of=None) -> Program:
         return program
     checkpoints = honour_blocks(choose_checkpoints(program, policy), block_choices(program))
     seg = _segments(program, checkpoints)
-    bwd = [s for s in program.steps if s.phase == "backward"]
-    fwd_of_node = {s.node: s.index for s in program.steps if s.phase == "forward"}
+    bwd = [s for s in program.steps if s.phase == Phase.BACKWARD]
+    fwd_of_node = {s.node: s.index for s in program.steps if s.phase == Phase.FORWARD}
     per_segment = {s.index: seg.get(fwd_of_node.get(s.node, -1), -1 - s.index) for s in bwd}
     per_step = {s.index: -1 - s.index for s in bwd}
     if policy in ("sqrt", "speed"):

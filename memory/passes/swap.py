@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..ir.liveness import lifetimes, root_of
+from ..ir.names import Category, Phase, Role
 from ..ir.plan import Await, Offload, Plan, Prefetch, Release, StepPlan
 from ..ir.program import Program
 
@@ -57,21 +58,22 @@ def swap_candidates(program: Program, aliases: dict[int, int], mode: str) -> lis
             if program.tensors[t].persistent:
                 continue
             r = root_of(aliases, t)
-            if st.phase in ("forward", "encode"):
+            if st.phase in (Phase.FORWARD, Phase.ENCODE):
                 fwd_last[r] = st.index
                 if st.caps.convolution and t in st.reads:
                     conv_input.add(r)
-            elif st.phase in ("backward", "recompute", "decode") and t in st.reads \
+            elif st.phase in (Phase.BACKWARD, Phase.RECOMPUTE, Phase.DECODE) and t in st.reads \
                     and r not in bwd_first:
                 bwd_first[r] = st.index
     for st in program.steps:  # an encoded conv input counts as a conv input
-        if st.phase == "encode" and root_of(aliases, st.codec.source) in conv_input:
+        if st.phase == Phase.ENCODE and root_of(aliases, st.codec.source) in conv_input:
             conv_input.add(st.writes[0])
     out = []
     for r in members:
         spec = program.tensors[r]
-        if not ((spec.role == "value" and spec.category in ("feature_map", "input"))
-                or spec.role == "encoded"):
+        kept_value = spec.role == Role.VALUE \
+            and spec.category in (Category.FEATURE_MAP, Category.INPUT)
+        if not (kept_value or spec.role == Role.ENCODED):
             continue
         if r not in fwd_last or r not in bwd_first:
             continue

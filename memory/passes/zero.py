@@ -27,6 +27,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..ir.names import Role
 from ..ir.program import Program
 
 #: Stages and what each shards (cumulative, as in the paper).
@@ -97,14 +98,14 @@ def zero_bytes(program: Program, stage: int, ranks: int, rank: int = 0) -> ZeroB
     if stage not in (0, *STAGES):
         raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {stage}")
     persistent = [t for t in program.tensors if t.persistent]
-    if any(t.role == "grad_shard" for t in persistent):
+    if any(t.role == Role.GRAD_SHARD for t in persistent):
         raise ValueError("zero_bytes reads a program lowered without sharding; this one holds "
                          "gradient shards")
-    grads = {t.name: t for t in program.tensors if t.role == "param_grad"}
+    grads = {t.name: t for t in program.tensors if t.role == Role.PARAM_GRAD}
     # the trainable parameters, by their gradients (same shapes and order; a program lowered
     # for stage 3 has no persistent tensor of them, only blocks gathered per step)
     trainable = list(grads.values())
-    gathered = any(t.role == "param" and not t.persistent for t in program.tensors)
+    gathered = any(t.role == Role.PARAM and not t.persistent for t in program.tensors)
     sizes = [math.prod(t.shape) for t in trainable]
     owned = owned_ranges(sizes, ranks, rank)
 
@@ -115,9 +116,9 @@ def zero_bytes(program: Program, stage: int, ranks: int, rank: int = 0) -> ZeroB
         return sum(program.block_size(t.nbytes) for t in tensors)
 
     items = [t.nbytes // max(n, 1) for t, n in zip(trainable, sizes)]
-    state = [t for t in persistent if t.role == "opt_state"]
+    state = [t for t in persistent if t.role == Role.OPT_STATE]
     slots = len(state) // max(len(trainable), 1)
-    buffers = [t for t in persistent if t.role == "param" and t.name + ".grad" not in grads]
+    buffers = [t for t in persistent if t.role == Role.PARAM and t.name + ".grad" not in grads]
     unsharded = {"parameter": full(trainable) + full(buffers),
                  "gradient": full(grads.values()), "optimizer_state": full(state)}
     mine = dict(unsharded)

@@ -13,6 +13,7 @@ from ..memory.cost.cost_model import simulate
 from ..memory.cost.targets import DeviceProfile, get_target
 from ..memory.devices.device import MetaDevice
 from ..memory.ir.config import MemoryConfig
+from ..memory.ir.names import DeviceKind
 from ..memory.ir.plan import AutoChoice, CurvePoint
 from ..memory.ir.units import ALLOCATION_UNIT
 from ..memory.passes.zero import ZeroBytes, zero_bytes
@@ -104,7 +105,7 @@ def dry_run(
     peaks, rank_notes = _peak_figures(prog, pool.stats(), info, zero, ranks, top)
     return {
         "model": net.name,
-        "device": "meta" if device_kind == "cpu" else f"meta ({device_kind} kind)",
+        "device": "meta" if device_kind == DeviceKind.CPU else f"meta ({device_kind} kind)",
         "memory": config.spec,
         "batch_size": int(batch_size),
         "input": list(shape),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..memory.ir.names import Role
 from ..memory.passes.zero import STAGES, ZeroBytes, owned_ranges
 
 #: The roles whose persistent tensors ZeRO ``stage`` shards.
@@ -41,7 +42,7 @@ def rank_live_tensors(prog: Any, zero: ZeroBytes, live: list[tuple[str, str, int
                       ) -> list[tuple[str, str, int]]:
     """The tensors live at the peak as rank ``zero.rank`` holds them, largest first: each
     sharded tensor by its shard on the rank (left out where the rank owns none of it)."""
-    trainable = [t for t in prog.tensors if t.role == "param_grad"]
+    trainable = [t for t in prog.tensors if t.role == Role.PARAM_GRAD]
     sizes = [math.prod(t.shape) for t in trainable]
     shard = {i: prog.block_size((hi - lo) * (trainable[i].nbytes // max(sizes[i], 1)))
              for i, lo, hi in owned_ranges(sizes, zero.ranks, zero.rank)}
@@ -52,7 +53,7 @@ def rank_live_tensors(prog: Any, zero: ZeroBytes, live: list[tuple[str, str, int
     for name, cat, nbytes in live:
         t = by_name.get(name)
         if t is not None and t.persistent and t.role in sharded_roles:
-            base = name if t.role == "param" else name.rsplit(".", 1)[0]
+            base = name if t.role == Role.PARAM else name.rsplit(".", 1)[0]
             i = index.get(base)
             if i is not None:
                 nbytes = shard.get(i, 0)

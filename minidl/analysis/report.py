@@ -9,6 +9,7 @@ from typing import Any
 from ..compile.engine import Compiled
 from ..interop.checkpoint import write_json
 from ..memory.ir.liveness import lifetimes, root_of
+from ..memory.ir.names import Phase, Role
 from ..memory.ir.timeline import category_series, chrome_trace
 from ..memory.ir.units import format_size
 
@@ -22,14 +23,14 @@ def layer_table(c: Compiled) -> list[dict[str, Any]]:
     plan = c.plan
     prog = plan.program
     life = lifetimes(lowered)
-    recomputed = {s.origin for s in prog.steps if s.phase == "recompute"}
+    recomputed = {s.origin for s in prog.steps if s.phase == Phase.RECOMPUTE}
     swapped_roots = set(plan.swapped)
     rows = []
     for st in lowered.steps:
-        if st.phase != "forward":
+        if st.phase != Phase.FORWARD:
             continue
-        outs = [t for t in st.writes if lowered.tensors[t].role == "value"]
-        stash = [t for t in st.writes if lowered.tensors[t].role == "stash"]
+        outs = [t for t in st.writes if lowered.tensors[t].role == Role.VALUE]
+        stash = [t for t in st.writes if lowered.tensors[t].role == Role.STASH]
         nbytes = sum(lowered.block_size(lowered.tensors[t].nbytes) for t in outs)
         if st.index in recomputed:
             form = "recomputed"
@@ -137,12 +138,13 @@ def strategy_costs(c: Any) -> dict[str, Any]:
         out["recompute"] = {
             "flops": int(recompute.recomputed_flops),
             "steps": int(recompute.recomputed_steps),
-            "time_s": float(sum(t for s, t in zip(prog.steps, times) if s.phase == "recompute")),
+            "time_s": float(sum(t for s, t in zip(prog.steps, times)
+                                if s.phase == Phase.RECOMPUTE)),
         }
     bptt = []
     for st in c.lowered.program.steps:
         sched = st.options.bptt  # the plan's BPTT schedule of a fused RNN step
-        if st.phase == "forward" and sched is not None:
+        if st.phase == Phase.FORWARD and sched is not None:
             layer = c.lowered.layers[st.node]
             bptt.append({"layer": st.layer, "policy": sched.policy, "units": sched.units,
                          "unit_steps": layer.unit_steps, "states_kept": sched.max_stored,
@@ -151,7 +153,7 @@ def strategy_costs(c: Any) -> dict[str, Any]:
                              list(st.in_shapes), st.options.as_layer_options)})
     if bptt:
         out["bptt"] = bptt
-    encodes = [s for s in prog.steps if s.phase == "encode"]
+    encodes = [s for s in prog.steps if s.phase == Phase.ENCODE]
     if encodes:
         per = []
         for s in encodes:
@@ -164,9 +166,9 @@ def strategy_costs(c: Any) -> dict[str, Any]:
             per.append(row)
         out["compression"] = {
             "encode_time_s": float(sum(t for s, t in zip(prog.steps, times)
-                                       if s.phase == "encode")),
+                                       if s.phase == Phase.ENCODE)),
             "decode_time_s": float(sum(t for s, t in zip(prog.steps, times)
-                                       if s.phase == "decode")),
+                                       if s.phase == Phase.DECODE)),
             "stashes": per,
         }
     return out

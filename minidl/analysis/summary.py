@@ -13,7 +13,7 @@ from ..layers.base import Layer
 from ..memory.devices.device import MetaDevice
 from ..memory.ir.config import MemoryConfig
 from ..memory.ir.liveness import root_of
-from ..memory.ir.names import Phase
+from ..memory.ir.names import Category, Phase, Role
 from ..memory.ir.units import format_size
 from ..memory.ir.walk import Where, walk
 from ..memory.runtime.pool import Pool
@@ -103,15 +103,16 @@ def layer_memory(net: Network, batch_size: int, memory: str | MemoryConfig = "no
         r[key] = max(r[key], nbytes) if keep_max else r[key] + nbytes
 
     for st in prog.steps:
-        if st.phase == "forward":
+        if st.phase == Phase.FORWARD:
             for t in st.writes:
-                if prog.tensors[t].role == "value":
+                if prog.tensors[t].role == Role.VALUE:
                     add(st.layer, "output", prog.block_size(prog.tensors[t].nbytes))
         if st.workspace >= 0:
             add(st.layer, "workspace", prog.block_size(prog.tensors[st.workspace].nbytes), True)
     for tid in _on_device_when_backward_starts(plan):
         t = prog.tensors[tid]
-        if t.role in ("value", "stash") or t.category in ("stash", "encoded", "feature_map"):
+        if t.role in (Role.VALUE, Role.STASH) \
+                or t.category in (Category.STASH, Category.ENCODED, Category.FEATURE_MAP):
             add(t.layer, "kept", prog.block_size(t.nbytes))
     return rows
 

@@ -6,6 +6,7 @@ import argparse
 import functools
 import json
 
+from ..memory.ir.names import DeviceKind
 from ..memory.ir.units import format_size
 from ..tools.bench import run_bench
 from .common import (
@@ -21,7 +22,7 @@ from .common import (
 def cmd_bench(args: argparse.Namespace) -> int:
     specs = [parse_memory(s) for s in args.memory]
     link = None if args.emulate_link is None else emulated_target(args.emulate_link)
-    if link is not None and args.device != "cpu":
+    if link is not None and args.device != DeviceKind.CPU:
         raise UsageError(f"--emulate-link throttles the cpu device's copy engine: it needs "
                          f"--device cpu, not {args.device}")
     check_device(args.device)

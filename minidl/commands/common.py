@@ -17,6 +17,7 @@ from ..memory.cost.targets import get_target
 from ..memory.device_factory import DEVICE_NAMES, make_device
 from ..memory.devices.cuda_device import CUDA_INSTALL_HINT
 from ..memory.ir.config import MemoryConfig, valid_flags_text
+from ..memory.ir.names import DeviceKind
 from ..memory.ir.units import format_size, parse_size, readable_figures
 from ..net.param_memory import ParameterMemoryError
 from ..zoo.models import (
@@ -333,7 +334,7 @@ def resolved_seq_len(args: argparse.Namespace) -> int:
 def emulated_target(name: str, device: str = "cpu"):
     """``--emulate-link``: the target's profile; a bad name, or a device other than the cpu,
     is a one-line usage error."""
-    if device != "cpu":
+    if device != DeviceKind.CPU:
         raise UsageError(f"--emulate-link throttles the cpu device's copy engine: it needs "
                          f"--device cpu, not {device}")
     try:

@@ -12,6 +12,7 @@ import numpy as np
 from ..kernels.pointwise.add import add as add_arrays
 from ..layers.base import Context
 from ..memory.devices.traits import device_traits
+from ..memory.ir.names import Codec, Phase, Role
 from ..memory.ir.plan import Plan
 from ..memory.ir.program import Step
 from ..memory.ir.walk import Where, walk
@@ -112,7 +113,7 @@ class Executor:
         #: The first backward (or recomputing) step: what is on device then is what the
         #: forward pass kept for backward (-1: none).
         self._backward_starts = next((i for i, st in enumerate(self.steps)
-                                      if st.phase in ("backward", "recompute")), -1)
+                                      if st.phase in (Phase.BACKWARD, Phase.RECOMPUTE)), -1)
 
     @property
     def step_times(self) -> np.ndarray:
@@ -136,7 +137,7 @@ class Executor:
         where = {tid: k for k, tid in enumerate(prog.inputs)}
         out: list[list[tuple[Any, int, list[tuple[int, ...]]]]] = [[] for _ in prog.inputs]
         for st in prog.steps:
-            if st.phase == "forward" and st.node >= 0:
+            if st.phase == Phase.FORWARD and st.node >= 0:
                 shapes = [tuple(prog.tensors[t].shape) for t in st.inputs]
                 for j, tid in enumerate(st.inputs):
                     if tid in where:
@@ -272,7 +273,7 @@ class Executor:
             self._step_times[i] = time.perf_counter() - t0
         else:
             timer.stop(i)
-        if run.hooks is not None and st.phase == "backward":
+        if run.hooks is not None and st.phase == Phase.BACKWARD:
             run.hooks.after_backward_step(self, i)
 
     def _run_step(self, st: Step, run: _Run) -> None:
@@ -281,18 +282,18 @@ class Executor:
         hooks = run.hooks
         ctx = None if st.node < 0 else Context(
             training=run.training, seed=step_seed(run.seed, run.iteration, st.node),
-            recomputing=run.recomputing or st.phase == "recompute",
+            recomputing=run.recomputing or st.phase == Phase.RECOMPUTE,
             accumulate=st.accumulate, options=st.options.as_layer_options,
             batch_sync=None if hooks is None else hooks.batch_sync)
-        if st.phase == "encode":
+        if st.phase == Phase.ENCODE:
             self._encode(st, rt)
-        elif st.phase == "decode":
+        elif st.phase == Phase.DECODE:
             work = st.codec
             codecs.decode(work.codec, rt.array(st.reads[0]), rt.array(st.writes[0]),
                           self.codec_state.get(work.source) or codecs.CodecState())
-        elif st.phase == "recompute":
+        elif st.phase == Phase.RECOMPUTE:
             self._forward(st, rt, ctx)
-        elif st.phase == "forward":
+        elif st.phase == Phase.FORWARD:
             self._forward(st, rt, ctx)
             self._after_forward(st, run)
         else:
@@ -322,7 +323,7 @@ class Executor:
             state = self.codec_state[src] = codecs.CodecState(
                 window=0 if window is None else window.size)
         need = codecs.encode(codec, x, rt.array(out), state)
-        if codec == "sparse":  # (the count the encoder read: no second pass over x)
+        if codec == Codec.SPARSE:  # (the count the encoder read: no second pass over x)
             name = rt.program.tensors[src].name
             density = state.nnz / max(int(x.size), 1)
             self.densities[name] = max(self.densities.get(name, 0.0), density)
@@ -369,9 +370,9 @@ class Executor:
         for t in st.grad_outputs:
             g = arr(t)
             role = rt.program.tensors[t].role
-            if role == "seed":
+            if role == Role.SEED:
                 g.fill(loss_scale)
-            elif role == "zeros":
+            elif role == Role.ZEROS:
                 g.fill(0.0)
             g_out.append(g)
         inputs = [arr(t) if j in layer.retain_inputs else None for j, t in enumerate(st.inputs)]

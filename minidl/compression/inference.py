@@ -36,6 +36,7 @@ from ..memory.device_factory import make_device
 from ..memory.devices.device import MetaDevice
 from ..memory.devices.traits import device_traits
 from ..memory.ir.config import MemoryConfig
+from ..memory.ir.names import DeviceKind
 from ..memory.ir.payloads import CodecStep
 from ..memory.ir.plan import Plan
 from ..memory.ir.program import Step, TensorSpec
@@ -146,7 +147,7 @@ class CompressedRunner:
         self.alignment = alignment
         #: The kind of device the programs are lowered for ("cpu" or "cuda").
         self.device_kind = device_kind if device == "meta" else \
-            "cpu" if device.strip().lower() == "cpu" else "cuda"
+            DeviceKind.CPU if device.strip().lower() == DeviceKind.CPU else DeviceKind.CUDA
         if device != "meta":
             check_records(cm, self.net)
         self.records = [np.frombuffer(r, dtype=np.uint8) for r in cm.records.values()]
@@ -230,7 +231,7 @@ def plan_inference(cm: CompressedModel, batch_size: int, alignment: int = ALLOCA
     params = dict(runner.net.named_parameters(include_buffers=True))
     return {
         "model": runner.net.name, "batch_size": int(batch_size), "input": list(shape[1:]),
-        "device": "meta" if device_kind == "cpu" else f"meta ({device_kind} kind)",
+        "device": "meta" if device_kind == DeviceKind.CPU else f"meta ({device_kind} kind)",
         "memory": f"{INFERENCE_SPEC} (weights decoded per layer from the compressed file)",
         "peak_allocated_bytes": stats["allocated_bytes.peak"],
         "peak_reserved_bytes": stats["reserved_bytes.peak"],

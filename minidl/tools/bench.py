@@ -25,6 +25,7 @@ import numpy as np
 
 from ..analysis.dryrun import auto_device_memory
 from ..interop.torch_bridge import to_torch
+from ..memory.ir.names import DeviceKind
 from ..net.labels import default_label_shape
 from ..net.optim import SGD
 from ..train.trainer import Trainer
@@ -117,7 +118,7 @@ def _trainer(make_net: Callable[[], Any], shape: tuple[int, ...], batch_size: in
     """A new ``make_net()`` in a Trainer under ``spec`` (SGD with momentum), its device
     memory what a dry run says it needs."""
     net = make_net()
-    kind = "cpu" if device == "cpu" else "cuda"
+    kind = DeviceKind.CPU if device == DeviceKind.CPU else DeviceKind.CUDA
     cap = auto_device_memory(net, batch_size, spec, "sgd", shape, device_kind=kind,
                              emulate_link=emulate_link)
     return Trainer(net, SGD(net.parameters(), lr=lr, momentum=0.9), memory=spec,
@@ -232,7 +233,7 @@ def _torch_runner(net: Any, x: np.ndarray, y: np.ndarray, lr: float,
     model.train()
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
     sync: Callable[[], None] = lambda: None  # noqa: E731
-    if device != "cpu":
+    if device != DeviceKind.CPU:
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cudnn.benchmark = True
