@@ -230,7 +230,8 @@ class Layer:
 
     def memory_attrs(self, in_shapes: list[Shape]) -> dict:
         """Plain facts memory passes need about the op on inputs of ``in_shapes`` (a max-pool's
-        window, for packing its argmax; a fused RNN's time units); never arrays or objects."""
+        window, for packing its argmax; a convolution's geometry; a fused RNN's time units);
+        never arrays or objects."""
         return {}
 
     # ----------------------------------------------------------------- compute

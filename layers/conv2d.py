@@ -134,6 +134,13 @@ class Conv2d(Layer):
                     options: dict | None = None) -> dict[str, tuple]:
         return {}
 
+    def memory_attrs(self, in_shapes: list[Shape]) -> dict:
+        """The geometry memory estimates the times of workspace caps from."""
+        return {"convolution": {
+            "out_channels": self.out_channels, "kernel": tuple(self.kernel_size),
+            "stride": tuple(self.stride), "padding": tuple(self.padding),
+            "dilation": tuple(self.dilation), "groups": self.groups}}
+
     def _workspace(self, in_shapes: list[Shape], dtype: np.dtype, backward: bool,
                    options: dict | None) -> int:
         self.output_shapes(in_shapes)

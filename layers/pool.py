@@ -77,7 +77,7 @@ class MaxPool2d(_Pool2d):
 
     def backward_from_encoded(self, encoding, encoded, grad_output, grad_input) -> None:
         """From the argmax stash packed to the window's bits (Gist's binarize)."""
-        if encoding != "packed_argmax":
+        if encoding != StashEncoding.PACKED_ARGMAX:
             super().backward_from_encoded(encoding, encoded, grad_output, grad_input)
         maxpool_backward_packed(grad_output, encoded, tuple(grad_input.shape), self.kernel_size,
                                 self.stride, self.padding, out=grad_input)

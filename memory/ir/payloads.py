@@ -1,9 +1,9 @@
 """What a step or a program carries beyond its tensors: typed, frozen records, never free dicts.
 
 - :class:`OpFacts`: plain facts about a layer's op that memory passes read (a max-pool's window,
-  attention's shape, a fused RNN's time units). Layers stay framework-free and state them as a
-  plain dict (``Layer.memory_attrs``); lowering turns it into an :class:`OpFacts` once
-  (:meth:`OpFacts.of`), refusing a key it does not know.
+  a convolution's geometry, attention's shape, a fused RNN's time units). Layers stay
+  framework-free and state them as a plain dict (``Layer.memory_attrs``); lowering turns it
+  into an :class:`OpFacts` once (:meth:`OpFacts.of`), refusing a key it does not know.
 - :class:`CodecStep`: what an encode or decode step added by compression does (its codec, the
   tensor it encodes or decodes, a max-pool's window for packed indices).
 - :class:`EncodedInput`: on a backward step whose layer starts from an encoded stash, which
@@ -42,6 +42,25 @@ class PoolWindow:
 
 
 @dataclass(frozen=True)
+class ConvGeometry:
+    """A convolution's geometry beyond its input shape: what its workspace options' estimated
+    times are computed from (:mod:`~minidl.memory.options.workspace_times`)."""
+
+    out_channels: int
+    kernel: tuple[int, ...]
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+    groups: int
+
+    def as_tuple(self) -> tuple:
+        """``(out_channels, kernel, stride, padding, dilation, groups)``, the order of
+        :func:`~minidl.kernels.convolution.conv_geometry.conv_config`'s arguments."""
+        return (self.out_channels, self.kernel, self.stride, self.padding, self.dilation,
+                self.groups)
+
+
+@dataclass(frozen=True)
 class AttentionShape:
     """An attention op's problem: batch, sequence length, model width, heads, whether it is
     causal and whether it drops attention weights out."""
@@ -60,13 +79,16 @@ class OpFacts:
 
     #: A max-pool's window (its argmax stash packs to ``index_bits(size)`` bits per entry).
     pool: PoolWindow | None = None
+    #: A convolution's geometry (its workspace caps' estimated times are computed from it).
+    convolution: ConvGeometry | None = None
     #: Attention's shape (its memory forms are chosen from it).
     attention: AttentionShape | None = None
     #: The time units a fused RNN's BPTT schedule must cover.
     time_units: int | None = None
 
     #: The keys ``Layer.memory_attrs`` may return.
-    LAYER_KEYS = ("window", "kernel", "stride", "padding", "attention", "time_units")
+    LAYER_KEYS = ("window", "kernel", "stride", "padding", "convolution", "attention",
+                  "time_units")
 
     @classmethod
     def of(cls, facts: Mapping[str, Any]) -> OpFacts:
@@ -79,6 +101,13 @@ class OpFacts:
         if "window" in facts:
             pool = PoolWindow(int(facts["window"]), tuple(facts["kernel"]),
                               tuple(facts["stride"]), tuple(facts["padding"]))
+        convolution = None
+        if "convolution" in facts:
+            c = facts["convolution"]
+            _refuse_unknown("convolution fact", c, tuple(f.name for f in fields(ConvGeometry)))
+            convolution = ConvGeometry(int(c["out_channels"]), tuple(c["kernel"]),
+                                       tuple(c["stride"]), tuple(c["padding"]),
+                                       tuple(c["dilation"]), int(c["groups"]))
         attention = None
         if "attention" in facts:
             a = facts["attention"]
@@ -86,7 +115,7 @@ class OpFacts:
             attention = AttentionShape(int(a["batch"]), int(a["seq"]), int(a["dim"]),
                                        int(a["heads"]), bool(a["causal"]), bool(a["dropout"]))
         units = facts.get("time_units")
-        return cls(pool=pool, attention=attention,
+        return cls(pool=pool, convolution=convolution, attention=attention,
                    time_units=None if units is None else int(units))
 
 

@@ -1,15 +1,14 @@
 """Estimated times of convolution steps under workspace caps: what vDNN's rule
 (:mod:`.workspace_peak`) weighs a lower peak against. The estimates are
 :func:`~minidl.kernels.convolution.conv_geometry.conv_config`'s configuration costs for the CPU
-kernels
-(never a clock), in multiply-adds of a large im2col product.
+kernels (never a clock), in multiply-adds of a large im2col product, from each convolution
+step's geometry (``step.facts.convolution``, recorded at lowering).
 """
 
 from __future__ import annotations
 
 import functools
 from bisect import bisect_right
-from typing import Any
 
 import numpy as np
 
@@ -18,14 +17,6 @@ from ...kernels.convolution.conv_geometry import REFERENCE_ROWS
 from ..ir.names import DeviceKind, Phase
 from ..ir.program import Program
 from .workspace_caps import OPTION, Key, _key
-
-
-def _geometry(layer: Any) -> tuple | None:
-    """(out channels, kernel, stride, padding, dilation, groups) of a convolution layer."""
-    names = ("out_channels", "kernel_size", "stride", "padding", "dilation", "groups")
-    if not all(hasattr(layer, n) for n in names):
-        return None
-    return tuple(getattr(layer, n) for n in names)
 
 
 def _rel_time(x_shape: tuple[int, ...], geom: tuple, itemsize: int, backward: bool,
@@ -78,20 +69,21 @@ class ConvTimes:
     large im2col product (``flops / 2`` times :func:`_rel_time`), and the iteration's
     estimated time (every other step at its multiply-adds): what
     :func:`~.workspace_peak.peak_options` weighs a lower peak against. Convolutions of the
-    ``"cpu"`` kind only (their configurations are the CPU kernels'); the ``layers`` (node
-    index -> layer) give their geometry."""
+    CPU kind only (their configurations are the CPU kernels'), with the geometry lowering
+    recorded (``step.facts.convolution``)."""
 
-    def __init__(self, layers: dict[int, Any], kind: str = "cpu") -> None:
-        self.geom = {n: g for n, layer in layers.items()
-                     if (g := _geometry(layer)) is not None} if kind == DeviceKind.CPU else {}
+    def __init__(self, kind: DeviceKind | str = DeviceKind.CPU) -> None:
+        self.kind = DeviceKind.of(kind)
 
     def _steps(self, program: Program, i: int) -> tuple | None:
         st = program.steps[i]
-        geom = self.geom.get(st.node)
-        if geom is None or not st.in_shapes or OPTION not in st.caps.options:
+        geom = st.facts.convolution
+        if self.kind is not DeviceKind.CPU or geom is None or not st.in_shapes \
+                or OPTION not in st.caps.options:
             return None
         itemsize = np.dtype(program.tensors[st.inputs[0]].dtype).itemsize
-        return _time_steps(tuple(st.in_shapes[0]), geom, itemsize, st.phase == Phase.BACKWARD)
+        return _time_steps(tuple(st.in_shapes[0]), geom.as_tuple(), itemsize,
+                           st.phase == Phase.BACKWARD)
 
     def table(self, program: Program) -> tuple[dict[Key, list[tuple[float, tuple]]], float]:
         """Per (node, backward) of the steps taking the option: (weight, time steps) of each

@@ -40,10 +40,12 @@ class PlanningEngine(Protocol):
 
 
 def search_options(engine: PlanningEngine, first: Lowered, lowered_with: LowerWith,
-                   config: MemoryConfig, net: Network) -> tuple[Lowered, Plan]:
+                   config: MemoryConfig, net: Network | None = None) -> tuple[Lowered, Plan]:
     """The first per-op option choice (BPTT schedule x attention form) whose plan fits,
     ``first`` being the program lowered with the defaults; the last choice's
     :class:`BudgetTooSmall` when none does. A choice among several is said in the notes.
+    (``net`` is not read: the program carries what memory needs of its layers; the engine
+    still passes it until its own change of issue 48 drops the argument.)
 
     A budget under the peak floor of every plan (:func:`~minidl.memory.planners.floor.
     peak_floor`: the persistent state plus what the largest step holds whole, whatever the
@@ -61,7 +63,7 @@ def search_options(engine: PlanningEngine, first: Lowered, lowered_with: LowerWi
             attention_options.options_for(first.program, form))
         lowered = lowered_with(options) if options else first
         try:
-            lowered, plan = plan_fitting(engine, lowered, options, lowered_with, config, net)
+            lowered, plan = plan_fitting(engine, lowered, options, lowered_with, config)
         except BudgetTooSmall:
             if i < len(choices) - 1:
                 continue
@@ -113,12 +115,11 @@ def choice_notes(plan: Plan) -> list[str]:
 
 
 def plan_fitting(engine: PlanningEngine, lowered: Lowered, options: dict,
-                 lowered_with: LowerWith, config: MemoryConfig,
-                 net: Network) -> tuple[Lowered, Plan]:
+                 lowered_with: LowerWith, config: MemoryConfig) -> tuple[Lowered, Plan]:
     """The plan of ``lowered`` with convolutions' workspaces chosen by vDNN's rule, capped
     further when no plan fits the budget
-    (:func:`~minidl.memory.options.workspace_options.plan_fitting`; ``net``'s layers give the
-    convolutions' geometry for their estimated times). A swapping spec planned for a
+    (:func:`~minidl.memory.options.workspace_options.plan_fitting`; the convolutions'
+    geometry for their estimated times is in their steps' facts). A swapping spec planned for a
     target (vDNN's policy) that does not fit the target's memory with its transfers timed
     by the cost model is planned again as vDNN schedules them, each prefetch a fixed
     number of steps ahead (compute waits for the copy), with memory-optimal workspaces
@@ -128,8 +129,7 @@ def plan_fitting(engine: PlanningEngine, lowered: Lowered, options: dict,
         low = lowered if opts is None else lowered_with(opts)
         return low, make_plan(low.program, cfg, **target_costs(engine.target, low))
 
-    times = workspace_options.ConvTimes({i: node.layer for i, node in enumerate(net.nodes)},
-                                        engine.device_kind)
+    times = workspace_options.ConvTimes(engine.device_kind)
     low, plan = workspace_options.plan_fitting(lowered.program, options, config, plan_with,
                                                engine.cap_workspaces, times,
                                                engine.workspace_time_share,

@@ -7,11 +7,13 @@ import pytest
 from hand_programs import chain, ids
 
 from minidl.layers.attention import MultiHeadAttention
+from minidl.layers.conv2d import Conv2d
 from minidl.layers.pool import MaxPool2d
 from minidl.layers.recurrent import LSTM
 from minidl.memory.ir.payloads import (
     AttentionShape,
     CompressionSummary,
+    ConvGeometry,
     OpFacts,
     OpOptions,
     PoolWindow,
@@ -25,6 +27,15 @@ from minidl.memory.passes.compress import compress_program
 def test_a_max_pool_states_its_window():
     facts = OpFacts.of(MaxPool2d(3, stride=2, padding=1).memory_attrs([(2, 4, 9, 9)]))
     assert facts == OpFacts(pool=PoolWindow(9, (3, 3), (2, 2), (1, 1)))
+
+
+def test_a_convolution_states_its_geometry():
+    """Memory reads a convolution's geometry from its step's facts, never from the layer."""
+    layer = Conv2d(3, 8, 3, stride=2, padding=1, dilation=1, groups=1)
+    facts = OpFacts.of(layer.memory_attrs([(2, 3, 9, 9)]))
+    assert facts.convolution == ConvGeometry(8, (3, 3), (2, 2), (1, 1), (1, 1), 1)
+    assert facts.convolution.as_tuple() == (8, (3, 3), (2, 2), (1, 1), (1, 1), 1)
+    assert facts.pool is None
 
 
 def test_attention_states_its_shape():
@@ -46,7 +57,10 @@ def test_no_facts_is_the_empty_record():
 
 @pytest.mark.parametrize("bad, message", [
     ({"windw": 4}, "unknown memory fact 'windw' (valid: window, kernel, stride, padding, "
-                   "attention, time_units)"),
+                   "convolution, attention, time_units)"),
+    ({"convolution": {"out_channels": 4, "kernel": (3, 3), "stride": (1, 1),
+                      "padding": (1, 1), "dilation": (1, 1), "groups": 1, "bias": True}},
+     "unknown convolution fact 'bias'"),
     ({"attention": {"batch": 1, "seq": 2, "dim": 3, "heads": 1, "causal": False,
                     "dropout": False, "rope": True}}, "unknown attention fact 'rope'"),
 ])
