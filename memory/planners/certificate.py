@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -69,19 +70,45 @@ class TimeBound:
     bandwidth: float
     needs: tuple[_StepNeed, ...]
 
+    @cached_property
+    def _table(self) -> tuple[np.ndarray, ...]:
+        """The steps' figures as arrays: bytes over the room less the free ones, movable
+        bytes, and the knapsack curves padded with their last point to one width."""
+        width = max((len(n.cum_bytes) for n in self.needs), default=1)
+
+        def padded(rows: list[np.ndarray]) -> np.ndarray:
+            out = np.zeros((len(rows), width))
+            for i, r in enumerate(rows):
+                out[i, :len(r)] = r
+                out[i, len(r):] = r[-1]
+            return out
+
+        over = np.array([float(n.live - n.free) for n in self.needs])
+        movable = np.array([float(n.movable) for n in self.needs])
+        return over, movable, padded([n.cum_bytes for n in self.needs]), \
+            padded([n.cum_cost for n in self.needs])
+
     def _extra(self, room: int, t: float) -> float:
         """The least recomputation seconds every step's shortfall needs with ``room`` bytes
         free and a plan of ``t`` seconds (inf where dropping cannot cover it)."""
+        if not self.needs:
+            return 0.0
         swap = self.bandwidth * t / 2 if math.isfinite(self.bandwidth) else math.inf
-        worst = 0.0
-        for n in self.needs:
-            short = n.live - room - n.free - min(swap, n.movable)
-            if short <= 0:
-                continue
-            if short > n.cum_bytes[-1]:
-                return math.inf
-            worst = max(worst, float(np.interp(short, n.cum_bytes, n.cum_cost)))
-        return worst
+        over, movable, cum_b, cum_c = self._table
+        short = over - room - np.minimum(swap, movable)
+        rows = np.flatnonzero(short > 0)
+        if rows.size == 0:
+            return 0.0
+        short, b, c = short[rows], cum_b[rows], cum_c[rows]
+        if np.any(short > b[:, -1]):
+            return math.inf
+        # each row's knapsack curve at its shortfall (np.interp, row by row)
+        k = np.minimum((b < short[:, None]).sum(axis=1), b.shape[1] - 1)
+        at = np.arange(rows.size)
+        b0, b1, c0, c1 = b[at, k - 1], b[at, k], c[at, k - 1], c[at, k]
+        span = b1 - b0
+        frac = np.divide(short - b0, span, out=np.ones_like(span), where=span > 0)
+        return float(np.max(c0 + frac * (c1 - c0)))
 
     def seconds(self, budget: int) -> float:
         """The least iteration seconds of any plan within ``budget`` bytes (the persistent
