@@ -1,10 +1,55 @@
-"""The memory spec: a comma list of flags, the same in the API and on the command line."""
+"""The memory spec: a comma list of flags, the same in the API and on the command line.
+
+A parsed spec (:class:`MemoryConfig`) keeps the flags as written and reads their values typed:
+the policies are the enums below (members are also their strings, as in :mod:`.names`), sizes
+and counts ``int``.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .names import Codec, Name
 from .units import parse_size, size_text
+
+
+class SwapPolicy(Name):
+    """Which feature maps ``swap=`` offloads."""
+
+    CONV = "conv"  # those read by a convolution's forward (vDNN_conv)
+    ALL = "all"  # every feature map (vDNN_all)
+    AUTO = "auto"  # those whose transfer hides behind compute, by measured step times
+
+
+class RecomputePolicy(Name):
+    """How ``recompute=`` chooses its checkpoints (:mod:`~..passes.recompute`)."""
+
+    SQRT = "sqrt"  # every sqrt(n)-th articulation point (Chen et al.)
+    SPEED = "speed"  # expensive ops kept, each segment recomputed once (SuperNeurons)
+    MEMORY = "memory"  # expensive ops kept, recomputed per backward step
+    COST = "cost"  # memory's, switched to speed's per segment while the peak holds
+
+
+class PlannerChoice(Name):
+    """How ``auto`` chooses, when not the frontier (``planner=``)."""
+
+    GREEDY = "greedy"
+    OPTIMAL = "optimal"
+
+
+class OnlyAction(Name):
+    """The one kind of action ``only=`` restricts ``auto`` to."""
+
+    RECOMPUTE = "recompute"
+    SWAP = "swap"
+
+
+#: Reduced precisions ``dpr=`` may keep stashes at.
+DPR_CODECS = (Codec.FP16, Codec.BF16, Codec.FP8)
+
+
+def _values(vocabulary: tuple[Name, ...] | type[Name]) -> tuple[str, ...]:
+    return tuple(m.value for m in vocabulary)
 
 #: Known flags: name -> (allowed values or None for a bare flag, one-line description).
 FLAGS: dict[str, tuple[tuple[str, ...] | None, str]] = {
@@ -14,11 +59,11 @@ FLAGS: dict[str, tuple[tuple[str, ...] | None, str]] = {
     "inplace": (None, "outputs written over dead inputs where the op allows (ReLU, Add, ...)"),
     "static": (None, "offsets planned ahead from lifetimes: no run-time search, no "
                      "fragmentation"),
-    "swap": (("conv", "all", "auto"), "offload feature maps to host in forward, prefetch them "
+    "swap": (_values(SwapPolicy), "offload feature maps to host in forward, prefetch them "
                                       "ahead of use in backward (vDNN, Capuchin)"),
     "cache": (None, "offloaded tensors stay on device while memory allows, LRU eviction "
                     "(SuperNeurons)"),
-    "recompute": (("sqrt", "speed", "memory", "cost"),
+    "recompute": (_values(RecomputePolicy),
                   "drop feature maps in forward, recompute them from checkpoints in backward "
                   "(Chen et al., SuperNeurons); implies reuse"),
     "bptt": (("<int>",), "fused recurrent layers keep at most N hidden states over time, "
@@ -28,17 +73,17 @@ FLAGS: dict[str, tuple[tuple[str, ...] | None, str]] = {
                        "maps (Gist)"),
     "sparse": (None, "ReLU→Conv: conv inputs kept sparse (CSR / zero-value compression) "
                      "between forward and backward (Gist SSDC)"),
-    "dpr": (("fp16", "bf16", "fp8"), "other stashed feature maps kept at reduced precision "
+    "dpr": (_values(DPR_CODECS), "other stashed feature maps kept at reduced precision "
                                      "(lossy, opt-in; Gist DPR)"),
     "auto": (None, "choose keep / swap / recompute per feature map to fit budget=SIZE at the "
                    "least estimated time (Capuchin, moDNN)"),
     "budget": (("<size>",), "device bytes the auto planner must fit, e.g. budget=2GiB"),
-    "planner": (("greedy", "optimal"), "how auto chooses (default: the frontier, block-chain "
+    "planner": (_values(PlannerChoice), "how auto chooses (default: the frontier, block-chain "
                                        "dynamic programming over keep / swap / recompute): "
                                        "greedy, a Capuchin-style walk; optimal, a mixed-integer "
                                        "program solved by HiGHS, taken when it fits at no more "
                                        "estimated time (Checkmate + swapping)"),
-    "only": (("recompute", "swap"), "restrict auto to one kind of action: recompute only "
+    "only": (_values(OnlyAction), "restrict auto to one kind of action: recompute only "
                                     "(Checkmate's setting) or swap only (vDNN's)"),
     "split": (("<int>",), "run each batch as K micro-batches, accumulating weight gradients "
                           "(moDNN's batch splitting; auto picks K when nothing else fits)"),
@@ -136,16 +181,22 @@ def _flag_property(name: str, doc: str) -> property:
     return property(lambda self: name in self.flags, doc=doc)
 
 
-def _value_property(name: str, doc: str) -> property:
-    """A flag's value as an attribute (``None`` when the flag is not given)."""
-    return property(lambda self: self.flags.get(name), doc=doc)
+def _value_property(name: str, vocabulary: type[Name], doc: str) -> property:
+    """A flag's value as a member of ``vocabulary`` (``None`` when the flag is not given)."""
+
+    def read(self: MemoryConfig) -> Name | None:
+        value = self.flags.get(name)
+        return None if value is None else vocabulary.of(value)
+
+    return property(read, doc=doc)
 
 
 @dataclass(frozen=True)
 class MemoryConfig:
     """A parsed memory spec, parsed once: ``flags`` maps each flag to its value ('' for bare
-    flags), in the spec's order; the typed attributes below read it (``config.swap`` is
-    ``"conv"`` or ``None``, ``config.reuse`` a ``bool``, ``config.budget`` bytes or ``None``)."""
+    flags), in the spec's order; the typed attributes below read it (``config.swap`` is a
+    :class:`SwapPolicy` or ``None``, ``config.reuse`` a ``bool``, ``config.budget`` bytes or
+    ``None``)."""
 
     flags: dict[str, str] = field(default_factory=dict)
 
@@ -156,12 +207,13 @@ class MemoryConfig:
     binarize = _flag_property("binarize", "1-bit ReLU masks and packed pool indices (Gist).")
     sparse = _flag_property("sparse", "Conv inputs kept sparse after a ReLU (Gist SSDC).")
     auto = _flag_property("auto", "The auto planner chooses keep / swap / recompute.")
-    swap = _value_property("swap", "Which feature maps to offload: conv, all, auto or None.")
-    recompute = _value_property("recompute", "Recomputation policy: sqrt, speed, memory, cost "
-                                             "or None.")
-    dpr = _value_property("dpr", "Reduced precision of other stashes: fp16, bf16, fp8 or None.")
-    planner = _value_property("planner", "How auto chooses: greedy, optimal or None.")
-    only = _value_property("only", "Auto restricted to recompute or swap, or None.")
+    swap = _value_property("swap", SwapPolicy, "Which feature maps to offload, or None.")
+    recompute = _value_property("recompute", RecomputePolicy, "Recomputation policy, or None.")
+    dpr = _value_property("dpr", Codec, "Reduced precision of other stashes (fp16, bf16, fp8), "
+                                        "or None.")
+    planner = _value_property("planner", PlannerChoice, "How auto chooses, or None (the "
+                                                       "frontier).")
+    only = _value_property("only", OnlyAction, "Auto restricted to recompute or swap, or None.")
 
     @classmethod
     def parse(cls, spec: str | MemoryConfig | None) -> MemoryConfig:

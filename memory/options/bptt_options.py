@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..ir.config import MemoryConfig
+from ..ir.config import MemoryConfig, RecomputePolicy
 from ..ir.names import Phase
 from ..ir.program import Program
 from ..passes import bptt
@@ -30,7 +30,7 @@ def bptt_policy(memory: str | MemoryConfig | None) -> str | None:
     if cfg.bptt:
         return f"dp:{cfg.bptt}"
     rec = cfg.recompute
-    if rec == "sqrt":
+    if rec == RecomputePolicy.SQRT:
         return "sqrt"
     if rec:
         return "dp:sqrt"

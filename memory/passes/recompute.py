@@ -32,6 +32,7 @@ import math
 from dataclasses import replace
 
 from ..ir.capabilities import RecomputeCost
+from ..ir.config import RecomputePolicy
 from ..ir.liveness import lifetimes
 from ..ir.names import Category, Phase, Role
 from ..ir.payloads import RecomputeSummary
@@ -40,7 +41,7 @@ from .block_choices import BlockChoices, block_choices
 
 #: Ops whose outputs the speed / memory / cost policies keep as checkpoints.
 KEPT_COSTS = (RecomputeCost.EXPENSIVE, RecomputeCost.SEQUENCE)
-POLICIES = ("sqrt", "speed", "memory", "cost")
+POLICIES = tuple(p.value for p in RecomputePolicy)
 
 
 def _forward_steps(program: Program) -> list[Step]:
@@ -80,10 +81,10 @@ def articulation_values(program: Program) -> list[int]:
     return out
 
 
-def choose_checkpoints(program: Program, policy: str) -> set[int]:
+def choose_checkpoints(program: Program, policy: RecomputePolicy | str) -> set[int]:
     """The feature maps a policy keeps."""
     fwd = _forward_steps(program)
-    if policy == "sqrt":
+    if policy == RecomputePolicy.SQRT:
         cands = articulation_values(program)
         if not cands:
             return set()
@@ -272,7 +273,7 @@ def dropping_program(program: Program, dropped: set[int]) -> Program:
     return recompute_program(program, keep, groups)
 
 
-def policy_program(program: Program, policy: str, peak_of=None) -> Program:
+def policy_program(program: Program, policy: RecomputePolicy | str, peak_of=None) -> Program:
     """The rewritten program for ``policy``; ``peak_of(program) -> bytes`` is needed by
     ``cost`` to compare candidate rewrites. Blocks the network forces (:mod:`.block_choices`)
     are honoured: forced-recompute ops are never checkpoints, forced keep / swap ones are."""
@@ -286,9 +287,9 @@ def policy_program(program: Program, policy: str, peak_of=None) -> Program:
     fwd_of_node = {s.node: s.index for s in program.steps if s.phase == Phase.FORWARD}
     per_segment = {s.index: seg.get(fwd_of_node.get(s.node, -1), -1 - s.index) for s in bwd}
     per_step = {s.index: -1 - s.index for s in bwd}
-    if policy in ("sqrt", "speed"):
+    if policy in (RecomputePolicy.SQRT, RecomputePolicy.SPEED):
         return recompute_program(program, checkpoints, per_segment)
-    if policy == "memory":
+    if policy == RecomputePolicy.MEMORY:
         return recompute_program(program, checkpoints, per_step)
     # cost-aware: start memory-centric; switch segments to speed-centric while the peak holds
     if peak_of is None:

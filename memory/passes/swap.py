@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ..ir.config import SwapPolicy
 from ..ir.liveness import lifetimes, root_of
 from ..ir.names import Category, Phase, Role
 from ..ir.plan import Await, Offload, Plan, Prefetch, Release, StepPlan
@@ -38,7 +39,8 @@ class SwapCandidate:
     nbytes: int
 
 
-def swap_candidates(program: Program, aliases: dict[int, int], mode: str) -> list[SwapCandidate]:
+def swap_candidates(program: Program, aliases: dict[int, int],
+                    mode: SwapPolicy | str) -> list[SwapCandidate]:
     """Blocks holding feature maps that backward needs, with their forward/backward use.
 
     ``mode`` ``conv``: only blocks read by a convolution's forward (vDNN_conv); ``all`` (and
@@ -77,7 +79,7 @@ def swap_candidates(program: Program, aliases: dict[int, int], mode: str) -> lis
             continue
         if r not in fwd_last or r not in bwd_first:
             continue
-        if mode == "conv" and r not in conv_input:
+        if mode == SwapPolicy.CONV and r not in conv_input:
             continue
         out.append(SwapCandidate(r, fwd_last[r], bwd_first[r], spec.nbytes))
     return sorted(out, key=lambda c: c.last_forward)
@@ -179,7 +181,7 @@ def timed_steps(last_forward: int, first_backward: int, transfer: float,
                   max(release_at + 1, first_backward - lookahead))
 
 
-def swap_plan(plan: Plan, mode: str, lookahead: int = 2, lag: int = 1,
+def swap_plan(plan: Plan, mode: SwapPolicy | str, lookahead: int = 2, lag: int = 1,
               step_times: list[float] | None = None,
               bandwidth: float = DEFAULT_BANDWIDTH, only: set[int] | None = None,
               cost_source: str = "measured step times", force: frozenset[int] = frozenset(),
@@ -195,19 +197,21 @@ def swap_plan(plan: Plan, mode: str, lookahead: int = 2, lag: int = 1,
     chosen, forced = [], []
     measured = step_times is not None and len(step_times) == len(program.steps) \
         and sum(step_times) > 0
-    base_mode = "conv" if mode == "auto" and not measured else mode
-    for c in swap_candidates(program, plan.aliases, "all" if base_mode == "auto" else base_mode):
+    auto = mode == SwapPolicy.AUTO
+    base_mode = SwapPolicy.CONV if auto and not measured else mode
+    for c in swap_candidates(program, plan.aliases,
+                             SwapPolicy.ALL if base_mode == SwapPolicy.AUTO else base_mode):
         if c.first_backward - c.last_forward < lag + 2 or c.root in exclude:
             continue  # no idle time to hide anything, or kept by the user
         if c.root in force:
             forced.append(c)
             continue
-        if base_mode == "auto" and not hides_transfer(c, step_times, bandwidth):
+        if base_mode == SwapPolicy.AUTO and not hides_transfer(c, step_times, bandwidth):
             continue
         if only is not None and c.root not in only:
             continue
         chosen.append(c)
-    if base_mode == "auto":  # all of them share one link
+    if base_mode == SwapPolicy.AUTO:  # all of them share one link
         chosen = hidden_on_one_link(chosen, step_times, bandwidth)
     chosen = sorted(chosen + forced, key=lambda c: c.last_forward)
     before = [list(sp.before) for sp in plan.steps]
@@ -224,7 +228,7 @@ def swap_plan(plan: Plan, mode: str, lookahead: int = 2, lag: int = 1,
         before[c.first_backward].append(Await(c.root))
     swapped = sum(c.nbytes for c in chosen)
     how = cost_source if measured else (
-        "no measurement yet: behaving as swap=conv" if mode == "auto" else f"swap={mode}")
+        "no measurement yet: behaving as swap=conv" if auto else f"swap={mode}")
     note = (f"swap: {len(chosen)} feature maps offloaded ({swapped:,} B per iteration), "
             f"prefetch lookahead {lookahead} steps ({how})")
     return replace(plan, steps=tuple(StepPlan(b, a) for b, a in zip(before, after)),

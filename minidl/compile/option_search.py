@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from ..memory.cost.cost_model import step_costs, step_time
 from ..memory.cost.targets import DeviceProfile
-from ..memory.ir.config import MemoryConfig
+from ..memory.ir.config import MemoryConfig, SwapPolicy
 from ..memory.ir.plan import Plan
 from ..memory.options import attention_options, bptt_options, workspace_options
 from ..memory.passes.base_plan import plan_peak
@@ -150,7 +150,8 @@ def vdnn_rule_applies(device_kind: str) -> bool:
 def swap_capacity(target: DeviceProfile | None, config: MemoryConfig) -> int | None:
     """The target's memory, for a swapping spec without a search (``swap=conv|all``:
     vDNN's policy) planned for a target; else ``None``."""
-    if target is None or config.get("swap") not in ("conv", "all") or config.has("auto"):
+    if target is None or config.swap not in (SwapPolicy.CONV, SwapPolicy.ALL) \
+            or config.has("auto"):
         return None
     return target.capacity_bytes
 

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from ..memory.cost.targets import DeviceProfile
 from ..memory.devices.device import MetaDevice
 from ..memory.devices.traits import device_traits
-from ..memory.ir.config import MemoryConfig
+from ..memory.ir.config import MemoryConfig, SwapPolicy
 from ..memory.ir.plan import Plan
 from ..memory.planners.planner import make_plan
 from ..memory.runtime.host_pool import HostPool
@@ -48,7 +48,7 @@ def refine(engine: ReplanningEngine, c: Compiled) -> Compiled:
     """``c`` re-planned from its measured iteration: see :meth:`Engine.refine
     <minidl.compile.engine.Engine.refine>`. Step times count only from a warm iteration
     (:data:`WARM_RUNS`): until then the timed re-planning waits (densities do not)."""
-    need_times = (engine.config.get("swap") == "auto" or engine.config.has("auto")) \
+    need_times = (engine.config.swap == SwapPolicy.AUTO or engine.config.has("auto")) \
         and not c.plan.measured and engine.target is None  # a target's costs stand
     need_times = need_times and c.executor.runs >= WARM_RUNS
     need_dens = engine.config.has("sparse") and not c.plan.densities_measured \

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from minidl.memory.ir.config import AUTO_EXCLUDES, MemoryConfig
+from minidl.memory.ir.config import (
+    AUTO_EXCLUDES,
+    MemoryConfig,
+    OnlyAction,
+    PlannerChoice,
+    RecomputePolicy,
+    SwapPolicy,
+)
+from minidl.memory.ir.names import Codec
 
 
 def test_flags_presets_and_values():
@@ -13,6 +21,17 @@ def test_flags_presets_and_values():
     assert MemoryConfig.parse("").flags == {"none": ""}
     assert MemoryConfig.parse("auto,budget=1KiB").budget == 1024
     assert MemoryConfig.parse("auto,budget=1GiB,split=2").split == 2
+
+
+def test_policy_values_read_as_enums():
+    """The policies read typed, and still print and compare as the spec's words."""
+    c = MemoryConfig.parse("reuse,swap=conv,recompute=cost,dpr=bf16")
+    assert c.swap is SwapPolicy.CONV and c.recompute is RecomputePolicy.COST
+    assert c.dpr is Codec.BF16 and c.planner is None and c.only is None
+    a = MemoryConfig.parse("auto,budget=1GiB,planner=greedy,only=swap")
+    assert a.planner is PlannerChoice.GREEDY and a.only is OnlyAction.SWAP
+    assert c.swap == "conv" and f"swap={c.swap}" == "swap=conv"
+    assert c.spec == "reuse,swap=conv,recompute=cost,dpr=bf16"
 
 
 @pytest.mark.parametrize("spec, message", [
