@@ -136,6 +136,10 @@ class Step:
     #: Of ``flops``, the forward FLOPs a backward step runs again inside the op (a fused RNN's
     #: BPTT schedule keeping fewer states): recomputation the cost model counts as such.
     recompute_flops: int = 0
+    #: What the op's matrix products run in on tensor cores (``"bfloat16"``, ``"float16"``,
+    #: ``"tf32"``; ``""``: float32 on CUDA cores), set by lowering from the precision
+    #: (:mod:`.precision`); the cost model prices the step's FLOPs at that rate.
+    matmul_dtype: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "phase", Phase.of(self.phase))
