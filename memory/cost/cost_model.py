@@ -2,9 +2,10 @@
 
 Step time on a :class:`~.targets.DeviceProfile`: ``max(flops / peak FLOP/s, bytes / memory
 bandwidth) + launch`` — the roofline at the datasheet peaks, where the bytes are the step's
-tensors read and written once. An upper bound on speed: real kernels reach a fraction of the
-peaks, the same fraction on both sides of a ratio to first order, so overheads (plan time over
-an oracle's) are what the model is for.
+tensors read and written once at their dtypes' sizes and the peak FLOP/s is the rate of the
+step's precision (:func:`step_rate`: FP32, or a matrix op's tensor-core rate). An upper
+bound on speed: real kernels reach a fraction of the peaks, the same fraction on both sides of
+a ratio to first order, so overheads (plan time over an oracle's) are what the model is for.
 
 :func:`simulate` walks a plan as the CUDA runtime runs it (memory/runtime/runtime.py and
 memory/devices/cuda_device.py): compute on one stream; each ``Offload`` queued on the device-to-host
@@ -21,20 +22,47 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..ir.plan import Action, Await, Offload, Plan, Prefetch, Release
-from ..ir.program import Program
+from ..ir.program import Program, Step
 from ..ir.walk import Where, walk
 from .targets import DeviceProfile
 
-__all__ = ["Prediction", "extra_time", "simulate", "step_costs", "step_time", "walk_time"]
+__all__ = ["Prediction", "extra_time", "rate_breakdown", "simulate", "step_costs", "step_rate",
+           "step_time", "walk_time"]
+
+
+def step_rate(step: Step, profile: DeviceProfile) -> tuple[str, float]:
+    """``(name, FLOP/s)`` the cost model prices ``step``'s FLOPs at: its matrix products'
+    tensor-core rate (:attr:`~minidl.memory.ir.program.Step.matmul_dtype`), else FP32."""
+    if not step.matmul_dtype:
+        return "fp32", profile.flops_per_s
+    return profile.matmul_rate(step.matmul_dtype)
 
 
 def step_time(program: Program, index: int, profile: DeviceProfile) -> float:
-    """Roofline seconds of step ``index`` of ``program`` on ``profile``."""
+    """Roofline seconds of step ``index`` of ``program`` on ``profile``: FLOPs at
+    :func:`step_rate`, bytes (each tensor read or written once, at its dtype's size) at the
+    memory bandwidth."""
     st = program.steps[index]
     tensors = program.tensors
     touched = sum(tensors[t].nbytes for t in set(st.reads) | set(st.writes))
-    return max(st.flops / profile.flops_per_s, touched / profile.hbm_bytes_per_s) \
-        + profile.launch_s
+    flops_per_s = profile.flops_per_s if not st.matmul_dtype else step_rate(st, profile)[1]
+    return max(st.flops / flops_per_s, touched / profile.hbm_bytes_per_s) + profile.launch_s
+
+
+def rate_breakdown(program: Program, profile: DeviceProfile) -> dict[str, dict[str, float]]:
+    """Per rate :func:`step_time` used: the steps (``steps``), their FLOPs, roofline seconds
+    and how many of them the memory bandwidth bounds (``bandwidth_bound``), and the rate."""
+    out: dict[str, dict[str, float]] = {}
+    for i, st in enumerate(program.steps):
+        name, rate = step_rate(st, profile)
+        row = out.setdefault(name, {"rate_flops_per_s": rate, "steps": 0, "flops": 0,
+                                    "seconds": 0.0, "bandwidth_bound": 0})
+        seconds = step_time(program, i, profile)
+        row["steps"] += 1
+        row["flops"] += st.flops
+        row["seconds"] += seconds
+        row["bandwidth_bound"] += st.flops / rate < seconds - profile.launch_s
+    return out
 
 
 def step_costs(program: Program, profile: DeviceProfile) -> list[float]:
