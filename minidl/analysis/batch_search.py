@@ -13,6 +13,7 @@ from typing import Any
 
 from ..memory.cost.targets import DeviceProfile
 from ..memory.ir.config import MemoryConfig
+from ..memory.ir.precision import Precision
 from ..memory.ir.units import format_size
 from ..memory.planners.auto import BudgetTooSmall
 from ..net.graph import Network
@@ -23,11 +24,12 @@ def max_batch_size(make_net: Callable[[], Network], input_shape: tuple[int, ...]
                    memory: str | MemoryConfig, budget: int, optimizer: str = "sgd",
                    limit: int = 1 << 16, progress: bool = False,
                    target: str | DeviceProfile | None = None, device_kind: str = "cpu",
-                   workers: int | None = None) -> dict[str, Any]:
+                   workers: int | None = None,
+                   precision: Precision | str = Precision.FP32) -> dict[str, Any]:
     """The largest batch whose dry run fits ``budget`` bytes (reserved peak). With ``auto`` in
     the spec (its ``budget=`` defaults to ``budget``), the planner may also split batches (up
-    to 64 micro-batches). ``target`` and ``device_kind`` are :func:`dry_run`'s. Returns
-    ``max_batch_size`` (0 if even batch 1 does not fit), the ``report`` of that batch's dry
+    to 64 micro-batches). ``target``, ``device_kind`` and ``precision`` are :func:`dry_run`'s.
+    Returns ``max_batch_size`` (0 if even batch 1 does not fit), the ``report`` of that batch's dry
     run, ``limit_reached`` (the answer is ``limit``, larger batches untried) and ``tried``
     (each batch dry-run with the spec, in order, and whether it fitted).
 
@@ -43,7 +45,7 @@ def max_batch_size(make_net: Callable[[], Network], input_shape: tuple[int, ...]
     if config.has("auto") and config.budget is None:
         config = MemoryConfig({**config.flags, "budget": str(int(budget))})
     search = _BatchSearch(make_net, input_shape, config, int(budget), optimizer, limit,
-                          progress, target, device_kind)
+                          progress, target, device_kind, Precision.of(precision))
     if not config.has("auto"):
         return search.bisect()
     if workers is None:
@@ -68,7 +70,7 @@ def _job_dry_run(b: int) -> dict[str, Any] | None:
     try:
         return dry_run(j["make_net"](), b, j["config"], j["optimizer"],
                        input_shape=j["input_shape"], target=j["target"],
-                       device_kind=j["device_kind"])
+                       device_kind=j["device_kind"], precision=j["precision"])
     except BudgetTooSmall:
         return None
 
@@ -78,9 +80,11 @@ class _BatchSearch:
     to its report when it fitted, else None."""
 
     def __init__(self, make_net, input_shape, config: MemoryConfig, budget: int, optimizer: str,
-                 limit: int, progress: bool, target, device_kind: str) -> None:
+                 limit: int, progress: bool, target, device_kind: str,
+                 precision: Precision = Precision.FP32) -> None:
         self.job = {"make_net": make_net, "input_shape": tuple(input_shape), "config": config,
-                    "optimizer": optimizer, "target": target, "device_kind": device_kind}
+                    "optimizer": optimizer, "target": target, "device_kind": device_kind,
+                    "precision": precision}
         self.budget, self.limit, self.progress = budget, limit, progress
         self.known: dict[int, dict[str, Any] | None] = {}
         self.order: list[int] = []
@@ -268,7 +272,8 @@ class _BatchSearch:
                     out.append(dry_run(self.job["make_net"](), b, spec, self.job["optimizer"],
                                        input_shape=self.job["input_shape"],
                                        target=self.job["target"],
-                                       device_kind=self.job["device_kind"]
+                                       device_kind=self.job["device_kind"],
+                                       precision=self.job["precision"]
                                        )["peak_reserved_bytes"])
                 except (BudgetTooSmall, ValueError):
                     continue

@@ -15,6 +15,7 @@ from ..memory.devices.device import MetaDevice
 from ..memory.ir.config import MemoryConfig
 from ..memory.ir.names import DeviceKind
 from ..memory.ir.plan import AutoChoice, CurvePoint
+from ..memory.ir.precision import Precision
 from ..memory.ir.units import ALLOCATION_UNIT
 from ..memory.passes.zero import ZeroBytes, zero_bytes
 from ..memory.runtime.pool import Pool
@@ -23,6 +24,7 @@ from ..net.labels import default_label_shape
 from ..net.optim import make_optimizer
 from . import report
 from .memory_record import plan_snapshot
+from .precision_report import precision_report
 from .rank_view import rank_breakdown, rank_live_tensors, zero_report, zero_what
 
 
@@ -46,6 +48,7 @@ def dry_run(
     emulated: bool = False,
     ranks: int = 1,
     snapshot: str | os.PathLike | None = None,
+    precision: Precision | str = Precision.FP32,
 ) -> dict[str, Any]:
     """Run one training iteration of ``net`` on the meta device and report its memory.
 
@@ -80,6 +83,9 @@ def dry_run(
     ``.pickle`` /
     ``.pkl`` path (https://pytorch.org/memory_viz), minidl's JSON (``minidl show-memory``)
     otherwise; the same events and addresses a real run of the spec records.
+    ``precision`` (:mod:`~minidl.memory.ir.precision`): the iteration in ``bf16-mixed`` /
+    ``fp16-mixed`` (tensors in the op policy's dtypes) or ``tf32``; other than ``fp32``, the
+    report adds ``precision`` and its figures by dtype (:func:`precision_report`).
     """
     config, profile, device_kind = _planned_for(memory, target, emulated, device_kind)
     shape = tuple(input_shape) if input_shape is not None else net.input_shapes[0]
@@ -91,7 +97,7 @@ def dry_run(
     loss = loss if loss is not None else SoftmaxCrossEntropy()
     opt = make_optimizer(optimizer, net.parameters()) if training else None
     engine = Engine(net, pool, config, loss if training else None, opt, bind=False,
-                    scratch_bytes=scratch_bytes, target=profile)
+                    scratch_bytes=scratch_bytes, target=profile, precision=precision)
     c, split, micro = _compile_iteration(engine, net, batch_size, shape, label_shape, training)
     c.executor.run([None, None], training=training, record=True)
     info = engine.peak_info(c)
@@ -129,6 +135,7 @@ def dry_run(
         **{k: v for k, v in report.strategy_costs(c).items() if k == "bptt"},
         **({} if zero is None else {"ranks": ranks, "global_batch_size": global_batch,
                                     "zero": zero_report(zero)}),
+        **precision_report(c, info, engine.precision, profile),
     }
 
 

@@ -23,6 +23,7 @@ from ..memory.cost.targets import DeviceProfile
 from ..memory.devices.traits import device_traits
 from ..memory.ir.config import MemoryConfig
 from ..memory.ir.plan import Plan
+from ..memory.ir.precision import Precision
 from ..memory.ir.program import aligned
 from ..memory.options import workspace_options
 from ..memory.runtime.host_pool import HostPool
@@ -67,6 +68,7 @@ class Engine:
         host_memory: int | None = None,
         scratch_bytes: int | None = None,
         target: DeviceProfile | None = None,
+        precision: Precision | str = Precision.FP32,
     ) -> None:
         # BLAS single-threaded from the first product on (else the first step's products ran
         # on OpenBLAS's threads, cut by thread count, and the bits depended on it)
@@ -84,6 +86,8 @@ class Engine:
         #: The device the plans are made for (its cost model's step times and host link drive
         #: swap=auto and auto), or ``None``: this device's measured times.
         self.target = target
+        #: What the programs are lowered in (:mod:`~minidl.memory.ir.precision`)
+        self.precision = Precision.of(precision)
         self.persistent_blocks: list[Any] = []
         #: The block reserved for the device library's own temporaries (CuPy's), sized from
         #: the first step's measured peak, or from ``scratch_bytes`` (a dry run for a GPU
@@ -266,7 +270,8 @@ class Engine:
                              opt_state=self.opt_state_specs, accumulate_grads=accumulate,
                              alignment=self.pool.alignment, options=options,
                              device_kind=self.device_kind,
-                             sharding=sharding_of(self.shards) if training else None)
+                             sharding=sharding_of(self.shards) if training else None,
+                             precision=self.precision)
 
             lowered, plan = search_options(self, lowered_with(None), lowered_with, config, net)
             c = self._compile(lowered, plan)

@@ -16,10 +16,12 @@ import numpy as np
 from ..layers.base import Layer
 from ..memory.ir.capabilities import OpCaps, op_caps
 from ..memory.ir.payloads import OpFacts
+from ..memory.ir.precision import FLOAT32_STATISTICS_OPS, Precision, is_float
 from ..memory.ir.program import GradInput, Program, Step, TensorSpec
 from ..memory.ir.units import ALLOCATION_UNIT
 from ..net.graph import Network
 from ..net.parameter import Parameter
+from .lowering_precision import PrecisionLowering
 
 #: ``(name, shape, dtype)`` of a persistent tensor the caller declares.
 TensorDecl = tuple[str, tuple[int, ...], str]
@@ -53,7 +55,7 @@ class Lowered:
 
 
 def _float(dt: np.dtype) -> bool:
-    return np.issubdtype(dt, np.floating)
+    return is_float(dt)
 
 
 class _Builder:
@@ -84,6 +86,7 @@ def lower(
     sharding: Sharding | None = None,
     grad_shards: list[TensorDecl] | None = None,
     param_shards: list[TensorDecl] | None = None,
+    precision: Precision | str = Precision.FP32,
 ) -> Lowered:
     """Lower ``net`` for ``batch_shapes``. With ``loss`` (taking the network's first output and
     the labels), a training program: forward, loss, then backward in reverse layer order.
@@ -96,7 +99,13 @@ def lower(
     option (their workspaces differ per kind), so a dry run on the meta device plans for it.
 
     ``sharding`` (:class:`Sharding`): the persistent state this rank keeps as shards
-    (``grad_shards`` / ``param_shards``: the same given as lists, as before ``Sharding``)."""
+    (``grad_shards`` / ``param_shards``: the same given as lists, as before ``Sharding``).
+
+    ``precision`` (:class:`~minidl.memory.ir.precision.Precision`): under ``bf16-mixed`` /
+    ``fp16-mixed`` every value, gradient, stash and workspace takes the dtype of
+    :mod:`~minidl.memory.ir.precision`'s op policy (with the cast copies and half weights an
+    op keeps for its backward); the parameters, their gradients and the optimizer state stay
+    as declared. Matrix ops' steps carry the dtype of their products (``matmul_dtype``)."""
     if sharding is None and (grad_shards is not None or param_shards is not None):
         sharding = Sharding(tuple(grad_shards or ()),
                             None if param_shards is None else tuple(param_shards))
@@ -105,17 +114,19 @@ def lower(
         if "device_kind" in getattr(node.layer, "option_names", ()):
             options[i] = {**options.get(i, {}), "device_kind": device_kind}
     lo = _Lowering(net, batch_shapes, loss, label_shape, label_dtype, training, options)
+    lo.precision = Precision.of(precision)
     lo.gather = sharding is not None and sharding.parameter_shards is not None and training \
         and loss is not None
     lo.persistent(opt_state or [], sharding)
     lo.graph()
+    lo.apply_precision()
     lo.forward_steps()
     if loss is not None and training:
         lo.backward_steps(accumulate_grads)
     return lo.lowered(alignment)
 
 
-class _Lowering:
+class _Lowering(PrecisionLowering):
     """The state of one lowering, built in the order of the tensor ids: persistent state,
     inputs, forward steps (with their outputs, stashes, workspaces), backward steps."""
 
@@ -136,6 +147,11 @@ class _Lowering:
         #: Parameter shards: trainable parameters are gathered per step into tensors of their own
         self.gather = False
         self.gathered: dict[int, Any] = {}  # such a tensor -> its Parameter
+        self.precision = Precision.FP32
+        #: Under mixed precision, per node the dtype it computes in (else None)
+        self.compute_dt: list[np.dtype | None] = []
+        #: Per node, the inputs its backward reads from a cast copy in its stash
+        self.cast_kept: list[frozenset[int]] = []
 
     # ---------------------------------------------------------------- tensors
     def persistent(self, opt_state: list[TensorDecl], sharding: Sharding | None = None) -> None:
@@ -210,6 +226,10 @@ class _Lowering:
         return {"options": self.options.get(i, {})} if self.layers[i].option_names else {}
 
     def _float_dtype(self, i: int) -> np.dtype:
+        cdt = self.compute_dt[i] if self.compute_dt else None
+        if cdt is not None:  # mixed precision: its compute dtype, statistics in float32
+            return np.dtype("float32") if self.layers[i].kind in FLOAT32_STATISTICS_OPS \
+                else cdt
         return next((self.dtypes[v] for v in self.node_in[i] if _float(self.dtypes[v])),
                     self.dtype0)
 
@@ -259,8 +279,11 @@ class _Lowering:
                 for sname, (sshape, sdt) in layer.stash_specs(in_shapes, fdt,
                                                               **self._opts(i)).items()
             }
+            casts, cast_bytes = self._cast_stash(i, name)
+            st.update(casts)
             self.stash_t.append(st)
-            ws_bytes = layer.forward_workspace_bytes(in_shapes, fdt, **self._opts(i))
+            ws_bytes = layer.forward_workspace_bytes(in_shapes, fdt, **self._opts(i)) \
+                + cast_bytes
             ws = b.add(f"{name}.fwd_ws", (ws_bytes,), "uint8", "workspace", "workspace",
                        name) if ws_bytes > 0 else -1
             params = self._step_params(i, "forward")
@@ -268,7 +291,7 @@ class _Lowering:
                 else ()
             self._push(i, phase="forward", workspace=ws,
                        flops=int(layer.flops(in_shapes)), shares=shares, stash=st,
-                       params=params)
+                       params=params, **self._matmul(i))
 
     def _gradient_flags(self) -> list[bool]:
         """Per value: does it carry a gradient (float, downstream of a trainable parameter,
@@ -350,6 +373,8 @@ class _Lowering:
             params_written.add(p.name)
         params = self._step_params(i, "backward")
         ws_bytes = layer.backward_workspace_bytes(in_shapes, fdt, **self._opts(i))
+        if self.compute_dt:
+            ws_bytes += self._backward_casts(i, wants_in, trainable)
         ws = b.add(f"{name}.bwd_ws", (ws_bytes,), "uint8", "workspace", "workspace", name) \
             if ws_bytes > 0 else -1
         # forward work a BPTT schedule runs again inside the backward
@@ -358,12 +383,14 @@ class _Lowering:
         if layer.inplace_backward and g_in and g_in[0] is not None and g_in[0].add_into < 0:
             shares = ((g_in[0].written, g_out[0]),)
         self._push(i, phase="backward", workspace=ws,
-                   retained_inputs=tuple(layer.retain_inputs),
+                   retained_inputs=tuple(j for j in layer.retain_inputs
+                                         if not self.cast_kept or j not in self.cast_kept[i]),
                    retained_outputs=tuple(layer.retain_outputs),
                    flops=2 * int(layer.flops(in_shapes)) + redo, recompute_flops=redo,
                    shares=shares, stash=self.stash_t[i], grad_outputs=tuple(g_out),
                    grad_inputs=tuple(g_in), grad_params=gp,
-                   param_partials=gpart, accumulate=frozenset(adds), params=params)
+                   param_partials=gpart, accumulate=frozenset(adds), params=params,
+                   **self._matmul(i))
 
     def lowered(self, alignment: int) -> Lowered:
         training = self.training and self.loss is not None

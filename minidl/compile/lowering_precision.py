@@ -1,0 +1,99 @@
+"""Lowering under a precision (:mod:`~minidl.memory.ir.precision`): each value's dtype as its
+producer writes it, the cast copies and half weights ops keep for their backward, and the
+dtype of matrix ops' products on their steps. A part of :class:`~.lowering._Lowering`."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..memory.ir.precision import FLOAT32_OPS, MATRIX_OPS, Precision, is_float, op_dtype
+
+__all__ = ["PrecisionLowering"]
+
+
+class PrecisionLowering:
+    """The precision's share of a lowering's state and steps (its other attributes are the
+    lowering's: layers, node lists, shapes and dtypes per value, the tensor builder)."""
+
+    precision: Precision = Precision.FP32
+    #: Under mixed precision, per node the dtype it computes in (else None)
+    compute_dt: list[np.dtype | None]
+    #: Per node, the inputs its backward reads from a cast copy in its stash
+    cast_kept: list[frozenset[int]]
+
+    def apply_precision(self) -> None:
+        """Under mixed precision, every float value retyped as its producer writes it (the
+        op policy of :mod:`~minidl.memory.ir.precision`), node by node in order."""
+        self.compute_dt = [None] * len(self.layers)
+        self.cast_kept = [frozenset()] * len(self.layers)
+        if self.precision.half_dtype is None:
+            return
+        for i, layer in enumerate(self.layers):
+            ins = [self.dtypes[v].name for v in self.node_in[i] if is_float(self.dtypes[v])]
+            cdt = self.compute_dt[i] = np.dtype(op_dtype(layer.kind, ins, self.precision))
+            for v in self.node_out[i]:
+                if is_float(self.dtypes[v]):
+                    self.dtypes[v] = cdt
+
+    def _casts(self, i: int) -> list[int]:
+        """Positions of node i's float inputs in another dtype than it computes in, which it
+        reads through a cast copy: none for the float32 ops (minidl's losses and
+        normalisations read half inputs chunk by chunk into float32, as fused kernels do)."""
+        cdt = self.compute_dt[i]
+        if cdt is None or self.layers[i].kind in FLOAT32_OPS:
+            return []
+        return [j for j, v in enumerate(self.node_in[i])
+                if is_float(self.dtypes[v]) and self.dtypes[v] != cdt]
+
+    def _half_params(self, i: int) -> dict:
+        """Node i's parameters an op computing in half uses a half copy of (autocast's
+        weight cast: made at its forward, kept for its backward)."""
+        cdt = self.compute_dt[i]
+        if cdt is None or cdt.itemsize != 2:
+            return {}
+        return {k: p for k, p in self.node_params[i].items()
+                if is_float(np.dtype(p.dtype)) and np.dtype(p.dtype) != cdt}
+
+    def _cast_stash(self, i: int, name: str) -> tuple[dict[str, int], int]:
+        """Under mixed precision, node i's cast copies: those its backward reads (the inputs
+        it retains, its half weights) as stash entries, the others' bytes (live for the
+        forward only) to add to its workspace."""
+        cdt = self.compute_dt[i]
+        if cdt is None:
+            return {}, 0
+        backward = self.training and self.loss is not None
+        stash, transient, kept = {}, 0, set()
+        for j in self._casts(i):
+            shape = self.shapes[self.node_in[i][j]]
+            if backward and j in self.layers[i].retain_inputs:
+                stash[f"input{j}@{cdt.name}"] = self.b.add(
+                    f"{name}.input{j}@{cdt.name}", shape, cdt, "stash", "stash", name)
+                kept.add(j)
+            else:
+                transient += int(np.prod(shape)) * cdt.itemsize
+        for k, p in self._half_params(i).items():
+            if backward:
+                stash[f"{k}@{cdt.name}"] = self.b.add(f"{p.name}@{cdt.name}", p.shape, cdt,
+                                                      "stash", "stash", name)
+            else:
+                transient += int(np.prod(p.shape)) * cdt.itemsize
+        self.cast_kept[i] = frozenset(kept)
+        return stash, transient
+
+    def _backward_casts(self, i: int, wants_in: list[bool], trainable: dict) -> int:
+        """Bytes of node i's backward gradients in its compute dtype before their cast to
+        the dtype they are kept in (the inputs' and the half weights'): its workspace."""
+        cdt = self.compute_dt[i]
+        if cdt is None:
+            return 0
+        half = self._half_params(i)
+        return cdt.itemsize * (
+            sum(int(np.prod(self.shapes[self.node_in[i][j]])) for j in self._casts(i)
+                if wants_in[j])
+            + sum(int(np.prod(p.shape)) for k, p in trainable.items() if k in half))
+
+    def _matmul(self, i: int) -> dict[str, str]:
+        """The ``matmul_dtype`` field of node i's steps: its matrix products' dtype."""
+        if self.precision is Precision.FP32 or self.layers[i].kind not in MATRIX_OPS:
+            return {}
+        return {"matmul_dtype": self.precision.matmul_dtype}
