@@ -25,6 +25,7 @@ from .help_text import (
     per_dataset,
 )
 from .plan import cmd_plan
+from .precision_option import add_precision_argument, precision_checked
 from .show_memory import cmd_show_memory
 from .train import LOADERS, cmd_train
 
@@ -76,7 +77,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     _train_device_arguments(t)
     _train_checkpoint_arguments(t)
     _train_report_arguments(t)
-    t.set_defaults(func=cmd_train)
+    add_precision_argument(t, planned=False)
+    t.set_defaults(func=precision_checked(cmd_train))
 
 
 def _train_data_arguments(t: argparse.ArgumentParser) -> None:
@@ -220,6 +222,7 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
                          "the budget defaults to its memory (default: this CPU's costs)")
     pl.add_argument("--optimizer", default="sgd", choices=["sgd", "adam", "adamw"],
                     help="the optimizer whose state the plan holds")
+    add_precision_argument(pl, planned=True)
     pl.add_argument("--ranks", default="1", metavar="N[,N...]",
                     help="plan one rank of data-parallel training over N ranks (the batch is "
                          "global; with --memory ...,zero=K: ZeRO's sharded bytes per rank); "

@@ -11,6 +11,7 @@ from ..analysis.estimate import estimate_table, format_estimate_table
 from ..analysis.report import format_layer_table
 from ..interop.memory_viz import is_pickle_path, open_hint
 from ..memory.cost.targets import get_target
+from ..memory.ir.precision import Precision
 from ..memory.ir.units import format_duration, parse_size
 from ..memory.planners.auto import BelowFloor, BudgetTooSmall
 from ..net.deferred_init import deferred_parameters
@@ -26,6 +27,7 @@ from .common import (
     with_budget,
 )
 from .compress import cmd_plan_inference
+from .precision_option import precision_of
 
 
 def _target(args: argparse.Namespace):
@@ -50,6 +52,18 @@ def print_prediction(pred: dict, out=sys.stdout) -> None:
           file=out)
     print(f"  host link per step:    {format_bytes(pred['offloaded_bytes'])} to host, "
           f"{format_bytes(pred['prefetched_bytes'])} back", file=out)
+
+
+def print_precision(rep: dict, out=sys.stdout) -> None:
+    """The lines of ``minidl plan --precision`` other than fp32: bytes at the peak by dtype
+    and, on a target, the rates the steps were priced at."""
+    by_dtype = ", ".join(f"{dt} {format_bytes(n)}" for dt, n in
+                         rep["peak_bytes_by_dtype"].items())
+    print(f"precision {rep['precision']}: at the peak {by_dtype}", file=out)
+    for name, r in rep.get("rates", {}).items():
+        print(f"  {name:<20} {r['rate_flops_per_s'] / 1e12:7.1f} TFLOP/s: {r['steps']} steps, "
+              f"{r['flops'] / 1e9:.1f} GFLOP, {format_duration(r['seconds'])} "
+              f"({r['bandwidth_bound']} bound by memory bandwidth)", file=out)
 
 
 def print_ranks(rep: dict, out=sys.stdout) -> None:
@@ -202,6 +216,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    args.precision = precision_of(args)
+    if args.precision is not Precision.FP32 and (args.inference or args.compressed is not None):
+        raise UsageError(f"--precision {args.precision}: inference plans are fp32 only for now")
     if args.inference or args.compressed is not None:
         if getattr(args, "frontier", False):
             _check_frontier(args, None)
@@ -256,7 +273,7 @@ def _max_batch_output(args: argparse.Namespace, name: str, shape: tuple[int, ...
     found = max_batch_size(lambda: build_model(args.model, shape, classes, args.width),
                            shape, spec, parse_size(args.budget), args.optimizer,
                            progress=not args.json, target=profile,
-                           device_kind=args.device)
+                           device_kind=args.device, precision=args.precision)
     out = {"model": name, "memory": spec.spec, "budget_bytes": parse_size(args.budget),
            "max_batch_size": found["max_batch_size"],
            "limit_reached": found.get("limit_reached", False),
@@ -280,7 +297,8 @@ def _dry_run(args: argparse.Namespace, net, shape: tuple[int, ...], classes: int
         rep = dry_run(net, args.batch_size, spec, args.optimizer, input_shape=shape,
                       plot=None if args.frontier else args.plot, trace=args.trace,
                       snapshot=getattr(args, "snapshot", None), budget=budget,
-                      device_kind=args.device, target=profile, ranks=args.ranks)
+                      device_kind=args.device, target=profile, ranks=args.ranks,
+                      precision=args.precision)
     except BudgetTooSmall as e:
         print(f"minidl: {e}", file=sys.stderr)
         # (under the floor of every plan of this very program no spec fits: none to try)
@@ -309,6 +327,8 @@ def _print_plan(args: argparse.Namespace, name: str, classes: int, rep: dict,
         print_ranks(rep)
     if rep.get("prediction"):
         print_prediction(rep["prediction"])
+    if rep.get("precision"):
+        print_precision(rep, out=sys.stdout)
     if budget is not None:
         print(f"  budget {format_bytes(budget)}: the plan "
               + ("fits" if rep["fits_budget"] else "does NOT fit")
@@ -354,7 +374,8 @@ def _table_output(args: argparse.Namespace, name: str, shape: tuple[int, ...], c
     say = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
     rows = estimate_table(lambda: build_model(args.model, shape, classes, args.width), shape,
                           args.batch_size, spec, ranks, args.optimizer, budget=budget,
-                          progress=say, device_kind=args.device, target=profile)
+                          progress=say, device_kind=args.device, target=profile,
+                          precision=args.precision)
     if args.json:
         print(json.dumps({"model": name, "memory": spec.spec, "batch_size": args.batch_size,
                           "budget_bytes": budget, "rows": [r.as_dict() for r in rows]}))

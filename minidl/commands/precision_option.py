@@ -1,0 +1,56 @@
+"""``--precision``: the option of ``minidl plan`` (every precision) and ``minidl train`` (what
+training runs in now: fp32), read as a :class:`~minidl.memory.ir.precision.Precision` with
+one-line usage errors naming the valid values."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from ..memory.ir.precision import Precision
+from .common import UsageError
+
+__all__ = ["TRAINABLE", "add_precision_argument", "precision_checked", "precision_of"]
+
+#: The precisions a real run computes in today (half-precision kernels are not built yet).
+TRAINABLE = (Precision.FP32,)
+
+
+def add_precision_argument(parser: argparse.ArgumentParser, planned: bool) -> None:
+    """Add ``--precision`` to ``parser``: every precision for a plan (``planned``), else
+    those a run computes in."""
+    valid = [p.value for p in (Precision if planned else TRAINABLE)]
+    what = ("plan the iteration in this precision: tensors in its dtypes (mixed: autocast's "
+            "op lists, float32 master weights), matrix steps at its tensor-core rate on "
+            "--target" if planned else "what the run computes in")
+    parser.add_argument("--precision", default="fp32", metavar="|".join(valid),
+                        help=f"{what} (default: fp32)")
+
+
+def precision_of(args: argparse.Namespace, planned: bool = True) -> Precision:
+    """``--precision`` as a :class:`Precision`; a one-line :class:`UsageError` for an unknown
+    name, or (``planned=False``) for one a run cannot compute in yet."""
+    text = getattr(args, "precision", "fp32")
+    try:
+        precision = Precision.of(str(text).strip().lower())
+    except ValueError as e:
+        raise UsageError(f"--precision: {e}") from None
+    if not planned and precision not in TRAINABLE:
+        valid = ", ".join(p.value for p in TRAINABLE)
+        raise UsageError(f"--precision {precision}: a run computes in {valid} only for now "
+                         "(half-precision kernels are not built yet); minidl plan --precision "
+                         f"{precision} plans it")
+    return precision
+
+
+def precision_checked(command: Callable[[argparse.Namespace], int]
+                      ) -> Callable[[argparse.Namespace], int]:
+    """``command`` (a run's: ``minidl train``) after :func:`precision_of` checked that it
+    can compute in ``--precision``."""
+
+    def run(args: argparse.Namespace) -> int:
+        precision_of(args, planned=False)
+        return command(args)
+
+    run.__doc__, run.__name__ = command.__doc__, command.__name__
+    return run
