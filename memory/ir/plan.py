@@ -186,6 +186,24 @@ class StepPlan:
             object.__setattr__(self, "after", tuple(self.after))
 
 
+class ChoiceKind(Name):
+    """A per-op option chosen before planning (the names of
+    :data:`~.capabilities.OPTIONS`)."""
+
+    BPTT = "bptt"  # fused RNNs' BPTT schedule
+    ATTENTION = "attn"  # attention's memory form
+    CONV_WORKSPACE = "conv_ws"  # convolutions' workspace caps
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A per-op option chosen before planning and the note saying it (also in the plan's
+    ``notes``): it stays with any later plan of the same program."""
+
+    kind: ChoiceKind
+    note: str
+
+
 @dataclass(frozen=True)
 class Plan:
     """What to do with memory around every step of a program.
@@ -215,6 +233,8 @@ class Plan:
     densities_measured: bool = True
     #: The auto planner's decisions, if any.
     auto: AutoChoice | None = None
+    #: The per-op options chosen before planning (:meth:`with_choice`).
+    choices: tuple[Choice, ...] = ()
 
     def __post_init__(self) -> None:
         # normalise containers to immutable ones (callers may build with lists)
@@ -223,11 +243,18 @@ class Plan:
         object.__setattr__(self, "end", tuple(self.end))
         object.__setattr__(self, "notes", tuple(self.notes))
         object.__setattr__(self, "swapped", tuple(self.swapped))
+        object.__setattr__(self, "choices", tuple(self.choices))
         object.__setattr__(self, "aliases", dict(self.aliases or {}))
 
     def with_notes(self, *notes: str, first: bool = False) -> Plan:
         """This plan with ``notes`` added (at the front with ``first``)."""
         return replace(self, notes=(*notes, *self.notes) if first else (*self.notes, *notes))
+
+    def with_choice(self, kind: ChoiceKind, note: str) -> Plan:
+        """This plan with a per-op option chosen before planning, said by ``note`` (added to
+        the notes too)."""
+        return replace(self, notes=(*self.notes, note),
+                       choices=(*self.choices, Choice(ChoiceKind.of(kind), note)))
 
     def actions(self) -> Iterator[tuple[int, Action]]:
         """Every action in execution order (:func:`.walk.walk`), as (position, action);

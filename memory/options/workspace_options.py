@@ -67,14 +67,14 @@ from dataclasses import replace
 from typing import Any
 
 from ..ir.config import MemoryConfig
-from ..ir.plan import Plan
+from ..ir.plan import ChoiceKind, Plan
 from ..ir.program import Program
 from ..ir.units import ALLOCATION_UNIT
 from ..passes.base_plan import plan_peak
 from ..planners.auto import BudgetTooSmall
 from .workspace_caps import (
     AT_PEAK,
-    NOTE_PREFIX,  # noqa: F401  (minidl/compile reads it through this module)
+    NOTE_PREFIX,  # noqa: F401  (tests read the notes' start through this module)
     Key,
     capped_rows,
     describe,
@@ -267,8 +267,9 @@ def plan_fitting(program: Program, options: dict[int, dict[str, Any]], config: M
     else:
         if start is None or not capped_rows(plan.program, fast):
             return low, plan
-        return low, plan.with_notes(f"{describe(plan.program, fast, AT_PEAK)}; the level: "
-                                    f"{why}")
+        return low, plan.with_choice(ChoiceKind.CONV_WORKSPACE,
+                                     f"{describe(plan.program, fast, AT_PEAK)}; the level: "
+                                     f"{why}")
     low, plan, level = _lean_plan(program, options, config, plan_with, uncapped)
     low, plan = _with_headroom(program, options, config, plan_with, (low, plan), level)
-    return low, plan.with_notes(describe(plan.program, fast))
+    return low, plan.with_choice(ChoiceKind.CONV_WORKSPACE, describe(plan.program, fast))

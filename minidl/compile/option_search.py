@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from ..memory.cost.cost_model import step_costs, step_time
 from ..memory.cost.targets import DeviceProfile
 from ..memory.ir.config import MemoryConfig, SwapPolicy
-from ..memory.ir.plan import Plan
+from ..memory.ir.plan import ChoiceKind, Plan
 from ..memory.options import attention_options, bptt_options, workspace_options
 from ..memory.passes.base_plan import plan_peak
 from ..memory.planners.auto import BelowFloor, BudgetTooSmall
@@ -73,11 +73,11 @@ def search_options(engine: PlanningEngine, first: Lowered, lowered_with: LowerWi
             lowered, plan = greedy
         break
     if len(policies) > 1:
-        plan = plan.with_notes(
-            f"recurrent layers' BPTT schedule {policy or 'keep all'} chosen to fit "
-            f"the budget ({len(policies)} candidates, most states first)")
+        plan = plan.with_choice(
+            ChoiceKind.BPTT, f"recurrent layers' BPTT schedule {policy or 'keep all'} chosen "
+            f"to fit the budget ({len(policies)} candidates, most states first)")
     if len(forms) > 1:
-        plan = plan.with_notes(attention_options.describe(
+        plan = plan.with_choice(ChoiceKind.ATTENTION, attention_options.describe(
             lowered.program, form, forms.index(form) + 1))
     return lowered, plan
 
@@ -109,9 +109,9 @@ def greedy_fitting(engine: PlanningEngine, lowered: Lowered, options: dict,
 
 def choice_notes(plan: Plan) -> list[str]:
     """The notes of ``plan`` saying choices made before planning (BPTT schedule, workspace
-    caps, attention form): they stay with any later plan of the same program."""
-    return [n for n in plan.notes if n.startswith(
-        ("recurrent layers", workspace_options.NOTE_PREFIX, attention_options.NOTE_PREFIX))]
+    caps, attention form: :attr:`Plan.choices <minidl.memory.ir.plan.Plan.choices>`): they
+    stay with any later plan of the same program."""
+    return [c.note for c in plan.choices]
 
 
 def plan_fitting(engine: PlanningEngine, lowered: Lowered, options: dict,

@@ -16,6 +16,7 @@ from minidl import layers as L
 from minidl.compile.engine import Engine
 from minidl.layers import SoftmaxCrossEntropy
 from minidl.memory.devices.device import MetaDevice
+from minidl.memory.ir.plan import ChoiceKind
 from minidl.memory.options import workspace_caps as WC
 from minidl.memory.options import workspace_options as W
 from minidl.memory.planners.auto import BudgetTooSmall
@@ -92,6 +93,8 @@ def test_caps_lower_the_smallest_budget_and_only_come_under_pressure():
     assert caps and set(caps) <= {st.layer for st in c.plan.program.steps if st.kind == "conv"}
     note = [n for n in c.plan.notes if n.startswith(W.NOTE_PREFIX)]
     assert len(note) == 1 and any(f"{name} " in note[0] for name in caps)
+    # the choice is typed on the plan, not recovered from the note's start
+    assert [(ch.kind, ch.note) for ch in c.plan.choices] == [(ChoiceKind.CONV_WORKSPACE, note[0])]
     with pytest.raises(BudgetTooSmall, match="least workspace"):
         _engine_plan(f"auto,budget={after - 4096}")
 
