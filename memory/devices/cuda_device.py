@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from ..ir.names import DeviceKind
 from ..ir.units import format_size, parse_size
 from .cuda_interop import (
     CUDA_INSTALL_HINT,
@@ -101,7 +102,7 @@ class CudaDevice:
     """
 
     name = "cuda"
-    kind = "cuda"
+    kind = DeviceKind.CUDA
     has_storage = True
     asynchronous = True
 

@@ -22,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from ..ir.names import DeviceKind
 from ..ir.units import ALLOCATION_UNIT, format_size, parse_size
 from .copy_engine import CopyEngine, CopyEvent, ImmediateCopyEngine, _check_rate
 
@@ -41,8 +42,9 @@ __all__ = [
 _NAN32 = 0x7FC00000  # float32 quiet NaN bit pattern
 
 
-#: Kinds of device a program is lowered for (workspaces and kernels differ per kind).
-DEVICE_KINDS = ("cpu", "cuda")
+#: Kinds of device a program is lowered for (workspaces and kernels differ per kind), as
+#: plain strings (:class:`~minidl.memory.ir.names.DeviceKind`'s values).
+DEVICE_KINDS = tuple(k.value for k in DeviceKind)
 
 
 def as_shape(shape: int | tuple[int, ...] | list[int]) -> tuple[int, ...]:
@@ -74,7 +76,7 @@ class Device(Protocol):
     through :func:`~.traits.device_traits`)."""
 
     name: str
-    kind: str  # one of DEVICE_KINDS
+    kind: DeviceKind
     capacity: int
     has_storage: bool
     asynchronous: bool
@@ -124,7 +126,7 @@ class CpuDevice:
     """
 
     name = "cpu"
-    kind = "cpu"
+    kind = DeviceKind.CPU
     asynchronous = False
     has_storage = True
     xp = np
@@ -264,12 +266,13 @@ class MetaDevice:
     xp = np
     UNLIMITED = 1 << 62
 
-    def __init__(self, capacity: int | str | None = None, kind: str = "cpu") -> None:
+    def __init__(self, capacity: int | str | None = None,
+                 kind: DeviceKind | str = DeviceKind.CPU) -> None:
         if kind not in DEVICE_KINDS:
             raise ValueError(f"unknown device kind {kind!r}; valid kinds: "
                              f"{', '.join(DEVICE_KINDS)}")
         #: The kind of device this dry run stands for (its layers' workspaces follow it).
-        self.kind = kind
+        self.kind = DeviceKind(kind)
         self.capacity = self.UNLIMITED if capacity is None else parse_size(capacity)
         self._copy_engine: ImmediateCopyEngine | None = None
 

@@ -14,14 +14,16 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
+from ..ir.names import DeviceKind
+
 
 @dataclass(frozen=True)
 class DeviceTraits:
     """One device's traits, defaults filled in."""
 
     name: str
-    #: What programs are lowered for (``"cpu"`` or ``"cuda"``): workspaces and kernels differ.
-    kind: str = "cpu"
+    #: What programs are lowered for: workspaces and kernels differ.
+    kind: DeviceKind = DeviceKind.CPU
     #: False for a device that only counts bytes (the meta device of dry runs).
     has_storage: bool = True
     #: True where compute returns before it finishes (a GPU stream): steps are timed by the
@@ -48,6 +50,7 @@ def device_traits(device: Any) -> DeviceTraits:
     values = {f: getattr(device, f, getattr(defaults, f)) for f in
               ("name", "kind", "has_storage", "asynchronous", "activate", "route_allocations",
                "step_timer", "copy_from_host", "fetch_async")}
+    values["kind"] = DeviceKind.of(values["kind"])
     values["has_storage"] = bool(values["has_storage"])
     values["asynchronous"] = bool(values["asynchronous"])
     return DeviceTraits(**values)

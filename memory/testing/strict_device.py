@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from ..devices.device import as_shape, check_view
+from ..ir.names import DeviceKind
 from ..ir.units import ALLOCATION_UNIT, format_size, parse_size
 from .stream_model import StreamModel
 from .strict_array import StrictArray, StrictNamespace
@@ -94,7 +95,7 @@ class StrictCudaDevice:
     """
 
     name = "cuda-strict"
-    kind = "cuda"
+    kind = DeviceKind.CUDA
     has_storage = True
     asynchronous = True
 
