@@ -9,9 +9,12 @@ alternate them, each round in a rotated order, ``--block`` steps per turn (its f
 reported: the median ms per step, the state moved per step in GB/s (Adam reads p, g, m, v and
 writes p, m, v: 28 bytes per float32 value), the ratios minidl/torch (<= 1.0: minidl no
 slower) and how far the values drifted apart (every contender ran the same steps). The load
-average is printed before and after: on a shared machine run it when quiet.
+average is printed before and after: on a shared machine run it when quiet. ``--optimizer
+adamw`` (weight decay 0.01) and ``sgd`` (momentum 0.9: ``sgd_update`` against
+``torch.optim.SGD``, 20 bytes per value) time the other updates the same way.
 
-    python benchmarks/host_adam.py [--params 100000000] [--rounds 5] [--block 4] [--adamw]
+    python benchmarks/host_adam.py [--params 100000000] [--rounds 5] [--block 4]
+                                   [--optimizer adam|adamw|sgd]
 """
 
 from __future__ import annotations
@@ -25,35 +28,39 @@ import numpy as np
 
 from minidl.tools.child_process import SWITCH_PAUSE_S, ChildProcess
 
-#: Bytes of state one Adam step moves per float32 value: p, g, m, v read; p, m, v written.
-BYTES_PER_VALUE = 7 * 4
+#: Bytes of state one step moves per float32 value: Adam reads p, g, m, v and writes p, m, v;
+#: SGD with momentum reads p, g, buf and writes p, buf.
+BYTES_PER_VALUE = {"adam": 7 * 4, "adamw": 7 * 4, "sgd": 5 * 4}
 CONTENDERS = ("minidl", "torch-fused", "torch-foreach")
-LR, BETAS, EPS = 1e-3, (0.9, 0.999), 1e-8
+LR, BETAS, EPS, WEIGHT_DECAY, MOMENTUM = 1e-3, (0.9, 0.999), 1e-8, 0.01, 0.9
 
 
 class AdamRunner:
-    """One contender's flat group of ``n`` float32 values and its Adam (``weight_decay``
-    with ``decoupled``: AdamW), timed step by step in its own process."""
+    """One contender's flat group of ``n`` float32 values and its ``optimizer`` (``adam``,
+    ``adamw`` or ``sgd``), timed step by step in its own process."""
 
-    def __init__(self, contender: str, n: int, weight_decay: float, decoupled: bool) -> None:
+    def __init__(self, contender: str, n: int, optimizer: str = "adam") -> None:
         rng = np.random.default_rng(0)
         p = rng.standard_normal(n, dtype=np.float32)
         g = rng.standard_normal(n, dtype=np.float32)
-        self.contender, self.step_count = contender, 0
-        self.weight_decay, self.decoupled = weight_decay, decoupled
+        self.contender, self.optimizer, self.step_count = contender, optimizer, 0
         if contender == "minidl":
-            from minidl.kernels.pointwise.optim import adam_update
-            self.update = adam_update
+            from minidl.kernels.pointwise.optim import adam_update, sgd_update
+            self.adam_update, self.sgd_update = adam_update, sgd_update
             self.p, self.g = p, g
-            self.m, self.v = np.zeros_like(p), np.zeros_like(p)
+            self.state = [np.zeros_like(p) for _ in range(1 if optimizer == "sgd" else 2)]
             return
         import torch
         self.param = torch.nn.Parameter(torch.from_numpy(p))
         self.param.grad = torch.from_numpy(g)
-        cls = torch.optim.AdamW if decoupled else torch.optim.Adam
         fused = contender == "torch-fused"
-        self.opt = cls([self.param], lr=LR, betas=BETAS, eps=EPS, weight_decay=weight_decay,
-                       fused=fused, foreach=None if fused else True)
+        kinds = dict(fused=fused, foreach=None if fused else True)
+        if optimizer == "sgd":
+            self.opt = torch.optim.SGD([self.param], lr=LR, momentum=MOMENTUM, **kinds)
+        else:
+            cls = torch.optim.AdamW if optimizer == "adamw" else torch.optim.Adam
+            self.opt = cls([self.param], lr=LR, betas=BETAS, eps=EPS,
+                           weight_decay=WEIGHT_DECAY if optimizer == "adamw" else 0.0, **kinds)
 
     def threads(self) -> int:
         if self.contender == "minidl":
@@ -63,12 +70,17 @@ class AdamRunner:
         return torch.get_num_threads()
 
     def step(self) -> None:
-        if self.contender == "minidl":
-            self.step_count += 1
-            self.update(self.p, self.g, self.m, self.v, LR, BETAS[0], BETAS[1], EPS,
-                        self.weight_decay, self.step_count, self.decoupled)
-        else:
+        if self.contender != "minidl":
             self.opt.step()
+            return
+        self.step_count += 1
+        if self.optimizer == "sgd":
+            self.sgd_update(self.p, self.g, self.state[0], LR, MOMENTUM,
+                            first_step=self.step_count == 1)
+        else:
+            adamw = self.optimizer == "adamw"
+            self.adam_update(self.p, self.g, *self.state, LR, BETAS[0], BETAS[1], EPS,
+                             WEIGHT_DECAY if adamw else 0.0, self.step_count, decoupled=adamw)
 
     def head(self, count: int) -> np.ndarray:
         """A copy of the first ``count`` parameter values."""
@@ -91,12 +103,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ap.add_argument("--params", type=int, default=100_000_000, help="float32 values")
     ap.add_argument("--rounds", type=int, default=5, help="alternated rounds")
     ap.add_argument("--block", type=int, default=4, help="timed steps per turn")
-    ap.add_argument("--adamw", action="store_true", help="AdamW, weight decay 0.01")
+    ap.add_argument("--optimizer", choices=tuple(BYTES_PER_VALUE), default="adam",
+                    help="adamw: weight decay 0.01; sgd: momentum 0.9")
     args = ap.parse_args(argv)
-    wd = 0.01 if args.adamw else 0.0
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
           f"({os.cpu_count()} cores)")
-    children = {c: ChildProcess(AdamRunner, c, args.params, wd, args.adamw, name=c)
+    children = {c: ChildProcess(AdamRunner, c, args.params, args.optimizer, name=c)
                 for c in CONTENDERS}
     times: dict[str, list[float]] = {c: [] for c in CONTENDERS}
     try:
@@ -112,8 +124,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     finally:
         for child in children.values():
             child.close()
-    name = "AdamW" if args.adamw else "Adam"
-    gb = args.params * BYTES_PER_VALUE / 1e9
+    name = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD (momentum)"}[args.optimizer]
+    gb = args.params * BYTES_PER_VALUE[args.optimizer] / 1e9
     print(f"{name} over {args.params:,} float32 values ({gb:.2f} GB of state moved per step), "
           f"{args.rounds} rounds x {args.block} steps, each in a process of its own")
     ms = {c: statistics.median(times[c]) * 1e3 for c in CONTENDERS}
