@@ -5,8 +5,7 @@ imported).
 A comparison counts when one side of ``==``, ``!=``, ``in`` or ``not in`` is a string literal,
 or a tuple / list / set of them, holding a member value of one of the vocabularies, or when a
 ``match`` case's pattern is such a literal. Parsing and printing code may read and write the
-plain strings (:data:`PARSING_AND_PRINTING`); files another change is converting are listed
-apart (:data:`CONVERTED_ELSEWHERE`) until it lands.
+plain strings (:data:`PARSING_AND_PRINTING`).
 
 Run as a script to print the count per file: ``python tests/test_vocabulary.py``.
 """
@@ -53,27 +52,6 @@ OTHER_MEANINGS = frozenset({
 })
 #: Attributes whose values are words of another vocabulary (``ParamSpec.init``'s ``"zeros"``).
 OTHER_VOCABULARY_ATTRIBUTES = frozenset({"init"})
-
-#: Files being converted by another change of issue 48 (the planners, training, the dry run,
-#: distribution, the cost model): their comparisons are allowed here until that
-#: change lands; then this set is emptied.
-CONVERTED_ELSEWHERE: frozenset[str] = frozenset({
-    "memory/cost/cost_model.py",
-    "memory/planners/auto.py",
-    "memory/planners/candidate.py",
-    "memory/planners/chain.py",
-    "memory/planners/frontier.py",
-    "memory/planners/knapsack.py",
-    "memory/planners/optimal.py",
-    "memory/planners/optimal_exact.py",
-    "memory/planners/optimal_facts.py",
-    "memory/planners/optimal_model.py",
-    "memory/planners/optimal_solve.py",
-    "minidl/analysis/dryrun.py",
-    "minidl/distributed/data_parallel.py",
-    "minidl/train/device_setup.py",
-})
-
 
 def _is_word(node: ast.AST) -> bool:
     if isinstance(node, ast.Constant):
@@ -123,8 +101,6 @@ class _Finder(ast.NodeVisitor):
 
 
 def _allowed(rel: str, function: str) -> bool:
-    if rel in CONVERTED_ELSEWHERE:
-        return True
     return any(rel == p or rel.startswith(p + "/") or f"{rel}::{function}" == p
                for p in PARSING_AND_PRINTING | OTHER_MEANINGS)
 
@@ -150,8 +126,7 @@ def test_no_vocabulary_word_compared_as_a_string() -> None:
 
 
 def test_converted_elsewhere_names_real_files() -> None:
-    for rel in CONVERTED_ELSEWHERE | {p.split("::")[0]
-                                      for p in PARSING_AND_PRINTING | OTHER_MEANINGS}:
+    for rel in {p.split("::")[0] for p in PARSING_AND_PRINTING | OTHER_MEANINGS}:
         assert (ROOT / rel).exists(), rel
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..ir.names import Phase
 from ..ir.plan import Action, Await, Offload, Plan, Prefetch, Release
 from ..ir.program import Program, Step
 from ..ir.walk import Where, walk
@@ -158,11 +159,11 @@ class _Clock:
         self.now += cost
         st = self.program.steps[i]
         phase = st.phase
-        if phase == "recompute":
+        if phase == Phase.RECOMPUTE:
             self.recompute += cost
         elif st.recompute_flops:  # (the share of a backward spent recomputing inside the op)
             self.recompute += cost * _redo_share(st)
-        elif phase in ("encode", "decode"):
+        elif phase in (Phase.ENCODE, Phase.DECODE):
             self.codec += cost
 
 
@@ -195,7 +196,7 @@ def _oracle(program: Program, costs: Sequence[float]) -> float:
     """The forward and backward steps' seconds, less what their ops recompute (a BPTT
     schedule's forward work again: an unlimited-memory device keeps every state)."""
     return sum(c * (1.0 - _redo_share(st)) for c, st in zip(costs, program.steps)
-               if st.phase in ("forward", "backward"))
+               if st.phase in (Phase.FORWARD, Phase.BACKWARD))
 
 
 def extra_time(plan: Plan, costs: Sequence[float], bandwidth: float) -> float:

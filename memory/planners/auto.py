@@ -24,8 +24,9 @@ import warnings
 from dataclasses import replace
 
 from ..cost.cost_model import extra_time
-from ..ir.config import MemoryConfig
+from ..ir.config import MemoryConfig, OnlyAction
 from ..ir.liveness import root_of
+from ..ir.names import Category, Phase, Role
 from ..ir.plan import AutoChoice, Plan
 from ..ir.program import Program
 from ..passes.base_plan import base_plan, plan_peak
@@ -125,7 +126,7 @@ def _live_at_peak(plan: Plan) -> list[int]:
     out = []
     for tid in sorted(members):
         t = tensors[tid]
-        out.append(t.of if t.of >= 0 and t.role == "value" else tid)
+        out.append(t.of if t.of >= 0 and t.role == Role.VALUE else tid)
     return out
 
 
@@ -220,7 +221,7 @@ def auto_choose(program: Program, budget: int | None, step_times: list[float] | 
         # walk on from Chen's sqrt(n) checkpoints
         seed = sqrt_dropped(program)
         paths.append(walk(False, only, seed, share=0.3))
-    can_swap = only != "recompute" and bool(swap_candidates(program, {}, "all"))
+    can_swap = only != OnlyAction.RECOMPUTE and bool(swap_candidates(program, {}, "all"))
     if unfit() and can_swap:  # time bought for memory: compute waits for copies
         lower = seed is not None and paths[-1].peak < paths[0].peak
         # from nothing first: on deep networks swapped maps go far below what sqrt(n)'s
@@ -247,9 +248,9 @@ def sqrt_dropped(program: Program) -> set[int]:
     keep = choose_checkpoints(program, "sqrt")
     out = set()
     for st in program.steps:
-        if st.phase != "forward" or program.loss in st.writes:
+        if st.phase != Phase.FORWARD or program.loss in st.writes:
             continue
-        values = [t for t in st.writes if program.tensors[t].role == "value"]
+        values = [t for t in st.writes if program.tensors[t].role == Role.VALUE]
         if values and not set(values) <= keep:
             out.add(st.index)
     return out
@@ -309,7 +310,7 @@ def _walk_path(program: Program, budget: int | None, costs: list[float], bandwid
     (forward steps to drop whose maps the blocks leave free); no move starts once ``work`` has
     built ``until`` plans."""
     persistent = program.persistent_bytes()
-    producer = {t: st for st in program.steps if st.phase == "forward" for t in st.writes}
+    producer = {t: st for st in program.steps if st.phase == Phase.FORWARD for t in st.writes}
     loss_step = producer.get(program.loss)
     cands = {c.root for c in _swappable(program)}
     blocks = block_choices(program)  # the user's choices: fixed, never revisited
@@ -333,18 +334,19 @@ def _walk_path(program: Program, budget: int | None, costs: list[float], bandwid
             break
         best = None
         live = [t for t in dict.fromkeys(_live_at_peak(plan))  # clones of stashes: not ours
-                if t < len(program.tensors) and program.tensors[t].role == "value"
+                if t < len(program.tensors) and program.tensors[t].role == Role.VALUE
                 and t not in blocks.fixed]
         live.sort(key=lambda t: -program.tensors[t].nbytes)
         for t in live[:max_candidates]:
             spec = program.tensors[t]
-            if spec.role != "value" or spec.category not in ("feature_map", "input"):
+            if spec.role != Role.VALUE \
+                    or spec.category not in (Category.FEATURE_MAP, Category.INPUT):
                 continue
             options = []
-            if t in cands and t not in choice.swapped and only != "recompute":
+            if t in cands and t not in choice.swapped and only != OnlyAction.RECOMPUTE:
                 options.append("swap")
             st = producer.get(t)
-            if st is not None and st is not loss_step and spec.category == "feature_map" \
+            if st is not None and st is not loss_step and spec.category == Category.FEATURE_MAP \
                     and st.index not in choice.dropped and only != "swap":
                 options.append("recompute")
             for kind in options:

@@ -9,6 +9,7 @@ from functools import cached_property
 
 from ..cost.cost_model import walk_time
 from ..ir.config import MemoryConfig
+from ..ir.names import Phase
 from ..ir.plan import Plan
 from ..ir.program import Program
 from ..passes.base_plan import plan_peak
@@ -55,7 +56,7 @@ class Candidate:
         and brought back), and what every recomputation step writes."""
         prog = self.plan.program
         moved = sum(prog.tensors[t].nbytes for t in self.plan.swapped)
-        redone = sum(prog.tensors[t].nbytes for st in prog.steps if st.phase == "recompute"
+        redone = sum(prog.tensors[t].nbytes for st in prog.steps if st.phase == Phase.RECOMPUTE
                      for t in st.writes)
         return moved + redone
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 
 from ..ir.config import MemoryConfig
 from ..ir.liveness import root_of
+from ..ir.names import Phase, Role
 from ..ir.payloads import RecomputeSummary
 from ..ir.program import Program, Step
 from ..passes.base_plan import base_plan
@@ -88,10 +89,10 @@ def chain_of(program: Program, costs: list[float],
     backward steps do not run stage by stage in reverse. ``least_sizes``: the bytes some
     tensors can be kept in at the least (lossless encodings), for the stages'
     ``kept_least_bytes``."""
-    if not program.training or any(st.phase not in ("forward", "backward")
+    if not program.training or any(st.phase not in (Phase.FORWARD, Phase.BACKWARD)
                                    for st in program.steps):
         return None
-    forward = [st for st in program.steps if st.phase == "forward"]
+    forward = [st for st in program.steps if st.phase == Phase.FORWARD]
     # sizes count blocks, not tensors: what the plain plan shares (an in-place output, an
     # input gradient written over the output gradient) is one block
     aliases = base_plan(program, MemoryConfig.parse("reuse,inplace")).aliases
@@ -148,7 +149,7 @@ def _steps_by_stage(program: Program, forward: list[Step], stage_of: dict[int, i
         fwd_steps[stage_of[st.index]].append(st.index)
     last = count
     for st in program.steps:
-        if st.phase != "backward":
+        if st.phase != Phase.BACKWARD:
             continue
         f = fwd_of_node.get(st.node)
         if f is None:
@@ -169,7 +170,7 @@ class _StageSizes:
         self.program = program
         self.aliases = aliases
         self.costs = costs
-        self.grad_of = {t.of: t.id for t in program.tensors if t.role == "grad"}
+        self.grad_of = {t.of: t.id for t in program.tensors if t.role == Role.GRAD}
         self.least_root: dict[int, int] = {}
         for t, nbytes in least_sizes.items():
             r = root_of(aliases, t)

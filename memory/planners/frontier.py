@@ -40,6 +40,7 @@ from functools import cached_property
 import numpy as np
 
 from ..ir.config import MemoryConfig
+from ..ir.names import Phase
 from ..ir.plan import Plan
 from ..ir.program import Program
 from ..passes.base_plan import base_plan, plan_peak
@@ -189,7 +190,7 @@ def least_sizes(program: Program) -> dict[int, int]:
     encoded = compress_program(program, binarize=True, use_sparse=True)
     out = {}
     for st in encoded.steps:
-        if st.phase == "encode":
+        if st.phase == Phase.ENCODE:
             src = st.codec.source
             out[src] = min(out.get(src, 1 << 62), encoded.block_sizes[st.writes[0]])
     return out
@@ -367,7 +368,7 @@ def _noted(fr: Frontier, pick: Candidate, budget: int | None, cost_source: str,
     from ..ir.plan import AutoChoice, CurvePoint
 
     plan = pick.placed
-    recomputed = sum(1 for s in plan.program.steps if s.phase == "recompute")
+    recomputed = sum(1 for s in plan.program.steps if s.phase == Phase.RECOMPUTE)
     over = 100 * pick.extra_s / fr.oracle_s if fr.oracle_s > 0 else 0.0
     faster = [c for c in fr.candidates if c.time_s < pick.time_s]
     head = (f"auto: budget {budget:,} B; " if budget is not None else "auto without a budget: ")
@@ -400,8 +401,8 @@ def _noted(fr: Frontier, pick: Candidate, budget: int | None, cost_source: str,
 def _summary(plan: Plan) -> str:
     """What a plan does, in a few words."""
     steps = plan.program.steps
-    recomputed = sum(1 for s in steps if s.phase == "recompute")
-    encoded = sum(1 for s in steps if s.phase == "encode")
+    recomputed = sum(1 for s in steps if s.phase == Phase.RECOMPUTE)
+    encoded = sum(1 for s in steps if s.phase == Phase.ENCODE)
     parts = [f"{recomputed} forward steps recomputed" if recomputed else "",
              f"{len(plan.swapped)} feature maps swapped" if plan.swapped else "",
              f"{encoded} stashes encoded" if encoded else ""]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from ..ir.names import Category, Phase, Role
 from ..ir.plan import Plan
 from ..ir.program import Program
 from ..passes.base_plan import base_plan
@@ -30,10 +31,10 @@ def knapsack_order(program: Program, costs: Sequence[float], *,
     loss = {st.index for st in program.steps if program.loss in st.writes}
     items = []
     for st in program.steps:
-        if st.phase != "forward" or st.index in loss:
+        if st.phase != Phase.FORWARD or st.index in loss:
             continue
-        out = [t for t in st.writes if program.tensors[t].role == "value"
-               and program.tensors[t].category == "feature_map"]
+        out = [t for t in st.writes if program.tensors[t].role == Role.VALUE
+               and program.tensors[t].category == Category.FEATURE_MAP]
         if out:
             nbytes = sum(program.block_sizes[t] for t in out)
             items.append((costs[st.index] / max(nbytes, 1), st.index))

@@ -33,6 +33,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..ir.config import OnlyAction
+from ..ir.names import Phase
 from ..ir.plan import AutoChoice, Plan
 from ..ir.program import Program
 from ..passes.block_choices import block_choices
@@ -90,7 +92,7 @@ def _fix_blocks(model: Model, program: Program) -> None:
     producer), a kept feature map neither. Raises :class:`Unsupported` when the model has no
     decision for a forced recompute (the greedy planner, which honours it, decides)."""
     blocks = block_choices(program)
-    producer = {t: s.index for s in program.steps if s.phase == "forward" for t in s.writes}
+    producer = {t: s.index for s in program.steps if s.phase == Phase.FORWARD for t in s.writes}
     fixed: dict[int, float] = {}
     for k in blocks.dropped:
         if k not in model.drop:
@@ -261,7 +263,7 @@ def _check(search: _Search, res, what: str, rnd: int) -> str:
         f"), estimated {1000 * extra:.3f} ms")
     if peak <= pb.budget:
         stall = extra - sum(pb.costs[s.origin] for s in plan.program.steps
-                            if s.phase == "recompute" and 0 <= s.origin < len(pb.costs))
+                            if s.phase == Phase.RECOMPUTE and 0 <= s.origin < len(pb.costs))
         if model.link is not None and stall / pb.unit > res.x[model.link] * (1 + 1e-6) + 1e-9:
             price_cut(model, choice, stall / pb.unit)
         best = search.best
@@ -323,7 +325,7 @@ def _windows(search: _Search, limits: _Limits) -> int:
     (every other decision fixed to it), passes over the program while one improves it.
     Returns the number of windows solved."""
     program, model = search.problem.program, search.model
-    producer = {t: s.index for s in program.steps if s.phase == "forward" for t in s.writes}
+    producer = {t: s.index for s in program.steps if s.phase == Phase.FORWARD for t in s.writes}
     nf = max(model.drop, default=0) + 1
     starts = list(range(0, nf, WINDOW_STEPS // 2))
     n_windows = 0
@@ -431,7 +433,7 @@ def optimal_choose(program: Program, budget: int, costs: list[float],
     deprecated_time_limit(time_limit_s, "node_limit, max_windows, max_rounds")
     polish_limit = (max(16, default_evaluations(program) // 4) if max_evaluations is None
                     else max_evaluations)
-    swap_cost = {} if only == "recompute" else swap_costs(program, costs, bandwidth)
+    swap_cost = {} if only == OnlyAction.RECOMPUTE else swap_costs(program, costs, bandwidth)
     pb = _Problem(program, budget, costs, bandwidth, only, window, mip_rel_gap,
                   unit=max(sum(costs), 1e-30), swap_cost=swap_cost)
     if greedy is None:

@@ -4,6 +4,8 @@ program, and the polish that removes actions from a checked choice."""
 
 from __future__ import annotations
 
+from ..ir.config import OnlyAction
+from ..ir.names import Phase
 from ..ir.plan import AutoChoice, Plan
 from ..ir.program import Program
 from ..passes.base_plan import plan_peak
@@ -50,9 +52,9 @@ def enumerate_choices(program: Program, budget: int, costs: list[float], bandwid
     ``max_decisions`` decisions or forces choices."""
     if block_choices(program):
         return None
-    producer = {t: s.index for s in program.steps if s.phase == "forward" for t in s.writes}
+    producer = {t: s.index for s in program.steps if s.phase == Phase.FORWARD for t in s.writes}
     drops = [] if only == "swap" else droppable_steps(program)
-    swaps = sorted(swap_cost) if only != "recompute" else []
+    swaps = sorted(swap_cost) if only != OnlyAction.RECOMPUTE else []
     n = len(drops) + len(swaps)
     if n > max_decisions:
         return None

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 
 from ..ir.liveness import Lifetime, lifetimes, root_of
+from ..ir.names import Phase, Role
 from ..ir.plan import AutoChoice
 from ..ir.program import Program, Step, TensorSpec
 from .auto import build
@@ -27,9 +28,9 @@ class Unsupported(ValueError):
 def droppable_steps(program: Program) -> list[int]:
     """The forward steps a plan may drop (recompute in backward): those writing a value
     tensor, except the loss's."""
-    return [s.index for s in program.steps if s.phase == "forward"
+    return [s.index for s in program.steps if s.phase == Phase.FORWARD
             and program.loss not in s.writes
-            and any(program.tensors[t].role == "value" for t in s.writes)]
+            and any(program.tensors[t].role == Role.VALUE for t in s.writes)]
 
 
 @dataclass
@@ -151,9 +152,9 @@ def program_facts(program: Program, allow_drop: bool = True,
     :func:`.optimal_model.build_model`). Raises :class:`Unsupported` unless the steps are
     forward then backward."""
     steps, tensors = program.steps, program.tensors
-    nf = sum(1 for s in steps if s.phase == "forward")
-    if any(s.phase != "forward" for s in steps[:nf]) or \
-            any(s.phase != "backward" for s in steps[nf:]):
+    nf = sum(1 for s in steps if s.phase == Phase.FORWARD)
+    if any(s.phase != Phase.FORWARD for s in steps[:nf]) or \
+            any(s.phase != Phase.BACKWARD for s in steps[nf:]):
         raise Unsupported("steps other than forward then backward")
     size = {t.id: program.block_size(t.nbytes) for t in tensors}
     # memory in units of the largest block's power of two: coefficients <= 1 (bytes beside

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..ir.names import Role
 from ..ir.program import Program
 from ..passes.swap import swap_candidates
 from .optimal_facts import (
@@ -322,7 +323,7 @@ def inplace_rows(st: ModelState) -> None:
         if len(ms) < 2 or len(tails) != 1:
             continue
         p = facts.producer.get(tails[0])
-        if p not in facts.dset or any(facts.tensors[t].role == "stash"
+        if p not in facts.dset or any(facts.tensors[t].role == Role.STASH
                                       for t in facts.steps[p].writes):
             continue
         for t in ms:

@@ -10,6 +10,7 @@ import warnings
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
+from ..ir.names import Phase
 from ..ir.plan import ENDS, STARTS, AutoChoice, Plan
 from .optimal_model import Model
 
@@ -99,8 +100,8 @@ def peak_position(model: Model, plan: Plan) -> int:
             live -= sizes.pop(a.tensor)
     where = min(max(where, 0), len(steps) - 1)
     st = steps[where]
-    if st.phase == "recompute":
-        nxt = next((s for s in steps[where:] if s.phase == "backward"), None)
+    if st.phase == Phase.RECOMPUTE:
+        nxt = next((s for s in steps[where:] if s.phase == Phase.BACKWARD), None)
         if nxt is not None:
             return model.region_pos.get(nxt.origin, model.pos_of_step[nxt.origin])
     return model.pos_of_step.get(st.origin, 0)

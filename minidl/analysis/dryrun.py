@@ -14,6 +14,7 @@ from typing import Any
 
 from ..memory.cost.targets import DeviceProfile
 from ..memory.ir.config import MemoryConfig
+from ..memory.ir.names import DeviceKind
 from ..memory.ir.units import parse_size, size_text
 from ..memory.planners.auto import BelowFloor, BudgetTooSmall
 from ..net.graph import Network
@@ -82,7 +83,7 @@ def auto_device_memory(net: Network, batch_size: int, memory: str | MemoryConfig
                        training=False, device_kind=device_kind, target=emulate_link,
                        emulated=True)
     need = max(train["peak_reserved_bytes"], evaluate["peak_reserved_bytes"])
-    if device_kind != "cpu":
+    if device_kind != DeviceKind.CPU:
         need += max(train["largest_tensor_bytes"], evaluate["largest_tensor_bytes"])
     mib = 1 << 20
     return (-(-need // mib) + 1) * mib

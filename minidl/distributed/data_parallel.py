@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from ..memory.ir.names import Phase
 from ..memory.passes.zero import owned_ranges
 from .comm import Communicator
 
@@ -211,7 +212,7 @@ class GradientSync:
             return hit[1]
         last: dict[int, tuple[int, int]] = {}
         for i, st in enumerate(executor.steps):
-            if st.phase != "backward":
+            if st.phase != Phase.BACKWARD:
                 continue
             for k, g in st.grad_params.items():
                 p = executor.parameters.get(st.params[k])

@@ -12,6 +12,7 @@ from ..memory.cost.link_emulation import LinkEmulation
 from ..memory.cost.targets import DeviceProfile, get_target
 from ..memory.device_factory import make_device
 from ..memory.devices.device import CpuDevice
+from ..memory.ir.names import DeviceKind
 from ..memory.ir.units import ALLOCATION_UNIT
 from ..memory.runtime.pool import Pool
 from ..settings import Settings
@@ -42,7 +43,7 @@ def set_up_device(
     arguments are :class:`~minidl.train.trainer.Trainer`'s."""
     target = get_target(emulate_link) if isinstance(emulate_link, str) else emulate_link
     cpu = isinstance(device, CpuDevice) or (isinstance(device, str)
-                                            and device.strip().lower() == "cpu")
+                                            and device.strip().lower() == DeviceKind.CPU)
     if target is not None and not cpu:
         raise ValueError(f"emulate_link throttles the cpu device's copy engine: it needs "
                          f"device='cpu', not {device!r}")
