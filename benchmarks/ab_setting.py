@@ -2,7 +2,7 @@
 
 A setting is a module constant or a class attribute, by dotted path (e.g.
 ``minidl.kernels.convolution.conv_geometry.WINOGRAD4_MIN_COLS`` or
-``minidl.layers.recurrent_units._UnitOps.edge_projection_steps``). Trainer A is built and
+``minidl.layers.recurrent.units._UnitOps.edge_projection_steps``). Trainer A is built and
 always stepped with the setting at value A, trainer B at value B (the convolutions' cached
 per-shape setup is cleared at each switch), alternating A-B / B-A, so both see the same
 machine; on a machine whose speed drifts this resolves a few percent where separate processes
@@ -10,7 +10,7 @@ cannot. Prints each side's median step and the median of the per-pair ratios B /
 
     python benchmarks/ab_setting.py WORKLOAD SETTING A B [--steps 40]
     python benchmarks/ab_setting.py char-lstm \\
-        minidl.layers.recurrent_units._UnitOps.edge_projection_steps 8 4
+        minidl.layers.recurrent.units._UnitOps.edge_projection_steps 8 4
 """
 
 from __future__ import annotations

@@ -41,10 +41,10 @@ from minidl.tools.child_process import ChildProcess, alternate
 
 
 def build_minidl(batch: int, rng: np.random.Generator):
+    from minidl.layers.activation.relu import ReLU
     from minidl.layers.base import Context
-    from minidl.layers.conv2d import Conv2d
-    from minidl.layers.pool import MaxPool2d
-    from minidl.layers.relu import ReLU
+    from minidl.layers.convolution.conv2d import Conv2d
+    from minidl.layers.pooling.pool import MaxPool2d
 
     layers = [("conv1", Conv2d(1, 32, 3, padding=1)), ("relu1", ReLU()),
               ("pool1", MaxPool2d(2)), ("conv2", Conv2d(32, 64, 3, padding=1)),
@@ -270,10 +270,10 @@ def max_relative_difference(ours: dict[str, np.ndarray], theirs: dict[str, np.nd
 
 
 def _use_relu_kernel() -> None:
-    """Patch ReLU's forward/backward to the one-pass threaded kernels (what layers/relu.py
-    would do once it adopts them)."""
+    """Patch ReLU's forward/backward to the one-pass threaded kernels (what
+    layers/activation/relu.py would do once it adopts them)."""
     from minidl.kernels.pointwise.relu import relu_backward, relu_forward
-    from minidl.layers.relu import ReLU
+    from minidl.layers.activation.relu import ReLU
 
     def forward(self, ctx, inputs, outputs, params, stash, workspace):
         relu_forward(inputs[0], outputs[0])
@@ -298,7 +298,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-torch", action="store_true", help="time minidl alone")
     ap.add_argument("--relu-kernel", action="store_true",
                     help="run ReLU through minidl.kernels.pointwise.relu instead of "
-                         "layers/relu.py's NumPy")
+                         "layers/activation/relu.py's NumPy")
     args = ap.parse_args(argv)
     for name in ("rounds", "block", "batch_size"):
         if getattr(args, name) < 1:

@@ -70,8 +70,8 @@ class MinidlCharLSTM:
 
     def __init__(self, batch: int, seq: int, rng: np.random.Generator) -> None:
         from minidl.layers.base import Context
-        from minidl.layers.lstm import LSTMCell
-        from minidl.layers.rnn_projection import RNNInputProjection
+        from minidl.layers.recurrent.lstm import LSTMCell
+        from minidl.layers.recurrent.rnn_projection import RNNInputProjection
 
         dt = np.dtype(np.float32)
         n, t_len, h = batch, seq, HIDDEN

@@ -47,7 +47,7 @@ def main() -> None:
         run_tasks([(k, d, wrap(f)) for k, d, f in tasks], workers)
         calls.append((time.perf_counter() - t0, max(first.values(), default=0.0)))
 
-    import minidl.layers.recurrent_keep_all as keep_all
+    import minidl.layers.recurrent.keep_all as keep_all
     keep_all.run_tasks = traced
     for name in args.only.split(","):
         net = build_model(name, (64,), 65)

@@ -1,33 +1,33 @@
 """minidl.layers: pure math with declared needs (one layer per file). Imports no framework code."""
 
+from .activation.gelu import GELU
+from .activation.leaky_relu import LeakyReLU
+from .activation.relu import ReLU
+from .activation.sigmoid import Sigmoid
+from .activation.tanh import Tanh
 from .add import Add
-from .attention import MultiHeadAttention
 from .base import Context, Layer, ParamSpec, ShapeError, Symbol
-from .batchnorm import BatchNorm1d, BatchNorm2d
 from .checkpoint import Checkpoint
 from .concat import Concat
-from .conv2d import Conv2d
+from .convolution.conv2d import Conv2d
 from .dropout import Dropout
-from .embedding import Embedding
 from .flatten import Flatten
-from .gelu import GELU
-from .global_avg_pool import GlobalAvgPool2d
-from .gru import GRUCell
-from .layernorm import LayerNorm
-from .leaky_relu import LeakyReLU
 from .linear import Linear
-from .lstm import LSTMCell
-from .mse_loss import MSELoss
-from .pool import AvgPool2d, MaxPool2d
-from .positional_embedding import PositionalEmbedding
-from .recurrent import GRU, LSTM
-from .relu import ReLU
-from .rnn_projection import RNNInputProjection
-from .sigmoid import Sigmoid
-from .softmax_cross_entropy import SoftmaxCrossEntropy
-from .tanh import Tanh
-from .time_stack import TimeStack
-from .zero_state import ZeroState
+from .loss.mse_loss import MSELoss
+from .loss.softmax_cross_entropy import SoftmaxCrossEntropy
+from .normalization.batchnorm import BatchNorm1d, BatchNorm2d
+from .normalization.layernorm import LayerNorm
+from .pooling.global_avg_pool import GlobalAvgPool2d
+from .pooling.pool import AvgPool2d, MaxPool2d
+from .recurrent.fused import GRU, LSTM
+from .recurrent.gru import GRUCell
+from .recurrent.lstm import LSTMCell
+from .recurrent.rnn_projection import RNNInputProjection
+from .recurrent.time_stack import TimeStack
+from .recurrent.zero_state import ZeroState
+from .transformer.attention import MultiHeadAttention
+from .transformer.embedding import Embedding
+from .transformer.positional_embedding import PositionalEmbedding
 
 __all__ = [
     "GRU", "GRUCell", "LSTM", "LSTMCell", "RNNInputProjection",

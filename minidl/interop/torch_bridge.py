@@ -80,7 +80,7 @@ def _positions(torch: Any, context: int, dim: int) -> Any:
 
 def torch_self_attention(torch: Any, dim: int, heads: int, causal: bool, dropout: float,
                          bias: bool) -> Any:
-    """A PyTorch module equal to :class:`~minidl.layers.attention.MultiHeadAttention` of the
+    """A PyTorch module equal to :class:`~minidl.layers.MultiHeadAttention` of the
     same arguments: nanoGPT's self-attention with minidl's parameter names (``qkv``,
     ``proj``), through ``scaled_dot_product_attention`` (dropout on the probabilities in
     training). ``torch`` is the imported module (it is never a dependency of minidl)."""

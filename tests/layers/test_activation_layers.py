@@ -8,9 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from minidl.layers import Context
-from minidl.layers.leaky_relu import LeakyReLU
-from minidl.layers.sigmoid import Sigmoid
-from minidl.layers.tanh import Tanh
+from minidl.layers.activation.leaky_relu import LeakyReLU
+from minidl.layers.activation.sigmoid import Sigmoid
+from minidl.layers.activation.tanh import Tanh
 
 
 @LAYER_SETTINGS

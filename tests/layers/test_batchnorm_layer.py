@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from minidl.layers import Context, ShapeError
-from minidl.layers.batchnorm import BatchNorm1d, BatchNorm2d
+from minidl.layers.normalization.batchnorm import BatchNorm1d, BatchNorm2d
 
 
 def _bn_shape(draw_rank, n, c, spatial):

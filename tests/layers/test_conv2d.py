@@ -11,7 +11,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from minidl.layers import Context, ShapeError
-from minidl.layers.conv2d import Conv2d
+from minidl.layers.convolution.conv2d import Conv2d
 
 
 @st.composite

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from minidl.layers import Context
-from minidl.layers.conv2d import Conv2d, workspace_cap
+from minidl.layers.convolution.conv2d import Conv2d, workspace_cap
 
 
 def test_option_parsing():

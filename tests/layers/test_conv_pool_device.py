@@ -16,9 +16,9 @@ import pytest
 from minidl.kernels.convolution.conv import conv2d_workspace_bytes
 from minidl.kernels.convolution.conv_device import conv2d_device_workspace_bytes
 from minidl.layers import Context
-from minidl.layers.conv2d import Conv2d
-from minidl.layers.global_avg_pool import GlobalAvgPool2d
-from minidl.layers.pool import AvgPool2d, MaxPool2d
+from minidl.layers.convolution.conv2d import Conv2d
+from minidl.layers.pooling.global_avg_pool import GlobalAvgPool2d
+from minidl.layers.pooling.pool import AvgPool2d, MaxPool2d
 
 CUDA = {"device_kind": "cuda"}
 

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from minidl.layers import Context
-from minidl.layers.embedding import Embedding
+from minidl.layers.transformer.embedding import Embedding
 
 
 @LAYER_SETTINGS

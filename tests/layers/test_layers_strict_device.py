@@ -300,7 +300,7 @@ RNN_CASES = [
 @pytest.mark.parametrize("scheduled", [False, True], ids=["keep_all", "scheduled"])
 @pytest.mark.parametrize("cell,kw", RNN_CASES, ids=lambda c: str(c))
 def test_fused_rnn(dev, cell, kw, scheduled, monkeypatch):
-    from minidl.layers import recurrent_keep_all
+    from minidl.layers.recurrent import keep_all as recurrent_keep_all
 
     workers = []
     run_tasks = recurrent_keep_all.run_tasks

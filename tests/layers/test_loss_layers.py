@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from minidl.layers import Context, ShapeError
-from minidl.layers.mse_loss import MSELoss
-from minidl.layers.softmax_cross_entropy import SoftmaxCrossEntropy
+from minidl.layers.loss.mse_loss import MSELoss
+from minidl.layers.loss.softmax_cross_entropy import SoftmaxCrossEntropy
 
 
 def _reference_ce(x, t, eps):

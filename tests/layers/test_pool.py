@@ -9,7 +9,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from minidl.layers import Context, ShapeError
-from minidl.layers.pool import AvgPool2d, MaxPool2d
+from minidl.layers.pooling.pool import AvgPool2d, MaxPool2d
 
 
 @st.composite

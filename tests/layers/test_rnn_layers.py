@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minidl.layers import Context, ShapeError
-from minidl.layers.gru import GRUCell
-from minidl.layers.lstm import LSTMCell
-from minidl.layers.rnn_projection import RNNInputProjection
+from minidl.layers.recurrent.gru import GRUCell
+from minidl.layers.recurrent.lstm import LSTMCell
+from minidl.layers.recurrent.rnn_projection import RNNInputProjection
 
 SMALL = settings(max_examples=8, deadline=None)
 sizes = st.integers(1, 4)

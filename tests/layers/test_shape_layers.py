@@ -12,7 +12,7 @@ from minidl.layers import Context, ShapeError
 from minidl.layers.add import Add
 from minidl.layers.concat import Concat
 from minidl.layers.flatten import Flatten
-from minidl.layers.global_avg_pool import GlobalAvgPool2d
+from minidl.layers.pooling.global_avg_pool import GlobalAvgPool2d
 
 
 @LAYER_SETTINGS

@@ -7,13 +7,13 @@ import pytest
 from gradcheck import forward_backward
 
 from minidl.layers import Context
-from minidl.layers.batchnorm import BatchNorm1d, BatchNorm2d
-from minidl.layers.embedding import Embedding
-from minidl.layers.global_avg_pool import GlobalAvgPool2d
-from minidl.layers.leaky_relu import LeakyReLU
+from minidl.layers.activation.leaky_relu import LeakyReLU
 from minidl.layers.linear import Linear
-from minidl.layers.mse_loss import MSELoss
-from minidl.layers.softmax_cross_entropy import SoftmaxCrossEntropy
+from minidl.layers.loss.mse_loss import MSELoss
+from minidl.layers.loss.softmax_cross_entropy import SoftmaxCrossEntropy
+from minidl.layers.normalization.batchnorm import BatchNorm1d, BatchNorm2d
+from minidl.layers.pooling.global_avg_pool import GlobalAvgPool2d
+from minidl.layers.transformer.embedding import Embedding
 
 torch = pytest.importorskip("torch")
 

@@ -26,7 +26,7 @@ from minidl.layers import (
     PositionalEmbedding,
     ShapeError,
 )
-from minidl.layers.attention import NANOGPT_NAMES, NN_MULTIHEAD_NAMES
+from minidl.layers.transformer.attention import NANOGPT_NAMES, NN_MULTIHEAD_NAMES
 
 
 def _torch():

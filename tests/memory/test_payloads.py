@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from hand_programs import chain, ids
 
-from minidl.layers.attention import MultiHeadAttention
-from minidl.layers.conv2d import Conv2d
-from minidl.layers.pool import MaxPool2d
-from minidl.layers.recurrent import LSTM
+from minidl.layers.convolution.conv2d import Conv2d
+from minidl.layers.pooling.pool import MaxPool2d
+from minidl.layers.recurrent.fused import LSTM
+from minidl.layers.transformer.attention import MultiHeadAttention
 from minidl.memory.ir.payloads import (
     AttentionShape,
     CompressionSummary,

@@ -80,13 +80,13 @@ def test_ab_setting_finds_module_constants_and_class_attributes():
     finally:
         sys.path.remove(str(BENCHMARKS))
     from minidl.kernels.convolution import conv_geometry
-    from minidl.layers import recurrent_units
+    from minidl.layers.recurrent import units
 
     assert ab_setting._owner("minidl.kernels.convolution.conv_geometry.GEMM_MIN_COLS") == (
         conv_geometry, "GEMM_MIN_COLS")
     assert ab_setting._owner(
-        "minidl.layers.recurrent_units._UnitOps.edge_projection_steps") == (
-        recurrent_units._UnitOps, "edge_projection_steps")
+        "minidl.layers.recurrent.units._UnitOps.edge_projection_steps") == (
+        units._UnitOps, "edge_projection_steps")
     with pytest.raises(SystemExit, match="no setting"):
         ab_setting._owner("minidl.kernels.convolution.conv_geometry.NO_SUCH_CONSTANT")
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels._cuda import is_device_array
-from ..kernels.transformer.embedding import positional_grad_device
-from .base import Layer, ParamSpec
+from ...kernels._cuda import is_device_array
+from ...kernels.transformer.embedding import positional_grad_device
+from ..base import Layer, ParamSpec
 
 
 class PositionalEmbedding(Layer):

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.transformer import attention as ak
-from ..kernels.vocabulary import RecomputeCost
-from .base import Layer, ParamSpec
-from .linear import linear_backward, linear_forward
+from ...kernels.transformer import attention as ak
+from ...kernels.vocabulary import RecomputeCost
+from ..base import Layer, ParamSpec
+from ..linear import linear_backward, linear_forward
 
 #: This layer's parameter names -> nanoGPT's ``CausalSelfAttention`` (``c_attn``, ``c_proj``).
 NANOGPT_NAMES = {"qkv.weight": "c_attn.weight", "qkv.bias": "c_attn.bias",

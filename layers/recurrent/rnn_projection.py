@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.workspace import Layout
-from .base import Layer, ParamSpec, Shape
+from ...kernels.workspace import Layout
+from ..base import Layer, ParamSpec, Shape
 
 
 def _rows(a: np.ndarray, cols: int) -> np.ndarray | None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.pointwise.elementwise import sigmoid_backward
-from .base import Layer
+from ...kernels.pointwise.elementwise import sigmoid_backward
+from ..base import Layer
 
 
 class Sigmoid(Layer):

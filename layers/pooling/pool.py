@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.pooling.pool import (
+from ...kernels.pooling.pool import (
     argmax_dtype,
     avgpool2d_backward,
     avgpool2d_forward,
@@ -12,10 +12,10 @@ from ..kernels.pooling.pool import (
     maxpool2d_forward,
     pool_output_hw,
 )
-from ..kernels.pooling.poolidx import maxpool_backward_packed
-from ..kernels.vocabulary import StashEncoding
-from .base import Layer, Shape
-from .conv2d import _pair
+from ...kernels.pooling.poolidx import maxpool_backward_packed
+from ...kernels.vocabulary import StashEncoding
+from ..base import Layer, Shape
+from ..convolution.conv2d import _pair
 
 
 class _Pool2d(Layer):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..kernels.pointwise.elementwise import leaky_relu_backward, leaky_relu_forward
-from .base import Layer
+from ...kernels.pointwise.elementwise import leaky_relu_backward, leaky_relu_forward
+from ..base import Layer
 
 
 class LeakyReLU(Layer):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Layer, Shape
+from ..base import Layer, Shape
 
 
 class ZeroState(Layer):

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels._cuda import is_device_array
-from ..kernels.pooling.pool_device import (
+from ...kernels._cuda import is_device_array
+from ...kernels.pooling.pool_device import (
     global_avgpool2d_forward_device,
     global_avgpool2d_workspace_bytes,
 )
-from ..kernels.vocabulary import DeviceKind
-from .base import Layer, device_kind
+from ...kernels.vocabulary import DeviceKind
+from ..base import Layer, device_kind
 
 
 class GlobalAvgPool2d(Layer):

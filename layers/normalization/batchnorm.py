@@ -6,11 +6,11 @@ import math
 
 import numpy as np
 
-from ..kernels import _cuda
-from ..kernels.array_api import namespace
-from ..kernels.normalization import batchnorm as bnk
-from ..kernels.vocabulary import DeviceKind
-from .base import Layer, ParamSpec, device_kind
+from ...kernels import _cuda
+from ...kernels.array_api import namespace
+from ...kernels.normalization import batchnorm as bnk
+from ...kernels.vocabulary import DeviceKind
+from ..base import Layer, ParamSpec, device_kind
 
 
 class _BatchNorm(Layer):

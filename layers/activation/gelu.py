@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..kernels.transformer.gelu import APPROXIMATIONS, gelu_backward, gelu_forward
-from .base import Layer
+from ...kernels.transformer.gelu import APPROXIMATIONS, gelu_backward, gelu_forward
+from ..base import Layer
 
 
 class GELU(Layer):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import Layer, Shape
+from ..base import Layer, Shape
 
 
 class TimeStack(Layer):

@@ -52,29 +52,29 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels._cuda import is_device_array
-from ..kernels.device_gemm import gemm as device_gemm
-from ..kernels.parallel import ensure_blas_policy
-from ..kernels.recurrent.rnn import (
+from ...kernels._cuda import is_device_array
+from ...kernels.device_gemm import gemm as device_gemm
+from ...kernels.parallel import ensure_blas_policy
+from ...kernels.recurrent.rnn import (
     gru_add_direct,
     gru_cell_backward,
     gru_cell_forward,
     lstm_cell_backward,
     lstm_cell_forward,
 )
-from ..kernels.recurrent.rnn_device import (
+from ...kernels.recurrent.rnn_device import (
     gru_backward_device,
     gru_forward_device,
     lstm_backward_device,
     lstm_forward_device,
 )
-from ..kernels.vocabulary import RecomputeCost
-from ..kernels.workspace import Layout
-from .base import Layer, ParamSpec, Shape
-from .embedding import check_integer_dtype
-from .recurrent_keep_all import _KeepAllPath
-from .recurrent_scheduled import _ScheduledPath
-from .recurrent_units import _Accumulator, _UnitOps
+from ...kernels.vocabulary import RecomputeCost
+from ...kernels.workspace import Layout
+from ..base import Layer, ParamSpec, Shape
+from ..transformer.embedding import check_integer_dtype
+from .keep_all import _KeepAllPath
+from .scheduled import _ScheduledPath
+from .units import _Accumulator, _UnitOps
 
 
 class _Recurrent(_KeepAllPath, _ScheduledPath, _UnitOps, Layer):

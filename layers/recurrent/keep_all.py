@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.parallel import critical_path_order, num_threads, run_tasks
-from ..kernels.workspace import Layout
-from .recurrent_units import _flat
+from ...kernels.parallel import critical_path_order, num_threads, run_tasks
+from ...kernels.workspace import Layout
+from .units import _flat
 
 
 class _KeepAllPath:
     """Forward and backward with ``schedule=None`` (a mixin of
-    :class:`~minidl.layers.recurrent._Recurrent`)."""
+    :class:`~minidl.layers.recurrent.fused._Recurrent`)."""
 
     #: Order the tasks by their longest path to the end, each task's duration the least
     #: measured at the earlier calls of the same shapes (list scheduling's HLFET priority;

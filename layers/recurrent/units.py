@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.blas import gemm
-from ..kernels.transformer.embedding import embedding_accumulate, take_rows
-from .embedding import check_index_range
+from ...kernels.blas import gemm
+from ...kernels.transformer.embedding import embedding_accumulate, take_rows
+from ..transformer.embedding import check_index_range
 
 
 def _flat(buf: np.ndarray, *shape: int) -> np.ndarray:
@@ -34,7 +34,7 @@ class _Accumulator:
 
 
 class _UnitOps:
-    """Unit-level operations of :class:`~minidl.layers.recurrent._Recurrent` (a mixin: it
+    """Unit-level operations of :class:`~minidl.layers.recurrent.fused._Recurrent` (a mixin: it
     uses the layer's sizes and its cell hooks ``_step_forward`` / ``_prepare_bias``)."""
 
     def _internals(self, source):

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from ..kernels.codecs.bitpack import packed_nbytes, relu_backward_packed
-from ..kernels.pointwise.relu import relu_backward, relu_forward
-from ..kernels.vocabulary import StashEncoding
-from .base import Layer
+from ...kernels.codecs.bitpack import packed_nbytes, relu_backward_packed
+from ...kernels.pointwise.relu import relu_backward, relu_forward
+from ...kernels.vocabulary import StashEncoding
+from ..base import Layer
 
 
 class ReLU(Layer):

@@ -6,13 +6,13 @@ import math
 
 import numpy as np
 
-from ..kernels.normalization.layernorm import (
+from ...kernels.normalization.layernorm import (
     backward_workspace_shape,
     layernorm_backward,
     layernorm_forward,
 )
-from ..kernels.workspace import workspace_bytes, workspace_views
-from .base import Layer, ParamSpec
+from ...kernels.workspace import workspace_bytes, workspace_views
+from ..base import Layer, ParamSpec
 
 
 class LayerNorm(Layer):

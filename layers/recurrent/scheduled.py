@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.workspace import Layout
-from .recurrent_units import _flat
+from ...kernels.workspace import Layout
+from .units import _flat
 
 
 class _ScheduledPath:
     """Forward and backward under a BPTT schedule (a mixin of
-    :class:`~minidl.layers.recurrent._Recurrent`)."""
+    :class:`~minidl.layers.recurrent.fused._Recurrent`)."""
 
     def _check_schedule(self, sched, t: int) -> None:
         if sched.units != len(self.units(t)):

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.recurrent.rnn import lstm_cell_backward, lstm_cell_forward
-from ..kernels.workspace import Layout
-from .base import Layer, ParamSpec, Shape
+from ...kernels.recurrent.rnn import lstm_cell_backward, lstm_cell_forward
+from ...kernels.workspace import Layout
+from ..base import Layer, ParamSpec, Shape
 
 
 class LSTMCell(Layer):

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.convolution.conv import (
+from ...kernels.convolution.conv import (
     conv2d_backward,
     conv2d_device_workspace_bytes,
     conv2d_forward,
     conv2d_workspace_bytes,
     conv_output_hw,
 )
-from ..kernels.vocabulary import DeviceKind, RecomputeCost
-from .base import Layer, ParamSpec, Shape, device_kind
+from ...kernels.vocabulary import DeviceKind, RecomputeCost
+from ..base import Layer, ParamSpec, Shape, device_kind
 
 
 def _pair(v: int | tuple[int, int], name: str, minimum: int) -> tuple[int, int]:

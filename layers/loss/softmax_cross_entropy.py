@@ -6,11 +6,11 @@ import math
 
 import numpy as np
 
-from ..kernels import _cuda
-from ..kernels.array_api import namespace
-from ..kernels.pointwise import softmax_xent
-from ..kernels.vocabulary import DeviceKind
-from .base import Layer, device_kind
+from ...kernels import _cuda
+from ...kernels.array_api import namespace
+from ...kernels.pointwise import softmax_xent
+from ...kernels.vocabulary import DeviceKind
+from ..base import Layer, device_kind
 
 #: Elements per chunk of the forward pass (bounds its workspace).
 _CHUNK = 1 << 16

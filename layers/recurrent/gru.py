@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.recurrent.rnn import gru_add_direct, gru_cell_backward, gru_cell_forward
-from ..kernels.workspace import Layout
-from .base import Layer, ParamSpec, Shape
+from ...kernels.recurrent.rnn import gru_add_direct, gru_cell_backward, gru_cell_forward
+from ...kernels.workspace import Layout
+from ..base import Layer, ParamSpec, Shape
 
 
 class GRUCell(Layer):

@@ -6,9 +6,9 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels.transformer.embedding import embedding_accumulate, embedding_backward, take_rows
-from ..kernels.vocabulary import RecomputeCost
-from .base import Layer, ParamSpec
+from ...kernels.transformer.embedding import embedding_accumulate, embedding_backward, take_rows
+from ...kernels.vocabulary import RecomputeCost
+from ..base import Layer, ParamSpec
 
 
 def check_integer_dtype(layer: Layer, dt: Any, what: str) -> None:

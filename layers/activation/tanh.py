@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.pointwise.elementwise import tanh_backward
-from .base import Layer
+from ...kernels.pointwise.elementwise import tanh_backward
+from ..base import Layer
 
 
 class Tanh(Layer):

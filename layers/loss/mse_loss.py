@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from .base import Layer
+from ..base import Layer
 
 #: Elements per chunk of the forward pass (bounds its workspace).
 _CHUNK = 1 << 16

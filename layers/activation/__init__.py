@@ -1,0 +1,1 @@
+"""Activation layers: ReLU, LeakyReLU, Sigmoid, Tanh, GELU."""

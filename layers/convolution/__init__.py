@@ -1,0 +1,1 @@
+"""Convolution layers: Conv2d (and the workspace caps its algorithms take)."""

@@ -1,0 +1,1 @@
+"""Normalization layers: BatchNorm1d / BatchNorm2d, LayerNorm."""

@@ -1,0 +1,1 @@
+"""Pooling layers: MaxPool2d, AvgPool2d, GlobalAvgPool2d."""

@@ -1,0 +1,1 @@
+"""Transformer layers: MultiHeadAttention, Embedding, PositionalEmbedding."""
