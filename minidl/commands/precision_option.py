@@ -1,6 +1,7 @@
 """``--precision``: the option of ``minidl plan`` (every precision) and ``minidl train`` (what
-training runs in now: fp32), read as a :class:`~minidl.memory.ir.precision.Precision` with
-one-line usage errors naming the valid values."""
+training runs in on the CPU: fp32, bf16-mixed, fp16-mixed), read as a
+:class:`~minidl.memory.ir.precision.Precision` with one-line usage errors naming the valid
+values."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import argparse
 from collections.abc import Callable
 
 from ..memory.ir.precision import Precision
+from ..zoo.models import SEQUENCE_MODELS
 from .common import UsageError
 
 __all__ = ["TRAINABLE", "add_precision_argument", "precision_checked", "precision_of"]
 
-#: The precisions a real run computes in today (half-precision kernels are not built yet).
-TRAINABLE = (Precision.FP32,)
+#: The precisions a real run computes in (mixed: on the CPU, :mod:`minidl.compile.mixed_steps`;
+#: tf32 is a GPU setting).
+TRAINABLE = (Precision.FP32, Precision.BF16_MIXED, Precision.FP16_MIXED)
 
 
 def add_precision_argument(parser: argparse.ArgumentParser, planned: bool) -> None:
@@ -37,20 +40,24 @@ def precision_of(args: argparse.Namespace, planned: bool = True) -> Precision:
         raise UsageError(f"--precision: {e}") from None
     if not planned and precision not in TRAINABLE:
         valid = ", ".join(p.value for p in TRAINABLE)
-        raise UsageError(f"--precision {precision}: a run computes in {valid} only for now "
-                         "(half-precision kernels are not built yet); minidl plan --precision "
-                         f"{precision} plans it")
+        raise UsageError(f"--precision {precision}: a run computes in {valid} (tf32 is a "
+                         f"GPU setting); minidl plan --precision {precision} plans it")
     return precision
 
 
 def precision_checked(command: Callable[[argparse.Namespace], int]
                       ) -> Callable[[argparse.Namespace], int]:
     """``command`` (a run's: ``minidl train``) after :func:`precision_of` checked that it
-    can compute in ``--precision``."""
+    can compute in ``--precision`` (``args.precision`` then the :class:`Precision`; text
+    models in fp32 only)."""
 
     def run(args: argparse.Namespace) -> int:
-        precision_of(args, planned=False)
+        args.precision = precision_of(args, planned=False)
+        if args.precision is not Precision.FP32 and args.model in SEQUENCE_MODELS:
+            raise UsageError(f"--precision {args.precision}: the text models (recurrent and "
+                             "attention layers) train in fp32 only for now")
         return command(args)
 
     run.__doc__, run.__name__ = command.__doc__, command.__name__
     return run
+

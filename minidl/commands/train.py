@@ -351,7 +351,7 @@ def _image_trainer(args: argparse.Namespace, spec, ds, defaults: D.TrainDefaults
         trainer = Trainer(net, opt, memory=spec, device=args.device, device_memory=device_memory,
                           seed=args.seed, scheduler=scheduler, host_memory=args.host_memory,
                           loss=SoftmaxCrossEntropy(label_smoothing=args.label_smoothing),
-                          clip_grad_norm=args.clip_grad_norm,
+                          clip_grad_norm=args.clip_grad_norm, precision=args.precision,
                           accumulate_grad_batches=args.accumulate_grad_batches,
                           emulate_link=link, comm=comm, sync_bn=args.sync_bn)
     except RuntimeError as e:  # the cuda device without a GPU

@@ -14,12 +14,14 @@ from ..layers.base import Context
 from ..memory.devices.traits import device_traits
 from ..memory.ir.names import Codec, Phase, Role
 from ..memory.ir.plan import Plan
+from ..memory.ir.precision import is_float
 from ..memory.ir.program import Step
 from ..memory.ir.walk import Where, walk
 from ..memory.passes import codecs
 from ..memory.runtime.runtime import MemoryRuntime, tensor_info
 from ..memory.runtime.scratch import TemporaryRouter
 from ..memory.runtime.transfer import copy_into, fetch_async
+from . import mixed_steps
 from .hooks import StepHooks, step_hooks
 from .lowering import Lowered
 
@@ -107,6 +109,11 @@ class Executor:
         #: footprint, live peak and overflow of the scratch block); ``None`` on the CPU.
         self.temporaries: TemporaryRouter | None = None
         self._feed_checks = self._feed_consumers()
+        #: Steps of a mixed-precision program that touch half tensors (by id): they run
+        #: through :mod:`.mixed_steps` (empty in float32).
+        dtypes = [np.dtype(t.dtype) for t in plan.program.tensors]
+        self._mixed = frozenset(id(st) for st in self.steps
+                                if mixed_steps.runs_mixed(st, dtypes))
         #: The plan's walk (:func:`~minidl.memory.ir.walk.walk`), computed once: every run
         #: replays it.
         self._visits = tuple(walk(plan))
@@ -343,14 +350,14 @@ class Executor:
 
     def _forward(self, st: Step, rt: MemoryRuntime, ctx: Context) -> None:
         arr = rt.array
-        self.layers[st.node].forward(
-            ctx,
-            [arr(t) for t in st.inputs],
-            [arr(t) for t in st.outputs],
-            self._params(st, rt),
-            {k: arr(t) for k, t in st.stash.items()},
-            arr(st.workspace) if st.workspace >= 0 else None,
-        )
+        layer = self.layers[st.node]
+        args = ([arr(t) for t in st.inputs], [arr(t) for t in st.outputs],
+                self._params(st, rt), {k: arr(t) for k, t in st.stash.items()},
+                arr(st.workspace) if st.workspace >= 0 else None)
+        if id(st) in self._mixed:
+            mixed_steps.forward(layer, ctx, st, *args)
+        else:
+            layer.forward(ctx, *args)
 
     def _backward(self, st: Step, rt: MemoryRuntime, ctx: Context,
                   loss_scale: float = 1.0) -> None:
@@ -375,17 +382,23 @@ class Executor:
             elif role == Role.ZEROS:
                 g.fill(0.0)
             g_out.append(g)
-        inputs = [arr(t) if j in layer.retain_inputs else None for j, t in enumerate(st.inputs)]
+        mixed = id(st) in self._mixed  # (a cast copy in its stash stands for a kept input)
+        retained = st.retained_inputs if mixed else layer.retain_inputs
+        inputs = [arr(t) if j in retained else None for j, t in enumerate(st.inputs)]
         outputs = [arr(t) if j in layer.retain_outputs else None
                    for j, t in enumerate(st.outputs)]
         g_in = [None if g is None else arr(g.written) for g in st.grad_inputs]
         grads = {k: arr(st.param_partials[k]) if k in st.param_partials
                  else self._param_grad(st, k, rt) for k in st.grad_params}
-        layer.backward(
-            ctx, g_out, g_in, inputs, outputs, self._params(st, rt), grads,
-            {k: arr(t) for k, t in st.stash.items()},
-            arr(st.workspace) if st.workspace >= 0 else None,
-        )
+        stash = {k: arr(t) for k, t in st.stash.items()}
+        ws = arr(st.workspace) if st.workspace >= 0 else None
+        if mixed:
+            mixed_steps.backward(layer, ctx, st, g_out, g_in, inputs, outputs,
+                                 self._params(st, rt), grads, stash, ws,
+                                 [rt.program.tensors[t].shape for t in st.inputs])
+        else:
+            layer.backward(ctx, g_out, g_in, inputs, outputs, self._params(st, rt), grads,
+                           stash, ws)
         for g in st.grad_inputs:
             if g is not None and g.add_into >= 0:
                 target = arr(g.add_into)
@@ -405,7 +418,7 @@ class Executor:
     def _check(self, st: Step, rt: MemoryRuntime) -> None:
         for t in st.outputs:
             a = rt.array(t)
-            if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
+            if is_float(a.dtype) and not np.isfinite(a).all():
                 raise NonFiniteError(
                     f"non-finite values (NaN or inf) first appear in the output of layer "
                     f"{st.layer} ({self.layers[st.node].describe()})"

@@ -53,7 +53,7 @@ def assemble(net: Network, optimizer: Any, config: MemoryConfig, loss: Any,
                                   comm, config.zero)  # zero=1: this rank's share
     engine = Engine(net, setup.pool, config, loss, optimizer,
                     host_memory=None if dev.host_memory is None else parse_size(dev.host_memory),
-                    target=setup.target)
+                    target=setup.target, precision=options.step.precision)
     # (zero=2 moves the gradients into the optimizer's shards through the buckets, even on
     # one rank)
     parallel = None if comm.size == 1 and config.zero < 2 else DataParallel(

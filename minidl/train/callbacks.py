@@ -9,7 +9,8 @@ Every hook receives the :class:`FitRun` (the trainer, the history, the run's len
 step), ``loss``, ``accuracy``, ``lr``, ``step_time_s``, ``samples_per_s``, ``peak_bytes``;
 after an epoch ``epoch``, ``step``, the epoch's mean ``loss`` and ``accuracy``, ``lr`` (the
 rate the epoch trained with), ``time_s``, ``peak_bytes`` and, when it was validated,
-``val_loss`` and ``val_accuracy``. Epochs are counted from 0 in ``logs`` and from 1 in
+``val_loss`` and ``val_accuracy``; under fp16-mixed ``skipped_steps`` (since the start, for
+inf / NaN gradients) and ``loss_scale``. Epochs are counted from 0 in ``logs`` and from 1 in
 printed lines. On a GPU a step's ``loss`` and ``accuracy`` are
 :class:`~minidl.compile.deferred.Deferred` (the host does not wait for the device until a callback
 reads them); epoch logs hold floats.
@@ -452,7 +453,7 @@ class ProgressLogger(Callback):
                        f"{logs['samples_per_s']:,.0f} samples/s, peak {peak}")
 
     def on_epoch_end(self, run: FitRun, logs: dict[str, Any]) -> None:
-        if self.bar is not None and "val_loss" not in logs:
+        if self.bar is not None and "val_loss" not in logs and "skipped_steps" not in logs:
             return
         line = (f"epoch {logs['epoch'] + 1}/{run.epochs}: loss {_fmt(logs['loss'], '.4f')}, "
                 f"accuracy {_fmt(logs['accuracy'], '.3f')}")
@@ -460,6 +461,9 @@ class ProgressLogger(Callback):
             line += (f", val_loss {_fmt(logs['val_loss'], '.4f')}, val_accuracy "
                      f"{_fmt(logs['val_accuracy'], '.3f')}")
         line += f", lr {logs['lr']:.4g}, {logs['time_s']:.1f} s (step {logs['step']})"
+        if "skipped_steps" in logs:
+            line += (f", {logs['skipped_steps']} steps skipped (inf/NaN gradients), loss scale "
+                     f"{logs['loss_scale']:g}")
         self.write(line)
 
     def on_train_end(self, run: FitRun, logs: dict[str, Any]) -> None:

@@ -30,6 +30,8 @@ from ..interop.checkpoint import (
 from ..net.graph import Network
 from .callbacks import callback_states
 
+#: The prefix of fp16-mixed's loss-scaler entries (:mod:`~minidl.train.loss_scaling`).
+SCALER = "trainer/loss_scaler/"
 #: What :meth:`Trainer.load` says a file should have been.
 EXPECTED = "a minidl checkpoint (.npz written by Trainer.save or minidl train --save)"
 
@@ -43,6 +45,10 @@ def checkpoint_arrays(trainer: Any) -> dict[str, Any]:
         for k, v in trainer.scheduler.state_dict().items():
             arrays[f"sched/{k}"] = np.asarray(v)
     arrays["trainer/iteration"] = np.asarray(trainer.iteration)
+    scaler = getattr(trainer, "loss_scaler", None)
+    if scaler is not None:
+        for k, v in scaler.state_dict().items():
+            arrays[f"{SCALER}{k}"] = np.asarray(v)
     arrays["trainer/seed"] = np.asarray(trainer.seed)
     arrays["trainer/epoch"] = np.asarray(trainer.fit_state.epoch)
     arrays["trainer/epoch_step"] = np.asarray(trainer.fit_state.epoch_step)
@@ -83,6 +89,8 @@ class Checkpoint:
     epoch_losses: list[float]
     epoch_accuracy: list[float]
     callbacks: dict[str, dict[str, float]]
+    #: fp16-mixed's loss-scaler state (empty in the other precisions).
+    scaler: dict[str, Any]
 
 
 def open_checkpoint(path: str) -> np.lib.npyio.NpzFile:
@@ -118,6 +126,7 @@ def read_checkpoint(path: str, net: Network, resume: bool) -> Checkpoint:
             position = resume_position(path, z) if resume else None
             losses, accuracy = ([float(v) for v in z[k]] if k in z.files else []
                                 for k in ("trainer/epoch_losses", "trainer/epoch_accuracy"))
+            scaler = {k[len(SCALER):]: z[k].item() for k in z.files if k.startswith(SCALER)}
             callbacks: dict[str, dict[str, float]] = {}
             for k in z.files:
                 if k.startswith("callback/"):
@@ -126,7 +135,8 @@ def read_checkpoint(path: str, net: Network, resume: bool) -> Checkpoint:
         except DAMAGED as e:
             raise CheckpointError(f"{path} is damaged ({damage(e)}): not loaded, "
                                   "nothing changed") from None
-    return Checkpoint(params, optim, sched, iteration, position, losses, accuracy, callbacks)
+    return Checkpoint(params, optim, sched, iteration, position, losses, accuracy, callbacks,
+                      scaler)
 
 
 def load_checkpoint(trainer: Any, path: str | os.PathLike, resume: bool = False) -> None:
@@ -158,6 +168,8 @@ def restore_weights(trainer: Any, path: str, ckpt: Checkpoint) -> None:
         trainer.optimizer.load_state_dict(
             {k: (v.item() if v.ndim == 0 else v) for k, v in ckpt.optim.items()})
         trainer.iteration = ckpt.iteration
+        if ckpt.scaler and getattr(trainer, "loss_scaler", None) is not None:
+            trainer.loss_scaler.load_state_dict(ckpt.scaler)
     except (KeyError, ValueError) as e:
         trainer.net.load_state_dict(before[0])
         trainer.optimizer.load_state_dict(before[1])

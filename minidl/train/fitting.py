@@ -284,6 +284,9 @@ def _train(run: FitRun, source: BatchSource, validation_data: tuple[Any, Any] | 
                 "accuracy": _mean(trainer.fit_state.epoch_accuracy),
                 "lr": lr, "time_s": time.perf_counter() - t_epoch,
                 "peak_bytes": trainer.observed.peak.bytes if trainer.observed.peak else 0}
+        scaler = getattr(trainer, "loss_scaler", None)
+        if scaler is not None:  # fp16-mixed: steps skipped for inf / NaN gradients so far
+            logs.update(skipped_steps=scaler.skipped, loss_scale=scaler.scale)
         if validation_data is not None and (epoch + 1) % val_every == 0:
             val_loss, val_acc = trainer.evaluate(*validation_data, batch_size=max(
                 run.batch_size, 256))

@@ -30,7 +30,8 @@ def split_gradients(trainer: Any, x: np.ndarray, y: np.ndarray, k: int) -> float
                                     accumulate=True)
         share = len(xb) / n
         loss, _ = c.executor.run([xb, yb], training=True, seed=trainer.seed,
-                                 iteration=trainer.iteration, loss_scale=share,
+                                 iteration=trainer.iteration,
+                                 loss_scale=share * trainer.gradient_scale,
                                  record=trainer.observed.recorder is not None)
         if trainer.engine.compute and (loss is None or not np.isfinite(loss)):
             raise NonFiniteError(f"the loss is {loss} at iteration {trainer.iteration}")

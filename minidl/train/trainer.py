@@ -22,6 +22,7 @@ from ..compile.executor import NonFiniteError
 from ..interop.checkpoint import CheckpointError
 from ..layers import SoftmaxCrossEntropy
 from ..memory.ir.config import MemoryConfig
+from ..memory.ir.precision import Precision
 from ..memory.runtime.cache import without_cache
 from ..memory.runtime.pool import DeviceOutOfMemory
 from ..net.graph import Network
@@ -33,6 +34,7 @@ from .fit_state import FitState
 from .fitting import DEFAULT_BATCH_SIZE, History, fit
 from .inputs import check_inputs
 from .memory_report import memory_report
+from .precision_checks import check_precision, loss_scaler_for
 from .run_observation import RunObservation
 from .split_steps import split_gradients
 from .step_checks import (
@@ -90,9 +92,15 @@ class Trainer:
         self.config = MemoryConfig.parse(memory)
         options = (options or TrainerOptions()).with_keywords(dict(keywords))
         step = options.step
+        #: What the steps compute in (:mod:`~minidl.memory.ir.precision`)
+        self.precision = Precision.of(step.precision)
         self.loss_layer = step.loss if step.loss is not None else SoftmaxCrossEntropy()
         parts = assemble(net, optimizer, self.config, self.loss_layer, options)
         self.device, self.pool, self.engine = parts.device, parts.pool, parts.engine
+        check_precision(self.precision, net, parts.traits.kind, self.config,
+                        1 if options.parallel.comm is None else options.parallel.comm.size)
+        #: fp16-mixed's dynamic loss scaler (:mod:`.loss_scaling`), else ``None``.
+        self.loss_scaler = loss_scaler_for(self.precision)
         #: The device's traits, read once (:func:`~minidl.memory.devices.traits.device_traits`).
         self.device_traits = parts.traits
         #: The emulated host link (``emulate_link``), or ``None``.
@@ -145,6 +153,8 @@ class Trainer:
         parameter's ``.grad`` holds its gradient. The iteration counter does not advance.
         Data-parallel: the global batch's loss and mean gradient, this rank ran its shard."""
         loss = self._gradients(x, y, wait=True)
+        if self.loss_scaler is not None:  # (.grad as unscaled as in the other precisions)
+            self.loss_scaler.unscale(self.net.parameters())
         self._refine()
         return loss
 
@@ -172,8 +182,8 @@ class Trainer:
         run = dict(training=True, seed=self.seed, iteration=self.iteration,
                    fetch_outputs=self.fetch_logits, record=record, hooks=self.parallel,
                    wait=False)
-        if accumulating:
-            run["loss_scale"] = 1.0 / self.accumulate_grad_batches
+        if accumulating or self.loss_scaler is not None:
+            run["loss_scale"] = self.gradient_scale / self.accumulate_grad_batches
         try:
             loss, outs = c.executor.run([x, y], **run)
         except DeviceOutOfMemory:
@@ -258,9 +268,22 @@ class Trainer:
         self.iteration += 1
         return loss
 
+    @property
+    def gradient_scale(self) -> float:
+        """What the loss gradient is multiplied by (fp16-mixed's loss scale, else 1)."""
+        return 1.0 if self.loss_scaler is None else self.loss_scaler.scale
+
     def _optimizer_step(self, loss: Any = None) -> Any:
         """Clip (``clip_grad_norm``) and update from the gradients in ``.grad``; the loss,
-        deferred with the norm's check when clipping a deferred one."""
+        deferred with the norm's check when clipping a deferred one. Under fp16-mixed the
+        gradients are unscaled first, and a step with inf / NaN gradients is skipped (the
+        scaler backs off)."""
+        if self.loss_scaler is not None:
+            finite = self.loss_scaler.unscale(self.net.parameters())
+            self.loss_scaler.update(finite)
+            if not finite:
+                self.accumulated = 0
+                return loss
         if self.clip_grad_norm is not None:
             loss = self._clip(loss)
         self.optimizer.step()

@@ -12,6 +12,7 @@ from ..distributed.comm import Communicator
 from ..distributed.data_parallel import DEFAULT_BUCKET_BYTES
 from ..layers.base import Layer
 from ..memory.cost.targets import DeviceProfile
+from ..memory.ir.precision import Precision
 from ..memory.ir.units import ALLOCATION_UNIT
 
 
@@ -31,13 +32,15 @@ class DeviceOptions:
 @dataclass(frozen=True)
 class StepOptions:
     """How each training step runs: the loss (default softmax cross-entropy), the seed of its
-    random masks, gradient clipping, the scheduler and gradient accumulation."""
+    random masks, gradient clipping, the scheduler, gradient accumulation and the precision
+    (:mod:`~minidl.memory.ir.precision`: ``fp32``, ``bf16-mixed``, ``fp16-mixed``)."""
 
     loss: Layer | None = None
     seed: int = 0
     clip_grad_norm: float | None = None
     scheduler: Any = None
     accumulate_grad_batches: int = 1
+    precision: Precision | str = Precision.FP32
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,7 @@ class TrainerKeywords(TypedDict, total=False):
     clip_grad_norm: float | None
     scheduler: Any
     accumulate_grad_batches: int
+    precision: Precision | str
     comm: Communicator | None
     bucket_bytes: int
     sync_bn: bool

@@ -1,0 +1,153 @@
+"""A mixed-precision program's steps on the host (:mod:`~minidl.memory.ir.precision`).
+
+Every tensor stays in the arena in its program dtype (bfloat16 as ``ml_dtypes.bfloat16``,
+float16 as NumPy's), so the real peak is the dry run's. A layer computes in float32 on copies
+cast up from its half arrays and its half outputs are rounded back into their blocks: the
+numerics of PyTorch's CPU autocast (matrix products accumulate in float32 on half-rounded
+operands and round their result once; losses, softmax and normalisation statistics in
+float32). A matrix op's weights are first rounded into their half copies (the ``@bfloat16`` /
+``@float16`` stash entries the lowering declared) and its float32 inputs into their cast
+copies, which its backward reads. Parameter gradients are written straight into the float32
+``.grad`` (accumulated in float32; the optimizer updates the float32 master weights).
+
+The float32 copies live on the host heap for the step, outside the arena: the plan prices a
+device whose kernels read half operands directly, and so does the dry run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..memory.ir.precision import is_float
+from ..memory.ir.program import Step
+
+#: Separates a tensor's stash key from the dtype of its cast copy (``weight@bfloat16``).
+CAST_MARK = "@"
+#: Layer kinds the host runs in mixed precision (tested against PyTorch's CPU autocast).
+MIXED_PRECISION_KINDS = frozenset({"conv", "linear", "pool", "relu", "act", "bn", "flatten",
+                                   "add", "loss", "dropout"})
+
+
+def is_half(a: Any) -> bool:
+    """Whether ``a`` is stored in a 2-byte float dtype (bfloat16 or float16)."""
+    return a is not None and a.dtype.itemsize == 2 and is_float(a.dtype)
+
+
+def runs_mixed(step: Step, dtype_of: Sequence[np.dtype]) -> bool:
+    """Whether ``step`` (a layer's forward, recompute or backward) touches a half tensor or
+    keeps a cast copy: those go through :func:`forward` / :func:`backward`."""
+    if step.node < 0:
+        return False
+    if step.matmul_dtype in ("bfloat16", "float16"):
+        return True
+    tids = [*step.inputs, *step.outputs, *step.stash.values(), *step.grad_outputs,
+            *(g.written for g in step.grad_inputs if g is not None)]
+    return any(np.dtype(dtype_of[t]).itemsize == 2 and is_float(dtype_of[t]) for t in tids)
+
+
+def _up(a: Any) -> Any:
+    """``a`` as float32 (a new host array) when it is half, else ``a`` itself."""
+    return a.astype(np.float32) if is_half(a) else a
+
+
+def _scratch(a: Any) -> Any:
+    """An uninitialised float32 array for a half output ``a`` (else ``a`` itself)."""
+    return np.empty(a.shape, np.float32) if is_half(a) else a
+
+
+def _round_into(dst: Any, src: Any) -> None:
+    """``dst[...] = src`` rounded to ``dst``'s dtype (nothing when they are one array;
+    float16's overflow to inf is what loss scaling watches for, not an error)."""
+    if dst is not src:
+        with np.errstate(over="ignore", invalid="ignore"):
+            np.copyto(dst, src, casting="unsafe")
+
+
+def _split_stash(stash: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The layer's own stash entries and the cast copies (``name@dtype``)."""
+    own = {k: v for k, v in stash.items() if CAST_MARK not in k}
+    casts = {k.split(CAST_MARK)[0]: v for k, v in stash.items() if CAST_MARK in k}
+    return own, casts
+
+
+def _half_params(params: dict[str, Any], casts: dict[str, Any], fill: bool) -> dict[str, Any]:
+    """The parameters as the layer computes with them: a half copy's values (rounded into it
+    from the float32 master when ``fill``) as float32, else the master itself."""
+    out = {}
+    for k, p in params.items():
+        copy = casts.get(k)
+        if copy is None:
+            out[k] = p
+            continue
+        if fill:
+            np.copyto(copy, p, casting="unsafe")
+        out[k] = copy.astype(np.float32)
+    return out
+
+
+def _workspace(layer: Any, st: Step, ws: Any, in_shapes: list, backward: bool) -> Any:
+    """The layer's workspace for float32 compute: the arena's block when it is large enough,
+    else a host buffer of the float32 size."""
+    options = st.options.as_layer_options
+    size = (layer.backward_workspace_bytes if backward else layer.forward_workspace_bytes)(
+        in_shapes, np.dtype(np.float32), **({"options": options} if layer.option_names else {}))
+    if size <= 0:
+        return ws
+    if ws is not None and ws.nbytes >= size:
+        return ws
+    return np.empty(size, np.uint8)
+
+
+def _cast_input(x: Any, j: int, casts: dict[str, Any], matmul_dtype: str) -> Any:
+    """Input ``j`` as a half op reads it: its kept cast copy (filled here), or rounded to the
+    op's dtype for the step, then as float32."""
+    copy = casts.get(f"input{j}")
+    if copy is not None:
+        np.copyto(copy, x, casting="unsafe")
+        return copy.astype(np.float32)
+    if matmul_dtype and is_float(x.dtype) and x.dtype.name != matmul_dtype:
+        return x.astype(matmul_dtype).astype(np.float32)
+    return _up(x)
+
+
+def forward(layer: Any, ctx: Any, st: Step, inputs: list, outputs: list,
+            params: dict[str, Any], stash: dict[str, Any], workspace: Any) -> None:
+    """Run a layer's forward (or recompute) step of a mixed-precision program."""
+    own, casts = _split_stash(stash)
+    ins = [_cast_input(x, j, casts, st.matmul_dtype) for j, x in enumerate(inputs)]
+    outs = [_scratch(y) for y in outputs]
+    own32 = {k: _up(v) for k, v in own.items()}
+    ws = _workspace(layer, st, workspace, [x.shape for x in inputs], backward=False)
+    layer.forward(ctx, ins, outs, _half_params(params, casts, fill=True), own32, ws)
+    for dst, src in zip(outputs, outs):
+        _round_into(dst, src)
+    for k, v in own.items():
+        _round_into(v, own32[k])
+
+
+def backward(layer: Any, ctx: Any, st: Step, grad_outputs: list, grad_inputs: list,
+             inputs: list, outputs: list, params: dict[str, Any], grads: dict[str, Any],
+             stash: dict[str, Any], workspace: Any, in_shapes: list) -> None:
+    """Run a layer's backward step of a mixed-precision program: ``inputs`` holds ``None``
+    where the layer keeps no input; an input its backward reads from a cast copy comes from
+    the stash."""
+    own, casts = _split_stash(stash)
+    ins = []
+    for j, x in enumerate(inputs):
+        copy = casts.get(f"input{j}")
+        ins.append(copy.astype(np.float32) if copy is not None and j in layer.retain_inputs
+                   else None if x is None else _up(x))
+    g_in = [None if g is None else _scratch(g) for g in grad_inputs]
+    ws = _workspace(layer, st, workspace, in_shapes, backward=True)
+    own32 = {k: _up(v) for k, v in own.items()}
+    layer.backward(ctx, [_up(g) for g in grad_outputs], g_in, ins,
+                   [None if y is None else _up(y) for y in outputs],
+                   _half_params(params, casts, fill=False), grads, own32, ws)
+    for dst, src in zip(grad_inputs, g_in):
+        if dst is not None:
+            _round_into(dst, src)
+    for k, v in own.items():
+        _round_into(v, own32[k])

@@ -1,0 +1,51 @@
+"""What a :class:`~minidl.train.trainer.Trainer` trains in mixed precision today, and the
+one-line refusals of the rest."""
+
+from __future__ import annotations
+
+from ..compile.mixed_steps import MIXED_PRECISION_KINDS
+from ..memory.ir.config import MemoryConfig
+from ..memory.ir.names import DeviceKind
+from ..memory.ir.precision import Precision
+from ..net.graph import Network
+from .loss_scaling import DynamicLossScaler
+
+__all__ = ["check_precision", "loss_scaler_for"]
+
+#: Memory flags whose codecs do not read half tensors yet.
+_CODEC_FLAGS = ("binarize", "sparse", "gist", "all", "dpr")
+
+
+def check_precision(precision: Precision, net: Network, device_kind: DeviceKind,
+                    config: MemoryConfig, ranks: int) -> None:
+    """Raise ``ValueError`` (one line) when ``net`` on a device of ``device_kind`` under
+    ``config`` cannot train in ``precision``: mixed precision runs on the CPU (or the meta
+    device), on one process, without the encoding codecs, over :data:`MIXED_PRECISION_KINDS`
+    layers."""
+    if precision.half_dtype is None:
+        if precision is Precision.TF32:
+            raise ValueError("precision='tf32' is a GPU setting (TF32 tensor cores); the CPU "
+                             "trains in fp32, bf16-mixed or fp16-mixed")
+        return
+    if device_kind is not DeviceKind.CPU:
+        raise ValueError(f"precision={precision.value!r} trains on the cpu device for now "
+                         f"(not {device_kind}); minidl plan --precision plans it for a GPU")
+    if ranks > 1 or config.zero:
+        raise ValueError(f"precision={precision.value!r} trains on one process without zero "
+                         "for now")
+    flags = [f for f in config.spec.split(",") if f.split("=")[0] in _CODEC_FLAGS]
+    if flags:
+        raise ValueError(f"precision={precision.value!r} with the codec {flags[0]!r}: its "
+                         "encodings do not read half tensors yet")
+    other = sorted({type(node.layer).__name__ for node in net.nodes
+                    if getattr(node.layer, "kind", None) not in MIXED_PRECISION_KINDS
+                    and node.layer is not None and hasattr(node.layer, "kind")})
+    if other:
+        raise ValueError(f"precision={precision.value!r} supports Conv2d, Linear, pooling, "
+                         "activations, BatchNorm, Flatten, Add, Dropout and the losses; this "
+                         f"network has {', '.join(other)}")
+
+
+def loss_scaler_for(precision: Precision) -> DynamicLossScaler | None:
+    """fp16-mixed's dynamic loss scaler (``None`` in the other precisions)."""
+    return DynamicLossScaler() if precision is Precision.FP16_MIXED else None

@@ -1,0 +1,178 @@
+"""Mixed-precision training on the CPU (issue 46): half tensors in the arena, the dry run's
+peak equal to the real run's, PyTorch CPU autocast's numerics, lossless specs bit-identical
+to ``none`` within each precision, fp16's dynamic loss scaling and its checkpointed state."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import minidl
+from minidl.net.graph import Input, Network
+from minidl.net.optim import SGD
+from minidl.train.loss_scaling import DynamicLossScaler
+from minidl.zoo.models import lenet5, resnet
+
+MIXED = ["bf16-mixed", "fp16-mixed"]
+
+
+def _data(n, shape, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((n, *shape)).astype(np.float32), rng.integers(0, 10, n)
+
+
+def _mlp():
+    x = Input((1, 8, 8))
+    h = minidl.layers.Flatten()(x)
+    h = minidl.layers.ReLU()(minidl.layers.Linear(64, 32)(h))
+    return Network(x, minidl.layers.Linear(32, 10)(h), seed=3)
+
+
+def _trainer(net, precision, spec="none", lr=0.05):
+    return minidl.Trainer(net, SGD(net.parameters(), lr=lr, momentum=0.9), memory=spec,
+                          device_memory="64MiB", precision=precision, debug=True)
+
+
+@pytest.mark.parametrize("precision", MIXED)
+def test_feature_maps_are_half_and_dry_run_equals_real_run(precision):
+    x, y = _data(8, (1, 8, 8))
+    peaks = {}
+    for p in ("fp32", precision):
+        net = lenet5((1, 8, 8), 10)
+        tr = _trainer(net, p, "reuse,inplace")
+        tr.step(x, y)
+        tr.step(x, y)
+        rep = minidl.dry_run(lenet5((1, 8, 8), 10), 8, "reuse,inplace", input_shape=(1, 8, 8),
+                             precision=p)
+        real = tr.memory_report()
+        assert real["peak_allocated_bytes"] == rep["peak_allocated_bytes"], p
+        assert real["peak_reserved_bytes"] == rep["peak_reserved_bytes"], p
+        peaks[p] = real["peak_allocated_bytes"]
+        if p != "fp32":
+            prog = tr.last_compiled.plan.program
+            half = {"bf16-mixed": "bfloat16", "fp16-mixed": "float16"}[p]
+            dtypes = {t.name: str(t.dtype) for t in prog.tensors}
+            assert dtypes["conv1"] == half and dtypes["conv1.weight@" + half] == half
+            assert dtypes["conv1.weight"] == "float32" and dtypes["loss"] == "float32"
+            assert all(p.data.dtype == np.float32 and p.grad.dtype == np.float32
+                       for p in net.parameters())
+    assert peaks[precision] < peaks["fp32"]
+
+
+@pytest.mark.parametrize("precision", MIXED)
+@pytest.mark.parametrize("model", ["lenet5", "resnet8"])
+def test_lossless_specs_bit_identical_to_none_within_the_precision(precision, model):
+    make, shape = {"lenet5": (lambda: lenet5((1, 8, 8), 10), (1, 8, 8)),
+                   "resnet8": (lambda: resnet(8, (3, 8, 8), 10, width=4), (3, 8, 8))}[model]
+    x, y = _data(6, shape)
+    runs = {}
+    for spec in ("none", "reuse,inplace", "reuse,swap=all", "reuse,recompute=sqrt",
+                 "reuse,inplace,static"):
+        net = make()
+        tr = _trainer(net, precision, spec)
+        losses = [tr.step(x, y) for _ in range(3)]
+        grads = {n: np.array(p.grad) for n, p in net.named_parameters()}
+        runs[spec] = losses, grads
+        rep = minidl.dry_run(make(), 6, spec, input_shape=shape, precision=precision)
+        assert tr.memory_report()["peak_allocated_bytes"] == rep["peak_allocated_bytes"], spec
+        assert runs[spec][0] == runs["none"][0], spec
+        for n, g in runs["none"][1].items():
+            assert np.array_equal(grads[n], g), (spec, n)
+
+
+def _torch_reference(net, x, y, precision):
+    torch = pytest.importorskip("torch")
+    from minidl.interop.torch_bridge import to_torch
+
+    tm = to_torch(net)
+    tm.train()
+    dtype = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}[precision]
+    with torch.autocast("cpu", dtype=dtype):
+        out = tm(torch.from_numpy(x))
+        loss = torch.nn.functional.cross_entropy(out, torch.from_numpy(y))
+    loss.backward()
+    theirs = dict(tm.named_parameters())
+    grads = {}
+    for name, _ in net.named_parameters():
+        owner, _, local = name.rpartition(".")
+        grads[name] = theirs[f"mods.{owner.replace('.', '_')}.{local}"].grad.float().numpy()
+    return float(loss.detach()), grads
+
+
+@pytest.mark.parametrize("precision", MIXED)
+@pytest.mark.parametrize("model", ["mlp", "lenet5", "resnet8"])
+def test_loss_and_gradients_match_pytorch_cpu_autocast(precision, model):
+    make, shape = {"mlp": (_mlp, (1, 8, 8)), "lenet5": (lambda: lenet5((1, 8, 8), 10), (1, 8, 8)),
+                   "resnet8": (lambda: resnet(8, (3, 8, 8), 10, width=4), (3, 8, 8))}[model]
+    x, y = _data(6, shape, seed=1)
+    net = make()
+    ref_loss, ref_grads = _torch_reference(make(), x, y, precision)
+    tr = _trainer(net, precision, lr=0.0)
+    loss = tr.compute_gradients(x, y)
+    eps = {"bf16-mixed": 2.0 ** -8, "fp16-mixed": 2.0 ** -11}[precision]  # unit roundoff
+    assert abs(loss - ref_loss) <= 2 * eps * abs(ref_loss)
+    for name, g in ref_grads.items():
+        # within a few half roundings of the largest gradient of the tensor
+        err = np.abs(dict(net.named_parameters())[name].grad - g).max()
+        assert err <= 4 * eps * np.abs(g).max() + 1e-7, (name, err)
+
+
+def test_fp32_keyword_is_bit_identical_to_the_default():
+    x, y = _data(6, (1, 8, 8))
+    runs = []
+    for kw in ({}, {"precision": "fp32"}):
+        net = lenet5((1, 8, 8), 10)
+        tr = minidl.Trainer(net, SGD(net.parameters(), lr=0.05, momentum=0.9),
+                            device_memory="16MiB", **kw)
+        runs.append([tr.step(x, y) for _ in range(3)])
+    assert runs[0] == runs[1]
+
+
+def test_fp16_overflow_skips_the_step_and_backs_off(tmp_path):
+    x, y = _data(8, (1, 8, 8))
+    net = _mlp()
+    tr = _trainer(net, "fp16-mixed")
+    scaler = tr.loss_scaler
+    assert scaler.scale == 2.0 ** 16 and scaler.growth_interval == 2000
+    tr.step(x, y)
+    assert scaler.skipped == 0 and scaler.clean_steps == 1
+    scaler.scale = 2.0 ** 40  # the loss gradient overflows float16: inf gradients
+    before = {n: np.array(v) for n, v in net.state_dict().items()}
+    tr.step(x, y)
+    assert scaler.skipped == 1 and scaler.scale == 2.0 ** 39 and scaler.clean_steps == 0
+    for n, v in net.state_dict().items():  # the update was skipped
+        assert np.array_equal(v, before[n]), n
+    while scaler.skipped < 30 and scaler.scale > 2.0 ** 20:
+        tr.step(x, y)
+    assert scaler.scale <= 2.0 ** 20 and np.isfinite(tr.step(x, y))
+    # the scaler's state is in the checkpoint: a resumed run continues exactly
+    path = tmp_path / "run.npz"
+    tr.save(path)
+    straight = [tr.step(x, y) for _ in range(2)]
+    net2 = _mlp()
+    tr2 = _trainer(net2, "fp16-mixed")
+    tr2.load(path, resume=True)
+    assert tr2.loss_scaler.state_dict() == {**scaler.state_dict(), "clean_steps":
+                                            scaler.clean_steps - 2}
+    assert [tr2.step(x, y) for _ in range(2)] == straight
+
+
+def test_scaler_grows_after_clean_steps():
+    s = DynamicLossScaler(growth_interval=3)
+    for _ in range(3):
+        s.update(True)
+    assert s.scale == 2.0 ** 17 and s.clean_steps == 0
+    s.update(False)
+    assert s.scale == 2.0 ** 16 and s.skipped == 1
+
+
+def test_unsupported_layers_and_devices_are_refused_in_one_line():
+    from minidl.zoo.rnn import char_rnn
+
+    with pytest.raises(ValueError, match="supports Conv2d, Linear.*LSTM"):
+        minidl.Trainer(char_rnn(11, 6, 7, 1, steps=4), device_memory="8MiB",
+                       precision="bf16-mixed")
+    with pytest.raises(ValueError, match="GPU setting"):
+        minidl.Trainer(_mlp(), device_memory="8MiB", precision="tf32")
+    with pytest.raises(ValueError, match="with the codec"):
+        minidl.Trainer(_mlp(), memory="gist", device_memory="8MiB", precision="fp16-mixed")
