@@ -3,54 +3,35 @@
 
 from __future__ import annotations
 
-import os
-from typing import Any
+from typing import Any, Unpack
 
 from ..compile.engine import Engine, micro_shapes
 from ..layers import SoftmaxCrossEntropy
-from ..layers.base import Layer
 from ..memory.cost.cost_model import simulate
 from ..memory.cost.targets import DeviceProfile, get_target
 from ..memory.devices.device import MetaDevice
 from ..memory.ir.config import MemoryConfig
 from ..memory.ir.names import DeviceKind
 from ..memory.ir.plan import AutoChoice, CurvePoint
-from ..memory.ir.precision import Precision
-from ..memory.ir.units import ALLOCATION_UNIT
 from ..memory.passes.zero import ZeroBytes, zero_bytes
 from ..memory.runtime.pool import Pool
 from ..net.graph import Network
 from ..net.labels import default_label_shape
 from ..net.optim import make_optimizer
 from . import report
+from .dry_run_options import DryRunKeywords, DryRunOptions, DryRunOutputs
 from .memory_record import plan_snapshot
 from .precision_report import precision_report
 from .rank_view import rank_breakdown, rank_live_tensors, zero_report, zero_what
 
 
-def dry_run(
-    net: Network,
-    batch_size: int,
-    memory: str | MemoryConfig = "none",
-    optimizer: str = "sgd",
-    loss: Layer | None = None,
-    label_shape: tuple[int, ...] | None = None,
-    input_shape: tuple[int, ...] | None = None,
-    top: int = 10,
-    training: bool = True,
-    plot: str | None = None,
-    trace: str | None = None,
-    budget: int | None = None,
-    alignment: int = ALLOCATION_UNIT,
-    device_kind: str = "cpu",
-    scratch_bytes: int | None = None,
-    target: str | DeviceProfile | None = None,
-    emulated: bool = False,
-    ranks: int = 1,
-    snapshot: str | os.PathLike | None = None,
-    precision: Precision | str = Precision.FP32,
-) -> dict[str, Any]:
+def dry_run(net: Network, batch_size: int, memory: str | MemoryConfig = "none",
+            optimizer: str = "sgd", options: DryRunOptions | None = None,
+            **keywords: Unpack[DryRunKeywords]) -> dict[str, Any]:
     """Run one training iteration of ``net`` on the meta device and report its memory.
+
+    ``options`` (:class:`~minidl.analysis.dry_run_options.DryRunOptions`) groups what follows;
+    each of its fields is taken as a keyword too (``dry_run(net, 32, "auto", target="a100")``).
 
     The pool places every block exactly as a real run would, so ``peak_allocated_bytes``
     equals a real run's. Keys: ``peak_allocated_bytes``, ``peak_reserved_bytes``,
@@ -87,28 +68,35 @@ def dry_run(
     ``fp16-mixed`` (tensors in the op policy's dtypes) or ``tf32``; other than ``fp32``, the
     report adds ``precision`` and its figures by dtype (:func:`precision_report`).
     """
-    config, profile, device_kind = _planned_for(memory, target, emulated, device_kind)
-    shape = tuple(input_shape) if input_shape is not None else net.input_shapes[0]
+    options = (options or DryRunOptions()).with_keywords(dict(keywords))
+    inputs, device, outputs = options.inputs, options.device, options.outputs
+    config, profile, device_kind = _planned_for(memory, device.target, device.emulated,
+                                                device.device_kind)
+    training, ranks = inputs.training, device.ranks
+    shape = tuple(inputs.input_shape) if inputs.input_shape is not None \
+        else net.input_shapes[0]
     if shape is None:
         raise ValueError("the network has no input shape: pass input_shape")
     global_batch = int(batch_size)
     batch_size = -(-global_batch // ranks)  # rank 0's shard
-    pool = Pool(MetaDevice(kind=device_kind), alignment=alignment)
-    loss = loss if loss is not None else SoftmaxCrossEntropy()
+    pool = Pool(MetaDevice(kind=device_kind), alignment=device.alignment)
+    loss = inputs.loss if inputs.loss is not None else SoftmaxCrossEntropy()
     opt = make_optimizer(optimizer, net.parameters()) if training else None
     engine = Engine(net, pool, config, loss if training else None, opt, bind=False,
-                    scratch_bytes=scratch_bytes, target=profile, precision=precision)
-    c, split, micro = _compile_iteration(engine, net, batch_size, shape, label_shape, training)
+                    scratch_bytes=device.scratch_bytes, target=profile,
+                    precision=device.precision)
+    c, split, micro = _compile_iteration(engine, net, batch_size, shape, inputs.label_shape,
+                                         training)
     c.executor.run([None, None], training=training, record=True)
     info = engine.peak_info(c)
-    _write_records(c, info, net, config, batch_size,
-                   budget if budget is not None else config.budget, snapshot, plot, trace)
+    budget = outputs.budget if outputs.budget is not None else config.budget
+    _write_records(c, info, net, config, batch_size, budget, outputs)
     swap = c.executor.last_runtime.swap_stats.as_dict()
     swap["host_peak_bytes"] = engine.host_pool.peak_bytes
     prog = c.lowered.program
     zero = zero_bytes(prog, config.zero, ranks) if training and (ranks > 1 or config.zero) \
         else None
-    peaks, rank_notes = _peak_figures(prog, pool.stats(), info, zero, ranks, top)
+    peaks, rank_notes = _peak_figures(prog, pool.stats(), info, zero, ranks, outputs.top)
     return {
         "model": net.name,
         "device": "meta" if device_kind == DeviceKind.CPU else f"meta ({device_kind} kind)",
@@ -171,17 +159,17 @@ def _compile_iteration(engine: Engine, net: Network, batch_size: int, shape: tup
 
 
 def _write_records(c: Any, info: Any, net: Network, config: MemoryConfig, batch_size: int,
-                   budget: int | None, snapshot: str | os.PathLike | None, plot: str | None,
-                   trace: str | None) -> None:
+                   budget: int | None, outputs: DryRunOutputs) -> None:
     """The files a dry run was asked for: the memory snapshot, the timeline plot (``budget``
     drawn as a line) and the trace."""
-    if snapshot:
-        plan_snapshot(c, info, snapshot, model=net.name, memory=config.spec, budget=budget)
-    if plot:
-        report.plot_timeline(report.timeline(c), plot,
+    if outputs.snapshot:
+        plan_snapshot(c, info, outputs.snapshot, model=net.name, memory=config.spec,
+                      budget=budget)
+    if outputs.plot:
+        report.plot_timeline(report.timeline(c), outputs.plot,
                              f"{net.name}, batch {batch_size}, {config.spec}", budget=budget)
-    if trace:
-        report.save_trace(c, trace, measured=False)
+    if outputs.trace:
+        report.save_trace(c, outputs.trace, measured=False)
 
 
 def _peak_figures(prog: Any, stats: dict[str, int], info: Any, zero: ZeroBytes | None,

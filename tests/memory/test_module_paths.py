@@ -79,7 +79,7 @@ def test_documented_path_imports(path):
 
 def test_every_package_on_disk_has_a_row():
     packages = {p.rsplit(".", 1)[0] for p in DOCUMENTED}
-    for top in (minidl, minidl.memory, minidl.kernels):
+    for top in (minidl, minidl.memory, minidl.kernels, minidl.layers):
         for init in Path(top.__file__).parent.glob("*/__init__.py"):
             if init.parent.name != "__pycache__":
                 assert f"{top.__name__}.{init.parent.name}" in packages
