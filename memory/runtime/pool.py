@@ -35,9 +35,11 @@ from ..ir.units import ALLOCATION_UNIT, format_size
 from .pool_errors import (
     DeviceOutOfMemory,
     DoubleFreeError,
+    FailedRequest,
     ForeignBlockError,
     PlacementError,
     PoolError,
+    PoolFigures,
     UseAfterFreeError,
 )
 from .pool_report import CATEGORIES
@@ -337,12 +339,13 @@ class Pool(PoolStatistics):
         largest = self._largest_free()
         top = heapq.nlargest(5, self._live.values(), key=lambda b: b.size)
         return DeviceOutOfMemory(
-            requested=size, nbytes=nbytes, tag=tag, category=category,
-            device=device_traits(self.device).name, capacity=self.capacity,
-            allocated=self._allocated, free=self.capacity - self._allocated,
-            largest_free_block=largest, fragmentation=self._fragmentation(largest),
-            num_live=len(self._live), largest_live=[(b.tag, b.category, b.size) for b in top],
-            offset=offset)
+            FailedRequest(requested=size, nbytes=nbytes, tag=tag, category=category,
+                          offset=offset),
+            PoolFigures(device=device_traits(self.device).name, capacity=self.capacity,
+                        allocated=self._allocated, free=self.capacity - self._allocated,
+                        largest_free_block=largest, fragmentation=self._fragmentation(largest),
+                        num_live=len(self._live),
+                        largest_live=[(b.tag, b.category, b.size) for b in top]))
 
     # ------------------------------------------------------------------ blocks and chunks
 

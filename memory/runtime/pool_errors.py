@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 from ..ir.units import format_size
 
 __all__ = [
     "DeviceOutOfMemory",
     "DoubleFreeError",
+    "FailedRequest",
     "ForeignBlockError",
     "PlacementError",
+    "PoolFigures",
     "PoolError",
     "UseAfterFreeError",
 ]
@@ -36,58 +38,83 @@ class PlacementError(ValueError):
     """A fixed offset that does not lie within a free region, or is not aligned."""
 
 
+@dataclass(frozen=True)
+class FailedRequest:
+    """The allocation that did not fit: ``requested`` (rounded bytes), ``nbytes`` (as asked),
+    its tag and category, and the fixed ``offset`` asked for (``None``: anywhere)."""
+
+    requested: int
+    nbytes: int
+    tag: str
+    category: str
+    offset: int | None = None
+
+
+@dataclass(frozen=True)
+class PoolFigures:
+    """The pool when the request failed: its device's name, capacity, bytes in use in
+    ``num_live`` blocks, free bytes, the largest free block, fragmentation, and the largest
+    live blocks (``(tag, category, bytes)``, largest first, at most 5)."""
+
+    device: str
+    capacity: int
+    allocated: int
+    free: int
+    largest_free_block: int
+    fragmentation: float
+    num_live: int
+    largest_live: list[tuple[str, str, int]]
+
+
 class DeviceOutOfMemory(MemoryError):
     """No free region fits the request. The pool is left exactly as it was.
 
-    Attributes: ``requested`` (rounded bytes), ``nbytes`` (as asked), ``tag``, ``category``,
-    ``capacity``, ``allocated``, ``free``, ``largest_free_block``, ``fragmentation``,
-    ``largest_live`` (list of ``(tag, category, bytes)``, largest first, at most 5).
+    Attributes: ``request`` (:class:`FailedRequest`), ``figures`` (:class:`PoolFigures`), and
+    their fields ``requested``, ``nbytes``, ``tag``, ``category``, ``offset``, ``capacity``,
+    ``allocated``, ``free``, ``largest_free_block``, ``fragmentation``, ``largest_live``.
     """
 
-    def __init__(self, *, requested: int, nbytes: int, tag: str, category: str, device: str,
-                 capacity: int, allocated: int, free: int, largest_free_block: int,
-                 fragmentation: float, num_live: int,
-                 largest_live: list[tuple[str, str, int]], offset: int | None = None) -> None:
-        self._kwargs = dict(requested=requested, nbytes=nbytes, tag=tag, category=category,
-                            device=device, capacity=capacity, allocated=allocated, free=free,
-                            largest_free_block=largest_free_block, fragmentation=fragmentation,
-                            num_live=num_live, largest_live=largest_live, offset=offset)
-        self.requested = requested
-        self.nbytes = nbytes
-        self.tag = tag
-        self.category = category
-        self.capacity = capacity
-        self.allocated = allocated
-        self.free = free
-        self.largest_free_block = largest_free_block
-        self.fragmentation = fragmentation
-        self.largest_live = largest_live
-        self.offset = offset
-
-        def sz(n: int) -> str:
-            return f"{format_size(n)} ({n} bytes)"
-
-        where = "" if offset is None else f" at fixed offset {offset}"
-        lines = [
-            f"out of memory on the {device} device: cannot allocate {sz(requested)}{where} for "
-            f"{tag or '<untagged>'!r} ({category})",
-            f"  capacity            {sz(capacity)}",
-            f"  in use              {sz(allocated)} in {num_live} blocks",
-            f"  free                {sz(free)}",
-            f"  largest free block  {sz(largest_free_block)}",
-            f"  fragmentation       {fragmentation:.3f}",
-        ]
-        if largest_live:
-            lines.append("  largest live blocks:")
-            for t, c, n in largest_live:
-                lines.append(f"    {t or '<untagged>'} ({c}): {sz(n)}")
-        lines.append("  raise the device memory, lower the batch size, or enable a memory "
-                     "strategy (reuse, swap, recompute, ...)")
-        super().__init__("\n".join(lines))
+    def __init__(self, request: FailedRequest, figures: PoolFigures) -> None:
+        self.request = request
+        self.figures = figures
+        self.requested = request.requested
+        self.nbytes = request.nbytes
+        self.tag = request.tag
+        self.category = request.category
+        self.offset = request.offset
+        self.capacity = figures.capacity
+        self.allocated = figures.allocated
+        self.free = figures.free
+        self.largest_free_block = figures.largest_free_block
+        self.fragmentation = figures.fragmentation
+        self.largest_live = figures.largest_live
+        super().__init__(_message(request, figures))
 
     def __reduce__(self) -> tuple:
-        return _rebuild_oom, (self._kwargs,)
+        return DeviceOutOfMemory, (self.request, self.figures)
 
 
-def _rebuild_oom(kwargs: dict[str, Any]) -> DeviceOutOfMemory:
-    return DeviceOutOfMemory(**kwargs)
+def _message(request: FailedRequest, figures: PoolFigures) -> str:
+    """The out-of-memory report: the request, the pool's figures and what to do."""
+
+    def sz(n: int) -> str:
+        return f"{format_size(n)} ({n} bytes)"
+
+    where = "" if request.offset is None else f" at fixed offset {request.offset}"
+    lines = [
+        f"out of memory on the {figures.device} device: cannot allocate "
+        f"{sz(request.requested)}{where} for {request.tag or '<untagged>'!r} "
+        f"({request.category})",
+        f"  capacity            {sz(figures.capacity)}",
+        f"  in use              {sz(figures.allocated)} in {figures.num_live} blocks",
+        f"  free                {sz(figures.free)}",
+        f"  largest free block  {sz(figures.largest_free_block)}",
+        f"  fragmentation       {figures.fragmentation:.3f}",
+    ]
+    if figures.largest_live:
+        lines.append("  largest live blocks:")
+        for t, c, n in figures.largest_live:
+            lines.append(f"    {t or '<untagged>'} ({c}): {sz(n)}")
+    lines.append("  raise the device memory, lower the batch size, or enable a memory "
+                 "strategy (reuse, swap, recompute, ...)")
+    return "\n".join(lines)

@@ -242,11 +242,6 @@ class Engine:
         self._cache.clear()
 
     # ------------------------------------------------------------------ compile
-    @property
-    def grad_shard_specs(self) -> list[tuple[str, tuple[int, ...], str]] | None:
-        """The gradient shards this rank keeps instead of full gradients, or ``None``."""
-        return self.shards.gradient_specs
-
     def compiled(self, batch_shapes: list[tuple[int, ...]], label_shape: tuple[int, ...] | None,
                  training: bool, label_dtype: str = "int64",
                  accumulate: bool = False) -> Compiled:
@@ -273,7 +268,7 @@ class Engine:
                              sharding=sharding_of(self.shards) if training else None,
                              precision=self.precision)
 
-            lowered, plan = search_options(self, lowered_with(None), lowered_with, config, net)
+            lowered, plan = search_options(self, lowered_with(None), lowered_with, config)
             c = self._compile(lowered, plan)
             c.notes = choice_notes(plan)
             self._cache[key] = c

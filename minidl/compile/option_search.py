@@ -22,7 +22,6 @@ from ..memory.passes.base_plan import plan_peak
 from ..memory.planners.auto import BelowFloor, BudgetTooSmall
 from ..memory.planners.floor import peak_floor
 from ..memory.planners.planner import make_plan
-from ..net.graph import Network
 from .lowering import Lowered
 
 #: Lowers the program for a set of per-op options (``None``: the defaults).
@@ -40,12 +39,10 @@ class PlanningEngine(Protocol):
 
 
 def search_options(engine: PlanningEngine, first: Lowered, lowered_with: LowerWith,
-                   config: MemoryConfig, net: Network | None = None) -> tuple[Lowered, Plan]:
+                   config: MemoryConfig) -> tuple[Lowered, Plan]:
     """The first per-op option choice (BPTT schedule x attention form) whose plan fits,
     ``first`` being the program lowered with the defaults; the last choice's
     :class:`BudgetTooSmall` when none does. A choice among several is said in the notes.
-    (``net`` is not read: the program carries what memory needs of its layers; the engine
-    still passes it until its own change of issue 48 drops the argument.)
 
     A budget under the peak floor of every plan (:func:`~minidl.memory.planners.floor.
     peak_floor`: the persistent state plus what the largest step holds whole, whatever the

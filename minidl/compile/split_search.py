@@ -15,6 +15,7 @@ from ..memory.ir.config import MemoryConfig
 from ..memory.planners.auto import BudgetTooSmall
 from ..net.graph import Network
 from .compiled import Compiled
+from .shard_layout import ShardLayout
 
 #: Why a network with batch statistics is never split into micro-batches.
 BATCH_STATS_SPLIT = ("batch splitting with BatchNorm would normalise with micro-batch statistics, "
@@ -34,7 +35,8 @@ class SplittingEngine(Protocol):
     net: Network
     config: MemoryConfig
     target: DeviceProfile | None
-    grad_shard_specs: list[tuple[str, tuple[int, ...], str]] | None
+    #: What this rank keeps of the gradients (:mod:`~minidl.compile.shard_layout`).
+    shards: ShardLayout
 
     def compiled(self, batch_shapes: list[tuple[int, ...]],
                  label_shape: tuple[int, ...] | None, training: bool,
@@ -50,14 +52,14 @@ def split_for(engine: SplittingEngine, batch_shapes: list[tuple[int, ...]],
     batch_stats = bool(engine.net.buffers())
     if k is not None and k > 1 and batch_stats:
         raise ValueError(BATCH_STATS_SPLIT)
-    if k is not None and k > 1 and engine.grad_shard_specs is not None:
+    if k is not None and k > 1 and engine.shards.gradient_specs is not None:
         raise ValueError(f"split={k} accumulates every parameter's full gradient over the "
                          f"micro-batches, which zero={engine.config.zero} does not keep: use "
                          "zero=1 with split, or zero=2 without")
     if k is not None or not engine.config.has("auto"):
         return k or 1
     batch = batch_shapes[0][0]
-    if batch_stats or engine.grad_shard_specs is not None:
+    if batch_stats or engine.shards.gradient_specs is not None:
         why = BATCH_STATS_SPLIT if batch_stats else (
             f"zero={engine.config.zero} keeps no full gradients to accumulate micro-batches in")
         try:
