@@ -70,15 +70,18 @@ def frontier(net: Network | Callable[[], Network], batch_size: int,
 def auto_device_memory(net: Network, batch_size: int, memory: str | MemoryConfig,
                        optimizer: str, input_shape: tuple[int, ...],
                        device_kind: str = "cpu",
-                       emulate_link: str | DeviceProfile | None = None) -> int:
+                       emulate_link: str | DeviceProfile | None = None,
+                       precision: str = "fp32") -> int:
     """Device bytes a run needs: the larger reserved peak of a training and an evaluation
     iteration (dry runs for ``device_kind``), rounded up to a MiB, plus one MiB of headroom.
     On a GPU also room for CuPy's own temporaries, which the first step measures (a dry run
     cannot): the largest tensor of the program (they are masks and small reductions of
     feature maps: at most a quarter of the largest map in the reference models).
-    ``emulate_link``: for a run emulating that target's link (its plans)."""
+    ``emulate_link``: for a run emulating that target's link (its plans). ``precision``: what
+    training computes in (evaluation runs in float32)."""
     train = dry_run(net, batch_size, memory, optimizer, input_shape=input_shape,
-                    device_kind=device_kind, target=emulate_link, emulated=True)
+                    device_kind=device_kind, target=emulate_link, emulated=True,
+                    precision=precision)
     evaluate = dry_run(net, batch_size, memory, optimizer, input_shape=input_shape,
                        training=False, device_kind=device_kind, target=emulate_link,
                        emulated=True)

@@ -33,7 +33,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         functools.partial(build_model, args.model, shape, classes, args.width), shape,
         args.batch_size, specs, steps=args.steps, warmup=args.warmup,
         compare_torch=args.compare_torch, seed=args.seed, progress=not args.json,
-        emulate_link=link, device=args.device,
+        emulate_link=link, device=args.device, precision=args.precision,
     )
     if args.json:
         print(json.dumps(result))
@@ -48,7 +48,8 @@ def print_bench(args: argparse.Namespace, shape, result: dict) -> None:
     compares with PyTorch has its own line under the table."""
     first = result["results"][0]
     print(f"{args.model}, input {'x'.join(map(str, shape))}, batch {args.batch_size}, "
-          f"{args.steps} steps per spec (median), device {args.device}")
+          f"{args.steps} steps per spec (median), device {args.device}, "
+          f"precision {result.get('precision', 'fp32')}")
     print(f"{'memory spec':<36}{'peak allocated':>18}{'step (ms)':>12}{'x first':>9}")
     for r in result["results"]:
         extra = ""

@@ -134,8 +134,8 @@ def _train_device_arguments(t: argparse.ArgumentParser) -> None:
                         "without auto: --device-memory sizes the arena)")
     t.add_argument("--host-memory", default=None,
                    metavar="SIZE",
-                   help="bound on host memory holding swapped tensors, e.g. 2GiB (default: "
-                        "unbounded)")
+                   help="bound on host memory holding swapped tensors and offloaded state, "
+                        "e.g. 2GiB (default: unbounded)")
     t.add_argument("--optimizer", default=None, choices=["sgd", "adam", "adamw"],
                    help="the optimizer (default: adamw for the transformers, sgd for the "
                         "others)")
@@ -210,6 +210,9 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
                         epilog=EPILOG)
     add_model_arguments(pl, DEFAULT_BATCH_SIZE, model_required=False)  # (not with --compressed)
     pl.add_argument("--classes", type=int, default=10, help=SHARED_HELP["classes"])
+    pl.add_argument("--host-memory", default=None, metavar="SIZE",
+                    help="host bytes the run may use (offloaded state and swap buffers), e.g. "
+                         "512GiB: a plan needing more is refused (default: unbounded)")
     pl.add_argument("--vocab", type=int, default=None,
                     help="vocabulary size of the text models (default: the model's, 65 for the "
                          "char RNNs)")
@@ -292,4 +295,5 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
                    help="cpu (default), cuda or cuda:N: minidl's steps on that device and, with "
                         "--compare-torch, PyTorch's on the same GPU (each in its own process; "
                         "steps timed to the device's completion)")
-    b.set_defaults(func=cmd_bench)
+    add_precision_argument(b, planned=False)
+    b.set_defaults(func=precision_checked(cmd_bench))

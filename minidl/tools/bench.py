@@ -63,21 +63,24 @@ def run_bench(
     block: int = 5,
     emulate_link: Any = None,
     device: str = "cpu",
+    precision: str = "fp32",
 ) -> dict[str, Any]:
     """Train ``steps`` counted steps (+ ``warmup``) per spec on one synthetic batch, the
     configurations alternating in blocks of ``block`` steps (+1 uncounted). ``emulate_link``
     (a target name or profile): each Trainer emulates its host link (``Trainer(emulate_link=)``).
     ``device``: where minidl's trainers run (``"cuda"``: each step is timed until the GPU has
-    finished it, and PyTorch, with ``compare_torch``, runs on the same GPU).
+    finished it, and PyTorch, with ``compare_torch``, runs on the same GPU). ``precision``:
+    what every trainer computes in (:mod:`~minidl.memory.ir.precision`), and PyTorch under
+    ``torch.autocast`` in the matching half dtype.
     """
     from tqdm.auto import tqdm
 
     # started first: an unusable model factory fails before any minidl work
-    torch = _torch_process(make_net, shape, batch_size, seed, lr, device) if compare_torch \
-        else None
+    torch = _torch_process(make_net, shape, batch_size, seed, lr, device, precision) \
+        if compare_torch else None
     try:
-        trainers = [_trainer(make_net, shape, batch_size, spec, lr, seed, emulate_link, device)
-                    for spec in specs]
+        trainers = [_trainer(make_net, shape, batch_size, spec, lr, seed, emulate_link, device,
+                             precision) for spec in specs]
         x, y = synthetic_batch(trainers[0].net, shape, batch_size, seed)
         runners = [functools.partial(_timed_step, tr, x, y) for tr in trainers]
         for fn in runners:
@@ -94,7 +97,7 @@ def run_bench(
             torch.close()
     results = _results(specs, trainers, times["minidl"])
     out: dict[str, Any] = {"batch_size": batch_size, "input": list(shape), "steps": steps,
-                           "results": results}
+                           "precision": str(precision), "results": results}
     if torch is not None:
         med = float(np.median(times.get("torch", [])))
         out["torch"] = {"step_time_median_s": med, "time_ratio": results[0]["step_time_median_s"]
@@ -103,26 +106,30 @@ def run_bench(
 
 
 def _torch_process(make_net: Callable[[], Any], shape: tuple[int, ...], batch_size: int,
-                   seed: int, lr: float, device: str) -> TorchProcess | None:
+                   seed: int, lr: float, device: str, precision: str = "fp32"
+                   ) -> TorchProcess | None:
     """PyTorch's side of ``compare_torch`` on ``device``'s GPU (else the CPU), or ``None``
     (said) when torch is not installed."""
     if importlib.util.find_spec("torch") is None:
         print("torch is not installed: --compare-torch skipped")
         return None
     on_gpu = device.startswith("cuda") and device != "cuda-strict"  # (cuda-strict: cpu)
-    return TorchProcess(make_net, shape, batch_size, seed, lr, device=device if on_gpu else "cpu")
+    return TorchProcess(make_net, shape, batch_size, seed, lr, device=device if on_gpu else "cpu",
+                        precision=str(precision))
 
 
 def _trainer(make_net: Callable[[], Any], shape: tuple[int, ...], batch_size: int, spec: Any,
-             lr: float, seed: int, emulate_link: Any, device: str) -> Trainer:
-    """A new ``make_net()`` in a Trainer under ``spec`` (SGD with momentum), its device
-    memory what a dry run says it needs."""
+             lr: float, seed: int, emulate_link: Any, device: str,
+             precision: str = "fp32") -> Trainer:
+    """A new ``make_net()`` in a Trainer under ``spec`` (SGD with momentum) computing in
+    ``precision``, its device memory what a dry run says it needs."""
     net = make_net()
     kind = DeviceKind.CPU if device == DeviceKind.CPU else DeviceKind.CUDA
     cap = auto_device_memory(net, batch_size, spec, "sgd", shape, device_kind=kind,
-                             emulate_link=emulate_link)
+                             emulate_link=emulate_link, precision=precision)
     return Trainer(net, SGD(net.parameters(), lr=lr, momentum=0.9), memory=spec,
-                   device=device, device_memory=cap, seed=seed, emulate_link=emulate_link)
+                   device=device, device_memory=cap, seed=seed, emulate_link=emulate_link,
+                   precision=precision)
 
 
 def _time_runners(runners: list[Callable[[], None]], count: int) -> dict[int, list[float]]:
@@ -186,7 +193,7 @@ class TorchProcess(ChildProcess):
     ``run(k)`` times ``k`` steps there."""
 
     def __init__(self, make_net: Callable[[], Any], shape: tuple[int, ...], batch_size: int,
-                 seed: int, lr: float, device: str = "cpu") -> None:
+                 seed: int, lr: float, device: str = "cpu", precision: str = "fp32") -> None:
         #: ``"cpu"`` or a CUDA device (``"cuda"``, ``"cuda:N"``: cuDNN on, TF32 off).
         self.device = device
         try:
@@ -195,7 +202,7 @@ class TorchProcess(ChildProcess):
             raise ValueError("compare_torch needs a picklable make_net (a module-level function "
                              f"or functools.partial), not {make_net!r}: {e}") from None
         super().__init__(TorchSteps, make_net, tuple(shape), batch_size, seed, lr, device,
-                         name="PyTorch process")
+                         precision, name="PyTorch process")
 
     def run(self, steps: int) -> list[float]:
         """Seconds of each of ``steps`` training steps, run in the child process."""
@@ -207,10 +214,10 @@ class TorchSteps:
     step on one synthetic batch (:func:`synthetic_batch` with ``seed``)."""
 
     def __init__(self, make_net: Callable[[], Any], shape: tuple[int, ...], batch_size: int,
-                 seed: int, lr: float, device: str = "cpu") -> None:
+                 seed: int, lr: float, device: str = "cpu", precision: str = "fp32") -> None:
         net = make_net()
         x, y = synthetic_batch(net, shape, batch_size, seed)
-        self._step = _torch_runner(net, x, y, lr, device)
+        self._step = _torch_runner(net, x, y, lr, device, precision)
 
     def run(self, steps: int) -> list[float]:
         """Seconds of each of ``steps`` training steps."""
@@ -222,11 +229,18 @@ class TorchSteps:
         return times
 
 
+#: The half dtype ``torch.autocast`` runs a mixed precision in (fp32: no autocast).
+AUTOCAST_DTYPES = {"bf16-mixed": "bfloat16", "fp16-mixed": "float16"}
+
+
 def _torch_runner(net: Any, x: np.ndarray, y: np.ndarray, lr: float,
-                  device: str = "cpu") -> Callable[[], float]:
+                  device: str = "cpu", precision: str = "fp32") -> Callable[[], float]:
     """PyTorch's training step of ``net``'s twin (same weights) on ``device``; on a GPU in
     FP32 as minidl (TF32 off), the batch sent from pinned memory every step as minidl's, the
-    step timed until the GPU has finished it."""
+    step timed until the GPU has finished it. A mixed ``precision``: forward and loss under
+    ``torch.autocast`` in its half dtype (fp16 with a ``GradScaler``), float32 weights."""
+    import contextlib
+
     import torch
 
     model = to_torch(net)
@@ -242,14 +256,28 @@ def _torch_runner(net: Any, x: np.ndarray, y: np.ndarray, lr: float,
         sync = torch.cuda.synchronize
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
+    half = AUTOCAST_DTYPES.get(str(precision))
+    kind = "cpu" if device == DeviceKind.CPU else "cuda"
+
+    def autocast() -> Any:
+        return torch.autocast(kind, dtype=getattr(torch, half)) if half \
+            else contextlib.nullcontext()
+
+    scaler = torch.amp.GradScaler(kind) if half == "float16" else None
 
     def step() -> float:
         xd, yd = xt.to(device, non_blocking=True), yt.to(device, non_blocking=True)
         opt.zero_grad(set_to_none=False)
-        out = model(xd)
-        loss = loss_fn(out.reshape(-1, out.shape[-1]), yd.reshape(-1))
-        loss.backward()
-        opt.step()
+        with autocast():
+            out = model(xd)
+            loss = loss_fn(out.reshape(-1, out.shape[-1]), yd.reshape(-1))
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
         sync()
         return loss.item()
 
