@@ -44,6 +44,12 @@ class OnlyAction(Name):
     SWAP = "swap"
 
 
+class OffloadPolicy(Name):
+    """What persistent state ``offload=`` keeps on the host (ZeRO-Offload)."""
+
+    OPTIMIZER = "optimizer"  # optimizer state and master weights; gradients stream there
+
+
 #: Reduced precisions ``dpr=`` may keep stashes at.
 DPR_CODECS = (Codec.FP16, Codec.BF16, Codec.FP8)
 
@@ -87,6 +93,10 @@ FLAGS: dict[str, tuple[tuple[str, ...] | None, str]] = {
                                     "(Checkmate's setting) or swap only (vDNN's)"),
     "split": (("<int>",), "run each batch as K micro-batches, accumulating weight gradients "
                           "(moDNN's batch splitting; auto picks K when nothing else fits)"),
+    "offload": (_values(OffloadPolicy), "optimizer state (and master weights) on the host, "
+                                        "the update run there; gradients copied to the host "
+                                        "as backward writes them, parameters back after the "
+                                        "update (ZeRO-Offload)"),
     "zero": (("1", "2", "3"), "data-parallel ranks shard the optimizer state (1), also the "
                               "gradients (2), also the parameters (3) (ZeRO, DeepSpeed)"),
 }
@@ -164,6 +174,13 @@ def _check_combinations(flags: dict[str, str]) -> None:
         raise ValueError(f"split={flags['split']} cannot be combined with "
                          f"zero={flags['zero']}: micro-batches accumulate full gradients, "
                          "which ZeRO stages 2 and 3 do not keep; use zero=1 with split")
+    if "offload" in flags and flags.get("split", "1") != "1":
+        raise ValueError(f"split={flags['split']} cannot be combined with offload: gradients "
+                         "leave the device as backward writes them, so micro-batches cannot "
+                         "accumulate them there; drop split")
+    if "offload" in flags and "zero" in flags:
+        raise ValueError("offload cannot be combined with zero=K yet: one rank's state goes "
+                         "to its host whole; drop one of them")
     for flag, usage in (("budget", "budget=SIZE"), ("only", "only=recompute|swap"),
                         ("planner", "planner=greedy|optimal")):
         if flag in flags and "auto" not in flags:
@@ -214,6 +231,8 @@ class MemoryConfig:
     planner = _value_property("planner", PlannerChoice, "How auto chooses, or None (the "
                                                        "frontier).")
     only = _value_property("only", OnlyAction, "Auto restricted to recompute or swap, or None.")
+    offload = _value_property("offload", OffloadPolicy, "Persistent state kept on the host "
+                                                       "(``optimizer``), or None.")
 
     @classmethod
     def parse(cls, spec: str | MemoryConfig | None) -> MemoryConfig:

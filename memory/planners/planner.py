@@ -12,6 +12,7 @@ from ..ir.program import Program
 from ..passes.base_plan import base_plan, iteration_peak, sharing_of
 from ..passes.block_choices import block_choices
 from ..passes.compress import ASSUMED_DENSITY, compress_program
+from ..passes.offload_state import offload_state_plan
 from ..passes.recompute import dropping_program, policy_program
 from ..passes.static_plan import static_plan
 from ..passes.swap import DEFAULT_BANDWIDTH, swap_plan
@@ -82,6 +83,9 @@ def make_plan(program: Program, config: MemoryConfig,
         link["only"] = config.only
     if bandwidth is not None:
         link["bandwidth"] = bandwidth
+    if config.auto and program.training and config.offload is not None:
+        return _offloaded(make_plan(program, _without_offload(config), step_times, densities,
+                                    bandwidth, cost_source, rewrites, step_cost), config)
     if config.auto and program.training:
         if config.planner == "optimal":
             from .optimal import optimal_plan
@@ -134,9 +138,29 @@ def make_plan(program: Program, config: MemoryConfig,
                        cache=config.cache)
     if blocks:
         plan = plan.with_notes(blocks.describe())
+    if config.offload is not None and program.training:
+        plan = offload_state_plan(plan)
     if config.static:
         plan = static_plan(plan, base=program.persistent_bytes())
     return replace(plan, spec=config.spec)
+
+
+def _without_offload(config: MemoryConfig) -> MemoryConfig:
+    """``config`` without its ``offload`` flag (what the auto planners plan the iteration
+    with)."""
+    return MemoryConfig({k: v for k, v in config.flags.items() if k != "offload"})
+
+
+def _offloaded(plan: Plan, config: MemoryConfig) -> Plan:
+    """An auto plan with the gradients' copies to the host added
+    (:func:`~..passes.offload_state.offload_state_plan`) and, when it was placed, placed
+    again (the gradients now leave a step later than the planner's candidates freed them)."""
+    offloaded = offload_state_plan(plan)
+    if plan.static_arena >= 0:
+        offloaded = static_plan(offloaded.with_notes(), base=plan.program.persistent_bytes())
+        kept = tuple(n for n in offloaded.notes if not n.startswith("static:"))
+        offloaded = replace(offloaded, notes=(*kept, offloaded.notes[-1]))
+    return replace(offloaded, spec=config.spec)
 
 
 def _frontier_plan(program: Program, config: MemoryConfig, step_times: list[float] | None,

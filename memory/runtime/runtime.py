@@ -74,7 +74,8 @@ class MemoryRuntime:
 
     def __init__(self, pool: Any, program: Program, plan: Plan, host_pool: Any = None,
                  poison_offloaded: bool = False,
-                 info: list[tuple[int, tuple[int, ...], np.dtype]] | None = None) -> None:
+                 info: list[tuple[int, tuple[int, ...], np.dtype]] | None = None,
+                 host_homes: dict[int, Any] | None = None) -> None:
         if program.alignment != pool.alignment:
             raise ValueError(f"the program was planned for {program.alignment}-byte blocks but "
                              f"the pool allocates {pool.alignment}-byte blocks")
@@ -82,6 +83,9 @@ class MemoryRuntime:
         self.program = program
         self.plan = plan
         self.host_pool = host_pool
+        #: Host byte buffers that tensors are offloaded into instead of the host pool's (the
+        #: gradients of offloaded persistent state land where the host update reads them).
+        self.host_homes = host_homes or {}
         self.poison_offloaded = poison_offloaded
         self.records: dict[int, TensorRecord] = {}
         self.cache = TensorCache(plan.cache)
@@ -263,7 +267,7 @@ class MemoryRuntime:
             rec.free()
         except IllegalTransition:
             raise TensorNotResident(f"free of {rec.name}: not allocated") from None
-        if host is not None:
+        if host is not None and tid not in self.host_homes:
             self.host_pool.release(host)
         self.cache.discard(tid)
         if blk is not None:
@@ -280,7 +284,9 @@ class MemoryRuntime:
         rec.check("offload")
         blk = rec.block
         nbytes = blk.size
-        host = self.host_pool.acquire(nbytes, rec.name)
+        host = self.host_homes.get(root)
+        if host is None:
+            host = self.host_pool.acquire(nbytes, rec.name)
         ev = self.pool.device.copy_engine.copy_async(host, blk.view((nbytes,), np.uint8))
         for m in self._members(rec):
             m.saved_shape = None if m.view is None else tuple(m.view.shape)
@@ -383,7 +389,7 @@ class MemoryRuntime:
                         ev.wait()
                     except Exception:
                         pass
-            if rec.host is not None:
+            if rec.host is not None and rec.tensor not in self.host_homes:
                 self.host_pool.release(rec.host)
         self.cache.clear()
         for rec in list(self.records.values()):

@@ -20,6 +20,7 @@ from ..net.labels import default_label_shape
 from ..net.optim import make_optimizer
 from . import report
 from .dry_run_options import DryRunKeywords, DryRunOptions, DryRunOutputs
+from .host_report import host_figures
 from .memory_record import plan_snapshot
 from .precision_report import precision_report
 from .rank_view import rank_breakdown, rank_live_tensors, zero_report, zero_what
@@ -109,6 +110,7 @@ def dry_run(net: Network, batch_size: int, memory: str | MemoryConfig = "none",
         "largest_tensor_bytes": max((t.nbytes for t in prog.tensors if not t.persistent),
                                     default=0),
         "host_peak_bytes": engine.host_pool.peak_bytes,
+        **host_figures(engine, profile),
         "split": split,
         "micro_batch_size": micro,
         "kept_for_backward_bytes": sum(c.executor.last_runtime.kept_for_backward.values()),

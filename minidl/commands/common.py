@@ -412,6 +412,13 @@ def print_memory_report(rep: dict[str, Any], out=sys.stdout) -> None:
               + ("training iteration's peak:" if split else "peak:"), file=out)
         for r in live[:5]:
             print(f"    {r['tensor']:<28} {r['category']:<14} {format_bytes(r['bytes'])}", file=out)
+    if rep.get("host_bytes"):
+        kinds = rep.get("host_state") or {}
+        print(f"  host memory:           {format_bytes(rep['host_bytes'])}"
+              + (" (offloaded state: " + ", ".join(f"{k.replace('_', ' ')} {format_size(v)}"
+                                                  for k, v in kinds.items() if v)
+                 + f"; swap buffers {format_size(rep.get('host_peak_bytes', 0))})"
+                 if kinds else " (swap buffers)"), file=out)
     for b in rep.get("bptt", []):
         print(f"  BPTT schedule of {b['layer']}: {b['policy']}, {b['states_kept']} hidden states "
               f"kept for {b['units']} units of {b['unit_steps']} steps, "

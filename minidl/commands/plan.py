@@ -8,6 +8,7 @@ import sys
 
 from ..analysis.dryrun import dry_run, max_batch_size, suggest_specs
 from ..analysis.estimate import estimate_table, format_estimate_table
+from ..analysis.host_report import host_budget_error
 from ..analysis.report import format_layer_table
 from ..interop.memory_viz import is_pickle_path, open_hint
 from ..memory.cost.targets import get_target
@@ -309,10 +310,23 @@ def _dry_run(args: argparse.Namespace, net, shape: tuple[int, ...], classes: int
             f"{f['memory']!r} ({format_bytes(f['peak_reserved_bytes'])})" for f in fits) or "none"),
             file=sys.stderr)
         return None
+    refused = host_budget_error(rep, _host_memory(args))
+    if refused is not None:
+        print(f"minidl: {refused}", file=sys.stderr)
+        return None
     if budget is not None:
         rep["budget_bytes"] = budget
         rep["fits_budget"] = rep["peak_reserved_bytes"] <= budget
     return rep
+
+
+def _host_memory(args: argparse.Namespace) -> int | None:
+    """``--host-memory`` in bytes (None: unbounded)."""
+    text = getattr(args, "host_memory", None)
+    try:
+        return None if text is None else parse_size(text)
+    except ValueError as e:
+        raise UsageError(f"--host-memory: {e}") from None
 
 
 def _print_plan(args: argparse.Namespace, name: str, classes: int, rep: dict,

@@ -26,13 +26,15 @@ from ..memory.ir.plan import Plan
 from ..memory.ir.precision import Precision
 from ..memory.ir.program import aligned
 from ..memory.options import workspace_options
-from ..memory.runtime.host_pool import HostPool
+from ..memory.planners.offload_choice import with_offload_if_needed
+from ..memory.runtime.host_pool import HostMemoryExceeded, HostPool
 from ..memory.runtime.transfer import copy_into, to_host
 from ..net.graph import Network
 from ..net.optim import FlatGroup, Optimizer
 from . import replanning, split_search
 from .compiled import Compiled
 from .executor import Executor
+from .host_state import HostState
 from .lowering import Lowered, lower
 from .option_search import choice_notes, search_options
 from .shard_layout import ShardLayout, shard_layout, sharding_of
@@ -97,7 +99,17 @@ class Engine:
         self.opt_state_specs: list[tuple[str, tuple[int, ...], str]] = []
         #: What this rank keeps of the persistent state: the layout of the spec's sharding
         #: stage, the optimizer's (:func:`~minidl.compile.shard_layout.shard_layout`).
+        #: ``auto``'s note when it moved the persistent state to the host (else "").
+        self.offload_note = ""
+        if optimizer is not None and loss is not None:
+            self.config, self.offload_note = with_offload_if_needed(
+                self.config, *self._persistent_estimate(net, optimizer, pool.alignment))
         self.shards: ShardLayout = shard_layout(self.config.zero, optimizer, loss is not None)
+        #: ``offload=optimizer``: the state kept on the host (gradients then lowered as
+        #: tensors of the iteration, copied there by the plan), else ``None``.
+        self.host_state: HostState | None = None
+        if self.config.offload is not None and optimizer is not None and loss is not None:
+            self.shards = ShardLayout.offloaded()
         self._cache: dict[tuple, Compiled] = {}
         #: Under a budget no plan fits, cap convolutions' workspaces (leaner algorithms and
         #: chunking, :mod:`~minidl.memory.options.workspace_options`) and plan again.
@@ -111,6 +123,18 @@ class Engine:
         self._allocate_persistent(bind, scratch_bytes)
 
     # ------------------------------------------------------------------ persistent state
+    @staticmethod
+    def _persistent_estimate(net: Network, optimizer: Any, alignment: int) -> tuple[int, int]:
+        """``(bytes, of them gradients and optimizer state)`` the persistent state would take on
+        the device, in blocks of ``alignment``, before anything is allocated."""
+        def block(shape: tuple[int, ...], dtype: Any) -> int:
+            return aligned(int(np.prod(shape)) * np.dtype(dtype).itemsize, alignment)
+
+        params = [p for _, p in net.named_parameters(include_buffers=True)]
+        grads = sum(block(p.shape, p.dtype) for p in params if p.trainable)
+        state = sum(block(shape, dtype) for _, shape, dtype in optimizer.state_spec())
+        return sum(block(p.shape, p.dtype) for p in params) + grads + state, grads + state
+
     def _alloc(self, name: str, shape: tuple[int, ...], dtype: Any, category: str) -> Any:
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
         blk = self.pool.allocate(aligned(nbytes, self.pool.alignment), tag=name,
@@ -164,11 +188,31 @@ class Engine:
                 return arr
 
             self.shards.allocate_shards(self._alloc, self.compute)
-            self.optimizer.init_state(alloc_state)
-            if self.bound:
+            if self.config.offload is not None:
+                self._offload_state()
+            else:
+                self.optimizer.init_state(alloc_state)
+            if self.bound and self.host_state is None:
                 self._group_parameters()
         if scratch_bytes:
             self._reserve_scratch(scratch_bytes)
+
+    def _offload_state(self) -> None:
+        """``offload=optimizer``: the optimizer's state, the master weights and the gradients
+        in host memory (:class:`~minidl.compile.host_state.HostState`)."""
+        opt = getattr(self.optimizer, "inner", self.optimizer)
+        self.host_state = HostState(self.pool.device, list(opt.params), tuple(opt.slots),
+                                    self.pool.alignment, allocate=self.bound)
+        capacity = self.host_pool.capacity
+        if capacity is not None:
+            if self.host_state.nbytes > capacity:
+                raise HostMemoryExceeded(
+                    f"offload=optimizer keeps {self.host_state.nbytes:,} B of state on the host "
+                    f"but the host memory bound is {capacity:,} B; raise --host-memory")
+            self.host_pool.capacity = capacity - self.host_state.nbytes
+        opt.init_state(self.host_state.alloc_state)
+        if self.bound:
+            self.host_state.bind(opt)
 
     def _group_parameters(self) -> None:
         """Hand the optimizer its parameters as :class:`~minidl.net.optim.FlatGroup` s: runs of
@@ -252,6 +296,10 @@ class Engine:
                 f"the parameters of {self.net.name!r} were bound by another Trainer since this "
                 "one was made: one network trains under one Trainer at a time (train with the "
                 "newer Trainer, or make a new one)")
+        if accumulate and training and self.host_state is not None:
+            raise ValueError("offload=optimizer copies each gradient to the host as backward "
+                             "writes it: gradients cannot accumulate on the device over "
+                             "micro-batches (split, accumulate_grad_batches); drop one")
         key = (tuple(map(tuple, batch_shapes)), label_shape, training, label_dtype, accumulate)
         c = self._cache.get(key)
         if c is None:
@@ -269,6 +317,8 @@ class Engine:
                              precision=self.precision)
 
             lowered, plan = search_options(self, lowered_with(None), lowered_with, config)
+            if self.offload_note and training:
+                plan = plan.with_notes(self.offload_note, first=True)
             c = self._compile(lowered, plan)
             c.notes = choice_notes(plan)
             self._cache[key] = c
@@ -280,6 +330,8 @@ class Engine:
                       debug=getattr(self.pool, "debug", False))
         if self.scratch is not None:
             ex.scratch = (self.scratch.offset, self.scratch.size)
+        if self.host_state is not None:
+            ex.host_homes = self.host_state.homes(plan.program)
         return Compiled(lowered, plan, ex)
 
     def _reserve_scratch(self, nbytes: int) -> None:

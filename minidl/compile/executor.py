@@ -108,6 +108,8 @@ class Executor:
         #: their
         #: footprint, live peak and overflow of the scratch block); ``None`` on the CPU.
         self.temporaries: TemporaryRouter | None = None
+        #: Host buffers offloaded gradients land in, by tensor (``offload=optimizer``).
+        self.host_homes: dict[int, Any] | None = None
         self._feed_checks = self._feed_consumers()
         #: Steps of a mixed-precision program that touch half tensors (by id): they run
         #: through :mod:`.mixed_steps` (empty in float32).
@@ -206,7 +208,8 @@ class Executor:
         hooks = step_hooks(hooks if hooks is not None else data_parallel)
         prog = self.plan.program
         rt = MemoryRuntime(self.pool, prog, self.plan, self.host_pool,
-                           poison_offloaded=self.debug, info=self.tensor_info)
+                           poison_offloaded=self.debug, info=self.tensor_info,
+                           host_homes=self.host_homes)
         self.last_runtime = rt
         if record:
             rt.start_recording()

@@ -33,6 +33,14 @@ class ShardLayout:
         """Allocate the shards through ``alloc`` before the optimizer's state (``compute``: the
         device holds data: fill them)."""
 
+    @classmethod
+    def offloaded(cls) -> ShardLayout:
+        """Parameters whole; no gradient on the device between iterations (``offload``: they
+        are tensors of the iteration, copied to the host as backward writes them)."""
+        layout = cls()
+        layout.gradient_specs = []
+        return layout
+
 
 class UnallocatedShards(ShardLayout):
     """Sharding stage ``stage`` (2: gradients, 3: also parameters when ``training``) with an

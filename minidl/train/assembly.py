@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..compile.engine import Engine
+from ..compile.host_state import OffloadedOptimizer
 from ..distributed.comm import SingleProcess
 from ..distributed.data_parallel import DataParallel
 from ..distributed.zero import sharded_optimizer
@@ -54,6 +55,8 @@ def assemble(net: Network, optimizer: Any, config: MemoryConfig, loss: Any,
     engine = Engine(net, setup.pool, config, loss, optimizer,
                     host_memory=None if dev.host_memory is None else parse_size(dev.host_memory),
                     target=setup.target, precision=options.step.precision)
+    if engine.host_state is not None:  # offload=optimizer: the update on the host
+        optimizer = OffloadedOptimizer(optimizer, engine.host_state)
     # (zero=2 moves the gradients into the optimizer's shards through the buckets, even on
     # one rank)
     parallel = None if comm.size == 1 and config.zero < 2 else DataParallel(
