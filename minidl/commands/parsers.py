@@ -295,4 +295,5 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
                    help="cpu (default), cuda or cuda:N: minidl's steps on that device and, with "
                         "--compare-torch, PyTorch's on the same GPU (each in its own process; "
                         "steps timed to the device's completion)")
-    b.set_defaults(func=cmd_bench)
+    add_precision_argument(b, planned=False)
+    b.set_defaults(func=precision_checked(cmd_bench))
