@@ -55,7 +55,7 @@ CHECK_DEVICE=${CHECK_DEVICE:-cuda}
 QUICK=${QUICK:-0}
 #: The suite's tests that read device-wide memory (memGetInfo): run alone, before the rest
 #: (SUITE: where the rest is collected).
-ALONE_TESTS=${ALONE_TESTS:-tests/memory/test_cuda_device.py}
+ALONE_TESTS=${ALONE_TESTS:-tests/memory/devices/test_cuda_device.py}
 SUITE=${SUITE:-tests}
 export GPUCHECK_DEVICE=$CHECK_DEVICE GPUCHECK_QUICK=$QUICK
 mkdir -p "$OUT"

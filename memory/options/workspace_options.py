@@ -99,7 +99,7 @@ from .workspace_times import ConvTimes
 #: None by default for now: under the rule each spec's plan caps its own convolutions, so a
 #: lossless spec can run other algorithms than ``none`` (not bit-identical: 7 strategy,
 #: compression and ZeRO tests) and a recomputing plan can peak above ``reuse``'s; the rule
-#: is on where a kind is listed here (tests/minidl/test_workspace_peak.py lists ``cpu``).
+#: is on where a kind is listed here (tests/minidl/compile/test_workspace_peak.py lists ``cpu``).
 RULE_KINDS: tuple[str, ...] = ()
 
 #: Caps tried in turn on every convolution at once when no uncapped plan fits: a generous one

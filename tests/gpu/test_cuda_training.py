@@ -2,7 +2,7 @@
 
 Every test here is marked ``gpu`` and is skipped where ``cupy.cuda.is_available()`` is false
 (tests/conftest.py), so the suite collects and skips cleanly on CPU-only machines. It checks
-what the strict test device (tests/minidl/test_strict_device.py) cannot: real kernels, real
+what the strict test device (tests/minidl/compile/test_strict_device.py) cannot: real kernels, real
 streams and CuPy's real allocator.
 """
 

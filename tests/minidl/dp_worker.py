@@ -1,6 +1,7 @@
-"""Worker of tests/minidl/test_data_parallel.py, run as ``mpiexec -n 2 python dp_worker.py OUT``
-(every rank trains; rank 0 saves losses and parameters to OUT/<case>.npz), and imported by the
-test for the single-process reference (:func:`train` with ``SingleProcess``).
+"""Worker of tests/minidl/distributed/test_data_parallel.py, run as
+``mpiexec -n 2 python dp_worker.py OUT`` (every rank trains; rank 0 saves losses and parameters
+to OUT/<case>.npz), and imported by the test for the single-process reference (:func:`train`
+with ``SingleProcess``).
 
 ``python dp_worker.py OUT --mismatch``: the ranks ask for different memory specs; each prints
 the error it gets and exits with status 3. ``--fail``: rank 1 raises at its third step; rank 0

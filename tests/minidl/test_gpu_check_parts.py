@@ -34,13 +34,13 @@ XDIST_LOG = """\
 created: 4/4 workers
 4 workers [6 items]
 
-[gw1] [ 16%] PASSED tests/memory/test_cuda_device.py::test_views
+[gw1] [ 16%] PASSED tests/memory/devices/test_cuda_device.py::test_views
 [gw0] [ 33%] FAILED tests/gpu/test_cuda_training.py::test_step[resnet8-vdnn]
 [gw2] [ 50%] SKIPPED tests/gpu/test_nccl_comm.py::test_allreduce
-[gw3] [ 66%] ERROR tests/minidl/test_gpu_step.py::test_outside_arena
+[gw3] [ 66%] ERROR tests/minidl/compile/test_gpu_step.py::test_outside_arena
 [gw1] [ 83%] PASSED tests/gpu/test_cuda_training.py::test_step[smallcnn-reuse,inplace]
 =========================== short test summary info ============================
-PASSED tests/memory/test_cuda_device.py::test_views
+PASSED tests/memory/devices/test_cuda_device.py::test_views
 FAILED tests/gpu/test_cuda_training.py::test_step[resnet8-vdnn] - AssertionError: loss
 """
 
@@ -66,7 +66,7 @@ def test_a_suite_killed_before_its_xml_is_counted_from_its_xdist_log(tmp_path):
     assert tests["from_log_only"] is True
     assert (tests["passed"], tests["failed"], tests["skipped"], tests["error"]) == (2, 1, 1, 1)
     assert set(tests["not_passed"]) == {"tests/gpu/test_cuda_training.py::test_step[resnet8-vdnn]",
-                                        "tests/minidl/test_gpu_step.py::test_outside_arena"}
+                                        "tests/minidl/compile/test_gpu_step.py::test_outside_arena"}
 
 
 # ----------------------------------------------------------------------------- link rate

@@ -96,7 +96,7 @@ def test_one_pass_over_a_flat_group_is_every_parameters_own_update(name):
 @pytest.mark.slow
 def test_the_host_adam_benchmark_times_torch_in_processes_of_its_own():
     pytest.importorskip("torch")
-    bench = Path(__file__).resolve().parents[2] / "benchmarks"
+    bench = Path(__file__).resolve().parents[3] / "benchmarks"
     code = (f"import sys; sys.path.insert(0, {str(bench)!r}); import host_adam; "
             "host_adam.main(['--params', '200000', '--rounds', '1', '--block', '1']); "
             "print('torch in parent:', 'torch' in sys.modules)")

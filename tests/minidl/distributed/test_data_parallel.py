@@ -31,7 +31,7 @@ from minidl.distributed.data_parallel import (
 )
 from minidl.settings import Settings
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parent.parent  # tests/minidl, where dp_worker.py lives
 RTOL, ATOL = 1e-5, 1e-6
 # Some mpiexec builds end each rank's forwarded stdout with an ANSI colour reset ("\x1b[0m"),
 # even from a rank that printed nothing; the tests read the lines the program itself printed.

@@ -36,8 +36,8 @@ import minidl
 from minidl.memory.options.workspace_options import NOTE_PREFIX
 from minidl.memory.planners.auto import BudgetTooSmall
 from minidl.net.optim import SGD
+from tests.minidl.compile.test_memory_strategies import _assert_identical
 from tests.minidl.random_nets import random_networks
-from tests.minidl.test_memory_strategies import _assert_identical
 
 #: v100 and a100 (PCIe 3 / 4 links), and a device whose link is so slow next to its compute that
 #: few swaps hide under compute: the planners' choices depend on the target.

@@ -2,7 +2,7 @@
 count
 with one rank's bytes at its peak by column, summing to its peak, each row the dry run of that
 rank, and the largest batch per rank that fits a budget (exact: that batch fits, the next does
-not). Real 2-rank runs' peaks equal the rows: tests/minidl/test_data_parallel.py."""
+not). Real 2-rank runs' peaks equal the rows: tests/minidl/distributed/test_data_parallel.py."""
 
 from __future__ import annotations
 

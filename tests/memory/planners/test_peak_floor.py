@@ -18,13 +18,13 @@ import dataclasses
 import pytest
 from hand_programs import chain, joint_recompute, linear_chain, residual
 from hypothesis import given, settings
-from test_frontier import DETERMINISTIC, Setup, random_setup
 
 import minidl
 from minidl.cli import main
 from minidl.memory.planners.auto import BelowFloor, BudgetTooSmall, auto_plan
 from minidl.memory.planners.floor import peak_floor, unavoidable_bytes
 from minidl.zoo.models import get_model
+from tests.memory.planners.test_frontier import DETERMINISTIC, Setup, random_setup
 from tests.minidl.random_nets import random_networks
 
 

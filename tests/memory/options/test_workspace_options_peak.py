@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_workspace_options import _program, _resized
 
 from minidl.kernels.convolution.conv_geometry import REFERENCE_ROWS
 from minidl.memory.ir.config import MemoryConfig
@@ -16,6 +15,7 @@ from minidl.memory.options import workspace_options as W
 from minidl.memory.options import workspace_peak as WP
 from minidl.memory.options import workspace_times as WT
 from minidl.memory.passes.base_plan import base_plan, plan_peak
+from tests.memory.options.test_workspace_options import _program, _resized
 
 REUSE = MemoryConfig.parse("reuse,inplace")
 
