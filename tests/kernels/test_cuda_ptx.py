@@ -37,10 +37,10 @@ needs_numba_cuda = pytest.mark.skipif(
 
 def _launch_cases():
     """``CUDA_LAUNCH_CASES`` (name -> function of a NumPy generator launching kernels on
-    emulated device arrays) of every test module of this folder that defines them:
-    test_cuda_launch.py's and those of the kernel families' own test files."""
+    emulated device arrays) of every test module of this folder and its sub-folders that
+    defines them: test_cuda_launch.py's and those of the kernel families' own test files."""
     cases = {}
-    for path in sorted(Path(__file__).parent.glob("test_*.py")):
+    for path in sorted(Path(__file__).parent.rglob("test_*.py")):
         if path.name == Path(__file__).name or "\nCUDA_LAUNCH_CASES = " not in path.read_text():
             continue
         spec = importlib.util.spec_from_file_location(f"_minidl_cases_{path.stem}", path)

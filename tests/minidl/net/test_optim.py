@@ -426,7 +426,7 @@ def test_hyperparameter_validation():
 @pytest.mark.parametrize("config", sorted(CONFIGS))
 def test_step_allocates_no_array_memory(config):
     """No NumPy array is allocated by a step (tracemalloc sees NumPy's allocations; that the
-    Numba loops allocate nothing is checked in tests/kernels/test_optim_kernels.py)."""
+    Numba loops allocate nothing is checked in tests/kernels/pointwise/test_optim_kernels.py)."""
     cls, kw = CONFIGS[config]
     shapes = ((256, 256), (64, 64))  # 256 KiB and 16 KiB
     params = _params(0, shapes)

@@ -31,7 +31,7 @@ from minidl.kernels.compression import weight_record as wr
 
 def _launch_helpers():
     spec = importlib.util.spec_from_file_location(
-        "_minidl_cuda_launch_helpers", Path(__file__).with_name("test_cuda_launch.py"))
+        "_minidl_cuda_launch_helpers", Path(__file__).parent.parent / "test_cuda_launch.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
