@@ -27,6 +27,7 @@ from .cache import TensorCache
 from .peak import PeakTracker
 from .pool import DeviceOutOfMemory, PlacementError
 from .recording import RuntimeRecording
+from .swap_moves import SwapMoves
 
 
 def tensor_info(program: Program) -> list[tuple[int, tuple[int, ...], np.dtype]]:
@@ -60,7 +61,7 @@ class SwapStats:
 _IN_FLIGHT = frozenset({Residency.OFFLOADING, Residency.PREFETCHING})
 
 
-class MemoryRuntime:
+class MemoryRuntime(SwapMoves):
     """Apply plan actions on ``pool``; ``position`` is the step being run (-1 before the first,
     ``len(steps)`` after the last), used to say where the peak occurred. ``host_pool`` holds
     offloaded tensors (needed only by plans that swap).
@@ -273,97 +274,6 @@ class MemoryRuntime:
         if blk is not None:
             self._log("free", blk, tid)
             self.pool.free(blk)
-
-    # ------------------------------------------------------------------ swapping
-    def _members(self, root: TensorRecord) -> list[TensorRecord]:
-        return [root, *(self.records[m] for m in sorted(root.members))]
-
-    def _offload(self, root: int) -> None:
-        """Start copying ``root``'s block to host; its views disappear until it is back."""
-        rec = self._record_of(root)
-        rec.check("offload")
-        blk = rec.block
-        nbytes = blk.size
-        host = self.host_homes.get(root)
-        if host is None:
-            host = self.host_pool.acquire(nbytes, rec.name)
-        ev = self.pool.device.copy_engine.copy_async(host, blk.view((nbytes,), np.uint8))
-        for m in self._members(rec):
-            m.saved_shape = None if m.view is None else tuple(m.view.shape)
-            m.view = None
-        rec.offload(host, ev)
-        self._swap.offloaded_bytes += nbytes
-        self._swap.host_peak_bytes = max(self._swap.host_peak_bytes,
-                                         self.host_pool.in_use_bytes)
-
-    def _wait(self, ev: Any) -> None:
-        if ev is not None and not ev.done():
-            t0 = time.perf_counter()
-            ev.wait()
-            self._swap.stall_s += time.perf_counter() - t0
-        elif ev is not None:
-            ev.wait()  # re-raises a failed copy
-
-    def _order_compute(self, ev: Any) -> None:
-        """Later compute work must follow the copy ``ev``: on a GPU the compute stream waits
-        for its event on the device (no host synchronisation; how long it stood still is
-        measured by events, read with :attr:`swap_stats`); elsewhere the host waits."""
-        order = getattr(ev, "order_compute", None)
-        if order is None:
-            self._wait(ev)
-            return
-        probe = order()
-        if probe is not None:
-            self._stall_probes.append(probe)
-
-    def _release(self, root: int) -> None:
-        """The device block of an offloaded tensor may go: once its copy has read it (on a
-        GPU, compute that may reuse the block waits for the copy's event), free it — or keep
-        it cached when the plan caches."""
-        rec = self._record_of(root)
-        rec.check("release")
-        self._order_compute(rec.d2h)
-        if self.cache.keep(rec):
-            return
-        self._free_swapped_block(rec)
-        rec.release()
-
-    def _free_swapped_block(self, rec: TensorRecord) -> None:
-        self.peak.snapshot(self.records)
-        blk = rec.block
-        if self.poison_offloaded and getattr(self.pool.device, "has_storage", False):
-            self.pool.device.fill(blk.offset, blk.size, float("nan"))
-        self._log("release", blk, rec.tensor)
-        self.pool.free(blk)
-
-    def _prefetch(self, root: int, offset: int = -1) -> None:
-        """Bring ``root`` back: free if still cached on device, else allocate and copy."""
-        rec = self._record_of(root)
-        if self.cache.take(rec):
-            return
-        rec.check("prefetch")
-        blk = self._allocate_block(root, offset, rec.nbytes)
-        self._log("prefetch", blk, root)
-        nbytes = rec.nbytes
-        rec.prefetch(blk, None)
-        self._assign_block(rec)
-        self.peak.note(self.pool.allocated_bytes, self.position)
-        rec.h2d = self.pool.device.copy_engine.copy_async(blk.view((nbytes,), np.uint8),
-                                                          rec.host)
-        self._swap.prefetched_bytes += nbytes
-
-    def _await(self, root: int) -> None:
-        """Compute is about to read ``root``: wait for its prefetch, restore its views."""
-        rec = self._record_of(root)
-        rec.check("await_prefetch")
-        self._order_compute(rec.h2d)
-        if rec.host is not None:
-            self.host_pool.release(rec.host)
-        blk = rec.block
-        for m in self._members(rec):
-            _, shape, dtype = self.info[m.tensor]
-            m.view = blk.view(shape if m.saved_shape is None else m.saved_shape, dtype)
-        rec.await_prefetch(rec.view)
 
     # ------------------------------------------------------------------ access
     def array(self, tid: int) -> Any:
