@@ -84,8 +84,8 @@ def make_plan(program: Program, config: MemoryConfig,
     if bandwidth is not None:
         link["bandwidth"] = bandwidth
     if config.auto and program.training and config.offload is not None:
-        return _offloaded(make_plan(program, _without_offload(config), step_times, densities,
-                                    bandwidth, cost_source, rewrites, step_cost), config)
+        return _offloaded_within(program, config, lambda c: make_plan(
+            program, c, step_times, densities, bandwidth, cost_source, rewrites, step_cost))
     if config.auto and program.training:
         if config.planner == "optimal":
             from .optimal import optimal_plan
@@ -149,6 +149,45 @@ def _without_offload(config: MemoryConfig) -> MemoryConfig:
     """``config`` without its ``offload`` flag (what the auto planners plan the iteration
     with)."""
     return MemoryConfig({k: v for k, v in config.flags.items() if k != "offload"})
+
+
+#: Times ``auto`` plans again, for a budget lowered by the excess, when the gradients' copies
+#: to the host raise a fitting plan's placed peak above the budget.
+OFFLOAD_REFITS = 3
+
+
+def _offloaded_within(program: Program, config: MemoryConfig,
+                      plan_for: Callable[[MemoryConfig], Plan]) -> Plan:
+    """The auto plan with the gradients' copies to the host (:func:`_offloaded`), its placed
+    peak within the budget: the copies keep each gradient a step (and a bucket) longer than
+    the planner's candidates did, so where that raises the peak over the budget the
+    iteration is planned again for a budget lowered by the excess, at most
+    :data:`OFFLOAD_REFITS` times; :class:`~.auto.BudgetTooSmall` if it still does not fit."""
+    from .auto import BudgetTooSmall
+
+    inner = _without_offload(config)
+    budget = config.budget
+    peak = 0
+    for _ in range(OFFLOAD_REFITS + 1):
+        try:
+            plan = _offloaded(plan_for(inner), config)
+        except BudgetTooSmall:
+            if inner.budget == budget:
+                raise  # (the user's own budget: the planner's words)
+            break
+        if budget is None or plan.static_arena < 0:
+            return plan
+        peak = program.persistent_bytes() + plan.static_arena
+        if peak <= budget:
+            return plan
+        lower = inner.budget - (peak - budget)
+        if lower <= program.persistent_bytes():
+            break
+        inner = MemoryConfig({**inner.flags, "budget": str(lower)})
+    raise BudgetTooSmall(
+        f"no plan fits the budget of {budget:,} B with offload=optimizer: the gradients' "
+        f"copies to the host keep them on the device longer than any plan of the iteration "
+        f"leaves room for (the least placed peak with them: {peak:,} B)")
 
 
 def _offloaded(plan: Plan, config: MemoryConfig) -> Plan:

@@ -149,3 +149,27 @@ def test_auto_offloads_when_the_persistent_state_fills_the_budget():
     assert rep["peak_allocated_bytes"] <= budget
     roomy = minidl.dry_run(_gpt(), len(x), "auto,budget=64MiB", "adamw")
     assert roomy["host_state_bytes"] == 0
+
+
+def test_auto_with_offload_never_exceeds_its_budget():
+    """The gradients' copies keep each gradient on the device a step longer than the planner's
+    candidates did: at every budget ``auto,offload=optimizer`` either fits it (placed peak,
+    re-planned lower where the copies pushed it over) or refuses it, never above it."""
+    from minidl.memory.planners.auto import BudgetTooSmall
+
+    x, _ = _gpt_batch()
+    low = minidl.dry_run(_gpt(), len(x), "reuse,inplace,offload=optimizer", "adamw")
+    top = low["peak_reserved_bytes"]
+    fitted = refused = 0
+    for share in (1.0, 0.95, 0.9, 0.8):
+        budget = int(top * share)
+        try:
+            rep = minidl.dry_run(_gpt(), len(x), f"auto,budget={budget},offload=optimizer",
+                                 "adamw")
+        except BudgetTooSmall as e:
+            refused += 1
+            assert f"{budget:,} B" in str(e)  # (the user's budget, not a lowered one)
+            continue
+        fitted += 1
+        assert rep["peak_reserved_bytes"] <= budget, share
+    assert fitted and refused
