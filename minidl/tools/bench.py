@@ -14,6 +14,7 @@ spin for a while after their work; timed right after minidl in the same process,
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import pickle
@@ -239,8 +240,6 @@ def _torch_runner(net: Any, x: np.ndarray, y: np.ndarray, lr: float,
     FP32 as minidl (TF32 off), the batch sent from pinned memory every step as minidl's, the
     step timed until the GPU has finished it. A mixed ``precision``: forward and loss under
     ``torch.autocast`` in its half dtype (fp16 with a ``GradScaler``), float32 weights."""
-    import contextlib
-
     import torch
 
     model = to_torch(net)
