@@ -20,16 +20,20 @@ def _reached(e: BudgetTooSmall) -> int:
 def least_reached(plan_at: Callable[[int], object]) -> int:
     """The least peak reached by ``plan_at(budget)`` (an auto plan or dry run under that budget,
     raising :class:`BudgetTooSmall` where none fits)."""
-    try:
-        plan_at(1)
-    except BelowFloor as e:
-        floor = e.floor.bytes
-    except BudgetTooSmall as e:
-        return _reached(e)
-    else:
-        raise AssertionError("a budget of 1 B fitted")
-    try:
-        plan_at(floor)
-    except BudgetTooSmall as e:
-        return _reached(e)
-    return floor  # (no plan goes under the floor: this one is at it)
+    budget = 1
+    while True:
+        try:
+            plan_at(budget)
+        except BelowFloor as e:
+            if e.floor.bytes <= budget:
+                raise
+            # (a budget the persistent state alone fills plans with the state on the host,
+            # whose floor may lie below the one of the state on the device: the next budget
+            # is then under that one's floor)
+            budget = e.floor.bytes
+        except BudgetTooSmall as e:
+            return _reached(e)
+        else:
+            if budget == 1:
+                raise AssertionError("a budget of 1 B fitted")
+            return budget  # (no plan goes under the floor: this one is at it)
