@@ -46,13 +46,14 @@ class PrecisionLowering:
                 if is_float(self.dtypes[v]) and self.dtypes[v] != cdt]
 
     def _half_params(self, i: int) -> dict:
-        """Node i's parameters an op computing in half uses a half copy of (autocast's
-        weight cast: made at its forward, kept for its backward)."""
+        """Node i's trainable parameters an op computing in half uses a half copy of
+        (autocast's weight cast: made at its forward, kept for its backward). Buffers (batch
+        norm's running statistics) stay float32 and are read and updated in place."""
         cdt = self.compute_dt[i]
         if cdt is None or cdt.itemsize != 2:
             return {}
         return {k: p for k, p in self.node_params[i].items()
-                if is_float(np.dtype(p.dtype)) and np.dtype(p.dtype) != cdt}
+                if p.trainable and is_float(np.dtype(p.dtype)) and np.dtype(p.dtype) != cdt}
 
     def _cast_stash(self, i: int, name: str) -> tuple[dict[str, int], int]:
         """Under mixed precision, node i's cast copies: those its backward reads (the inputs
