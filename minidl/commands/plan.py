@@ -41,12 +41,21 @@ def _target(args: argparse.Namespace):
         raise UsageError(f"--target: {e}") from None
 
 
-def print_prediction(pred: dict, out=sys.stdout) -> None:
-    """The cost model's lines of ``minidl plan --target``."""
+def print_prediction(pred: dict, out=sys.stdout, host: dict | None = None) -> None:
+    """The cost model's lines of ``minidl plan --target``; with ``host`` (the report's
+    ``host_update``, ``offload=optimizer``) the step time is the whole step: the device's
+    iteration, then the host update and the parameters' copy back."""
     print(f"predicted on {pred['target_description']}:", file=out)
     t = format_duration
-    print(f"  step time:             {t(pred['step_s'])} (an unlimited-memory "
-          f"device: {t(pred['oracle_s'])}; overhead {100 * pred['overhead']:.1f} %)",
+    step, parts = pred["step_s"], ""
+    if host:
+        step += host["host_update_s"] + host["parameter_upload_s"]
+        parts = (f": the device's {t(pred['step_s'])}, the host update "
+                 f"{t(host['host_update_s'])}, the parameters back "
+                 f"{t(host['parameter_upload_s'])}")
+    overhead = step / pred["oracle_s"] - 1 if host and pred["oracle_s"] else pred["overhead"]
+    print(f"  step time:             {t(step)}{parts} (an unlimited-memory "
+          f"device: {t(pred['oracle_s'])}; overhead {100 * overhead:.1f} %)",
           file=out)
     print(f"  stall waiting for copies: {t(pred['stall_s'])} per step; recomputed "
           f"forward {t(pred['recompute_s'])}; codecs {t(pred['codec_s'])}",
@@ -340,7 +349,7 @@ def _print_plan(args: argparse.Namespace, name: str, classes: int, rep: dict,
     if rep.get("zero"):
         print_ranks(rep)
     if rep.get("prediction"):
-        print_prediction(rep["prediction"])
+        print_prediction(rep["prediction"], host=rep.get("host_update"))
     if rep.get("precision"):
         print_precision(rep, out=sys.stdout)
     if budget is not None:

@@ -83,6 +83,13 @@ def test_prediction_and_frontier_print_long_steps_in_seconds(capsys):
     out = buf.getvalue()
     assert "step time:             1,220.91 s (an unlimited-memory device: 1,156.80 s" in out
     assert "stall waiting for copies: 2.10 ms per step; recomputed forward 64.07 s" in out
+    print_prediction({"target_description": "a V100", "step_s": 1.0, "oracle_s": 0.5,
+                      "overhead": 1.0, "stall_s": 0.0, "recompute_s": 0.0, "codec_s": 0.0,
+                      "offloaded_bytes": 0, "prefetched_bytes": 0}, out=(buf := io.StringIO()),
+                     host={"host_update_s": 0.75, "parameter_upload_s": 0.25})
+    assert ("step time:             2000.00 ms: the device's 1000.00 ms, the host update "
+            "750.00 ms, the parameters back 250.00 ms (an unlimited-memory device: 500.00 ms; "
+            "overhead 300.0 %)") in buf.getvalue()
     curve = [{"chosen": i == 1, "peak_bytes": (16 - i) << 30, "peak_over_lower_bound": 1.5,
               "step_s": 1200.0 + i, "overhead": 0.05, "lower_bound_s": 1100.0,
               "source": "rotor", "summary": "x"} for i in range(2)]
