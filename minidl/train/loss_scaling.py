@@ -60,3 +60,8 @@ class DynamicLossScaler:
         self.scale = float(state["scale"])
         self.clean_steps = int(state["clean_steps"])
         self.skipped = int(state["skipped"])
+
+
+def current_scale(scaler: DynamicLossScaler | None) -> float:
+    """What the loss gradient is multiplied by: the scaler's scale (fp16-mixed), else 1."""
+    return 1.0 if scaler is None else scaler.scale

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..compile.executor import NonFiniteError
+from .loss_scaling import current_scale
 
 
 def split_gradients(trainer: Any, x: np.ndarray, y: np.ndarray, k: int) -> float:
@@ -31,7 +32,7 @@ def split_gradients(trainer: Any, x: np.ndarray, y: np.ndarray, k: int) -> float
         share = len(xb) / n
         loss, _ = c.executor.run([xb, yb], training=True, seed=trainer.seed,
                                  iteration=trainer.iteration,
-                                 loss_scale=share * trainer.gradient_scale,
+                                 loss_scale=share * current_scale(trainer.loss_scaler),
                                  record=trainer.observed.recorder is not None)
         if trainer.engine.compute and (loss is None or not np.isfinite(loss)):
             raise NonFiniteError(f"the loss is {loss} at iteration {trainer.iteration}")

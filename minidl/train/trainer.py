@@ -17,14 +17,10 @@ import numpy as np
 
 from ..analysis.memory_record import MemoryRecorder
 from ..compile.compiled import Compiled
-from ..compile.deferred import Deferred
-from ..compile.executor import NonFiniteError
 from ..interop.checkpoint import CheckpointError
 from ..layers import SoftmaxCrossEntropy
 from ..memory.ir.config import MemoryConfig
 from ..memory.ir.precision import Precision
-from ..memory.runtime.cache import without_cache
-from ..memory.runtime.pool import DeviceOutOfMemory
 from ..net.graph import Network
 from .assembly import assemble
 from .checkpointing import load_checkpoint, save_checkpoint
@@ -33,16 +29,13 @@ from .evaluation import evaluate, forward_eval
 from .fit_state import FitState
 from .fitting import DEFAULT_BATCH_SIZE, History, fit
 from .inputs import check_inputs
+from .local_step import calibrate_link, local_gradients, optimizer_step
 from .memory_report import memory_report
 from .precision_checks import check_precision, loss_scaler_for
 from .run_observation import RunObservation
-from .split_steps import split_gradients
 from .step_checks import (
     check_accumulation,
     check_clip_norm,
-    checked_loss,
-    clip_gradients,
-    raise_at_non_finite_layer,
 )
 from .trainer_options import TrainerKeywords, TrainerOptions
 
@@ -168,54 +161,8 @@ class Trainer:
         return loss
 
     def _local_gradients(self, x: np.ndarray, y: np.ndarray, wait: bool = True) -> Any:
-        k = self.engine.split_for([x.shape], tuple(y.shape), y.dtype.name)
-        accumulating = self.accumulate_grad_batches > 1
-        if k > 1:
-            if accumulating:
-                raise ValueError(f"accumulate_grad_batches={self.accumulate_grad_batches} "
-                                 f"with a batch the device runs in {k} parts: give a budget "
-                                 "or device memory that holds the whole batch")
-            return self._compute_gradients_split(x, y, k)
-        # (accumulating: the window's first batch writes .grad, the others add into it)
-        c = self._compiled(x, y, training=True, accumulate=accumulating and self.accumulated > 0)
-        record = self.observed.recorder is not None
-        run = dict(training=True, seed=self.seed, iteration=self.iteration,
-                   fetch_outputs=self.fetch_logits, record=record, hooks=self.parallel,
-                   wait=False)
-        if accumulating or self.loss_scaler is not None:
-            run["loss_scale"] = self.gradient_scale / self.accumulate_grad_batches
-        try:
-            loss, outs = c.executor.run([x, y], **run)
-        except DeviceOutOfMemory:
-            if not c.plan.cache:
-                raise
-            # the tensor cache kept swapped tensors resident until even evicting all of them
-            # left memory too fragmented: from now on release them at once (plain swapping)
-            c = self.engine.replace_plan(c, without_cache(c.plan))
-            self.observed.cache_fallbacks += 1
-            loss, outs = c.executor.run([x, y], **run)
-        self.last_compiled = c
-        self._calibrate_link(c)
-        iteration = self.iteration
-        deferred = not wait and self.asynchronous
-        if self.engine.compute:
-            if loss is None:
-                raise NonFiniteError(f"the program computed no loss at iteration {iteration}")
-            if deferred:
-                pending = loss
-                loss = Deferred(lambda: checked_loss(pending, iteration), pending.ready)
-            else:  # (the loss first: it comes after the outputs, one wait covers both)
-                loss = float(loss.result()[()])
-                if not np.isfinite(loss):
-                    raise_at_non_finite_layer(c, x, y, self.seed, iteration)
-                    raise NonFiniteError(
-                        f"the loss is {loss} at iteration {iteration} although every layer's "
-                        "output is finite")
-        if outs:
-            self.last_logits = outs[0] if deferred else outs[0].result()
-        self.observed.after_iteration(c, self.iteration)
-        self._to_refine = c
-        return loss if loss is not None else float("nan")
+        """This process's forward and backward on a batch (:func:`.local_step.local_gradients`)."""
+        return local_gradients(self, x, y, wait)
 
     def _refine(self) -> None:
         """After the step's work (the update's temporaries included): re-plan what depends on
@@ -232,17 +179,10 @@ class Trainer:
         iteration's events); empty when nothing was swapped."""
         return self.observed.swap_stats()
 
-    def _compute_gradients_split(self, x: np.ndarray, y: np.ndarray, k: int) -> float:
-        """The batch as ``k`` micro-batches (:func:`~minidl.train.split_steps.split_gradients`)."""
-        return split_gradients(self, x, y, k)
-
     def _calibrate_link(self, c: Compiled) -> None:
-        """With link emulation: the CPU's slowdown from this iteration's measured step times,
-        and the copy engine's throttle from it."""
-        emu = self.link_emulation
-        if emu is not None and self.engine.compute:
-            emu.observe(c.plan.program, c.executor.step_times)
-            self.device.link_bytes_per_s = emu.bytes_per_s
+        """With link emulation: the copy engine's throttle from this iteration's step times
+        (:func:`.local_step.calibrate_link`)."""
+        calibrate_link(self, c)
 
     def step(self, x: Any, y: Any, wait: bool = True) -> Any:
         """One training step on a batch; returns the loss. Afterwards every parameter's
@@ -268,27 +208,9 @@ class Trainer:
         self.iteration += 1
         return loss
 
-    @property
-    def gradient_scale(self) -> float:
-        """What the loss gradient is multiplied by (fp16-mixed's loss scale, else 1)."""
-        return 1.0 if self.loss_scaler is None else self.loss_scaler.scale
-
     def _optimizer_step(self, loss: Any = None) -> Any:
-        """Clip (``clip_grad_norm``) and update from the gradients in ``.grad``; the loss,
-        deferred with the norm's check when clipping a deferred one. Under fp16-mixed the
-        gradients are unscaled first, and a step with inf / NaN gradients is skipped (the
-        scaler backs off)."""
-        if self.loss_scaler is not None:
-            finite = self.loss_scaler.unscale(self.net.parameters())
-            self.loss_scaler.update(finite)
-            if not finite:
-                self.accumulated = 0
-                return loss
-        if self.clip_grad_norm is not None:
-            loss = self._clip(loss)
-        self.optimizer.step()
-        self.accumulated = 0
-        return loss
+        """Unscale, clip and update from ``.grad`` (:func:`.local_step.optimizer_step`)."""
+        return optimizer_step(self, loss)
 
     def finish_accumulation(self) -> bool:
         """The optimizer step of a partial accumulation window (an epoch's last batches, or a
@@ -315,12 +237,6 @@ class Trainer:
             yield
         if not watch.compiled:
             self._kernels_ready = True
-
-    def _clip(self, loss: Any) -> Any:
-        """Clip the gradients' global norm; a non-finite norm raises (on a GPU when the loss is
-        read: the norm comes back with it)."""
-        return clip_gradients(self.optimizer, self.net.parameters(), self.clip_grad_norm,
-                              self.device, loss, self.iteration)
 
     def predict(self, x: Any, batch_size: int = 256) -> np.ndarray:
         """Network outputs (eval mode) for ``x``, in batches."""
