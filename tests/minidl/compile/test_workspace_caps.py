@@ -144,15 +144,20 @@ def smallest(caps):
         self.cap_workspaces = caps
     engine.Engine.__init__ = patched
     try:
-        try:  # under the floor of every plan: refused at once, naming the floor
-            minidl.dry_run(net(), 8, "auto,budget=1")
-        except BelowFloor as e:
-            floor = e.floor.bytes
-        try:  # at it: the search's refusal names the least peak reached
-            minidl.dry_run(net(), 8, f"auto,budget={floor}")
-        except BudgetTooSmall as e:
-            return int(re.search(r"reaches is ([\d,]+)", str(e)).group(1).replace(",", ""))
-        return floor
+        # under the floor of every plan: refused at once, naming the floor (a budget the
+        # persistent state fills plans with it on the host, whose floor may be the lower:
+        # follow the floors up); at the floor, the search's refusal names the least peak
+        budget = 1
+        while True:
+            try:
+                minidl.dry_run(net(), 8, f"auto,budget={budget}")
+            except BelowFloor as e:
+                assert e.floor.bytes > budget
+                budget = e.floor.bytes
+            except BudgetTooSmall as e:
+                return int(re.search(r"reaches is ([\d,]+)", str(e)).group(1).replace(",", ""))
+            else:
+                return budget
     finally:
         engine.Engine.__init__ = init
 
