@@ -6,13 +6,14 @@ takes each field as a keyword too (:meth:`DryRunOptions.with_keywords`)."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from ..layers.base import Layer
 from ..memory.cost.targets import DeviceProfile
 from ..memory.ir.precision import Precision
 from ..memory.ir.units import ALLOCATION_UNIT
+from ..net.option_groups import field_names, with_keywords
 
 
 @dataclass(frozen=True)
@@ -76,10 +77,6 @@ class DryRunKeywords(TypedDict, total=False):
     budget: int | None
 
 
-#: The groups of :class:`DryRunOptions`, by attribute.
-GROUPS = ("inputs", "device", "outputs")
-
-
 @dataclass(frozen=True)
 class DryRunOptions:
     """Every option of a dry run, grouped (each group's defaults are ``dry_run``'s)."""
@@ -91,19 +88,13 @@ class DryRunOptions:
     def with_keywords(self, keywords: dict[str, Any]) -> DryRunOptions:
         """These options with each keyword (a field of one group) set; an unknown one raises
         ``TypeError`` naming the valid ones."""
-        left = dict(keywords)
-        groups = {}
-        for name in GROUPS:
-            group = getattr(self, name)
-            mine = {f.name: left.pop(f.name) for f in fields(group) if f.name in left}
-            groups[name] = replace(group, **mine) if mine else group
+        options, left = with_keywords(self, keywords)
         if left:
             raise TypeError(f"dry_run() got an unexpected keyword argument "
                             f"{next(iter(left))!r} (valid: {', '.join(keyword_names())})")
-        return DryRunOptions(**groups)
+        return options
 
 
 def keyword_names() -> list[str]:
     """Every keyword :meth:`DryRunOptions.with_keywords` takes, sorted."""
-    groups = (DryRunInputs, DryRunDevice, DryRunOutputs)
-    return sorted(f.name for group in groups for f in fields(group))
+    return field_names(DryRunOptions())

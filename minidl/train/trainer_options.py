@@ -1,11 +1,11 @@
 """A :class:`~minidl.train.trainer.Trainer`'s options, by what they set: the device
 (:class:`DeviceOptions`), the training step (:class:`StepOptions`) and data parallelism
 (:class:`ParallelOptions`). ``Trainer(net, opt, memory, device="cpu", seed=1, ...)`` takes
-each field as a keyword too (:meth:`TrainerOptions.from_keywords`)."""
+each field as a keyword too (:meth:`TrainerOptions.with_keywords`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from ..distributed.comm import Communicator
@@ -14,6 +14,7 @@ from ..layers.base import Layer
 from ..memory.cost.targets import DeviceProfile
 from ..memory.ir.precision import Precision
 from ..memory.ir.units import ALLOCATION_UNIT
+from ..net.option_groups import with_keywords
 
 
 @dataclass(frozen=True)
@@ -85,12 +86,7 @@ class TrainerOptions:
     def with_keywords(self, keywords: dict[str, Any]) -> TrainerOptions:
         """These options with each keyword (a field of one group) set; an unknown one raises
         ``TypeError`` as Python does for a function's."""
-        left = dict(keywords)
-        groups = {}
-        for name in ("device", "step", "parallel"):
-            group = getattr(self, name)
-            mine = {f.name: left.pop(f.name) for f in fields(group) if f.name in left}
-            groups[name] = replace(group, **mine) if mine else group
+        options, left = with_keywords(self, keywords)
         if left:
             raise TypeError(f"Trainer() got an unexpected keyword argument {next(iter(left))!r}")
-        return TrainerOptions(**groups)
+        return options
