@@ -23,6 +23,7 @@ from .common import (
     build_model,
     format_bytes,
     parse_memory,
+    parse_size_flag,
     print_memory_report,
     shape_and_classes,
     with_budget,
@@ -319,7 +320,8 @@ def _dry_run(args: argparse.Namespace, net, shape: tuple[int, ...], classes: int
             f"{f['memory']!r} ({format_bytes(f['peak_reserved_bytes'])})" for f in fits) or "none"),
             file=sys.stderr)
         return None
-    refused = host_budget_error(rep, _host_memory(args))
+    refused = host_budget_error(rep, parse_size_flag("--host-memory",
+                                                     getattr(args, "host_memory", None)))
     if refused is not None:
         print(f"minidl: {refused}", file=sys.stderr)
         return None
@@ -327,15 +329,6 @@ def _dry_run(args: argparse.Namespace, net, shape: tuple[int, ...], classes: int
         rep["budget_bytes"] = budget
         rep["fits_budget"] = rep["peak_reserved_bytes"] <= budget
     return rep
-
-
-def _host_memory(args: argparse.Namespace) -> int | None:
-    """``--host-memory`` in bytes (None: unbounded)."""
-    text = getattr(args, "host_memory", None)
-    try:
-        return None if text is None else parse_size(text)
-    except ValueError as e:
-        raise UsageError(f"--host-memory: {e}") from None
 
 
 def _print_plan(args: argparse.Namespace, name: str, classes: int, rep: dict,
