@@ -12,8 +12,9 @@ from .loss_scaling import DynamicLossScaler
 
 __all__ = ["check_precision", "loss_scaler_for"]
 
-#: Memory flags whose codecs do not read half tensors yet.
-_CODEC_FLAGS = ("binarize", "sparse", "gist", "all", "dpr")
+#: Memory flags whose codecs do not read half tensors yet (the presets ``gist`` and ``all``
+#: set the first two).
+_CODEC_FLAGS = ("binarize", "sparse", "dpr")
 
 
 def check_precision(precision: Precision, net: Network, device_kind: DeviceKind,
@@ -33,7 +34,7 @@ def check_precision(precision: Precision, net: Network, device_kind: DeviceKind,
     if ranks > 1 or config.zero:
         raise ValueError(f"precision={precision.value!r} trains on one process without zero "
                          "for now")
-    flags = [f for f in config.spec.split(",") if f.split("=")[0] in _CODEC_FLAGS]
+    flags = [f for f in _CODEC_FLAGS if config.has(f)]
     if flags:
         raise ValueError(f"precision={precision.value!r} with the codec {flags[0]!r}: its "
                          "encodings do not read half tensors yet")
