@@ -27,6 +27,7 @@ import numpy as np
 from ..analysis.dryrun import auto_device_memory
 from ..interop.torch_bridge import to_torch
 from ..memory.ir.names import DeviceKind
+from ..memory.ir.precision import Precision
 from ..net.labels import default_label_shape
 from ..net.optim import SGD
 from ..train.trainer import Trainer
@@ -230,10 +231,6 @@ class TorchSteps:
         return times
 
 
-#: The half dtype ``torch.autocast`` runs a mixed precision in (fp32: no autocast).
-AUTOCAST_DTYPES = {"bf16-mixed": "bfloat16", "fp16-mixed": "float16"}
-
-
 def _torch_runner(net: Any, x: np.ndarray, y: np.ndarray, lr: float,
                   device: str = "cpu", precision: str = "fp32") -> Callable[[], float]:
     """PyTorch's training step of ``net``'s twin (same weights) on ``device``; on a GPU in
@@ -255,7 +252,7 @@ def _torch_runner(net: Any, x: np.ndarray, y: np.ndarray, lr: float,
         sync = torch.cuda.synchronize
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
-    half = AUTOCAST_DTYPES.get(str(precision))
+    half = Precision.of(precision).half_dtype  # (torch's dtype of that name; None: fp32)
     kind = "cpu" if device == DeviceKind.CPU else "cuda"
 
     def autocast() -> Any:
