@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 
+from minidl.net.deferred_init import deferred_parameters
 from minidl.zoo.transformers import TransformerConfig, gpt
 
 #: name -> (layers, heads, width): the GPT-3 family's and depths of 4096 between.
@@ -52,10 +53,10 @@ def _config(name: str) -> TransformerConfig:
 
 
 def parameters(name: str) -> int:
-    """Trainable parameters of ``name`` (the head tied to the token embedding)."""
-    c = _config(name)
-    d = c.dim
-    return c.vocab * d + c.context * d + c.layers * (12 * d * d + 13 * d) + 2 * d
+    """Trainable parameters of ``name``, counted by the network itself (built with deferred
+    parameters: shapes only, no values drawn)."""
+    with deferred_parameters():
+        return gpt(_config(name)).num_parameters()
 
 
 def _builder(name: str):
