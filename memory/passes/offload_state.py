@@ -11,13 +11,12 @@ closed it, so the copies run on the device-to-host engine while the next step co
 ``Release`` after that next step frees their blocks (compute waits there for any copy still
 running). The host copy is the gradient the update reads: each gradient is ``Free``d at the
 end of the iteration, from the host. The cost model prices the copies on the target's link
-like any offload; :func:`host_state_bytes` says what the host holds.
+like any offload; :class:`~minidl.compile.host_state.HostState` says what the host holds.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from ..ir.names import Role
 from ..ir.plan import Free, Offload, Plan, Release, StepPlan
@@ -29,38 +28,10 @@ from ..ir.program import Program
 DEFAULT_BUCKET_BYTES = 4 << 20
 
 
-@dataclass(frozen=True)
-class HostStateBytes:
-    """What the host holds for a program whose persistent state is offloaded: the float32
-    master weights, the gradients (their landing buffers) and the optimizer state."""
-
-    master: int
-    gradients: int
-    optimizer_state: int
-
-    @property
-    def total(self) -> int:
-        return self.master + self.gradients + self.optimizer_state
-
-    def as_dict(self) -> dict[str, int]:
-        return {"master": self.master, "gradient": self.gradients,
-                "optimizer_state": self.optimizer_state, "total": self.total}
-
-
 def offloaded_gradients(program: Program) -> list[int]:
     """The gradients that leave the device: parameter gradients lowered as tensors of the
     iteration, in id order."""
     return [t.id for t in program.tensors if t.role == Role.PARAM_GRAD and not t.persistent]
-
-
-def host_state_bytes(program: Program, state_slots: int) -> HostStateBytes:
-    """The host's bytes for ``program``'s offloaded state: per trainable parameter a float32
-    master copy and a gradient block, and ``state_slots`` float32 state arrays (Adam: 2), each
-    rounded to the program's allocation unit as the host lays them out."""
-    grads = [program.tensors[t] for t in offloaded_gradients(program)]
-    master = sum(program.block_size(4 * math.prod(t.shape)) for t in grads)
-    grad = sum(program.block_size(t.nbytes) for t in grads)
-    return HostStateBytes(master, grad, state_slots * master)
 
 
 def offload_state_plan(plan: Plan, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Plan:
