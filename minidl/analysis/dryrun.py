@@ -98,21 +98,28 @@ SUGGESTIONS = ("reuse,inplace", "reuse,inplace,static", "gist,static", "vdnn-all
 
 
 def suggest_specs(make_net, batch_size: int, input_shape: tuple[int, ...], capacity: int,
-                  optimizer: str = "sgd") -> list[dict[str, Any]]:
+                  optimizer: str = "sgd", auto_tried: bool = False,
+                  **keywords: Any) -> list[dict[str, Any]]:
     """Memory specs whose dry-run reserved peak fits ``capacity`` bytes, with their peaks, and
-    the auto planner's plan for that budget if it finds one. None at once where ``capacity``
-    is under the peak floor of every plan (:class:`BelowFloor`: the auto planner says so
-    before any search)."""
+    the auto planner's plan for that budget if it finds one. ``keywords`` go to every dry run
+    (``precision``, ``device_kind``, ``target``, ``ranks``: the run the specs are for).
+
+    None at once where ``capacity`` is under the peak floor of every plan (:class:`BelowFloor`:
+    the auto planner says so before any search). ``auto_tried``: the caller's own auto plan
+    for this budget already found nothing, so it is not searched again. The fixed specs keep
+    the persistent state on the device: once it alone fills ``capacity`` none of them is run."""
     auto = f"auto,budget={size_text(capacity)}"  # as people read it; parses the same
     reports: dict[str, dict[str, Any]] = {}
-    for spec in (auto, *SUGGESTIONS):
+    for spec in (() if auto_tried else (auto,)) + SUGGESTIONS:
         try:
             reports[spec] = dry_run(make_net(), batch_size, spec, optimizer,
-                                    input_shape=input_shape)
+                                    input_shape=input_shape, **keywords)
         except BelowFloor:
             return []
         except BudgetTooSmall:
             continue
+        if spec != auto and reports[spec]["persistent_bytes"] >= capacity:
+            break
     return [{"memory": spec, "peak_reserved_bytes": rep["peak_reserved_bytes"],
              "split": rep["split"]}
             for spec, rep in ((s, reports[s]) for s in (*SUGGESTIONS, auto) if s in reports)

@@ -315,7 +315,9 @@ def _dry_run(args: argparse.Namespace, net, shape: tuple[int, ...], classes: int
         # (under the floor of every plan of this very program no spec fits: none to try)
         fits = [] if isinstance(e, BelowFloor) else suggest_specs(
             lambda: build_model(args.model, shape, classes, args.width),
-            args.batch_size, shape, budget or spec.budget, args.optimizer)
+            args.batch_size, shape, budget or spec.budget, args.optimizer,
+            auto_tried=spec.has("auto"), device_kind=args.device, target=profile,
+            ranks=args.ranks, precision=args.precision)
         print("  specs that fit: " + (", ".join(
             f"{f['memory']!r} ({format_bytes(f['peak_reserved_bytes'])})" for f in fits) or "none"),
             file=sys.stderr)

@@ -203,7 +203,8 @@ def cmd_train_text(args: argparse.Namespace, spec) -> int:
     if device_memory == "auto":
         device_memory = spec.budget or auto_device_memory(
             net, args.batch_size, spec, args.optimizer, (args.seq_len,),
-            device_kind="cuda" if args.device.startswith("cuda") else "cpu", emulate_link=link)
+            device_kind="cuda" if args.device.startswith("cuda") else "cpu", emulate_link=link,
+            precision=args.precision)
     trainer = Trainer(net, opt, memory=spec, device=args.device, device_memory=device_memory,
                       seed=args.seed, host_memory=args.host_memory,
                       clip_grad_norm=5.0 if args.clip_grad_norm is None else args.clip_grad_norm,
@@ -346,7 +347,8 @@ def _image_trainer(args: argparse.Namespace, spec, ds, defaults: D.TrainDefaults
     elif device_memory == "auto":
         device_memory = auto_device_memory(
             net, args.batch_size, spec, args.optimizer, ds.input_shape,
-            device_kind="cuda" if args.device.startswith("cuda") else "cpu", emulate_link=link)
+            device_kind="cuda" if args.device.startswith("cuda") else "cpu", emulate_link=link,
+            precision=args.precision)
     try:
         trainer = Trainer(net, opt, memory=spec, device=args.device, device_memory=device_memory,
                           seed=args.seed, scheduler=scheduler, host_memory=args.host_memory,
@@ -419,7 +421,8 @@ def _fit(args: argparse.Namespace, trainer: Trainer, ds, augment, comm, callback
     except DeviceOutOfMemory as e:
         fits = suggest_specs(lambda: build_model(args.model, ds.input_shape, ds.num_classes,
                                             args.width), args.batch_size, ds.input_shape,
-                             trainer.device.capacity, args.optimizer)
+                             trainer.device.capacity, args.optimizer,
+                             device_kind=trainer.device.kind, precision=args.precision)
         e.suggestions = fits
         raise
 
