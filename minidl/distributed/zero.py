@@ -166,6 +166,14 @@ class ZeroOptimizer(OptimizerWrapper):
         self.comm.allreduce(total)
         return scale_to_norm(grads, math.sqrt(float(total[0])), max_norm)
 
+    def unscale_shards(self, scaler: Any) -> bool:
+        """fp16-mixed under stage 2 / 3: ``scaler.unscale`` over this rank's gradient shards;
+        whether every rank's are finite (a count of ranks with inf / NaN, all-reduced), so
+        all ranks skip the same steps."""
+        bad = np.array([0.0 if scaler.unscale(self.shard.params) else 1.0])
+        self.comm.allreduce(bad)
+        return bool(bad[0] == 0.0)
+
     def step(self) -> None:
         """Update the owned ranges, then all-gather every rank's updated range."""
         self.shard.lr = self.inner.lr

@@ -90,7 +90,7 @@ def optimizer_step(trainer: Any, loss: Any = None) -> Any:
     gradients are unscaled first, and a step with inf / NaN gradients is skipped (the
     scaler backs off)."""
     if trainer.loss_scaler is not None:
-        finite = trainer.loss_scaler.unscale(trainer.net.parameters())
+        finite = _unscale(trainer)
         trainer.loss_scaler.update(finite)
         if not finite:
             trainer.accumulated = 0
@@ -102,3 +102,12 @@ def optimizer_step(trainer: Any, loss: Any = None) -> Any:
     trainer.optimizer.step()
     trainer.accumulated = 0
     return loss
+
+
+def _unscale(trainer: Any) -> bool:
+    """fp16-mixed: divide the gradients by the loss scale; whether they are finite on every
+    rank (under ``zero=2`` / ``3`` each rank holds only its shards, so the ranks agree on the
+    skip over the communicator; else every rank holds the same all-reduced gradients)."""
+    if getattr(trainer.optimizer, "shards_gradients", False):
+        return trainer.optimizer.unscale_shards(trainer.loss_scaler)
+    return trainer.loss_scaler.unscale(trainer.net.parameters())

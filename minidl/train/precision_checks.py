@@ -18,11 +18,11 @@ _CODEC_FLAGS = ("binarize", "sparse", "dpr")
 
 
 def check_precision(precision: Precision, net: Network, device_kind: DeviceKind,
-                    config: MemoryConfig, ranks: int) -> None:
+                    config: MemoryConfig) -> None:
     """Raise ``ValueError`` (one line) when ``net`` on a device of ``device_kind`` under
     ``config`` cannot train in ``precision``: mixed precision runs on the CPU (or the meta
-    device), on one process, without the encoding codecs, over :data:`MIXED_PRECISION_KINDS`
-    layers."""
+    device; data parallel and ZeRO too), without the encoding codecs, over
+    :data:`MIXED_PRECISION_KINDS` layers."""
     if precision.half_dtype is None:
         if precision is Precision.TF32:
             raise ValueError("precision='tf32' is a GPU setting (TF32 tensor cores); the CPU "
@@ -31,9 +31,6 @@ def check_precision(precision: Precision, net: Network, device_kind: DeviceKind,
     if device_kind is not DeviceKind.CPU:
         raise ValueError(f"precision={precision.value!r} trains on the cpu device for now "
                          f"(not {device_kind}); minidl plan --precision plans it for a GPU")
-    if ranks > 1 or config.zero:
-        raise ValueError(f"precision={precision.value!r} trains on one process without zero "
-                         "for now")
     flags = [f for f in _CODEC_FLAGS if config.has(f)]
     if flags:
         raise ValueError(f"precision={precision.value!r} with the codec {flags[0]!r}: its "

@@ -50,6 +50,14 @@ CASES = (("none", "none", "none", 16, 1024),
 #: statistics: not equal): (case name, sync_bn, memory spec).
 BN_CASES = (("sync_bn", True, "reuse,inplace"), ("per_rank_bn", False, "reuse,inplace"),
             ("sync_bn_zero3", True, "reuse,inplace,zero=3"))
+#: Mixed precision on 2 ranks (``precision`` of the Trainer and of the plan): plain data
+#: parallelism matches one process within half rounding; every ZeRO stage gives its bits.
+#: (case name, memory spec, precision, global batch, bucket bytes).
+MIXED_CASES = (("bf16_reuse_inplace", "reuse,inplace", "bf16-mixed", 16, 1024),
+               ("bf16_zero2", "reuse,inplace,zero=2", "bf16-mixed", 16, 1024),
+               ("bf16_zero3", "reuse,inplace,zero=3", "bf16-mixed", 16, 1024),
+               ("fp16_reuse_inplace", "reuse,inplace", "fp16-mixed", 16, 1024),
+               ("fp16_zero2", "reuse,inplace,zero=2", "fp16-mixed", 16, 1024))
 STEPS = 10
 
 
@@ -59,9 +67,11 @@ def _net(bn: bool):
 
 
 def train(comm, spec: str, batch: int, bucket_bytes: int, fail_at: int | None = None,
-          bn: bool = False, sync_bn: bool = False) -> dict[str, np.ndarray]:
+          bn: bool = False, sync_bn: bool = False,
+          precision: str = "fp32") -> dict[str, np.ndarray]:
     """Ten SGD steps of a small smallcnn (``bn``: resnet8) on one seeded global batch: losses,
-    parameters, optimizer state, rank 0's real and planned peaks and the number of buckets."""
+    parameters, optimizer state, rank 0's real and planned peaks and the number of buckets
+    (``fp16-mixed``: also the steps its loss scaler skipped)."""
     net = _net(bn)
     shape = net.input_shapes[0]
     rng = np.random.default_rng(1)
@@ -69,7 +79,7 @@ def train(comm, spec: str, batch: int, bucket_bytes: int, fail_at: int | None = 
     y = rng.integers(0, 10, batch)
     opt = SGD(net.parameters(), lr=0.1, momentum=0.9)
     trainer = Trainer(net, opt, memory=spec, device_memory="16MiB", comm=comm,
-                      bucket_bytes=bucket_bytes, sync_bn=sync_bn)
+                      bucket_bytes=bucket_bytes, sync_bn=sync_bn, precision=precision)
     losses = []
     for i in range(STEPS):
         if i == fail_at and comm.rank == 1:
@@ -81,11 +91,14 @@ def train(comm, spec: str, batch: int, bucket_bytes: int, fail_at: int | None = 
     out["peak_allocated"] = np.array(trainer.pool.stats()["allocated_bytes.peak"])
     # the plan of rank 0 (made here: convolution workspaces depend on the thread count)
     out["planned_peak"] = np.array(dry_run(_net(bn), batch, spec, "sgd", input_shape=shape,
-                                           ranks=comm.size)["peak_allocated_bytes"])
+                                           ranks=comm.size,
+                                           precision=precision)["peak_allocated_bytes"])
+    if trainer.loss_scaler is not None:
+        out["skipped"] = np.array(trainer.loss_scaler.skipped)
     # the same rank's row of minidl plan --ranks N --table (estimate_table)
     stage = MemoryConfig.parse(spec).zero
     rows = estimate_table(lambda: _net(bn), shape, batch, spec, [comm.size], "sgd",
-                          stages=(stage,)) if 1 < comm.size <= batch else []
+                          stages=(stage,), precision=precision) if 1 < comm.size <= batch else []
     out["table_peak"] = np.array(rows[0].peak_allocated if rows else out["planned_peak"])
     out["buckets"] = np.array(0 if trainer.parallel is None else len(
         trainer.parallel.sync.buckets))
@@ -108,6 +121,10 @@ def main(argv: list[str]) -> int:
         return 0
     for name, spec, _, batch, bucket_bytes in CASES:
         res = train(comm, spec, batch, bucket_bytes)
+        if comm.rank == 0:
+            np.savez(out / f"{name}.npz", **res)
+    for name, spec, precision, batch, bucket_bytes in MIXED_CASES:
+        res = train(comm, spec, batch, bucket_bytes, precision=precision)
         if comm.rank == 0:
             np.savez(out / f"{name}.npz", **res)
     for name, sync_bn, spec in BN_CASES:

@@ -207,3 +207,37 @@ def test_plan_ranks_gives_each_ranks_sharded_bytes(capsys):
     assert peaks[0] > peaks[1] > peaks[2] > peaks[3]
     assert main(["plan", "smallcnn", "--ranks", "0"]) == 2
     assert "--ranks 0: needs 1 to the batch size" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "fp16-mixed"])
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_in_mixed_precision_on_one_rank_is_bit_identical(stage, precision, dp_worker):
+    plain = dp_worker.train(SingleProcess(), "reuse,inplace", 16, 1024, precision=precision)
+    zero = dp_worker.train(SingleProcess(), f"reuse,inplace,zero={stage}", 16, 1024,
+                           precision=precision)
+    assert sorted(plain) == sorted(zero)
+    for k in plain:
+        if k not in ("peak_allocated", "planned_peak", "table_peak", "buckets"):
+            assert np.array_equal(plain[k], zero[k]), k
+    assert int(zero["peak_allocated"]) == int(zero["planned_peak"])
+    assert not np.allclose(zero["losses"][0], zero["losses"][-1])  # it trained
+
+
+def test_fp16_overflow_under_zero2_skips_the_step_on_the_shards(dp_worker):
+    import minidl
+    from minidl.net.optim import SGD
+
+    net = dp_worker._net(False)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((16, *net.input_shapes[0])).astype(np.float32)
+    y = rng.integers(0, 10, 16)
+    tr = minidl.Trainer(net, SGD(net.parameters(), lr=0.1, momentum=0.9),
+                        memory="reuse,inplace,zero=2", device_memory="16MiB",
+                        comm=SingleProcess(), precision="fp16-mixed")
+    tr.step(x, y)
+    tr.loss_scaler.scale = 2.0 ** 40  # the loss gradient overflows float16
+    before = {n: np.array(v) for n, v in net.state_dict().items()}
+    tr.step(x, y)
+    assert tr.loss_scaler.skipped == 1 and tr.loss_scaler.scale == 2.0 ** 39
+    for n, v in net.state_dict().items():
+        assert np.array_equal(v, before[n]), n
