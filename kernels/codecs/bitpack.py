@@ -44,6 +44,11 @@ def _shape(shape: int | tuple[int, ...]) -> tuple[int, ...]:
     return (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
 
 
+def _is_half(dtype: np.dtype) -> bool:
+    """A 2-byte float (float16, or ``ml_dtypes.bfloat16``, whose kind is ``V``)."""
+    return dtype.itemsize == 2 and (dtype.kind == "f" or dtype.name == "bfloat16")
+
+
 def _check_size(out: Any, n: int) -> Any:
     if out.size != n:
         raise ValueError(f"out has {out.size} elements, {n} expected")
@@ -260,7 +265,7 @@ def pack_sign(x: Any, out: Any = None, *, impl: str = "auto", stream: Any = None
         return o
     o = np.empty(nb, np.uint8) if out is None else _cuda.byte_view(out, nb)
     xf = np.ravel(x)
-    if impl == "numpy":
+    if impl == "numpy" or _is_half(xf.dtype):  # (Numba has no bfloat16 and no float16 compare)
         o[:] = np.packbits(xf > 0, bitorder="little")
     else:
         _run(_pack_nb, _pack_body, n, xf, o)

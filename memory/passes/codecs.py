@@ -57,6 +57,8 @@ def encode(codec: Codec, x: Any, out: Any, state: CodecState) -> int:
         state.fmt = enc.fmt
         return enc.nbytes
     codes = precision.code_dtype(codec)
+    if x.dtype != np.float32:  # a half feature map (fp8 below bf16 / fp16): its exact values
+        x = x.astype(np.float32)
     precision.encode(x.reshape(-1), codec, out=out.view(codes)[:x.size])
     return x.size * codes.itemsize
 

@@ -29,6 +29,7 @@ from ...kernels.pooling import poolidx
 from ..ir.capabilities import StashEncoding
 from ..ir.names import Category, Codec, Phase, Role
 from ..ir.payloads import CodecStep, CompressionSummary, EncodedInput, PoolWindow
+from ..ir.precision import is_float, itemsize
 from ..ir.program import Program, Step, TensorSpec
 
 #: The encoding a layer's backward starts from, for the codecs it consumes directly.
@@ -65,8 +66,8 @@ def encoded_size(codec: Codec, spec: TensorSpec, window: PoolWindow | None,
     if codec == Codec.POOLIDX:
         return poolidx.packed_index_nbytes(n, poolidx.index_bits(window.size))
     if codec == Codec.SPARSE:
-        itemsize = 4 if spec.dtype == "float32" else 8
-        return sparse.choose_encoding(n, int(math.ceil(n * density)), itemsize).nbytes
+        return sparse.choose_encoding(n, int(math.ceil(n * density)),
+                                      itemsize(spec.dtype)).nbytes
     return precision.encoded_nbytes(n, codec)
 
 
@@ -136,7 +137,8 @@ def _choose_lossless(program: Program, st: Step, readers: dict[int, list[Step]],
 def _choose_reduced_precision(program: Program, readers: dict[int, list[Step]], dpr: str,
                               plan: _Choice) -> None:
     """Add to ``plan`` every other floating-point feature map a forward step makes and
-    backward reads, at precision ``dpr``."""
+    backward reads, at precision ``dpr``, where its codes are narrower than the map's dtype
+    (fp8 below a half map; in mixed precision the float32 maps take fp16 / bf16 too)."""
     fed = set(program.inputs)
     producer = {t: st for st in program.steps if st.phase == Phase.FORWARD for t in st.writes}
     for t in readers:
@@ -144,8 +146,9 @@ def _choose_reduced_precision(program: Program, readers: dict[int, list[Step]], 
         if t in plan or t in fed or spec.role != Role.VALUE \
                 or spec.category != Category.FEATURE_MAP:
             continue
-        if not spec.dtype.startswith("float") or t not in producer:
-            continue
+        if not is_float(spec.dtype) or t not in producer \
+                or itemsize(spec.dtype) <= precision.code_dtype(dpr).itemsize:
+            continue  # (fp16 / bf16 codes of a half feature map would save nothing)
         plan[t] = (Codec.of(dpr), None)
 
 

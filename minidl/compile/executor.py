@@ -371,8 +371,10 @@ class Executor:
             g = st.grad_inputs[0]
             if g is not None:
                 dx = arr(g.written)
-                layer.backward_from_encoded(encoded.encoding, arr(encoded.tensor),
-                                            arr(st.grad_outputs[0]), dx)
+                run_from_encoded = (mixed_steps.backward_from_encoded if id(st) in self._mixed
+                                    else type(layer).backward_from_encoded)
+                run_from_encoded(layer, encoded.encoding, arr(encoded.tensor),
+                                 arr(st.grad_outputs[0]), dx)
                 if g.add_into >= 0:
                     add_arrays(arr(g.add_into), dx, arr(g.add_into))
             return

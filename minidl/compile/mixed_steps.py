@@ -151,3 +151,13 @@ def backward(layer: Any, ctx: Any, st: Step, grad_outputs: list, grad_inputs: li
             _round_into(dst, src)
     for k, v in own.items():
         _round_into(v, own32[k])
+
+
+def backward_from_encoded(layer: Any, encoding: Any, encoded: Any, grad_output: Any,
+                          grad_input: Any) -> None:
+    """A layer's backward from its encoded stash (Gist's sign mask, a max-pool's packed
+    argmax) in a mixed-precision program: on float32 copies of half gradients, rounded once
+    into the half input gradient, as :func:`backward` does (the kernels read no half dtype)."""
+    g_in = _scratch(grad_input)
+    layer.backward_from_encoded(encoding, encoded, _up(grad_output), g_in)
+    _round_into(grad_input, g_in)

@@ -4,7 +4,6 @@ one-line refusals of the rest."""
 from __future__ import annotations
 
 from ..compile.mixed_steps import MIXED_PRECISION_KINDS
-from ..memory.ir.config import MemoryConfig
 from ..memory.ir.names import DeviceKind
 from ..memory.ir.precision import Precision
 from ..net.graph import Network
@@ -12,17 +11,12 @@ from .loss_scaling import DynamicLossScaler
 
 __all__ = ["check_precision", "loss_scaler_for"]
 
-#: Memory flags whose codecs do not read half tensors yet (the presets ``gist`` and ``all``
-#: set the first two).
-_CODEC_FLAGS = ("binarize", "sparse", "dpr")
 
-
-def check_precision(precision: Precision, net: Network, device_kind: DeviceKind,
-                    config: MemoryConfig) -> None:
-    """Raise ``ValueError`` (one line) when ``net`` on a device of ``device_kind`` under
-    ``config`` cannot train in ``precision``: mixed precision runs on the CPU (or the meta
-    device; data parallel and ZeRO too), without the encoding codecs, over
-    :data:`MIXED_PRECISION_KINDS` layers."""
+def check_precision(precision: Precision, net: Network, device_kind: DeviceKind) -> None:
+    """Raise ``ValueError`` (one line) when ``net`` on a device of ``device_kind`` cannot
+    train in ``precision``: mixed precision runs on the CPU (or the meta
+    device; data parallel, ZeRO and the codecs too), over :data:`MIXED_PRECISION_KINDS`
+    layers."""
     if precision.half_dtype is None:
         if precision is Precision.TF32:
             raise ValueError("precision='tf32' is a GPU setting (TF32 tensor cores); the CPU "
@@ -31,10 +25,6 @@ def check_precision(precision: Precision, net: Network, device_kind: DeviceKind,
     if device_kind is not DeviceKind.CPU:
         raise ValueError(f"precision={precision.value!r} trains on the cpu device for now "
                          f"(not {device_kind}); minidl plan --precision plans it for a GPU")
-    flags = [f for f in _CODEC_FLAGS if config.has(f)]
-    if flags:
-        raise ValueError(f"precision={precision.value!r} with the codec {flags[0]!r}: its "
-                         "encodings do not read half tensors yet")
     other = sorted({type(node.layer).__name__ for node in net.nodes
                     if getattr(node.layer, "kind", None) not in MIXED_PRECISION_KINDS
                     and node.layer is not None and hasattr(node.layer, "kind")})

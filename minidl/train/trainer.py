@@ -90,7 +90,7 @@ class Trainer:
         self.loss_layer = step.loss if step.loss is not None else SoftmaxCrossEntropy()
         parts = assemble(net, optimizer, self.config, self.loss_layer, options)
         self.device, self.pool, self.engine = parts.device, parts.pool, parts.engine
-        check_precision(self.precision, net, parts.traits.kind, self.config)
+        check_precision(self.precision, net, parts.traits.kind)
         #: fp16-mixed's dynamic loss scaler (:mod:`.loss_scaling`), else ``None``.
         self.loss_scaler = loss_scaler_for(self.precision)
         #: The device's traits, read once (:func:`~minidl.memory.devices.traits.device_traits`).

@@ -121,3 +121,24 @@ def test_errors():
         bp.pack_sign(x, impl="cuda")
     with pytest.raises(ValueError, match="packed"):
         bp.relu_backward_packed(x, np.zeros(2, np.uint8))
+
+
+@pytest.mark.parametrize("half", ["float16", "bfloat16"])
+def test_half_maps_pack_and_relu_backward_like_float32(half):
+    """Mixed precision's half feature maps: the sign mask of a float16 / bfloat16 array is
+    that of its float32 values (special values included), and ReLU backward from it keeps
+    ``dy`` where the bit is set and gives +0.0 elsewhere, in the half dtype, in place too."""
+    import ml_dtypes  # noqa: F401 (registers bfloat16)
+
+    dtype = np.dtype(half)
+    rng = np.random.default_rng(0)
+    x = np.concatenate([np.array(SPECIAL, np.float32),
+                        rng.standard_normal(70_001).astype(np.float32)]).astype(dtype)
+    dy = rng.standard_normal(x.size).astype(np.float32).astype(dtype)
+    pk = bp.pack_sign(x)
+    np.testing.assert_array_equal(pk, np.packbits(x.astype(np.float32) > 0, bitorder="little"))
+    want = np.where(x.astype(np.float32) > 0, dy, dtype.type(0))
+    assert same_bits(bp.relu_backward_packed(dy, pk), want)
+    inplace = dy.copy()
+    bp.relu_backward_packed(inplace, pk, out=inplace)
+    assert same_bits(inplace, want)
