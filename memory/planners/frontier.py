@@ -39,7 +39,7 @@ from functools import cached_property
 
 import numpy as np
 
-from ..ir.config import MemoryConfig
+from ..ir.config import MemoryConfig, RecomputePolicy, SwapPolicy
 from ..ir.names import Phase
 from ..ir.plan import Plan
 from ..ir.program import Program
@@ -55,7 +55,7 @@ from .rotor import RotorTable, rotor_schedule, rotor_table
 
 # (Candidate, pricer, the knapsack's and the swaps' candidates: importable here as before)
 __all__ = ["CODEC_BYTES_PER_S", "KNAPSACK_SHARES", "SWAP_MOVES", "Candidate", "Frontier",
-           "build_frontier", "fixed_specs", "hidden_swaps", "knapsack_candidates", "pricer",
+           "build_frontier", "fixed_configs", "hidden_swaps", "knapsack_candidates", "pricer",
            "swap_down"]
 
 #: Plans within this share of the least predicted time are told apart by their traffic:
@@ -71,14 +71,26 @@ ROTOR_RANGE = 2.0
 ROTOR_POINTS = 60
 
 
-def fixed_specs(program: Program) -> list[str]:
-    """The fixed specs ``auto`` is never slower than (every lossless combination)."""
-    specs = []
-    for rec in ("", "recompute=sqrt", "recompute=speed", "recompute=memory", "recompute=cost"):
-        for swap in ("", "swap=conv", "swap=all", "swap=auto"):
-            for enc in ("", "binarize", "sparse", "binarize,sparse"):
-                specs.append(",".join(p for p in ("reuse,inplace", rec, swap, enc) if p))
-    return specs
+#: The lossless encodings of the fixed specs: none, either, both.
+_ENCODINGS = ((), ("binarize",), ("sparse",), ("binarize", "sparse"))
+
+
+def fixed_configs(program: Program) -> list[MemoryConfig]:
+    """The fixed specs ``auto`` is never slower than (every lossless combination):
+    ``reuse,inplace`` with each recomputation policy or none, each swap policy or none, and
+    each set of encodings, in that order."""
+    configs = []
+    for recompute in (None, *RecomputePolicy):
+        for swap in (None, *SwapPolicy):
+            for encodings in _ENCODINGS:
+                flags = {"reuse": "", "inplace": ""}
+                if recompute is not None:
+                    flags["recompute"] = recompute.value
+                if swap is not None:
+                    flags["swap"] = swap.value
+                flags.update(dict.fromkeys(encodings, ""))
+                configs.append(MemoryConfig(flags))
+    return configs
 
 
 @dataclass
@@ -163,14 +175,14 @@ class Frontier:
 
 def fixed_candidates(program: Program, make: Callable[[Program, MemoryConfig], Plan],
                      price: Callable[[Plan], tuple[float, float]]) -> list[Candidate]:
-    """Every fixed spec's plan (:func:`fixed_specs`), priced."""
+    """Every fixed spec's plan (:func:`fixed_configs`), priced."""
     out: list[Candidate] = []
     seen: set[int] = set()
-    for spec in fixed_specs(program):
-        plan = make(program, MemoryConfig.parse(spec))
+    for config in fixed_configs(program):
+        plan = make(program, config)
         if id(plan) not in seen:  # (specs that make the same plan: priced once, by the first)
             seen.add(id(plan))
-            out.append(priced(plan, price, spec))
+            out.append(priced(plan, price, config.spec))
     return out
 
 
