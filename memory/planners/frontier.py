@@ -251,13 +251,13 @@ BOUND_SLOTS = 1000
 
 
 def recompute_bound(program: Program, chain: Chain) -> RecomputeBound:
-    least = replace(chain, stages=tuple(replace(s, lean_backward_extra=s.lean_backward_least)
+    least = replace(chain, stages=tuple(replace(s, lean=replace(s.lean, extra=s.lean.least))
                                         for s in chain.stages))
     top = plan_peak(base_plan(program, BASE))
     table = rotor_table(least, max(1, -(-2 * top // BOUND_SLOTS)), BOUND_SLOTS, bound=True)
     first = chain.stages[0]  # (a fed input no backward reads is freed after its last use)
     return RecomputeBound(table, program.persistent_bytes()
-                          + (first.input_bytes if first.input_read_back else 0), len(chain))
+                          + (first.sizes.input if first.input_read_back else 0), len(chain))
 
 
 def rotor_candidates(program: Program, chain: Chain | None, costs: Sequence[float],
@@ -311,9 +311,10 @@ def _scaled(chain: Chain, scale: float) -> Chain:
     """The chain with its stages' memory figures scaled (their times as they are)."""
     if scale == 1.0:
         return chain
-    stages = tuple(replace(s, kept_bytes=int(s.kept_bytes * scale),
-                           forward_extra=int(s.forward_extra * scale),
-                           backward_extra=int(s.backward_extra * scale)) for s in chain.stages)
+    stages = tuple(replace(s, sizes=replace(s.sizes, kept=int(s.sizes.kept * scale),
+                                            forward_extra=int(s.sizes.forward_extra * scale),
+                                            backward_extra=int(s.sizes.backward_extra * scale)))
+                   for s in chain.stages)
     return replace(chain, stages=stages)
 
 
