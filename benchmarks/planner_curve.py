@@ -44,7 +44,7 @@ from minidl.memory.passes.base_plan import base_plan
 from minidl.memory.passes.recompute import dropping_program
 from minidl.memory.passes.static_plan import static_plan
 from minidl.memory.planners.auto import BudgetTooSmall, auto_plan
-from minidl.memory.planners.frontier import fixed_specs, program_chain, recompute_bound
+from minidl.memory.planners.frontier import fixed_configs, program_chain, recompute_bound
 from minidl.memory.planners.knapsack import knapsack_order
 from minidl.memory.runtime.pool import Pool
 from minidl.net.labels import default_label_shape
@@ -129,7 +129,7 @@ def run_case(case: Case, points: int, fixed_limit: int | None, log) -> Case:
     lb, top = plain["lower_bound_bytes"], plain["peak_reserved_bytes"]
     log(f"{case.model} {'x'.join(map(str, case.shape))} b{case.batch} on {case.target}: lower "
         f"bound {lb / MIB:.1f} MiB, plain peak {top / MIB:.1f} MiB")
-    specs = fixed_specs(None)[:fixed_limit]
+    specs = [config.spec for config in fixed_configs(None)[:fixed_limit]]
     for spec in specs:
         try:
             d = _dry(case, spec)

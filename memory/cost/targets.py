@@ -22,7 +22,17 @@ from dataclasses import dataclass
 
 from ..ir.units import parse_size
 
-__all__ = ["DeviceProfile", "PROFILES", "get_target", "target_names"]
+__all__ = ["DeviceProfile", "PROFILES", "TensorCoreRates", "get_target", "target_names"]
+
+
+@dataclass(frozen=True)
+class TensorCoreRates:
+    """Dense tensor-core FLOP/s of matrix products per input precision (float32
+    accumulation); 0: no such units (priced at the FP32 rate)."""
+
+    tf32: float = 0.0
+    fp16: float = 0.0
+    bf16: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -38,20 +48,16 @@ class DeviceProfile:
     launch_s: float = 5e-6
     #: Where the figures come from (datasheet, generation of the host link).
     source: str = ""
-    #: Dense tensor-core FLOP/s of matrix products in TF32, FP16 and BF16 (float32
-    #: accumulation); 0: no such units (priced at ``flops_per_s``).
-    tf32_flops_per_s: float = 0.0
-    fp16_flops_per_s: float = 0.0
-    bf16_flops_per_s: float = 0.0
+    #: Tensor-core rates of matrix products (:class:`TensorCoreRates`).
+    tensor_cores: TensorCoreRates = TensorCoreRates()
 
     def matmul_rate(self, matmul_dtype: str) -> tuple[str, float]:
         """``(name, FLOP/s)`` of matrix products in ``matmul_dtype`` (``"bfloat16"``,
         ``"float16"``, ``"tf32"``, or ``""`` for float32): the tensor-core rate, or the FP32
         rate (named so) where the GPU has no such units."""
-        name, rate = {"tf32": ("tf32", self.tf32_flops_per_s),
-                      "float16": ("fp16", self.fp16_flops_per_s),
-                      "bfloat16": ("bf16", self.bf16_flops_per_s)}.get(matmul_dtype,
-                                                                        ("fp32", 0.0))
+        tensor = self.tensor_cores
+        name, rate = {"tf32": ("tf32", tensor.tf32), "float16": ("fp16", tensor.fp16),
+                      "bfloat16": ("bf16", tensor.bf16)}.get(matmul_dtype, ("fp32", 0.0))
         if rate > 0:
             return f"{name} tensor", rate
         return ("fp32" if name == "fp32" else f"fp32 (no {name} units)"), self.flops_per_s
@@ -59,8 +65,8 @@ class DeviceProfile:
     def describe_rates(self) -> str:
         """The matrix rates per precision, one line (``- ``: no such units)."""
         rates = [f"{n} {r / 1e12:.1f}" if r > 0 else f"{n} -" for n, r in (
-            ("FP32", self.flops_per_s), ("TF32", self.tf32_flops_per_s),
-            ("FP16", self.fp16_flops_per_s), ("BF16", self.bf16_flops_per_s))]
+            ("FP32", self.flops_per_s), ("TF32", self.tensor_cores.tf32),
+            ("FP16", self.tensor_cores.fp16), ("BF16", self.tensor_cores.bf16))]
         return f"{self.name} matrix TFLOP/s: " + ", ".join(rates)
 
     def describe(self) -> str:
@@ -85,29 +91,29 @@ PROFILES: dict[str, DeviceProfile] = {p.name: p for p in [
     # NVIDIA Tesla P100 datasheet (2016), PCIe 16 GB: 9.3 TFLOP/s single, 18.7 half
     # precision (paired FP16 on CUDA cores: no tensor cores, no TF32 or BF16).
     DeviceProfile("p100", 9.3e12, 732e9, _PCIE3, _PCIE3, 16 * _GIB,
-                  source="Tesla P100 PCIe 16 GB, PCIe 3.0 x16", fp16_flops_per_s=18.7e12),
+                  source="Tesla P100 PCIe 16 GB, PCIe 3.0 x16",
+                  tensor_cores=TensorCoreRates(fp16=18.7e12)),
     # NVIDIA Tesla V100 GPU datasheet (2018), SXM2: 15.7 TFLOP/s single precision, 125
     # tensor (FP16 with FP32 accumulation; PCIe card: 14 and 112). Volta has no TF32 or BF16.
     DeviceProfile("v100", 15.7e12, 900e9, _PCIE3, _PCIE3, 16 * _GIB,
                   source="Tesla V100 SXM2 16 GB, PCIe 3.0 x16 to the host",
-                  fp16_flops_per_s=125e12),
+                  tensor_cores=TensorCoreRates(fp16=125e12)),
     DeviceProfile("v100-32gb", 15.7e12, 900e9, _PCIE3, _PCIE3, 32 * _GIB,
                   source="Tesla V100 SXM2 32 GB, PCIe 3.0 x16 to the host",
-                  fp16_flops_per_s=125e12),
+                  tensor_cores=TensorCoreRates(fp16=125e12)),
     # NVIDIA A100 Tensor Core GPU datasheet (2021; 40 GB and 80 GB alike): FP32 19.5,
     # TF32 156, BF16 312, FP16 312 TFLOP/s dense (312 / 624 / 624 with sparsity).
     DeviceProfile("a100-40gb", 19.5e12, 1555e9, _PCIE4, _PCIE4, 40 * _GIB,
                   source="A100 40 GB (FP32; TF32 not enabled), PCIe 4.0 x16",
-                  tf32_flops_per_s=156e12, fp16_flops_per_s=312e12, bf16_flops_per_s=312e12),
+                  tensor_cores=TensorCoreRates(tf32=156e12, fp16=312e12, bf16=312e12)),
     DeviceProfile("a100-80gb", 19.5e12, 2039e9, _PCIE4, _PCIE4, 80 * _GIB,
                   source="A100 80 GB SXM (FP32; TF32 not enabled), PCIe 4.0 x16",
-                  tf32_flops_per_s=156e12, fp16_flops_per_s=312e12, bf16_flops_per_s=312e12),
+                  tensor_cores=TensorCoreRates(tf32=156e12, fp16=312e12, bf16=312e12)),
     # NVIDIA H100 Tensor Core GPU datasheet (2023), H100 SXM: FP32 67, TF32 989, BF16 1979,
     # FP16 1979 TFLOP/s "with sparsity": dense 494.7, 989.4, 989.4.
     DeviceProfile("h100", 67e12, 3350e9, _PCIE5, _PCIE5, 80 * _GIB,
                   source="H100 SXM 80 GB (FP32), PCIe 5.0 x16",
-                  tf32_flops_per_s=494.7e12, fp16_flops_per_s=989.4e12,
-                  bf16_flops_per_s=989.4e12),
+                  tensor_cores=TensorCoreRates(tf32=494.7e12, fp16=989.4e12, bf16=989.4e12)),
     # H200 SXM: NVIDIA's H200 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h200,
     # 2024): 141 GB HBM3e at 4.8 TB/s; FP32 (non-tensor) 67 TFLOP/s, the H100 SXM's (same
     # Hopper GH100 die and clocks); PCIe Gen5 x16 to the host (128 GB/s nominal both ways
@@ -117,14 +123,13 @@ PROFILES: dict[str, DeviceProfile] = {p.name: p for p in [
     # dense 494.7 and 989.4.
     DeviceProfile("h200", 67e12, 4800e9, _PCIE5, _PCIE5, 141 * _GIB,
                   source="H200 SXM 141 GB HBM3e (FP32), PCIe 5.0 x16",
-                  tf32_flops_per_s=494.7e12, fp16_flops_per_s=989.4e12,
-                  bf16_flops_per_s=989.4e12),
+                  tensor_cores=TensorCoreRates(tf32=494.7e12, fp16=989.4e12, bf16=989.4e12)),
     # NVIDIA Ada Lovelace architecture whitepaper (2022), RTX 4090: FP32 82.6; tensor with
     # FP32 accumulation (what mixed precision uses; GeForce runs it at half the FP16-
     # accumulate rate): FP16 / BF16 165.2, TF32 82.6 TFLOP/s dense.
     DeviceProfile("rtx4090", 82.6e12, 1008e9, _PCIE4, _PCIE4, 24 * _GIB,
-                  source="GeForce RTX 4090, PCIe 4.0 x16", tf32_flops_per_s=82.6e12,
-                  fp16_flops_per_s=165.2e12, bf16_flops_per_s=165.2e12),
+                  source="GeForce RTX 4090, PCIe 4.0 x16",
+                  tensor_cores=TensorCoreRates(tf32=82.6e12, fp16=165.2e12, bf16=165.2e12)),
 ]}
 _ALIASES = {"titanx": "titanx-maxwell", "a100": "a100-40gb", "v100-16gb": "v100",
             "4090": "rtx4090"}
@@ -148,8 +153,7 @@ def _rate(text: str, what: str) -> float:
 
 
 #: A custom target's optional tensor-core rates, by key.
-_TENSOR_KEYS = {"tf32": "tf32_flops_per_s", "fp16": "fp16_flops_per_s",
-                "bf16": "bf16_flops_per_s"}
+_TENSOR_KEYS = ("tf32", "fp16", "bf16")
 
 
 def _custom(spec: str) -> DeviceProfile:
@@ -174,7 +178,8 @@ def _custom(spec: str) -> DeviceProfile:
         _rate(fields["d2h"], "d2h") if "d2h" in fields else link,
         parse_size(fields["mem"]),
         _rate(fields["launch"], "launch") if "launch" in fields else 5e-6, source=spec,
-        **{attr: _rate(fields[key], key) for key, attr in _TENSOR_KEYS.items() if key in fields})
+        tensor_cores=TensorCoreRates(**{key: _rate(fields[key], key) for key in _TENSOR_KEYS
+                                        if key in fields}))
     if min(profile.flops_per_s, profile.hbm_bytes_per_s, profile.link_h2d_bytes_per_s,
            profile.link_d2h_bytes_per_s, profile.capacity_bytes) <= 0:
         raise ValueError(f"custom target: every rate and the memory must be positive ({spec})")

@@ -58,7 +58,7 @@ from .cuda_streams import (
 from .device import as_shape, available_host_memory, check_view
 
 __all__ = ["CUDA_INSTALL_HINT", "CudaCopyEngine", "CudaCopyEvent", "CudaDevice", "CudaHostResult",
-           "CudaStepTimer", "StallProbe", "route_cupy_allocations"]
+           "CudaStepTimer", "PinnedMemory", "StallProbe", "route_cupy_allocations"]
 
 _NAN32 = 0x7FC00000
 
@@ -66,20 +66,40 @@ _NAN32 = 0x7FC00000
 STAGING_MAX_BYTES = 64 << 20
 
 
-class _PinnedCounter:
-    """Bytes of pinned host memory handed out and not yet garbage collected."""
+class PinnedMemory:
+    """The device's pinned host memory (``cupy.cuda.alloc_pinned_memory``), bounded by
+    ``capacity`` bytes; ``used``: the bytes handed out and not yet garbage collected."""
 
-    def __init__(self) -> None:
+    def __init__(self, cp: Any, capacity: int) -> None:
+        self._cp = cp
+        self.capacity = capacity
         self.used = 0
         self._lock = threading.Lock()
 
-    def add(self, n: int) -> None:
+    def empty(self, shape: Any, dtype: Any = np.float32) -> np.ndarray:
+        """A NumPy array in pinned host memory; ``MemoryError`` beyond ``capacity``."""
+        shape = as_shape(shape)
+        dtype = np.dtype(dtype)
+        count = math.prod(shape)
+        nbytes = count * dtype.itemsize
+        used = self.used
+        if used + nbytes > self.capacity:
+            raise MemoryError(
+                f"pinned host memory exhausted: {format_size(nbytes)} ({nbytes} bytes) asked, "
+                f"{format_size(used)} ({used} bytes) of {format_size(self.capacity)} "
+                f"({self.capacity} bytes) in use; raise pinned_capacity")
+        mem = self._cp.cuda.alloc_pinned_memory(max(nbytes, 1))
+        root = np.frombuffer(mem, dtype, count)
+        # Views of the returned array keep ``root`` alive, so the bytes are released only when
+        # the last view is gone.
         with self._lock:
-            self.used += n
+            self.used += nbytes
+        weakref.finalize(root, self._release, nbytes)
+        return root.reshape(shape)
 
-    def release(self, n: int) -> None:
+    def _release(self, nbytes: int) -> None:
         with self._lock:
-            self.used -= n
+            self.used -= nbytes
 
 
 #: Device memory left free beside the arena for what the CUDA libraries load after the
@@ -115,8 +135,10 @@ class CudaDevice:
         self.xp = cp
         auto = isinstance(capacity, str) and capacity.strip().lower() == "auto"
         self.capacity = 0 if auto else parse_size(capacity)
-        self.pinned_capacity = available_host_memory() if pinned_capacity is None \
-            else parse_size(pinned_capacity)
+        #: Pinned host memory (:meth:`host_empty`), bounded by ``pinned_capacity`` (default:
+        #: the host's available memory).
+        self.pinned = PinnedMemory(cp, available_host_memory() if pinned_capacity is None
+                                   else parse_size(pinned_capacity))
         self.device_id = int(device_id)
         self._device = cp.cuda.Device(self.device_id)
         with self._device:
@@ -143,7 +165,6 @@ class CudaDevice:
             self._free_after_arena = cp.cuda.runtime.memGetInfo()[0]
         self.total_bytes = total
         self.base_ptr: int = int(self._mem.ptr)
-        self._pinned = _PinnedCounter()
         self._copy_engine: CudaCopyEngine | None = None
         #: (pinned buffer, event of the copy that last read it) per staging slot
         self._staging: list[tuple[np.ndarray | None, Any]] = [(None, None)] * STAGING_SLOTS
@@ -191,29 +212,9 @@ class CudaDevice:
         return cp.ndarray(shape, dtype, memptr=cp.cuda.MemoryPointer(self._arena(), offset))
 
     def host_empty(self, shape: Any, dtype: Any = np.float32) -> np.ndarray:
-        """A NumPy array in pinned host memory; ``MemoryError`` beyond ``pinned_capacity``."""
-        shape = as_shape(shape)
-        dtype = np.dtype(dtype)
-        count = math.prod(shape)
-        nbytes = count * dtype.itemsize
-        used = self._pinned.used
-        if used + nbytes > self.pinned_capacity:
-            raise MemoryError(
-                f"pinned host memory exhausted: {format_size(nbytes)} ({nbytes} bytes) asked, "
-                f"{format_size(used)} ({used} bytes) of {format_size(self.pinned_capacity)} "
-                f"({self.pinned_capacity} bytes) in use; raise pinned_capacity")
-        mem = self._cp.cuda.alloc_pinned_memory(max(nbytes, 1))
-        root = np.frombuffer(mem, dtype, count)
-        # Views of the returned array keep ``root`` alive, so the bytes are released only when
-        # the last view is gone.
-        self._pinned.add(nbytes)
-        weakref.finalize(root, self._pinned.release, nbytes)
-        return root.reshape(shape)
-
-    @property
-    def pinned_in_use(self) -> int:
-        """Bytes of pinned host memory currently handed out by :meth:`host_empty`."""
-        return self._pinned.used
+        """A NumPy array in pinned host memory (:attr:`pinned`); ``MemoryError`` beyond
+        ``pinned_capacity``."""
+        return self.pinned.empty(shape, dtype)
 
     def fill(self, offset: int, nbytes: int, value: int | float) -> None:
         """Fill arena bytes with a byte value or, for ``float('nan')``, float32 NaNs."""
@@ -292,10 +293,6 @@ class CudaDevice:
             done = cp.cuda.Event(disable_timing=True)
             done.record(stream)
         return CudaHostResult(host, done, src)
-
-    def copy_to_host(self, src: Any) -> np.ndarray:
-        """Device-to-host copy of ``src`` (``ndarray.get``)."""
-        return src.get()
 
     def route_allocations(self, allocate: Any) -> Any:
         """Context manager: CuPy's allocations take arena bytes from ``allocate``."""

@@ -28,7 +28,49 @@ from ..ir.program import Program, Step
 from ..passes.base_plan import base_plan
 from ..passes.recompute import articulation_values
 
-__all__ = ["Chain", "Stage", "chain_of", "schedule_program"]
+__all__ = ["Chain", "LeanBackward", "Stage", "StageBytes", "StageSeconds", "chain_of",
+           "schedule_program"]
+
+
+@dataclass(frozen=True)
+class StageBytes:
+    """A stage's memory figures, in bytes of blocks."""
+
+    #: The stage's input (the previous cut's value; the fed input for stage 0).
+    input: int = 0
+    #: What the stage's backward reads that its forward writes (kept if run all at once).
+    kept: int = 0
+    #: Most the forward holds beyond its input and what it keeps (workspaces, values freed
+    #: within the stage).
+    forward_extra: int = 0
+    #: Most the backward holds beyond what the stage kept and the gradients of its input and
+    #: output (workspaces, gradient maps within the stage).
+    backward_extra: int = 0
+    #: What the stage keeps at the least (its stashes and feature maps at their encoded sizes
+    #: where a lossless encoding applies), for lower bounds.
+    kept_least: int = 0
+
+
+@dataclass(frozen=True)
+class StageSeconds:
+    """A stage's forward and backward compute times, in seconds."""
+
+    forward: float = 0.0
+    backward: float = 0.0
+
+
+@dataclass(frozen=True)
+class LeanBackward:
+    """A stage's memory-centric backward (``("m", k)``: each backward step recomputes from the
+    stage's input what it reads of the stage's forward, then frees it)."""
+
+    #: The most bytes of recomputed values and gradients one backward step holds.
+    extra: int = 0
+    #: What a backward step must hold at the least (what it reads of the stage and writes),
+    #: for lower bounds.
+    least: int = 0
+    #: The seconds recomputed.
+    recompute_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -38,29 +80,9 @@ class Stage:
 
     forward: tuple[int, ...]
     backward: tuple[int, ...]
-    #: Bytes of the stage's input (the previous cut's value; the fed input for stage 0).
-    input_bytes: int = 0
-    #: Bytes the stage's backward reads that its forward writes (kept if run all at once).
-    kept_bytes: int = 0
-    #: Most bytes the forward holds beyond its input and what it keeps (workspaces, values
-    #: freed within the stage).
-    forward_extra: int = 0
-    #: Most bytes the backward holds beyond what the stage kept and the gradients of its
-    #: input and output (workspaces, gradient maps within the stage).
-    backward_extra: int = 0
-    forward_s: float = 0.0
-    backward_s: float = 0.0
-    #: Its memory-centric backward (``("m", k)``: each backward step recomputes from the
-    #: stage's input what it reads of the stage's forward, then frees it): the most bytes of
-    #: recomputed values and gradients one backward step holds, and the seconds recomputed.
-    lean_backward_extra: int = 0
-    lean_recompute_s: float = 0.0
-    #: What a memory-centric backward step must hold at the least (what it reads of the
-    #: stage and writes), for lower bounds.
-    lean_backward_least: int = 0
-    #: What the stage keeps at the least (its stashes and feature maps at their encoded
-    #: sizes where a lossless encoding applies), for lower bounds.
-    kept_least_bytes: int = 0
+    sizes: StageBytes = StageBytes()
+    seconds: StageSeconds = StageSeconds()
+    lean: LeanBackward = LeanBackward()
     #: Whether the stage's backward reads its input (else no plan needs to keep it).
     input_read_back: bool = True
 
@@ -88,7 +110,7 @@ def chain_of(program: Program, costs: list[float],
     ``costs`` seconds per step; ``None`` when it does not cut into at least two stages or its
     backward steps do not run stage by stage in reverse. ``least_sizes``: the bytes some
     tensors can be kept in at the least (lossless encodings), for the stages'
-    ``kept_least_bytes``."""
+    ``sizes.kept_least``."""
     if not program.training or any(st.phase not in (Phase.FORWARD, Phase.BACKWARD)
                                    for st in program.steps):
         return None
@@ -214,14 +236,17 @@ class _StageSizes:
         fwd_extra = max((self.blocks(self._made(i), but=[*kept, *ends]) for i in fwd),
                         default=0)
         bwd_extra = max((self.blocks(self._made(i), but=flows) for i in bwd), default=0)
-        lean_extra, lean_least, lean_s = self._lean(fwd, bwd, written, ends, flows)
         costs = self.costs
-        return Stage(tuple(fwd), tuple(bwd), in_bytes, self.blocks(kept, but=ends), fwd_extra,
-                     bwd_extra, sum(costs[i] for i in fwd), sum(costs[i] for i in bwd),
-                     lean_extra, lean_s, lean_least, kept_least, reads_input), grad
+        sizes = StageBytes(input=in_bytes, kept=self.blocks(kept, but=ends),
+                           forward_extra=fwd_extra, backward_extra=bwd_extra,
+                           kept_least=kept_least)
+        seconds = StageSeconds(forward=sum(costs[i] for i in fwd),
+                               backward=sum(costs[i] for i in bwd))
+        lean = self._lean(fwd, bwd, written, ends, flows)
+        return Stage(tuple(fwd), tuple(bwd), sizes, seconds, lean, reads_input), grad
 
     def _lean(self, fwd: list[int], bwd: list[int], written: set[int], ends: list[int],
-              flows: list[int]) -> tuple[int, int, float]:
+              flows: list[int]) -> LeanBackward:
         """The memory-centric backward's figures: the most bytes a backward step holds, the
         least it must, and the seconds recomputed."""
         program = self.program
@@ -238,7 +263,7 @@ class _StageSizes:
             lean_extra = max(lean_extra, read + passing + own)
             lean_least = max(lean_least, read + own)
             lean_s += sum(self.costs[j] for j in need)
-        return lean_extra, lean_least, lean_s
+        return LeanBackward(extra=lean_extra, least=lean_least, recompute_s=lean_s)
 
 
 def _closure(program: Program, forward: Sequence[int], reads: Sequence[int]) -> list[int]:

@@ -39,7 +39,7 @@ from functools import cached_property
 
 import numpy as np
 
-from ..ir.config import MemoryConfig
+from ..ir.config import MemoryConfig, RecomputePolicy, SwapPolicy
 from ..ir.names import Phase
 from ..ir.plan import Plan
 from ..ir.program import Program
@@ -55,7 +55,7 @@ from .rotor import RotorTable, rotor_schedule, rotor_table
 
 # (Candidate, pricer, the knapsack's and the swaps' candidates: importable here as before)
 __all__ = ["CODEC_BYTES_PER_S", "KNAPSACK_SHARES", "SWAP_MOVES", "Candidate", "Frontier",
-           "build_frontier", "fixed_specs", "hidden_swaps", "knapsack_candidates", "pricer",
+           "build_frontier", "fixed_configs", "hidden_swaps", "knapsack_candidates", "pricer",
            "swap_down"]
 
 #: Plans within this share of the least predicted time are told apart by their traffic:
@@ -71,14 +71,26 @@ ROTOR_RANGE = 2.0
 ROTOR_POINTS = 60
 
 
-def fixed_specs(program: Program) -> list[str]:
-    """The fixed specs ``auto`` is never slower than (every lossless combination)."""
-    specs = []
-    for rec in ("", "recompute=sqrt", "recompute=speed", "recompute=memory", "recompute=cost"):
-        for swap in ("", "swap=conv", "swap=all", "swap=auto"):
-            for enc in ("", "binarize", "sparse", "binarize,sparse"):
-                specs.append(",".join(p for p in ("reuse,inplace", rec, swap, enc) if p))
-    return specs
+#: The lossless encodings of the fixed specs: none, either, both.
+_ENCODINGS = ((), ("binarize",), ("sparse",), ("binarize", "sparse"))
+
+
+def fixed_configs(program: Program) -> list[MemoryConfig]:
+    """The fixed specs ``auto`` is never slower than (every lossless combination):
+    ``reuse,inplace`` with each recomputation policy or none, each swap policy or none, and
+    each set of encodings, in that order."""
+    configs = []
+    for recompute in (None, *RecomputePolicy):
+        for swap in (None, *SwapPolicy):
+            for encodings in _ENCODINGS:
+                flags = {"reuse": "", "inplace": ""}
+                if recompute is not None:
+                    flags["recompute"] = recompute.value
+                if swap is not None:
+                    flags["swap"] = swap.value
+                flags.update(dict.fromkeys(encodings, ""))
+                configs.append(MemoryConfig(flags))
+    return configs
 
 
 @dataclass
@@ -163,14 +175,14 @@ class Frontier:
 
 def fixed_candidates(program: Program, make: Callable[[Program, MemoryConfig], Plan],
                      price: Callable[[Plan], tuple[float, float]]) -> list[Candidate]:
-    """Every fixed spec's plan (:func:`fixed_specs`), priced."""
+    """Every fixed spec's plan (:func:`fixed_configs`), priced."""
     out: list[Candidate] = []
     seen: set[int] = set()
-    for spec in fixed_specs(program):
-        plan = make(program, MemoryConfig.parse(spec))
+    for config in fixed_configs(program):
+        plan = make(program, config)
         if id(plan) not in seen:  # (specs that make the same plan: priced once, by the first)
             seen.add(id(plan))
-            out.append(priced(plan, price, spec))
+            out.append(priced(plan, price, config.spec))
     return out
 
 
@@ -239,13 +251,13 @@ BOUND_SLOTS = 1000
 
 
 def recompute_bound(program: Program, chain: Chain) -> RecomputeBound:
-    least = replace(chain, stages=tuple(replace(s, lean_backward_extra=s.lean_backward_least)
+    least = replace(chain, stages=tuple(replace(s, lean=replace(s.lean, extra=s.lean.least))
                                         for s in chain.stages))
     top = plan_peak(base_plan(program, BASE))
     table = rotor_table(least, max(1, -(-2 * top // BOUND_SLOTS)), BOUND_SLOTS, bound=True)
     first = chain.stages[0]  # (a fed input no backward reads is freed after its last use)
     return RecomputeBound(table, program.persistent_bytes()
-                          + (first.input_bytes if first.input_read_back else 0), len(chain))
+                          + (first.sizes.input if first.input_read_back else 0), len(chain))
 
 
 def rotor_candidates(program: Program, chain: Chain | None, costs: Sequence[float],
@@ -299,9 +311,10 @@ def _scaled(chain: Chain, scale: float) -> Chain:
     """The chain with its stages' memory figures scaled (their times as they are)."""
     if scale == 1.0:
         return chain
-    stages = tuple(replace(s, kept_bytes=int(s.kept_bytes * scale),
-                           forward_extra=int(s.forward_extra * scale),
-                           backward_extra=int(s.backward_extra * scale)) for s in chain.stages)
+    stages = tuple(replace(s, sizes=replace(s.sizes, kept=int(s.sizes.kept * scale),
+                                            forward_extra=int(s.sizes.forward_extra * scale),
+                                            backward_extra=int(s.sizes.backward_extra * scale)))
+                   for s in chain.stages)
     return replace(chain, stages=stages)
 
 

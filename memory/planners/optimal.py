@@ -218,7 +218,7 @@ def _make_model(pb: _Problem, early_release: bool) -> tuple[Model, int]:
                         allow_drop=pb.only != "swap", early_release=early_release)
     _fix_blocks(model, pb.program)
     overflow = model.lp.var(ub=math.inf, cost=OVERFLOW_COST, name="overflow")
-    for row in [*model.mem_rows, *(r for rs in model.region_rows.values() for r in rs)]:
+    for row in [*model.memory.rows, *(r for rs in model.memory.region_rows.values() for r in rs)]:
         terms, lo, hi = model.lp.rows[row]
         model.lp.rows[row] = ([*terms, (overflow, -1.0)], lo, hi)
     return model, overflow
@@ -244,7 +244,7 @@ def _solution_head(search: _Search, res, what: str) -> str | None:
                else ""))
     if res.x[search.overflow] > 1e-9:
         search.log.append(f"{head}; no plan fits in the model (over by "
-                          f"{res.x[search.overflow] * search.model.mem_unit:,.0f} B)")
+                          f"{res.x[search.overflow] * search.model.memory.unit:,.0f} B)")
         return None
     return head
 
@@ -275,9 +275,9 @@ def _check(search: _Search, res, what: str, rnd: int) -> str:
     cut_off(model, choice)
     if rnd >= 2:
         q = peak_position(model, plan)
-        for row in [model.mem_rows[q], *model.region_rows.get(q, ())]:
+        for row in [model.memory.rows[q], *model.memory.region_rows.get(q, ())]:
             terms, lo, hi = model.lp.rows[row]
-            model.lp.rows[row] = (terms, lo, hi - (peak - pb.budget) / model.mem_unit)
+            model.lp.rows[row] = (terms, lo, hi - (peak - pb.budget) / model.memory.unit)
     return "over"
 
 

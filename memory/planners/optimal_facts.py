@@ -34,40 +34,83 @@ def droppable_steps(program: Program) -> list[int]:
 
 
 @dataclass
-class ProgramFacts:
-    """The program as the model sees it. Positions are ``("F" | "P" | "B", step index)`` in
-    time order: each forward step, then per backward step the recomputation region before it
+class BlockSizes:
+    """Tensor -> the size of its block, in bytes and in the model's memory units."""
+
+    nbytes: dict[int, int]
+    unit: float  # bytes per memory unit of the rows
+    units: dict[int, float]
+
+
+@dataclass
+class TensorUses:
+    """Which steps write and read the tensors."""
+
+    producer: dict[int, int]  # tensor -> forward step writing it
+    consumers: dict[int, list[int]]  # tensor -> forward steps reading it (not its producer)
+    backward_readers: dict[int, list[int]]  # tensor -> backward steps reading it
+    last_forward: dict[int, int]  # tensor -> last forward step touching it
+
+
+@dataclass
+class NodeSteps:
+    """The forward and backward steps of each node."""
+
+    forward_of: dict[int, int | None]  # backward step -> forward step of its node
+    first_backward: dict[int, int]  # forward step -> first backward step of its node
+
+
+@dataclass
+class Positions:
+    """The positions in time at which memory is constrained: ``("F" | "P" | "B", step
+    index)``, each forward step, then per backward step the recomputation region before it
     (``"P"``, only before the first backward step of a forward node) and the step itself."""
 
-    steps: list[Step]
-    tensors: list[TensorSpec]
-    nf: int  # forward steps (they come first)
-    size: dict[int, int]  # tensor -> bytes of its block
-    mu: float  # bytes per memory unit of the rows
-    fs: dict[int, float]  # tensor -> block size in memory units
-    producer: dict[int, int]  # tensor -> forward step writing it
-    droppable: list[int]
-    dset: set[int]
+    order: list[tuple[str, int]]
+    of_step: dict[int, int]  # step -> its position
+    region: dict[int, int]  # backward step -> position of the recomputation before it
+    of_node: dict[int, list[int]]  # forward node -> positions of its backward
+
+
+@dataclass
+class Drops:
+    """The forward steps a plan may drop and what dropping them touches."""
+
+    steps: list[int]
+    step_set: set[int]
     window: int  # the longest run of consecutive dropped steps, minus one
-    node_f: dict[int, int | None]  # backward step -> forward step of its node
-    bwd_of_f: dict[int, int]  # forward step -> first backward step of its node
-    consumers: dict[int, list[int]]  # tensor -> forward steps reading it (not its producer)
-    breaders: dict[int, list[int]]  # tensor -> backward steps reading it
-    outs: dict[int, list[int]]  # droppable step -> its non-persistent outputs
-    last_fwd: dict[int, int]  # tensor -> last forward step touching it
-    positions: list[tuple[str, int]]
-    pos_of_step: dict[int, int]
-    region_pos: dict[int, int]  # backward step -> position of the recomputation before it
-    node_positions: dict[int, list[int]]  # forward node -> positions of its backward
-    reads_of: dict[int, set[int]]  # node -> droppable producers its backward reads
-    inputs_of: dict[int, set[int]]  # droppable step -> droppable producers of its inputs
+    outputs: dict[int, list[int]]  # droppable step -> its non-persistent outputs
+    backward_reads: dict[int, set[int]]  # node -> droppable producers its backward reads
+    input_producers: dict[int, set[int]]  # droppable step -> droppable producers of its inputs
+
+
+@dataclass
+class Blocks:
+    """The blocks of the decision-free ``reuse,inplace`` plan."""
+
     life: dict[int, Lifetime]
     members: dict[int, list[int]]  # block root -> tensors sharing the block
 
 
-def _readers(steps: list[Step], tensors: list[TensorSpec], nf: int,
-             producer: dict[int, int]) -> tuple[dict, dict, dict]:
-    """(consumers, backward readers, last forward use) of the non-persistent tensors."""
+@dataclass
+class ProgramFacts:
+    """The program as the model sees it (forward steps come first, ``nf`` of them)."""
+
+    steps: list[Step]
+    tensors: list[TensorSpec]
+    nf: int
+    sizes: BlockSizes
+    uses: TensorUses
+    nodes: NodeSteps
+    positions: Positions
+    drops: Drops
+    blocks: Blocks
+
+
+def _uses(steps: list[Step], tensors: list[TensorSpec], nf: int) -> TensorUses:
+    """Producers, consumers, backward readers and last forward use of the non-persistent
+    tensors."""
+    producer = {t: s.index for s in steps[:nf] for t in s.writes}
     consumers: dict[int, list[int]] = {}
     for s in steps[:nf]:
         for t in set(s.reads):
@@ -82,13 +125,12 @@ def _readers(steps: list[Step], tensors: list[TensorSpec], nf: int,
     for s in steps[:nf]:
         for t in (*s.reads, *s.writes, *((s.workspace,) if s.workspace >= 0 else ())):
             last_fwd[t] = s.index
-    return consumers, breaders, last_fwd
+    return TensorUses(producer, consumers, breaders, last_fwd)
 
 
-def _positions(steps: list[Step], nf: int, node_f: dict[int, int | None],
-               bwd_of_f: dict[int, int]) -> tuple[list, dict, dict, dict]:
-    """(positions, step -> position, backward step -> its region's position, forward node ->
-    the positions of its backward)."""
+def _positions(steps: list[Step], nf: int, nodes: NodeSteps) -> Positions:
+    """The positions, each step's, each region's and each forward node's backward's."""
+    node_f, bwd_of_f = nodes.forward_of, nodes.first_backward
     positions: list[tuple[str, int]] = []
     pos_of_step: dict[int, int] = {}
     region_pos: dict[int, int] = {}
@@ -106,11 +148,11 @@ def _positions(steps: list[Step], nf: int, node_f: dict[int, int | None],
     for q, (kind, s) in enumerate(positions):
         if kind != "F" and node_f[s] is not None:
             node_positions.setdefault(node_f[s], []).append(q)
-    return positions, pos_of_step, region_pos, node_positions
+    return Positions(positions, pos_of_step, region_pos, node_positions)
 
 
-def _nodes(steps: list[Step], nf: int) -> tuple[dict[int, int | None], dict[int, int]]:
-    """(backward step -> its node's forward step, forward step -> its first backward step)."""
+def _nodes(steps: list[Step], nf: int) -> NodeSteps:
+    """Backward step -> its node's forward step, forward step -> its first backward step."""
     fwd_of_node = {s.node: s.index for s in steps[:nf]}
     node_f = {b.index: fwd_of_node.get(b.node) for b in steps[nf:]}
     bwd_of_f: dict[int, int] = {}
@@ -118,32 +160,36 @@ def _nodes(steps: list[Step], nf: int) -> tuple[dict[int, int | None], dict[int,
         f = node_f[b.index]
         if f is not None:
             bwd_of_f.setdefault(f, b.index)
-    return node_f, bwd_of_f
+    return NodeSteps(node_f, bwd_of_f)
 
 
-def _droppable_reads(steps: list[Step], nf: int, node_f: dict[int, int | None],
-                     producer: dict[int, int], droppable: list[int], dset: set[int]
-                     ) -> tuple[dict[int, set[int]], dict[int, set[int]]]:
-    """(node -> droppable producers its backward reads, droppable step -> droppable producers
-    of its forward inputs)."""
+def _drops(program: Program, nf: int, allow_drop: bool, window: int, uses: TensorUses,
+           nodes: NodeSteps) -> Drops:
+    """The droppable steps (none unless ``allow_drop``), their outputs, the droppable
+    producers each node's backward reads and those of each droppable step's forward
+    inputs."""
+    steps, tensors, producer = program.steps, program.tensors, uses.producer
+    droppable = droppable_steps(program) if allow_drop else []
+    dset = set(droppable)
     reads_of: dict[int, set[int]] = {}
     for b in steps[nf:]:
-        if node_f[b.index] is not None:
-            reads_of.setdefault(node_f[b.index], set()).update(
+        if nodes.forward_of[b.index] is not None:
+            reads_of.setdefault(nodes.forward_of[b.index], set()).update(
                 producer[t] for t in b.reads if producer.get(t) in dset)
     inputs_of = {k: {producer[t] for t in steps[k].reads if producer.get(t) in dset}
                  for k in droppable}
-    return reads_of, inputs_of
+    outputs = {k: [t for t in steps[k].writes if not tensors[t].persistent] for k in droppable}
+    return Drops(droppable, dset, window, outputs, reads_of, inputs_of)
 
 
-def _blocks(program: Program) -> tuple[dict[int, Lifetime], dict[int, list[int]]]:
-    """(lifetimes, block root -> members) of the decision-free plan."""
+def _blocks(program: Program) -> Blocks:
+    """The lifetimes and the blocks' members of the decision-free plan."""
     aliases = build(program, AutoChoice()).aliases
     life = lifetimes(program)
     members: dict[int, list[int]] = {}
     for t in life:
         members.setdefault(root_of(aliases, t), []).append(t)
-    return life, members
+    return Blocks(life, members)
 
 
 def program_facts(program: Program, allow_drop: bool = True,
@@ -160,21 +206,12 @@ def program_facts(program: Program, allow_drop: bool = True,
     # memory in units of the largest block's power of two: coefficients <= 1 (bytes beside
     # binaries would leave HiGHS with a badly scaled matrix)
     mu = float(2 ** math.ceil(math.log2(max(size.values(), default=1) or 1)))
-    producer = {t: s.index for s in steps[:nf] for t in s.writes}
-    droppable = droppable_steps(program) if allow_drop else []
-    dset = set(droppable)
-    node_f, bwd_of_f = _nodes(steps, nf)
-    consumers, breaders, last_fwd = _readers(steps, tensors, nf, producer)
-    positions, pos_of_step, region_pos, node_positions = _positions(steps, nf, node_f, bwd_of_f)
-    reads_of, inputs_of = _droppable_reads(steps, nf, node_f, producer, droppable, dset)
-    life, members = _blocks(program)
+    nodes = _nodes(steps, nf)
+    uses = _uses(steps, tensors, nf)
+    if window is None:
+        window = nf if nf <= FULL_WINDOW_STEPS else MAX_RUN
     return ProgramFacts(
-        steps=steps, tensors=tensors, nf=nf, size=size, mu=mu,
-        fs={t: b / mu for t, b in size.items()}, producer=producer, droppable=droppable,
-        dset=dset,
-        window=window if window is not None else (nf if nf <= FULL_WINDOW_STEPS else MAX_RUN),
-        node_f=node_f, bwd_of_f=bwd_of_f, consumers=consumers, breaders=breaders,
-        outs={k: [t for t in steps[k].writes if not tensors[t].persistent] for k in droppable},
-        last_fwd=last_fwd, positions=positions, pos_of_step=pos_of_step, region_pos=region_pos,
-        node_positions=node_positions, reads_of=reads_of, inputs_of=inputs_of, life=life,
-        members=members)
+        steps=steps, tensors=tensors, nf=nf,
+        sizes=BlockSizes(size, mu, {t: b / mu for t, b in size.items()}), uses=uses,
+        nodes=nodes, positions=_positions(steps, nf, nodes),
+        drops=_drops(program, nf, allow_drop, window, uses, nodes), blocks=_blocks(program))

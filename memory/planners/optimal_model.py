@@ -44,13 +44,14 @@ from ..passes.swap import swap_candidates
 from .optimal_facts import (
     FULL_WINDOW_STEPS,
     MAX_RUN,
+    Positions,
     Unsupported,
     droppable_steps,
     program_facts,
 )
 from .optimal_link import MAX_LINK_ROWS, link_rows
 from .optimal_liveness import LAG, LOOKAHEAD, block_liveness, region_steps
-from .optimal_state import EPS_ACTION, SAME_STEP, Lp, ModelState, Segment, Terms
+from .optimal_state import EPS_ACTION, SAME_STEP, Lp, ModelState, Pricing, Segment, Terms
 
 __all__ = ["EPS_ACTION", "FULL_WINDOW_STEPS", "LAG", "LOOKAHEAD", "MAX_LINK_ROWS", "MAX_RUN",
            "Lp", "Model", "Unsupported", "build_model", "droppable_steps", "link_rows",
@@ -69,20 +70,25 @@ def swap_costs(program: Program, costs: list[float], bandwidth: float) -> dict[i
 
 
 @dataclass
+class MemoryRows:
+    """The memory budget's rows of the model."""
+
+    rows: list[int]  # per position: the memory row
+    const: list[int]  # per position: bytes no decision changes
+    region_rows: dict[int, list[int]]  # region position -> its step-by-step rows
+    unit: float  # bytes per unit of the rows
+
+
+@dataclass
 class Model:
     """The program's MILP and what is needed to read a solution back."""
 
     lp: Lp
     drop: dict[int, int]  # forward step index -> variable
     swap: dict[int, int]  # tensor id -> variable
-    mem_rows: list[int]  # per position: the memory row
-    mem_const: list[int]  # per position: bytes no decision changes
-    positions: list[tuple[str, int]]  # ("F" | "P" | "B", step index) in time order
-    pos_of_step: dict[int, int]
-    region_pos: dict[int, int]  # backward step index -> position of the recomputation before it
+    memory: MemoryRows
+    positions: Positions
     window: int
-    mem_unit: float  # bytes per unit of the memory rows
-    region_rows: dict[int, list[int]]  # region position -> its step-by-step rows
     link: int | None = None  # the swaps' time (its cost is the objective's swap part)
     stats: dict = field(default_factory=dict)
 
@@ -108,23 +114,25 @@ def build_model(program: Program, costs: list[float], swap_cost: dict[int, float
     regions, the swaps' time (:mod:`.optimal_link`), the longest run of drops, in-place
     blocks."""
     facts = program_facts(program, allow_drop, window)
-    st = ModelState(facts, costs, swap_cost, copy_cost or {}, early_release)
+    st = ModelState(facts, Pricing(costs, swap_cost, copy_cost or {}, early_release))
     st.drop = {k: st.lp.var(integer=True, cost=EPS_ACTION, name=f"d{k}")
-               for k in facts.droppable}
+               for k in facts.drops.steps}
     recompute_groups(st)
     clones(st)
     block_liveness(st)
     mem_const, mem_rows = budget_rows(st, budget_iter)
     region_rows = region_step_rows(st, mem_const, budget_iter)
-    link, n_link_rows = link_rows(st.lp, st.swap, st.swap_window, swap_cost, st.copy_cost, costs,
-                                  st.engine_windows)
+    link, n_link_rows = link_rows(st.lp, st.swap, st.swap_windows.compute, swap_cost,
+                                  st.pricing.copy_cost, costs, st.swap_windows.engines)
     longest_run_rows(st)
     inplace_rows(st)
-    model = Model(st.lp, st.drop, st.swap, mem_rows, mem_const, facts.positions,
-                  facts.pos_of_step, facts.region_pos, facts.window, facts.mu, region_rows, link)
+    memory = MemoryRows(mem_rows, mem_const, region_rows, facts.sizes.unit)
+    model = Model(st.lp, st.drop, st.swap, memory, facts.positions, facts.drops.window, link)
+    counts = st.counts
     model.stats = dict(variables=len(st.lp.lb), binaries=len(st.drop) + len(st.swap),
-                       constraints=len(st.lp.rows), window=facts.window, clones=st.n_clones,
-                       need_rows=st.n_need_rows, chain_vars=st.n_chain, link_rows=n_link_rows)
+                       constraints=len(st.lp.rows), window=facts.drops.window,
+                       clones=counts.clones, need_rows=counts.need_rows, chain_vars=counts.chain,
+                       link_rows=n_link_rows)
     return model
 
 
@@ -139,7 +147,7 @@ def segment(st: ModelState, f: int, g: int) -> Segment:
     if g == f:
         return SAME_STEP
     facts = st.facts
-    if g - f > facts.window or any(i not in facts.dset for i in range(f, g)):
+    if g - f > facts.drops.window or any(i not in facts.drops.step_set for i in range(f, g)):
         return None
     if g == f + 1:
         return st.drop[f]
@@ -160,23 +168,23 @@ def recompute_groups(st: ModelState) -> None:
     """``need[k][e]``: step ``k`` recomputed in the group ending at kept step ``e`` (priced at
     ``costs[k]``), at least 1 when ``k`` is dropped and a backward step of a node in the
     segment ending at ``e`` reads its output, or a step recomputed in that group reads it."""
-    cap = 3 * st.facts.window + 4
-    for k in reversed(st.facts.droppable):
+    cap = 3 * st.facts.drops.window + 4
+    for k in reversed(st.facts.drops.steps):
         rows: dict[int, list[tuple[Terms, float]]] = {}  # e -> (terms, rhs)
-        for t in st.facts.outs[k]:
+        for t in st.facts.drops.outputs[k]:
             _backward_read_rows(st, k, t, cap, rows)
-            for j in st.facts.consumers.get(t, ()):
-                for e, nv in st.need.get(j, {}).items():
+            for j in st.facts.uses.consumers.get(t, ()):
+                for e, nv in st.groups.need.get(j, {}).items():
                     if e - k <= cap:
                         rows.setdefault(e, []).append(([(st.drop[k], -1.0), (nv, -1.0)], -1.0))
         if rows:
-            st.need[k] = {}
+            st.groups.need[k] = {}
             for e, rs in rows.items():
-                v = st.lp.var(cost=st.costs[k], name=f"need{k},{e}")
-                st.need[k][e] = v
+                v = st.lp.var(cost=st.pricing.step_costs[k], name=f"need{k},{e}")
+                st.groups.need[k][e] = v
                 for terms, rhs in rs:
                     st.lp.ge([(v, 1.0)] + terms, rhs)
-                    st.n_need_rows += 1
+                    st.counts.need_rows += 1
 
 
 def _backward_read_rows(st: ModelState, k: int, t: int, cap: int,
@@ -184,20 +192,20 @@ def _backward_read_rows(st: ModelState, k: int, t: int, cap: int,
     """Rows for ``need[k][e]`` from the backward reads of ``k``'s output ``t``: the reader's
     node ``f`` in the segment ending at ``e`` (``e`` kept)."""
     facts = st.facts
-    for b in facts.breaders.get(t, ()):
-        f = facts.node_f[b]
+    for b in facts.uses.backward_readers.get(t, ()):
+        f = facts.nodes.forward_of[b]
         if f is None:
             continue
-        for e in range(f, min(facts.nf, f + facts.window + 1)):
+        for e in range(f, min(facts.nf, f + facts.drops.window + 1)):
             r = segment(st, f, e)
             if r is None:
                 break
-            if e not in facts.bwd_of_f or e - k > cap:
+            if e not in facts.nodes.first_backward or e - k > cap:
                 continue
             terms = [(st.drop[k], -1.0)]
             if r != SAME_STEP:
                 terms.append((r, -1.0))
-            if e in facts.dset:
+            if e in facts.drops.step_set:
                 terms.append((st.drop[e], 1.0))
             rhs = -1.0 if r != SAME_STEP else 0.0
             rows.setdefault(e, []).append((terms, rhs))
@@ -208,26 +216,27 @@ def clones(st: ModelState) -> None:
     backward positions when ``t``'s producer is dropped and a reader's node is in the segment
     ending at ``g``."""
     facts = st.facts
-    for k in facts.droppable:
-        for t in facts.outs[k]:
-            readers = sorted({facts.node_f[b] for b in facts.breaders.get(t, ())
-                              if facts.node_f[b] is not None})
+    for k in facts.drops.steps:
+        for t in facts.drops.outputs[k]:
+            forward_of = facts.nodes.forward_of
+            readers = sorted({forward_of[b] for b in facts.uses.backward_readers.get(t, ())
+                              if forward_of[b] is not None})
             if not readers:
                 continue
-            for g in range(readers[0], min(facts.nf, readers[-1] + facts.window + 1)):
+            for g in range(readers[0], min(facts.nf, readers[-1] + facts.drops.window + 1)):
                 lows = _segments_to(st, readers, g)
-                if not lows or g not in facts.node_positions:
+                if not lows or g not in facts.positions.of_node:
                     continue
                 v = st.lp.var(name=f"clone{t},{g}")
-                st.n_clones += 1
+                st.counts.clones += 1
                 for r in lows:
                     if r == SAME_STEP:
                         st.lp.ge([(v, 1.0), (st.drop[k], -1.0)], 0.0)
                     else:
                         st.lp.ge([(v, 1.0), (st.drop[k], -1.0), (r, -1.0)], -1.0)
-                st.clone_at.setdefault(g, []).append((k, t, v))
-                for q in facts.node_positions[g]:
-                    st.clone_terms[q].append((v, facts.fs[t]))
+                st.groups.clones.setdefault(g, []).append((k, t, v))
+                for q in facts.positions.of_node[g]:
+                    st.clone_terms[q].append((v, facts.sizes.units[t]))
 
 
 def _segments_to(st: ModelState, readers: list[int], g: int) -> list[Segment]:
@@ -249,10 +258,10 @@ def _segments_to(st: ModelState, readers: list[int], g: int) -> list[Segment]:
 def budget_rows(st: ModelState, budget_iter: int) -> tuple[list[int], list[int]]:
     """One row per position: the decision-dependent blocks and the clones live there within
     ``budget_iter`` less the bytes no decision changes. Returns (those bytes, the rows)."""
-    npos = len(st.facts.positions)
+    npos = len(st.facts.positions.order)
     mem_const = np.cumsum(st.const[:npos]).tolist()
     mem_rows = [st.lp.le(st.mem_terms[q] + st.clone_terms[q],
-                         (budget_iter - mem_const[q]) / st.facts.mu) for q in range(npos)]
+                         (budget_iter - mem_const[q]) / st.facts.sizes.unit) for q in range(npos)]
     return mem_const, mem_rows
 
 
@@ -266,13 +275,14 @@ def region_step_rows(st: ModelState, mem_const: list[int], budget_iter: int
     reads from such transient clones. Returns region position -> its rows."""
     facts = st.facts
     region_rows: dict[int, list[int]] = {}
-    no_breader = {t for t in facts.size if not facts.breaders.get(t)}
-    for e in sorted({e for ne in st.need.values() for e in ne}):
-        q = facts.region_pos[facts.bwd_of_f[e]]
+    no_breader = {t for t in facts.sizes.nbytes if not facts.uses.backward_readers.get(t)}
+    for e in sorted({e for ne in st.groups.need.values() for e in ne}):
+        q = facts.positions.region[facts.nodes.first_backward[e]]
         across = st.lp.var(ub=math.inf, name=f"across{e}")
-        st.lp.ge([(across, 1.0)] + [(v, -c) for v, c in st.mem_terms[q]], mem_const[q] / facts.mu)
-        made = sorted(st.clone_at.get(e, []))
-        for k in sorted(k for k, ne in st.need.items() if e in ne):
+        st.lp.ge([(across, 1.0)] + [(v, -c) for v, c in st.mem_terms[q]],
+                 mem_const[q] / facts.sizes.unit)
+        made = sorted(st.groups.clones.get(e, []))
+        for k in sorted(k for k, ne in st.groups.need.items() if e in ne):
             row = _region_step_row(st, k, e, q, across, made, no_breader, budget_iter)
             region_rows.setdefault(q, []).append(row)
     return region_rows
@@ -284,22 +294,22 @@ def _region_step_row(st: ModelState, k: int, e: int, q: int, across: int,
     """The budget while step ``k`` is recomputed in the group ending at ``e`` (region
     position ``q``)."""
     facts = st.facts
-    ne = st.need[k]
+    ne = st.groups.need[k]
     step = facts.steps[k]
-    trans = sum(facts.size[t] for t in facts.outs[k] if t in no_breader)
+    trans = sum(facts.sizes.nbytes[t] for t in facts.drops.outputs[k] if t in no_breader)
     if step.workspace >= 0:
-        trans += facts.size[step.workspace]
-    terms = [(across, 1.0), (ne[e], trans / facts.mu)]
-    terms += [(v, facts.fs[t]) for j, t, v in made if j <= k]
-    for f, here, nxt, last in st.region_reads.get(q, ()):
+        trans += facts.sizes.nbytes[step.workspace]
+    terms = [(across, 1.0), (ne[e], trans / facts.sizes.unit)]
+    terms += [(v, facts.sizes.units[t]) for j, t, v in made if j <= k]
+    for f, here, nxt, last in st.groups.region_reads.get(q, ()):
         if k <= last:
             terms += [(here, f)] + ([(nxt, -f)] if nxt is not None else [])
-    rhs = budget_iter / facts.mu
+    rhs = budget_iter / facts.sizes.unit
     for t in set(step.reads):
-        p = facts.producer.get(t)
-        if p in st.need and e in st.need[p] and t in no_breader and p != k:
-            terms += [(st.need[p][e], facts.fs[t]), (ne[e], facts.fs[t])]
-            rhs += facts.fs[t]
+        p = facts.uses.producer.get(t)
+        if p in st.groups.need and e in st.groups.need[p] and t in no_breader and p != k:
+            terms += [(st.groups.need[p][e], facts.sizes.units[t]), (ne[e], facts.sizes.units[t])]
+            rhs += facts.sizes.units[t]
     return st.lp.le(terms, rhs)
 
 
@@ -308,9 +318,9 @@ def _region_step_row(st: ModelState, k: int, e: int, q: int, across: int,
 
 def longest_run_rows(st: ModelState) -> None:
     """At most ``window`` consecutive dropped steps (the windows above cover every segment)."""
-    facts, w = st.facts, st.facts.window
+    facts, w = st.facts, st.facts.drops.window
     for f in range(facts.nf - w):
-        if all(i in facts.dset for i in range(f, f + w + 1)):
+        if all(i in facts.drops.step_set for i in range(f, f + w + 1)):
             st.lp.le([(st.drop[i], 1.0) for i in range(f, f + w + 1)], float(w))
 
 
@@ -318,15 +328,15 @@ def inplace_rows(st: ModelState) -> None:
     """Dropping an in-place op's output but keeping the block it writes over never saves
     memory (the block is held until the recomputation) and costs time: drop the whole block."""
     facts = st.facts
-    for ms in facts.members.values():
-        tails = [t for t in ms if facts.breaders.get(t)]
+    for ms in facts.blocks.members.values():
+        tails = [t for t in ms if facts.uses.backward_readers.get(t)]
         if len(ms) < 2 or len(tails) != 1:
             continue
-        p = facts.producer.get(tails[0])
-        if p not in facts.dset or any(facts.tensors[t].role == Role.STASH
+        p = facts.uses.producer.get(tails[0])
+        if p not in facts.drops.step_set or any(facts.tensors[t].role == Role.STASH
                                       for t in facts.steps[p].writes):
             continue
         for t in ms:
-            q = facts.producer.get(t)
-            if q in facts.dset and q != p:
+            q = facts.uses.producer.get(t)
+            if q in facts.drops.step_set and q != p:
                 st.lp.ge([(st.drop[q], 1.0), (st.drop[p], -1.0)], 0.0)

@@ -68,38 +68,67 @@ Segment = int | str | None
 
 
 @dataclass
+class Pricing:
+    """How the objective prices the decisions (in the units of the step costs)."""
+
+    step_costs: list[float]  # per step: its recomputation
+    swap_cost: dict[int, float]  # per swap candidate: its unhidden transfer time
+    copy_cost: dict[int, float]  # per swap candidate: one transfer's time
+    early_release: bool  # a swapped block away from one step after its offload
+
+
+@dataclass
+class RecomputeGroups:
+    """The recomputation groups' variables and what their regions hold."""
+
+    need: dict[int, dict[int, int]] = field(default_factory=dict)  # step -> group end -> var
+    #: per group end (a kept step): the clones its recomputation makes, (step, tensor, variable)
+    clones: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
+    #: per region position: blocks a recomputation there reads (memory units, live-at-the-
+    #: region var, live-after var or None, last step of the region that may read it)
+    region_reads: dict[int, list[tuple[float, int, int | None, int]]] = field(
+        default_factory=dict)
+
+
+@dataclass
+class SwapWindows:
+    """Per swap candidate, the steps its copies run within."""
+
+    compute: dict[int, tuple[int, int]] = field(default_factory=dict)  # (last fwd, 1st bwd)
+    #: (last forward, release) and (prefetch, first backward): its copy on each engine runs
+    #: within that window or compute stalls
+    engines: dict[int, tuple[tuple[int, int], tuple[int, int]]] = field(default_factory=dict)
+
+
+@dataclass
+class Counts:
+    """Sizes of the model's families, for its stats."""
+
+    need_rows: int = 0
+    clones: int = 0
+    chain: int = 0
+
+
+@dataclass
 class ModelState:
     """What the constraint families of :func:`.optimal_model.build_model` build together, in
     the order they run (variables are numbered as they are made, rows as they are added)."""
 
     facts: ProgramFacts
-    costs: list[float]
-    swap_cost: dict[int, float]
-    copy_cost: dict[int, float]
-    early_release: bool
+    pricing: Pricing
     lp: Lp = field(default_factory=Lp)
     drop: dict[int, int] = field(default_factory=dict)  # droppable step -> d variable
-    runs: dict[tuple[int, int], int] = field(default_factory=dict)  # (f, g) -> segment var
-    need: dict[int, dict[int, int]] = field(default_factory=dict)  # step -> group end -> var
-    # per group end (a kept step): the clones its recomputation makes, (step, tensor, variable)
-    clone_at: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
     swap: dict[int, int] = field(default_factory=dict)  # candidate -> s variable
-    swap_window: dict[int, tuple[int, int]] = field(default_factory=dict)  # (last fwd, 1st bwd)
-    # candidate -> (last forward, release) and (prefetch, first backward): its copy on each
-    # engine runs within that window or compute stalls
-    engine_windows: dict[int, tuple[tuple[int, int], tuple[int, int]]] = field(
-        default_factory=dict)
-    # per region position: blocks a recomputation there reads (memory units, live-at-the-region
-    # var, live-after var or None, last step of the region that may read it)
-    region_reads: dict[int, list[tuple[float, int, int | None, int]]] = field(
-        default_factory=dict)
-    z_cache: dict[int, tuple[int | None, int | None]] = field(default_factory=dict)
-    n_need_rows: int = 0
-    n_clones: int = 0
-    n_chain: int = 0
+    runs: dict[tuple[int, int], int] = field(default_factory=dict)  # (f, g) -> segment var
+    groups: RecomputeGroups = field(default_factory=RecomputeGroups)
+    swap_windows: SwapWindows = field(default_factory=SwapWindows)
+    #: per node: the "its region runs one step / two steps" indicators
+    #: (:func:`.optimal_liveness.region_steps`)
+    region_indicators: dict[int, tuple[int | None, int | None]] = field(default_factory=dict)
+    counts: Counts = field(default_factory=Counts)
 
     def __post_init__(self) -> None:
-        npos = len(self.facts.positions)
+        npos = len(self.facts.positions.order)
         #: per position: the decision-dependent blocks' terms, and the clones' terms
         self.mem_terms: list[Terms] = [[] for _ in range(npos)]
         self.clone_terms: list[Terms] = [[] for _ in range(npos)]

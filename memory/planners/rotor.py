@@ -51,13 +51,11 @@ def _units(nbytes: int, unit: int, up: bool = True) -> int:
 
 
 @dataclass(frozen=True)
-class _StageFigures:
-    """A chain's figures in slots, per stage ``k``: ``x[k]`` its input (``x[n]``: the loss),
-    ``g[k]`` its input's gradient, ``kb[k]`` what it keeps for backward (its output
+class _StageSlots:
+    """A chain's memory figures in slots, per stage ``k``: ``x[k]`` its input (``x[n]``: the
+    loss), ``g[k]`` its input's gradient, ``kb[k]`` what it keeps for backward (its output
     included), ``ft`` / ``bt`` / ``lbt`` its forward, backward and memory-centric backward
-    extras, ``grads[k]`` / ``kept_back[k]`` what its backward holds beside them; its forward,
-    backward and memory-centric recompute times (``uf``, ``ub``, ``lean_s``) and the forward
-    times' prefix sums."""
+    extras, ``grads[k]`` / ``kept_back[k]`` what its backward holds beside them."""
 
     x: list[int]
     g: list[int]
@@ -67,41 +65,54 @@ class _StageFigures:
     lbt: list[int]
     grads: list[int]
     kept_back: list[int]
+
+
+@dataclass(frozen=True)
+class _StageTimes:
+    """A chain's times per stage: forward (``uf``), backward (``ub``) and memory-centric
+    recompute (``lean_s``), and the forward times' prefix sums."""
+
     uf: np.ndarray
     ub: np.ndarray
     lean_s: np.ndarray
     prefix: np.ndarray
 
 
-def _stage_figures(chain: Chain, unit: int, bound: bool) -> _StageFigures:
-    """The chain's figures in slots of ``unit`` bytes: rounded up, or with ``bound`` rounded
-    down and each at its least (kept stashes encoded, inputs nobody reads free)."""
+def _stage_slots(chain: Chain, unit: int, bound: bool) -> _StageSlots:
+    """The chain's memory figures in slots of ``unit`` bytes: rounded up, or with ``bound``
+    rounded down and each at its least (kept stashes encoded, inputs nobody reads free)."""
     n = len(chain)
-    st = chain.stages
+    sizes = [s.sizes for s in chain.stages]
     up = not bound
-    x = [_units(s.input_bytes, unit, up) for s in st] + [0]  # x[k]: stage k's input (x[n]: loss)
+    x = [_units(s.input, unit, up) for s in sizes] + [0]  # x[k]: stage k's input (x[n]: loss)
     # gradient of stage k's input: the chain's figure (none for the fed input), else its size
     g = ([_units(b, unit, up) for b in chain.grad_bytes] + [0]) if chain.grad_bytes \
         else list(x)
-    kb = [_units(s.kept_bytes, unit, up) + x[k + 1] for k, s in enumerate(st)]
+    kb = [_units(s.kept, unit, up) + x[k + 1] for k, s in enumerate(sizes)]
     # during a stage's backward: the gradients of its input and output (a bound: the larger
     # only, as when one is written over the other) and what it kept (a bound: not its output)
     if bound:
-        x = [v if k == 0 or k == n or st[k].input_read_back else 0 for k, v in enumerate(x)]
-        kb = [_units(s.kept_least_bytes, unit, up) + x[k + 1] for k, s in enumerate(st)]
+        x = [v if k == 0 or k == n or chain.stages[k].input_read_back else 0
+             for k, v in enumerate(x)]
+        kb = [_units(s.kept_least, unit, up) + x[k + 1] for k, s in enumerate(sizes)]
         grads = [max(g[k], g[k + 1]) for k in range(n)]
-        kept_back = [_units(s.kept_least_bytes, unit, up) for s in st]
+        kept_back = [_units(s.kept_least, unit, up) for s in sizes]
     else:
         grads = [g[k] + g[k + 1] for k in range(n)]
         kept_back = kb
-    uf = np.array([s.forward_s for s in st])
-    return _StageFigures(
-        x=x, g=g, kb=kb, ft=[_units(s.forward_extra, unit, up) for s in st],
-        bt=[_units(s.backward_extra, unit, up) for s in st],
-        lbt=[_units(s.lean_backward_extra, unit, up) for s in st], grads=grads,
-        kept_back=kept_back, uf=uf, ub=np.array([s.backward_s for s in st]),
-        lean_s=np.array([s.lean_recompute_s for s in st]),
-        prefix=np.concatenate([[0.0], np.cumsum(uf)]))
+    return _StageSlots(
+        x=x, g=g, kb=kb, ft=[_units(s.forward_extra, unit, up) for s in sizes],
+        bt=[_units(s.backward_extra, unit, up) for s in sizes],
+        lbt=[_units(s.lean.extra, unit, up) for s in chain.stages], grads=grads,
+        kept_back=kept_back)
+
+
+def _stage_times(chain: Chain) -> _StageTimes:
+    """The chain's times per stage, and the forward times' prefix sums."""
+    uf = np.array([s.seconds.forward for s in chain.stages])
+    return _StageTimes(uf=uf, ub=np.array([s.seconds.backward for s in chain.stages]),
+                       lean_s=np.array([s.lean.recompute_s for s in chain.stages]),
+                       prefix=np.concatenate([[0.0], np.cumsum(uf)]))
 
 
 def rotor_table(chain: Chain, unit: int, slots: int, bound: bool = False) -> RotorTable:
@@ -109,10 +120,11 @@ def rotor_table(chain: Chain, unit: int, slots: int, bound: bool = False) -> Rot
     ``bound=True``: every figure rounded down to slots (the table's times are then a lower
     bound for its schedules, where the figures are)."""
     n = len(chain)
-    f = _stage_figures(chain, unit, bound)
-    x, g, kb, ft, bt, lbt = f.x, f.g, f.kb, f.ft, f.bt, f.lbt
-    grads, kept_back, uf, ub, lean_s, prefix = f.grads, f.kept_back, f.uf, f.ub, f.lean_s, \
-        f.prefix
+    f = _stage_slots(chain, unit, bound)
+    x, g, kb, ft, bt, lbt, grads, kept_back = f.x, f.g, f.kb, f.ft, f.bt, f.lbt, f.grads, \
+        f.kept_back
+    times = _stage_times(chain)
+    uf, ub, lean_s, prefix = times.uf, times.ub, times.lean_s, times.prefix
     m = np.arange(slots + 1)
     inf = np.full(slots + 1, np.inf)
     cost: dict[tuple[int, int], np.ndarray] = {}
@@ -179,8 +191,8 @@ def rotor_schedule(table: RotorTable, slots: int) -> list[tuple[str, int]]:
     n = len(chain)
     if not np.isfinite(table.cost[(0, n - 1)][min(slots, table.slots)]):
         raise ValueError(f"the chain does not run in {slots} slots of {table.unit} bytes")
-    x = [_units(s.input_bytes, table.unit) for s in chain.stages] + [0]
-    kb = [_units(s.kept_bytes, table.unit) + x[k + 1] for k, s in enumerate(chain.stages)]
+    x = [_units(s.sizes.input, table.unit) for s in chain.stages] + [0]
+    kb = [_units(s.sizes.kept, table.unit) + x[k + 1] for k, s in enumerate(chain.stages)]
     ops: list[tuple[str, int]] = []
     stack: list[tuple[int, int, int] | tuple[str, int]] = [(0, n - 1, min(slots, table.slots))]
     while stack:

@@ -12,7 +12,7 @@ rules, checked against the installed ``cupy`` package itself:
   read with ``inspect`` or from the Cython docstrings, and for ufuncs by calling the real CuPy
   ufunc, which rejects unknown keywords before touching a device;
 * host (NumPy) arrays are refused as operands, indices and assigned values; host data moves
-  only by the explicit ``get()`` / ``set()`` / ``copy_from_host`` / ``copy_to_host``;
+  only by the explicit ``get()`` / ``set()`` / ``copy_from_host`` / ``fetch_async``;
 * reductions return 0-d arrays, not scalars; ``float()`` / ``int()`` / ``bool()`` work on
   one-element arrays (a synchronising read, as in CuPy);
 * every array a call creates is a device allocation: it comes from the allocator routed by
@@ -212,10 +212,6 @@ class StrictCudaDevice:
         scope): now and at most."""
         return {"cupy_pool": self.default_pool_bytes, "cupy_pool_peak": self.default_pool_peak,
                 "total": self.default_pool_bytes}
-
-    def copy_to_host(self, src: StrictArray) -> np.ndarray:
-        """Device-to-host copy of ``src`` (synchronous, as ``ndarray.get``)."""
-        return src.get()
 
     # -- CuPy's allocator
     @contextlib.contextmanager

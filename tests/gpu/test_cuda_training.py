@@ -171,4 +171,4 @@ def test_batches_go_up_asynchronously_from_pinned_staging():
         dev.copy_from_host(a, first)
         dev.copy_from_host(b, first[::-1].copy())
         assert np.array_equal(a.get(), first) and np.array_equal(b.get(), first[::-1])
-        assert dev.pinned_in_use >= 4 << 20
+        assert dev.pinned.used >= 4 << 20

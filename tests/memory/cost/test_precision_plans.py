@@ -101,9 +101,9 @@ def test_rates_per_precision():
     assert v100.matmul_rate("bfloat16") == ("fp32 (no bf16 units)", 15.7e12)
     assert v100.matmul_rate("tf32")[1] == 15.7e12
     assert titan.matmul_rate("float16") == ("fp32 (no fp16 units)", 6.6e12)
-    assert get_target("h100").bf16_flops_per_s == 989.4e12
+    assert get_target("h100").tensor_cores.bf16 == 989.4e12
     for p in PROFILES.values():  # tensor rates never below FP32 where present
-        for r in (p.tf32_flops_per_s, p.fp16_flops_per_s, p.bf16_flops_per_s):
+        for r in (p.tensor_cores.tf32, p.tensor_cores.fp16, p.tensor_cores.bf16):
             assert r == 0 or r >= p.flops_per_s
     custom = get_target("custom:flops=10T,hbm=1T,link=10G,mem=8GiB,bf16=100T")
     assert custom.matmul_rate("bfloat16") == ("bf16 tensor", 1e14)

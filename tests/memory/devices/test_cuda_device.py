@@ -156,16 +156,16 @@ def test_pinned_pool_is_bounded():
 
     with CudaDevice("1MiB", pinned_capacity="1MiB") as dev:
         h = dev.host_empty((1 << 18,), np.float32)
-        assert dev.pinned_in_use == 1 << 20
+        assert dev.pinned.used == 1 << 20
         with pytest.raises(MemoryError, match="pinned host memory exhausted"):
             dev.host_empty((1,), np.float32)
         view = h[10:]
         del h
         gc.collect()
-        assert dev.pinned_in_use == 1 << 20  # a view still holds the bytes
+        assert dev.pinned.used == 1 << 20  # a view still holds the bytes
         del view
         gc.collect()
-        assert dev.pinned_in_use == 0
+        assert dev.pinned.used == 0
         dev.host_empty((16,), np.float32)
 
 

@@ -14,10 +14,11 @@ exhaustive searches in one abstract memory model (:func:`simulate`, :func:`exhau
 
 The model, in slots: ``a_k`` (stage ``k``'s input, ``x[k]``; ``a_0`` is outside the limit) is
 read by ``f_k`` and by ``b_k`` / ``m_k``; ``f_k`` writes ``a_{k+1}`` and the tape ``t_k``
-(``kept``, counted only while a backward will read it) and holds ``forward_extra``; ``b_k``
-reads ``t_k``, ``a_k``, ``a_{k+1}`` and the gradient ``d_{k+1}``, writes ``d_k`` (``x[k]``)
-and holds ``backward_extra``; ``m_k`` reads ``a_k`` and ``d_{k+1}``, writes ``d_k`` and holds
-``lean_backward_extra``, and costs ``backward_s + lean_recompute_s``. A value lives from its
+(``sizes.kept``, counted only while a backward will read it) and holds
+``sizes.forward_extra``; ``b_k`` reads ``t_k``, ``a_k``, ``a_{k+1}`` and the gradient
+``d_{k+1}``, writes ``d_k`` (``x[k]``) and holds ``sizes.backward_extra``; ``m_k`` reads
+``a_k`` and ``d_{k+1}``, writes ``d_k`` and holds ``lean.extra``, and costs
+``seconds.backward + lean.recompute_s``. A value lives from its
 writer to its last reader.
 """
 
@@ -38,7 +39,15 @@ from minidl.memory.ir.config import MemoryConfig
 from minidl.memory.passes.base_plan import base_plan, plan_peak
 from minidl.memory.passes.recompute import policy_program
 from minidl.memory.planners.auto import step_costs
-from minidl.memory.planners.chain import Chain, Stage, chain_of, schedule_program
+from minidl.memory.planners.chain import (
+    Chain,
+    LeanBackward,
+    Stage,
+    StageBytes,
+    StageSeconds,
+    chain_of,
+    schedule_program,
+)
 from minidl.memory.planners.frontier import pricer, program_chain, rotor_candidates
 from minidl.memory.planners.rotor import rotor_schedule, rotor_table
 
@@ -73,13 +82,14 @@ def test_chain_of_a_linear_net_has_a_stage_per_layer():
     names = [[p.steps[i].layer for i in (*s.forward, *s.backward)] for s in c.stages]
     assert names == [["l0", "l0"], ["l1", "l1"], ["l2", "l2"], ["l3", "l3"], ["loss", "loss"]]
     # stage 0's input is what is fed (x: 4 units, labels: 1); then each layer's output
-    assert [s.input_bytes for s in c.stages] == [2560, 1024, 1024, 1024, 1024]
+    assert [s.sizes.input for s in c.stages] == [2560, 1024, 1024, 1024, 1024]
     assert c.grad_bytes == (0, 1024, 1024, 1024, 1024)  # (the fed input has no gradient)
     # a linear layer reads its input in backward: nothing of its own is kept
-    assert all(s.kept_bytes == 0 for s in c.stages)
+    assert all(s.sizes.kept == 0 for s in c.stages)
     costs = costs_of(p)
-    assert [s.forward_s for s in c.stages] == [costs[i] for i in range(5)]
-    assert sum(s.forward_s + s.backward_s for s in c.stages) == pytest.approx(sum(costs))
+    assert [s.seconds.forward for s in c.stages] == [costs[i] for i in range(5)]
+    assert sum(s.seconds.forward + s.seconds.backward for s in c.stages) == pytest.approx(
+        sum(costs))
 
 
 @pytest.mark.parametrize("make, forward", [
@@ -100,7 +110,7 @@ def test_stages_cover_every_step_once_in_chain_order(make, forward):
         assert s.forward == tuple(sorted(s.forward))
     # later stages run backward first
     assert [i for s in reversed(c.stages) for i in s.backward] == bwd
-    assert all(s.input_bytes > 0 and s.input_bytes % p.alignment == 0 for s in c.stages)
+    assert all(s.sizes.input > 0 and s.sizes.input % p.alignment == 0 for s in c.stages)
 
 
 def test_chain_of_is_none_off_plain_training_programs():
@@ -183,11 +193,11 @@ def test_invalid_schedules_raise(ops):
 def figures(c: Chain, unit: int = 1):
     up = lambda b: -(-int(b) // unit)  # noqa: E731
     s = c.stages
-    return dict(n=len(s), x=[up(t.input_bytes) for t in s] + [0],
-                kept=[up(t.kept_bytes) for t in s], ft=[up(t.forward_extra) for t in s],
-                bt=[up(t.backward_extra) for t in s], lbt=[up(t.lean_backward_extra) for t in s],
-                uf=[t.forward_s for t in s], ub=[t.backward_s for t in s],
-                ls=[t.lean_recompute_s for t in s])
+    return dict(n=len(s), x=[up(t.sizes.input) for t in s] + [0],
+                kept=[up(t.sizes.kept) for t in s], ft=[up(t.sizes.forward_extra) for t in s],
+                bt=[up(t.sizes.backward_extra) for t in s], lbt=[up(t.lean.extra) for t in s],
+                uf=[t.seconds.forward for t in s], ub=[t.seconds.backward for t in s],
+                ls=[t.lean.recompute_s for t in s])
 
 
 def simulate(c: Chain, ops, unit: int = 1) -> tuple[int, float]:
@@ -295,9 +305,11 @@ def exhaustive(c: Chain, m: int, unit: int = 1) -> float:
 
 def make_chain(figs) -> Chain:
     """A chain from ``(input, kept, forward_extra, backward_extra, forward_s, backward_s,
-    lean_backward_extra, lean_recompute_s)`` per stage (bytes = slots at unit 1)."""
+    lean extra, lean recompute_s)`` per stage (bytes = slots at unit 1)."""
     n = len(figs)
-    return Chain(None, tuple(Stage((k,), (2 * n - 1 - k,), *f) for k, f in enumerate(figs)))
+    return Chain(None, tuple(
+        Stage((k,), (2 * n - 1 - k,), StageBytes(*f[:4]), StageSeconds(*f[4:6]),
+              LeanBackward(extra=f[6], recompute_s=f[7])) for k, f in enumerate(figs)))
 
 
 stage_figures = st.tuples(st.integers(1, 4), st.integers(0, 4), st.integers(0, 2),
@@ -318,7 +330,7 @@ def test_table_falls_with_memory_to_the_no_recompute_cost(c):
     least = table.least_slots()
     assert least is not None  # 64 slots hold every chain drawn here, kept entirely
     assert np.all(np.isinf(cost[:least])) and np.all(np.isfinite(cost[least:]))
-    assert cost[-1] == sum(s.forward_s + s.backward_s for s in c.stages)
+    assert cost[-1] == sum(s.seconds.forward + s.seconds.backward for s in c.stages)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

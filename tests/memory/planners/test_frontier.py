@@ -42,7 +42,7 @@ from minidl.memory.passes.recompute import dropping_program, recompute_program
 from minidl.memory.passes.static_plan import static_plan
 from minidl.memory.planners.auto import BudgetTooSmall, auto_plan
 from minidl.memory.planners.auto import step_costs as flop_costs
-from minidl.memory.planners.frontier import TIE_SHARE, build_frontier, fixed_specs, pricer
+from minidl.memory.planners.frontier import TIE_SHARE, build_frontier, fixed_configs, pricer
 from minidl.memory.planners.planner import make_plan
 from minidl.memory.runtime.pool import Pool
 from minidl.net.optim import make_optimizer
@@ -150,13 +150,28 @@ def test_monotone_on_random_networks(netdef, target):
 
 def assert_dominates(s: Setup):
     fr = s.frontier()
-    for spec in fixed_specs(s.program):
-        plan = s.make(s.program, MemoryConfig.parse(spec + ",static"))
+    for config in fixed_configs(s.program):
+        plan = s.make(s.program, MemoryConfig({**config.flags, "static": ""}))
         peak = s.persistent + plan.static_arena
         seconds = s.price(plan)[0]
         pick = fr.fitting(peak)
-        assert pick is not None, (spec, peak)
-        assert pick.time_s <= 1.01 * seconds + 1e-12, (spec, peak, seconds, pick.source)
+        assert pick is not None, (config.spec, peak)
+        assert pick.time_s <= 1.01 * seconds + 1e-12, (config.spec, peak, seconds, pick.source)
+
+
+def test_fixed_configs_are_the_lossless_specs_in_order():
+    """The fixed configs are built typed: each is the spec string they stood for (in the
+    order auto prices them), parsed, its flags in the same order, printed the same."""
+    specs = [",".join(p for p in ("reuse,inplace", rec, swap, enc) if p)
+             for rec in ("", "recompute=sqrt", "recompute=speed", "recompute=memory",
+                         "recompute=cost")
+             for swap in ("", "swap=conv", "swap=all", "swap=auto")
+             for enc in ("", "binarize", "sparse", "binarize,sparse")]
+    configs = fixed_configs(None)
+    assert [c.spec for c in configs] == specs
+    assert [list(c.flags.items()) for c in configs] == \
+        [list(MemoryConfig.parse(s).flags.items()) for s in specs]
+    assert len(configs) == 80
 
 
 @pytest.mark.parametrize("name", HAND)
@@ -443,14 +458,14 @@ def test_greedy_and_fixed_plans_never_beat_the_certificate(name, bandwidth):
     s = Setup(HAND[name](), bandwidth=bandwidth)
     fr = s.frontier()
     plans = []
-    for spec in fixed_specs(s.program):
-        plan = s.make(s.program, MemoryConfig.parse(spec + ",static"))
-        plans.append((spec, s.persistent + plan.static_arena, s.price(plan)[0]))
+    for config in fixed_configs(s.program):
+        plan = s.make(s.program, MemoryConfig({**config.flags, "static": ""}))
+        plans.append((config.spec, s.persistent + plan.static_arena, s.price(plan)[0]))
     for budget in budgets(fr, 8):
         try:
             plan = auto_plan(s.program, budget, s.costs, bandwidth=s.bandwidth)
         except BudgetTooSmall:
             continue
         plans.append((f"greedy {budget}", s.persistent + plan.static_arena, s.price(plan)[0]))
-    assert len(plans) > len(fixed_specs(s.program)) // 2
+    assert len(plans) > len(fixed_configs(s.program)) // 2
     assert certificate_gaps(s, plans) == []
