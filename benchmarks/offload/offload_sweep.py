@@ -6,7 +6,7 @@ multiple of its 40 heads; 5120 is what implementations use)) and depths of 4096 
 6.7 B and 13 B to find the edge; context 1024, vocabulary 50257. Each is planned by
 ``minidl plan`` in its own process (models are built with deferred parameters)::
 
-    PYTHONPATH=benchmarks python -m minidl plan offload_sweep:gpt_6_7b --target v100-32gb \\
+    PYTHONPATH=benchmarks/offload python -m minidl plan offload_sweep:gpt_6_7b --target v100-32gb \\
         --memory auto,budget=32GiB --optimizer adam --host-memory 512GiB --batch-size 1 --json
 
 and the row records: fits or not, the device peak, the host bytes, the predicted step time
