@@ -6,7 +6,7 @@ The update is bound by host memory bandwidth: per float32 value it reads the par
 gradient and each state slot and writes the parameter and each slot, ``12 + 8 * slots`` bytes
 (Adam, two slots: 28). :data:`HOST_UPDATE_BYTES_PER_S` is what the fused host kernel
 (kernels/pointwise/optim.py) moved on this repository's machine, Adam over 100 M values on 2
-cores (benchmarks/host_adam.py, BENCHMARKS section 26: 33.6 GB/s, the best of its runs; the
+cores (benchmarks/offload/host_adam.py, BENCHMARKS section 26: 33.6 GB/s, the best of its runs; the
 same kernel as PyTorch's fused CPU Adam to within 3 %); a many-core server moves several
 times that, so the figure errs slow. The gradients' copies to the host are plan actions priced
 by :func:`~.cost_model.simulate`; the parameters' copy back is the iteration's last transfer.

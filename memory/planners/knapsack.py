@@ -18,7 +18,7 @@ from .candidate import BASE, Candidate, priced
 __all__ = ["KNAPSACK_SHARES", "knapsack_candidates", "knapsack_order"]
 
 #: Shares of the forward steps (by recompute time per byte) the knapsack candidates keep (the
-#: shares of benchmarks/planner_curve.py's torch.compile anchor).
+#: shares of benchmarks/plans/planner_curve.py's torch.compile anchor).
 KNAPSACK_SHARES = (0.8, 0.6, 0.45, 0.3, 0.2, 0.1, 0.05, 0.0)
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+SPEED = BENCHMARKS / "speed"  # the scripts that time PyTorch, and their separate_processes.py
+GATES = BENCHMARKS / "gates"
 
 # the script's main() in this process, then whether torch was ever imported here
 RUN_MAIN = r"""
@@ -22,7 +24,7 @@ print("torch in parent:", "torch" in sys.modules)
 
 
 def _run_main(module: str, argv: list[str]) -> str:
-    code = RUN_MAIN.format(bench=str(BENCHMARKS), module=module, argv=argv)
+    code = RUN_MAIN.format(bench=str(SPEED), module=module, argv=argv)
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=600, env={**os.environ, "MINIDL_NUM_THREADS": "1"})
     assert res.returncode == 0, res.stderr[-3000:]
@@ -58,7 +60,7 @@ def test_rnn_bench_times_torch_in_its_own_process():
 
 
 def test_child_process_runs_methods_elsewhere_and_reports_their_errors(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))  # the child imports the module too
+    monkeypatch.syspath_prepend(str(SPEED))  # the child imports the module too
     from separate_processes import ChildProcess
 
     with ChildProcess(dict, {"pid": 0}) as child:
@@ -74,11 +76,11 @@ def test_child_process_runs_methods_elsewhere_and_reports_their_errors(monkeypat
 
 
 def test_ab_setting_finds_module_constants_and_class_attributes():
-    sys.path.insert(0, str(BENCHMARKS))
+    sys.path.insert(0, str(GATES))
     try:
         import ab_setting
     finally:
-        sys.path.remove(str(BENCHMARKS))
+        sys.path.remove(str(GATES))
     from minidl.kernels.convolution import conv_geometry
     from minidl.layers.recurrent import units
 
@@ -104,12 +106,12 @@ def _has_avx2_fma() -> bool:
 def test_recurrent_product_panels_compute_the_products(block):
     """The experiment's own kernel computes what BLAS does (64 gate rows: 10 whole panels and
     4 plain rows; 16 batch rows: 2 panels and 4 plain rows), blocked or not over k."""
-    sys.path.insert(0, str(BENCHMARKS))
+    sys.path.insert(0, str(SPEED))
     try:
         import numpy as np
         import recurrent_product
     finally:
-        sys.path.remove(str(BENCHMARKS))
+        sys.path.remove(str(SPEED))
     rng = np.random.default_rng(1)
     n, hid = 16, 16
     w = rng.standard_normal((4 * hid, hid)).astype(np.float32)

@@ -175,7 +175,7 @@ def test_gpt_bench_times_torch_in_its_own_process_from_the_same_weights():
     import sys
     from pathlib import Path
 
-    bench = Path(__file__).resolve().parents[3] / "benchmarks"
+    bench = Path(__file__).resolve().parents[3] / "benchmarks" / "speed"
     code = (f"import sys; sys.path.insert(0, {str(bench)!r}); import gpt_bench; "
             "gpt_bench.main(['--rounds', '1', '--block', '1', '--batch-size', '2', "
             "'--seq-len', '8', '--dropout', '0']); "

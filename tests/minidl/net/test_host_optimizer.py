@@ -1,7 +1,7 @@
 """The host optimizer: one fused pass of kernels/pointwise/optim.py over a flat float32 group
 (parameters back to back, alignment gaps between them, on the parallel path) gives every
-parameter's own update bit for bit; benchmarks/host_adam.py times it against PyTorch's CPU
-Adam in processes of their own and agrees with it to float32 rounding."""
+parameter's own update bit for bit; benchmarks/offload/host_adam.py times it against PyTorch's
+CPU Adam in processes of their own and agrees with it to float32 rounding."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def test_one_pass_over_a_flat_group_is_every_parameters_own_update(name):
 @pytest.mark.slow
 def test_the_host_adam_benchmark_times_torch_in_processes_of_its_own():
     pytest.importorskip("torch")
-    bench = Path(__file__).resolve().parents[3] / "benchmarks"
+    bench = Path(__file__).resolve().parents[3] / "benchmarks" / "offload"
     code = (f"import sys; sys.path.insert(0, {str(bench)!r}); import host_adam; "
             "host_adam.main(['--params', '200000', '--rounds', '1', '--block', '1']); "
             "print('torch in parent:', 'torch' in sys.modules)")

@@ -1,0 +1,9 @@
+"""The README's tests import their shared reading and running of its commands as
+``readme_runner`` (pytest runs with ``--import-mode=importlib``, which leaves sys.path alone)."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
