@@ -3,7 +3,7 @@
 GPT shapes of the GPT-3 paper's family (Brown et al. 2020, Table 2.1: 1.3 B is 24 layers of
 2048, 2.7 B 32 of 2560, 6.7 B 32 of 4096, 13 B 40 of 5120 (the paper's 5140 is not a
 multiple of its 40 heads; 5120 is what implementations use)) and depths of 4096 between
-6.7 B and 13 B to find the edge; context 1024, vocabulary 50257. Each is planned by
+6.7 B and 13 B, and of 5120 past 13 B, to find the edge; context 1024, vocabulary 50257. Each is planned by
 ``minidl plan`` in its own process (models are built with deferred parameters)::
 
     PYTHONPATH=benchmarks python -m minidl plan offload_sweep:gpt_6_7b --target v100-32gb \\
@@ -42,6 +42,8 @@ SHAPES: dict[str, tuple[int, int, int]] = {
     "gpt_8_3b": (40, 32, 4096),
     "gpt_10b": (50, 32, 4096),
     "gpt_13b": (40, 40, 5120),
+    "gpt_14b": (44, 40, 5120),
+    "gpt_15b": (48, 40, 5120),
 }
 CONTEXT, VOCAB = 1024, 50257
 BUDGET = 32 << 30
