@@ -44,6 +44,7 @@ SHAPES: dict[str, tuple[int, int, int]] = {
     "gpt_13b": (40, 40, 5120),
     "gpt_14b": (44, 40, 5120),
     "gpt_15b": (48, 40, 5120),
+    "gpt_16b": (50, 40, 5120),
 }
 CONTEXT, VOCAB = 1024, 50257
 BUDGET = 32 << 30
