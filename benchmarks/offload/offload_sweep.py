@@ -3,8 +3,8 @@
 GPT shapes of the GPT-3 paper's family (Brown et al. 2020, Table 2.1: 1.3 B is 24 layers of
 2048, 2.7 B 32 of 2560, 6.7 B 32 of 4096, 13 B 40 of 5120 (the paper's 5140 is not a
 multiple of its 40 heads; 5120 is what implementations use)) and depths of 4096 between
-6.7 B and 13 B to find the edge; context 1024, vocabulary 50257. Each is planned by
-``minidl plan`` in its own process (models are built with deferred parameters)::
+6.7 B and 13 B, and of 5120 past 13 B, to find the edge; context 1024, vocabulary 50257.
+Each is planned by ``minidl plan`` in its own process (models are built with deferred parameters)::
 
     PYTHONPATH=benchmarks/offload python -m minidl plan offload_sweep:gpt_6_7b --target v100-32gb \\
         --memory auto,budget=32GiB --optimizer adam --host-memory 512GiB --batch-size 1 --json
@@ -32,7 +32,7 @@ import time
 from minidl.net.deferred_init import deferred_parameters
 from minidl.zoo.transformers import TransformerConfig, gpt
 
-#: name -> (layers, heads, width): the GPT-3 family's and depths of 4096 between.
+#: name -> (layers, heads, width): the GPT-3 family's, depths of 4096 between, of 5120 past.
 SHAPES: dict[str, tuple[int, int, int]] = {
     "gpt_1_3b": (24, 16, 2048),
     "gpt_2_7b": (32, 32, 2560),
@@ -42,6 +42,9 @@ SHAPES: dict[str, tuple[int, int, int]] = {
     "gpt_8_3b": (40, 32, 4096),
     "gpt_10b": (50, 32, 4096),
     "gpt_13b": (40, 40, 5120),
+    "gpt_14b": (44, 40, 5120),
+    "gpt_15b": (48, 40, 5120),
+    "gpt_16b": (50, 40, 5120),
 }
 CONTEXT, VOCAB = 1024, 50257
 BUDGET = 32 << 30

@@ -9,7 +9,9 @@ gradient and each state slot and writes the parameter and each slot, ``12 + 8 * 
 cores (benchmarks/offload/host_adam.py, BENCHMARKS section 26: 33.6 GB/s, the best of its runs; the
 same kernel as PyTorch's fused CPU Adam to within 3 %); a many-core server moves several
 times that, so the figure errs slow. The gradients' copies to the host are plan actions priced
-by :func:`~.cost_model.simulate`; the parameters' copy back is the iteration's last transfer.
+by :func:`~.cost_model.simulate`; the parameters' copy back is the iteration's last transfer,
+of the device's bytes of them (in mixed precision the half copies the device keeps: half the
+float32 master's).
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ class HostUpdate:
 def host_update(values: int, slots: int, parameter_bytes: int, profile: DeviceProfile,
                 bytes_per_s: float = HOST_UPDATE_BYTES_PER_S) -> HostUpdate:
     """The host's part for ``values`` float32 parameters with ``slots`` state arrays each,
-    ``parameter_bytes`` copied back to ``profile``'s device over its host link."""
+    ``parameter_bytes`` (the device's blocks of them) copied back to ``profile``'s device
+    over its host link."""
     moved = values * (12 + 8 * slots)
     return HostUpdate(moved / bytes_per_s, parameter_bytes / profile.link_h2d_bytes_per_s,
                       moved)

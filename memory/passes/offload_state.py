@@ -12,6 +12,8 @@ closed it, so the copies run on the device-to-host engine while the next step co
 running). The host copy is the gradient the update reads: each gradient is ``Free``d at the
 end of the iteration, from the host. The cost model prices the copies on the target's link
 like any offload; :class:`~minidl.compile.host_state.HostState` says what the host holds.
+In mixed precision the program's half parameter tensors are the device's only copies of
+those parameters (ZeRO-Offload's fp16 parameters; the note counts them).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import replace
 
 from ..ir.names import Role
 from ..ir.plan import Free, Offload, Plan, Release, StepPlan
+from ..ir.precision import itemsize
 from ..ir.program import Program
 
 #: Bytes of gradients copied together (a bucket): the copies of a bucket start after the step
@@ -88,6 +91,12 @@ def offload_state_plan(plan: Plan, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> 
             f"there; {len(order)} gradients ({_mib(sum(sizes[t] for t in order))}) copied to "
             f"the host in {len(buckets)} buckets of >= {_mib(bucket_bytes)} as backward writes "
             "them, each bucket's copies overlapping the next step")
+    half = [t for t in program.tensors if t.role == Role.PARAM and t.persistent
+            and itemsize(str(t.dtype)) == 2]
+    if half:
+        note += (f"; {len(half)} parameters ({_mib(sum(sizes[t.id] for t in half))}) on the "
+                 f"device only as their {half[0].dtype} copies, rounded from the host's "
+                 "float32 master after each update")
     return replace(plan, steps=steps, end=tuple(end), notes=(*plan.notes, note))
 
 

@@ -23,7 +23,7 @@ def host_figures(engine: Any, profile: DeviceProfile | None) -> dict[str, Any]:
         out["host_state"] = state.by_kind()
         if profile is not None:
             values = sum(math.prod(p.shape) for p in state.params)
-            out["host_update"] = host_update(values, len(state.slots), state.array_bytes,
+            out["host_update"] = host_update(values, len(state.slots), state.upload_bytes,
                                              profile).as_dict()
     return out
 

@@ -34,7 +34,7 @@ from ..net.optim import FlatGroup, Optimizer
 from . import replanning, split_search
 from .compiled import Compiled
 from .executor import Executor
-from .host_state import HostState
+from .host_state import HostState, half_parameters
 from .lowering import Lowered, lower
 from .option_search import choice_notes, search_options
 from .shard_layout import ShardLayout, shard_layout, sharding_of
@@ -108,8 +108,13 @@ class Engine:
         #: ``offload=optimizer``: the state kept on the host (gradients then lowered as
         #: tensors of the iteration, copied there by the plan), else ``None``.
         self.host_state: HostState | None = None
+        #: Parameters the device keeps only as their half copy (offload in mixed precision)
+        self.half_parameters: frozenset[str] = frozenset()
         if self.config.offload is not None and optimizer is not None and loss is not None:
             self.shards = ShardLayout.offloaded()
+            updated = getattr(optimizer, "inner", optimizer).params
+            self.half_parameters = half_parameters(net, self.precision) & {
+                p.name for p in updated}
         self._cache: dict[tuple, Compiled] = {}
         #: Under a budget no plan fits, cap convolutions' workspaces (leaner algorithms and
         #: chunking, :mod:`~minidl.memory.options.workspace_options`) and plan again.
@@ -158,9 +163,13 @@ class Engine:
     def _allocate_blocks(self, bind: bool, scratch_bytes: int | None) -> None:
         params = self.params = [p for _, p in self.net.named_parameters(include_buffers=True)]
         views = {}
+        half = self.half_parameters
         for p in sorted(params, key=lambda q: not q.trainable):  # (a stable sort)
             whole = self.shards.keeps_whole(p)
-            views[id(p)] = self._alloc(p.name, p.shape, p.dtype, "parameter") if whole else None
+            dtype = self.precision.half_dtype if p.name in half else p.dtype
+            views[id(p)] = self._alloc(p.name, p.shape, dtype, "parameter") if whole else None
+        #: The device's half copies (``data``: the host's master, bound by the host state)
+        self.half_views = {p.name: views[id(p)] for p in params if p.name in half}
         grads = []
         if self.loss is not None and self.shards.gradient_specs is None:
             for p in params:
@@ -171,7 +180,8 @@ class Engine:
             self.bound = True
             for p in params:
                 v = views[id(p)]
-                if v is not None:  # (sharded: the host array stays, shards in the pool)
+                if v is not None and p.name not in half:  # (sharded: the host array stays,
+                    # shards in the pool; a half copy: filled from the master on the host)
                     copy_into(v, p.data)  # the values, wherever they live
                     p.data = v
                 p.bound_to = self
@@ -202,7 +212,8 @@ class Engine:
         in host memory (:class:`~minidl.compile.host_state.HostState`)."""
         opt = getattr(self.optimizer, "inner", self.optimizer)
         self.host_state = HostState(self.pool.device, list(opt.params), tuple(opt.slots),
-                                    self.pool.alignment, allocate=self.bound)
+                                    self.pool.alignment, allocate=self.bound,
+                                    half_copies=self.half_views)
         capacity = self.host_pool.capacity
         if capacity is not None:
             if self.host_state.nbytes > capacity:
@@ -314,7 +325,7 @@ class Engine:
                              alignment=self.pool.alignment, options=options,
                              device_kind=self.device_kind,
                              sharding=sharding_of(self.shards) if training else None,
-                             precision=self.precision)
+                             precision=self.precision, half_parameters=self.half_parameters)
 
             lowered, plan = search_options(self, lowered_with(None), lowered_with, config)
             if self.offload_note and training:
@@ -332,6 +343,9 @@ class Engine:
             ex.scratch = (self.scratch.offset, self.scratch.size)
         if self.host_state is not None:
             ex.host_homes = self.host_state.homes(plan.program)
+        if self.bound:
+            ex.device_params = {lowered.param_tensors[n]: v for n, v in self.half_views.items()
+                                if n in lowered.param_tensors}
         return Compiled(lowered, plan, ex)
 
     def _reserve_scratch(self, nbytes: int) -> None:

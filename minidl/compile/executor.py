@@ -110,6 +110,10 @@ class Executor:
         self.temporaries: TemporaryRouter | None = None
         #: Host buffers offloaded gradients land in, by tensor (``offload=optimizer``).
         self.host_homes: dict[int, Any] | None = None
+        #: Device arrays of parameters whose :class:`Parameter` ``data`` is elsewhere, by
+        #: tensor (``offload=optimizer`` in mixed precision: the half copy on the device, the
+        #: float32 master on the host).
+        self.device_params: dict[int, Any] = {}
         self._feed_checks = self._feed_consumers()
         #: Steps of a mixed-precision program that touch half tensors (by id): they run
         #: through :mod:`.mixed_steps` (empty in float32).
@@ -347,8 +351,9 @@ class Executor:
         """The step's parameters: a :class:`Parameter`'s array, or a block of the iteration
         for a parameter the program materialises itself (decoded from a compressed model, or
         under ZeRO stage 3 gathered from the ranks' shards just before the step)."""
-        tensors = rt.program.tensors
-        return {k: self.parameters[t].data if t in self.parameters and tensors[t].persistent
+        tensors, own = rt.program.tensors, self.device_params
+        return {k: own[t] if t in own else self.parameters[t].data
+                if t in self.parameters and tensors[t].persistent
                 else rt.array(t) for k, t in st.params.items()}
 
     def _forward(self, st: Step, rt: MemoryRuntime, ctx: Context) -> None:

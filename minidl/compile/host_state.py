@@ -10,6 +10,11 @@ The plan copies each gradient into its landing buffer as backward writes it
 buffers); :class:`OffloadedOptimizer` updates on the host and copies the updated master
 weights into the device's parameters. On a meta device (a dry run) nothing is allocated: the
 bytes are counted.
+
+In mixed precision the device keeps a matrix op's parameter only as its half copy
+(:func:`half_parameters`, ZeRO-Offload's fp16 parameters): its ``data`` is then the host's
+float32 master and the update rounds the master into the device's copy, which the ops read
+as they read autocast's cast copy, so training is bit-identical to on-device training.
 """
 
 from __future__ import annotations
@@ -21,19 +26,39 @@ import numpy as np
 
 from ..memory.devices.device import MetaArray
 from ..memory.ir.names import Role
+from ..memory.ir.precision import MATRIX_OPS, Precision, is_float
 from ..memory.ir.program import Program, aligned
 from ..memory.runtime.transfer import copy_into
+from ..net.graph import Network
 from ..net.optim import FlatGroup, Optimizer, OptimizerWrapper
 from ..net.parameter import Parameter
+
+
+def half_parameters(net: Network, precision: Precision) -> frozenset[str]:
+    """Under mixed precision, the trainable float parameters only matrix ops read (which
+    compute with a half copy of them): the device can keep just that copy. Parameters a
+    float32 op or one in its input's dtype also reads (embeddings, a tied head's embedding,
+    norms) stay float32; none outside mixed precision."""
+    if precision.half_dtype is None:
+        return frozenset()
+    matrix: dict[str, bool] = {}
+    for node in net.nodes:
+        for p in net.layer_params(node.name).values():
+            if p.trainable and is_float(p.dtype) and np.dtype(p.dtype).itemsize > 2:
+                kind = getattr(node.layer, "kind", None)
+                matrix[p.name] = matrix.get(p.name, True) and kind in MATRIX_OPS
+    return frozenset(name for name, only in matrix.items() if only)
 
 
 class HostState:
     """Host buffers for ``params`` (the optimizer's trainable parameters, one dtype) and
     ``slots`` state arrays each, on ``device``'s host memory, blocks rounded to
-    ``alignment``."""
+    ``alignment``; ``half_copies``: the device's half arrays of the parameters it keeps only
+    as those (by name)."""
 
     def __init__(self, device: Any, params: list[Parameter], slots: tuple[str, ...],
-                 alignment: int, allocate: bool) -> None:
+                 alignment: int, allocate: bool,
+                 half_copies: dict[str, Any] | None = None) -> None:
         dtypes = {np.dtype(p.dtype) for p in params}
         if len(dtypes) > 1:
             raise ValueError("offload=optimizer updates one flat group: the trainable "
@@ -48,6 +73,12 @@ class HostState:
             self.offsets[p.name] = (end, size)
             end += size
         self.array_bytes = end
+        self.half_copies = dict(half_copies or {})
+        #: Bytes the update copies back to the device: each parameter's block there
+        self.upload_bytes = sum(
+            aligned(math.prod(h.shape) * h.dtype.itemsize, alignment)
+            if (h := self.half_copies.get(p.name)) is not None else self.offsets[p.name][1]
+            for p in self.params)
         self.allocated = allocate
         self._buffers: dict[str, Any] = {}
         if allocate:
@@ -86,6 +117,10 @@ class HostState:
         buffer, and the optimizer's one flat group over the host buffers."""
         for p in self.params:
             p.grad = self._view("grad", p.name, p.shape)
+            if p.name in self.half_copies:  # the master is the parameter
+                master = self._view("master", p.name, p.shape)
+                copy_into(master, p.data)
+                p.data = master
         self.download()
         optimizer.flat_groups = [FlatGroup(
             tuple(self.params), self._flat("master"), self._flat("grad"),
@@ -104,15 +139,22 @@ class HostState:
         return out
 
     def upload(self) -> None:
-        """The updated master weights into the device's parameters."""
+        """The updated master weights into the device's parameters (rounded into the half
+        copies)."""
         for p in self.params:
-            copy_into(p.data, self._view("master", p.name, p.shape))
+            half = self.half_copies.get(p.name)
+            copy_into(p.data if half is None else half, self._view("master", p.name, p.shape))
 
     def download(self) -> None:
-        """The master weights from the device's parameters (after they were set there)."""
+        """The master weights from the device's parameters (after they were set there); a
+        half copy's parameter is its master: the copy is rounded from it."""
         if self.allocated:
             for p in self.params:
-                copy_into(self._view("master", p.name, p.shape), p.data)
+                half = self.half_copies.get(p.name)
+                if half is None:
+                    copy_into(self._view("master", p.name, p.shape), p.data)
+                else:
+                    copy_into(half, p.data)
 
 
 class OffloadedOptimizer(OptimizerWrapper):

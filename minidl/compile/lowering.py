@@ -87,6 +87,7 @@ def lower(
     grad_shards: list[TensorDecl] | None = None,
     param_shards: list[TensorDecl] | None = None,
     precision: Precision | str = Precision.FP32,
+    half_parameters: frozenset[str] = frozenset(),
 ) -> Lowered:
     """Lower ``net`` for ``batch_shapes``. With ``loss`` (taking the network's first output and
     the labels), a training program: forward, loss, then backward in reverse layer order.
@@ -105,7 +106,10 @@ def lower(
     ``fp16-mixed`` every value, gradient, stash and workspace takes the dtype of
     :mod:`~minidl.memory.ir.precision`'s op policy (with the cast copies and half weights an
     op keeps for its backward); the parameters, their gradients and the optimizer state stay
-    as declared. Matrix ops' steps carry the dtype of their products (``matmul_dtype``)."""
+    as declared. Matrix ops' steps carry the dtype of their products (``matmul_dtype``).
+    ``half_parameters``: trainable parameters the device keeps only as their half copy (in
+    the precision's half dtype; ``offload=optimizer`` keeps the float32 master on the host):
+    their tensors take that dtype, and the ops read them without a cast copy."""
     if sharding is None and (grad_shards is not None or param_shards is not None):
         sharding = Sharding(tuple(grad_shards or ()),
                             None if param_shards is None else tuple(param_shards))
@@ -115,6 +119,9 @@ def lower(
             options[i] = {**options.get(i, {}), "device_kind": device_kind}
     lo = _Lowering(net, batch_shapes, loss, label_shape, label_dtype, training, options)
     lo.precision = Precision.of(precision)
+    if half_parameters and lo.precision.half_dtype is None:
+        raise ValueError(f"half parameters need a mixed precision, not {lo.precision.value}")
+    lo.half_on_device = frozenset(half_parameters)
     lo.gather = sharding is not None and sharding.parameter_shards is not None and training \
         and loss is not None
     lo.persistent(opt_state or [], sharding)
@@ -166,7 +173,9 @@ class _Lowering(PrecisionLowering):
                 if self.gather and p.trainable:
                     continue  # gathered per step (see _step_params)
                 if p.name not in self.param_t:
-                    self.param_t[p.name] = b.add(p.name, p.shape, p.dtype, "parameter", "param",
+                    dtype = np.dtype(self.precision.half_dtype) \
+                        if p.name in self.half_on_device else p.dtype
+                    self.param_t[p.name] = b.add(p.name, p.shape, dtype, "parameter", "param",
                                                  node.name, persistent=True)
         if not self.training:
             return

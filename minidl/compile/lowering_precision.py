@@ -20,6 +20,8 @@ class PrecisionLowering:
     compute_dt: list[np.dtype | None]
     #: Per node, the inputs its backward reads from a cast copy in its stash
     cast_kept: list[frozenset[int]]
+    #: Trainable parameters the device keeps only as their half copy (read without a cast)
+    half_on_device: frozenset[str] = frozenset()
 
     def apply_precision(self) -> None:
         """Under mixed precision, every float value retyped as its producer writes it (the
@@ -73,6 +75,8 @@ class PrecisionLowering:
             else:
                 transient += int(np.prod(shape)) * cdt.itemsize
         for k, p in self._half_params(i).items():
+            if p.name in self.half_on_device:
+                continue  # (the parameter is its half copy)
             if backward:
                 stash[f"{k}@{cdt.name}"] = self.b.add(f"{p.name}@{cdt.name}", p.shape, cdt,
                                                       "stash", "stash", name)

@@ -75,12 +75,13 @@ def _split_stash(stash: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]
 
 def _half_params(params: dict[str, Any], casts: dict[str, Any], fill: bool) -> dict[str, Any]:
     """The parameters as the layer computes with them: a half copy's values (rounded into it
-    from the float32 master when ``fill``) as float32, else the master itself."""
+    from the float32 master when ``fill``) as float32, a half parameter's (the device's only
+    copy under ``offload=optimizer``) as float32, else the master itself."""
     out = {}
     for k, p in params.items():
         copy = casts.get(k)
         if copy is None:
-            out[k] = p
+            out[k] = _up(p)
             continue
         if fill:
             np.copyto(copy, p, casting="unsafe")
