@@ -435,8 +435,8 @@ def _image_result(args: argparse.Namespace, spec, ds, defaults: D.TrainDefaults,
         "final_loss": _last_epoch_loss(hist, trainer.iteration)[0],
         "final_loss_over": _last_epoch_loss(hist, trainer.iteration)[1],
         "last_step_loss": hist.losses[-1] if hist.losses else None,
-        "test_loss": hist.test_loss,
-        "test_accuracy": hist.test_accuracy,
+        "test_loss": hist.test.loss,
+        "test_accuracy": hist.test.accuracy,
         "peak_allocated_bytes": rep["peak_allocated_bytes"],
         "peak_reserved_bytes": rep["peak_reserved_bytes"],
         "step_time_median_s": float(np.median(hist.step_times)) if hist.step_times else None,
@@ -445,7 +445,7 @@ def _image_result(args: argparse.Namespace, spec, ds, defaults: D.TrainDefaults,
         "iteration": trainer.iteration,
         "epochs": args.epochs,
         "epoch_logs": hist.epochs,
-        "stopped_early": hist.stopped_early,
+        "stopped_early": hist.stopping.early,
         "weight_decay": args.weight_decay,
         "input_mean": ds.mean,
         "input_std": ds.std,
@@ -485,15 +485,15 @@ def _print_image_report(args: argparse.Namespace, trainer: Trainer, hist, result
               f"{'nan' if final is None else f'{final:.4f}'} ({result['final_loss_over']}), "
               f"median step {1000 * (result['step_time_median_s'] or 0):.1f} ms, "
               f"wall time {result['wall_time_s']:.1f} s")
-    elif hist.stopped_early:
+    elif hist.stopping.early:
         print(f"nothing to train: the run had stopped early at epoch {trainer.fit_state.epoch} of "
               f"{args.epochs} (step {trainer.iteration})")
     else:
         print(f"nothing to train: the run already stands at epoch {trainer.fit_state.epoch} of "
               f"{args.epochs} (step {trainer.iteration})")
-    if hist.stopped_early and hist.losses and args.no_progress:
-        print(hist.stop_reason)  # (else the progress display said it)
-    if hist.test_accuracy is not None:
-        print(f"test loss {hist.test_loss:.4f}, test accuracy {100 * hist.test_accuracy:.2f}%")
+    if hist.stopping.early and hist.losses and args.no_progress:
+        print(hist.stopping.reason)  # (else the progress display said it)
+    if hist.test.accuracy is not None:
+        print(f"test loss {hist.test.loss:.4f}, test accuracy {100 * hist.test.accuracy:.2f}%")
     _print_link(rep)
     print_memory_report(rep)
