@@ -371,7 +371,7 @@ def _print_header(args: argparse.Namespace, spec, ds, trainer: Trainer,
           f"{ds.name}: {len(ds.x_train)} train / {len(ds.x_test)} test samples, input "
           f"{'x'.join(map(str, ds.input_shape))}"
           f"{f' ({ds.adaptation()})' if ds.adaptation() else ''}"
-          f"{' (standardised with the train mean/std)' if ds.mean is not None else ''}"
+          f"{' (standardised with the train mean/std)' if ds.standardization else ''}"
           f"{f', {defaults.shift_probability:.0%} shifted by 1 px' if augmented else ''}"
           f"{f', label smoothing {args.label_smoothing:g}' if args.label_smoothing else ''}"
           f"{_gradient_note(args)}, "
@@ -447,8 +447,8 @@ def _image_result(args: argparse.Namespace, spec, ds, defaults: D.TrainDefaults,
         "epoch_logs": hist.epochs,
         "stopped_early": hist.stopping.early,
         "weight_decay": args.weight_decay,
-        "input_mean": ds.mean,
-        "input_std": ds.std,
+        "input_mean": None if ds.standardization is None else ds.standardization.mean,
+        "input_std": None if ds.standardization is None else ds.standardization.std,
         "label_smoothing": args.label_smoothing,
         "clip_grad_norm": args.clip_grad_norm,
         "accumulate_grad_batches": args.accumulate_grad_batches,

@@ -252,7 +252,7 @@ def deep_compress(net: Network, ds: Dataset, model: dict[str, Any],
             records[name] = weight_record.raw_record(to_host(p.data))
             rows.append(report.raw_row(name, layer, p.data, records[name]))
     cm = CompressedModel(dict(model), records,
-                         {"mean": ds.mean, "std": ds.std} if ds.mean is not None else {})
+                         {"mean": st.mean, "std": st.std} if (st := ds.standardization) else {})
     result = CompressionResult(cm, rows, accuracy)
     data = container.to_bytes(cm)
     result.file_bytes = len(data)
