@@ -22,8 +22,8 @@ from ..layers import SoftmaxCrossEntropy
 from ..memory.runtime.pool import DeviceOutOfMemory
 from ..net.optim import CosineAnnealingLR, StepLR, make_optimizer
 from ..train import callbacks as C
-from ..train.fitting import ResumeMismatch
-from ..train.language_model import train_language_model
+from ..train.loop.fitting import ResumeMismatch
+from ..train.loop.language_model import train_language_model
 from ..train.trainer import CheckpointError, Trainer
 from ..zoo.models import SEQUENCE_MODELS, default_input_shape
 from .common import (

@@ -1,6 +1,6 @@
 """The training loop: :meth:`Trainer.fit <minidl.train.trainer.Trainer.fit>` and the text models'
 :func:`~minidl.zoo.rnn.train_language_model` both run :func:`fit` — epochs of batches from a
-:class:`~minidl.train.batch_sources.BatchSource` (image epochs, text windows), from where the
+:class:`~minidl.train.loop.batch_sources.BatchSource` (image epochs, text windows), from where the
 trainer stands (a resumed run continues mid-epoch), per-epoch validation, callbacks
 (:mod:`minidl.train.callbacks`), per-step measurements in a :class:`History`."""
 
@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from ..compile.deferred import Deferred, resolve_all
-from ..kernels.jit import CompileWatch
+from ...compile.deferred import Deferred, resolve_all
+from ...kernels.jit import CompileWatch
+from ..callbacks import Callback, FitRun, ProgressLogger, restore_callback_states
+from ..step.step_checks import check_accumulation, check_clip_norm
 from .batch_sources import BatchSource, ImageEpochs
-from .callbacks import Callback, FitRun, ProgressLogger, restore_callback_states
-from .step_checks import check_accumulation, check_clip_norm
 
 
 @dataclass
@@ -156,7 +156,7 @@ def fit(
 ) -> History:
     """Train ``trainer`` (a :class:`~minidl.train.trainer.Trainer`) on ``data`` (a
     :class:`~minidl.datasets.data.Dataset`, ``(x, y)``, or a
-    :class:`~minidl.train.batch_sources.BatchSource` such as text windows) until ``epochs``
+    :class:`~minidl.train.loop.batch_sources.BatchSource` such as text windows) until ``epochs``
     epochs (or ``max_steps``
     batches) have been trained, counted from the start of the run: a trainer that already
     trained, or was restored with ``load(path, resume=True)``, continues where it stood (mid
