@@ -33,9 +33,9 @@ from .quantization import ClusterOptimizer, SharedWeights, share_weights
 @dataclass
 class Retraining:
     """How a pruned or weight-shared network retrains: ``steps`` steps of ``batch_size``
-    images, each moved by one pixel with ``shift_probability`` (:func:`~minidl.datasets.data.
-    random_shift`: a network that fits its train split exactly gets no gradient from it),
-    under the training memory spec ``memory``, seeded by ``seed``."""
+    images, each moved by one pixel with ``shift_probability``
+    (:func:`~minidl.datasets.data.random_shift`: a network that fits its train split exactly
+    gets no gradient from it), under the training memory spec ``memory``, seeded by ``seed``."""
 
     steps: int = 300
     batch_size: int = 64
