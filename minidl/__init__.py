@@ -33,7 +33,7 @@ from .net.graph import Input, Network, Sequential  # noqa: E402
 from .net.module import Module, ModuleError  # noqa: E402
 from .net.parameter import Parameter  # noqa: E402
 from .train import callbacks, trainer  # noqa: E402
-from .train.fitting import History  # noqa: E402
+from .train.loop.fitting import History  # noqa: E402
 from .train.trainer import Trainer  # noqa: E402
 from .zoo import models, rnn  # noqa: E402
 

@@ -138,7 +138,7 @@ def main() -> None:
         "step_time_median_s": float(np.median(hist.step_times)),
         "first_losses": hist.losses[:5], "last_losses": hist.losses[-5:],
         "loss_curve": loss_curve(hist.losses, args.progress_every),
-        "test_loss": hist.test_loss, "test_accuracy": hist.test_accuracy}))
+        "test_loss": hist.test.loss, "test_accuracy": hist.test.accuracy}))
 
 
 if __name__ == "__main__":

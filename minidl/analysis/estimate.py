@@ -7,7 +7,7 @@ dry run per row, the plan a real run gets) and with the activations, which neith
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ..memory.ir.config import MemoryConfig
@@ -24,26 +24,37 @@ MAX_BATCH_LIMIT = 1 << 14
 
 
 @dataclass(frozen=True)
-class EstimateRow:
-    """One rank's memory under ZeRO ``stage`` over ``ranks`` ranks, at ``batch_per_rank``
-    samples (the global batch's shard), bytes at the iteration's peak by column;
-    ``max_batch_per_rank``: the largest shard whose peak reserved fits the budget (``None``
-    without a budget)."""
+class HeldBytes:
+    """What one rank holds at its iteration's peak, in bytes, by column of the table."""
 
-    stage: int
-    ranks: int
-    batch_per_rank: int
     parameter: int
     gradient: int
     optimizer_state: int
     activations: int
     workspace: int
+
+
+@dataclass(frozen=True)
+class EstimateRow:
+    """One rank's memory under ZeRO ``stage`` over ``ranks`` ranks, at ``batch_per_rank``
+    samples (the global batch's shard): the bytes it holds at the iteration's peak by column
+    (``held``) and its peaks; ``max_batch_per_rank``: the largest shard whose peak reserved
+    fits the budget (``None`` without a budget)."""
+
+    stage: int
+    ranks: int
+    batch_per_rank: int
+    held: HeldBytes
     peak_allocated: int
     peak_reserved: int
     max_batch_per_rank: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The row as one flat record (the JSON of ``minidl plan --table --json``)."""
+        return {"stage": self.stage, "ranks": self.ranks, "batch_per_rank": self.batch_per_rank,
+                **asdict(self.held), "peak_allocated": self.peak_allocated,
+                "peak_reserved": self.peak_reserved,
+                "max_batch_per_rank": self.max_batch_per_rank}
 
 
 def _spec_with_stage(memory: str | MemoryConfig, stage: int) -> MemoryConfig:
@@ -58,8 +69,9 @@ def _row(report: dict[str, Any], stage: int, ranks: int) -> EstimateRow:
     state = {cat: by.get(cat, 0) for cat in MODEL_STATE}
     workspace = sum(by.get(cat, 0) for cat in WORKSPACE)
     activations = sum(v for k, v in by.items() if k not in MODEL_STATE and k not in WORKSPACE)
-    return EstimateRow(stage, ranks, report["batch_size"], state["parameter"], state["gradient"],
-                       state["optimizer_state"], activations, workspace,
+    held = HeldBytes(state["parameter"], state["gradient"], state["optimizer_state"],
+                     activations, workspace)
+    return EstimateRow(stage, ranks, report["batch_size"], held,
                        report["peak_allocated_bytes"], report["peak_reserved_bytes"])
 
 
@@ -128,8 +140,7 @@ def estimate_table(make_net: Callable[[], Network], input_shape: tuple[int, ...]
                 def fits(b: int, n: int = n, report: Callable = report) -> bool:
                     return report(b * n)["peak_reserved_bytes"] <= budget
 
-                row = EstimateRow(**{**row.as_dict(), "max_batch_per_rank": _largest_fitting(
-                    fits, row.batch_per_rank)})
+                row = replace(row, max_batch_per_rank=_largest_fitting(fits, row.batch_per_rank))
             rows.append(row)
     return rows
 
@@ -142,9 +153,8 @@ def format_estimate_table(rows: Sequence[EstimateRow], budget: int | None = None
         cols.append("max batch/rank")
     lines = []
     for r in rows:
-        cells = [str(r.stage), str(r.ranks), str(r.batch_per_rank), format_size(r.parameter),
-                 format_size(r.gradient), format_size(r.optimizer_state),
-                 format_size(r.activations), format_size(r.workspace),
+        cells = [str(r.stage), str(r.ranks), str(r.batch_per_rank),
+                 *(format_size(v) for v in asdict(r.held).values()),
                  format_size(r.peak_allocated), format_size(r.peak_reserved)]
         if budget is not None:
             cells.append(str(r.max_batch_per_rank))

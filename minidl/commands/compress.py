@@ -16,7 +16,12 @@ from ..compression import container
 from ..compression.container import CompressedModelError
 from ..compression.inference import plan_inference
 from ..compression.layer_spec import compressible_weights
-from ..compression.pipeline import CompressionSettings, deep_compress
+from ..compression.pipeline import (
+    CompressionSettings,
+    Retraining,
+    RetrainOptimizer,
+    deep_compress,
+)
 from ..datasets import data as D
 from ..interop.checkpoint import damage
 from ..net.graph import Network
@@ -118,13 +123,14 @@ def cmd_compress(args: argparse.Namespace) -> int:
         ds.standardize()  # as minidl train did before training the checkpoint
     net = build_model(args.model, ds.input_shape, ds.num_classes, args.width)
     load_weights(args.checkpoint, net)
+    shift = D.train_defaults(args.dataset).shift_probability if args.shift is None else args.shift
     settings = CompressionSettings(
         prune=args.prune, bits=args.bits, index_bits=args.index_bits, rounds=args.rounds,
-        retrain_steps=args.retrain_steps, batch_size=args.batch_size, optimizer=args.optimizer,
-        lr=args.lr, finetune_lr=args.finetune_lr, weight_decay=args.weight_decay,
-        memory=args.memory, seed=args.seed, shift_probability=(
-            D.train_defaults(args.dataset).shift_probability if args.shift is None
-            else args.shift),
+        retraining=Retraining(steps=args.retrain_steps, batch_size=args.batch_size,
+                              shift_probability=shift, memory=args.memory, seed=args.seed),
+        optimizer=RetrainOptimizer(name=args.optimizer, lr=args.lr,
+                                   finetune_lr=args.finetune_lr,
+                                   weight_decay=args.weight_decay),
         evaluate_rounds=args.eval_each_round)
     try:
         settings.check(net)

@@ -9,8 +9,8 @@ import argparse
 from ..datasets import data as D
 from ..datasets.text import TEXT_DATASETS
 from ..memory.cost.targets import target_names
-from ..train.fitting import DEFAULT_BATCH_SIZE
-from ..train.language_model import LOG_EVERY_STEPS
+from ..train.loop.fitting import DEFAULT_BATCH_SIZE
+from ..train.loop.language_model import LOG_EVERY_STEPS
 from ..zoo.models import default_input_shape
 from .bench import cmd_bench
 from .common import device_name

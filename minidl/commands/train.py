@@ -22,8 +22,8 @@ from ..layers import SoftmaxCrossEntropy
 from ..memory.runtime.pool import DeviceOutOfMemory
 from ..net.optim import CosineAnnealingLR, StepLR, make_optimizer
 from ..train import callbacks as C
-from ..train.fitting import ResumeMismatch
-from ..train.language_model import train_language_model
+from ..train.loop.fitting import ResumeMismatch
+from ..train.loop.language_model import train_language_model
 from ..train.trainer import CheckpointError, Trainer
 from ..zoo.models import SEQUENCE_MODELS, default_input_shape
 from .common import (
@@ -373,7 +373,7 @@ def _print_header(args: argparse.Namespace, spec, ds, trainer: Trainer,
           f"{ds.name}: {len(ds.x_train)} train / {len(ds.x_test)} test samples, input "
           f"{'x'.join(map(str, ds.input_shape))}"
           f"{f' ({ds.adaptation()})' if ds.adaptation() else ''}"
-          f"{' (standardised with the train mean/std)' if ds.mean is not None else ''}"
+          f"{' (standardised with the train mean/std)' if ds.standardization else ''}"
           f"{f', {defaults.shift_probability:.0%} shifted by 1 px' if augmented else ''}"
           f"{f', label smoothing {args.label_smoothing:g}' if args.label_smoothing else ''}"
           f"{_gradient_note(args)}, "
@@ -438,8 +438,8 @@ def _image_result(args: argparse.Namespace, spec, ds, defaults: D.TrainDefaults,
         "final_loss": _last_epoch_loss(hist, trainer.iteration)[0],
         "final_loss_over": _last_epoch_loss(hist, trainer.iteration)[1],
         "last_step_loss": hist.losses[-1] if hist.losses else None,
-        "test_loss": hist.test_loss,
-        "test_accuracy": hist.test_accuracy,
+        "test_loss": hist.test.loss,
+        "test_accuracy": hist.test.accuracy,
         "peak_allocated_bytes": rep["peak_allocated_bytes"],
         "peak_reserved_bytes": rep["peak_reserved_bytes"],
         "step_time_median_s": float(np.median(hist.step_times)) if hist.step_times else None,
@@ -448,10 +448,10 @@ def _image_result(args: argparse.Namespace, spec, ds, defaults: D.TrainDefaults,
         "iteration": trainer.iteration,
         "epochs": args.epochs,
         "epoch_logs": hist.epochs,
-        "stopped_early": hist.stopped_early,
+        "stopped_early": hist.stopping.early,
         "weight_decay": args.weight_decay,
-        "input_mean": ds.mean,
-        "input_std": ds.std,
+        "input_mean": None if ds.standardization is None else ds.standardization.mean,
+        "input_std": None if ds.standardization is None else ds.standardization.std,
         "label_smoothing": args.label_smoothing,
         "clip_grad_norm": args.clip_grad_norm,
         "accumulate_grad_batches": args.accumulate_grad_batches,
@@ -488,15 +488,15 @@ def _print_image_report(args: argparse.Namespace, trainer: Trainer, hist, result
               f"{'nan' if final is None else f'{final:.4f}'} ({result['final_loss_over']}), "
               f"median step {1000 * (result['step_time_median_s'] or 0):.1f} ms, "
               f"wall time {result['wall_time_s']:.1f} s")
-    elif hist.stopped_early:
+    elif hist.stopping.early:
         print(f"nothing to train: the run had stopped early at epoch {trainer.fit_state.epoch} of "
               f"{args.epochs} (step {trainer.iteration})")
     else:
         print(f"nothing to train: the run already stands at epoch {trainer.fit_state.epoch} of "
               f"{args.epochs} (step {trainer.iteration})")
-    if hist.stopped_early and hist.losses and args.no_progress:
-        print(hist.stop_reason)  # (else the progress display said it)
-    if hist.test_accuracy is not None:
-        print(f"test loss {hist.test_loss:.4f}, test accuracy {100 * hist.test_accuracy:.2f}%")
+    if hist.stopping.early and hist.losses and args.no_progress:
+        print(hist.stopping.reason)  # (else the progress display said it)
+    if hist.test.accuracy is not None:
+        print(f"test loss {hist.test.loss:.4f}, test accuracy {100 * hist.test.accuracy:.2f}%")
     _print_link(rep)
     print_memory_report(rep)

@@ -12,7 +12,14 @@ Huffman coding of a trained network, a compressed model file, and inference from
 
 from .container import CompressedModel, CompressedModelError, read, write
 from .inference import CompressedRunner, plan_inference
-from .pipeline import CompressionResult, CompressionSettings, deep_compress
+from .pipeline import (
+    CompressionResult,
+    CompressionSettings,
+    Retraining,
+    RetrainOptimizer,
+    deep_compress,
+)
 
 __all__ = ["CompressedModel", "CompressedModelError", "CompressedRunner", "CompressionResult",
-           "CompressionSettings", "deep_compress", "plan_inference", "read", "write"]
+           "CompressionSettings", "RetrainOptimizer", "Retraining", "deep_compress",
+           "plan_inference", "read", "write"]

@@ -31,39 +31,54 @@ from .quantization import ClusterOptimizer, SharedWeights, share_weights
 
 
 @dataclass
+class Retraining:
+    """How a pruned or weight-shared network retrains: ``steps`` steps of ``batch_size``
+    images, each moved by one pixel with ``shift_probability``
+    (:func:`~minidl.datasets.data.random_shift`: a network that fits its train split exactly
+    gets no gradient from it), under the training memory spec ``memory``, seeded by ``seed``."""
+
+    steps: int = 300
+    batch_size: int = 64
+    shift_probability: float = 0.0
+    memory: str = "reuse,inplace"
+    seed: int = 0
+
+
+@dataclass
+class RetrainOptimizer:
+    """The retraining optimizer ``name`` at ``lr`` (default: a tenth of ``minidl train``'s
+    default) with ``weight_decay``; fine-tuning the shared values uses ``finetune_lr`` (default
+    ``lr / 10``: a centroid's gradient is the sum over its cluster, so it grows with the
+    cluster)."""
+
+    name: str = "sgd"
+    lr: float | None = None
+    finetune_lr: float | None = None
+    weight_decay: float = 0.0
+
+
+@dataclass
 class CompressionSettings:
     """What :func:`deep_compress` does.
 
     ``prune``: fraction of each layer's weights removed (``0.9``, or per kind / layer:
     ``conv=0.6,fc=0.92,conv1=0.3``), reached over ``rounds`` rounds of pruning, each followed
-    by ``retrain_steps`` steps of retraining with the survivors masked. ``bits``: bits of the
+    by retraining (:class:`Retraining`) with the survivors masked. ``bits``: bits of the
     shared-value codes per layer (``conv=8,fc=5``: 255 and 31 shared values, code 0 is zero);
-    the shared values are then fine-tuned for ``retrain_steps`` steps. ``index_bits``: bits
-    of a relative index (the paper's 8 for convolutions and 5 for fully connected layers).
-    Retraining uses ``optimizer`` at ``lr`` (default: a tenth of ``minidl train``'s default)
-    with ``weight_decay`` and, with ``shift_probability``, images moved by one pixel;
-    fine-tuning uses ``finetune_lr`` (default ``lr / 10``: a centroid's gradient is the sum over
-    its cluster, so it grows with the cluster). ``memory`` is the training memory spec.
+    the shared values are then fine-tuned for as many steps. ``index_bits``: bits of a
+    relative index (the paper's 8 for convolutions and 5 for fully connected layers). The test
+    accuracy is measured in batches of ``eval_batch_size``.
     """
 
     prune: str = "0.9"
     bits: str = "conv=8,fc=5"
     index_bits: str = "conv=8,fc=5"
     rounds: int = 3
-    retrain_steps: int = 300
-    batch_size: int = 64
-    optimizer: str = "sgd"
-    lr: float | None = None
-    finetune_lr: float | None = None
-    weight_decay: float = 0.0
-    memory: str = "reuse,inplace"
-    seed: int = 0
+    retraining: Retraining = field(default_factory=Retraining)
+    optimizer: RetrainOptimizer = field(default_factory=RetrainOptimizer)
     eval_batch_size: int = 256
     #: Measure the test accuracy after every pruning round (not only the last).
     evaluate_rounds: bool = False
-    #: Probability that a retraining image is moved by one pixel (:func:`~minidl.datasets.data.
-    #: random_shift`): a network that fits its train split exactly gets no gradient from it.
-    shift_probability: float = 0.0
 
     def check(self, net: Network) -> None:
         """Raise ``ValueError`` (one line) for a bad setting."""
@@ -78,10 +93,11 @@ class CompressionSettings:
             if missing:
                 raise ValueError(f"{flag} {text!r} gives no value for {', '.join(missing)}: "
                                  f"add a default (a bare value) or KIND=VALUE for conv and fc")
-        if self.rounds < 1 or self.retrain_steps < 0 or self.batch_size < 1:
+        r = self.retraining
+        if self.rounds < 1 or r.steps < 0 or r.batch_size < 1:
             raise ValueError(f"rounds and batch_size must be >= 1 and retrain_steps >= 0, got "
-                             f"{self.rounds}, {self.batch_size} and {self.retrain_steps}")
-        make_optimizer(self.optimizer, [], self.lr)
+                             f"{self.rounds}, {r.batch_size} and {r.steps}")
+        make_optimizer(self.optimizer.name, [], self.optimizer.lr)
 
 
 @dataclass
@@ -96,7 +112,7 @@ class CompressionResult:
 
     @property
     def dense_bytes(self) -> int:
-        return sum(r.dense_bytes for r in self.rows)
+        return sum(r.sizes.dense for r in self.rows)
 
     @property
     def ratio(self) -> float:
@@ -120,22 +136,23 @@ class _Stages:
     def __init__(self, net: Network, ds: Dataset, s: CompressionSettings,
                  progress: bool) -> None:
         self.net, self.ds, self.s, self.progress = net, ds, s, progress
-        self.device_memory = auto_device_memory(net, s.batch_size, s.memory, "adam",
-                                                ds.input_shape)
+        self.device_memory = auto_device_memory(net, s.retraining.batch_size,
+                                                s.retraining.memory, "adam", ds.input_shape)
 
     def lr(self, finetune: bool = False) -> float:
-        base = 0.005 if self.s.optimizer == "sgd" else 1e-4
-        lr = self.s.lr if self.s.lr is not None else base
+        o = self.s.optimizer
+        lr = o.lr if o.lr is not None else 0.005 if o.name == "sgd" else 1e-4
         if not finetune:
             return lr
-        return self.s.finetune_lr if self.s.finetune_lr is not None else lr / 10
+        return o.finetune_lr if o.finetune_lr is not None else lr / 10
 
     def optimizer(self, params: list[Parameter], finetune: bool = False) -> Optimizer:
-        return make_optimizer(self.s.optimizer, params, self.lr(finetune), self.s.weight_decay)
+        return make_optimizer(self.s.optimizer.name, params, self.lr(finetune),
+                              self.s.optimizer.weight_decay)
 
     def trainer(self, optimizer: Any) -> Trainer:
-        return Trainer(self.net, optimizer, memory=self.s.memory,
-                       device_memory=self.device_memory, seed=self.s.seed)
+        return Trainer(self.net, optimizer, memory=self.s.retraining.memory,
+                       device_memory=self.device_memory, seed=self.s.retraining.seed)
 
     def accuracy(self, trainer: Trainer) -> float:
         return trainer.evaluate(self.ds.x_test, self.ds.y_test, self.s.eval_batch_size)[1]
@@ -148,14 +165,15 @@ class _Stages:
         epoch that is not printed: 1/8 ... 7/8 before)."""
         if steps <= 0:
             return
-        per_epoch = math.ceil(self.ds.n_train / self.s.batch_size)
-        augment = None if self.s.shift_probability <= 0 else functools.partial(
-            random_shift, probability=self.s.shift_probability, fill=self.ds.background)
+        r = self.s.retraining
+        per_epoch = math.ceil(self.ds.n_train / r.batch_size)
+        augment = None if r.shift_probability <= 0 else functools.partial(
+            random_shift, probability=r.shift_probability, fill=self.ds.background)
         whole, rest = divmod(steps, per_epoch)
         for epochs, upto in ((whole, whole * per_epoch), (whole + 1, steps) if rest else (0, 0)):
             if epochs:
                 trainer.fit(self.ds, epochs=epochs, max_steps=upto,
-                            batch_size=self.s.batch_size, progress=self.progress,
+                            batch_size=r.batch_size, progress=self.progress,
                             evaluate=False, augment=augment)
 
 
@@ -191,14 +209,14 @@ def deep_compress(net: Network, ds: Dataset, model: dict[str, Any],
         t = stages.trainer(opt)
         opt.apply()
         kept = sum(int(m.sum()) for m in masks.values()) / sum(m.size for m in masks.values())
-        stages.train(t, s.retrain_steps)
+        stages.train(t, s.retraining.steps)
         last = r == s.rounds - 1
         acc = stages.accuracy(t) if last or s.evaluate_rounds else None
         if acc is not None:
             accuracy["pruned" if last else f"pruned {r + 1}/{s.rounds}"] = acc
         t.close()
         say(f"pruning round {r + 1}/{s.rounds}: {100 * kept:.1f}% of the weights kept"
-            + ("" if acc is None else f", top-1 after {s.retrain_steps} retraining steps "
+            + ("" if acc is None else f", top-1 after {s.retraining.steps} retraining steps "
                                       f"{100 * acc:.2f}%"))
 
     shared: dict[str, SharedWeights] = {}
@@ -211,11 +229,11 @@ def deep_compress(net: Network, ds: Dataset, model: dict[str, Any],
     t = stages.trainer(opt)
     accuracy["quantized"] = stages.accuracy(t)
     say(f"weight sharing: top-1 {100 * accuracy['quantized']:.2f}% before fine-tuning")
-    stages.train(t, s.retrain_steps)
+    stages.train(t, s.retraining.steps)
     decompressed = t.predict(ds.x_test, s.eval_batch_size).argmax(axis=1)
     accuracy["fine-tuned"] = float((decompressed == ds.y_test).mean())
     t.close()
-    say(f"shared values fine-tuned for {s.retrain_steps} steps: top-1 "
+    say(f"shared values fine-tuned for {s.retraining.steps} steps: top-1 "
         f"{100 * accuracy['fine-tuned']:.2f}%")
 
     records: dict[str, bytes] = {}
@@ -234,7 +252,7 @@ def deep_compress(net: Network, ds: Dataset, model: dict[str, Any],
             records[name] = weight_record.raw_record(to_host(p.data))
             rows.append(report.raw_row(name, layer, p.data, records[name]))
     cm = CompressedModel(dict(model), records,
-                         {"mean": ds.mean, "std": ds.std} if ds.mean is not None else {})
+                         {"mean": st.mean, "std": st.std} if (st := ds.standardization) else {})
     result = CompressionResult(cm, rows, accuracy)
     data = container.to_bytes(cm)
     result.file_bytes = len(data)

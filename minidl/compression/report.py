@@ -15,7 +15,7 @@ Parameters that are not compressed (biases, BatchNorm) count 32 bits per value i
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,28 +28,60 @@ STAGES = ("dense", "pruned", "quantized", "huffman")
 
 
 @dataclass(frozen=True)
+class WeightCounts:
+    """How many values a parameter holds and stores."""
+
+    weights: int
+    kept: int
+    entries: int  # stored entries: kept weights plus filler zeros
+    codebook: int  # shared values (0 for a parameter stored as it is)
+
+
+@dataclass(frozen=True)
+class BitWidths:
+    """Bits per stored value and per relative index: as coded, and the mean after Huffman."""
+
+    value: int
+    index: int
+    value_huffman: float
+    index_huffman: float
+
+
+@dataclass(frozen=True)
+class StageBytes:
+    """A parameter's bytes after each stage (:data:`STAGES`)."""
+
+    dense: int
+    pruned: float
+    quantized: float
+    huffman: int
+
+
+@dataclass(frozen=True)
 class LayerRow:
     """One parameter's line of the report."""
 
     param: str
     layer: str
     kind: str  # conv, fc, or "other" (stored as float32)
-    weights: int
-    kept: int
-    entries: int  # stored entries: kept weights plus filler zeros
-    value_bits: int
-    index_bits: int
-    codebook: int
-    dense_bytes: int
-    pruned_bytes: float
-    quantized_bytes: float
-    huffman_bytes: int
-    value_bits_huffman: float  # mean bits per stored value after Huffman coding
-    index_bits_huffman: float
+    counts: WeightCounts
+    bits: BitWidths
+    sizes: StageBytes
 
     @property
     def kept_fraction(self) -> float:
-        return self.kept / max(self.weights, 1)
+        return self.counts.kept / max(self.counts.weights, 1)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The row as the flat record of the JSON report (its keys in their order)."""
+        c, b, s = self.counts, self.bits, self.sizes
+        return {"param": self.param, "layer": self.layer, "kind": self.kind,
+                "weights": c.weights, "kept": c.kept, "entries": c.entries,
+                "value_bits": b.value, "index_bits": b.index, "codebook": c.codebook,
+                "dense_bytes": s.dense, "pruned_bytes": s.pruned,
+                "quantized_bytes": s.quantized, "huffman_bytes": s.huffman,
+                "value_bits_huffman": b.value_huffman, "index_bits_huffman": b.index_huffman,
+                "kept_fraction": self.kept_fraction}
 
 
 def shared_row(param: str, layer: str, kind: str, shared: SharedWeights, index_bits: int,
@@ -60,11 +92,11 @@ def shared_row(param: str, layer: str, kind: str, shared: SharedWeights, index_b
     entries = info.entries
     k = len(shared.codebook)
     return LayerRow(
-        param, layer, kind, n, shared.nonzeros, entries, shared.bits, index_bits, k,
-        4 * n, entries * (32 + index_bits) / 8,
-        entries * (shared.bits + index_bits) / 8 + 4 * k, len(record),
-        8 * info.value_stream_bytes / max(entries, 1),
-        8 * info.index_stream_bytes / max(entries, 1))
+        param, layer, kind, WeightCounts(n, shared.nonzeros, entries, k),
+        BitWidths(shared.bits, index_bits, 8 * info.value_stream_bytes / max(entries, 1),
+                  8 * info.index_stream_bytes / max(entries, 1)),
+        StageBytes(4 * n, entries * (32 + index_bits) / 8,
+                   entries * (shared.bits + index_bits) / 8 + 4 * k, len(record)))
 
 
 def raw_row(param: str, layer: str, values: Any, record: bytes) -> LayerRow:
@@ -72,20 +104,18 @@ def raw_row(param: str, layer: str, values: Any, record: bytes) -> LayerRow:
     n = int(np.size(values))
     nbytes = int(np.asarray(values).nbytes)
     bits = 8 * nbytes // max(n, 1)
-    return LayerRow(param, layer, "other", n, n, n, bits, 0, 0, nbytes, nbytes, nbytes,
-                    len(record), float(bits), 0.0)
+    return LayerRow(param, layer, "other", WeightCounts(n, n, n, 0),
+                    BitWidths(bits, 0, float(bits), 0.0),
+                    StageBytes(nbytes, nbytes, nbytes, len(record)))
 
 
 def totals(rows: list[LayerRow]) -> dict[str, float]:
     """Bytes of every stage, summed over the parameters."""
-    return {"dense": sum(r.dense_bytes for r in rows),
-            "pruned": sum(r.pruned_bytes for r in rows),
-            "quantized": sum(r.quantized_bytes for r in rows),
-            "huffman": sum(r.huffman_bytes for r in rows)}
+    return {stage: sum(getattr(r.sizes, stage) for r in rows) for stage in STAGES}
 
 
 def rows_as_dicts(rows: list[LayerRow]) -> list[dict[str, Any]]:
-    return [asdict(r) | {"kept_fraction": r.kept_fraction} for r in rows]
+    return [r.as_dict() for r in rows]
 
 
 def _size(n: float) -> str:
@@ -102,22 +132,22 @@ def format_table(rows: list[LayerRow], accuracy: dict[str, float | None],
         if r.kind == "other":
             continue
         lines.append(
-            f"{r.param:<14.14}{r.weights:>10,}{100 * r.kept_fraction:>7.1f}%{r.value_bits:>6}"
-            f"{r.index_bits:>5}{r.value_bits_huffman:>8.2f}{r.index_bits_huffman:>7.2f}"
-            f"{_size(r.dense_bytes):>12}{_size(r.pruned_bytes):>12}"
-            f"{_size(r.quantized_bytes):>12}{_size(r.huffman_bytes):>12}"
-            f"{r.dense_bytes / max(r.huffman_bytes, 1):>7.1f}x")
+            f"{r.param:<14.14}{r.counts.weights:>10,}{100 * r.kept_fraction:>7.1f}%"
+            f"{r.bits.value:>6}{r.bits.index:>5}{r.bits.value_huffman:>8.2f}"
+            f"{r.bits.index_huffman:>7.2f}{_size(r.sizes.dense):>12}{_size(r.sizes.pruned):>12}"
+            f"{_size(r.sizes.quantized):>12}{_size(r.sizes.huffman):>12}"
+            f"{r.sizes.dense / max(r.sizes.huffman, 1):>7.1f}x")
     other = [r for r in rows if r.kind == "other"]
     if other:
-        n = sum(r.weights for r in other)
+        n = sum(r.counts.weights for r in other)
         lines.append(f"{'(other)':<14}{n:>10,}{'100.0%':>8}{32:>6}{'':>5}{'':>8}{'':>7}"
                      f"{_size(4 * n):>12}{_size(4 * n):>12}{_size(4 * n):>12}"
-                     f"{_size(sum(r.huffman_bytes for r in other)):>12}")
+                     f"{_size(sum(r.sizes.huffman for r in other)):>12}")
     t = totals(rows)
-    kept = sum(r.kept for r in rows if r.kind != "other")
-    weights = sum(r.weights for r in rows if r.kind != "other")
+    kept = sum(r.counts.kept for r in rows if r.kind != "other")
+    weights = sum(r.counts.weights for r in rows if r.kind != "other")
     lines.append("-" * len(head))
-    lines.append(f"{'total':<14}{sum(r.weights for r in rows):>10,}"
+    lines.append(f"{'total':<14}{sum(r.counts.weights for r in rows):>10,}"
                  f"{100 * kept / max(weights, 1):>7.1f}%{'':>26}{_size(t['dense']):>12}"
                  f"{_size(t['pruned']):>12}{_size(t['quantized']):>12}"
                  f"{_size(t['huffman']):>12}{t['dense'] / max(t['huffman'], 1):>7.1f}x")

@@ -11,6 +11,14 @@ from dataclasses import dataclass
 import numpy as np
 
 
+@dataclass(frozen=True)
+class ChannelStats:
+    """Per-channel mean and standard deviation of images."""
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
 @dataclass
 class Dataset:
     """Train and test splits: ``x_*`` float32 (N, C, H, W), ``y_*`` int64 (N,).
@@ -28,8 +36,7 @@ class Dataset:
     name: str
     #: Per-channel statistics of the train images that :meth:`standardize` took out
     #: (``None`` while the images are as loaded).
-    mean: tuple[float, ...] | None = None
-    std: tuple[float, ...] | None = None
+    standardization: ChannelStats | None = None
     #: The images' own (C, H, W) when ``input_shape`` asked for another and they were fitted to
     #: it (:func:`adapt_images`); :meth:`adaptation` says how.
     adapted_from: tuple[int, int, int] | None = None
@@ -65,9 +72,10 @@ class Dataset:
     def standardize(self) -> None:
         """Give each channel zero mean and unit variance, with the statistics of the train
         images only (the test images get the same transform, so nothing is learnt from them);
-        records them in ``mean`` and ``std``. A blank pixel (0) becomes ``-mean / std``."""
-        if self.mean is not None:
-            raise ValueError(f"{self.name} is already standardised (mean {self.mean})")
+        records them in ``standardization``. A blank pixel (0) becomes ``-mean / std``."""
+        if self.standardization is not None:
+            raise ValueError(f"{self.name} is already standardised "
+                             f"(mean {self.standardization.mean})")
         if self.n_train == 0:
             raise ValueError(f"{self.name}: no train images to take statistics from")
         axes = (0, 2, 3)
@@ -78,16 +86,17 @@ class Dataset:
         m, s = mean.astype(np.float32).reshape(shape), std.astype(np.float32).reshape(shape)
         self.x_train = (self.x_train - m) / s
         self.x_test = (self.x_test - m) / s
-        self.mean = tuple(float(v) for v in mean)
-        self.std = tuple(float(v) for v in std)
+        self.standardization = ChannelStats(tuple(float(v) for v in mean),
+                                            tuple(float(v) for v in std))
 
     @property
     def background(self) -> tuple[float, ...]:
         """Per channel, the value a blank (0) pixel has now: ``-mean / std`` once
         standardised, 0 before."""
-        if self.mean is None or self.std is None:
+        if self.standardization is None:
             return (0.0,) * self.input_shape[0]
-        return tuple(-m / s for m, s in zip(self.mean, self.std))
+        st = self.standardization
+        return tuple(-m / s for m, s in zip(st.mean, st.std))
 
     @property
     def n_train(self) -> int:

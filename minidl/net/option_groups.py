@@ -1,5 +1,5 @@
 """Options grouped by what they set, taken as flat keywords too: an entry point's options
-object (:class:`~minidl.train.trainer_options.TrainerOptions`,
+object (:class:`~minidl.train.setup.trainer_options.TrainerOptions`,
 :class:`~minidl.analysis.dry_run_options.DryRunOptions`) is a frozen dataclass whose fields
 are frozen dataclasses (the groups), and each keyword names a field of one group. Here, the
 lowest package both entry points read."""

@@ -34,8 +34,9 @@ from ..memory.ir.units import format_size
 
 @dataclass
 class FitRun:
-    """One :func:`~minidl.train.fitting.fit` call as callbacks see it. A callback ends training by
-    setting ``trainer.stop_training = True`` (with ``stop_reason`` for the record)."""
+    """One :func:`~minidl.train.loop.fitting.fit` call as callbacks see it. A callback ends
+    training by setting ``trainer.stop_training = True`` (with ``stop_reason`` for the
+    record)."""
 
     trainer: Any
     history: Any

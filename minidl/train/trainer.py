@@ -1,7 +1,8 @@
 """The Trainer: one network, optimizer, loss and memory spec on one device; it steps,
-evaluates and fits. Its parts live beside it: :mod:`~minidl.train.device_setup`,
-:mod:`~minidl.train.checkpointing`, :mod:`~minidl.train.memory_report`,
-:mod:`~minidl.train.inputs`, :mod:`~minidl.train.step_checks`, :mod:`~minidl.train.fitting`.
+evaluates and fits. Its parts live in the sub-packages beside it:
+:mod:`~minidl.train.setup.device_setup`, :mod:`~minidl.train.state.checkpointing`,
+:mod:`~minidl.train.observation.memory_report`, :mod:`~minidl.train.step.inputs`,
+:mod:`~minidl.train.step.step_checks`, :mod:`~minidl.train.loop.fitting`.
 """
 
 from __future__ import annotations
@@ -22,22 +23,22 @@ from ..layers import SoftmaxCrossEntropy
 from ..memory.ir.config import MemoryConfig
 from ..memory.ir.precision import Precision
 from ..net.graph import Network
-from .assembly import assemble
-from .checkpointing import load_checkpoint, save_checkpoint
-from .compile_notice import compile_notice
-from .evaluation import evaluate, forward_eval
-from .fit_state import FitState
-from .fitting import DEFAULT_BATCH_SIZE, History, fit
-from .inputs import check_inputs
-from .local_step import calibrate_link, local_gradients, optimizer_step
-from .memory_report import memory_report
-from .precision_checks import check_precision, loss_scaler_for
-from .run_observation import RunObservation
-from .step_checks import (
+from .loop.fitting import DEFAULT_BATCH_SIZE, History, fit
+from .observation.compile_notice import compile_notice
+from .observation.memory_report import memory_report
+from .observation.run_observation import RunObservation
+from .precision.precision_checks import check_precision, loss_scaler_for
+from .setup.assembly import assemble
+from .setup.trainer_options import TrainerKeywords, TrainerOptions
+from .state.checkpointing import load_checkpoint, save_checkpoint
+from .state.fit_state import FitState
+from .step.evaluation import evaluate, forward_eval
+from .step.inputs import check_inputs
+from .step.local_step import calibrate_link, local_gradients, optimizer_step
+from .step.step_checks import (
     check_accumulation,
     check_clip_norm,
 )
-from .trainer_options import TrainerKeywords, TrainerOptions
 
 #: ``CheckpointError`` has always been importable from here.
 __all__ = ["CheckpointError", "Trainer"]
@@ -68,14 +69,15 @@ class Trainer:
     the ranks (:mod:`minidl.distributed.zero`; from ``zero=2`` the gradients go through the
     buckets even on one rank, and ``.grad`` of the parameters stays ``None``: the optimizer's
     shards hold them). The device, its pool and the link emulation are made by
-    :func:`~minidl.train.device_setup.set_up_device`.
+    :func:`~minidl.train.setup.device_setup.set_up_device`.
 
     The keywords above are the fields of ``options``
-    (:class:`~minidl.train.trainer_options.TrainerOptions`: device, step and data-parallel
+    (:class:`~minidl.train.setup.trainer_options.TrainerOptions`: device, step and data-parallel
     groups); a keyword given beside ``options`` overrides its field. The parts are assembled
-    by :func:`~minidl.train.assembly.assemble`; what the runs showed is in ``observed``
-    (:class:`~minidl.train.run_observation.RunObservation`: ``peak``, ``step_times``, ...),
-    where :meth:`fit` stands in ``fit_state`` (:class:`~minidl.train.fit_state.FitState`).
+    by :func:`~minidl.train.setup.assembly.assemble`; what the runs showed is in ``observed``
+    (:class:`~minidl.train.observation.run_observation.RunObservation`: ``peak``,
+    ``step_times``, ...), where :meth:`fit` stands in ``fit_state``
+    (:class:`~minidl.train.state.fit_state.FitState`).
     """
 
     def __init__(self, net: Network, optimizer: Any = None, memory: str | MemoryConfig = "none",
@@ -248,7 +250,7 @@ class Trainer:
 
     def _forward_eval(self, xb: np.ndarray, yb: np.ndarray | None):
         """Eval-mode forward of one batch: (mean loss, outputs); see
-        :func:`~minidl.train.evaluation.forward_eval`."""
+        :func:`~minidl.train.step.evaluation.forward_eval`."""
         return forward_eval(self, xb, yb)
 
     def evaluate(self, x: Any, y: Any, batch_size: int = 256) -> tuple[float, float]:
@@ -279,7 +281,7 @@ class Trainer:
         been trained (a resumed trainer continues); validates every ``val_every`` epochs on
         ``validation_data`` (or the test split), calls ``callbacks``
         (:mod:`minidl.train.callbacks`), evaluates on the test split at the end; see
-        :func:`minidl.train.fitting.fit`. ``accumulate_grad_batches`` and ``clip_grad_norm``
+        :func:`minidl.train.loop.fitting.fit`. ``accumulate_grad_batches`` and ``clip_grad_norm``
         set the trainer's for this call; Lightning's names ``max_epochs`` and
         ``check_val_every_n_epoch`` are taken for ``epochs`` and ``val_every``."""
         return fit(self, data, epochs=epochs, batch_size=batch_size, max_steps=max_steps,
@@ -332,7 +334,7 @@ class Trainer:
 
     def memory_report(self) -> dict[str, Any]:
         """Peak allocated and reserved bytes, bytes by category at the peak, and where
-        (:mod:`minidl.train.memory_report`)."""
+        (:mod:`minidl.train.observation.memory_report`)."""
         return memory_report(self)
 
     def close(self) -> None:

@@ -49,12 +49,13 @@ def test_rows_are_each_ranks_dry_run_and_sum_to_its_peak():
         assert r.peak_allocated == rep["peak_allocated_bytes"]
         assert r.peak_reserved == rep["peak_reserved_bytes"]
         assert r.batch_per_rank == 32 // r.ranks
-        assert r.parameter + r.gradient + r.optimizer_state + r.activations + r.workspace == \
+        h = r.held
+        assert h.parameter + h.gradient + h.optimizer_state + h.activations + h.workspace == \
             r.peak_allocated
     by = {(r.stage, r.ranks): r for r in rows}
-    assert by[1, 8].optimizer_state < by[0, 8].optimizer_state  # sharded over 8
-    assert by[3, 8].parameter < by[0, 8].parameter
-    assert by[0, 8].activations < by[0, 1].activations  # 4 samples instead of 32
+    assert by[1, 8].held.optimizer_state < by[0, 8].held.optimizer_state  # sharded over 8
+    assert by[3, 8].held.parameter < by[0, 8].held.parameter
+    assert by[0, 8].held.activations < by[0, 1].held.activations  # 4 samples instead of 32
 
 
 def test_max_batch_per_rank_is_exact():

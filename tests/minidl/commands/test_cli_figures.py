@@ -259,13 +259,14 @@ def test_compress_and_export_say_file_sizes_in_binary_units(tmp_path, capsys):
 def test_compress_retraining_prints_the_epochs_it_runs_and_trains_as_one_fit(capsys):
     import functools
 
-    from minidl.compression.pipeline import CompressionSettings, _Stages
+    from minidl.compression.pipeline import CompressionSettings, Retraining, _Stages
     from minidl.datasets.data import load_dataset, random_shift
     from minidl.zoo.models import get_model
 
     ds = load_dataset("synthetic", input_shape=(1, 8, 8), n_train=100, n_test=20,
                       progress=False)
-    s = CompressionSettings(batch_size=32, shift_probability=0.5)  # 4 steps per epoch
+    s = CompressionSettings(retraining=Retraining(batch_size=32, shift_probability=0.5))
+    # 4 steps per epoch
     nets = [get_model("smallcnn", (1, 8, 8), ds.num_classes, width=4) for _ in range(2)]
     split, one = (_Stages(net, ds, s, progress=True) for net in nets)
     t = split.trainer(split.optimizer(nets[0].parameters()))

@@ -307,7 +307,7 @@ def test_fit_streamed_resumes_mid_epoch_bit_identically(tmp_path):
     t2.load(tmp_path / "ck.npz", resume=True)
     rest = t2.fit(lazy, epochs=2, batch_size=6, progress=False)
     assert first.losses + rest.losses == whole.losses
-    assert rest.test_loss == whole.test_loss
+    assert rest.test.loss == whole.test.loss
 
 
 def test_evaluate_reads_a_streamed_test_split_batch_by_batch(tmp_path, monkeypatch):

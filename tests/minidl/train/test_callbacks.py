@@ -81,7 +81,7 @@ def test_hooks_in_order_with_validation_every_other_epoch():
         "train_end 8"]
     assert [("val_loss" in e) for e in h.epochs] == [False, True, False, True]
     assert h.lrs == [0.1] * 4 + [0.05] * 4
-    assert h.epochs[-1]["val_accuracy"] == pytest.approx(h.test_accuracy)
+    assert h.epochs[-1]["val_accuracy"] == pytest.approx(h.test.accuracy)
 
 
 def test_early_stopping_stops_when_val_loss_stalls():
@@ -90,10 +90,10 @@ def test_early_stopping_stops_when_val_loss_stalls():
     stop = EarlyStopping(patience=2)
     h = tr.fit(_data(), epochs=10, batch_size=20, progress=False, callbacks=[stop],
                validation_data=(_data().x_test, _data().y_test))
-    assert len(h.epochs) == 3 and h.stopped_early and "val_loss" in h.stop_reason
+    assert len(h.epochs) == 3 and h.stopping.early and "val_loss" in h.stopping.reason
     learning = _trainer().fit(_data(), epochs=6, batch_size=20, progress=False,
                               callbacks=[EarlyStopping(patience=2)], val_every=1)
-    assert not learning.stopped_early and len(learning.epochs) == 6
+    assert not learning.stopping.early and len(learning.epochs) == 6
     with pytest.raises(ValueError, match="does not validate"):  # (it would by default)
         _trainer().fit(_data(), epochs=1, batch_size=20, progress=False,
                        callbacks=[EarlyStopping()], val_every=0)

@@ -28,8 +28,8 @@ def test_standardize_uses_the_train_statistics_per_channel():
     np.testing.assert_allclose(ds.x_train.std(axis=(0, 2, 3)), 1, atol=1e-5)
     mean = raw_train.mean(axis=(0, 2, 3), dtype=np.float64)
     std = raw_train.std(axis=(0, 2, 3), dtype=np.float64)
-    np.testing.assert_allclose(ds.mean, mean, rtol=1e-6)
-    np.testing.assert_allclose(ds.std, std, rtol=1e-6)
+    np.testing.assert_allclose(ds.standardization.mean, mean, rtol=1e-6)
+    np.testing.assert_allclose(ds.standardization.std, std, rtol=1e-6)
     # The test split gets the train split's transform, not its own statistics.
     want = (raw_test - mean[None, :, None, None]) / std[None, :, None, None]
     np.testing.assert_allclose(ds.x_test, want, rtol=1e-5, atol=1e-6)

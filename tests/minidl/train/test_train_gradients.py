@@ -29,7 +29,7 @@ from minidl.train.callbacks import (
     RunEstimate,
     format_duration,
 )
-from minidl.train.fitting import History
+from minidl.train.loop.fitting import History
 from minidl.train.trainer import Trainer
 
 
@@ -204,7 +204,7 @@ def test_import_minidl_exposes_compression():
 def test_one_default_batch_size_for_train_plan_and_fit(capsys):
     import inspect
 
-    from minidl.train.fitting import DEFAULT_BATCH_SIZE, fit
+    from minidl.train.loop.fitting import DEFAULT_BATCH_SIZE, fit
 
     assert main(["plan", "lenet5", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["batch_size"] == DEFAULT_BATCH_SIZE == 32

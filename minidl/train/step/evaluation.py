@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from ..memory.runtime.pool import DeviceOutOfMemory
-from ..net.labels import default_label_shape
+from ...memory.runtime.pool import DeviceOutOfMemory
+from ...net.labels import default_label_shape
 from .inputs import check_inputs
 
 

@@ -16,7 +16,7 @@ from minidl import Trainer
 from minidl.cli import main
 from minidl.datasets.text import load_text_dataset
 from minidl.net.optim import SGD
-from minidl.train.language_model import train_language_model
+from minidl.train.loop.language_model import train_language_model
 from minidl.zoo.rnn import char_rnn
 
 
@@ -46,7 +46,7 @@ def test_lines_every_n_steps_and_after_the_last_off_a_terminal():
 def test_long_validation_says_where_it_stands(monkeypatch):
     """Validation of a large model runs for tens of seconds after the last step: a line when
     it starts and one every few seconds (here every batch)."""
-    from minidl.train import language_model
+    from minidl.train.loop import language_model
 
     monkeypatch.setattr(language_model, "VALIDATION_LINE_S", 0.0)
     data = load_text_dataset("synthetic-text")

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from ..compile.executor import NonFiniteError
-from .loss_scaling import current_scale
+from ...compile.executor import NonFiniteError
+from ..precision.loss_scaling import current_scale
 
 
 def split_gradients(trainer: Any, x: np.ndarray, y: np.ndarray, k: int) -> float:

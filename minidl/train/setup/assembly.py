@@ -6,18 +6,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..compile.engine import Engine
-from ..compile.host_state import OffloadedOptimizer
-from ..distributed.comm import SingleProcess
-from ..distributed.data_parallel import DataParallel
-from ..distributed.zero import sharded_optimizer
-from ..memory.cost.link_emulation import LinkEmulation
-from ..memory.devices.traits import DeviceTraits, device_traits
-from ..memory.ir.config import MemoryConfig
-from ..memory.ir.units import parse_size
-from ..memory.runtime.pool import Pool
-from ..net.graph import Network
-from ..net.optim import SGD
+from ...compile.engine import Engine
+from ...compile.host_state import OffloadedOptimizer
+from ...distributed.comm import SingleProcess
+from ...distributed.data_parallel import DataParallel
+from ...distributed.zero import sharded_optimizer
+from ...memory.cost.link_emulation import LinkEmulation
+from ...memory.devices.traits import DeviceTraits, device_traits
+from ...memory.ir.config import MemoryConfig
+from ...memory.ir.units import parse_size
+from ...memory.runtime.pool import Pool
+from ...net.graph import Network
+from ...net.optim import SGD
 from .device_setup import set_up_device
 from .trainer_options import TrainerOptions
 

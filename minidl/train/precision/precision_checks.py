@@ -3,10 +3,10 @@ one-line refusals of the rest."""
 
 from __future__ import annotations
 
-from ..compile.mixed_steps import MIXED_PRECISION_KINDS
-from ..memory.ir.names import DeviceKind
-from ..memory.ir.precision import Precision
-from ..net.graph import Network
+from ...compile.mixed_steps import MIXED_PRECISION_KINDS
+from ...memory.ir.names import DeviceKind
+from ...memory.ir.precision import Precision
+from ...net.graph import Network
 from .loss_scaling import DynamicLossScaler
 
 __all__ = ["check_precision", "loss_scaler_for"]

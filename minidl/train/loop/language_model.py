@@ -1,6 +1,6 @@
 """Training a text model: :func:`train_language_model` runs the one training loop
-(:func:`~minidl.train.fitting.fit`) over a token stream's random windows
-(:class:`~minidl.train.batch_sources.TextWindows`), with the text models' progress lines,
+(:func:`~minidl.train.loop.fitting.fit`) over a token stream's random windows
+(:class:`~minidl.train.loop.batch_sources.TextWindows`), with the text models' progress lines,
 validation every N steps on fixed windows, and the validation loss and perplexity at the end."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from ..compile.deferred import resolve, resolve_all
-from ..datasets.text import sequence_batches
+from ...compile.deferred import resolve, resolve_all
+from ...datasets.text import sequence_batches
+from ..callbacks import Callback, FitRun, ProgressLogger
 from .batch_sources import TextWindows
-from .callbacks import Callback, FitRun, ProgressLogger
 from .fitting import fit
 
 #: Steps between two progress lines of :func:`train_language_model` off a terminal (the text
@@ -42,7 +42,7 @@ def train_language_model(trainer: Any, data: Any, batch_size: int, seq_len: int,
     With ``val_every`` the validation loss is also measured after every ``val_every``-th step
     (the same windows; one progress line each, and ``(step, loss)`` pairs in ``val_history``).
 
-    Progress goes to ``stream`` (default stderr) as :func:`~minidl.train.fitting.fit` shows
+    Progress goes to ``stream`` (default stderr) as :func:`~minidl.train.loop.fitting.fit` shows
     it: a bar on a terminal; otherwise (a log file, a pipe) no carriage returns, one line every
     ``progress_every`` steps (default :data:`LOG_EVERY_STEPS`) and one after the last step.
     ``interactive`` overrides the terminal check."""

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..analysis.report import strategy_costs
-from ..compile.engine import Compiled, Engine, PeakInfo
-from ..memory.ir.units import format_size
+from ...analysis.report import strategy_costs
+from ...compile.engine import Compiled, Engine, PeakInfo
+from ...memory.ir.units import format_size
 
 
 def memory_report(trainer: Any) -> dict[str, Any]:

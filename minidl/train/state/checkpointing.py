@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from ..compile.deferred import resolve_all
-from ..interop.checkpoint import (
+from ...compile.deferred import resolve_all
+from ...interop.checkpoint import (
     DAMAGED,
     CheckpointError,
     damage,
@@ -27,10 +27,10 @@ from ..interop.checkpoint import (
     resume_position,
     write_npz,
 )
-from ..net.graph import Network
-from .callbacks import callback_states
+from ...net.graph import Network
+from ..callbacks import callback_states
 
-#: The prefix of fp16-mixed's loss-scaler entries (:mod:`~minidl.train.loss_scaling`).
+#: The prefix of fp16-mixed's loss-scaler entries (:mod:`~minidl.train.precision.loss_scaling`).
 SCALER = "trainer/loss_scaler/"
 #: What :meth:`Trainer.load` says a file should have been.
 EXPECTED = "a minidl checkpoint (.npz written by Trainer.save or minidl train --save)"

@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from ..compile.compiled import Compiled
-from ..compile.deferred import Deferred
-from ..compile.executor import NonFiniteError
-from ..memory.runtime.transfer import fetch_async
-from ..net.optim import clip_grad_norm_
+from ...compile.compiled import Compiled
+from ...compile.deferred import Deferred
+from ...compile.executor import NonFiniteError
+from ...memory.runtime.transfer import fetch_async
+from ...net.optim import clip_grad_norm_
 
 
 def check_accumulation(k: Any) -> int:

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ..analysis.memory_record import MemoryRecorder
-from ..compile.engine import Compiled, Engine, PeakInfo
+from ...analysis.memory_record import MemoryRecorder
+from ...compile.engine import Compiled, Engine, PeakInfo
 
 
 class RunObservation:

@@ -1,6 +1,6 @@
 """The training loop: :meth:`Trainer.fit <minidl.train.trainer.Trainer.fit>` and the text models'
 :func:`~minidl.zoo.rnn.train_language_model` both run :func:`fit` — epochs of batches from a
-:class:`~minidl.train.batch_sources.BatchSource` (image epochs, text windows), from where the
+:class:`~minidl.train.loop.batch_sources.BatchSource` (image epochs, text windows), from where the
 trainer stands (a resumed run continues mid-epoch), per-epoch validation, callbacks
 (:mod:`minidl.train.callbacks`), per-step measurements in a :class:`History`."""
 
@@ -15,32 +15,47 @@ from typing import Any
 
 import numpy as np
 
-from ..compile.deferred import Deferred, resolve_all
-from ..kernels.jit import CompileWatch
+from ...compile.deferred import Deferred, resolve_all
+from ...kernels.jit import CompileWatch
+from ..callbacks import Callback, FitRun, ProgressLogger, restore_callback_states
+from ..step.step_checks import check_accumulation, check_clip_norm
 from .batch_sources import BatchSource, ImageEpochs
-from .callbacks import Callback, FitRun, ProgressLogger, restore_callback_states
-from .step_checks import check_accumulation, check_clip_norm
+
+
+@dataclass
+class TestScores:
+    """The final evaluation on the test split (``None`` when there was none)."""
+
+    loss: float | None = None
+    accuracy: float | None = None
+
+
+@dataclass
+class Stopping:
+    """Whether a fit stopped before its last step (``trainer.stop_training``), and why."""
+
+    early: bool = False
+    reason: str = ""
 
 
 @dataclass
 class History:
     """What :meth:`Trainer.fit` measured in this call: per step (``losses``,
     ``train_accuracy``, ``step_times``, ``lrs``), per epoch (``epochs``: the epoch logs, with
-    the validation when there was one), and the final test evaluation."""
+    the validation when there was one), the final test evaluation (``test``) and how the run
+    ended (``stopping``)."""
 
     losses: list[float] = field(default_factory=list)
     train_accuracy: list[float] = field(default_factory=list)
     step_times: list[float] = field(default_factory=list)
     lrs: list[float] = field(default_factory=list)
     epochs: list[dict[str, Any]] = field(default_factory=list)
-    test_loss: float | None = None
-    test_accuracy: float | None = None
+    test: TestScores = field(default_factory=TestScores)
     wall_time_s: float = 0.0
     #: The fit position (epoch * steps per epoch + batch) this call started from.
     start_step: int = 0
     validating: bool = False
-    stopped_early: bool = False
-    stop_reason: str = ""
+    stopping: Stopping = field(default_factory=Stopping)
 
 
 class ResumeMismatch(ValueError):
@@ -141,7 +156,7 @@ def fit(
 ) -> History:
     """Train ``trainer`` (a :class:`~minidl.train.trainer.Trainer`) on ``data`` (a
     :class:`~minidl.datasets.data.Dataset`, ``(x, y)``, or a
-    :class:`~minidl.train.batch_sources.BatchSource` such as text windows) until ``epochs``
+    :class:`~minidl.train.loop.batch_sources.BatchSource` such as text windows) until ``epochs``
     epochs (or ``max_steps``
     batches) have been trained, counted from the start of the run: a trainer that already
     trained, or was restored with ``load(path, resume=True)``, continues where it stood (mid
@@ -221,10 +236,9 @@ def _fit(trainer: Any, data: Any, epochs: int, batch_size: int, max_steps: int |
         run.dispatch("on_train_begin")
         _train(run, source, validation_data, val_every)
         trainer.finish_accumulation()  # (a fit ending mid-window: no gradients lost)
-        hist.stopped_early = trainer.stop_training
-        hist.stop_reason = run.stop_reason
-        end_logs = {"steps": len(hist.losses), "stopped_early": hist.stopped_early,
-                    "stop_reason": hist.stop_reason}
+        hist.stopping = Stopping(trainer.stop_training, run.stop_reason)
+        end_logs = {"steps": len(hist.losses), "stopped_early": hist.stopping.early,
+                    "stop_reason": hist.stopping.reason}
     finally:
         trainer.fetch_logits = False
         trainer.announce_compilation = announce
@@ -233,7 +247,7 @@ def _fit(trainer: Any, data: Any, epochs: int, batch_size: int, max_steps: int |
     hist.losses[:] = resolve_all(hist.losses)
     hist.train_accuracy[:] = resolve_all(hist.train_accuracy)
     if evaluate and x_test is not None and len(x_test):
-        hist.test_loss, hist.test_accuracy = trainer.evaluate(x_test, y_test, batch_size)
+        hist.test = TestScores(*trainer.evaluate(x_test, y_test, batch_size))
     hist.wall_time_s = time.perf_counter() - t_start
     return hist
 

@@ -6,16 +6,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..kernels._cuda import set_disk_cache
-from ..kernels.parallel import set_thread_policy
-from ..memory.cost.link_emulation import LinkEmulation
-from ..memory.cost.targets import DeviceProfile, get_target
-from ..memory.device_factory import make_device
-from ..memory.devices.device import CpuDevice
-from ..memory.ir.names import DeviceKind
-from ..memory.ir.units import ALLOCATION_UNIT
-from ..memory.runtime.pool import Pool
-from ..settings import Settings
+from ...kernels._cuda import set_disk_cache
+from ...kernels.parallel import set_thread_policy
+from ...memory.cost.link_emulation import LinkEmulation
+from ...memory.cost.targets import DeviceProfile, get_target
+from ...memory.device_factory import make_device
+from ...memory.devices.device import CpuDevice
+from ...memory.ir.names import DeviceKind
+from ...memory.ir.units import ALLOCATION_UNIT
+from ...memory.runtime.pool import Pool
+from ...settings import Settings
 
 
 @dataclass

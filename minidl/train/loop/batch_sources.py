@@ -1,4 +1,4 @@
-"""What :func:`~minidl.train.fitting.fit` iterates: epochs of batches from a source.
+"""What :func:`~minidl.train.loop.fitting.fit` iterates: epochs of batches from a source.
 
 - :class:`ImageEpochs`: shuffled batches of ``(x, y)`` arrays, an epoch a pass over them
   (optionally augmented); a run's position is the trainer's epoch and batch.
@@ -15,14 +15,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..datasets.loaders import epoch_batches
-from ..datasets.text import sequence_batches
+from ...datasets.loaders import epoch_batches
+from ...datasets.text import sequence_batches
 
 Batches = Iterator[tuple[np.ndarray, np.ndarray]]
 
 
 class BatchSource(Protocol):
-    """A source of training batches for :func:`~minidl.train.fitting.fit`."""
+    """A source of training batches for :func:`~minidl.train.loop.fitting.fit`."""
 
     #: Batches in one epoch.
     steps_per_epoch: int

@@ -1,4 +1,4 @@
-"""fit runs image epochs and text windows alike (minidl/train/batch_sources.py): the text
+"""fit runs image epochs and text windows alike (minidl/train/loop/batch_sources.py): the text
 models' training is fit over TextWindows."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import numpy as np
 from minidl import Trainer
 from minidl.datasets.text import load_text_dataset
 from minidl.net.optim import SGD, StepLR
-from minidl.train.batch_sources import ImageEpochs, TextWindows
 from minidl.train.callbacks import Callback
-from minidl.train.fitting import fit
-from minidl.train.language_model import train_language_model
+from minidl.train.loop.batch_sources import ImageEpochs, TextWindows
+from minidl.train.loop.fitting import fit
+from minidl.train.loop.language_model import train_language_model
 from minidl.zoo.rnn import char_rnn
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..net.graph import Network
+from ...net.graph import Network
 
 
 def check_inputs(net: Network, x: Any, y: Any | None) -> tuple[np.ndarray, np.ndarray | None]:

@@ -8,18 +8,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-from ..distributed.comm import Communicator
-from ..distributed.data_parallel import DEFAULT_BUCKET_BYTES
-from ..layers.base import Layer
-from ..memory.cost.targets import DeviceProfile
-from ..memory.ir.precision import Precision
-from ..memory.ir.units import ALLOCATION_UNIT
-from ..net.option_groups import with_keywords
+from ...distributed.comm import Communicator
+from ...distributed.data_parallel import DEFAULT_BUCKET_BYTES
+from ...layers.base import Layer
+from ...memory.cost.targets import DeviceProfile
+from ...memory.ir.precision import Precision
+from ...memory.ir.units import ALLOCATION_UNIT
+from ...net.option_groups import with_keywords
 
 
 @dataclass(frozen=True)
 class DeviceOptions:
-    """What the trainer runs on (:func:`~minidl.train.device_setup.set_up_device`)."""
+    """What the trainer runs on (:func:`~minidl.train.setup.device_setup.set_up_device`)."""
 
     device: Any = "cpu"
     device_memory: int | str = "auto"

@@ -10,7 +10,7 @@ import pytest
 import minidl
 from minidl.net.graph import Input, Network
 from minidl.net.optim import SGD
-from minidl.train.loss_scaling import DynamicLossScaler
+from minidl.train.precision.loss_scaling import DynamicLossScaler
 from minidl.zoo.models import lenet5, resnet
 
 MIXED = ["bf16-mixed", "fp16-mixed"]

@@ -142,14 +142,14 @@ def test_resume_continues_early_stopping_bit_for_bit(tmp_path, stop):
     kw = dict(epochs=12, batch_size=8, progress=False, evaluate=False, val_every=1)
     whole = _trainer("sgd", None)
     h_whole = whole.fit(_data(), callbacks=[_early()], **kw)
-    assert h_whole.stopped_early and len(h_whole.epochs) < 12
+    assert h_whole.stopping.early and len(h_whole.epochs) < 12
     first = _trainer("sgd", None)
     first.fit(_data(), callbacks=[_early()], max_steps=stop, **kw)
     first.save(tmp_path / "ck.npz")
     second = _trainer("sgd", None)
     second.load(tmp_path / "ck.npz", resume=True)
     h_second = second.fit(_data(), callbacks=[_early()], **kw)
-    assert h_second.stopped_early and h_second.stop_reason == h_whole.stop_reason
+    assert h_second.stopping.early and h_second.stopping.reason == h_whole.stopping.reason
     assert second.iteration == whole.iteration
     for (name, a), b in zip(whole.net.state_dict().items(), second.net.state_dict().values()):
         np.testing.assert_array_equal(a, b, err_msg=name)
@@ -157,7 +157,7 @@ def test_resume_continues_early_stopping_bit_for_bit(tmp_path, stop):
     third = _trainer("sgd", None)
     third.load(tmp_path / "done.npz", resume=True)
     h_third = third.fit(_data(), callbacks=[_early()], **kw)
-    assert h_third.losses == [] and h_third.stopped_early
+    assert h_third.losses == [] and h_third.stopping.early
     assert third.iteration == whole.iteration
 
 

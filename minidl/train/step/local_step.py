@@ -8,12 +8,12 @@ from typing import Any
 
 import numpy as np
 
-from ..compile.compiled import Compiled
-from ..compile.deferred import Deferred
-from ..compile.executor import NonFiniteError
-from ..memory.runtime.cache import without_cache
-from ..memory.runtime.pool import DeviceOutOfMemory
-from .loss_scaling import current_scale
+from ...compile.compiled import Compiled
+from ...compile.deferred import Deferred
+from ...compile.executor import NonFiniteError
+from ...memory.runtime.cache import without_cache
+from ...memory.runtime.pool import DeviceOutOfMemory
+from ..precision.loss_scaling import current_scale
 from .split_steps import split_gradients
 from .step_checks import checked_loss, clip_gradients, raise_at_non_finite_layer
 

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ..kernels.jit import CompileWatch
+from ...kernels.jit import CompileWatch
 
 
 @contextmanager
