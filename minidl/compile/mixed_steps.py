@@ -27,8 +27,13 @@ from ..memory.ir.program import Step
 #: Separates a tensor's stash key from the dtype of its cast copy (``weight@bfloat16``).
 CAST_MARK = "@"
 #: Layer kinds the host runs in mixed precision (tested against PyTorch's CPU autocast).
+#: Attention computes its products and softmax in float32 on half-rounded inputs and weights
+#: and keeps q|k|v, the heads' output and the probabilities in half (the row log-sum-exp in
+#: float32); a fused recurrent layer's kept gates and states stay float32 (the lowering's
+#: ``FLOAT32_STATE_OPS``), its output is half.
 MIXED_PRECISION_KINDS = frozenset({"conv", "linear", "pool", "relu", "act", "bn", "flatten",
-                                   "add", "loss", "dropout"})
+                                   "add", "loss", "dropout", "embedding", "norm", "attention",
+                                   "rnn", "recurrent", "state", "stack"})
 
 
 def is_half(a: Any) -> bool:
