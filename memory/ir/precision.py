@@ -6,7 +6,8 @@ linear, scaled-dot-product attention, RNN cells) compute in the half dtype with 
 accumulation; losses, softmax and layer / group normalisation in float32 (its float32 list);
 every other op in its inputs' dtype, float32 where they mix (type promotion). Batch
 normalisation is on neither list: it runs in its input's dtype, its statistics in float32
-(so are attention's row log-sum-exp and a fused recurrent layer's kept gates and states).
+(so is attention's row log-sum-exp); a recurrence keeps its gates and states in half, rounded
+step by step.
 Parameters stay float32 (the master copy); a matrix op uses a half copy of each weight,
 made at its forward and kept for its backward (autocast's weight-cast cache). Where an op
 computes in half on a float32 input, it works on a cast copy: the copy its backward reads is
@@ -31,8 +32,8 @@ try:  # registers numpy's "bfloat16" dtype (the NumPy dtype package of JAX and C
 except ImportError:  # pragma: no cover (bf16 programs then need it: numpy has no bfloat16)
     pass
 
-__all__ = ["FLOAT32_OPS", "FLOAT32_STATE_OPS", "FLOAT32_STATISTICS_OPS", "MATRIX_OPS",
-           "Precision", "bytes_by_dtype", "is_float", "itemsize", "op_dtype", "promoted"]
+__all__ = ["FLOAT32_OPS", "MATRIX_OPS", "Precision", "bytes_by_dtype", "is_float", "itemsize",
+           "op_dtype", "promoted"]
 
 
 class Precision(Name):
@@ -63,10 +64,6 @@ MATRIX_OPS = frozenset({"conv", "linear", "attention", "rnn", "recurrent"})
 FLOAT32_OPS = frozenset({"loss", "norm"})
 #: Ops that run in their input's dtype and keep their statistics in float32 (batch norm).
 FLOAT32_STATISTICS_OPS = frozenset({"bn"})
-#: Matrix ops whose internals kept for backward stay float32: a fused recurrent layer's gates
-#: and states (its BPTT schedules recompute units from stored states, which must be the ones
-#: the forward carried on; a float32 carry, as in the layers' cell kernels).
-FLOAT32_STATE_OPS = frozenset({"recurrent"})
 
 _ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
 

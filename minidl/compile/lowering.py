@@ -16,12 +16,7 @@ import numpy as np
 from ..layers.base import Layer
 from ..memory.ir.capabilities import OpCaps, op_caps
 from ..memory.ir.payloads import OpFacts
-from ..memory.ir.precision import (
-    FLOAT32_STATE_OPS,
-    FLOAT32_STATISTICS_OPS,
-    Precision,
-    is_float,
-)
+from ..memory.ir.precision import FLOAT32_STATISTICS_OPS, Precision, is_float
 from ..memory.ir.program import GradInput, Program, Step, TensorSpec
 from ..memory.ir.units import ALLOCATION_UNIT
 from ..net.graph import Network
@@ -233,9 +228,8 @@ class _Lowering(PrecisionLowering):
     def _float_dtype(self, i: int) -> np.dtype:
         cdt = self.compute_dt[i] if self.compute_dt else None
         if cdt is not None:  # mixed precision: its compute dtype, statistics in float32
-            kind = self.layers[i].kind
-            return np.dtype("float32") if kind in FLOAT32_STATISTICS_OPS \
-                or kind in FLOAT32_STATE_OPS else cdt
+            return np.dtype("float32") if self.layers[i].kind in FLOAT32_STATISTICS_OPS \
+                else cdt
         return next((self.dtypes[v] for v in self.node_in[i] if _float(self.dtypes[v])),
                     self.dtype0)
 
