@@ -103,6 +103,11 @@ class Context:
     #: float64 array over the ranks, in place). BatchNorm then normalises with the global
     #: batch's statistics.
     batch_sync: Any = None
+    #: Under mixed precision, the half dtype the step's tensors are kept in while the layer
+    #: computes on float32 copies of them, else ``None``: a layer that carries state from one
+    #: time step to the next rounds it to this dtype as it writes it (so that a recomputation
+    #: from kept states reproduces the forward exactly).
+    storage_dtype: Any = None
 
 
 class Symbol:

@@ -299,6 +299,7 @@ class _Recurrent(_KeepAllPath, _ScheduledPath, _UnitOps, Layer):
         x, y = inputs[0], outputs[0]
         n, t = y.shape[0], y.shape[1]
         self._check_tokens(x)
+        self._round_to = ctx.storage_dtype
         sched = self.schedule_of(ctx.options)
         ws = self._forward_layout(sched, n, t).carve(workspace, y.dtype)
         if sched is None:
@@ -311,6 +312,7 @@ class _Recurrent(_KeepAllPath, _ScheduledPath, _UnitOps, Layer):
         ensure_blas_policy()
         x, dy = inputs[0], grad_outputs[0]
         n, t = x.shape[0], x.shape[1]
+        self._round_to = ctx.storage_dtype  # (a scheduled backward recomputes units)
         sched = self.schedule_of(ctx.options)
         ws = self._backward_layout(sched, n, t).carve(workspace, dy.dtype)
         carry, token_dg = ws.carry, ws.token_dg

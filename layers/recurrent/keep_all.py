@@ -96,6 +96,7 @@ class _KeepAllPath:
                 hw, gx = workers[wid].hw, gx_ring[k, u % 2]
                 for s in range(a, b):
                     self._step_forward(k, u0 + s, s, params, gates, hs, cs, gx, hw, bias[k])
+                    self._round_step(k, u0 + s, gates, hs, cs)
                 if k == L - 1:
                     np.copyto(y[:, u0 + a:u0 + b], hs[-1, u0 + a + 1:u0 + b + 1].transpose(1, 0, 2))
             return run

@@ -54,6 +54,18 @@ class _UnitOps:
             self._project(k, params, x, u0, u1, 0, hs, xs, gx, bias, table)
             for s in range(u1 - u0):
                 self._step_forward(k, s, s, params, gates, hs, cs, gx, hw, bias)
+                self._round_step(k, s, gates, hs, cs)
+
+    #: The dtype each step's gates and states are rounded to as written (``None``: kept as
+    #: computed); set from ``ctx.storage_dtype`` at each forward and backward.
+    _round_to = None
+
+    def _round_step(self, k, i, gates, hs, cs) -> None:
+        """Round layer k's gates and new states of step i to :attr:`_round_to` in place."""
+        if self._round_to is None:
+            return
+        for a in (gates[k, i], hs[k, i + 1], *(() if cs is None else (cs[k, i + 1],))):
+            a[...] = a.astype(self._round_to)
 
     #: Steps per input-projection product: a unit's projection is computed in pieces of
     #: this many steps, each its own product, in every path (keeping everything or

@@ -85,7 +85,8 @@ class MultiHeadAttention(Layer):
     def stash_specs(self, in_shapes, dtype, options=None):
         b, t, block = self._geometry(in_shapes, options)
         dt = np.dtype(dtype)
-        return {k: (s, dt) for k, s in
+        lse = np.dtype(np.float32) if dt.itemsize < 4 else dt  # a statistic: float32 in half
+        return {k: (s, lse if k == "lse" else dt) for k, s in
                 ak.stash_shapes(b, t, self.dim, self.heads, block).items()}
 
     def forward_workspace_bytes(self, in_shapes, dtype, options=None) -> int:

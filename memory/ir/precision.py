@@ -5,7 +5,9 @@ The policy is ``torch.autocast``'s (CUDA op lists, PyTorch 2.x): matrix ops (con
 linear, scaled-dot-product attention, RNN cells) compute in the half dtype with float32
 accumulation; losses, softmax and layer / group normalisation in float32 (its float32 list);
 every other op in its inputs' dtype, float32 where they mix (type promotion). Batch
-normalisation is on neither list: it runs in its input's dtype, its statistics in float32.
+normalisation is on neither list: it runs in its input's dtype, its statistics in float32
+(so is attention's row log-sum-exp); a recurrence keeps its gates and states in half, rounded
+step by step.
 Parameters stay float32 (the master copy); a matrix op uses a half copy of each weight,
 made at its forward and kept for its backward (autocast's weight-cast cache). Where an op
 computes in half on a float32 input, it works on a cast copy: the copy its backward reads is

@@ -9,7 +9,6 @@ import argparse
 from collections.abc import Callable
 
 from ..memory.ir.precision import Precision
-from ..zoo.models import SEQUENCE_MODELS
 from .common import UsageError
 
 __all__ = ["TRAINABLE", "add_precision_argument", "precision_checked", "precision_of"]
@@ -48,14 +47,10 @@ def precision_of(args: argparse.Namespace, planned: bool = True) -> Precision:
 def precision_checked(command: Callable[[argparse.Namespace], int]
                       ) -> Callable[[argparse.Namespace], int]:
     """``command`` (a run's: ``minidl train``) after :func:`precision_of` checked that it
-    can compute in ``--precision`` (``args.precision`` then the :class:`Precision`; text
-    models in fp32 only)."""
+    can compute in ``--precision`` (``args.precision`` then the :class:`Precision`)."""
 
     def run(args: argparse.Namespace) -> int:
         args.precision = precision_of(args, planned=False)
-        if args.precision is not Precision.FP32 and args.model in SEQUENCE_MODELS:
-            raise UsageError(f"--precision {args.precision}: the text models (recurrent and "
-                             "attention layers) train in fp32 only for now")
         return command(args)
 
     run.__doc__, run.__name__ = command.__doc__, command.__name__

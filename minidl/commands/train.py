@@ -166,9 +166,7 @@ def _resume(trainer: Trainer, path: str) -> None:
 
 def _emulate_link(args: argparse.Namespace):
     """``--emulate-link``: the target's profile (or ``None``)."""
-    if args.emulate_link is None:
-        return None
-    return emulated_target(args.emulate_link, args.device)
+    return None if args.emulate_link is None else emulated_target(args.emulate_link, args.device)
 
 
 def _print_link(rep: dict) -> None:
@@ -181,6 +179,13 @@ def _print_link(rep: dict) -> None:
               f"{link['link_bytes_per_s'] / 1e6:.1f} MB/s ({link['target']}: "
               f"{link['target_link_bytes_per_s'] / 1e9:.1f} GB/s)"
               + ("" if stall is None else f"; last step's stall {1000 * stall:.2f} ms"))
+
+
+def _auto_memory(args: argparse.Namespace, net, spec, input_shape, link) -> int:
+    """``--device-memory auto``: the dry runs' need in the run's precision."""
+    return auto_device_memory(net, args.batch_size, spec, args.optimizer, input_shape,
+                              device_kind="cuda" if args.device.startswith("cuda") else "cpu",
+                              emulate_link=link, precision=args.precision)
 
 
 def cmd_train_text(args: argparse.Namespace, spec) -> int:
@@ -201,14 +206,11 @@ def cmd_train_text(args: argparse.Namespace, spec) -> int:
     device_memory = args.device_memory
     link = _emulate_link(args)
     if device_memory == "auto":
-        device_memory = spec.budget or auto_device_memory(
-            net, args.batch_size, spec, args.optimizer, (args.seq_len,),
-            device_kind="cuda" if args.device.startswith("cuda") else "cpu", emulate_link=link,
-            precision=args.precision)
+        device_memory = spec.budget or _auto_memory(args, net, spec, (args.seq_len,), link)
     trainer = Trainer(net, opt, memory=spec, device=args.device, device_memory=device_memory,
                       seed=args.seed, host_memory=args.host_memory,
                       clip_grad_norm=5.0 if args.clip_grad_norm is None else args.clip_grad_norm,
-                      emulate_link=link)
+                      emulate_link=link, precision=args.precision)
     steps = args.max_steps or max(1, args.epochs) * 100
     if args.resume:
         _resume(trainer, args.resume)
@@ -248,7 +250,8 @@ def cmd_train_text(args: argparse.Namespace, spec) -> int:
               "peak_allocated_bytes": rep["peak_allocated_bytes"],
               "peak_reserved_bytes": rep["peak_reserved_bytes"],
               "step_time_median_s": float(np.median(res["step_times"])),
-              "wall_time_s": res["wall_time_s"], "steps": steps, "memory_report": rep}
+              "wall_time_s": res["wall_time_s"], "steps": steps, "memory_report": rep,
+              "precision": args.precision.value, **res["scaler"]}
     if args.json:
         print(json.dumps(result))
     else:
@@ -342,13 +345,8 @@ def _image_trainer(args: argparse.Namespace, spec, ds, defaults: D.TrainDefaults
         scheduler = StepLR(opt, step_size=max(1, args.epochs // 3))
     device_memory = args.device_memory
     link = _emulate_link(args)
-    if device_memory == "auto" and spec.budget is not None:
-        device_memory = spec.budget
-    elif device_memory == "auto":
-        device_memory = auto_device_memory(
-            net, args.batch_size, spec, args.optimizer, ds.input_shape,
-            device_kind="cuda" if args.device.startswith("cuda") else "cpu", emulate_link=link,
-            precision=args.precision)
+    if device_memory == "auto":
+        device_memory = spec.budget or _auto_memory(args, net, spec, ds.input_shape, link)
     try:
         trainer = Trainer(net, opt, memory=spec, device=args.device, device_memory=device_memory,
                           seed=args.seed, scheduler=scheduler, host_memory=args.host_memory,

@@ -17,6 +17,7 @@ device whose kernels read half operands directly, and so does the dry run.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -27,8 +28,13 @@ from ..memory.ir.program import Step
 #: Separates a tensor's stash key from the dtype of its cast copy (``weight@bfloat16``).
 CAST_MARK = "@"
 #: Layer kinds the host runs in mixed precision (tested against PyTorch's CPU autocast).
+#: Attention computes its products and softmax in float32 on half-rounded inputs and weights
+#: and keeps q|k|v, the heads' output and the probabilities in half (the row log-sum-exp in
+#: float32); a fused recurrent layer rounds its gates and states to half step by step
+#: (``Context.storage_dtype``), so its BPTT schedules recompute units exactly.
 MIXED_PRECISION_KINDS = frozenset({"conv", "linear", "pool", "relu", "act", "bn", "flatten",
-                                   "add", "loss", "dropout"})
+                                   "add", "loss", "dropout", "embedding", "norm", "attention",
+                                   "rnn", "recurrent", "state", "stack"})
 
 
 def is_half(a: Any) -> bool:
@@ -114,10 +120,18 @@ def _cast_input(x: Any, j: int, casts: dict[str, Any], matmul_dtype: str) -> Any
     return _up(x)
 
 
+def _storing(ctx: Any, st: Step) -> Any:
+    """``ctx`` telling a half matrix op the dtype its tensors are kept in
+    (``Context.storage_dtype``: a recurrence rounds its states to it step by step)."""
+    half = st.matmul_dtype in ("bfloat16", "float16")
+    return replace(ctx, storage_dtype=np.dtype(st.matmul_dtype)) if half else ctx
+
+
 def forward(layer: Any, ctx: Any, st: Step, inputs: list, outputs: list,
             params: dict[str, Any], stash: dict[str, Any], workspace: Any) -> None:
     """Run a layer's forward (or recompute) step of a mixed-precision program."""
     own, casts = _split_stash(stash)
+    ctx = _storing(ctx, st)
     ins = [_cast_input(x, j, casts, st.matmul_dtype) for j, x in enumerate(inputs)]
     outs = [_scratch(y) for y in outputs]
     own32 = {k: _up(v) for k, v in own.items()}
@@ -136,6 +150,7 @@ def backward(layer: Any, ctx: Any, st: Step, grad_outputs: list, grad_inputs: li
     where the layer keeps no input; an input its backward reads from a cast copy comes from
     the stash."""
     own, casts = _split_stash(stash)
+    ctx = _storing(ctx, st)
     ins = []
     for j, x in enumerate(inputs):
         copy = casts.get(f"input{j}")

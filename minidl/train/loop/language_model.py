@@ -62,9 +62,12 @@ def train_language_model(trainer: Any, data: Any, batch_size: int, seq_len: int,
                batch_size=batch_size, progress=False, evaluate=False, callbacks=hooks)
     val_loss = validate()
     checks.history.append((steps, val_loss))
+    scaler = getattr(trainer, "loss_scaler", None)  # fp16-mixed: its skips and scale
     return {"losses": list(hist.losses), "step_times": list(hist.step_times),
             "val_loss": val_loss, "val_perplexity": math.exp(val_loss),
-            "val_history": checks.history, "wall_time_s": time.perf_counter() - t0}
+            "val_history": checks.history, "wall_time_s": time.perf_counter() - t0,
+            "scaler": {} if scaler is None else {"skipped_steps": scaler.skipped,
+                                                 "loss_scale": scaler.scale}}
 
 
 class TextProgress(ProgressLogger):

@@ -30,7 +30,8 @@ def check_precision(precision: Precision, net: Network, device_kind: DeviceKind)
                     and node.layer is not None and hasattr(node.layer, "kind")})
     if other:
         raise ValueError(f"precision={precision.value!r} supports Conv2d, Linear, pooling, "
-                         "activations, BatchNorm, Flatten, Add, Dropout and the losses; this "
+                         "activations, BatchNorm, LayerNorm, Flatten, Add, Dropout, "
+                         "embeddings, attention, the recurrent layers and the losses; this "
                          f"network has {', '.join(other)}")
 
 

@@ -169,11 +169,11 @@ def test_scaler_grows_after_clean_steps():
 
 
 def test_unsupported_layers_and_devices_are_refused_in_one_line():
-    from minidl.zoo.rnn import char_rnn
-
-    with pytest.raises(ValueError, match="supports Conv2d, Linear.*LSTM"):
-        minidl.Trainer(char_rnn(11, 6, 7, 1, steps=4), device_memory="8MiB",
-                       precision="bf16-mixed")
+    x = Input((1, 8, 8))
+    h = minidl.layers.Concat()(minidl.layers.ReLU()(x), x)
+    net = Network(x, minidl.layers.Linear(128, 10)(minidl.layers.Flatten()(h)))
+    with pytest.raises(ValueError, match="supports Conv2d, Linear.*Concat"):
+        minidl.Trainer(net, device_memory="8MiB", precision="bf16-mixed")
     with pytest.raises(ValueError, match="GPU setting"):
         minidl.Trainer(_mlp(), device_memory="8MiB", precision="tf32")
 
