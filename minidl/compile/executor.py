@@ -46,25 +46,41 @@ def step_seed(seed: int, iteration: int, node: int) -> int:
     return _mix64(_mix64(_mix64(seed & _MASK64) ^ iteration) ^ node) >> 1
 
 
+@dataclass(frozen=True)
+class _RunSettings:
+    """What one run was asked: what its layers are told (training, per-layer seeds, whether
+    the forward recomputes, the loss scale backward starts from) and what it checks and
+    fetches."""
+
+    training: bool
+    seed: int
+    iteration: int
+    recomputing: bool
+    loss_scale: float
+    fetch_outputs: bool
+    check_finite: bool
+
+
+@dataclass
+class _Fetched:
+    """What one run fetched: the network outputs asked for, and the loss."""
+
+    outputs: list[Any] = field(default_factory=list)
+    loss: Any = None
+
+
 @dataclass
 class _Run:
     """One run's settings, handed along its steps, and what it fetched."""
 
     rt: MemoryRuntime
-    training: bool
-    seed: int
-    iteration: int
-    fetch_outputs: bool
-    check_finite: bool
-    recomputing: bool
-    loss_scale: float
+    settings: _RunSettings
     hooks: StepHooks | None
     #: The hooks' ``before_step`` (``None``: nothing before the steps).
     before_step: Any = None
     #: The device's step timer (``None``: steps timed on the host).
     timer: Any = None
-    outputs: list[Any] = field(default_factory=list)
-    loss: Any = None
+    fetched: _Fetched = field(default_factory=_Fetched)
 
 
 class Executor:
@@ -213,8 +229,9 @@ class Executor:
         self.last_runtime = rt
         if record:
             rt.start_recording()
-        state = _Run(rt, training, seed, iteration, fetch_outputs, check_finite, recomputing,
-                     loss_scale, hooks, before_step=self._before_step(hooks))
+        settings = _RunSettings(training, seed, iteration, recomputing, loss_scale,
+                                fetch_outputs, check_finite)
+        state = _Run(rt, settings, hooks, before_step=self._before_step(hooks))
         try:
             with self.device_scope(measure=True):
                 self._run_steps(state, feeds)
@@ -222,7 +239,7 @@ class Executor:
             rt.release_all()
             raise
         self.runs += 1
-        loss, outputs = state.loss, state.outputs
+        loss, outputs = state.fetched.loss, state.fetched.outputs
         if wait:
             loss = None if loss is None else float(loss.result()[()])
             outputs = [o.result() for o in outputs]
@@ -290,9 +307,10 @@ class Executor:
         """The work of one step, by phase."""
         rt = run.rt
         hooks = run.hooks
+        told = run.settings
         ctx = None if st.node < 0 else Context(
-            training=run.training, seed=step_seed(run.seed, run.iteration, st.node),
-            recomputing=run.recomputing or st.phase == Phase.RECOMPUTE,
+            training=told.training, seed=step_seed(told.seed, told.iteration, st.node),
+            recomputing=told.recomputing or st.phase == Phase.RECOMPUTE,
             accumulate=st.accumulate, options=st.options.as_layer_options,
             batch_sync=None if hooks is None else hooks.batch_sync)
         if st.phase == Phase.ENCODE:
@@ -307,21 +325,21 @@ class Executor:
             self._forward(st, rt, ctx)
             self._after_forward(st, run)
         else:
-            self._backward(st, rt, ctx, run.loss_scale)
+            self._backward(st, rt, ctx, told.loss_scale)
 
     def _after_forward(self, st: Step, run: _Run) -> None:
         """A forward step's outputs checked (``check_finite``), fetched (``fetch_outputs``),
         and the loss fetched from the step that writes it."""
         rt = run.rt
         device = self.pool.device
-        if run.check_finite:
+        if run.settings.check_finite:
             self._check(st, rt)
-        if run.fetch_outputs:
-            run.outputs += [fetch_async(device, rt.array(t)) for t in st.outputs
-                            if t in self.outputs]
+        if run.settings.fetch_outputs:
+            run.fetched.outputs += [fetch_async(device, rt.array(t)) for t in st.outputs
+                                    if t in self.outputs]
         loss = self.plan.program.loss
         if loss >= 0 and st.outputs[0] == loss:
-            run.loss = fetch_async(device, rt.array(loss))
+            run.fetched.loss = fetch_async(device, rt.array(loss))
 
     def _encode(self, st: Step, rt: MemoryRuntime) -> None:
         codec, src = st.codec.codec, st.codec.source
