@@ -337,9 +337,9 @@ class _PlanCheck:
         device (through its alias root)."""
         prog = self.plan.program
         st = prog.steps[i]
-        touched = set(st.reads) | set(st.writes)
-        if st.workspace >= 0:
-            touched.add(st.workspace)
+        touched = set(st.access.reads) | set(st.access.writes)
+        if st.access.workspace >= 0:
+            touched.add(st.access.workspace)
         for t in touched:
             if prog.tensors[t].persistent:
                 continue

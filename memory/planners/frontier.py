@@ -191,8 +191,8 @@ def least_sizes(program: Program) -> dict[int, int]:
     out = {}
     for st in encoded.steps:
         if st.phase == Phase.ENCODE:
-            src = st.codec.source
-            out[src] = min(out.get(src, 1 << 62), encoded.block_sizes[st.writes[0]])
+            src = st.op.codec.source
+            out[src] = min(out.get(src, 1 << 62), encoded.block_sizes[st.access.writes[0]])
     return out
 
 

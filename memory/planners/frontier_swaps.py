@@ -69,7 +69,8 @@ def swap_down(candidates: list[Candidate], costs: Sequence[float], bandwidth: fl
 
 
 def _plan_costs(plan: Plan, costs: Sequence[float]) -> list[float]:
-    return [costs[s.origin] if 0 <= s.origin < len(costs) else 0.0 for s in plan.program.steps]
+    return [costs[s.cost.origin] if 0 <= s.cost.origin < len(costs) else 0.0
+            for s in plan.program.steps]
 
 
 def _live_roots_at_peak(plan: Plan) -> set[int]:

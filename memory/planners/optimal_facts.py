@@ -25,12 +25,18 @@ class Unsupported(ValueError):
     backward): the greedy planner decides alone."""
 
 
+def forward_producers(program: Program) -> dict[int, int]:
+    """The forward step that writes each tensor, by tensor id."""
+    return {t: s.index for s in program.steps if s.phase == Phase.FORWARD
+            for t in s.access.writes}
+
+
 def droppable_steps(program: Program) -> list[int]:
     """The forward steps a plan may drop (recompute in backward): those writing a value
     tensor, except the loss's."""
     return [s.index for s in program.steps if s.phase == Phase.FORWARD
-            and program.loss not in s.writes
-            and any(program.tensors[t].role == Role.VALUE for t in s.writes)]
+            and program.loss not in s.access.writes
+            and any(program.tensors[t].role == Role.VALUE for t in s.access.writes)]
 
 
 @dataclass
@@ -70,17 +76,18 @@ def _readers(steps: list[Step], tensors: list[TensorSpec], nf: int,
     """(consumers, backward readers, last forward use) of the non-persistent tensors."""
     consumers: dict[int, list[int]] = {}
     for s in steps[:nf]:
-        for t in set(s.reads):
+        for t in set(s.access.reads):
             if not tensors[t].persistent and producer.get(t) != s.index:
                 consumers.setdefault(t, []).append(s.index)
     breaders: dict[int, list[int]] = {}
     for b in steps[nf:]:
-        for t in set(b.reads):
+        for t in set(b.access.reads):
             if not tensors[t].persistent:
                 breaders.setdefault(t, []).append(b.index)
     last_fwd: dict[int, int] = {}
     for s in steps[:nf]:
-        for t in (*s.reads, *s.writes, *((s.workspace,) if s.workspace >= 0 else ())):
+        a = s.access
+        for t in (*a.reads, *a.writes, *((a.workspace,) if a.workspace >= 0 else ())):
             last_fwd[t] = s.index
     return consumers, breaders, last_fwd
 
@@ -130,8 +137,8 @@ def _droppable_reads(steps: list[Step], nf: int, node_f: dict[int, int | None],
     for b in steps[nf:]:
         if node_f[b.index] is not None:
             reads_of.setdefault(node_f[b.index], set()).update(
-                producer[t] for t in b.reads if producer.get(t) in dset)
-    inputs_of = {k: {producer[t] for t in steps[k].reads if producer.get(t) in dset}
+                producer[t] for t in b.access.reads if producer.get(t) in dset)
+    inputs_of = {k: {producer[t] for t in steps[k].access.reads if producer.get(t) in dset}
                  for k in droppable}
     return reads_of, inputs_of
 
@@ -160,7 +167,7 @@ def program_facts(program: Program, allow_drop: bool = True,
     # memory in units of the largest block's power of two: coefficients <= 1 (bytes beside
     # binaries would leave HiGHS with a badly scaled matrix)
     mu = float(2 ** math.ceil(math.log2(max(size.values(), default=1) or 1)))
-    producer = {t: s.index for s in steps[:nf] for t in s.writes}
+    producer = {t: s.index for s in steps[:nf] for t in s.access.writes}
     droppable = droppable_steps(program) if allow_drop else []
     dset = set(droppable)
     node_f, bwd_of_f = _nodes(steps, nf)
@@ -174,7 +181,8 @@ def program_facts(program: Program, allow_drop: bool = True,
         dset=dset,
         window=window if window is not None else (nf if nf <= FULL_WINDOW_STEPS else MAX_RUN),
         node_f=node_f, bwd_of_f=bwd_of_f, consumers=consumers, breaders=breaders,
-        outs={k: [t for t in steps[k].writes if not tensors[t].persistent] for k in droppable},
+        outs={k: [t for t in steps[k].access.writes if not tensors[t].persistent]
+              for k in droppable},
         last_fwd=last_fwd, positions=positions, pos_of_step=pos_of_step, region_pos=region_pos,
         node_positions=node_positions, reads_of=reads_of, inputs_of=inputs_of, life=life,
         members=members)

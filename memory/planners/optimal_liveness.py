@@ -168,7 +168,7 @@ def _prefetch_events(st: ModelState, blk: BlockLiveness) -> None:
             continue
         # (another input's dropped producer runs first; the binaries are exact where
         # the relaxed "recomputed here" variables would let the solver cheat)
-        first = [(st.drop[f.producer[u]], -1.0) for u in set(f.steps[j].reads)
+        first = [(st.drop[f.producer[u]], -1.0) for u in set(f.steps[j].access.reads)
                  if u not in blk.members and f.producer.get(u) in f.dset]
         for q2 in range(f.pos_of_step[b - LOOKAHEAD], f.pos_of_step[b - 1]):
             blk.events.append((q2, 0.0, terms + first))

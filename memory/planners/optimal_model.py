@@ -287,15 +287,15 @@ def _region_step_row(st: ModelState, k: int, e: int, q: int, across: int,
     ne = st.need[k]
     step = facts.steps[k]
     trans = sum(facts.size[t] for t in facts.outs[k] if t in no_breader)
-    if step.workspace >= 0:
-        trans += facts.size[step.workspace]
+    if step.access.workspace >= 0:
+        trans += facts.size[step.access.workspace]
     terms = [(across, 1.0), (ne[e], trans / facts.mu)]
     terms += [(v, facts.fs[t]) for j, t, v in made if j <= k]
     for f, here, nxt, last in st.region_reads.get(q, ()):
         if k <= last:
             terms += [(here, f)] + ([(nxt, -f)] if nxt is not None else [])
     rhs = budget_iter / facts.mu
-    for t in set(step.reads):
+    for t in set(step.access.reads):
         p = facts.producer.get(t)
         if p in st.need and e in st.need[p] and t in no_breader and p != k:
             terms += [(st.need[p][e], facts.fs[t]), (ne[e], facts.fs[t])]
@@ -324,7 +324,7 @@ def inplace_rows(st: ModelState) -> None:
             continue
         p = facts.producer.get(tails[0])
         if p not in facts.dset or any(facts.tensors[t].role == Role.STASH
-                                      for t in facts.steps[p].writes):
+                                      for t in facts.steps[p].access.writes):
             continue
         for t in ms:
             q = facts.producer.get(t)

@@ -103,5 +103,5 @@ def peak_position(model: Model, plan: Plan) -> int:
     if st.phase == Phase.RECOMPUTE:
         nxt = next((s for s in steps[where:] if s.phase == Phase.BACKWARD), None)
         if nxt is not None:
-            return model.region_pos.get(nxt.origin, model.pos_of_step[nxt.origin])
-    return model.pos_of_step.get(st.origin, 0)
+            return model.region_pos.get(nxt.cost.origin, model.pos_of_step[nxt.cost.origin])
+    return model.pos_of_step.get(st.cost.origin, 0)

@@ -163,8 +163,8 @@ class Executor:
         out: list[list[tuple[Any, int, list[tuple[int, ...]]]]] = [[] for _ in prog.inputs]
         for st in prog.steps:
             if st.phase == Phase.FORWARD and st.node >= 0:
-                shapes = [tuple(prog.tensors[t].shape) for t in st.inputs]
-                for j, tid in enumerate(st.inputs):
+                shapes = [tuple(prog.tensors[t].shape) for t in st.forward.inputs]
+                for j, tid in enumerate(st.forward.inputs):
                     if tid in where:
                         out[where[tid]].append((self.layers[st.node], j, shapes))
         return out
@@ -311,13 +311,13 @@ class Executor:
         ctx = None if st.node < 0 else Context(
             training=told.training, seed=step_seed(told.seed, told.iteration, st.node),
             recomputing=told.recomputing or st.phase == Phase.RECOMPUTE,
-            accumulate=st.accumulate, options=st.options.as_layer_options,
+            accumulate=st.backward.accumulate, options=st.op.options.as_layer_options,
             batch_sync=None if hooks is None else hooks.batch_sync)
         if st.phase == Phase.ENCODE:
             self._encode(st, rt)
         elif st.phase == Phase.DECODE:
-            work = st.codec
-            codecs.decode(work.codec, rt.array(st.reads[0]), rt.array(st.writes[0]),
+            work = st.op.codec
+            codecs.decode(work.codec, rt.array(st.access.reads[0]), rt.array(st.access.writes[0]),
                           self.codec_state.get(work.source) or codecs.CodecState())
         elif st.phase == Phase.RECOMPUTE:
             self._forward(st, rt, ctx)
@@ -335,19 +335,19 @@ class Executor:
         if run.settings.check_finite:
             self._check(st, rt)
         if run.settings.fetch_outputs:
-            run.fetched.outputs += [fetch_async(device, rt.array(t)) for t in st.outputs
+            run.fetched.outputs += [fetch_async(device, rt.array(t)) for t in st.forward.outputs
                                     if t in self.outputs]
         loss = self.plan.program.loss
-        if loss >= 0 and st.outputs[0] == loss:
+        if loss >= 0 and st.forward.outputs[0] == loss:
             run.fetched.loss = fetch_async(device, rt.array(loss))
 
     def _encode(self, st: Step, rt: MemoryRuntime) -> None:
-        codec, src = st.codec.codec, st.codec.source
+        codec, src = st.op.codec.codec, st.op.codec.source
         x = rt.array(src)
-        out = st.writes[0]
+        out = st.access.writes[0]
         state = self.codec_state.get(src)
         if state is None:
-            window = st.codec.window
+            window = st.op.codec.window
             state = self.codec_state[src] = codecs.CodecState(
                 window=0 if window is None else window.size)
         need = codecs.encode(codec, x, rt.array(out), state)
@@ -367,14 +367,14 @@ class Executor:
         under ZeRO stage 3 gathered from the ranks' shards just before the step)."""
         tensors = rt.program.tensors
         return {k: self.parameters[t].data if t in self.parameters and tensors[t].persistent
-                else rt.array(t) for k, t in st.params.items()}
+                else rt.array(t) for k, t in st.forward.params.items()}
 
     def _forward(self, st: Step, rt: MemoryRuntime, ctx: Context) -> None:
         arr = rt.array
         layer = self.layers[st.node]
-        args = ([arr(t) for t in st.inputs], [arr(t) for t in st.outputs],
-                self._params(st, rt), {k: arr(t) for k, t in st.stash.items()},
-                arr(st.workspace) if st.workspace >= 0 else None)
+        args = ([arr(t) for t in st.forward.inputs], [arr(t) for t in st.forward.outputs],
+                self._params(st, rt), {k: arr(t) for k, t in st.forward.stash.items()},
+                arr(st.access.workspace) if st.access.workspace >= 0 else None)
         if id(st) in self._mixed:
             mixed_steps.forward(layer, ctx, st, *args)
         else:
@@ -384,18 +384,18 @@ class Executor:
                   loss_scale: float = 1.0) -> None:
         arr = rt.array
         layer = self.layers[st.node]
-        encoded = st.from_encoded
+        encoded = st.op.from_encoded
         if encoded is not None:  # the stash is kept encoded: backward starts from it
-            g = st.grad_inputs[0]
+            g = st.backward.grad_inputs[0]
             if g is not None:
                 dx = arr(g.written)
                 layer.backward_from_encoded(encoded.encoding, arr(encoded.tensor),
-                                            arr(st.grad_outputs[0]), dx)
+                                            arr(st.backward.grad_outputs[0]), dx)
                 if g.add_into >= 0:
                     add_arrays(arr(g.add_into), dx, arr(g.add_into))
             return
         g_out = []
-        for t in st.grad_outputs:
+        for t in st.backward.grad_outputs:
             g = arr(t)
             role = rt.program.tensors[t].role
             if role == Role.SEED:
@@ -404,40 +404,40 @@ class Executor:
                 g.fill(0.0)
             g_out.append(g)
         mixed = id(st) in self._mixed  # (a cast copy in its stash stands for a kept input)
-        retained = st.retained_inputs if mixed else layer.retain_inputs
-        inputs = [arr(t) if j in retained else None for j, t in enumerate(st.inputs)]
+        retained = st.backward.retained_inputs if mixed else layer.retain_inputs
+        inputs = [arr(t) if j in retained else None for j, t in enumerate(st.forward.inputs)]
         outputs = [arr(t) if j in layer.retain_outputs else None
-                   for j, t in enumerate(st.outputs)]
-        g_in = [None if g is None else arr(g.written) for g in st.grad_inputs]
-        grads = {k: arr(st.param_partials[k]) if k in st.param_partials
-                 else self._param_grad(st, k, rt) for k in st.grad_params}
-        stash = {k: arr(t) for k, t in st.stash.items()}
-        ws = arr(st.workspace) if st.workspace >= 0 else None
+                   for j, t in enumerate(st.forward.outputs)]
+        g_in = [None if g is None else arr(g.written) for g in st.backward.grad_inputs]
+        grads = {k: arr(st.backward.param_partials[k]) if k in st.backward.param_partials
+                 else self._param_grad(st, k, rt) for k in st.backward.grad_params}
+        stash = {k: arr(t) for k, t in st.forward.stash.items()}
+        ws = arr(st.access.workspace) if st.access.workspace >= 0 else None
         if mixed:
             mixed_steps.backward(layer, ctx, st, g_out, g_in, inputs, outputs,
                                  self._params(st, rt), grads, stash, ws,
-                                 [rt.program.tensors[t].shape for t in st.inputs])
+                                 [rt.program.tensors[t].shape for t in st.forward.inputs])
         else:
             layer.backward(ctx, g_out, g_in, inputs, outputs, self._params(st, rt), grads,
                            stash, ws)
-        for g in st.grad_inputs:
+        for g in st.backward.grad_inputs:
             if g is not None and g.add_into >= 0:
                 target = arr(g.add_into)
                 add_arrays(target, arr(g.written), target)
-        for k, t in st.param_partials.items():
+        for k, t in st.backward.param_partials.items():
             grad = self._param_grad(st, k, rt)
             add_arrays(grad, arr(t), grad)
 
     def _param_grad(self, st: Step, k: str, rt: MemoryRuntime) -> Any:
         """Parameter ``k``'s gradient: its persistent ``.grad``, or under ZeRO stage 2 a block
         of the iteration (``zero=2``: handed to its bucket after its last write)."""
-        tid = st.grad_params[k]
+        tid = st.backward.grad_params[k]
         if rt.program.tensors[tid].persistent:
-            return self.parameters[st.params[k]].grad
+            return self.parameters[st.forward.params[k]].grad
         return rt.array(tid)
 
     def _check(self, st: Step, rt: MemoryRuntime) -> None:
-        for t in st.outputs:
+        for t in st.forward.outputs:
             a = rt.array(t)
             if is_float(a.dtype) and not np.isfinite(a).all():
                 raise NonFiniteError(

@@ -54,8 +54,8 @@ def test_roofline_step_times():
     prog = c.plan.program
     v100 = get_target("v100")
     for i, st in enumerate(prog.steps):
-        touched = sum(prog.tensors[t].nbytes for t in set(st.reads) | set(st.writes))
-        want = max(st.flops / v100.flops_per_s, touched / v100.hbm_bytes_per_s) + v100.launch_s
+        touched = sum(prog.tensors[t].nbytes for t in set(st.access.reads) | set(st.access.writes))
+        want = max(st.cost.flops / v100.flops_per_s, touched / v100.hbm_bytes_per_s) + v100.launch_s
         assert step_time(prog, i, v100) == pytest.approx(want)
     fast = replace(v100, flops_per_s=v100.flops_per_s * 1000, hbm_bytes_per_s=1e18)
     assert sum(step_costs(prog, fast)) < sum(step_costs(prog, v100))

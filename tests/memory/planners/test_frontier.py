@@ -267,14 +267,14 @@ def enumerated(s: Setup) -> list[tuple[int, float, str, tuple[int, ...]]]:
     """(placed peak, seconds, grouping, dropped forward steps) of every checkpoint subset."""
     p = s.program
     fwd = [st_ for st_ in p.steps if st_.phase == "forward"]
-    droppable = [st_.index for st_ in fwd if p.loss not in st_.writes]
+    droppable = [st_.index for st_ in fwd if p.loss not in st_.access.writes]
     per_step = {st_.index: -1 - st_.index for st_ in p.steps if st_.phase == "backward"}
     out = []
     for r in range(len(droppable) + 1):
         for drop in itertools.combinations(droppable, r):
             progs = [("per run", dropping_program(p, set(drop)))]
             if drop:
-                keep = {t for st_ in fwd if st_.index not in drop for t in st_.writes
+                keep = {t for st_ in fwd if st_.index not in drop for t in st_.access.writes
                         if p.tensors[t].role == "value"}
                 progs.append(("per step", recompute_program(p, keep, per_step)))
             for grouping, q in progs:

@@ -30,10 +30,10 @@ from minidl.memory.planners.planner import make_plan
 def exhaustive(program, budget, costs, bandwidth):
     """The least estimated extra time over every keep / swap / recompute assignment (every
     droppable forward step, every swap candidate), or None when none fits."""
-    producer = {t: s.index for s in program.steps if s.phase == "forward" for t in s.writes}
+    producer = {t: s.index for s in program.steps if s.phase == "forward" for t in s.access.writes}
     loss = producer[program.loss]
     drops = [s.index for s in program.steps if s.phase == "forward" and s.index != loss
-             and any(program.tensors[t].role == "value" for t in s.writes)]
+             and any(program.tensors[t].role == "value" for t in s.access.writes)]
     sc = swap_costs(program, costs, bandwidth)
     swaps = sorted(sc)
     best = None

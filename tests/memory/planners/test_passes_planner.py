@@ -168,19 +168,19 @@ def test_random_recompute_backward_never_reads_a_dropped_original(program, polic
     from minidl.memory.passes.recompute import policy_program
 
     q = policy_program(program, policy)
-    made_in_forward = {t for s in q.steps if s.phase == "forward" for t in s.writes}
+    made_in_forward = {t for s in q.steps if s.phase == "forward" for t in s.access.writes}
     last_forward = max(s.index for s in q.steps if s.phase == "forward")
     # an original a backward step reads is still live: nothing after forward frees it early
     # unless it was cloned; a clone is read only after its recomputation
     written_before = set(q.inputs) | {t.id for t in q.tensors if t.role == "seed"}
     for s in q.steps:
-        for t in s.reads:
+        for t in s.access.reads:
             if q.tensors[t].persistent:
                 continue
             assert t in written_before, (s.label, q.tensors[t].name)
-        written_before |= set(s.writes)
+        written_before |= set(s.access.writes)
         if s.phase == "backward":
-            for t in s.reads:
+            for t in s.access.reads:
                 spec = q.tensors[t]
                 if spec.of >= 0 and "@r" in spec.name:
                     assert spec.of in made_in_forward

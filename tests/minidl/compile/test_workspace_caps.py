@@ -39,8 +39,8 @@ def _net():
 
 
 def _caps(compiled) -> dict[str, int]:
-    return {st.layer: st.options[WC.OPTION] for st in compiled.plan.program.steps
-            if st.options.get(WC.OPTION) is not None}
+    return {st.layer: st.op.options[WC.OPTION] for st in compiled.plan.program.steps
+            if st.op.options.get(WC.OPTION) is not None}
 
 
 def _engine_plan(spec, cap_workspaces=True):
@@ -176,7 +176,7 @@ else:
         h.update(np.float64(tr.step(x, y)).tobytes())
     for _, p in n.named_parameters():
         h.update(np.ascontiguousarray(p.data).tobytes())
-    caps = [st.options.get("conv_ws") for st in
+    caps = [st.op.options.get("conv_ws") for st in
             tr.engine.compiled([x.shape], y.shape, True).plan.program.steps
             if st.phase == "forward" and st.kind == "conv"]
     print(h.hexdigest()[:16], caps)
