@@ -232,4 +232,5 @@ def swap_plan(plan: Plan, mode: SwapPolicy | str, lookahead: int = 2, lag: int =
     note = (f"swap: {len(chosen)} feature maps offloaded ({swapped:,} B per iteration), "
             f"prefetch lookahead {lookahead} steps ({how})")
     return replace(plan, steps=tuple(StepPlan(b, a) for b, a in zip(before, after)),
-                   notes=(*plan.notes, note), swapped=tuple(c.root for c in chosen))
+                   notes=(*plan.notes, note),
+                   swapping=replace(plan.swapping, blocks=tuple(c.root for c in chosen)))

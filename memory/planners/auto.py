@@ -429,4 +429,4 @@ def plan_for_choice(program: Program, budget: int | None, choice: AutoChoice,
     blocks = block_choices(program)
     if blocks:
         plan = plan.with_notes(blocks.describe())
-    return replace(plan, measured=measured, auto=choice)
+    return replace(plan, provenance=replace(plan.provenance, measured=measured, auto=choice))

@@ -48,14 +48,14 @@ class Candidate:
     @property
     def peak(self) -> int:
         """Bytes the run reaches: the persistent state plus the placed arena."""
-        return self.plan.program.persistent_bytes() + self.placed.static_arena
+        return self.plan.program.persistent_bytes() + self.placed.static.arena
 
     @cached_property
     def traffic(self) -> int:
         """Bytes the plan moves and recomputes per iteration: each swapped tensor (offloaded
         and brought back), and what every recomputation step writes."""
         prog = self.plan.program
-        moved = sum(prog.tensors[t].nbytes for t in self.plan.swapped)
+        moved = sum(prog.tensors[t].nbytes for t in self.plan.swapping.blocks)
         redone = sum(prog.tensors[t].nbytes for st in prog.steps if st.phase == Phase.RECOMPUTE
                      for t in st.access.writes)
         return moved + redone

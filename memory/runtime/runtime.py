@@ -89,7 +89,7 @@ class MemoryRuntime(SwapMoves):
         self.host_homes = host_homes or {}
         self.poison_offloaded = poison_offloaded
         self.records: dict[int, TensorRecord] = {}
-        self.cache = TensorCache(plan.cache)
+        self.cache = TensorCache(plan.swapping.cache)
         #: The step being run (-1 before the first, ``len(steps)`` after the last).
         self.position = -1
         self.peak = PeakTracker()

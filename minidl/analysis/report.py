@@ -24,7 +24,7 @@ def layer_table(c: Compiled) -> list[dict[str, Any]]:
     prog = plan.program
     life = lifetimes(lowered)
     recomputed = {s.cost.origin for s in prog.steps if s.phase == Phase.RECOMPUTE}
-    swapped_roots = set(plan.swapped)
+    swapped_roots = set(plan.swapping.blocks)
     rows = []
     for st in lowered.steps:
         if st.phase != Phase.FORWARD:

@@ -208,7 +208,7 @@ def _swap_plan_of_chain():
     from minidl.memory.planners.planner import make_plan
 
     plan = make_plan(chain(), Cfg.parse("reuse,swap=all"))
-    assert plan.swapped, "the chain has a tensor to swap"
+    assert plan.swapping.blocks, "the chain has a tensor to swap"
     return plan
 
 
@@ -224,7 +224,7 @@ def test_validate_follows_a_swapped_tensor_through_its_four_actions():
 
     plan = _swap_plan_of_chain()
     plan.validate()
-    root = plan.swapped[0]
+    root = plan.swapping.blocks[0]
     with pytest.raises(AssertionError, match=f"tensor {root} is offloading: cannot prefetch it"):
         _drop(plan, Release(root)).validate()
     with pytest.raises(AssertionError, match=f"tensor {root} is on_host: cannot await_prefetch it"):

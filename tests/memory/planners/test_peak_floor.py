@@ -65,7 +65,7 @@ def _greedy_peaks(setup: Setup, budgets: list[int]) -> list[int]:
             plan = auto_plan(setup.program, b, setup.costs, bandwidth=setup.bandwidth)
         except BudgetTooSmall:
             continue
-        out.append(setup.persistent + plan.static_arena)
+        out.append(setup.persistent + plan.static.arena)
     return out
 
 

@@ -6,7 +6,16 @@ import numpy as np
 import pytest
 
 from minidl.memory.devices.device import CpuDevice
-from minidl.memory.ir.plan import Alloc, Await, Free, Offload, Plan, Prefetch, Release
+from minidl.memory.ir.plan import (
+    Alloc,
+    Await,
+    Free,
+    Offload,
+    Plan,
+    Prefetch,
+    Release,
+    Swapping,
+)
 from minidl.memory.ir.program import Program, TensorSpec
 from minidl.memory.ir.residency import (
     ACTIONS,
@@ -95,7 +104,7 @@ def _runtime(units: list[int], aliases: dict[int, int] | None = None, cache: boo
                for i, u in enumerate(units)]
     program = Program(tensors=tensors, steps=[], inputs=[])
     device = CpuDevice(capacity)
-    plan = Plan(program, steps=(), aliases=aliases or {}, cache=cache)
+    plan = Plan(program, steps=(), aliases=aliases or {}, swapping=Swapping(cache=cache))
     return MemoryRuntime(Pool(device), program, plan, HostPool(device))
 
 

@@ -94,7 +94,8 @@ def test_caps_lower_the_smallest_budget_and_only_come_under_pressure():
     note = [n for n in c.plan.notes if n.startswith(W.NOTE_PREFIX)]
     assert len(note) == 1 and any(f"{name} " in note[0] for name in caps)
     # the choice is typed on the plan, not recovered from the note's start
-    assert [(ch.kind, ch.note) for ch in c.plan.choices] == [(ChoiceKind.CONV_WORKSPACE, note[0])]
+    assert [(ch.kind, ch.note) for ch in c.plan.provenance.choices] == \
+        [(ChoiceKind.CONV_WORKSPACE, note[0])]
     with pytest.raises(BudgetTooSmall, match="least workspace"):
         _engine_plan(f"auto,budget={after - 4096}")
 
