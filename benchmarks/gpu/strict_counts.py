@@ -40,7 +40,7 @@ def count(model: str, spec: str) -> dict:
             before = dev.launches
             run(self, st, rt, *args)
             layer = self.layers[st.node]
-            units = rt.program.tensors[st.inputs[0]].shape[1] * layer.num_layers \
+            units = rt.program.tensors[st.forward.inputs[0]].shape[1] * layer.num_layers \
                 if hasattr(layer, "num_layers") else 1
             key = (type(layer).__name__, st.phase)
             per_layer[key] = max(per_layer[key], (dev.launches - before) / units)

@@ -35,11 +35,11 @@ def attention_bytes(seq: int, form: str, batch: int = 1, dim: int = 768,
     fwd = next(s for s in program.steps if s.phase == "forward" and s.node == 0)
     bwd = next(s for s in program.steps if s.phase == "backward" and s.node == 0)
     size = {t.id: t.nbytes for t in program.tensors}
-    out = {f"stash.{name}": size[t] for name, t in fwd.stash.items()}
-    out["retained_input"] = sum(size[t] for t in bwd.inputs)
+    out = {f"stash.{name}": size[t] for name, t in fwd.forward.stash.items()}
+    out["retained_input"] = sum(size[t] for t in bwd.forward.inputs)
     out["kept"] = sum(out.values())
-    out["forward_workspace"] = size[fwd.workspace] if fwd.workspace >= 0 else 0
-    out["backward_workspace"] = size[bwd.workspace] if bwd.workspace >= 0 else 0
+    out["forward_workspace"] = size[fwd.access.workspace] if fwd.access.workspace >= 0 else 0
+    out["backward_workspace"] = size[bwd.access.workspace] if bwd.access.workspace >= 0 else 0
     return out
 
 

@@ -89,7 +89,7 @@ def _program(case: Case):
 
 
 def _placed(program, plan) -> int:
-    return program.persistent_bytes() + static_plan(plan, program.persistent_bytes()).static_arena
+    return program.persistent_bytes() + static_plan(plan, program.persistent_bytes()).static.arena
 
 
 def knapsack_anchor(program, budget: int, profile) -> tuple[int, float] | None:
@@ -120,7 +120,7 @@ def greedy_anchor(program, budget: int, profile) -> tuple[int, float] | None:
         plan = auto_plan(program, budget, costs, bandwidth=bw)
     except BudgetTooSmall:
         return None
-    return program.persistent_bytes() + plan.static_arena, simulate(plan, profile).step_s
+    return program.persistent_bytes() + plan.static.arena, simulate(plan, profile).step_s
 
 
 def run_case(case: Case, points: int, fixed_limit: int | None, log) -> Case:

@@ -188,9 +188,9 @@ def layers(model, shape, batch, rounds=3) -> None:
     print(_note({"notes": c.plan.notes}))
     caps, shapes = {}, {}
     for st in c.plan.program.steps:
-        if st.kind == "conv" and st.phase == "forward" and st.options.get(WC.OPTION):
-            caps[st.layer] = st.options[WC.OPTION]
-            shapes[st.layer] = c.plan.program.tensors[st.reads[0]].shape
+        if st.kind == "conv" and st.phase == "forward" and st.op.options.get(WC.OPTION):
+            caps[st.layer] = st.op.options[WC.OPTION]
+            shapes[st.layer] = c.plan.program.tensors[st.access.reads[0]].shape
     mods = {node.name: node.layer for node in net.nodes}
     rng = np.random.default_rng(0)
     total = 0.0

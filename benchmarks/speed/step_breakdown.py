@@ -96,7 +96,7 @@ def breakdown(name: str, memory: str, steps: int, warmup: int, gemm_size: int) -
             per_kind[k].append(v)
         totals.append(dt)
     program = tr.last_compiled.plan.program
-    flops = sum(s.flops for s in program.steps if s.phase in ("forward", "backward"))
+    flops = sum(s.cost.flops for s in program.steps if s.phase in ("forward", "backward"))
     med = float(np.median(totals))
     kinds = {k: float(np.median(v)) for k, v in per_kind.items()}
     cores = num_threads()

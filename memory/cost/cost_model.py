@@ -33,10 +33,10 @@ __all__ = ["Prediction", "extra_time", "rate_breakdown", "simulate", "step_costs
 
 def step_rate(step: Step, profile: DeviceProfile) -> tuple[str, float]:
     """``(name, FLOP/s)`` the cost model prices ``step``'s FLOPs at: its matrix products'
-    tensor-core rate (:attr:`~minidl.memory.ir.program.Step.matmul_dtype`), else FP32."""
-    if not step.matmul_dtype:
+    tensor-core rate (:attr:`~minidl.memory.ir.program.Step.cost.matmul_dtype`), else FP32."""
+    if not step.cost.matmul_dtype:
         return "fp32", profile.flops_per_s
-    return profile.matmul_rate(step.matmul_dtype)
+    return profile.matmul_rate(step.cost.matmul_dtype)
 
 
 def step_time(program: Program, index: int, profile: DeviceProfile) -> float:
@@ -45,9 +45,9 @@ def step_time(program: Program, index: int, profile: DeviceProfile) -> float:
     memory bandwidth."""
     st = program.steps[index]
     tensors = program.tensors
-    touched = sum(tensors[t].nbytes for t in set(st.reads) | set(st.writes))
-    flops_per_s = profile.flops_per_s if not st.matmul_dtype else step_rate(st, profile)[1]
-    return max(st.flops / flops_per_s, touched / profile.hbm_bytes_per_s) + profile.launch_s
+    touched = sum(tensors[t].nbytes for t in set(st.access.reads) | set(st.access.writes))
+    flops_per_s = profile.flops_per_s if not st.cost.matmul_dtype else step_rate(st, profile)[1]
+    return max(st.cost.flops / flops_per_s, touched / profile.hbm_bytes_per_s) + profile.launch_s
 
 
 def rate_breakdown(program: Program, profile: DeviceProfile) -> dict[str, dict[str, float]]:
@@ -60,9 +60,9 @@ def rate_breakdown(program: Program, profile: DeviceProfile) -> dict[str, dict[s
                                     "seconds": 0.0, "bandwidth_bound": 0})
         seconds = step_time(program, i, profile)
         row["steps"] += 1
-        row["flops"] += st.flops
+        row["flops"] += st.cost.flops
         row["seconds"] += seconds
-        row["bandwidth_bound"] += st.flops / rate < seconds - profile.launch_s
+        row["bandwidth_bound"] += st.cost.flops / rate < seconds - profile.launch_s
     return out
 
 
@@ -161,7 +161,7 @@ class _Clock:
         phase = st.phase
         if phase == Phase.RECOMPUTE:
             self.recompute += cost
-        elif st.recompute_flops:  # (the share of a backward spent recomputing inside the op)
+        elif st.cost.recompute_flops:  # (the share of a backward spent recomputing inside the op)
             self.recompute += cost * _redo_share(st)
         elif phase in (Phase.ENCODE, Phase.DECODE):
             self.codec += cost
@@ -189,7 +189,7 @@ def _walk(plan: Plan, costs: Sequence[float], d2h_bytes_per_s: float,
 
 def _redo_share(step) -> float:
     """The share of ``step``'s FLOPs that recompute forward work inside its op."""
-    return step.recompute_flops / step.flops if step.flops > 0 else 0.0
+    return step.cost.recompute_flops / step.cost.flops if step.cost.flops > 0 else 0.0
 
 
 def _oracle(program: Program, costs: Sequence[float]) -> float:

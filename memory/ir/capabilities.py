@@ -4,7 +4,7 @@ Layers declare them with the enums of :mod:`minidl.kernels.vocabulary`
 (``recompute_cost = RecomputeCost.EXPENSIVE``, ``backward_from = (StashEncoding.SIGN,)``;
 layers import nothing of memory); lowering turns them into an :class:`OpCaps` with
 :func:`op_caps`, which refuses an unknown value, and puts it on every step. Passes read
-``step.caps`` only: a new layer gets every strategy by declaring its capabilities.
+``step.op.caps`` only: a new layer gets every strategy by declaring its capabilities.
 """
 
 from __future__ import annotations

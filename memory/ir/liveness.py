@@ -43,12 +43,12 @@ def _lifetimes(program: Program) -> dict[int, Lifetime]:
     persistent = {spec.id for spec in program.tensors if spec.persistent}
     for st in program.steps:
         i = st.index
-        ids = [t for t in st.reads if t not in persistent]
+        ids = [t for t in st.access.reads if t not in persistent]
         if st.phase == Phase.BACKWARD:
             bwd.update(ids)
-        ids += [t for t in st.writes if t not in persistent]
-        if st.workspace >= 0 and st.workspace not in persistent:
-            ids.append(st.workspace)
+        ids += [t for t in st.access.writes if t not in persistent]
+        if st.access.workspace >= 0 and st.access.workspace not in persistent:
+            ids.append(st.access.workspace)
         for t in ids:
             if t not in first:
                 first[t] = i

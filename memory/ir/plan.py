@@ -205,13 +205,53 @@ class Choice:
 
 
 @dataclass(frozen=True)
+class StaticLayout:
+    """Where a static plan placed its blocks: ``arena`` bytes above ``base`` (both -1 for a
+    plan whose blocks the pool places)."""
+
+    arena: int = -1
+    base: int = -1
+
+
+@dataclass(frozen=True)
+class Swapping:
+    """The ``blocks`` a plan swaps to host, and whether released blocks stay cached on device
+    (``cache``: the tensor cache)."""
+
+    blocks: tuple[int, ...] = ()
+    cache: bool = False
+
+    def __post_init__(self) -> None:
+        if type(self.blocks) is not tuple:
+            object.__setattr__(self, "blocks", tuple(self.blocks))
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What a plan was made from: ``measured`` step times (``swap=auto``, ``auto``) or not,
+    sparse block sizes from measured densities or (``densities_measured=False``) an assumed
+    one (:mod:`.compress`), the auto planner's decisions (``auto``, if any) and the per-op
+    options chosen before planning (``choices``, :meth:`Plan.with_choice`)."""
+
+    measured: bool = False
+    densities_measured: bool = True
+    auto: AutoChoice | None = None
+    choices: tuple[Choice, ...] = ()
+
+    def __post_init__(self) -> None:
+        if type(self.choices) is not tuple:
+            object.__setattr__(self, "choices", tuple(self.choices))
+
+
+@dataclass(frozen=True)
 class Plan:
     """What to do with memory around every step of a program.
 
     ``begin`` runs before the first step and ``end`` after the last. ``aliases`` maps a tensor
     to the tensor whose memory it shares (in-place ops); an aliased tensor is never allocated
     or freed itself (read-only, as the whole plan). ``notes`` are human-readable facts about
-    the policy's choices.
+    the policy's choices. ``static`` says where a static plan placed its blocks, ``swapping``
+    what it swaps, ``provenance`` what it was made from.
     """
 
     program: Program
@@ -221,20 +261,9 @@ class Plan:
     aliases: dict[int, int] = None  # type: ignore[assignment]  # set in __post_init__
     spec: str = "none"
     notes: tuple[str, ...] = ()
-    #: For static plans: bytes of the planned arena above ``static_base`` (else -1).
-    static_arena: int = -1
-    static_base: int = -1
-    #: Blocks the plan swaps to host, and whether released blocks stay cached on device.
-    swapped: tuple[int, ...] = ()
-    cache: bool = False
-    #: True once the plan was made from measured step times (``swap=auto``, ``auto``).
-    measured: bool = False
-    #: False while sparse block sizes rest on an assumed density (see :mod:`.compress`).
-    densities_measured: bool = True
-    #: The auto planner's decisions, if any.
-    auto: AutoChoice | None = None
-    #: The per-op options chosen before planning (:meth:`with_choice`).
-    choices: tuple[Choice, ...] = ()
+    static: StaticLayout = StaticLayout()
+    swapping: Swapping = Swapping()
+    provenance: Provenance = Provenance()
 
     def __post_init__(self) -> None:
         # normalise containers to immutable ones (callers may build with lists)
@@ -242,8 +271,6 @@ class Plan:
         object.__setattr__(self, "begin", tuple(self.begin))
         object.__setattr__(self, "end", tuple(self.end))
         object.__setattr__(self, "notes", tuple(self.notes))
-        object.__setattr__(self, "swapped", tuple(self.swapped))
-        object.__setattr__(self, "choices", tuple(self.choices))
         object.__setattr__(self, "aliases", dict(self.aliases or {}))
 
     def with_notes(self, *notes: str, first: bool = False) -> Plan:
@@ -253,8 +280,9 @@ class Plan:
     def with_choice(self, kind: ChoiceKind, note: str) -> Plan:
         """This plan with a per-op option chosen before planning, said by ``note`` (added to
         the notes too)."""
-        return replace(self, notes=(*self.notes, note),
-                       choices=(*self.choices, Choice(ChoiceKind.of(kind), note)))
+        made = self.provenance
+        return replace(self, notes=(*self.notes, note), provenance=replace(
+            made, choices=(*made.choices, Choice(ChoiceKind.of(kind), note))))
 
     def actions(self) -> Iterator[tuple[int, Action]]:
         """Every action in execution order (:func:`.walk.walk`), as (position, action);
@@ -281,7 +309,7 @@ class Plan:
 
 def residency_move(action: Action, state: Residency, cache: bool) -> Move:
     """The :data:`.residency.TRANSITIONS` move ``action`` makes on a tensor in ``state``:
-    its declared ``move``, except that with the tensor cache (``Plan.cache``) a release
+    its declared ``move``, except that with the tensor cache (``Plan.swapping.cache``) a release
     keeps the block cached and a prefetch of a cached block reuses it."""
     move = action.move
     if cache and move is Move.RELEASE:
@@ -318,7 +346,7 @@ class _PlanCheck:
         """Carry out ``a`` (run at ``where``) on the state, or raise AssertionError."""
         t = a.tensor
         state = self.state.get(t, Residency.UNALLOCATED)
-        move = residency_move(a, state, self.plan.cache)
+        move = residency_move(a, state, self.plan.swapping.cache)
         after = None if (move, state) in _PLAN_ONLY_FORBIDS else TRANSITIONS.get((state, move))
         if after is None:
             raise AssertionError(f"{where}: tensor {t} " + _MISTAKES.get(
@@ -337,9 +365,9 @@ class _PlanCheck:
         device (through its alias root)."""
         prog = self.plan.program
         st = prog.steps[i]
-        touched = set(st.reads) | set(st.writes)
-        if st.workspace >= 0:
-            touched.add(st.workspace)
+        touched = set(st.access.reads) | set(st.access.writes)
+        if st.access.workspace >= 0:
+            touched.add(st.access.workspace)
         for t in touched:
             if prog.tensors[t].persistent:
                 continue

@@ -15,9 +15,9 @@ from functools import cached_property
 
 import numpy as np
 
-from .capabilities import OpCaps
 from .names import Category, Phase, Role
-from .payloads import CodecStep, EncodedInput, OpFacts, OpOptions, RewriteSummary
+from .payloads import RewriteSummary
+from .step_parts import BackwardSlots, ForwardSlots, GradInput, OpTraits, StepAccess, StepCost
 from .units import ALLOCATION_UNIT, aligned
 
 
@@ -58,19 +58,8 @@ class TensorSpec:
         return spec
 
 
-@dataclass(frozen=True)
-class GradInput:
-    """Where a backward step writes one input's gradient: ``written``, then added into
-    ``add_into`` when that gradient already has a writer (fan-out; -1 otherwise)."""
-
-    written: int
-    add_into: int = -1
-
-
 #: The fields of a :class:`Step` that hold tensor ids.
-_TENSOR_FIELDS = frozenset({"reads", "writes", "workspace", "shares", "inputs", "outputs",
-                            "stash", "params", "grad_outputs", "grad_inputs", "grad_params",
-                            "param_partials"})
+_TENSOR_FIELDS = frozenset({"access", "forward", "backward"})
 
 
 @dataclass(frozen=True)
@@ -78,11 +67,13 @@ class Step:
     """One step of the program: a layer's forward or backward, a recomputation, an encode or
     decode, or an accumulation — the one list both memory passes and the executor walk.
 
-    ``reads`` / ``writes`` / ``workspace`` are what memory sees. The named slots below them are
-    the same tensors as the layer receives them (llm.c's named buffers): inputs and outputs in
-    the layer's order, the stash by name, parameters and their gradients by the layer's local
-    names. A pass that substitutes tensors (recomputation's clones, decoded stashes) does it
-    through :meth:`remapped`, in every slot at once; nothing maps back.
+    ``access`` is what memory sees (:class:`~.step_parts.StepAccess`). ``forward`` and
+    ``backward`` are the same tensors as the layer receives them (llm.c's named buffers,
+    :class:`~.step_parts.ForwardSlots`, :class:`~.step_parts.BackwardSlots`); ``cost`` what the
+    cost model prices it by, ``op`` what its layer declares and the plan chose
+    (:class:`~.step_parts.StepCost`, :class:`~.step_parts.OpTraits`). A pass that substitutes
+    tensors (recomputation's clones, decoded stashes) does it through :meth:`remapped`, in
+    every slot at once; nothing maps back.
     """
 
     index: int
@@ -90,96 +81,52 @@ class Step:
     layer: str
     kind: str  # op tag: conv, relu, pool, ... ; "encode" ; "decode"
     node: int  # index of the layer node in the network (-1 for none)
-    reads: tuple[int, ...]
-    writes: tuple[int, ...]
-    workspace: int = -1  # tensor id of this step's workspace, or -1
-    flops: int = 0
-    #: (written, read) tensor pairs the op allows to share one block: an in-place forward
-    #: (output over input) or an in-place backward (input gradient over output gradient).
-    shares: tuple[tuple[int, int], ...] = ()
-    #: Plain facts a pass needs about the op (a max-pool's window, attention's shape, a fused
-    #: RNN's time units), from its layer.
-    facts: OpFacts = OpFacts()
-    #: An encode / decode step's codec and the tensor it encodes or decodes (else None).
-    codec: CodecStep | None = None
-    #: A backward step starting from an encoded stash: which encoding, in which tensor.
-    from_encoded: EncodedInput | None = None
-    # ---- the layer's named slots (tensor ids)
-    inputs: tuple[int, ...] = ()
-    outputs: tuple[int, ...] = ()
-    stash: dict[str, int] = field(default_factory=dict)
-    params: dict[str, int] = field(default_factory=dict)  # local name -> parameter tensor
-    grad_outputs: tuple[int, ...] = ()
-    grad_inputs: tuple[GradInput | None, ...] = ()
-    grad_params: dict[str, int] = field(default_factory=dict)  # local name -> .grad tensor
-    #: Shared parameters whose gradient this step writes into a partial the executor adds.
-    param_partials: dict[str, int] = field(default_factory=dict)
-    #: Parameters whose gradient the layer adds straight into ``.grad`` (``ctx.accumulate``).
-    accumulate: frozenset[str] = frozenset()
-    #: Positions in ``inputs`` / ``outputs`` a backward step reads (its layer's
-    #: ``retain_inputs`` / ``retain_outputs``).
-    retained_inputs: tuple[int, ...] = ()
-    retained_outputs: tuple[int, ...] = ()
-    in_shapes: tuple[tuple[int, ...], ...] = ()
-    #: What memory passes may do with the op (declared by its layer).
-    caps: OpCaps = OpCaps()
-    #: Per-op options the plan set (a BPTT schedule, ...), handed to the layer at run time
-    #: (a plain ``{name: value}`` mapping is accepted and made an :class:`OpOptions`).
-    options: OpOptions = OpOptions()
-    #: The user's choice for the feature maps this op's forward writes, from a block the
-    #: network marks (``"recompute"``, ``"swap"`` or ``"keep"``; ``""``: the planner's to make).
-    #: Every planner honours it (:mod:`.block_choices`).
-    forced: str = ""
-    #: Index of the lowered step this one runs (itself for lowered steps; a recomputation's
-    #: forward step; -1 for steps a pass added): measured step times are keyed by it.
-    origin: int = -1
-    #: Of ``flops``, the forward FLOPs a backward step runs again inside the op (a fused RNN's
-    #: BPTT schedule keeping fewer states): recomputation the cost model counts as such.
-    recompute_flops: int = 0
-    #: What the op's matrix products run in on tensor cores (``"bfloat16"``, ``"float16"``,
-    #: ``"tf32"``; ``""``: float32 on CUDA cores), set by lowering from the precision
-    #: (:mod:`.precision`); the cost model prices the step's FLOPs at that rate.
-    matmul_dtype: str = ""
+    access: StepAccess = StepAccess()
+    forward: ForwardSlots = field(default_factory=ForwardSlots)
+    backward: BackwardSlots = field(default_factory=BackwardSlots)
+    cost: StepCost = StepCost()
+    op: OpTraits = OpTraits()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "phase", Phase.of(self.phase))
-        if type(self.options) is not OpOptions:
-            object.__setattr__(self, "options", OpOptions.of(self.options))
-        if type(self.facts) is not OpFacts:
-            object.__setattr__(self, "facts", OpFacts.of(self.facts))
 
     def slot_reads(self) -> tuple[int, ...]:
         """What the step reads, from its named slots: a forward step its inputs, then its
         parameters; a backward step (each tensor once) its output gradients, the inputs and
-        outputs it retains, its stash and its parameters. Lowering sets ``reads`` to this."""
+        outputs it retains, its stash and its parameters. Lowering sets ``access.reads`` to
+        this."""
+        fw = self.forward
         if self.phase is Phase.BACKWARD:
+            bw = self.backward
             return tuple(dict.fromkeys((
-                *self.grad_outputs, *(self.inputs[j] for j in self.retained_inputs),
-                *(self.outputs[j] for j in self.retained_outputs), *self.stash.values(),
-                *self.params.values())))
-        return (*self.inputs, *self.params.values())
+                *bw.grad_outputs, *(fw.inputs[j] for j in bw.retained_inputs),
+                *(fw.outputs[j] for j in bw.retained_outputs), *fw.stash.values(),
+                *fw.params.values())))
+        return (*fw.inputs, *fw.params.values())
 
     def slot_writes(self) -> tuple[int, ...]:
         """What the step writes, from its named slots: a forward step its outputs, then its
         stash; a backward step (each tensor once) per input its gradient (the partial, then
         the gradient it is added into), then its parameters' gradients and partials. Lowering
-        sets ``writes`` to this."""
+        sets ``access.writes`` to this."""
         if self.phase is Phase.BACKWARD:
-            grads = [t for g in self.grad_inputs if g is not None
+            bw = self.backward
+            grads = [t for g in bw.grad_inputs if g is not None
                      for t in ((g.written,) if g.add_into < 0 else (g.written, g.add_into))]
-            return tuple(dict.fromkeys((*grads, *self.grad_params.values(),
-                                        *self.param_partials.values())))
-        return (*self.outputs, *self.stash.values())
+            return tuple(dict.fromkeys((*grads, *bw.grad_params.values(),
+                                        *bw.param_partials.values())))
+        return (*self.forward.outputs, *self.forward.stash.values())
 
     @property
     def attrs(self) -> dict:
-        """The former plain-dict view of :attr:`facts`, :attr:`codec` and
-        :attr:`from_encoded` (a new dict; for reading only)."""
+        """The former plain-dict view of the op's ``facts``, ``codec`` and ``from_encoded``
+        (a new dict; for reading only)."""
         out: dict = {}
-        f = self.facts
-        window = f.pool if self.codec is None else self.codec.window
-        if self.codec is not None:
-            out.update(codec=self.codec.codec, source=self.codec.source)
+        op = self.op
+        f = op.facts
+        window = f.pool if op.codec is None else op.codec.window
+        if op.codec is not None:
+            out.update(codec=op.codec.codec, source=op.codec.source)
         if window is not None:
             out.update(window=window.size, kernel=window.kernel, stride=window.stride,
                        padding=window.padding)
@@ -187,9 +134,9 @@ class Step:
             out["attention"] = dict(vars(f.attention))
         if f.time_units is not None:
             out["time_units"] = f.time_units
-        if self.from_encoded is not None:
-            out.update(backward_from=self.from_encoded.encoding,
-                       encoded=self.from_encoded.tensor)
+        if op.from_encoded is not None:
+            out.update(backward_from=op.from_encoded.encoding,
+                       encoded=op.from_encoded.tensor)
         return out
 
     @property
@@ -212,24 +159,27 @@ class Step:
         new.update(own)
         if mapping and not mapping.keys().isdisjoint(self._tensor_ids):
             m = mapping.get
-            new["reads"] = tuple([m(t, t) for t in self.reads])
-            new["writes"] = tuple([m(t, t) for t in self.writes])
-            if self.workspace >= 0:
-                new["workspace"] = m(self.workspace, self.workspace)
-            if self.shares:
-                new["shares"] = tuple([(m(a, a), m(b, b)) for a, b in self.shares])
-            new["inputs"] = tuple([m(t, t) for t in self.inputs])
-            new["outputs"] = tuple([m(t, t) for t in self.outputs])
-            for name in ("stash", "params", "grad_params", "param_partials"):
-                d = own[name]
-                if d:
-                    new[name] = {k: m(t, t) for k, t in d.items()}
-            if self.grad_outputs:
-                new["grad_outputs"] = tuple([m(t, t) for t in self.grad_outputs])
-            if self.grad_inputs:
-                new["grad_inputs"] = tuple([None if g is None else GradInput(
+            a, fw, bw = self.access, self.forward, self.backward
+            new["access"] = StepAccess(
+                tuple([m(t, t) for t in a.reads]), tuple([m(t, t) for t in a.writes]),
+                m(a.workspace, a.workspace) if a.workspace >= 0 else a.workspace,
+                tuple([(m(x, x), m(y, y)) for x, y in a.shares]) if a.shares else a.shares)
+            new["forward"] = ForwardSlots(
+                tuple([m(t, t) for t in fw.inputs]), tuple([m(t, t) for t in fw.outputs]),
+                {k: m(t, t) for k, t in fw.stash.items()} if fw.stash else fw.stash,
+                {k: m(t, t) for k, t in fw.params.items()} if fw.params else fw.params,
+                fw.in_shapes)
+            new["backward"] = BackwardSlots(
+                tuple([m(t, t) for t in bw.grad_outputs]) if bw.grad_outputs
+                else bw.grad_outputs,
+                tuple([None if g is None else GradInput(
                     m(g.written, g.written), m(g.add_into, g.add_into) if g.add_into >= 0
-                    else -1) for g in self.grad_inputs])
+                    else -1) for g in bw.grad_inputs]) if bw.grad_inputs else bw.grad_inputs,
+                {k: m(t, t) for k, t in bw.grad_params.items()} if bw.grad_params
+                else bw.grad_params,
+                {k: m(t, t) for k, t in bw.param_partials.items()} if bw.param_partials
+                else bw.param_partials,
+                bw.accumulate, bw.retained_inputs, bw.retained_outputs)
             new.pop("_tensor_ids", None)
         new.update(changes)
         if not _TENSOR_FIELDS.isdisjoint(changes):
@@ -239,12 +189,13 @@ class Step:
     @cached_property
     def _tensor_ids(self) -> frozenset[int]:
         """Every tensor id in the step, in memory's view and in the named slots."""
-        ids = {*self.reads, *self.writes, self.workspace, *self.inputs, *self.outputs,
-               *self.stash.values(), *self.params.values(), *self.grad_outputs,
-               *self.grad_params.values(), *self.param_partials.values()}
-        for a, b in self.shares:
-            ids.update((a, b))
-        for g in self.grad_inputs:
+        a, fw, bw = self.access, self.forward, self.backward
+        ids = {*a.reads, *a.writes, a.workspace, *fw.inputs, *fw.outputs,
+               *fw.stash.values(), *fw.params.values(), *bw.grad_outputs,
+               *bw.grad_params.values(), *bw.param_partials.values()}
+        for x, y in a.shares:
+            ids.update((x, y))
+        for g in bw.grad_inputs:
             if g is not None:
                 ids.update((g.written, g.add_into))
         return frozenset(ids)
@@ -293,10 +244,11 @@ class Program:
     def step_footprint(self, step: Step) -> int:
         """Aligned bytes of the non-persistent tensors one step touches, workspace included;
         an output the op may write over an operand (``shares``) is counted once."""
-        ids = set(step.reads) | set(step.writes)
-        if step.workspace >= 0:
-            ids.add(step.workspace)
-        ids -= {w for w, r in step.shares if r in ids
+        a = step.access
+        ids = set(a.reads) | set(a.writes)
+        if a.workspace >= 0:
+            ids.add(a.workspace)
+        ids -= {w for w, r in a.shares if r in ids
                 and self.tensors[w].nbytes == self.tensors[r].nbytes}
         return sum(self.block_size(self.tensors[i].nbytes) for i in ids
                    if not self.tensors[i].persistent)

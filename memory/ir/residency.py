@@ -106,13 +106,24 @@ class IllegalTransition(RuntimeError):
 
 
 @dataclass(eq=False, slots=True)
+class SwapState:
+    """What a swap of one tensor holds: the ``host`` buffer, the ``d2h``/``h2d`` copy events,
+    ``nbytes`` of the block being swapped and ``saved_shape``, the shape of the view to restore
+    after it (an encoded stash's view may differ from the planned shape)."""
+
+    host: Any = None
+    d2h: Any = None
+    h2d: Any = None
+    nbytes: int = 0
+    saved_shape: tuple[int, ...] | None = None
+
+
+@dataclass(eq=False, slots=True)
 class TensorRecord:
     """One tensor's residency and what that state owns.
 
     ``block`` is the device block (roots only), ``view`` the array steps read (absent unless
-    the tensor is readable), ``host`` the host buffer of a swap, ``d2h``/``h2d`` its copy
-    events, ``nbytes`` the size of the block being swapped, ``saved_shape`` the shape of the
-    view to restore after a swap (an encoded stash's view may differ from the planned shape),
+    the tensor is readable), ``swap`` the host side of a swap (:class:`SwapState`),
     ``members`` the live aliases of a root (they lose and regain their views with it).
     """
 
@@ -121,11 +132,7 @@ class TensorRecord:
     state: Residency = Residency.UNALLOCATED
     block: Any = None
     view: Any = None
-    host: Any = None
-    d2h: Any = None
-    h2d: Any = None
-    nbytes: int = 0
-    saved_shape: tuple[int, ...] | None = None
+    swap: SwapState = field(default_factory=SwapState)
     members: set[int] = field(default_factory=set)
 
     def check(self, move: Move) -> Residency:
@@ -149,7 +156,8 @@ class TensorRecord:
     def offload(self, host: Any, event: Any) -> None:
         """Being copied into ``host`` (``event`` completes the copy); not readable meanwhile."""
         self.state = self.check(Move.OFFLOAD)
-        self.host, self.d2h, self.nbytes = host, event, self.block.size
+        swap = self.swap
+        swap.host, swap.d2h, swap.nbytes = host, event, self.block.size
         self.view = None
 
     def release(self) -> None:
@@ -169,19 +177,21 @@ class TensorRecord:
     def reuse_cached(self) -> None:
         """A prefetch found the block still cached: back without a copy."""
         self.state = self.check(Move.REUSE_CACHED)
-        self.h2d = None
+        self.swap.h2d = None
 
     def prefetch(self, block: Any, event: Any) -> None:
         """Copying back into ``block`` (``event`` completes the copy)."""
         self.state = self.check(Move.PREFETCH)
-        self.block, self.h2d = block, event
+        self.block, self.swap.h2d = block, event
 
     def await_prefetch(self, view: Any) -> None:
         """The copy back is complete (the caller waited and returned the host buffer)."""
         self.state = self.check(Move.AWAIT_PREFETCH)
-        self.view, self.host = view, None
+        self.view, self.swap.host = view, None
 
     def free(self) -> None:
         """Gone for the rest of the iteration (the caller returned the block and host buffer)."""
         self.state = self.check(Move.FREE)
-        self.block = self.view = self.host = self.d2h = self.h2d = None
+        self.block = self.view = None
+        swap = self.swap
+        swap.host = swap.d2h = swap.h2d = None

@@ -63,7 +63,7 @@ def chrome_trace(events: list[tuple], program: Program, step_times: list[float] 
                  base: dict[str, int] | None = None) -> dict[str, Any]:
     """:func:`trace` of ``program``'s steps (a dry run's, or one iteration laid out by its
     measured step times)."""
-    steps = [(st.layer, st.phase, st.kind, st.flops) for st in program.steps]
+    steps = [(st.layer, st.phase, st.kind, st.cost.flops) for st in program.steps]
     return trace(events, steps, step_times, base)
 
 

@@ -8,7 +8,7 @@ stores only the row log-sum-exp (B, H, T) and recomputes each tile in backward: 
 linear in T, its workspaces hold a few tiles (larger tiles: fewer, larger products, more
 workspace). Both forms are deterministic and agree to float rounding.
 
-Memory sees the op through ``step.facts.attention`` (batch, seq, dim, heads, causal,
+Memory sees the op through ``step.op.facts.attention`` (batch, seq, dim, heads, causal,
 dropout) and sizes each form with the kernels' own layouts
 (:mod:`minidl.kernels.transformer.attention`), the ones the layer declares, so the bytes here are
 the
@@ -51,14 +51,14 @@ class FormBytes:
 def attention_steps(program: Program) -> list[Step]:
     """The forward steps taking the option (one per attention op)."""
     return [st for st in program.steps
-            if st.phase == Phase.FORWARD and OPTION in st.caps.options
-            and st.facts.attention is not None]
+            if st.phase == Phase.FORWARD and OPTION in st.op.caps.options
+            and st.op.facts.attention is not None]
 
 
 def candidates(step: Step) -> list[str]:
     """Forms to consider for an attention op, keep first, then blockwise with tiles of
     :data:`BLOCKS` (no larger than the sequence; duplicates dropped)."""
-    seq = step.facts.attention.seq
+    seq = step.op.facts.attention.seq
     out = [KEEP]
     for b in BLOCKS:
         form = f"{ak.BLOCKWISE}:{min(b, seq)}"
@@ -70,8 +70,8 @@ def candidates(step: Step) -> list[str]:
 def form_bytes(program: Program, step: Step, form: str | None) -> FormBytes:
     """The stash and workspace bytes of ``step``'s op under ``form`` (``None``: keep), in
     the dtype of its input, as the layer declares them."""
-    a = step.facts.attention
-    dt = np.dtype(program.tensors[step.inputs[0]].dtype)
+    a = step.op.facts.attention
+    dt = np.dtype(program.tensors[step.forward.inputs[0]].dtype)
     block = ak.parse_form(form)
     geom = (a.batch, a.seq, a.dim, a.heads, block)
     stash = sum(int(np.prod(s)) for s in ak.stash_shapes(*geom).values()) * dt.itemsize
@@ -89,7 +89,7 @@ def policies(program: Program, config: MemoryConfig) -> list[str | None]:
     if not steps or not program.training:
         return [None]
     if config.auto and config.budget is not None:
-        longest = max(steps, key=lambda st: st.facts.attention.seq)
+        longest = max(steps, key=lambda st: st.op.facts.attention.seq)
         return list(candidates(longest))
     return [None]
 

@@ -61,8 +61,8 @@ def candidate_policies(units: int) -> list[str | None]:
 
 def _units(program: Program) -> dict[int, int]:
     """Node -> time units of every forward step taking the option."""
-    return {st.node: st.facts.time_units for st in program.steps
-            if st.phase == Phase.FORWARD and OPTION in st.caps.options}
+    return {st.node: st.op.facts.time_units for st in program.steps
+            if st.phase == Phase.FORWARD and OPTION in st.op.caps.options}
 
 
 def policies(program: Program, config: MemoryConfig) -> list[str | None]:

@@ -34,7 +34,7 @@ Key = tuple[int, bool]
 def capped_steps(program: Program) -> list[int]:
     """Indices of the steps taking the option that have a workspace."""
     return [st.index for st in program.steps
-            if OPTION in st.caps.options and st.workspace >= 0]
+            if OPTION in st.op.caps.options and st.access.workspace >= 0]
 
 
 def _key(program: Program, i: int) -> Key:
@@ -47,7 +47,7 @@ def workspaces(program: Program) -> dict[Key, int]:
     out: dict[Key, int] = {}
     for i in capped_steps(program):
         k = _key(program, i)
-        out[k] = max(out.get(k, 0), program.tensors[program.steps[i].workspace].nbytes)
+        out[k] = max(out.get(k, 0), program.tensors[program.steps[i].access.workspace].nbytes)
     return out
 
 
@@ -87,7 +87,7 @@ def headroom_options(plan: Plan, budget: int | None,
     free = int(live.max(initial=0))
     if budget is not None:
         free = min(budget - program.persistent_bytes(), free)
-    key_of = {program.steps[i].workspace: _key(program, i) for i in capped_steps(program)}
+    key_of = {program.steps[i].access.workspace: _key(program, i) for i in capped_steps(program)}
     caps: dict[Key, int] = {}
     for (tid, _), (s, e, size) in iv.items():
         key = key_of.get(tid)

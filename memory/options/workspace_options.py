@@ -115,8 +115,8 @@ LEVELS = (32 << 20, 1 << 20, 0)
 def arena_fits(plan: Plan, budget: int) -> bool:
     """Whether the plan's static arena (if it has one: static offsets can leave gaps that
     the sum of live bytes does not count) sits within ``budget`` above the persistent state."""
-    return plan.static_arena < 0 or \
-        plan.program.persistent_bytes() + plan.static_arena <= budget
+    return plan.static.arena < 0 or \
+        plan.program.persistent_bytes() + plan.static.arena <= budget
 
 
 def better(new: Plan, old: Plan, budget: int) -> bool:
@@ -125,7 +125,8 @@ def better(new: Plan, old: Plan, budget: int) -> bool:
     recompute time for it."""
     if not arena_fits(new, budget) or plan_peak(new) > plan_peak(old):
         return False
-    return new.auto is None or old.auto is None or new.auto.extra_time_s <= old.auto.extra_time_s
+    new_auto, old_auto = new.provenance.auto, old.provenance.auto
+    return new_auto is None or old_auto is None or new_auto.extra_time_s <= old_auto.extra_time_s
 
 
 def _fit(options: dict[int, dict[str, Any]] | None, config: MemoryConfig,
@@ -140,17 +141,17 @@ def _fit(options: dict[int, dict[str, Any]] | None, config: MemoryConfig,
         except BudgetTooSmall as e:
             if tight is config:
                 raise
-            need = plan.program.persistent_bytes() + plan.static_arena
+            need = plan.program.persistent_bytes() + plan.static.arena
             raise BudgetTooSmall(f"the peak fits the budget of {budget:,} B, but its static "
                                  f"offsets need {need:,} B with the persistent state; planned "
                                  f"to {tight.budget:,} B instead: {e}") from None
         if arena_fits(plan, budget):
             break
-        over = plan.program.persistent_bytes() + plan.static_arena - budget
+        over = plan.program.persistent_bytes() + plan.static.arena - budget
         tight = MemoryConfig({**tight.flags, "budget": str(tight.budget - over)})
     else:
         raise BudgetTooSmall(f"the peak fits the budget of {budget:,} B, but not the "
-                             f"{plan.static_arena:,} B its static offsets need")
+                             f"{plan.static.arena:,} B its static offsets need")
     if tight is not config:
         plan = replace(plan, spec=config.spec).with_notes(
             f"auto planned to {tight.budget:,} B so that its static offsets fit {budget:,} B")

@@ -46,7 +46,7 @@ def _blocks(plan: Plan) -> tuple[list[tuple[Key, int, int, bool]], int]:
     live while it is, whether it shares another block), and the plan's peak."""
     program = plan.program
     iv, live = _live_curve(plan)
-    key_of = {program.steps[i].workspace: _key(program, i) for i in capped_steps(program)}
+    key_of = {program.steps[i].access.workspace: _key(program, i) for i in capped_steps(program)}
     out = [(key_of[tid], size, int(live[s:max(e, s + 1)].max()), tid in plan.aliases)
            for (tid, _), (s, e, size) in iv.items() if tid in key_of]
     return out, int(live.max(initial=0))

@@ -2,7 +2,7 @@
 (:mod:`.workspace_peak`) weighs a lower peak against. The estimates are
 :func:`~minidl.kernels.convolution.conv_geometry.conv_config`'s configuration costs for the CPU
 kernels (never a clock), in multiply-adds of a large im2col product, from each convolution
-step's geometry (``step.facts.convolution``, recorded at lowering).
+step's geometry (``step.op.facts.convolution``, recorded at lowering).
 """
 
 from __future__ import annotations
@@ -70,19 +70,19 @@ class ConvTimes:
     estimated time (every other step at its multiply-adds): what
     :func:`~.workspace_peak.peak_options` weighs a lower peak against. Convolutions of the
     CPU kind only (their configurations are the CPU kernels'), with the geometry lowering
-    recorded (``step.facts.convolution``)."""
+    recorded (``step.op.facts.convolution``)."""
 
     def __init__(self, kind: DeviceKind | str = DeviceKind.CPU) -> None:
         self.kind = DeviceKind.of(kind)
 
     def _steps(self, program: Program, i: int) -> tuple | None:
         st = program.steps[i]
-        geom = st.facts.convolution
-        if self.kind is not DeviceKind.CPU or geom is None or not st.in_shapes \
-                or OPTION not in st.caps.options:
+        geom = st.op.facts.convolution
+        if self.kind is not DeviceKind.CPU or geom is None or not st.forward.in_shapes \
+                or OPTION not in st.op.caps.options:
             return None
-        itemsize = np.dtype(program.tensors[st.inputs[0]].dtype).itemsize
-        return _time_steps(tuple(st.in_shapes[0]), geom.as_tuple(), itemsize,
+        itemsize = np.dtype(program.tensors[st.forward.inputs[0]].dtype).itemsize
+        return _time_steps(tuple(st.forward.in_shapes[0]), geom.as_tuple(), itemsize,
                            st.phase == Phase.BACKWARD)
 
     def table(self, program: Program) -> tuple[dict[Key, list[tuple[float, tuple]]], float]:
@@ -92,12 +92,12 @@ class ConvTimes:
         out: dict[Key, list[tuple[float, tuple]]] = {}
         total = 0.0
         for st in program.steps:
-            steps = self._steps(program, st.index) if st.workspace >= 0 else None
+            steps = self._steps(program, st.index) if st.access.workspace >= 0 else None
             if steps is None:
-                total += st.flops / 2
+                total += st.cost.flops / 2
                 continue
-            out.setdefault(_key(program, st.index), []).append((st.flops / 2, steps))
-            total += st.flops / 2 * steps[2]
+            out.setdefault(_key(program, st.index), []).append((st.cost.flops / 2, steps))
+            total += st.cost.flops / 2 * steps[2]
         return out, total
 
 

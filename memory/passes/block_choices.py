@@ -2,7 +2,7 @@
 feature maps of some ops (``torch.utils.checkpoint``, ``jax.checkpoint``), and every planner
 treats the choice as a constraint.
 
-The choice reaches memory as plain data: :attr:`~.program.Step.forced` on the op's steps,
+The choice reaches memory as plain data: :attr:`~.program.Step.op.forced` on the op's steps,
 set at lowering from the network's block marks. This module reads it back as sets a planner
 uses:
 
@@ -24,7 +24,7 @@ from ..ir.program import Program
 
 
 class BlockChoice(Name):
-    """What a ``Checkpoint`` block forces on its feature maps (``Step.forced``)."""
+    """What a ``Checkpoint`` block forces on its feature maps (``Step.op.forced``)."""
 
     RECOMPUTE = "recompute"
     SWAP = "swap"
@@ -61,28 +61,28 @@ class BlockChoices:
 
 
 def block_choices(program: Program) -> BlockChoices:
-    """The choices the forward steps of ``program`` carry (:attr:`~.program.Step.forced`).
+    """The choices the forward steps of ``program`` carry (:attr:`~.program.Step.op.forced`).
     The loss is never dropped; a choice other than :data:`BLOCK_CHOICES` raises
     ``ValueError``."""
     if not program.training:
         return BlockChoices()
     loss_step = next((st.index for st in program.steps
-                      if st.phase == Phase.FORWARD and program.loss in st.writes), -1)
+                      if st.phase == Phase.FORWARD and program.loss in st.access.writes), -1)
     dropped, swapped, kept, recomputed = set(), set(), set(), set()
     for st in program.steps:
-        if st.phase != Phase.FORWARD or not st.forced or st.index == loss_step:
+        if st.phase != Phase.FORWARD or not st.op.forced or st.index == loss_step:
             continue
-        if st.forced not in BLOCK_CHOICES:
-            raise ValueError(f"layer {st.layer}: memory choice {st.forced!r} is not one of "
+        if st.op.forced not in BLOCK_CHOICES:
+            raise ValueError(f"layer {st.layer}: memory choice {st.op.forced!r} is not one of "
                              f"{', '.join(BLOCK_CHOICES)}")
-        outs = {t for t in st.writes if program.tensors[t].role == Role.VALUE
+        outs = {t for t in st.access.writes if program.tensors[t].role == Role.VALUE
                 and program.tensors[t].category == Category.FEATURE_MAP}
         if not outs:
             continue
-        if st.forced == BlockChoice.RECOMPUTE:
+        if st.op.forced == BlockChoice.RECOMPUTE:
             dropped.add(st.index)
             recomputed |= outs
-        elif st.forced == BlockChoice.SWAP:
+        elif st.op.forced == BlockChoice.SWAP:
             swapped |= outs
         else:
             kept |= outs

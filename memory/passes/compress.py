@@ -31,6 +31,7 @@ from ..ir.names import Category, Codec, Phase, Role
 from ..ir.payloads import CodecStep, CompressionSummary, EncodedInput, PoolWindow
 from ..ir.precision import is_float, itemsize
 from ..ir.program import Program, Step, TensorSpec
+from ..ir.step_parts import OpTraits, StepAccess
 
 #: The encoding a layer's backward starts from, for the codecs it consumes directly.
 CODEC_ENCODING = {Codec.SIGN: StashEncoding.SIGN, Codec.POOLIDX: StashEncoding.PACKED_ARGMAX}
@@ -42,7 +43,7 @@ def _backward_readers(program: Program) -> dict[int, list[Step]]:
     out: dict[int, list[Step]] = {}
     for st in program.steps:
         if st.phase in (Phase.BACKWARD, Phase.RECOMPUTE):
-            for t in st.reads:
+            for t in st.access.reads:
                 out.setdefault(t, []).append(st)
     return out
 
@@ -51,7 +52,7 @@ def _last_forward_use(program: Program) -> dict[int, int]:
     last: dict[int, int] = {}
     for st in program.steps:
         if st.phase == Phase.FORWARD:
-            for t in (*st.reads, *st.writes):
+            for t in (*st.access.reads, *st.access.writes):
                 last[t] = st.index
     return last
 
@@ -116,8 +117,8 @@ def _choose_lossless(program: Program, st: Step, readers: dict[int, list[Step]],
                      binarize: bool, use_sparse: bool, plan: _Choice) -> None:
     """Add to ``plan`` forward step ``st``'s outputs kept as signs, its packed argmax stash,
     or its sparse output."""
-    outs = [t for t in st.writes if program.tensors[t].role == Role.VALUE]
-    from_enc = st.caps.backward_from
+    outs = [t for t in st.access.writes if program.tensors[t].role == Role.VALUE]
+    from_enc = st.op.caps.backward_from
     if binarize and StashEncoding.SIGN in from_enc and outs:
         v = outs[0]
         rs = readers.get(v, [])
@@ -125,12 +126,12 @@ def _choose_lossless(program: Program, st: Step, readers: dict[int, list[Step]],
             plan[v] = (Codec.SIGN, None)
             return
     if binarize and StashEncoding.PACKED_ARGMAX in from_enc:
-        for t in st.writes:
+        for t in st.access.writes:
             if program.tensors[t].role == Role.STASH and t in readers:
-                plan[t] = (Codec.POOLIDX, st.facts.pool)
-    if use_sparse and st.caps.sparse_output and outs:
+                plan[t] = (Codec.POOLIDX, st.op.facts.pool)
+    if use_sparse and st.op.caps.sparse_output and outs:
         v = outs[0]
-        if any(r.caps.convolution for r in readers.get(v, [])):
+        if any(r.op.caps.convolution for r in readers.get(v, [])):
             plan[v] = (Codec.SPARSE, None)
 
 
@@ -140,7 +141,8 @@ def _choose_reduced_precision(program: Program, readers: dict[int, list[Step]], 
     backward reads, at precision ``dpr``, where its codes are narrower than the map's dtype
     (fp8 below a half map; in mixed precision the float32 maps take fp16 / bf16 too)."""
     fed = set(program.inputs)
-    producer = {t: st for st in program.steps if st.phase == Phase.FORWARD for t in st.writes}
+    producer = {t: st for st in program.steps if st.phase == Phase.FORWARD
+                for t in st.access.writes}
     for t in readers:
         spec = program.tensors[t]
         if t in plan or t in fed or spec.role != Role.VALUE \
@@ -206,15 +208,16 @@ def _rewritten_steps(program: Program, plan: _Choice, forms: _EncodedForms,
 
     for i, st in enumerate(program.steps):
         for t in decode_before.get(i, []):
-            emit(Step(0, "decode", tensors[t].layer, "decode", -1, (enc_of[t],), (dec_of[t],),
-                      codec=CodecStep(plan[t][0], t)))
+            emit(Step(0, "decode", tensors[t].layer, "decode", -1,
+                      StepAccess((enc_of[t],), (dec_of[t],)),
+                      op=OpTraits(codec=CodecStep(plan[t][0], t))))
         if st.phase in (Phase.BACKWARD, Phase.RECOMPUTE):
             st = _reading_encoded(st, plan, forms)
         emit(st)
         for t in encode_after.get(i, []):
             codec, window = plan[t]
-            emit(Step(0, "encode", tensors[t].layer, "encode", -1, (t,), (enc_of[t],),
-                      codec=CodecStep(codec, t, window)))
+            emit(Step(0, "encode", tensors[t].layer, "encode", -1, StepAccess((t,), (enc_of[t],)),
+                      op=OpTraits(codec=CodecStep(codec, t, window))))
     return steps
 
 
@@ -222,10 +225,11 @@ def _reading_encoded(st: Step, plan: _Choice, forms: _EncodedForms) -> Step:
     """Backward (or recomputing) step ``st`` reading decoded clones, or the encoding itself
     where its layer's backward starts from it."""
     enc_of, dec_of = forms.enc_of, forms.dec_of
-    decoded = {t: dec_of[t] for t in st.reads if t in dec_of}
-    consumed = [t for t in st.reads if t in enc_of and t not in dec_of]
+    decoded = {t: dec_of[t] for t in st.access.reads if t in dec_of}
+    consumed = [t for t in st.access.reads if t in enc_of and t not in dec_of]
     if consumed:  # read encoded: the layer's backward starts from the encoding
         t = consumed[0]
-        st = replace(st, reads=tuple(enc_of[r] if r == t else r for r in st.reads),
-                     from_encoded=EncodedInput(CODEC_ENCODING[plan[t][0]], enc_of[t]))
+        reads = tuple(enc_of[r] if r == t else r for r in st.access.reads)
+        st = replace(st, access=replace(st.access, reads=reads), op=replace(
+            st.op, from_encoded=EncodedInput(CODEC_ENCODING[plan[t][0]], enc_of[t])))
     return st.remapped(decoded)

@@ -49,7 +49,7 @@ def _forward_steps(program: Program) -> list[Step]:
 
 
 def _outputs(program: Program, st: Step) -> list[int]:
-    return [t for t in st.writes if program.tensors[t].role == Role.VALUE]
+    return [t for t in st.access.writes if program.tensors[t].role == Role.VALUE]
 
 
 def articulation_values(program: Program) -> list[int]:
@@ -60,9 +60,9 @@ def articulation_values(program: Program) -> list[int]:
     last_read: dict[int, int] = {}
     made_at: dict[int, int] = {}
     for k, st in enumerate(fwd):
-        for t in st.reads:
+        for t in st.access.reads:
             last_read[t] = k
-        for t in st.writes:
+        for t in st.access.writes:
             made_at[t] = k
     expiring: dict[int, list[int]] = {}
     for t, lr in last_read.items():
@@ -71,7 +71,7 @@ def articulation_values(program: Program) -> list[int]:
     open_: set[int] = set()
     out = []
     for k, st in enumerate(fwd):
-        open_ |= {t for t in st.writes if last_read.get(t, -1) > k and t not in fed}
+        open_ |= {t for t in st.access.writes if last_read.get(t, -1) > k and t not in fed}
         open_ -= set(expiring.get(k, ()))
         outs = _outputs(program, st)
         if len(outs) != 1 or program.tensors[outs[0]].category != Category.FEATURE_MAP:
@@ -90,16 +90,16 @@ def choose_checkpoints(program: Program, policy: RecomputePolicy | str) -> set[i
             return set()
         every = max(1, math.ceil(math.sqrt(len(cands))))
         return {c for i, c in enumerate(cands) if (i + 1) % every == 0} | {
-            t for st in fwd if st.caps.cost is RecomputeCost.SEQUENCE
+            t for st in fwd if st.op.caps.cost is RecomputeCost.SEQUENCE
             for t in _outputs(program, st)}
     readers: dict[int, int] = {}
     for st in fwd:
-        for t in st.reads:
+        for t in st.access.reads:
             readers[t] = readers.get(t, 0) + 1
     keep = set()
     for st in fwd:
         for t in _outputs(program, st):
-            if st.caps.cost in KEPT_COSTS or readers.get(t, 0) > 1:
+            if st.op.caps.cost in KEPT_COSTS or readers.get(t, 0) > 1:
                 keep.add(t)
     return keep
 
@@ -141,7 +141,7 @@ class _Rewrite:
         self.fed = set(program.inputs)
         self.producer: dict[int, Step] = {}
         for st in fwd:
-            for t in st.writes:
+            for t in st.access.writes:
                 self.producer[t] = st
         self.life = lifetimes(program)
         self.dropped_steps = _dropped_steps(program, fwd, checkpoints,
@@ -194,7 +194,7 @@ class _Rewrite:
         what those read in turn that is not."""
         needed: set[int] = set()
         for b in self.by_group[g]:
-            needed |= {t for t in b.reads if not self.available(t)}
+            needed |= {t for t in b.access.reads if not self.available(t)}
         todo: set[int] = set()
         stack = [self.producer[t].index for t in needed]
         while stack:
@@ -202,7 +202,7 @@ class _Rewrite:
             if k in todo:
                 continue
             todo.add(k)
-            for t in self.source.steps[k].reads:
+            for t in self.source.steps[k].access.reads:
                 if not self.available(t):
                     stack.append(self.producer[t].index)
         return todo
@@ -212,12 +212,12 @@ class _Rewrite:
         remap: dict[int, int] = {}
         for k in sorted(self._to_recompute(g)):
             f = self.source.steps[k]
-            for t in f.writes:
+            for t in f.access.writes:
                 remap[t] = self._clone(t, f"r{g}")
-            if f.workspace >= 0:
-                remap[f.workspace] = self._clone(f.workspace, f"r{g}")
+            if f.access.workspace >= 0:
+                remap[f.access.workspace] = self._clone(f.access.workspace, f"r{g}")
             self._emit(f, "recompute", dict(remap))
-            self.recomputed_flops += f.flops
+            self.recomputed_flops += f.cost.flops
             self.recomputed += 1
         self.group_remap[g] = remap
 
@@ -258,7 +258,7 @@ def dropping_program(program: Program, dropped: set[int]) -> Program:
     if not dropped:
         return program
     producer_of = {t: st.index for st in program.steps if st.phase == Phase.FORWARD
-                   for t in st.writes}
+                   for t in st.access.writes}
     keep = {t for st in _forward_steps(program) for t in _outputs(program, st)
             if producer_of.get(t) not in dropped}
     fwd_of_node = {s.node: s.index for s in program.steps if s.phase == Phase.FORWARD}

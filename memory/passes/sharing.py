@@ -11,7 +11,7 @@ from ..ir.program import Program
 def share_blocks(program: Program, life: dict[int, Lifetime], phases: set[str],
                  aliases: dict[int, int] | None = None,
                  keep: set[int] | None = None) -> dict[int, int]:
-    """Extend ``aliases`` with every ``step.shares`` pair of a step in ``phases`` whose read
+    """Extend ``aliases`` with every ``step.access.shares`` pair of a step in ``phases`` whose read
     operand's block is dead after that step.
 
     A pair (written, read) is taken when both have the same size and dtype, the read operand
@@ -29,7 +29,7 @@ def share_blocks(program: Program, life: dict[int, Lifetime], phases: set[str],
     for st in program.steps:
         if st.phase not in phases:
             continue
-        for written, read in st.shares:
+        for written, read in st.access.shares:
             tw, tr = program.tensors[written], program.tensors[read]
             if written in aliases or written == read:
                 continue

@@ -15,7 +15,7 @@ from dataclasses import replace
 import numpy as np
 from numba import njit
 
-from ..ir.plan import Action, Plan
+from ..ir.plan import Action, Plan, StaticLayout
 from ..ir.walk import walk
 
 
@@ -135,7 +135,7 @@ def max_live_bytes(intervals: dict[int, tuple[int, int, int]]) -> int:
 def static_plan(plan: Plan, base: int) -> Plan:
     """A copy of ``plan`` whose allocations carry offsets (``Alloc.offset``), starting at
     ``base`` (the bytes of persistent state allocated below the iteration's blocks)."""
-    if plan.cache:
+    if plan.swapping.cache:
         return plan.with_notes("static: not applied with cache (what stays resident depends "
                                "on memory pressure at run time): the pool places blocks itself")
     iv = block_intervals(plan)
@@ -159,5 +159,5 @@ def static_plan(plan: Plan, base: int) -> Plan:
              f"static: {len(offsets)} blocks at planned offsets, arena {top:,} B for iteration "
              f"tensors; the largest sum live at once is {best:,} B ({top / max(best, 1):.4f}x)")
     return replace(plan, begin=begin, steps=steps, end=plan.end, notes=notes,
-                   static_arena=top, static_base=base)
+                   static=StaticLayout(top, base))
 

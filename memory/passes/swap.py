@@ -55,21 +55,21 @@ def swap_candidates(program: Program, aliases: dict[int, int],
     bwd_first: dict[int, int] = {}
     conv_input: set[int] = set()
     for st in program.steps:
-        touched = set(st.reads) | set(st.writes)
+        touched = set(st.access.reads) | set(st.access.writes)
         for t in touched:
             if program.tensors[t].persistent:
                 continue
             r = root_of(aliases, t)
             if st.phase in (Phase.FORWARD, Phase.ENCODE):
                 fwd_last[r] = st.index
-                if st.caps.convolution and t in st.reads:
+                if st.op.caps.convolution and t in st.access.reads:
                     conv_input.add(r)
-            elif st.phase in (Phase.BACKWARD, Phase.RECOMPUTE, Phase.DECODE) and t in st.reads \
-                    and r not in bwd_first:
+            elif st.phase in (Phase.BACKWARD, Phase.RECOMPUTE, Phase.DECODE) \
+                    and t in st.access.reads and r not in bwd_first:
                 bwd_first[r] = st.index
     for st in program.steps:  # an encoded conv input counts as a conv input
-        if st.phase == Phase.ENCODE and root_of(aliases, st.codec.source) in conv_input:
-            conv_input.add(st.writes[0])
+        if st.phase == Phase.ENCODE and root_of(aliases, st.op.codec.source) in conv_input:
+            conv_input.add(st.access.writes[0])
     out = []
     for r in members:
         spec = program.tensors[r]
@@ -232,4 +232,5 @@ def swap_plan(plan: Plan, mode: SwapPolicy | str, lookahead: int = 2, lag: int =
     note = (f"swap: {len(chosen)} feature maps offloaded ({swapped:,} B per iteration), "
             f"prefetch lookahead {lookahead} steps ({how})")
     return replace(plan, steps=tuple(StepPlan(b, a) for b, a in zip(before, after)),
-                   notes=(*plan.notes, note), swapped=tuple(c.root for c in chosen))
+                   notes=(*plan.notes, note),
+                   swapping=replace(plan.swapping, blocks=tuple(c.root for c in chosen)))

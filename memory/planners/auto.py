@@ -69,7 +69,7 @@ def step_costs(program: Program, step_times: list[float] | None,
     from FLOPs at ``flops_per_s``."""
     if step_times is not None and len(step_times) == len(program.steps) and sum(step_times) > 0:
         return [float(t) for t in step_times]
-    return [max(s.flops, 1) / flops_per_s for s in program.steps]
+    return [max(s.cost.flops, 1) / flops_per_s for s in program.steps]
 
 
 def build(program: Program, choice: AutoChoice, costs: list[float] | None = None,
@@ -91,7 +91,8 @@ def build(program: Program, choice: AutoChoice, costs: list[float] | None = None
 def plan_costs(plan: Plan, costs: list[float]) -> list[float]:
     """Seconds per step of ``plan``'s program from ``costs`` of the program it was made from
     (a recomputation costs its forward step; steps a pass added, nothing)."""
-    return [costs[s.origin] if 0 <= s.origin < len(costs) else 0.0 for s in plan.program.steps]
+    return [costs[s.cost.origin] if 0 <= s.cost.origin < len(costs) else 0.0
+            for s in plan.program.steps]
 
 
 def plan_extra(plan: Plan, costs: list[float], bandwidth: float) -> float:
@@ -248,9 +249,9 @@ def sqrt_dropped(program: Program) -> set[int]:
     keep = choose_checkpoints(program, "sqrt")
     out = set()
     for st in program.steps:
-        if st.phase != Phase.FORWARD or program.loss in st.writes:
+        if st.phase != Phase.FORWARD or program.loss in st.access.writes:
             continue
-        values = [t for t in st.writes if program.tensors[t].role == Role.VALUE]
+        values = [t for t in st.access.writes if program.tensors[t].role == Role.VALUE]
         if values and not set(values) <= keep:
             out.add(st.index)
     return out
@@ -310,14 +311,15 @@ def _walk_path(program: Program, budget: int | None, costs: list[float], bandwid
     (forward steps to drop whose maps the blocks leave free); no move starts once ``work`` has
     built ``until`` plans."""
     persistent = program.persistent_bytes()
-    producer = {t: st for st in program.steps if st.phase == Phase.FORWARD for t in st.writes}
+    producer = {t: st for st in program.steps if st.phase == Phase.FORWARD
+                for t in st.access.writes}
     loss_step = producer.get(program.loss)
     cands = {c.root for c in _swappable(program)}
     blocks = block_choices(program)  # the user's choices: fixed, never revisited
     choice = forced_choice(program, early_release, only)
     if start:
         free = {k for k in start
-                if not any(t in blocks.fixed for t in program.steps[k].writes)}
+                if not any(t in blocks.fixed for t in program.steps[k].access.writes)}
         choice.dropped |= free
     plan = work.build(program, choice, costs, bandwidth)
     peak0, area = _pressure(plan)
@@ -427,4 +429,4 @@ def plan_for_choice(program: Program, budget: int | None, choice: AutoChoice,
     blocks = block_choices(program)
     if blocks:
         plan = plan.with_notes(blocks.describe())
-    return replace(plan, measured=measured, auto=choice)
+    return replace(plan, provenance=replace(plan.provenance, measured=measured, auto=choice))

@@ -48,16 +48,16 @@ class Candidate:
     @property
     def peak(self) -> int:
         """Bytes the run reaches: the persistent state plus the placed arena."""
-        return self.plan.program.persistent_bytes() + self.placed.static_arena
+        return self.plan.program.persistent_bytes() + self.placed.static.arena
 
     @cached_property
     def traffic(self) -> int:
         """Bytes the plan moves and recomputes per iteration: each swapped tensor (offloaded
         and brought back), and what every recomputation step writes."""
         prog = self.plan.program
-        moved = sum(prog.tensors[t].nbytes for t in self.plan.swapped)
+        moved = sum(prog.tensors[t].nbytes for t in self.plan.swapping.blocks)
         redone = sum(prog.tensors[t].nbytes for st in prog.steps if st.phase == Phase.RECOMPUTE
-                     for t in st.writes)
+                     for t in st.access.writes)
         return moved + redone
 
 
@@ -79,13 +79,13 @@ def pricer(costs: Sequence[float], bandwidth: float,
     walk of the plan (:func:`~.cost_model.walk_time`), and that over the base program's
     oracle (``sum(costs)``); a step costs ``step_cost(program, i)`` when given (a target's
     roofline, which prices encode / decode steps too), else its lowered step's cost
-    (``costs[step.origin]``), and a step a pass added (encode, decode) its bytes at
+    (``costs[step.cost.origin]``), and a step a pass added (encode, decode) its bytes at
     :data:`CODEC_BYTES_PER_S`."""
     oracle = sum(costs)
 
     def added(prog: Program, i: int) -> float:
         st = prog.steps[i]
-        touched = sum(prog.tensors[t].nbytes for t in set(st.reads) | set(st.writes))
+        touched = sum(prog.tensors[t].nbytes for t in set(st.access.reads) | set(st.access.writes))
         return touched / CODEC_BYTES_PER_S
 
     by_program: dict[int, tuple[Program, list[float]]] = {}  # (plans sharing a program)
@@ -98,7 +98,7 @@ def pricer(costs: Sequence[float], bandwidth: float,
         elif step_cost is not None:
             c = [step_cost(prog, i) for i in range(len(prog.steps))]
         else:
-            c = [costs[s.origin] if 0 <= s.origin < len(costs) else added(prog, s.index)
+            c = [costs[s.cost.origin] if 0 <= s.cost.origin < len(costs) else added(prog, s.index)
                  for s in prog.steps]
         by_program[id(prog)] = (prog, c)
         # the walk's end, every plan alike: an encoded program's own steps (its backward from

@@ -148,14 +148,14 @@ def time_bound(program: Program, costs: Sequence[float], bandwidth: float,
     last: dict[int, int] = {}
     writer: dict[int, int] = {}  # a block's forward writer (what recomputing it reruns)
     for i, st in enumerate(program.steps):
-        for t in (*st.writes, *st.reads):
+        for t in (*st.access.writes, *st.access.reads):
             if tensors[t].persistent:
                 continue
             r = root_of(aliases, t)
             first.setdefault(r, i)
             last[r] = max(last.get(r, i), i)
         if st.phase == Phase.FORWARD:
-            for t in st.writes:
+            for t in st.access.writes:
                 if not tensors[t].persistent and root_of(aliases, t) == t:
                     writer.setdefault(t, i)
     roots = sorted(first)
@@ -163,9 +163,9 @@ def time_bound(program: Program, costs: Sequence[float], bandwidth: float,
     ends = np.array([last[r] for r in roots])
     needs = []
     for s, st in enumerate(program.steps):
-        pinned = {root_of(aliases, t) for t in (*st.reads, *st.writes)
+        pinned = {root_of(aliases, t) for t in (*st.access.reads, *st.access.writes)
                   if not tensors[t].persistent}
-        own_ws = st.workspace if st.workspace >= 0 else -1
+        own_ws = st.access.workspace if st.access.workspace >= 0 else -1
         live_idx = np.flatnonzero((starts <= s) & (ends >= s))
         live = free = movable = 0
         drops: list[tuple[float, int]] = []
@@ -173,7 +173,7 @@ def time_bound(program: Program, costs: Sequence[float], bandwidth: float,
             r = roots[k]
             size = sizes[r]
             live += size
-            if r == own_ws and st.caps.options & VARIANT_OPTIONS:
+            if r == own_ws and st.op.caps.options & VARIANT_OPTIONS:
                 free += size  # (its own workspace, capped to nothing)
                 continue
             if r in pinned:

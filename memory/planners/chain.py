@@ -119,7 +119,7 @@ def chain_of(program: Program, costs: list[float],
     # input gradient written over the output gradient) is one block
     aliases = base_plan(program, MemoryConfig.parse("reuse,inplace")).aliases
     cuts = _cuts(program, aliases)
-    producer = {t: st.index for st in forward for t in st.writes}
+    producer = {t: st.index for st in forward for t in st.access.writes}
     stage_of = _stage_of(forward, sorted({producer[t] for t in cuts if t in producer}))
     count = max(stage_of.values(), default=0) + 1
     split = _steps_by_stage(program, forward, stage_of, count)
@@ -207,8 +207,8 @@ class _StageSizes:
 
     def _made(self, i: int) -> tuple[int, ...]:
         """What step ``i`` writes, with its workspace."""
-        st = self.program.steps[i]
-        return (*st.writes, st.workspace) if st.workspace >= 0 else st.writes
+        a = self.program.steps[i].access
+        return (*a.writes, a.workspace) if a.workspace >= 0 else a.writes
 
     def stage(self, fwd: list[int], bwd: list[int], inp: int | None,
               out: int | None) -> tuple[Stage, int]:
@@ -217,8 +217,8 @@ class _StageSizes:
         of its input's gradient."""
         program, aliases = self.program, self.aliases
         tensors, steps = program.tensors, program.steps
-        written = {t for i in fwd for t in steps[i].writes}
-        read_back = {t for i in bwd for t in steps[i].reads}
+        written = {t for i in fwd for t in steps[i].access.writes}
+        read_back = {t for i in bwd for t in steps[i].access.reads}
         kept = {t for t in written & read_back if not tensors[t].persistent}
         ends = [t for t in (inp, out) if t is not None]
         in_bytes = _block(program, inp) if inp is not None else sum(
@@ -253,12 +253,12 @@ class _StageSizes:
         lean_extra, lean_least, lean_s = 0, 0, 0.0
         for i in bwd:
             st = program.steps[i]
-            need = _closure(program, fwd, st.reads)
+            need = _closure(program, fwd, st.access.reads)
             # held at once: what the step reads of the stage, plus the largest value made on
             # the way to it (the rest dies as the recomputation goes); and what it writes
-            read = self.blocks(set(st.reads) & written, but=ends)
-            passing = max((self.blocks([t], but=[*st.reads, *ends]) for j in need
-                           for t in program.steps[j].writes), default=0)
+            read = self.blocks(set(st.access.reads) & written, but=ends)
+            passing = max((self.blocks([t], but=[*st.access.reads, *ends]) for j in need
+                           for t in program.steps[j].access.writes), default=0)
             own = self.blocks(self._made(i), but=flows)
             lean_extra = max(lean_extra, read + passing + own)
             lean_least = max(lean_least, read + own)
@@ -269,14 +269,14 @@ class _StageSizes:
 def _closure(program: Program, forward: Sequence[int], reads: Sequence[int]) -> list[int]:
     """The forward steps among ``forward`` (one stage's) that must run again to produce what
     ``reads`` needs of the stage, with what those read in turn, in forward order."""
-    producer = {t: i for i in forward for t in program.steps[i].writes}
+    producer = {t: i for i in forward for t in program.steps[i].access.writes}
     todo, seen = [producer[t] for t in reads if t in producer], set()
     while todo:
         i = todo.pop()
         if i in seen:
             continue
         seen.add(i)
-        todo += [producer[t] for t in program.steps[i].reads if t in producer]
+        todo += [producer[t] for t in program.steps[i].access.reads if t in producer]
     return sorted(seen)
 
 
@@ -336,23 +336,23 @@ class _ScheduleWriter:
     def _replay(self, i: int, versions: dict[int, int]) -> None:
         """Step ``i`` as it is, reading the ``versions`` of what it reads."""
         st = self.source.steps[i]
-        self.steps.append(st.remapped({t: versions[t] for t in st.reads if t in versions},
+        self.steps.append(st.remapped({t: versions[t] for t in st.access.reads if t in versions},
                                       index=len(self.steps)))
 
     def _recompute(self, i: int, remap: dict[int, int], tag: str) -> None:
         """Forward step ``i`` again, writing clones (recorded in ``remap``)."""
         st = self.source.steps[i]
         tensors = self.tensors
-        local = {t: remap[t] for t in st.reads if t in remap}
-        for t in (*st.writes, *((st.workspace,) if st.workspace >= 0 else ())):
+        local = {t: remap[t] for t in st.access.reads if t in remap}
+        for t in (*st.access.writes, *((st.access.workspace,) if st.access.workspace >= 0 else ())):
             spec = tensors[t]
             nid = len(tensors)
             tensors.append(spec.clone(nid, f"{spec.name}@{tag}"))
             local[t] = nid
-            if t in st.writes:
+            if t in st.access.writes:
                 remap[t] = nid
         self.steps.append(st.remapped(local, index=len(self.steps), phase="recompute"))
-        self.recomputed_flops += st.flops
+        self.recomputed_flops += st.cost.flops
         self.recomputed += 1
 
     def forward(self, k: int) -> None:
@@ -375,7 +375,7 @@ class _ScheduleWriter:
         stage = self.chain.stages[k]
         for n, i in enumerate(stage.backward):
             local = dict(self.version)
-            for j in _closure(self.source, stage.forward, self.source.steps[i].reads):
+            for j in _closure(self.source, stage.forward, self.source.steps[i].access.reads):
                 self._recompute(j, local, f"m{k}.{n}")
             self._replay(i, local)
 

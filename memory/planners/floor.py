@@ -56,25 +56,26 @@ def unavoidable_bytes(program: Program, step: Step) -> int:
     ids: set[int] = set()
     tensors = program.tensors
     if step.phase in (Phase.FORWARD, Phase.RECOMPUTE):
-        ids.update(step.inputs)
-        ids.update(step.outputs)
+        ids.update(step.forward.inputs)
+        ids.update(step.forward.outputs)
     elif step.phase == Phase.BACKWARD:
-        ids.update(step.grad_outputs)
-        for gi in step.grad_inputs:
+        ids.update(step.backward.grad_outputs)
+        for gi in step.backward.grad_inputs:
             if gi is not None:
                 ids.add(gi.written)
                 if gi.add_into >= 0:
                     ids.add(gi.add_into)
-        if not step.caps.backward_from:
-            ids.update(step.inputs[i] for i in step.retained_inputs if i < len(step.inputs))
-            ids.update(step.outputs[i] for i in step.retained_outputs
-                       if i < len(step.outputs))
+        if not step.op.caps.backward_from:
+            ids.update(step.forward.inputs[i] for i in step.backward.retained_inputs
+                       if i < len(step.forward.inputs))
+            ids.update(step.forward.outputs[i] for i in step.backward.retained_outputs
+                       if i < len(step.forward.outputs))
     else:  # encode / decode steps: a plan need not have them
         return 0
-    if step.workspace >= 0 and not (step.caps.options & VARIANT_OPTIONS):
-        ids.add(step.workspace)
+    if step.access.workspace >= 0 and not (step.op.caps.options & VARIANT_OPTIONS):
+        ids.add(step.access.workspace)
     ids = {i for i in ids if i >= 0 and not tensors[i].persistent}
-    ids -= {w for w, r in step.shares if r in ids and w in ids
+    ids -= {w for w, r in step.access.shares if r in ids and w in ids
             and tensors[w].nbytes == tensors[r].nbytes}
     return sum(program.block_size(tensors[i].nbytes) for i in ids)
 

@@ -203,8 +203,8 @@ def least_sizes(program: Program) -> dict[int, int]:
     out = {}
     for st in encoded.steps:
         if st.phase == Phase.ENCODE:
-            src = st.codec.source
-            out[src] = min(out.get(src, 1 << 62), encoded.block_sizes[st.writes[0]])
+            src = st.op.codec.source
+            out[src] = min(out.get(src, 1 << 62), encoded.block_sizes[st.access.writes[0]])
     return out
 
 
@@ -385,7 +385,7 @@ def _noted(fr: Frontier, pick: Candidate, budget: int | None, cost_source: str,
     over = 100 * pick.extra_s / fr.oracle_s if fr.oracle_s > 0 else 0.0
     faster = [c for c in fr.candidates if c.time_s < pick.time_s]
     head = (f"auto: budget {budget:,} B; " if budget is not None else "auto without a budget: ")
-    note = (f"{head}{pick.source} ({len(plan.swapped)} feature maps swapped, {recomputed} "
+    note = (f"{head}{pick.source} ({len(plan.swapping.blocks)} feature maps swapped, {recomputed} "
             f"forward steps recomputed); peak {pick.peak:,} B, estimated overhead "
             f"{1000 * pick.extra_s:.2f} ms per iteration ({over:.1f} %, {cost_source}); "
             f"the fastest of {len(fr.candidates)} candidate plans that fits")
@@ -404,11 +404,11 @@ def _noted(fr: Frontier, pick: Candidate, budget: int | None, cost_source: str,
             f"is {100 * max(0.0, pick.time_s / low - 1):.1f} % above it")
     curve = tuple(CurvePoint(c.peak, c.time_s, c.source, _summary(c.plan),
                              fr.lower_bound(c.peak)) for c in fr.pareto())
-    choice = AutoChoice(swapped=set(plan.swapped), dropped=set(), extra_time_s=pick.extra_s,
+    choice = AutoChoice(swapped=set(plan.swapping.blocks), dropped=set(), extra_time_s=pick.extra_s,
                         peak=pick.peak, path=[(pick.source, "", pick.peak, pick.extra_s)],
                         curve=curve, lower_bound_s=low, oracle_s=fr.oracle_s)
     plan = plan.with_notes(*notes, first=True)
-    return replace(plan, measured=measured, auto=choice)
+    return replace(plan, provenance=replace(plan.provenance, measured=measured, auto=choice))
 
 
 def _summary(plan: Plan) -> str:
@@ -417,6 +417,6 @@ def _summary(plan: Plan) -> str:
     recomputed = sum(1 for s in steps if s.phase == Phase.RECOMPUTE)
     encoded = sum(1 for s in steps if s.phase == Phase.ENCODE)
     parts = [f"{recomputed} forward steps recomputed" if recomputed else "",
-             f"{len(plan.swapped)} feature maps swapped" if plan.swapped else "",
+             f"{len(plan.swapping.blocks)} feature maps swapped" if plan.swapping.blocks else "",
              f"{encoded} stashes encoded" if encoded else ""]
     return ", ".join(p for p in parts if p) or "everything kept"

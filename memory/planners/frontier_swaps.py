@@ -24,12 +24,12 @@ def hidden_swaps(candidates: list[Candidate], costs: Sequence[float], bandwidth:
     hide under the schedule's own compute (recomputation's steps included), offloaded."""
     out = []
     for c in candidates:
-        if c.plan.swapped:
+        if c.plan.swapping.blocks:
             continue
         plan = swap_plan(c.plan, "auto", step_times=_plan_costs(c.plan, costs),
                          bandwidth=bandwidth,
                          cost_source="timed on the auto planner's step costs")
-        if plan.swapped:
+        if plan.swapping.blocks:
             out.append(priced(plan, price, f"{c.source}, swap=auto"))
     return out
 
@@ -42,7 +42,7 @@ def swap_down(candidates: list[Candidate], costs: Sequence[float], bandwidth: fl
     forward use and its first backward use) while that lowers the peak; every plan on the way
     is a candidate. At most ``moves`` plans are priced in all (work, not time)."""
     out: list[Candidate] = []
-    starts = sorted((c for c in candidates if not c.plan.swapped),
+    starts = sorted((c for c in candidates if not c.plan.swapping.blocks),
                     key=lambda c: (c.live_peak, c.time_s))[:3]
     left = moves
     for start in starts:
@@ -69,7 +69,8 @@ def swap_down(candidates: list[Candidate], costs: Sequence[float], bandwidth: fl
 
 
 def _plan_costs(plan: Plan, costs: Sequence[float]) -> list[float]:
-    return [costs[s.origin] if 0 <= s.origin < len(costs) else 0.0 for s in plan.program.steps]
+    return [costs[s.cost.origin] if 0 <= s.cost.origin < len(costs) else 0.0
+            for s in plan.program.steps]
 
 
 def _live_roots_at_peak(plan: Plan) -> set[int]:

@@ -28,12 +28,12 @@ def knapsack_order(program: Program, costs: Sequence[float], *,
     (``costs[step]``) per byte of those outputs first: the order in which the policy keeps
     them. Steps of equal ratio: the earlier one first, or the later one with
     ``later_first``."""
-    loss = {st.index for st in program.steps if program.loss in st.writes}
+    loss = {st.index for st in program.steps if program.loss in st.access.writes}
     items = []
     for st in program.steps:
         if st.phase != Phase.FORWARD or st.index in loss:
             continue
-        out = [t for t in st.writes if program.tensors[t].role == Role.VALUE
+        out = [t for t in st.access.writes if program.tensors[t].role == Role.VALUE
                and program.tensors[t].category == Category.FEATURE_MAP]
         if out:
             nbytes = sum(program.block_sizes[t] for t in out)

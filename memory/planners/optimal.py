@@ -49,6 +49,7 @@ from .auto import (
     step_costs,
 )
 from .optimal_exact import enumerate_choices, evaluate, evaluate_placements, polish
+from .optimal_facts import forward_producers
 from .optimal_model import Model, Unsupported, build_model, swap_costs
 from .optimal_solve import choice_of, cut_off, peak_position, price_cut, solve_model, solve_status
 
@@ -92,7 +93,7 @@ def _fix_blocks(model: Model, program: Program) -> None:
     producer), a kept feature map neither. Raises :class:`Unsupported` when the model has no
     decision for a forced recompute (the greedy planner, which honours it, decides)."""
     blocks = block_choices(program)
-    producer = {t: s.index for s in program.steps if s.phase == Phase.FORWARD for t in s.writes}
+    producer = forward_producers(program)
     fixed: dict[int, float] = {}
     for k in blocks.dropped:
         if k not in model.drop:
@@ -262,8 +263,8 @@ def _check(search: _Search, res, what: str, rnd: int) -> str:
         f"peak {peak:,} B ({'fits' if peak <= pb.budget else f'{peak - pb.budget:,} B over'}"
         f"), estimated {1000 * extra:.3f} ms")
     if peak <= pb.budget:
-        stall = extra - sum(pb.costs[s.origin] for s in plan.program.steps
-                            if s.phase == Phase.RECOMPUTE and 0 <= s.origin < len(pb.costs))
+        stall = extra - sum(pb.costs[s.cost.origin] for s in plan.program.steps
+                            if s.phase == Phase.RECOMPUTE and 0 <= s.cost.origin < len(pb.costs))
         if model.link is not None and stall / pb.unit > res.x[model.link] * (1 + 1e-6) + 1e-9:
             price_cut(model, choice, stall / pb.unit)
         best = search.best
@@ -325,7 +326,7 @@ def _windows(search: _Search, limits: _Limits) -> int:
     (every other decision fixed to it), passes over the program while one improves it.
     Returns the number of windows solved."""
     program, model = search.problem.program, search.model
-    producer = {t: s.index for s in program.steps if s.phase == Phase.FORWARD for t in s.writes}
+    producer = forward_producers(program)
     nf = max(model.drop, default=0) + 1
     starts = list(range(0, nf, WINDOW_STEPS // 2))
     n_windows = 0

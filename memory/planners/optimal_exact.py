@@ -5,14 +5,13 @@ program, and the polish that removes actions from a checked choice."""
 from __future__ import annotations
 
 from ..ir.config import OnlyAction
-from ..ir.names import Phase
 from ..ir.plan import AutoChoice, Plan
 from ..ir.program import Program
 from ..passes.base_plan import plan_peak
 from ..passes.block_choices import block_choices
 from ..passes.swap import DEFAULT_BANDWIDTH
 from .auto import build, plan_extra
-from .optimal_facts import droppable_steps
+from .optimal_facts import droppable_steps, forward_producers
 
 
 def evaluate(program: Program, choice: AutoChoice, costs: list[float],
@@ -52,7 +51,7 @@ def enumerate_choices(program: Program, budget: int, costs: list[float], bandwid
     ``max_decisions`` decisions or forces choices."""
     if block_choices(program):
         return None
-    producer = {t: s.index for s in program.steps if s.phase == Phase.FORWARD for t in s.writes}
+    producer = forward_producers(program)
     drops = [] if only == "swap" else droppable_steps(program)
     swaps = sorted(swap_cost) if only != OnlyAction.RECOMPUTE else []
     n = len(drops) + len(swaps)

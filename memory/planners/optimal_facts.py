@@ -25,12 +25,18 @@ class Unsupported(ValueError):
     backward): the greedy planner decides alone."""
 
 
+def forward_producers(program: Program) -> dict[int, int]:
+    """The forward step that writes each tensor, by tensor id."""
+    return {t: s.index for s in program.steps if s.phase == Phase.FORWARD
+            for t in s.access.writes}
+
+
 def droppable_steps(program: Program) -> list[int]:
     """The forward steps a plan may drop (recompute in backward): those writing a value
     tensor, except the loss's."""
     return [s.index for s in program.steps if s.phase == Phase.FORWARD
-            and program.loss not in s.writes
-            and any(program.tensors[t].role == Role.VALUE for t in s.writes)]
+            and program.loss not in s.access.writes
+            and any(program.tensors[t].role == Role.VALUE for t in s.access.writes)]
 
 
 @dataclass
@@ -110,20 +116,21 @@ class ProgramFacts:
 def _uses(steps: list[Step], tensors: list[TensorSpec], nf: int) -> TensorUses:
     """Producers, consumers, backward readers and last forward use of the non-persistent
     tensors."""
-    producer = {t: s.index for s in steps[:nf] for t in s.writes}
+    producer = {t: s.index for s in steps[:nf] for t in s.access.writes}
     consumers: dict[int, list[int]] = {}
     for s in steps[:nf]:
-        for t in set(s.reads):
+        for t in set(s.access.reads):
             if not tensors[t].persistent and producer.get(t) != s.index:
                 consumers.setdefault(t, []).append(s.index)
     breaders: dict[int, list[int]] = {}
     for b in steps[nf:]:
-        for t in set(b.reads):
+        for t in set(b.access.reads):
             if not tensors[t].persistent:
                 breaders.setdefault(t, []).append(b.index)
     last_fwd: dict[int, int] = {}
     for s in steps[:nf]:
-        for t in (*s.reads, *s.writes, *((s.workspace,) if s.workspace >= 0 else ())):
+        a = s.access
+        for t in (*a.reads, *a.writes, *((a.workspace,) if a.workspace >= 0 else ())):
             last_fwd[t] = s.index
     return TensorUses(producer, consumers, breaders, last_fwd)
 
@@ -175,10 +182,11 @@ def _drops(program: Program, nf: int, allow_drop: bool, window: int, uses: Tenso
     for b in steps[nf:]:
         if nodes.forward_of[b.index] is not None:
             reads_of.setdefault(nodes.forward_of[b.index], set()).update(
-                producer[t] for t in b.reads if producer.get(t) in dset)
-    inputs_of = {k: {producer[t] for t in steps[k].reads if producer.get(t) in dset}
+                producer[t] for t in b.access.reads if producer.get(t) in dset)
+    inputs_of = {k: {producer[t] for t in steps[k].access.reads if producer.get(t) in dset}
                  for k in droppable}
-    outputs = {k: [t for t in steps[k].writes if not tensors[t].persistent] for k in droppable}
+    outputs = {k: [t for t in steps[k].access.writes if not tensors[t].persistent]
+               for k in droppable}
     return Drops(droppable, dset, window, outputs, reads_of, inputs_of)
 
 

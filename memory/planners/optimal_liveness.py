@@ -171,7 +171,7 @@ def _prefetch_events(st: ModelState, blk: BlockLiveness) -> None:
             continue
         # (another input's dropped producer runs first; the binaries are exact where
         # the relaxed "recomputed here" variables would let the solver cheat)
-        first = [(st.drop[f.uses.producer[u]], -1.0) for u in set(f.steps[j].reads)
+        first = [(st.drop[f.uses.producer[u]], -1.0) for u in set(f.steps[j].access.reads)
                  if u not in blk.members and f.uses.producer.get(u) in f.drops.step_set]
         for q2 in range(f.positions.of_step[b - LOOKAHEAD], f.positions.of_step[b - 1]):
             blk.events.append((q2, 0.0, terms + first))

@@ -297,15 +297,15 @@ def _region_step_row(st: ModelState, k: int, e: int, q: int, across: int,
     ne = st.groups.need[k]
     step = facts.steps[k]
     trans = sum(facts.sizes.nbytes[t] for t in facts.drops.outputs[k] if t in no_breader)
-    if step.workspace >= 0:
-        trans += facts.sizes.nbytes[step.workspace]
+    if step.access.workspace >= 0:
+        trans += facts.sizes.nbytes[step.access.workspace]
     terms = [(across, 1.0), (ne[e], trans / facts.sizes.unit)]
     terms += [(v, facts.sizes.units[t]) for j, t, v in made if j <= k]
     for f, here, nxt, last in st.groups.region_reads.get(q, ()):
         if k <= last:
             terms += [(here, f)] + ([(nxt, -f)] if nxt is not None else [])
     rhs = budget_iter / facts.sizes.unit
-    for t in set(step.reads):
+    for t in set(step.access.reads):
         p = facts.uses.producer.get(t)
         if p in st.groups.need and e in st.groups.need[p] and t in no_breader and p != k:
             terms += [(st.groups.need[p][e], facts.sizes.units[t]), (ne[e], facts.sizes.units[t])]
@@ -334,7 +334,7 @@ def inplace_rows(st: ModelState) -> None:
             continue
         p = facts.uses.producer.get(tails[0])
         if p not in facts.drops.step_set or any(facts.tensors[t].role == Role.STASH
-                                      for t in facts.steps[p].writes):
+                                      for t in facts.steps[p].access.writes):
             continue
         for t in ms:
             q = facts.uses.producer.get(t)

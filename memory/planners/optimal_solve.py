@@ -103,5 +103,6 @@ def peak_position(model: Model, plan: Plan) -> int:
     if st.phase == Phase.RECOMPUTE:
         nxt = next((s for s in steps[where:] if s.phase == Phase.BACKWARD), None)
         if nxt is not None:
-            return model.positions.region.get(nxt.origin, model.positions.of_step[nxt.origin])
-    return model.positions.of_step.get(st.origin, 0)
+            origin = nxt.cost.origin
+            return model.positions.region.get(origin, model.positions.of_step[origin])
+    return model.positions.of_step.get(st.cost.origin, 0)

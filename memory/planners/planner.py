@@ -122,7 +122,8 @@ def make_plan(program: Program, config: MemoryConfig,
                if measured else
                f"; sparse sizes assume {ASSUMED_DENSITY:.0%} non-zeros until measured"
                if dens else ""))
-        plan = replace(plan, densities_measured=bool(measured) or not dens)
+        plan = replace(plan, provenance=replace(plan.provenance,
+                                                densities_measured=bool(measured) or not dens))
     if config.recompute is not None and program.training:
         m = program.rewrites.recompute
         plan = plan.with_notes(
@@ -131,11 +132,11 @@ def make_plan(program: Program, config: MemoryConfig,
             f"recomputed per iteration ({m.recomputed_flops:,} FLOPs)")
     if config.swap is not None or blocks.swapped:
         force = frozenset(root_of(plan.aliases, t) for t in blocks.swapped)
-        plan = replace(swap_plan(plan, config.swap or "all", step_times=step_times,
-                                 only=None if config.swap is not None else set(force), force=force,
-                                 exclude=frozenset(root_of(plan.aliases, t)
-                                                   for t in blocks.kept), **link),
-                       cache=config.cache)
+        swapped = swap_plan(plan, config.swap or "all", step_times=step_times,
+                            only=None if config.swap is not None else set(force), force=force,
+                            exclude=frozenset(root_of(plan.aliases, t) for t in blocks.kept),
+                            **link)
+        plan = replace(swapped, swapping=replace(swapped.swapping, cache=config.cache))
     if blocks:
         plan = plan.with_notes(blocks.describe())
     if config.offload is not None and program.training:
@@ -175,9 +176,9 @@ def _offloaded_within(program: Program, config: MemoryConfig,
             if inner.budget == budget:
                 raise  # (the user's own budget: the planner's words)
             break
-        if budget is None or plan.static_arena < 0:
+        if budget is None or plan.static.arena < 0:
             return plan
-        peak = program.persistent_bytes() + plan.static_arena
+        peak = program.persistent_bytes() + plan.static.arena
         if peak <= budget:
             return plan
         lower = inner.budget - (peak - budget)
@@ -195,7 +196,7 @@ def _offloaded(plan: Plan, config: MemoryConfig) -> Plan:
     (:func:`~..passes.offload_state.offload_state_plan`) and, when it was placed, placed
     again (the gradients now leave a step later than the planner's candidates freed them)."""
     offloaded = offload_state_plan(plan)
-    if plan.static_arena >= 0:
+    if plan.static.arena >= 0:
         offloaded = static_plan(offloaded.with_notes(), base=plan.program.persistent_bytes())
         kept = tuple(n for n in offloaded.notes if not n.startswith("static:"))
         offloaded = replace(offloaded, notes=(*kept, offloaded.notes[-1]))

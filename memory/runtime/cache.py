@@ -6,8 +6,8 @@ hit — no allocation, no copy back. When an allocation finds the device full, t
 cached blocks, least recently cached first, until it fits. Without the flag every release frees
 its block at once (plain swapping) and the cache stays empty.
 
-The planner only sets the flag (``Plan.cache``); :func:`~.static_plan.static_plan` leaves such
-plans to the pool, since what stays resident depends on memory pressure at run time;
+The planner only sets the flag (``Plan.swapping.cache``); :func:`~.static_plan.static_plan`
+leaves such plans to the pool, since what stays resident depends on memory pressure at run time;
 :func:`without_cache` is the fallback when fragmentation defeats eviction.
 """
 
@@ -93,6 +93,6 @@ class TensorCache:
 def without_cache(plan: Plan) -> Plan:
     """``plan`` with the cache turned off, after an out-of-memory that evicting every cached
     tensor could not resolve (fragmentation): released blocks are freed at once."""
-    return replace(plan, cache=False).with_notes(
+    return replace(plan, swapping=replace(plan.swapping, cache=False)).with_notes(
         "cache: turned off after an out-of-memory that evicting every cached tensor "
         "could not resolve (fragmentation)")

@@ -89,7 +89,7 @@ class MemoryRuntime(SwapMoves):
         self.host_homes = host_homes or {}
         self.poison_offloaded = poison_offloaded
         self.records: dict[int, TensorRecord] = {}
-        self.cache = TensorCache(plan.cache)
+        self.cache = TensorCache(plan.swapping.cache)
         #: The step being run (-1 before the first, ``len(steps)`` after the last).
         self.position = -1
         self.peak = PeakTracker()
@@ -161,7 +161,7 @@ class MemoryRuntime(SwapMoves):
         effect = action.effect
         copy = None  # a prefetch's is None when the tensor cache still held the block
         if rec is not None and effect.copy is not None:
-            copy = rec.d2h if effect.copy == "d2h" else rec.h2d
+            copy = rec.swap.d2h if effect.copy == "d2h" else rec.swap.h2d
         recording.action(t0, self.position, action.kind, action.tensor, copy)
 
     def _apply(self, action: Action) -> None:
@@ -263,7 +263,7 @@ class MemoryRuntime(SwapMoves):
             if root is not None:
                 root.members.discard(tid)
             return
-        blk, host = rec.block, rec.host
+        blk, host = rec.block, rec.swap.host
         try:
             rec.free()
         except IllegalTransition:
@@ -293,14 +293,14 @@ class MemoryRuntime(SwapMoves):
         for rec in self.records.values():
             if rec.state not in SWAPPED_OUT:
                 continue
-            for ev in (rec.d2h, rec.h2d):
+            for ev in (rec.swap.d2h, rec.swap.h2d):
                 if ev is not None:
                     try:
                         ev.wait()
                     except Exception:
                         pass
-            if rec.host is not None and rec.tensor not in self.host_homes:
-                self.host_pool.release(rec.host)
+            if rec.swap.host is not None and rec.tensor not in self.host_homes:
+                self.host_pool.release(rec.swap.host)
         self.cache.clear()
         for rec in list(self.records.values()):
             if rec.block is not None:

@@ -43,7 +43,7 @@ class SwapMoves:
             host = self.host_pool.acquire(nbytes, rec.name)
         ev = self.pool.device.copy_engine.copy_async(host, blk.view((nbytes,), np.uint8))
         for m in self._members(rec):
-            m.saved_shape = None if m.view is None else tuple(m.view.shape)
+            m.swap.saved_shape = None if m.view is None else tuple(m.view.shape)
             m.view = None
         rec.offload(host, ev)
         self._swap.offloaded_bytes += nbytes
@@ -76,7 +76,7 @@ class SwapMoves:
         it cached when the plan caches."""
         rec = self._record_of(root)
         rec.check("release")
-        self._order_compute(rec.d2h)
+        self._order_compute(rec.swap.d2h)
         if self.cache.keep(rec):
             return
         self._free_swapped_block(rec)
@@ -96,25 +96,26 @@ class SwapMoves:
         if self.cache.take(rec):
             return
         rec.check("prefetch")
-        blk = self._allocate_block(root, offset, rec.nbytes)
+        blk = self._allocate_block(root, offset, rec.swap.nbytes)
         self._log("prefetch", blk, root)
-        nbytes = rec.nbytes
+        nbytes = rec.swap.nbytes
         rec.prefetch(blk, None)
         self._assign_block(rec)
         self.peak.note(self.pool.allocated_bytes, self.position)
-        rec.h2d = self.pool.device.copy_engine.copy_async(blk.view((nbytes,), np.uint8),
-                                                          rec.host)
+        rec.swap.h2d = self.pool.device.copy_engine.copy_async(blk.view((nbytes,), np.uint8),
+                                                          rec.swap.host)
         self._swap.prefetched_bytes += nbytes
 
     def _await(self, root: int) -> None:
         """Compute is about to read ``root``: wait for its prefetch, restore its views."""
         rec = self._record_of(root)
         rec.check("await_prefetch")
-        self._order_compute(rec.h2d)
-        if rec.host is not None:
-            self.host_pool.release(rec.host)
+        self._order_compute(rec.swap.h2d)
+        if rec.swap.host is not None:
+            self.host_pool.release(rec.swap.host)
         blk = rec.block
         for m in self._members(rec):
             _, shape, dtype = self.info[m.tensor]
-            m.view = blk.view(shape if m.saved_shape is None else m.saved_shape, dtype)
+            saved = m.swap.saved_shape
+            m.view = blk.view(shape if saved is None else saved, dtype)
         rec.await_prefetch(rec.view)

@@ -189,7 +189,7 @@ def _snapshot(cap: _Capture, rec: MemoryRecorder) -> dict[str, Any]:
     steps = []
     for i, st in enumerate(prog.steps):
         row: dict[str, Any] = {"index": i, "layer": st.layer, "phase": st.phase, "kind": st.kind,
-                               "flops": int(st.flops)}
+                               "flops": int(st.cost.flops)}
         if spans is not None:
             row["start_s"], row["end_s"] = spans[i]
         steps.append(row)

@@ -23,14 +23,14 @@ def layer_table(c: Compiled) -> list[dict[str, Any]]:
     plan = c.plan
     prog = plan.program
     life = lifetimes(lowered)
-    recomputed = {s.origin for s in prog.steps if s.phase == Phase.RECOMPUTE}
-    swapped_roots = set(plan.swapped)
+    recomputed = {s.cost.origin for s in prog.steps if s.phase == Phase.RECOMPUTE}
+    swapped_roots = set(plan.swapping.blocks)
     rows = []
     for st in lowered.steps:
         if st.phase != Phase.FORWARD:
             continue
-        outs = [t for t in st.writes if lowered.tensors[t].role == Role.VALUE]
-        stash = [t for t in st.writes if lowered.tensors[t].role == Role.STASH]
+        outs = [t for t in st.access.writes if lowered.tensors[t].role == Role.VALUE]
+        stash = [t for t in st.access.writes if lowered.tensors[t].role == Role.STASH]
         nbytes = sum(lowered.block_size(lowered.tensors[t].nbytes) for t in outs)
         if st.index in recomputed:
             form = "recomputed"
@@ -45,7 +45,7 @@ def layer_table(c: Compiled) -> list[dict[str, Any]]:
         rows.append({"layer": st.layer, "kind": st.kind, "output_bytes": nbytes,
                      "stash_bytes": sum(lowered.block_size(lowered.tensors[t].nbytes)
                                         for t in stash),
-                     "form": form, "flops": st.flops})
+                     "form": form, "flops": st.cost.flops})
     return rows
 
 
@@ -143,23 +143,23 @@ def strategy_costs(c: Any) -> dict[str, Any]:
         }
     bptt = []
     for st in c.lowered.program.steps:
-        sched = st.options.bptt  # the plan's BPTT schedule of a fused RNN step
+        sched = st.op.options.bptt  # the plan's BPTT schedule of a fused RNN step
         if st.phase == Phase.FORWARD and sched is not None:
             layer = c.lowered.layers[st.node]
             bptt.append({"layer": st.layer, "policy": sched.policy, "units": sched.units,
                          "unit_steps": layer.unit_steps, "states_kept": sched.max_stored,
                          "unit_forwards": sched.unit_forwards,
                          "recomputed_flops": layer.recompute_flops(
-                             list(st.in_shapes), st.options.as_layer_options)})
+                             list(st.forward.in_shapes), st.op.options.as_layer_options)})
     if bptt:
         out["bptt"] = bptt
     encodes = [s for s in prog.steps if s.phase == Phase.ENCODE]
     if encodes:
         per = []
         for s in encodes:
-            src = prog.tensors[s.codec.source]
-            enc = s.writes[0]
-            row = {"tensor": src.name, "codec": s.codec.codec,
+            src = prog.tensors[s.op.codec.source]
+            enc = s.access.writes[0]
+            row = {"tensor": src.name, "codec": s.op.codec.codec,
                    "ratio": src.nbytes / max(prog.tensors[enc].nbytes, 1)}
             if src.name in c.executor.densities:
                 row["density"] = c.executor.densities[src.name]

@@ -104,11 +104,12 @@ def layer_memory(net: Network, batch_size: int, memory: str | MemoryConfig = "no
 
     for st in prog.steps:
         if st.phase == Phase.FORWARD:
-            for t in st.writes:
+            for t in st.access.writes:
                 if prog.tensors[t].role == Role.VALUE:
                     add(st.layer, "output", prog.block_size(prog.tensors[t].nbytes))
-        if st.workspace >= 0:
-            add(st.layer, "workspace", prog.block_size(prog.tensors[st.workspace].nbytes), True)
+        ws = st.access.workspace
+        if ws >= 0:
+            add(st.layer, "workspace", prog.block_size(prog.tensors[ws].nbytes), True)
     for tid in _on_device_when_backward_starts(plan):
         t = prog.tensors[tid]
         if t.role in (Role.VALUE, Role.STASH) \

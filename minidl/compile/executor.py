@@ -46,25 +46,41 @@ def step_seed(seed: int, iteration: int, node: int) -> int:
     return _mix64(_mix64(_mix64(seed & _MASK64) ^ iteration) ^ node) >> 1
 
 
+@dataclass(frozen=True)
+class _RunSettings:
+    """What one run was asked: what its layers are told (training, per-layer seeds, whether
+    the forward recomputes, the loss scale backward starts from) and what it checks and
+    fetches."""
+
+    training: bool
+    seed: int
+    iteration: int
+    recomputing: bool
+    loss_scale: float
+    fetch_outputs: bool
+    check_finite: bool
+
+
+@dataclass
+class _Fetched:
+    """What one run fetched: the network outputs asked for, and the loss."""
+
+    outputs: list[Any] = field(default_factory=list)
+    loss: Any = None
+
+
 @dataclass
 class _Run:
     """One run's settings, handed along its steps, and what it fetched."""
 
     rt: MemoryRuntime
-    training: bool
-    seed: int
-    iteration: int
-    fetch_outputs: bool
-    check_finite: bool
-    recomputing: bool
-    loss_scale: float
+    settings: _RunSettings
     hooks: StepHooks | None
     #: The hooks' ``before_step`` (``None``: nothing before the steps).
     before_step: Any = None
     #: The device's step timer (``None``: steps timed on the host).
     timer: Any = None
-    outputs: list[Any] = field(default_factory=list)
-    loss: Any = None
+    fetched: _Fetched = field(default_factory=_Fetched)
 
 
 class Executor:
@@ -151,8 +167,8 @@ class Executor:
         out: list[list[tuple[Any, int, list[tuple[int, ...]]]]] = [[] for _ in prog.inputs]
         for st in prog.steps:
             if st.phase == Phase.FORWARD and st.node >= 0:
-                shapes = [tuple(prog.tensors[t].shape) for t in st.inputs]
-                for j, tid in enumerate(st.inputs):
+                shapes = [tuple(prog.tensors[t].shape) for t in st.forward.inputs]
+                for j, tid in enumerate(st.forward.inputs):
                     if tid in where:
                         out[where[tid]].append((self.layers[st.node], j, shapes))
         return out
@@ -217,8 +233,9 @@ class Executor:
         self.last_runtime = rt
         if record:
             rt.start_recording()
-        state = _Run(rt, training, seed, iteration, fetch_outputs, check_finite, recomputing,
-                     loss_scale, hooks, before_step=self._before_step(hooks))
+        settings = _RunSettings(training, seed, iteration, recomputing, loss_scale,
+                                fetch_outputs, check_finite)
+        state = _Run(rt, settings, hooks, before_step=self._before_step(hooks))
         try:
             with self.device_scope(measure=True):
                 self._run_steps(state, feeds)
@@ -226,7 +243,7 @@ class Executor:
             rt.release_all()
             raise
         self.runs += 1
-        loss, outputs = state.loss, state.outputs
+        loss, outputs = state.fetched.loss, state.fetched.outputs
         if wait:
             loss = None if loss is None else float(loss.result()[()])
             outputs = [o.result() for o in outputs]
@@ -294,16 +311,17 @@ class Executor:
         """The work of one step, by phase."""
         rt = run.rt
         hooks = run.hooks
+        told = run.settings
         ctx = None if st.node < 0 else Context(
-            training=run.training, seed=step_seed(run.seed, run.iteration, st.node),
-            recomputing=run.recomputing or st.phase == Phase.RECOMPUTE,
-            accumulate=st.accumulate, options=st.options.as_layer_options,
+            training=told.training, seed=step_seed(told.seed, told.iteration, st.node),
+            recomputing=told.recomputing or st.phase == Phase.RECOMPUTE,
+            accumulate=st.backward.accumulate, options=st.op.options.as_layer_options,
             batch_sync=None if hooks is None else hooks.batch_sync)
         if st.phase == Phase.ENCODE:
             self._encode(st, rt)
         elif st.phase == Phase.DECODE:
-            work = st.codec
-            codecs.decode(work.codec, rt.array(st.reads[0]), rt.array(st.writes[0]),
+            work = st.op.codec
+            codecs.decode(work.codec, rt.array(st.access.reads[0]), rt.array(st.access.writes[0]),
                           self.codec_state.get(work.source) or codecs.CodecState())
         elif st.phase == Phase.RECOMPUTE:
             self._forward(st, rt, ctx)
@@ -311,29 +329,29 @@ class Executor:
             self._forward(st, rt, ctx)
             self._after_forward(st, run)
         else:
-            self._backward(st, rt, ctx, run.loss_scale)
+            self._backward(st, rt, ctx, told.loss_scale)
 
     def _after_forward(self, st: Step, run: _Run) -> None:
         """A forward step's outputs checked (``check_finite``), fetched (``fetch_outputs``),
         and the loss fetched from the step that writes it."""
         rt = run.rt
         device = self.pool.device
-        if run.check_finite:
+        if run.settings.check_finite:
             self._check(st, rt)
-        if run.fetch_outputs:
-            run.outputs += [fetch_async(device, rt.array(t)) for t in st.outputs
-                            if t in self.outputs]
+        if run.settings.fetch_outputs:
+            run.fetched.outputs += [fetch_async(device, rt.array(t)) for t in st.forward.outputs
+                                    if t in self.outputs]
         loss = self.plan.program.loss
-        if loss >= 0 and st.outputs[0] == loss:
-            run.loss = fetch_async(device, rt.array(loss))
+        if loss >= 0 and st.forward.outputs[0] == loss:
+            run.fetched.loss = fetch_async(device, rt.array(loss))
 
     def _encode(self, st: Step, rt: MemoryRuntime) -> None:
-        codec, src = st.codec.codec, st.codec.source
+        codec, src = st.op.codec.codec, st.op.codec.source
         x = rt.array(src)
-        out = st.writes[0]
+        out = st.access.writes[0]
         state = self.codec_state.get(src)
         if state is None:
-            window = st.codec.window
+            window = st.op.codec.window
             state = self.codec_state[src] = codecs.CodecState(
                 window=0 if window is None else window.size)
         need = codecs.encode(codec, x, rt.array(out), state)
@@ -354,14 +372,14 @@ class Executor:
         tensors, own = rt.program.tensors, self.device_params
         return {k: own[t] if t in own else self.parameters[t].data
                 if t in self.parameters and tensors[t].persistent
-                else rt.array(t) for k, t in st.params.items()}
+                else rt.array(t) for k, t in st.forward.params.items()}
 
     def _forward(self, st: Step, rt: MemoryRuntime, ctx: Context) -> None:
         arr = rt.array
         layer = self.layers[st.node]
-        args = ([arr(t) for t in st.inputs], [arr(t) for t in st.outputs],
-                self._params(st, rt), {k: arr(t) for k, t in st.stash.items()},
-                arr(st.workspace) if st.workspace >= 0 else None)
+        args = ([arr(t) for t in st.forward.inputs], [arr(t) for t in st.forward.outputs],
+                self._params(st, rt), {k: arr(t) for k, t in st.forward.stash.items()},
+                arr(st.access.workspace) if st.access.workspace >= 0 else None)
         if id(st) in self._mixed:
             mixed_steps.forward(layer, ctx, st, *args)
         else:
@@ -371,20 +389,20 @@ class Executor:
                   loss_scale: float = 1.0) -> None:
         arr = rt.array
         layer = self.layers[st.node]
-        encoded = st.from_encoded
+        encoded = st.op.from_encoded
         if encoded is not None:  # the stash is kept encoded: backward starts from it
-            g = st.grad_inputs[0]
+            g = st.backward.grad_inputs[0]
             if g is not None:
                 dx = arr(g.written)
                 run_from_encoded = (mixed_steps.backward_from_encoded if id(st) in self._mixed
                                     else type(layer).backward_from_encoded)
                 run_from_encoded(layer, encoded.encoding, arr(encoded.tensor),
-                                 arr(st.grad_outputs[0]), dx)
+                                 arr(st.backward.grad_outputs[0]), dx)
                 if g.add_into >= 0:
                     add_arrays(arr(g.add_into), dx, arr(g.add_into))
             return
         g_out = []
-        for t in st.grad_outputs:
+        for t in st.backward.grad_outputs:
             g = arr(t)
             role = rt.program.tensors[t].role
             if role == Role.SEED:
@@ -393,40 +411,40 @@ class Executor:
                 g.fill(0.0)
             g_out.append(g)
         mixed = id(st) in self._mixed  # (a cast copy in its stash stands for a kept input)
-        retained = st.retained_inputs if mixed else layer.retain_inputs
-        inputs = [arr(t) if j in retained else None for j, t in enumerate(st.inputs)]
+        retained = st.backward.retained_inputs if mixed else layer.retain_inputs
+        inputs = [arr(t) if j in retained else None for j, t in enumerate(st.forward.inputs)]
         outputs = [arr(t) if j in layer.retain_outputs else None
-                   for j, t in enumerate(st.outputs)]
-        g_in = [None if g is None else arr(g.written) for g in st.grad_inputs]
-        grads = {k: arr(st.param_partials[k]) if k in st.param_partials
-                 else self._param_grad(st, k, rt) for k in st.grad_params}
-        stash = {k: arr(t) for k, t in st.stash.items()}
-        ws = arr(st.workspace) if st.workspace >= 0 else None
+                   for j, t in enumerate(st.forward.outputs)]
+        g_in = [None if g is None else arr(g.written) for g in st.backward.grad_inputs]
+        grads = {k: arr(st.backward.param_partials[k]) if k in st.backward.param_partials
+                 else self._param_grad(st, k, rt) for k in st.backward.grad_params}
+        stash = {k: arr(t) for k, t in st.forward.stash.items()}
+        ws = arr(st.access.workspace) if st.access.workspace >= 0 else None
         if mixed:
             mixed_steps.backward(layer, ctx, st, g_out, g_in, inputs, outputs,
                                  self._params(st, rt), grads, stash, ws,
-                                 [rt.program.tensors[t].shape for t in st.inputs])
+                                 [rt.program.tensors[t].shape for t in st.forward.inputs])
         else:
             layer.backward(ctx, g_out, g_in, inputs, outputs, self._params(st, rt), grads,
                            stash, ws)
-        for g in st.grad_inputs:
+        for g in st.backward.grad_inputs:
             if g is not None and g.add_into >= 0:
                 target = arr(g.add_into)
                 add_arrays(target, arr(g.written), target)
-        for k, t in st.param_partials.items():
+        for k, t in st.backward.param_partials.items():
             grad = self._param_grad(st, k, rt)
             add_arrays(grad, arr(t), grad)
 
     def _param_grad(self, st: Step, k: str, rt: MemoryRuntime) -> Any:
         """Parameter ``k``'s gradient: its persistent ``.grad``, or under ZeRO stage 2 a block
         of the iteration (``zero=2``: handed to its bucket after its last write)."""
-        tid = st.grad_params[k]
+        tid = st.backward.grad_params[k]
         if rt.program.tensors[tid].persistent:
-            return self.parameters[st.params[k]].grad
+            return self.parameters[st.forward.params[k]].grad
         return rt.array(tid)
 
     def _check(self, st: Step, rt: MemoryRuntime) -> None:
-        for t in st.outputs:
+        for t in st.forward.outputs:
             a = rt.array(t)
             if is_float(a.dtype) and not np.isfinite(a).all():
                 raise NonFiniteError(

@@ -17,7 +17,15 @@ from ..layers.base import Layer
 from ..memory.ir.capabilities import OpCaps, op_caps
 from ..memory.ir.payloads import OpFacts
 from ..memory.ir.precision import FLOAT32_STATISTICS_OPS, Precision, is_float
-from ..memory.ir.program import GradInput, Program, Step, TensorSpec
+from ..memory.ir.program import Program, Step, TensorSpec
+from ..memory.ir.step_parts import (
+    BackwardSlots,
+    ForwardSlots,
+    GradInput,
+    OpTraits,
+    StepAccess,
+    StepCost,
+)
 from ..memory.ir.units import ALLOCATION_UNIT
 from ..net.graph import Network
 from ..net.parameter import Parameter
@@ -257,20 +265,25 @@ class _Lowering(PrecisionLowering):
                 out[k] = self.param_t[p.name]
         return out
 
-    def _push(self, i: int, **fields) -> None:
+    def _push(self, i: int, phase: str, workspace: int, shares: tuple[tuple[int, int], ...],
+              flops: int, stash: dict[str, int], params: dict[str, int],
+              backward: BackwardSlots | None = None, recompute_flops: int = 0) -> None:
         """One step of node i: its named slots filled in here, its reads and writes derived
         from them (:meth:`Step.slot_reads`, :meth:`Step.slot_writes`)."""
         in_shapes = [self.shapes[v] for v in self.node_in[i]]
         step = Step(
-            index=len(self.steps), origin=len(self.steps), layer=self.node_names[i],
+            index=len(self.steps), phase=phase, layer=self.node_names[i],
             kind=self.layers[i].kind, node=i,
-            facts=OpFacts.of(self.layers[i].memory_attrs(in_shapes)),
-            caps=self.caps[i], options=self.options.get(i, {}), forced=self.node_memory[i],
-            inputs=tuple(self.val_t[v] for v in self.node_in[i]),
-            outputs=tuple(self.val_t[v] for v in self.node_out[i]),
-            in_shapes=tuple(in_shapes), reads=(), writes=(), **fields)
-        self.steps.append(step.remapped({}, reads=step.slot_reads(),
-                                        writes=step.slot_writes()))
+            forward=ForwardSlots(inputs=tuple(self.val_t[v] for v in self.node_in[i]),
+                                 outputs=tuple(self.val_t[v] for v in self.node_out[i]),
+                                 stash=stash, params=params, in_shapes=tuple(in_shapes)),
+            backward=backward or BackwardSlots(),
+            cost=StepCost(flops, recompute_flops, self._matmul_dtype(i), origin=len(self.steps)),
+            op=OpTraits(facts=OpFacts.of(self.layers[i].memory_attrs(in_shapes)),
+                        caps=self.caps[i], options=self.options.get(i, {}),
+                        forced=self.node_memory[i]))
+        self.steps.append(step.remapped({}, access=StepAccess(
+            step.slot_reads(), step.slot_writes(), workspace, shares)))
 
     # ---------------------------------------------------------------- steps
     def forward_steps(self) -> None:
@@ -298,9 +311,8 @@ class _Lowering(PrecisionLowering):
             params = self._step_params(i, "forward")
             shares = ((val_t[node_out[0]], val_t[node_in[0]]),) if layer.inplace_forward \
                 else ()
-            self._push(i, phase="forward", workspace=ws,
-                       flops=int(layer.flops(in_shapes)), shares=shares, stash=st,
-                       params=params, **self._matmul(i))
+            self._push(i, phase="forward", workspace=ws, shares=shares,
+                       flops=int(layer.flops(in_shapes)), stash=st, params=params)
 
     def _gradient_flags(self) -> list[bool]:
         """Per value: does it carry a gradient (float, downstream of a trainable parameter,
@@ -391,15 +403,15 @@ class _Lowering(PrecisionLowering):
         shares = ()
         if layer.inplace_backward and g_in and g_in[0] is not None and g_in[0].add_into < 0:
             shares = ((g_in[0].written, g_out[0]),)
-        self._push(i, phase="backward", workspace=ws,
-                   retained_inputs=tuple(j for j in layer.retain_inputs
-                                         if not self.cast_kept or j not in self.cast_kept[i]),
-                   retained_outputs=tuple(layer.retain_outputs),
-                   flops=2 * int(layer.flops(in_shapes)) + redo, recompute_flops=redo,
-                   shares=shares, stash=self.stash_t[i], grad_outputs=tuple(g_out),
-                   grad_inputs=tuple(g_in), grad_params=gp,
-                   param_partials=gpart, accumulate=frozenset(adds), params=params,
-                   **self._matmul(i))
+        slots = BackwardSlots(
+            grad_outputs=tuple(g_out), grad_inputs=tuple(g_in), grad_params=gp,
+            param_partials=gpart, accumulate=frozenset(adds),
+            retained_inputs=tuple(j for j in layer.retain_inputs
+                                  if not self.cast_kept or j not in self.cast_kept[i]),
+            retained_outputs=tuple(layer.retain_outputs))
+        self._push(i, phase="backward", workspace=ws, shares=shares,
+                   flops=2 * int(layer.flops(in_shapes)) + redo, stash=self.stash_t[i],
+                   params=params, backward=slots, recompute_flops=redo)
 
     def lowered(self, alignment: int) -> Lowered:
         training = self.training and self.loss is not None

@@ -97,8 +97,9 @@ class PrecisionLowering:
                 if wants_in[j])
             + sum(int(np.prod(p.shape)) for k, p in trainable.items() if k in half))
 
-    def _matmul(self, i: int) -> dict[str, str]:
-        """The ``matmul_dtype`` field of node i's steps: its matrix products' dtype."""
+    def _matmul_dtype(self, i: int) -> str:
+        """Node i's steps' ``cost.matmul_dtype``: its matrix products' dtype (``""``: float32
+        on CUDA cores)."""
         if self.precision is Precision.FP32 or self.layers[i].kind not in MATRIX_OPS:
-            return {}
-        return {"matmul_dtype": self.precision.matmul_dtype}
+            return ""
+        return self.precision.matmul_dtype

@@ -47,10 +47,11 @@ def runs_mixed(step: Step, dtype_of: Sequence[np.dtype]) -> bool:
     keeps a cast copy: those go through :func:`forward` / :func:`backward`."""
     if step.node < 0:
         return False
-    if step.matmul_dtype in ("bfloat16", "float16"):
+    if step.cost.matmul_dtype in ("bfloat16", "float16"):
         return True
-    tids = [*step.inputs, *step.outputs, *step.stash.values(), *step.grad_outputs,
-            *(g.written for g in step.grad_inputs if g is not None)]
+    fw = step.forward
+    tids = [*fw.inputs, *fw.outputs, *fw.stash.values(), *step.backward.grad_outputs,
+            *(g.written for g in step.backward.grad_inputs if g is not None)]
     return any(np.dtype(dtype_of[t]).itemsize == 2 and is_float(dtype_of[t]) for t in tids)
 
 
@@ -98,7 +99,7 @@ def _half_params(params: dict[str, Any], casts: dict[str, Any], fill: bool) -> d
 def _workspace(layer: Any, st: Step, ws: Any, in_shapes: list, backward: bool) -> Any:
     """The layer's workspace for float32 compute: the arena's block when it is large enough,
     else a host buffer of the float32 size."""
-    options = st.options.as_layer_options
+    options = st.op.options.as_layer_options
     size = (layer.backward_workspace_bytes if backward else layer.forward_workspace_bytes)(
         in_shapes, np.dtype(np.float32), **({"options": options} if layer.option_names else {}))
     if size <= 0:
@@ -123,8 +124,8 @@ def _cast_input(x: Any, j: int, casts: dict[str, Any], matmul_dtype: str) -> Any
 def _storing(ctx: Any, st: Step) -> Any:
     """``ctx`` telling a half matrix op the dtype its tensors are kept in
     (``Context.storage_dtype``: a recurrence rounds its states to it step by step)."""
-    half = st.matmul_dtype in ("bfloat16", "float16")
-    return replace(ctx, storage_dtype=np.dtype(st.matmul_dtype)) if half else ctx
+    half = st.cost.matmul_dtype in ("bfloat16", "float16")
+    return replace(ctx, storage_dtype=np.dtype(st.cost.matmul_dtype)) if half else ctx
 
 
 def forward(layer: Any, ctx: Any, st: Step, inputs: list, outputs: list,
@@ -132,7 +133,7 @@ def forward(layer: Any, ctx: Any, st: Step, inputs: list, outputs: list,
     """Run a layer's forward (or recompute) step of a mixed-precision program."""
     own, casts = _split_stash(stash)
     ctx = _storing(ctx, st)
-    ins = [_cast_input(x, j, casts, st.matmul_dtype) for j, x in enumerate(inputs)]
+    ins = [_cast_input(x, j, casts, st.cost.matmul_dtype) for j, x in enumerate(inputs)]
     outs = [_scratch(y) for y in outputs]
     own32 = {k: _up(v) for k, v in own.items()}
     ws = _workspace(layer, st, workspace, [x.shape for x in inputs], backward=False)

@@ -106,9 +106,9 @@ def greedy_fitting(engine: PlanningEngine, lowered: Lowered, options: dict,
 
 def choice_notes(plan: Plan) -> list[str]:
     """The notes of ``plan`` saying choices made before planning (BPTT schedule, workspace
-    caps, attention form: :attr:`Plan.choices <minidl.memory.ir.plan.Plan.choices>`): they
-    stay with any later plan of the same program."""
-    return [c.note for c in plan.choices]
+    caps, attention form: :attr:`Provenance.choices <minidl.memory.ir.plan.Provenance.choices>`
+    of the plan): they stay with any later plan of the same program."""
+    return [c.note for c in plan.provenance.choices]
 
 
 def plan_fitting(engine: PlanningEngine, lowered: Lowered, options: dict,
@@ -157,7 +157,7 @@ def reserved_bytes(engine: PlanningEngine, plan: Plan) -> int:
     """The bytes a run of ``plan`` reserves (the persistent state, the engine's scratch block
     and the iteration's static arena), or without static offsets, allocates at its peak."""
     scratch = engine.scratch.size if engine.scratch is not None else 0
-    arena = plan.static_arena if plan.static_arena >= 0 else plan_peak(plan)
+    arena = plan.static.arena if plan.static.arena >= 0 else plan_peak(plan)
     return plan.program.persistent_bytes() + scratch + arena
 
 

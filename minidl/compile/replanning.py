@@ -49,9 +49,9 @@ def refine(engine: ReplanningEngine, c: Compiled) -> Compiled:
     <minidl.compile.engine.Engine.refine>`. Step times count only from a warm iteration
     (:data:`WARM_RUNS`): until then the timed re-planning waits (densities do not)."""
     need_times = (engine.config.swap == SwapPolicy.AUTO or engine.config.has("auto")) \
-        and not c.plan.measured and engine.target is None  # a target's costs stand
+        and not c.plan.provenance.measured and engine.target is None  # a target's costs stand
     need_times = need_times and c.executor.runs >= WARM_RUNS
-    need_dens = engine.config.has("sparse") and not c.plan.densities_measured \
+    need_dens = engine.config.has("sparse") and not c.plan.provenance.densities_measured \
         and bool(c.executor.densities)
     engine.note_temporaries(c.executor)
     if engine.scratch is not None and c.executor.scratch is None:
@@ -70,11 +70,13 @@ def refine(engine: ReplanningEngine, c: Compiled) -> Compiled:
             costs["cost_source"] += " and host link"
     plan = make_plan(c.lowered.program, engine.config, densities=dens, **costs)
     # choices made before planning (the BPTT schedule) stay in the notes
-    plan = replace(plan, measured=plan.measured or need_times).with_notes(*c.notes)
+    made = plan.provenance
+    plan = replace(plan, provenance=replace(made, measured=made.measured or need_times)) \
+        .with_notes(*c.notes)
     if need_times and not need_dens and raises_peak(engine, c.lowered, plan, c.plan):
         # timing decisions must not raise the peak a dry run promised (it cannot measure):
         # a measured plan that would (more swaps, more fragmentation) is not taken
-        plan = replace(c.plan, measured=True)
+        plan = replace(c.plan, provenance=replace(c.plan.provenance, measured=True))
     new = engine.replace_plan(c, plan)
     new.executor.densities = dict(c.executor.densities)
     return new

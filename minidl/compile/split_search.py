@@ -93,12 +93,12 @@ def faster_split(engine: SplittingEngine, k: int, c: Compiled,
         return k
 
     def iteration_s(c: Compiled, k: int) -> float:
-        extra = c.plan.auto.extra_time_s if c.plan.auto is not None else 0.0
+        extra = c.plan.provenance.auto.extra_time_s if c.plan.provenance.auto is not None else 0.0
         return k * (sum(step_costs(c.lowered.program, target)) + extra)
 
     best = iteration_s(c, k)
-    while best > 0 and c.plan.auto is not None and c.plan.auto.extra_time_s > 0 \
-            and 2 * k <= most:
+    while best > 0 and c.plan.provenance.auto is not None \
+            and c.plan.provenance.auto.extra_time_s > 0 and 2 * k <= most:
         try:
             c2 = engine.compiled(*micro_shapes(batch_shapes, label_shape,
                                                -(-batch_shapes[0][0] // (2 * k))),

@@ -40,6 +40,7 @@ from ..memory.ir.names import DeviceKind
 from ..memory.ir.payloads import CodecStep
 from ..memory.ir.plan import Plan
 from ..memory.ir.program import Step, TensorSpec
+from ..memory.ir.step_parts import OpTraits, StepAccess
 from ..memory.ir.units import ALLOCATION_UNIT
 from ..memory.planners.planner import make_plan
 from ..memory.runtime.host_pool import HostPool
@@ -108,13 +109,13 @@ def inference_program(net: Network, record_sizes: dict[str, int],
         record_of[tid] = rid
     steps: list[Step] = []
     for st in prog.steps:
-        for tid in st.params.values():
+        for tid in st.forward.params.values():
             rid = record_of.pop(tid, None)
             if rid is None:
                 continue  # decoded already (a shared parameter)
             steps.append(Step(index=len(steps), phase="decode", layer=st.layer, kind="decode",
-                              node=-1, reads=(rid,), writes=(tid,),
-                              codec=CodecStep("weights", rid)))
+                              node=-1, access=StepAccess((rid,), (tid,)),
+                              op=OpTraits(codec=CodecStep("weights", rid))))
         steps.append(replace(st, index=len(steps)))
     program = replace(prog, tensors=tensors, steps=steps, inputs=inputs)
     return replace(low, program=program, parameters={})

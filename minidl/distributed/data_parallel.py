@@ -214,8 +214,8 @@ class GradientSync:
         for i, st in enumerate(executor.steps):
             if st.phase != Phase.BACKWARD:
                 continue
-            for k, g in st.grad_params.items():
-                p = executor.parameters.get(st.params[k])
+            for k, g in st.backward.grad_params.items():
+                p = executor.parameters.get(st.forward.params[k])
                 if p is not None and id(p) in self._index:
                     last[self._index[id(p)]] = (i, g)
         ready: dict[int, list[tuple[int, int]]] = {}

@@ -323,7 +323,7 @@ class LayerGather:
         seen: set[int] = set()
         first: dict[int, list[tuple[int, int]]] = {}
         for i, st in enumerate(executor.steps):
-            for t in st.params.values():
+            for t in st.forward.params.values():
                 p = executor.parameters.get(t)
                 if t in seen or prog.tensors[t].persistent or p is None \
                         or id(p) not in self._index:

@@ -15,7 +15,15 @@ from dataclasses import dataclass, field
 from minidl.memory.ir.capabilities import OpCaps, op_caps
 from minidl.memory.ir.payloads import OpFacts, PoolWindow
 from minidl.memory.ir.plan import Plan
-from minidl.memory.ir.program import GradInput, Program, Step, TensorSpec
+from minidl.memory.ir.program import Program, Step, TensorSpec
+from minidl.memory.ir.step_parts import (
+    BackwardSlots,
+    ForwardSlots,
+    GradInput,
+    OpTraits,
+    StepAccess,
+    StepCost,
+)
 
 #: Capabilities of the op kinds used here, as their layers declare them.
 CAPS: dict[str, OpCaps] = {
@@ -84,10 +92,12 @@ def lower_layers(layers: list[HandLayer], input_units: int = 4, loss_after: str 
         ins = tuple(value[v] for v in ly.inputs)
         params = {p: param_t[f"{ly.name}.{p}"] for p in ly.params}
         steps.append(Step(
-            len(steps), "forward", ly.name, ly.kind, node, ins + tuple(params.values()),
-            (out, *stash.values()), ws, ly.flops,
-            ((out, ins[0]),) if ly.inplace_forward else (), ly.facts, inputs=ins,
-            outputs=(out,), stash=stash, params=params, caps=CAPS[ly.kind], origin=len(steps)))
+            len(steps), "forward", ly.name, ly.kind, node,
+            StepAccess(ins + tuple(params.values()), (out, *stash.values()), ws,
+                       ((out, ins[0]),) if ly.inplace_forward else ()),
+            ForwardSlots(inputs=ins, outputs=(out,), stash=stash, params=params),
+            cost=StepCost(ly.flops, origin=len(steps)),
+            op=OpTraits(facts=ly.facts, caps=CAPS[ly.kind])))
     grad_of = {value["loss"]: add("loss.grad", 1, "gradient_map", "seed", "loss")}
     fed = {"x", "labels"}
     for node in range(len(every) - 1, -1, -1):
@@ -120,11 +130,13 @@ def lower_layers(layers: list[HandLayer], input_units: int = 4, loss_after: str 
         shares = ((g_in[0].written, g_out),) if ly.inplace_backward and g_in and g_in[0] \
             and g_in[0].add_into < 0 else ()
         steps.append(Step(
-            len(steps), "backward", ly.name, ly.kind, node, tuple(dict.fromkeys(reads)),
-            tuple(dict.fromkeys(writes)), ws, 2 * ly.flops, shares, ly.facts,
-            inputs=ins, outputs=(value[ly.name],), stash=stash_of[ly.name], params=params,
-            grad_outputs=(g_out,), grad_inputs=tuple(g_in), grad_params=gp,
-            caps=CAPS[ly.kind], origin=len(steps)))
+            len(steps), "backward", ly.name, ly.kind, node,
+            StepAccess(tuple(dict.fromkeys(reads)), tuple(dict.fromkeys(writes)), ws, shares),
+            ForwardSlots(inputs=ins, outputs=(value[ly.name],), stash=stash_of[ly.name],
+                         params=params),
+            BackwardSlots(grad_outputs=(g_out,), grad_inputs=tuple(g_in), grad_params=gp),
+            cost=StepCost(2 * ly.flops, origin=len(steps)),
+            op=OpTraits(facts=ly.facts, caps=CAPS[ly.kind])))
     return Program(tensors=tensors, steps=steps, inputs=[value["x"], value["labels"]],
                    loss=value["loss"], alignment=alignment)
 

@@ -41,7 +41,7 @@ class RunObservation:
         rt = c.executor.last_runtime
         if self.peak is None or rt.peak.bytes > self.peak.bytes or self.recorder is not None:
             self.note_peak(c, iteration)
-        if c.plan.swapped:
+        if c.plan.swapping.blocks:
             self._swap_runtime = rt
 
     def note_peak(self, c: Compiled, iteration: int) -> None:

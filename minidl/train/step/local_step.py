@@ -44,7 +44,7 @@ def local_gradients(trainer: Any, x: np.ndarray, y: np.ndarray, wait: bool = Tru
     try:
         loss, outs = c.executor.run([x, y], **run)
     except DeviceOutOfMemory:
-        if not c.plan.cache:
+        if not c.plan.swapping.cache:
             raise
         # the tensor cache kept swapped tensors resident until even evicting all of them
         # left memory too fragmented: from now on release them at once (plain swapping)

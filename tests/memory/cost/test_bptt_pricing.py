@@ -1,7 +1,7 @@
 """Issue 45: a fused RNN's BPTT schedule is priced by the forward work it does again.
 
 The backward step of a scheduled RNN carries the FLOPs its schedule recomputes
-(``Step.recompute_flops``, from the layer's ``recompute_flops``): the cost model adds them to
+(``Step.cost.recompute_flops``, from the layer's ``recompute_flops``): the cost model adds them to
 the step's time, reports them as recomputation, and leaves them out of the unlimited-memory
 oracle. So keeping fewer states costs time, and an RNN's curve is no longer one flat point.
 """

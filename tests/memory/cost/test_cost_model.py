@@ -54,8 +54,8 @@ def test_roofline_step_times():
     prog = c.plan.program
     v100 = get_target("v100")
     for i, st in enumerate(prog.steps):
-        touched = sum(prog.tensors[t].nbytes for t in set(st.reads) | set(st.writes))
-        want = max(st.flops / v100.flops_per_s, touched / v100.hbm_bytes_per_s) + v100.launch_s
+        touched = sum(prog.tensors[t].nbytes for t in set(st.access.reads) | set(st.access.writes))
+        want = max(st.cost.flops / v100.flops_per_s, touched / v100.hbm_bytes_per_s) + v100.launch_s
         assert step_time(prog, i, v100) == pytest.approx(want)
     fast = replace(v100, flops_per_s=v100.flops_per_s * 1000, hbm_bytes_per_s=1e18)
     assert sum(step_costs(prog, fast)) < sum(step_costs(prog, v100))
@@ -69,8 +69,9 @@ def test_simulation_without_transfers_is_the_oracle():
 
 def test_simulation_of_swapping_stalls_on_a_slow_link():
     plan = _compiled("reuse,swap=all").plan
-    assert plan.swapped
-    moved = sum(plan.program.block_size(plan.program.tensors[t].nbytes) for t in plan.swapped)
+    assert plan.swapping.blocks
+    moved = sum(plan.program.block_size(plan.program.tensors[t].nbytes)
+                for t in plan.swapping.blocks)
     fast = simulate(plan, get_target("custom:flops=15T,hbm=900G,link=1e18,mem=16GiB"))
     slow = simulate(plan, get_target("custom:flops=15T,hbm=900G,link=1e6,mem=16GiB"))
     assert fast.offloaded_bytes == slow.offloaded_bytes == moved == slow.prefetched_bytes
@@ -118,17 +119,17 @@ def test_auto_estimate_is_the_simulated_overhead(planner):
     prog = _compiled("reuse,inplace", batch=64).lowered.program
     costs = step_costs(prog, prof)
     free = auto_choose(prog, None, costs, bandwidth=2e9).peak  # the smallest peak reached
-    top = auto_plan(prog, None, costs).auto.peak
+    top = auto_plan(prog, None, costs).provenance.auto.peak
     make = auto_plan if planner == "greedy" else optimal_plan
     seen_extra = False
     for frac in (0.2, 0.5, 0.8):
         budget = int(free + frac * (top - free))
         plan = make(prog, budget, costs, bandwidth=2e9, time_limit_s=20)
         pred = simulate(plan, prof)
-        assert plan.auto.extra_time_s == pytest.approx(pred.step_s - pred.oracle_s, rel=1e-9,
-                                                       abs=1e-12)
-        assert plan_extra(plan, costs, 2e9) == pytest.approx(plan.auto.extra_time_s, abs=1e-12)
-        seen_extra |= plan.auto.extra_time_s > 0
+        extra = plan.provenance.auto.extra_time_s
+        assert extra == pytest.approx(pred.step_s - pred.oracle_s, rel=1e-9, abs=1e-12)
+        assert plan_extra(plan, costs, 2e9) == pytest.approx(extra, abs=1e-12)
+        seen_extra |= extra > 0
     assert seen_extra  # the slow link made some budget cost time
 
 

@@ -50,7 +50,7 @@ def test_fp32_lowering_is_unchanged():
         smallcnn(), [(8, 1, 28, 28)], loss=SoftmaxCrossEntropy(), label_shape=(8,)).program
     assert [(t.name, t.shape, t.dtype) for t in a.tensors] == \
         [(t.name, t.shape, t.dtype) for t in b.tensors]
-    assert all(st.matmul_dtype == "" for st in a.steps)
+    assert all(st.cost.matmul_dtype == "" for st in a.steps)
 
 
 @pytest.mark.parametrize("precision, half", [("bf16-mixed", "bfloat16"),
@@ -78,18 +78,18 @@ def test_mixed_lowering_dtypes(precision, half):
     assert {c.name.split("@")[0] for c in copies} >= {w.name for w in weights}
     # the first conv keeps a half cast of the float32 input for its backward
     first = prog.steps[0]
-    assert first.kind == "conv" and not first.retained_inputs
-    assert any(prog.tensors[t].dtype == half for t in first.stash.values())
+    assert first.kind == "conv" and not first.backward.retained_inputs
+    assert any(prog.tensors[t].dtype == half for t in first.forward.stash.values())
     # matrix steps carry their product dtype; others none
     for st in prog.steps:
         want = half if st.kind in ("conv", "linear") else ""
-        assert st.matmul_dtype == want, (st.label, st.matmul_dtype)
+        assert st.cost.matmul_dtype == want, (st.label, st.cost.matmul_dtype)
 
 
 def test_tf32_keeps_float32_tensors():
     a, b = _lowered("fp32").program, _lowered("tf32").program
     assert [t.nbytes for t in a.tensors] == [t.nbytes for t in b.tensors]
-    assert {st.matmul_dtype for st in b.steps if st.kind == "conv"} == {"tf32"}
+    assert {st.cost.matmul_dtype for st in b.steps if st.kind == "conv"} == {"tf32"}
 
 
 def test_rates_per_precision():
@@ -115,8 +115,8 @@ def test_steps_priced_at_their_precision():
     for i, st in enumerate(bf16.steps):
         name, rate = step_rate(st, a100)
         assert name == ("bf16 tensor" if st.kind in ("conv", "linear") else "fp32")
-        touched = sum(bf16.tensors[t].nbytes for t in set(st.reads) | set(st.writes))
-        want = max(st.flops / rate, touched / a100.hbm_bytes_per_s) + a100.launch_s
+        touched = sum(bf16.tensors[t].nbytes for t in set(st.access.reads) | set(st.access.writes))
+        want = max(st.cost.flops / rate, touched / a100.hbm_bytes_per_s) + a100.launch_s
         assert step_time(bf16, i, a100) == want
     # a bandwidth-bound step moves half the bytes: relu's forward
     relu = next(i for i, st in enumerate(fp32.steps) if st.kind == "relu")

@@ -21,6 +21,7 @@ from minidl.memory.ir.payloads import (
     RewriteSummary,
 )
 from minidl.memory.ir.program import Step
+from minidl.memory.ir.step_parts import OpTraits, StepAccess
 from minidl.memory.passes.compress import compress_program
 
 
@@ -84,14 +85,14 @@ def test_an_unknown_option_fails_naming_the_valid_ones():
 
 
 def test_a_step_takes_plain_mappings_and_holds_the_typed_records():
-    st = Step(0, "forward", "pool", "pool", 0, (1,), (2,),
-              facts={"window": 4, "kernel": (2, 2), "stride": (2, 2), "padding": (0, 0)},
-              options={"device_kind": "cpu"})
-    assert st.facts.pool == PoolWindow(4, (2, 2), (2, 2), (0, 0))
-    assert st.options == OpOptions(device_kind="cpu")
+    st = Step(0, "forward", "pool", "pool", 0, StepAccess((1,), (2,)), op=OpTraits(
+        facts={"window": 4, "kernel": (2, 2), "stride": (2, 2), "padding": (0, 0)},
+        options={"device_kind": "cpu"}))
+    assert st.op.facts.pool == PoolWindow(4, (2, 2), (2, 2), (0, 0))
+    assert st.op.options == OpOptions(device_kind="cpu")
     assert st.attrs == {"window": 4, "kernel": (2, 2), "stride": (2, 2), "padding": (0, 0)}
     with pytest.raises(ValueError, match="unknown per-op option 'cache'"):
-        Step(0, "forward", "x", "x", 0, (), (), options={"cache": 1})
+        Step(0, "forward", "x", "x", 0, op=OpTraits(options={"cache": 1}))
 
 
 def test_the_rewrite_summary_and_its_former_dict_view():
@@ -106,6 +107,6 @@ def test_the_rewrite_summary_and_its_former_dict_view():
 def test_compression_keeps_the_pool_window_on_its_encode_step():
     q = compress_program(chain(), binarize=True)
     t = ids(q)
-    enc = next(st for st in q.steps if st.phase == "encode" and st.codec.codec == "poolidx")
-    assert enc.codec.source == t["pool.argmax"] and enc.codec.window.size == 4
+    enc = next(st for st in q.steps if st.phase == "encode" and st.op.codec.codec == "poolidx")
+    assert enc.op.codec.source == t["pool.argmax"] and enc.op.codec.window.size == 4
     assert q.meta["encoded"] == {"relu": "sign", "pool.argmax": "poolidx"}

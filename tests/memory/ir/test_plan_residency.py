@@ -58,8 +58,8 @@ def test_the_cache_turns_release_and_prefetch_into_the_cached_moves():
 @pytest.mark.parametrize("cache", [False, True])
 def test_a_swap_plan_validates_with_and_without_the_cache(cache):
     plan = make_plan(chain(), MemoryConfig.parse("reuse,swap=all"))
-    assert plan.swapped
-    replace(plan, cache=cache).validate()
+    assert plan.swapping.blocks
+    replace(plan, swapping=replace(plan.swapping, cache=cache)).validate()
 
 
 def test_a_tensor_offloaded_and_freed_on_the_host_is_a_legal_plan():

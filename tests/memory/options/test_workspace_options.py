@@ -34,7 +34,8 @@ def _program(ws: list[tuple[int, int]]) -> Program:
         prev = f"relu{i}"
     layers.append(HandLayer("fc", "linear", (prev,), 1, params=("w",), flops=4000))
     p = lower_layers(layers)
-    steps = [replace(st, caps=CONV) if st.kind == "conv" else st for st in p.steps]
+    steps = [replace(st, op=replace(st.op, caps=CONV)) if st.kind == "conv" else st
+             for st in p.steps]
     return replace(p, steps=steps)
 
 
@@ -46,8 +47,8 @@ def _resized(program: Program, sizes: dict[W.Key, int]) -> Program:
         st = program.steps[i]
         key = (st.node, st.phase == "backward")
         if key in sizes:
-            t = tensors[st.workspace]
-            tensors[st.workspace] = TensorSpec(
+            t = tensors[st.access.workspace]
+            tensors[st.access.workspace] = TensorSpec(
                 t.id, t.name, (max(t.nbytes, sizes[key]) // 4,), t.dtype, t.category,
                 t.role, t.layer, t.of, t.persistent)
     return replace(program, tensors=tensors)

@@ -12,6 +12,7 @@ from hand_programs import chain, ids, render, residual
 from minidl.memory.ir.config import MemoryConfig
 from minidl.memory.ir.liveness import Lifetime, lifetimes, liveness_plan
 from minidl.memory.ir.plan import Alloc, Free, StepPlan
+from minidl.memory.ir.program import Step
 from minidl.memory.passes.base_plan import base_plan, iteration_peak, plan_peak
 from minidl.memory.passes.inplace import inplace_aliases
 from minidl.memory.passes.network_wide import network_wide_keep
@@ -95,17 +96,22 @@ def test_inplace_refuses_an_input_still_read_later():
     assert named(p, inplace_aliases(p)) == {"relu1": "conv1", "relu2": "add"}
 
 
+def _sharing(st: Step, shares: tuple[tuple[int, int], ...]) -> Step:
+    """``st`` with its ``access.shares`` replaced."""
+    return replace(st, access=replace(st.access, shares=shares))
+
+
 def test_inplace_refuses_a_fed_input_and_different_sizes():
     p = chain()
     t = ids(p)
     relu_fwd = p.steps[1]
     # relu declared in place over the data: fed tensors are never written over
-    over_fed = replace(p, steps=[*p.steps[:1], replace(relu_fwd, shares=((t["relu"], t["x"]),)),
+    over_fed = replace(p, steps=[*p.steps[:1], _sharing(relu_fwd, ((t["relu"], t["x"]),)),
                                  *p.steps[2:]])
     assert inplace_aliases(over_fed) == {}
     # pool (2 units) in place over relu (4 units): sizes differ
-    pool_fwd = replace(p.steps[2], shares=((t["pool"], t["relu"]),))
-    resized = replace(p, steps=[*p.steps[:1], replace(relu_fwd, shares=()), pool_fwd,
+    pool_fwd = _sharing(p.steps[2], ((t["pool"], t["relu"]),))
+    resized = replace(p, steps=[*p.steps[:1], _sharing(relu_fwd, ()), pool_fwd,
                                 *p.steps[3:]])
     assert inplace_aliases(resized) == {}
 
@@ -202,7 +208,7 @@ def _swap_plan_of_chain():
     from minidl.memory.planners.planner import make_plan
 
     plan = make_plan(chain(), Cfg.parse("reuse,swap=all"))
-    assert plan.swapped, "the chain has a tensor to swap"
+    assert plan.swapping.blocks, "the chain has a tensor to swap"
     return plan
 
 
@@ -218,7 +224,7 @@ def test_validate_follows_a_swapped_tensor_through_its_four_actions():
 
     plan = _swap_plan_of_chain()
     plan.validate()
-    root = plan.swapped[0]
+    root = plan.swapping.blocks[0]
     with pytest.raises(AssertionError, match=f"tensor {root} is offloading: cannot prefetch it"):
         _drop(plan, Release(root)).validate()
     with pytest.raises(AssertionError, match=f"tensor {root} is on_host: cannot await_prefetch it"):

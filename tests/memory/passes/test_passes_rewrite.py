@@ -23,7 +23,7 @@ def names(program, tids) -> list[str]:
 
 
 def outline(program) -> list[tuple[str, list[str], list[str]]]:
-    return [(st.label, names(program, st.reads), names(program, st.writes))
+    return [(st.label, names(program, st.access.reads), names(program, st.access.writes))
             for st in program.steps]
 
 
@@ -71,15 +71,15 @@ def test_speed_recomputes_a_segment_once_and_backward_reads_the_clones():
     ]
     t = ids(q)
     relu_rc, pool_rc, fc_b, pool_b, relu_b = q.steps[6:11]
-    assert (relu_rc.origin, pool_rc.origin) == (1, 2)  # the forward steps they rerun
+    assert (relu_rc.cost.origin, pool_rc.cost.origin) == (1, 2)  # the forward steps they rerun
     # every slot names the clones, not only memory's reads
-    assert pool_rc.inputs == (t["relu@r1"],) and pool_rc.outputs == (t["pool@r1"],)
-    assert pool_rc.stash == {"argmax": t["pool.argmax@r1"]}
-    assert fc_b.inputs == (t["pool@r1"],)
-    assert pool_b.inputs == (t["relu@r1"],) and pool_b.outputs == (t["pool@r1"],)
-    assert pool_b.stash == {"argmax": t["pool.argmax@r1"]}
-    assert relu_b.outputs == (t["relu@r1"],) and relu_b.inputs == (t["conv"],)
-    assert relu_rc.shares == ((t["relu@r1"], t["conv"]),)
+    assert pool_rc.forward.inputs == (t["relu@r1"],) and pool_rc.forward.outputs == (t["pool@r1"],)
+    assert pool_rc.forward.stash == {"argmax": t["pool.argmax@r1"]}
+    assert fc_b.forward.inputs == (t["pool@r1"],)
+    assert pool_b.forward.inputs == (t["relu@r1"],) and pool_b.forward.outputs == (t["pool@r1"],)
+    assert pool_b.forward.stash == {"argmax": t["pool.argmax@r1"]}
+    assert relu_b.forward.outputs == (t["relu@r1"],) and relu_b.forward.inputs == (t["conv"],)
+    assert relu_rc.access.shares == ((t["relu@r1"], t["conv"]),)
     for clone in ("relu@r1", "pool@r1", "pool.argmax@r1"):
         spec = q.tensors[t[clone]]
         assert spec.of == t[clone.split("@")[0]]
@@ -101,8 +101,8 @@ def test_memory_policy_recomputes_per_backward_step():
         "conv (backward)"]
     # each backward step reads its own group's clones
     pool_b, relu_b = q.steps[11], q.steps[13]
-    assert names(q, pool_b.reads) == ["pool.grad", "pool.argmax@r-8"]
-    assert names(q, relu_b.reads) == ["relu.grad", "relu@r-9"]
+    assert names(q, pool_b.access.reads) == ["pool.grad", "pool.argmax@r-8"]
+    assert names(q, relu_b.access.reads) == ["relu.grad", "relu@r-9"]
     assert q.rewrites.recompute.recomputed_steps == 5
 
 
@@ -110,7 +110,7 @@ def test_recompute_originals_die_in_forward():
     for policy in ("speed", "memory"):
         q = policy_program(chain(), policy)
         t = ids(q)
-        last = max(st.index for st in q.steps if t["relu"] in st.reads + st.writes)
+        last = max(st.index for st in q.steps if t["relu"] in st.access.reads + st.access.writes)
         assert q.steps[last].label == "pool (forward)"
 
 
@@ -131,7 +131,7 @@ def test_recompute_peaks():
 
 def test_recompute_program_with_no_drop_is_the_same_program():
     p = chain()
-    everything = {t for st in p.steps if st.phase == "forward" for t in st.writes
+    everything = {t for st in p.steps if st.phase == "forward" for t in st.access.writes
                   if p.tensors[t].role == "value"}
     q = recompute_program(p, everything, {})
     assert outline(q) == outline(p)
@@ -180,13 +180,13 @@ def test_binarize_encodes_relu_sign_and_packed_argmax_consumed_by_backward():
     # 512 floats: 1 bit each; 256 argmax indices of a 2x2 window: 2 bits each
     assert q.tensors[t["relu.sign"]].nbytes == 64
     assert q.tensors[t["pool.argmax.poolidx"]].nbytes == 64
-    assert q.steps[9].from_encoded == EncodedInput("packed_argmax", t["pool.argmax.poolidx"])
-    assert q.steps[10].from_encoded == EncodedInput("sign", t["relu.sign"])
-    assert q.steps[3].codec == CodecStep("sign", t["relu"])
-    assert q.steps[4].codec == CodecStep("poolidx", t["pool.argmax"], MAX_POOL_2X2.pool)
+    assert q.steps[9].op.from_encoded == EncodedInput("packed_argmax", t["pool.argmax.poolidx"])
+    assert q.steps[10].op.from_encoded == EncodedInput("sign", t["relu.sign"])
+    assert q.steps[3].op.codec == CodecStep("sign", t["relu"])
+    assert q.steps[4].op.codec == CodecStep("poolidx", t["pool.argmax"], MAX_POOL_2X2.pool)
     assert q.steps[3].attrs == {"codec": "sign", "source": t["relu"]}  # the former view
     assert q.rewrites.compression.encoded == {"relu": "sign", "pool.argmax": "poolidx"}
-    assert p.steps[9].from_encoded is None  # the input program is untouched
+    assert p.steps[9].op.from_encoded is None  # the input program is untouched
 
 
 def test_sparse_encodes_a_relu_kept_by_a_conv_and_decodes_before_its_backward():
@@ -199,7 +199,7 @@ def test_sparse_encodes_a_relu_kept_by_a_conv_and_decodes_before_its_backward():
     assert rows[12] == ("relu1 (decode)", ["relu1.sparse"], ["relu1@decoded"])
     assert rows[13][0] == "conv2 (backward)" and "relu1@decoded" in rows[13][1]
     assert rows[14] == ("relu1 (backward)", ["relu1.grad", "relu1@decoded"], ["conv1.grad"])
-    assert q.steps[13].inputs == (t["relu1@decoded"],)  # the slot, too
+    assert q.steps[13].forward.inputs == (t["relu1@decoded"],)  # the slot, too
     assert q.rewrites.compression.sparse_densities == {"relu1": 0.25}
     assert q.tensors[t["relu1.sparse"]].nbytes < q.tensors[t["relu1"]].nbytes
     # not relu2: only fc reads it

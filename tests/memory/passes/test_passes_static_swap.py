@@ -100,8 +100,8 @@ def test_static_offsets_never_overlap_in_time_and_space(make, spec):
             if key < other and s < e2 and s2 < e:  # live at the same time: disjoint bytes
                 o, o2 = offsets[key], offsets[other]
                 assert o + size <= o2 or o2 + size2 <= o, (key, other)
-    assert st.static_arena == top >= max_live_bytes(iv)
-    assert st.static_base == base
+    assert st.static.arena == top >= max_live_bytes(iv)
+    assert st.static.base == base
     # the input plan is untouched: still no offsets
     assert all(a.offset == -1 for _, a in plan.actions() if isinstance(a, STARTS))
 
@@ -110,7 +110,7 @@ def test_static_arena_of_the_chain():
     plan = base_plan(chain(), REUSE_INPLACE)
     st = static_plan(plan, 0)
     # the greedy cannot reach the 16-unit live peak here: 17 units
-    assert (st.static_arena, max_live_bytes(block_intervals(plan))) == (17 * UNIT, 16 * UNIT)
+    assert (st.static.arena, max_live_bytes(block_intervals(plan))) == (17 * UNIT, 16 * UNIT)
     assert st.notes[-1].startswith("static: 13 blocks at planned offsets, arena 8,704 B")
     # static changes offsets only: the same actions in the same places
     assert render(st) == render(plan)
@@ -120,9 +120,9 @@ def test_static_arena_of_the_chain():
 
 def test_static_with_cache_places_nothing():
     plan = swap_plan(base_plan(chain(), REUSE_INPLACE), "all")
-    cached = replace(plan, cache=True)
+    cached = replace(plan, swapping=replace(plan.swapping, cache=True))
     out = static_plan(cached, 0)
-    assert out.static_arena == -1
+    assert out.static.arena == -1
     assert out.steps == cached.steps
     assert out.notes[-1].startswith("static: not applied with cache")
 
@@ -150,9 +150,9 @@ def test_swap_plan_positions_and_a_new_plan():
     plan = base_plan(p, REUSE_INPLACE)
     before = render(plan)
     swapped = swap_plan(plan, "all")
-    assert swapped is not plan and render(plan) == before and plan.swapped == ()
+    assert swapped is not plan and render(plan) == before and plan.swapping.blocks == ()
     t = ids(p)
-    assert swapped.swapped == (t["x"], t["conv"], t["pool"])  # fc: only 1 step apart
+    assert swapped.swapping.blocks == (t["x"], t["conv"], t["pool"])  # fc: only 1 step apart
     rows = render(swapped)
     extra = [(row[0], [a for a in row[1] if a not in old[1]], [a for a in row[2]
                                                                if a not in old[2]])
@@ -187,24 +187,25 @@ def test_swap_plan_lookahead_lag_and_only():
     t = ids(p)
     plan = base_plan(p, REUSE_INPLACE)
     out = swap_plan(plan, "all", lookahead=5, lag=2, only={t["x"]})
-    assert out.swapped == (t["x"],)
+    assert out.swapping.blocks == (t["x"],)
     where = {(i, type(a)) for i, a in out.actions() if a.tensor == t["x"]
              and isinstance(a, (Offload, Release, Prefetch, Await))}
     # offload after 0, release after 0 + 2, prefetch before max(3, 9 - 5) = 4, await before 9
     assert where == {(0, Offload), (2, Release), (4, Prefetch), (9, Await)}
     # with lag 2 the pool (3 -> 6) has no idle step left: 6 - 3 < 2 + 2
-    assert swap_plan(plan, "all", lag=2).swapped == (t["x"], t["conv"])
+    assert swap_plan(plan, "all", lag=2).swapping.blocks == (t["x"], t["conv"])
 
 
 def test_swap_auto_unmeasured_behaves_as_conv_and_measured_hides_transfers():
     p = chain()
     t = ids(p)
     plan = base_plan(p, REUSE_INPLACE)
-    assert swap_plan(plan, "auto").swapped == (t["x"],)
+    assert swap_plan(plan, "auto").swapping.blocks == (t["x"],)
     slow = [1.0] * len(p.steps)  # 1 s per step: every gap hides a 2 KiB copy
-    assert swap_plan(plan, "auto", step_times=slow).swapped == (t["x"], t["conv"], t["pool"])
+    assert swap_plan(plan, "auto", step_times=slow).swapping.blocks == \
+        (t["x"], t["conv"], t["pool"])
     fast = [1e-9] * len(p.steps)  # nothing is hidden
-    assert swap_plan(plan, "auto", step_times=fast).swapped == ()
+    assert swap_plan(plan, "auto", step_times=fast).swapping.blocks == ()
 
 
 def test_swap_alloc_keeps_offsets_through_static():

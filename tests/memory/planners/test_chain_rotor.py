@@ -69,7 +69,8 @@ def trivial(c: Chain) -> list[tuple[str, int]]:
 
 
 def outline(program):
-    return [(s.origin, s.phase, s.reads, s.writes, s.workspace) for s in program.steps]
+    return [(s.cost.origin, s.phase, s.access.reads, s.access.writes, s.access.workspace)
+            for s in program.steps]
 
 
 # ---- chain_of
@@ -142,14 +143,14 @@ def test_a_rerun_stage_recomputes_with_clones_and_backward_reads_them():
                                           ("b", 0)]
     q = schedule_program(c, ops)
     rc = [s for s in q.steps if s.phase == "recompute"]
-    assert [(s.origin, s.layer) for s in rc] == [(0, "l0")]
+    assert [(s.cost.origin, s.layer) for s in rc] == [(0, "l0")]
     assert q.meta["recomputed_steps"] == 1 and q.meta["dropped_layers"] == 1
-    clone = rc[0].writes[0]
-    assert q.tensors[clone].name == "l0@r0.2" and q.tensors[clone].of == p.steps[0].writes[0]
+    clone = rc[0].access.writes[0]
+    assert q.tensors[clone].name == "l0@r0.2" and q.tensors[clone].of == p.steps[0].access.writes[0]
     b1 = next(s for s in q.steps if s.phase == "backward" and s.layer == "l1")
-    assert clone in b1.reads and p.steps[0].writes[0] not in b1.reads
+    assert clone in b1.access.reads and p.steps[0].access.writes[0] not in b1.access.reads
     # the forward steps are the original ones, once each, in order
-    assert [s.origin for s in q.steps if s.phase == "forward"] == list(range(5))
+    assert [s.cost.origin for s in q.steps if s.phase == "forward"] == list(range(5))
     assert plan_peak(base_plan(q, RI)) <= plan_peak(base_plan(p, RI))
 
 
@@ -159,9 +160,9 @@ def test_a_memory_centric_backward_recomputes_per_step():
     ops = trivial(c)[:-1] + [("m", 0)]
     q = schedule_program(c, ops)
     rc = [s for s in q.steps if s.phase == "recompute"]
-    assert [s.origin for s in rc] == [0, 1]  # conv and relu again, for relu's backward
+    assert [s.cost.origin for s in rc] == [0, 1]  # conv and relu again, for relu's backward
     relu_b = next(s for s in q.steps if s.phase == "backward" and s.layer == "relu")
-    assert rc[1].writes[0] in relu_b.reads
+    assert rc[1].access.writes[0] in relu_b.access.reads
     assert q.meta["recomputed_steps"] == 2
 
 
@@ -445,15 +446,15 @@ def test_rotor_schedules_are_valid_programs_costing_the_table(make):
         recomputed = sum(1 for s in q.steps if s.phase == "recompute")
         assert recomputed >= reruns and (lean or recomputed == reruns)
         # the program's seconds (each step at its origin's cost) are the table's
-        seconds = sum(costs[s.origin] for s in q.steps)
+        seconds = sum(costs[s.cost.origin] for s in q.steps)
         assert seconds == pytest.approx(cost, rel=1e-9), (m, ops)
         base_plan(q, RI).validate()
 
 
 def _dead(program) -> list[str]:
-    read = {t for s in program.steps for t in s.reads}
+    read = {t for s in program.steps for t in s.access.reads}
     return [s.label for s in program.steps
-            if s.phase == "recompute" and not any(t in read for t in s.writes)]
+            if s.phase == "recompute" and not any(t in read for t in s.access.writes)]
 
 
 def test_rotor_candidates_recompute_nothing_unread():

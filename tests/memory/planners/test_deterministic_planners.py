@@ -175,7 +175,7 @@ def test_milp_on_a_network_twice_and_with_the_clock_jumping(request):
 
     def plan():
         out = make_plan(p, cfg, step_times=costs, bandwidth=bw, cost_source="v100")
-        return _key(out.auto), out.notes
+        return _key(out.provenance.auto), out.notes
 
     first = plan()
     assert any(n.startswith("planner=optimal: ") and "nodes in all" in n for n in first[1])
@@ -187,7 +187,7 @@ def test_milp_on_a_network_twice_and_with_the_clock_jumping(request):
 def test_optimal_plan_notes_report_work_not_seconds():
     p = _reference("smallcnn", (1, 28, 28), 32)
     lo = p.lower_bound_bytes()
-    reuse = auto_plan(p, None).auto.peak
+    reuse = auto_plan(p, None).provenance.auto.peak
     budget = (lo + reuse) // 2
     plan = make_plan(p, MemoryConfig.parse(f"auto,budget={budget},planner=optimal"),
                      bandwidth=1e7)

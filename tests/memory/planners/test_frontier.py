@@ -82,7 +82,7 @@ class Setup:
 
     def placed(self, plan) -> tuple[int, float]:
         """(placed peak with the persistent state, seconds) of an unplaced plan."""
-        arena = static_plan(plan, base=self.persistent).static_arena
+        arena = static_plan(plan, base=self.persistent).static.arena
         return self.persistent + arena, self.price(plan)[0]
 
     def auto(self, budget: int):
@@ -152,7 +152,7 @@ def assert_dominates(s: Setup):
     fr = s.frontier()
     for config in fixed_configs(s.program):
         plan = s.make(s.program, MemoryConfig({**config.flags, "static": ""}))
-        peak = s.persistent + plan.static_arena
+        peak = s.persistent + plan.static.arena
         seconds = s.price(plan)[0]
         pick = fr.fitting(peak)
         assert pick is not None, (config.spec, peak)
@@ -226,7 +226,7 @@ def test_recompute_bound_holds_for_plain_candidates(name):
     """The recomputation bound alone (no swaps) against the candidates that neither swap nor
     encode (what the bound is said to cover)."""
     fr = Setup(HAND[name]()).frontier()
-    plain = [c for c in fr.candidates if not c.plan.swapped and "binarize" not in c.source
+    plain = [c for c in fr.candidates if not c.plan.swapping.blocks and "binarize" not in c.source
              and "sparse" not in c.source]
     assert plain
     assert [(c.source, c.peak, c.time_s, fr.bound.seconds(c.peak)) for c in plain
@@ -282,14 +282,14 @@ def enumerated(s: Setup) -> list[tuple[int, float, str, tuple[int, ...]]]:
     """(placed peak, seconds, grouping, dropped forward steps) of every checkpoint subset."""
     p = s.program
     fwd = [st_ for st_ in p.steps if st_.phase == "forward"]
-    droppable = [st_.index for st_ in fwd if p.loss not in st_.writes]
+    droppable = [st_.index for st_ in fwd if p.loss not in st_.access.writes]
     per_step = {st_.index: -1 - st_.index for st_ in p.steps if st_.phase == "backward"}
     out = []
     for r in range(len(droppable) + 1):
         for drop in itertools.combinations(droppable, r):
             progs = [("per run", dropping_program(p, set(drop)))]
             if drop:
-                keep = {t for st_ in fwd if st_.index not in drop for t in st_.writes
+                keep = {t for st_ in fwd if st_.index not in drop for t in st_.access.writes
                         if p.tensors[t].role == "value"}
                 progs.append(("per step", recompute_program(p, keep, per_step)))
             for grouping, q in progs:
@@ -363,8 +363,8 @@ def test_frontier_does_not_read_the_clock(monkeypatch):
         monkeypatch.setattr(time, name, lambda: float(next(clock)))
     assert picks(s.frontier()) == first
     jumped = s.auto(budget)
-    assert (jumped.notes, jumped.static_arena, jumped.auto.curve) == \
-        (plan.notes, plan.static_arena, plan.auto.curve)
+    assert (jumped.notes, jumped.static.arena, jumped.provenance.auto.curve) == \
+        (plan.notes, plan.static.arena, plan.provenance.auto.curve)
     # (the patch was in place: each read jumps 1000 s)
     assert time.perf_counter() + 1000.0 == time.time()
 
@@ -376,7 +376,7 @@ def assert_auto_plans(s: Setup, points: int = 5):
     fr = s.frontier()
     for budget in budgets(fr, points)[::max(1, len(budgets(fr, points)) // points)]:
         plan = s.auto(budget)
-        a = plan.auto
+        a = plan.provenance.auto
         assert a is not None and a.curve
         peaks = [c.peak for c in a.curve]
         times = [c.time_s for c in a.curve]
@@ -384,7 +384,7 @@ def assert_auto_plans(s: Setup, points: int = 5):
         assert all(t0 >= t1 for t0, t1 in zip(times, times[1:]))  # (equal: less traffic)
         picked = a.oracle_s + a.extra_time_s
         assert picked == pytest.approx(fr.fitting(budget).time_s)
-        assert s.persistent + plan.static_arena == a.peak <= budget
+        assert s.persistent + plan.static.arena == a.peak <= budget
         assert a.lower_bound_s is not None and a.lower_bound_s <= picked * (1 + 1e-9)
 
 
@@ -460,12 +460,12 @@ def test_greedy_and_fixed_plans_never_beat_the_certificate(name, bandwidth):
     plans = []
     for config in fixed_configs(s.program):
         plan = s.make(s.program, MemoryConfig({**config.flags, "static": ""}))
-        plans.append((config.spec, s.persistent + plan.static_arena, s.price(plan)[0]))
+        plans.append((config.spec, s.persistent + plan.static.arena, s.price(plan)[0]))
     for budget in budgets(fr, 8):
         try:
             plan = auto_plan(s.program, budget, s.costs, bandwidth=s.bandwidth)
         except BudgetTooSmall:
             continue
-        plans.append((f"greedy {budget}", s.persistent + plan.static_arena, s.price(plan)[0]))
+        plans.append((f"greedy {budget}", s.persistent + plan.static.arena, s.price(plan)[0]))
     assert len(plans) > len(fixed_configs(s.program)) // 2
     assert certificate_gaps(s, plans) == []

@@ -30,10 +30,10 @@ from minidl.memory.planners.planner import make_plan
 def exhaustive(program, budget, costs, bandwidth):
     """The least estimated extra time over every keep / swap / recompute assignment (every
     droppable forward step, every swap candidate), or None when none fits."""
-    producer = {t: s.index for s in program.steps if s.phase == "forward" for t in s.writes}
+    producer = {t: s.index for s in program.steps if s.phase == "forward" for t in s.access.writes}
     loss = producer[program.loss]
     drops = [s.index for s in program.steps if s.phase == "forward" and s.index != loss
-             and any(program.tensors[t].role == "value" for t in s.writes)]
+             and any(program.tensors[t].role == "value" for t in s.access.writes)]
     sc = swap_costs(program, costs, bandwidth)
     swaps = sorted(sc)
     best = None
@@ -174,23 +174,23 @@ def test_never_worse_than_greedy_on_reference_models(model, target):
 def test_make_plan_with_planner_optimal_fits_and_says_which_choice_it_took():
     p = _reference("resnet8", (3, 32, 32), 16)
     lo = p.lower_bound_bytes()
-    reuse = auto_plan(p, None).auto.peak
+    reuse = auto_plan(p, None).provenance.auto.peak
     budget = (lo + reuse) // 2
     slow = {"bandwidth": 1e7}  # a slow link: swapping costs time, so the MILP has work to do
     plan = make_plan(p, MemoryConfig.parse(f"auto,budget={budget},planner=optimal"), **slow)
     plan.validate()
     assert plan.spec == f"auto,budget={size_text(budget)},planner=optimal"
     assert MemoryConfig.parse(plan.spec).budget == budget
-    assert plan.auto.peak <= budget
-    assert plan.auto.peak == p.persistent_bytes() + plan_peak(plan)
-    assert plan.static_base == p.persistent_bytes()
+    assert plan.provenance.auto.peak <= budget
+    assert plan.provenance.auto.peak == p.persistent_bytes() + plan_peak(plan)
+    assert plan.static.base == p.persistent_bytes()
     assert plan.notes[0].startswith(f"auto: budget {budget:,} B;")
     note = next(n for n in plan.notes if n.startswith("planner=optimal: "))
     assert ("optimal choice taken" in note) != ("greedy choice kept" in note)
     assert "MILP of" in note and "gap" in note
     greedy = make_plan(p, MemoryConfig.parse(f"auto,budget={budget}"), **slow)
     assert not any(n.startswith("planner=") for n in greedy.notes)
-    assert plan.auto.extra_time_s <= greedy.auto.extra_time_s
+    assert plan.provenance.auto.extra_time_s <= greedy.provenance.auto.extra_time_s
     # where the greedy choice costs nothing, it is kept without solving anything
     free = make_plan(p, MemoryConfig.parse(f"auto,budget={reuse},planner=optimal"))
     note = next(n for n in free.notes if n.startswith("planner=optimal: "))
@@ -255,7 +255,7 @@ def test_only_restricts_the_actions(planner):
     planner; each fits a budget the other kind of action alone would meet differently."""
     p = linear_chain(10, units=2)
     lo = p.lower_bound_bytes()
-    reuse = auto_plan(p, None).auto.peak
+    reuse = auto_plan(p, None).provenance.auto.peak
     slow = {"bandwidth": 1e7}
     seen = {}
     for only in ("recompute", "swap"):
@@ -268,7 +268,7 @@ def test_only_restricts_the_actions(planner):
             except BudgetTooSmall:
                 budget += (reuse - lo) // 8
         plan.validate()
-        choice = plan.auto
+        choice = plan.provenance.auto
         assert choice.peak <= budget and choice.only == only
         assert not choice.swapped if only == "recompute" else not choice.dropped
         assert f"({only} only)" in plan.notes[0]

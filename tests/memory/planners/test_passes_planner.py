@@ -43,9 +43,9 @@ def check_plan(program, spec: str) -> None:
     iv = block_intervals(plan)
     assert max_live_bytes(iv) == plan_peak(plan) <= none
     if config.has("static") or config.has("auto"):
-        assert plan.static_arena >= max_live_bytes(iv)
-        assert plan.static_base == plan.program.persistent_bytes()
-        assert all(a.offset >= plan.static_base for _, a in plan.actions()
+        assert plan.static.arena >= max_live_bytes(iv)
+        assert plan.static.base == plan.program.persistent_bytes()
+        assert all(a.offset >= plan.static.base for _, a in plan.actions()
                    if isinstance(a, STARTS) and a.tensor not in plan.aliases)
 
 
@@ -71,9 +71,9 @@ def test_make_plan_notes_say_what_was_done():
     plan = make_plan(chain(), MemoryConfig.parse("reuse,binarize"))
     assert plan.notes == ("compression: 2 stashes encoded (poolidx 1, sign 1)",)
     sparse = make_plan(residual(), MemoryConfig.parse("reuse,sparse"))
-    assert not sparse.densities_measured
+    assert not sparse.provenance.densities_measured
     assert make_plan(residual(), MemoryConfig.parse("reuse,sparse"),
-                     densities={"relu1": 0.3}).densities_measured
+                     densities={"relu1": 0.3}).provenance.densities_measured
 
 
 # ---- auto
@@ -86,12 +86,12 @@ def test_auto_with_a_budget_between_the_lower_bound_and_the_reuse_peak_fits():
     assert p.lower_bound_bytes() < budget < reuse_peak == 20480
     plan = auto_plan(p, budget)
     plan.validate()
-    assert plan.auto.peak <= budget
-    assert plan.auto.peak == p.persistent_bytes() + plan_peak(plan)  # the simulated peak
-    assert plan.static_base == p.persistent_bytes()
+    assert plan.provenance.auto.peak <= budget
+    assert plan.provenance.auto.peak == p.persistent_bytes() + plan_peak(plan)  # the simulated peak
+    assert plan.static.base == p.persistent_bytes()
     # the walk stops at the first plan that fits: one move earlier did not
-    assert plan.auto.path[-1][2] == plan.auto.peak
-    assert all(step[2] > budget for step in plan.auto.path[:-1])
+    assert plan.provenance.auto.path[-1][2] == plan.provenance.auto.peak
+    assert all(step[2] > budget for step in plan.provenance.auto.path[:-1])
     assert plan.notes[0].startswith("auto: budget 16,000 B;")
 
 
@@ -168,19 +168,19 @@ def test_random_recompute_backward_never_reads_a_dropped_original(program, polic
     from minidl.memory.passes.recompute import policy_program
 
     q = policy_program(program, policy)
-    made_in_forward = {t for s in q.steps if s.phase == "forward" for t in s.writes}
+    made_in_forward = {t for s in q.steps if s.phase == "forward" for t in s.access.writes}
     last_forward = max(s.index for s in q.steps if s.phase == "forward")
     # an original a backward step reads is still live: nothing after forward frees it early
     # unless it was cloned; a clone is read only after its recomputation
     written_before = set(q.inputs) | {t.id for t in q.tensors if t.role == "seed"}
     for s in q.steps:
-        for t in s.reads:
+        for t in s.access.reads:
             if q.tensors[t].persistent:
                 continue
             assert t in written_before, (s.label, q.tensors[t].name)
-        written_before |= set(s.writes)
+        written_before |= set(s.access.writes)
         if s.phase == "backward":
-            for t in s.reads:
+            for t in s.access.reads:
                 spec = q.tensors[t]
                 if spec.of >= 0 and "@r" in spec.name:
                     assert spec.of in made_in_forward

@@ -39,13 +39,13 @@ def test_floor_of_the_hand_chain():
     # never more than the old lower bound (which counts workspaces and stashes too)
     assert floor.bytes <= prog.lower_bound_bytes()
     fwd = next(st for st in prog.steps if st.layer == "conv" and st.phase == "forward")
-    x, out, ws = fwd.inputs[0], fwd.outputs[0], fwd.workspace
+    x, out, ws = fwd.forward.inputs[0], fwd.forward.outputs[0], fwd.access.workspace
     whole = prog.block_size(prog.tensors[x].nbytes) + prog.block_size(prog.tensors[out].nbytes)
     # this hand conv declares no workspace option: its workspace cannot be capped, so counts
-    assert not fwd.caps.options
+    assert not fwd.op.caps.options
     assert unavoidable_bytes(prog, fwd) == whole + prog.block_size(prog.tensors[ws].nbytes)
-    capped = dataclasses.replace(fwd, caps=dataclasses.replace(fwd.caps,
-                                                               options=frozenset({"conv_ws"})))
+    caps = dataclasses.replace(fwd.op.caps, options=frozenset({"conv_ws"}))
+    capped = dataclasses.replace(fwd, op=dataclasses.replace(fwd.op, caps=caps))
     assert unavoidable_bytes(prog, capped) == whole
 
 
@@ -65,7 +65,7 @@ def _greedy_peaks(setup: Setup, budgets: list[int]) -> list[int]:
             plan = auto_plan(setup.program, b, setup.costs, bandwidth=setup.bandwidth)
         except BudgetTooSmall:
             continue
-        out.append(setup.persistent + plan.static_arena)
+        out.append(setup.persistent + plan.static.arena)
     return out
 
 

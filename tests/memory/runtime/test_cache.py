@@ -6,7 +6,16 @@ import numpy as np
 import pytest
 
 from minidl.memory.devices.device import CpuDevice
-from minidl.memory.ir.plan import Alloc, Await, Free, Offload, Plan, Prefetch, Release
+from minidl.memory.ir.plan import (
+    Alloc,
+    Await,
+    Free,
+    Offload,
+    Plan,
+    Prefetch,
+    Release,
+    Swapping,
+)
 from minidl.memory.ir.program import Program, TensorSpec
 from minidl.memory.ir.residency import IllegalTransition, Residency, TensorRecord
 from minidl.memory.runtime.cache import TensorCache, without_cache
@@ -55,9 +64,9 @@ def test_keeping_a_tensor_that_is_not_offloading_is_illegal():
 
 def test_without_cache_returns_a_new_plan_with_a_note():
     program = Program(tensors=[], steps=[], inputs=[])
-    plan = Plan(program, steps=(), cache=True)
+    plan = Plan(program, steps=(), swapping=Swapping(cache=True))
     off = without_cache(plan)
-    assert plan.cache and not off.cache
+    assert plan.swapping.cache and not off.swapping.cache
     assert off.notes[-1].startswith("cache: turned off after an out-of-memory")
 
 
@@ -67,8 +76,8 @@ def _runtime(n: int, units: int, capacity: int, cache: bool) -> MemoryRuntime:
                for i in range(n)]
     program = Program(tensors=tensors, steps=[], inputs=[])
     device = CpuDevice(capacity)
-    return MemoryRuntime(Pool(device), program, Plan(program, steps=(), cache=cache),
-                         HostPool(device))
+    plan = Plan(program, steps=(), swapping=Swapping(cache=cache))
+    return MemoryRuntime(Pool(device), program, plan, HostPool(device))
 
 
 def _swap_out(rt: MemoryRuntime, tid: int) -> None:

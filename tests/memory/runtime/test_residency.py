@@ -6,13 +6,23 @@ import numpy as np
 import pytest
 
 from minidl.memory.devices.device import CpuDevice
-from minidl.memory.ir.plan import Alloc, Await, Free, Offload, Plan, Prefetch, Release
+from minidl.memory.ir.plan import (
+    Alloc,
+    Await,
+    Free,
+    Offload,
+    Plan,
+    Prefetch,
+    Release,
+    Swapping,
+)
 from minidl.memory.ir.program import Program, TensorSpec
 from minidl.memory.ir.residency import (
     ACTIONS,
     TRANSITIONS,
     IllegalTransition,
     Residency,
+    SwapState,
     TensorRecord,
 )
 from minidl.memory.runtime.host_pool import HostPool
@@ -57,7 +67,7 @@ def test_the_table_is_the_documented_machine():
 @pytest.mark.parametrize("action", sorted(EXPECTED))
 @pytest.mark.parametrize("state", list(Residency), ids=lambda s: s.value)
 def test_every_state_and_action(state, action):
-    rec = TensorRecord(7, "conv1", state, block=_Block(), host="host")
+    rec = TensorRecord(7, "conv1", state, block=_Block(), swap=SwapState(host="host"))
     move = getattr(rec, action)
     if state in EXPECTED[action]:
         move(*ARGS.get(action, ()))
@@ -76,15 +86,15 @@ def test_what_each_state_owns():
     rec.allocate(blk, "v")
     assert (rec.block, rec.view) == (blk, "v")
     rec.offload("host", "d2h")
-    assert (rec.view, rec.host, rec.d2h, rec.nbytes) == (None, "host", "d2h", 512)
+    assert (rec.view, rec.swap.host, rec.swap.d2h, rec.swap.nbytes) == (None, "host", "d2h", 512)
     rec.release()
-    assert rec.block is None and rec.host == "host"
+    assert rec.block is None and rec.swap.host == "host"
     rec.prefetch(blk, "h2d")
-    assert (rec.block, rec.h2d) == (blk, "h2d")
+    assert (rec.block, rec.swap.h2d) == (blk, "h2d")
     rec.await_prefetch("v2")
-    assert (rec.view, rec.host) == ("v2", None)
+    assert (rec.view, rec.swap.host) == ("v2", None)
     rec.free()
-    assert (rec.block, rec.view, rec.host, rec.d2h, rec.h2d) == (None,) * 5
+    assert (rec.block, rec.view, rec.swap.host, rec.swap.d2h, rec.swap.h2d) == (None,) * 5
 
 
 # ---------------------------------------------------------------- the runtime drives records
@@ -94,7 +104,7 @@ def _runtime(units: list[int], aliases: dict[int, int] | None = None, cache: boo
                for i, u in enumerate(units)]
     program = Program(tensors=tensors, steps=[], inputs=[])
     device = CpuDevice(capacity)
-    plan = Plan(program, steps=(), aliases=aliases or {}, cache=cache)
+    plan = Plan(program, steps=(), aliases=aliases or {}, swapping=Swapping(cache=cache))
     return MemoryRuntime(Pool(device), program, plan, HostPool(device))
 
 

@@ -134,7 +134,7 @@ def test_target_costed_plans_fit_match_the_dry_run_and_are_bit_identical(netdef,
     assert _untimed(real["notes"]) == _untimed(dry["notes"]), (spec, target)
     plan = tr.last_compiled.plan
     recomputes = any(s.phase == "recompute" for s in plan.program.steps)
-    event(f"swaps: {bool(plan.swapped)}, recomputes: {recomputes}")
+    event(f"swaps: {bool(plan.swapping.blocks)}, recomputes: {recomputes}")
     if any(n.startswith(NOTE_PREFIX) for n in real["notes"]):
         # auto met the budget only with capped convolution workspaces: leaner kernel
         # configurations sum in another order (README, "What is bit-identical")

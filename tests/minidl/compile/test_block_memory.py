@@ -72,7 +72,7 @@ def recomputed(plan) -> set[str]:
 
 
 def swapped(plan) -> set[str]:
-    return {plan.program.tensors[t].layer for t in plan.swapped}
+    return {plan.program.tensors[t].layer for t in plan.swapping.blocks}
 
 
 def test_forced_recompute_without_a_recompute_flag():
@@ -120,7 +120,7 @@ def test_auto_honours_forced_choices_and_the_budget(planner):
     assert set(BLOCK) <= recomputed(plan)
     assert swapped(plan) & {"c_conv", "c_relu"}
     assert dry["peak_reserved_bytes"] <= budget
-    choice = plan.auto
+    choice = plan.provenance.auto
     assert not {plan.program.tensors[t].layer for t in choice.swapped} & set(BLOCK)
 
 

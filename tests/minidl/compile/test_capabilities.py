@@ -37,7 +37,7 @@ def _net(act):
 
 def test_steps_carry_the_declared_capabilities():
     prog = _program(_net(L.ReLU), (2, 1, 8, 8))
-    caps = {s.layer: s.caps for s in prog.steps if s.phase == "forward"}
+    caps = {s.layer: s.op.caps for s in prog.steps if s.phase == "forward"}
     conv, relu, pool, _, fc, loss = caps.values()
     assert conv == OpCaps(RecomputeCost.EXPENSIVE, convolution=True,
                           options=frozenset({"device_kind", "conv_ws"}))  # workspace per

@@ -191,11 +191,11 @@ def test_the_schedule_is_an_option_of_the_plan_not_of_the_network(spec, policy):
     c = tr.engine.compiled([(3, 40)], (3, 40), True)
     steps = [s for s in c.plan.program.steps if s.layer == "lstm" and s.phase != "recompute"]
     assert {s.phase for s in steps} == {"forward", "backward"}
-    scheds = {id(s.options.get("bptt")) for s in steps}
+    scheds = {id(s.op.options.get("bptt")) for s in steps}
     assert len(scheds) == 1  # forward and backward run the same schedule
-    sched = steps[0].options.get("bptt")
+    sched = steps[0].op.options.get("bptt")
     if policy is None:
-        assert "bptt" not in steps[0].options
+        assert "bptt" not in steps[0].op.options
         assert "lstm.states" not in {t.name for t in c.plan.program.tensors}
     else:
         assert (sched.policy, sched.units) == (policy, -(-40 // UNIT_STEPS))

@@ -97,7 +97,7 @@ def test_launches_per_layer_are_bounded_and_the_update_is_one(model, monkeypatch
             layer = self.layers[st.node]
             units = 1  # (a fused recurrent stack: per time step and layer)
             if hasattr(layer, "num_layers"):
-                units = rt.program.tensors[st.inputs[0]].shape[1] * layer.num_layers
+                units = rt.program.tensors[st.forward.inputs[0]].shape[1] * layer.num_layers
             counts[(type(layer).__name__, st.phase)] = max(
                 counts[(type(layer).__name__, st.phase)], (dev.launches - before) / units)
         return counted
@@ -117,7 +117,7 @@ def test_sparse_reads_one_count_per_sparse_stash():
     for _ in range(2):
         tr.step(x, y)
     stashes = sum(1 for st in tr.last_compiled.plan.program.steps
-                  if st.phase == "encode" and st.codec.codec == "sparse")
+                  if st.phase == "encode" and st.op.codec.codec == "sparse")
     assert stashes > 0
     syncs = dev.host_syncs
     tr.step(x, y, wait=False)

@@ -77,7 +77,7 @@ def _relaid(plan, layout):
     """``plan`` (static) with every planned offset moved: ``mirrored`` turns the iteration's
     arena upside down (each block's neighbours change), ``shifted`` moves it up 9 units."""
     prog = plan.program
-    base, top = plan.static_base, plan.static_base + plan.static_arena
+    base, top = plan.static.base, plan.static.base + plan.static.arena
 
     def move(a):
         if not isinstance(a, (Alloc, Prefetch)) or a.offset < 0:

@@ -118,10 +118,10 @@ def test_static_reserved_peak_is_close_to_max_live():
     tr = minidl.Trainer(net, memory="reuse,inplace,static", device_memory="256MiB")
     c = tr.engine.compiled([(8, 3, 16, 16)], (8,), True)
     best = max_live_bytes(block_intervals(c.plan))
-    assert c.plan.static_arena <= 1.02 * best
+    assert c.plan.static.arena <= 1.02 * best
     rep = minidl.dry_run(resnet(20, (3, 16, 16), 10, width=8), 8, "reuse,inplace,static",
                          input_shape=(3, 16, 16))
-    assert rep["peak_reserved_bytes"] == rep["persistent_bytes"] + c.plan.static_arena
+    assert rep["peak_reserved_bytes"] == rep["persistent_bytes"] + c.plan.static.arena
 
 
 def test_debug_pool_poisons_freed_blocks():
@@ -229,7 +229,7 @@ def test_offloaded_tensors_are_not_readable():
     c = tr.engine.compiled([x.shape], y.shape, True)
     from minidl.memory.ir.plan import Await, StepPlan
 
-    root = c.plan.swapped[0]
+    root = c.plan.swapping.blocks[0]
     # remove the await: backward would read the tensor while away
     steps = tuple(StepPlan([a for a in sp.before if a != Await(root)], sp.after)
                   for sp in c.plan.steps)
@@ -266,7 +266,7 @@ def test_sparse_plan_uses_measured_densities_after_the_first_iteration():
     tr = minidl.Trainer(net, memory="reuse,sparse", device_memory="64MiB")
     tr.step(x, y)
     c = tr.engine.compiled([x.shape], y.shape, True)
-    assert c.plan.densities_measured
+    assert c.plan.provenance.densities_measured
     assert any("measured densities" in n for n in c.plan.notes)
 
 

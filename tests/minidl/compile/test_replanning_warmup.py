@@ -26,7 +26,7 @@ def test_timed_replanning_waits_for_a_warm_iteration():
     measured = []
     for _ in range(WARM_RUNS + 1):
         tr.step(x, y)
-        measured.append(tr.last_compiled.plan.measured)
+        measured.append(tr.last_compiled.plan.provenance.measured)
     # the plan each step ran: timed from measurements only once a warm iteration has run
     assert measured[:WARM_RUNS] == [False] * WARM_RUNS
     assert measured[WARM_RUNS] is True

@@ -54,8 +54,8 @@ def _attn_bytes(program):
     ts = program.tensors
     stash = sum(ts[i].nbytes for i in range(len(ts))
                 if ts[i].category == "stash" and ts[i].layer == "h0.attn")
-    ws = {st.phase: ts[st.workspace].nbytes for st in program.steps
-          if st.layer == "h0.attn" and st.workspace >= 0}
+    ws = {st.phase: ts[st.access.workspace].nbytes for st in program.steps
+          if st.layer == "h0.attn" and st.access.workspace >= 0}
     return stash, ws.get("forward", 0), ws.get("backward", 0)
 
 
@@ -68,7 +68,7 @@ def test_form_bytes_are_the_lowered_bytes(dtype):
     for form in forms:
         low = _lowered(40, form, dtype)
         (st,) = A.attention_steps(low)
-        assert st.options == OpOptions(attn=form)
+        assert st.op.options == OpOptions(attn=form)
         fb = A.form_bytes(low, st, form)
         assert (fb.stash, fb.forward_workspace, fb.backward_workspace) == _attn_bytes(low), form
 

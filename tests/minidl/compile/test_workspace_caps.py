@@ -39,8 +39,8 @@ def _net():
 
 
 def _caps(compiled) -> dict[str, int]:
-    return {st.layer: st.options[WC.OPTION] for st in compiled.plan.program.steps
-            if st.options.get(WC.OPTION) is not None}
+    return {st.layer: st.op.options[WC.OPTION] for st in compiled.plan.program.steps
+            if st.op.options.get(WC.OPTION) is not None}
 
 
 def _engine_plan(spec, cap_workspaces=True):
@@ -94,7 +94,8 @@ def test_caps_lower_the_smallest_budget_and_only_come_under_pressure():
     note = [n for n in c.plan.notes if n.startswith(W.NOTE_PREFIX)]
     assert len(note) == 1 and any(f"{name} " in note[0] for name in caps)
     # the choice is typed on the plan, not recovered from the note's start
-    assert [(ch.kind, ch.note) for ch in c.plan.choices] == [(ChoiceKind.CONV_WORKSPACE, note[0])]
+    assert [(ch.kind, ch.note) for ch in c.plan.provenance.choices] == \
+        [(ChoiceKind.CONV_WORKSPACE, note[0])]
     with pytest.raises(BudgetTooSmall, match="least workspace"):
         _engine_plan(f"auto,budget={after - 4096}")
 
@@ -176,7 +177,7 @@ else:
         h.update(np.float64(tr.step(x, y)).tobytes())
     for _, p in n.named_parameters():
         h.update(np.ascontiguousarray(p.data).tobytes())
-    caps = [st.options.get("conv_ws") for st in
+    caps = [st.op.options.get("conv_ws") for st in
             tr.engine.compiled([x.shape], y.shape, True).plan.program.steps
             if st.phase == "forward" and st.kind == "conv"]
     print(h.hexdigest()[:16], caps)

@@ -51,8 +51,8 @@ def _compiled(spec, rule=True, share=float("inf")):
 
 
 def _caps(c):
-    return {st.layer: st.options[WC.OPTION] for st in c.plan.program.steps
-            if st.options.get(WC.OPTION) is not None}
+    return {st.layer: st.op.options[WC.OPTION] for st in c.plan.program.steps
+            if st.op.options.get(WC.OPTION) is not None}
 
 
 def _data():

@@ -29,6 +29,8 @@ from minidl.distributed.data_parallel import (
     make_buckets,
     shard_bounds,
 )
+from minidl.memory.ir.program import Step
+from minidl.memory.ir.step_parts import BackwardSlots, ForwardSlots
 from minidl.settings import Settings
 
 HERE = Path(__file__).parent.parent  # tests/minidl, where dp_worker.py lives
@@ -349,8 +351,9 @@ def test_buckets_go_in_bucket_order_even_when_completed_out_of_order():
     sync._start_thread = lambda: None
     sync._queue.put = launched.append
     # backward writes p1's gradient (bucket 1) first, then p2's (bucket 0), then p0's
-    steps = [SimpleNamespace(phase="backward", params={"w": t}, grad_params={"w": t})
-             for t in (1, 2, 0)]
+    steps = [Step(i, "backward", f"l{t}", "linear", t, forward=ForwardSlots(params={"w": t}),
+                  backward=BackwardSlots(grad_params={"w": t}))
+             for i, t in enumerate((1, 2, 0))]
     executor = SimpleNamespace(plan=SimpleNamespace(program=object()), steps=steps,
                                parameters=dict(enumerate(params)))
     sync.begin(1.0)

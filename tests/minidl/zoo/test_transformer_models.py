@@ -80,7 +80,7 @@ def test_recompute_sqrt_keeps_transformer_blocks_as_checkpoints():
     x, y = _batch(2, TransformerConfig(layers=4, heads=2, dim=16, context=4, vocab=7))
     tr.step(x, y)
     program = tr.engine.compiled([x.shape], y.shape, True).lowered.program
-    makers = {t: s for s in program.steps if s.phase == "forward" for t in s.writes}
+    makers = {t: s for s in program.steps if s.phase == "forward" for t in s.access.writes}
     names = [program.tensors[t].name for t in articulation_values(program)]
     blocks = [n for n in names if ".h." in n]
     assert blocks == [f"transformer.h.{i}.add_{k}" for i in range(4) for k in (1, 2)], names
