@@ -8,8 +8,10 @@ back to back), so one flat update over them is every parameter's update
 The plan copies each gradient into its landing buffer as backward writes it
 (:mod:`minidl.memory.passes.offload_state`; :meth:`HostState.homes` hands the runtime the
 buffers); :class:`OffloadedOptimizer` updates on the host and copies the updated master
-weights into the device's parameters. On a meta device (a dry run) nothing is allocated: the
-bytes are counted.
+weights into the device's parameters (on a CPU device with an emulated host link,
+``Trainer(emulate_link=)``, through its throttled copy engine, so the copy back takes the
+link's time as the gradients' copies do). On a meta device (a dry run) nothing is allocated:
+the bytes are counted.
 
 In mixed precision the device keeps a matrix op's parameter only as its half copy
 (:func:`half_parameters`, ZeRO-Offload's fp16 parameters): its ``data`` is then the host's
@@ -80,6 +82,7 @@ class HostState:
             if (h := self.half_copies.get(p.name)) is not None else self.offsets[p.name][1]
             for p in self.params)
         self.allocated = allocate
+        self._device = device
         self._buffers: dict[str, Any] = {}
         if allocate:
             for key in ("master", "grad", *self.slots):
@@ -140,10 +143,18 @@ class HostState:
 
     def upload(self) -> None:
         """The updated master weights into the device's parameters (rounded into the half
-        copies)."""
+        copies); over the emulated link where the device has one."""
+        engine = self._device.copy_engine if getattr(self._device, "link_bytes_per_s", None) \
+            else None
         for p in self.params:
             half = self.half_copies.get(p.name)
-            copy_into(p.data if half is None else half, self._view("master", p.name, p.shape))
+            dst, src = p.data if half is None else half, self._view("master", p.name, p.shape)
+            if engine is None:
+                copy_into(dst, src)
+            else:
+                engine.copy_async(dst, src.astype(dst.dtype, copy=False))
+        if engine is not None:
+            engine.synchronize()
 
     def download(self) -> None:
         """The master weights from the device's parameters (after they were set there); a

@@ -173,3 +173,21 @@ def test_auto_with_offload_never_exceeds_its_budget():
         fitted += 1
         assert rep["peak_reserved_bytes"] <= budget, share
     assert fitted and refused
+
+
+@pytest.mark.parametrize("emulated", [False, True])
+def test_the_parameters_go_back_over_the_emulated_link(emulated):
+    """With ``emulate_link`` the host update's copy back goes through the throttled copy
+    engine (it takes the link's time, as the gradients' copies do); without, a plain copy."""
+    x, y = _cnn_batch()
+    net = _cnn()
+    link = "custom:flops=15.7T,hbm=900G,link=1000G,mem=16GiB" if emulated else None
+    tr = minidl.Trainer(net, Adam(net.parameters(), lr=1e-2), memory=SPECS[1],
+                        device_memory="32MiB", emulate_link=link)
+    tr.step(x, y)
+    engine = tr.device.copy_engine
+    before = engine.total_bytes
+    tr.optimizer.step()
+    moved = sum(p.data.nbytes for p in net.parameters())
+    assert engine.total_bytes - before == (moved if emulated else 0)
+    tr.close()
