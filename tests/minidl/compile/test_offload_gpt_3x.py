@@ -2,8 +2,8 @@
 AdamW's two slots, float32) is over 3x the device memory it trains in, under
 ``offload=optimizer`` and under ``auto`` (which chooses it there): training bit-identical to
 the same model on a large arena without offload, the dry run's device peaks and host bytes the
-real run's. fp32 only: the CPU does not run Embedding / LayerNorm / attention in mixed
-precision on this branch (test_offload_half_parameters.py skips its GPT case likewise)."""
+real run's; in fp32, and in bf16-mixed (the device then keeps the matrix parameters as their
+half copies)."""
 
 from __future__ import annotations
 
@@ -38,10 +38,10 @@ def _device_memory() -> int:
     return minidl.dry_run(_gpt(), BATCH, "reuse,inplace", "adamw")["persistent_bytes"] // 3
 
 
-def _train(spec: str, device_memory: int | str):
+def _train(spec: str, device_memory: int | str, precision: str = "fp32"):
     net = _gpt()
     tr = minidl.Trainer(net, AdamW(net.parameters(), lr=1e-3), memory=spec,
-                        device_memory=device_memory, debug=True)
+                        device_memory=device_memory, debug=True, precision=precision)
     x, y = _batch()
     losses = [tr.step(x, y) for _ in range(STEPS)]
     rep = tr.memory_report()
@@ -55,8 +55,8 @@ def _train(spec: str, device_memory: int | str):
 
 
 @functools.cache
-def _on_a_large_arena():
-    return _train("reuse,inplace", "256MiB")
+def _on_a_large_arena(precision: str = "fp32"):
+    return _train("reuse,inplace", "256MiB", precision)
 
 
 @pytest.mark.parametrize("spec", ["reuse,inplace,offload=optimizer", "auto,budget={b}"])
@@ -79,3 +79,22 @@ def test_a_gpt_with_3x_its_device_memory_of_state_trains_as_on_a_large_arena(spe
     assert run[4] == (dry["host_state_bytes"], dry["host_peak_bytes"])
     assert dry["host_bytes"] == sum(run[4])
     assert run[3][1] <= b < reference[3][0] // 3
+
+
+def test_in_bf16_mixed_the_device_keeps_half_parameters_and_training_is_unchanged():
+    b = _device_memory()  # a third of the float32 state, as above
+    spec = "reuse,inplace,offload=optimizer"
+    on = minidl.dry_run(_gpt(), BATCH, "reuse,inplace", "adamw", precision="bf16-mixed")
+    dry = minidl.dry_run(_gpt(), BATCH, spec, "adamw", precision="bf16-mixed")
+    fp32 = minidl.dry_run(_gpt(), BATCH, spec, "adamw")
+    assert dry["host_state_bytes"] >= 3 * b >= 3 * dry["peak_reserved_bytes"]
+    assert dry["persistent_bytes"] < fp32["persistent_bytes"]  # half matrix parameters
+    reference, run = _on_a_large_arena("bf16-mixed"), _train(spec, b, "bf16-mixed")
+    assert run[0] == reference[0]
+    for a, c in ((reference[1], run[1]), (reference[2], run[2])):
+        assert a.keys() == c.keys()
+        for k in a:
+            assert a[k].dtype == c[k].dtype and np.array_equal(a[k], c[k]), k
+    assert run[3] == (dry["peak_allocated_bytes"], dry["peak_reserved_bytes"])
+    assert run[4] == (dry["host_state_bytes"], dry["host_peak_bytes"])
+    assert on["peak_reserved_bytes"] > b
