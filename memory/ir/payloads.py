@@ -227,14 +227,3 @@ class RewriteSummary:
 
     recompute: RecomputeSummary | None = None
     compression: CompressionSummary | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        """The summary as one flat plain dict (the former ``Program.meta``)."""
-        out: dict[str, Any] = {}
-        if self.recompute is not None:
-            out.update({f.name: getattr(self.recompute, f.name)
-                        for f in fields(RecomputeSummary)})
-        if self.compression is not None:
-            out.update(encoded=dict(self.compression.encoded),
-                       sparse_densities=dict(self.compression.sparse_densities))
-        return out

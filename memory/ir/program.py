@@ -118,28 +118,6 @@ class Step:
         return (*self.forward.outputs, *self.forward.stash.values())
 
     @property
-    def attrs(self) -> dict:
-        """The former plain-dict view of the op's ``facts``, ``codec`` and ``from_encoded``
-        (a new dict; for reading only)."""
-        out: dict = {}
-        op = self.op
-        f = op.facts
-        window = f.pool if op.codec is None else op.codec.window
-        if op.codec is not None:
-            out.update(codec=op.codec.codec, source=op.codec.source)
-        if window is not None:
-            out.update(window=window.size, kernel=window.kernel, stride=window.stride,
-                       padding=window.padding)
-        if f.attention is not None:
-            out["attention"] = dict(vars(f.attention))
-        if f.time_units is not None:
-            out["time_units"] = f.time_units
-        if op.from_encoded is not None:
-            out.update(backward_from=op.from_encoded.encoding,
-                       encoded=op.from_encoded.tensor)
-        return out
-
-    @property
     def label(self) -> str:
         return f"{self.layer} ({self.phase})"
 
@@ -215,11 +193,6 @@ class Program:
     #: The allocation unit of the pool the program is planned for: every size a pass rounds
     #: (block intervals, peaks, bounds) is rounded to it (see :meth:`block_size`).
     alignment: int = ALLOCATION_UNIT
-
-    @property
-    def meta(self) -> dict:
-        """The former plain-dict view of :attr:`rewrites` (a new dict; for reading only)."""
-        return self.rewrites.as_dict()
 
     def block_size(self, nbytes: int) -> int:
         """Bytes a block of ``nbytes`` occupies in this program's pool."""

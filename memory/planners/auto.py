@@ -20,7 +20,6 @@ the arena).
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import replace
 
 from ..cost.cost_model import extra_time
@@ -155,14 +154,6 @@ def default_evaluations(program: Program) -> int:
     return max(64, SEARCH_WORK // max(1, len(program.steps)))
 
 
-def deprecated_time_limit(time_limit_s: float | None, instead: str) -> None:
-    """Warn that ``time_limit_s`` is no longer used (the planners are bounded by work)."""
-    if time_limit_s is not None:
-        warnings.warn(f"time_limit_s is deprecated and ignored: the search is bounded by work "
-                      f"({instead}), never by the clock, so that a plan depends on its inputs "
-                      "only", DeprecationWarning, stacklevel=3)
-
-
 def forced_choice(program: Program, early_release: bool = False,
                   only: str | None = None) -> AutoChoice:
     """The choice the network's blocks force (:mod:`.block_choices`): where every planner's
@@ -175,8 +166,8 @@ def forced_choice(program: Program, early_release: bool = False,
 def auto_choose(program: Program, budget: int | None, step_times: list[float] | None = None,
                 bandwidth: float = DEFAULT_BANDWIDTH,
                 flops_per_s: float = DEFAULT_FLOPS_PER_S, max_moves: int = 400,
-                max_candidates: int = 8, time_limit_s: float | None = None,
-                only: str | None = None, max_evaluations: int | None = None) -> AutoChoice:
+                max_candidates: int = 8, only: str | None = None,
+                max_evaluations: int | None = None) -> AutoChoice:
     """Walk the greedy path until the total peak (persistent + iteration) fits ``budget``
     (``None``: walk to the end, the smallest peak this planner reaches). ``only``:
     ``"recompute"`` or ``"swap"`` restricts the actions.
@@ -196,9 +187,7 @@ def auto_choose(program: Program, budget: int | None, step_times: list[float] | 
     13 to 18 s on two CPU cores for ResNet-56 at batch 128; a move that starts within the
     limit finishes, so a walk may pass it by up to ``2 * max_candidates`` plans). The first
     walks get shares of it (a third or so each: deep networks), the one from every map swapped
-    (below) what is left; where the limit stopped a path, ``choice.path`` says so.
-    ``time_limit_s`` is deprecated and ignored."""
-    deprecated_time_limit(time_limit_s, "max_evaluations")
+    (below) what is left; where the limit stopped a path, ``choice.path`` says so."""
     costs = step_costs(program, step_times, flops_per_s)
     work = SearchWork(default_evaluations(program) if max_evaluations is None
                       else max_evaluations)

@@ -44,7 +44,6 @@ from .auto import (
     auto_choose,
     auto_plan,
     default_evaluations,
-    deprecated_time_limit,
     plan_for_choice,
     step_costs,
 )
@@ -84,7 +83,6 @@ WINDOW_NODES = 50
 #: every plan built and priced exactly, so the choice is optimal under the exact pricing.
 EXHAUSTIVE_DECISIONS = 10
 
-_solve = solve_model  # its former name, which callers still use
 
 
 def _fix_blocks(model: Model, program: Program) -> None:
@@ -403,7 +401,7 @@ def _result(search: _Search, entries: list[tuple[str, str, int, float]]) -> Auto
 
 
 def optimal_choose(program: Program, budget: int, costs: list[float],
-                   bandwidth: float = DEFAULT_BANDWIDTH, time_limit_s: float | None = None,
+                   bandwidth: float = DEFAULT_BANDWIDTH, *,
                    greedy: AutoChoice | None = None, mip_rel_gap: float = 1e-6,
                    max_rounds: int = 12, window: int | None = None,
                    only: str | None = None, node_limit: int | None = None,
@@ -429,9 +427,7 @@ def optimal_choose(program: Program, budget: int, costs: list[float],
     (the defaults, from the model's size, are described at :data:`NODE_WORK`):
     ``node_limit`` branch-and-bound nodes per solve of the whole MILP, ``window_node_limit``
     per window, ``max_windows`` windows, and ``max_evaluations`` plans built by the polish
-    (default a quarter of :func:`.auto.default_evaluations`). ``time_limit_s`` is deprecated
-    and ignored."""
-    deprecated_time_limit(time_limit_s, "node_limit, max_windows, max_rounds")
+    (default a quarter of :func:`.auto.default_evaluations`)."""
     polish_limit = (max(16, default_evaluations(program) // 4) if max_evaluations is None
                     else max_evaluations)
     swap_cost = {} if only == OnlyAction.RECOMPUTE else swap_costs(program, costs, bandwidth)
@@ -468,14 +464,11 @@ def optimal_choose(program: Program, budget: int, costs: list[float],
 
 def optimal_plan(program: Program, budget: int | None, step_times: list[float] | None = None,
                  bandwidth: float = DEFAULT_BANDWIDTH, flops_per_s: float = DEFAULT_FLOPS_PER_S,
-                 cost_source: str = "measured step times", time_limit_s: float | None = None,
-                 **greedy_kwargs) -> Plan:
+                 cost_source: str = "measured step times", **greedy_kwargs) -> Plan:
     """``auto`` with ``planner=optimal``: both the greedy and the optimal choice are made and
     the optimal one is taken only when it fits at no more estimated time; the notes say which.
     Raises :class:`~.auto.BudgetTooSmall` as the greedy planner does when neither fits. Both
-    searches are bounded by work (:func:`optimal_choose`, :func:`.auto.auto_choose`);
-    ``time_limit_s`` is deprecated and ignored."""
-    deprecated_time_limit(time_limit_s, "node_limit, max_windows, max_rounds")
+    searches are bounded by work (:func:`optimal_choose`, :func:`.auto.auto_choose`)."""
     if budget is None:
         return auto_plan(program, None, step_times, cost_source, bandwidth, flops_per_s)
     costs = step_costs(program, step_times, flops_per_s)

@@ -22,7 +22,7 @@ from ..memory.runtime.runtime import MemoryRuntime, tensor_info
 from ..memory.runtime.scratch import TemporaryRouter
 from ..memory.runtime.transfer import copy_into, fetch_async
 from . import mixed_steps
-from .hooks import StepHooks, step_hooks
+from .hooks import StepHooks
 from .lowering import Lowered
 
 
@@ -213,7 +213,6 @@ class Executor:
         record: bool = False,
         hooks: StepHooks | None = None,
         wait: bool = True,
-        data_parallel: StepHooks | None = None,
     ) -> tuple[Any, list[Any]]:
         """Run every step. Returns the loss (if the program has one) and, if asked, copies of
         the network outputs. On any error every block of the iteration is freed.
@@ -221,11 +220,9 @@ class Executor:
         back as pending host copies (``ready()`` / ``result()``,
         :func:`~minidl.memory.runtime.transfer.fetch_async`) and the host does not wait for the
         device; elsewhere they are values as with ``wait=True``.
-        ``hooks`` (:class:`~.hooks.StepHooks`, e.g. data parallelism; ``data_parallel=``, its
-        former name, is the same): ``before_step(self, i)`` before each step ``i`` when it has
-        one, ``after_backward_step(self, i)`` after each backward step ``i``, and its
-        ``batch_sync`` goes to the layers."""
-        hooks = step_hooks(hooks if hooks is not None else data_parallel)
+        ``hooks`` (:class:`~.hooks.StepHooks`, e.g. data parallelism): ``before_step(self,
+        i)`` before each step ``i`` when it has one, ``after_backward_step(self, i)`` after
+        each backward step ``i``, and its ``batch_sync`` goes to the layers."""
         prog = self.plan.program
         rt = MemoryRuntime(self.pool, prog, self.plan, self.host_pool,
                            poison_offloaded=self.debug, info=self.tensor_info,

@@ -22,21 +22,3 @@ class StepHooks(Protocol):
     def after_backward_step(self, executor: Any, index: int) -> None:
         """After backward step ``index`` (for instance the gradient buckets it completed
         sent on)."""
-
-
-class _FormerHooks:
-    """An object with the hooks' former names (``grad_ready``, ``gather_params``) as
-    :class:`StepHooks`."""
-
-    def __init__(self, obj: Any) -> None:
-        self.batch_sync = getattr(obj, "batch_sync", None)
-        self.before_step = getattr(obj, "gather_params", None)
-        self.after_backward_step = obj.grad_ready
-
-
-def step_hooks(obj: Any) -> StepHooks | None:
-    """``obj`` as :class:`StepHooks` (``None`` stays ``None``); an object still offering the
-    former names ``grad_ready`` / ``gather_params`` is read through them."""
-    if obj is None or hasattr(obj, "after_backward_step"):
-        return obj
-    return _FormerHooks(obj)

@@ -27,7 +27,7 @@ bucketing, Li et al. 2020).
   parameter's full gradient is then a block of the iteration: the backward step that last
   writes it copies it (scaled by the share) into its bucket's buffer, and the executor frees
   it right after. Even on one rank the gradients go through the buckets (into the shards).
-  Under ``zero=3`` the executor also calls :attr:`DataParallel.gather_params` before each
+  Under ``zero=3`` the executor also calls :attr:`DataParallel.before_step` before each
   step (the step's parameters all-gathered from the ranks' shards, on a duplicate
   communicator so that it never interleaves with the gradient thread's).
 * **BatchNorm** normalises with each rank's own shard statistics (DDP's default); running
@@ -407,23 +407,16 @@ class DataParallel:
         self._idle = False
         #: ``Context.batch_sync`` for the layers (``sync_bn``), else ``None``.
         self.batch_sync = BatchStatsSync(comm.duplicate()) if sync_bn else None
-        #: The executor's hook before each step under ZeRO stage 3 (the step's parameters
-        #: gathered from the ranks' shards, on a duplicate communicator so it never
-        #: interleaves with the gradient thread's), else ``None``.
-        self.gather_params = optimizer.layer_gather(comm.duplicate()) \
+        #: The executor's hook before each step (:class:`~minidl.compile.hooks.StepHooks`):
+        #: under ZeRO stage 3 the step's parameters gathered from the ranks' shards, on a
+        #: duplicate communicator so it never interleaves with the gradient thread's; else
+        #: ``None``.
+        self.before_step = optimizer.layer_gather(comm.duplicate()) \
             if getattr(optimizer, "stage", 0) >= 3 else None
 
-    def grad_ready(self, executor: Any, index: int) -> None:
+    def after_backward_step(self, executor: Any, index: int) -> None:
         """The executor's hook after backward step ``index`` (see :class:`GradientSync`)."""
         self.sync.on_backward_step(executor, index)
-
-    # ---- the executor's StepHooks (minidl.compile.hooks)
-    after_backward_step = grad_ready
-
-    @property
-    def before_step(self) -> Any:
-        """ZeRO stage 3's per-step parameter gathers (:attr:`gather_params`), else ``None``."""
-        return self.gather_params
 
     @property
     def is_root(self) -> bool:
@@ -441,7 +434,7 @@ class DataParallel:
         self.sync.begin(share)
         self._idle = hi == lo
         if n < self.comm.size and (self.batch_sync is not None
-                                   or self.gather_params is not None):
+                                   or self.before_step is not None):
             # (every rank knows it: all of them stop, none waits in a collective)
             what = "sync_bn" if self.batch_sync is not None else "zero=3 (per-step gathers)"
             raise ValueError(f"{what} needs rows on every rank: a batch of {n} samples leaves "

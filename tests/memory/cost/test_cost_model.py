@@ -124,7 +124,7 @@ def test_auto_estimate_is_the_simulated_overhead(planner):
     seen_extra = False
     for frac in (0.2, 0.5, 0.8):
         budget = int(free + frac * (top - free))
-        plan = make(prog, budget, costs, bandwidth=2e9, time_limit_s=20)
+        plan = make(prog, budget, costs, bandwidth=2e9)
         pred = simulate(plan, prof)
         extra = plan.provenance.auto.extra_time_s
         assert extra == pytest.approx(pred.step_s - pred.oracle_s, rel=1e-9, abs=1e-12)

@@ -12,13 +12,10 @@ from minidl.layers.recurrent.fused import LSTM
 from minidl.layers.transformer.attention import MultiHeadAttention
 from minidl.memory.ir.payloads import (
     AttentionShape,
-    CompressionSummary,
     ConvGeometry,
     OpFacts,
     OpOptions,
     PoolWindow,
-    RecomputeSummary,
-    RewriteSummary,
 )
 from minidl.memory.ir.program import Step
 from minidl.memory.ir.step_parts import OpTraits, StepAccess
@@ -90,18 +87,8 @@ def test_a_step_takes_plain_mappings_and_holds_the_typed_records():
         options={"device_kind": "cpu"}))
     assert st.op.facts.pool == PoolWindow(4, (2, 2), (2, 2), (0, 0))
     assert st.op.options == OpOptions(device_kind="cpu")
-    assert st.attrs == {"window": 4, "kernel": (2, 2), "stride": (2, 2), "padding": (0, 0)}
     with pytest.raises(ValueError, match="unknown per-op option 'cache'"):
         Step(0, "forward", "x", "x", 0, op=OpTraits(options={"cache": 1}))
-
-
-def test_the_rewrite_summary_and_its_former_dict_view():
-    s = RewriteSummary(recompute=RecomputeSummary(10, 2, 1, 3),
-                       compression=CompressionSummary({"relu": "sign"}, {"relu": None}))
-    assert s.as_dict() == {"recomputed_flops": 10, "recomputed_steps": 2, "dropped_layers": 1,
-                           "checkpoints": 3, "encoded": {"relu": "sign"},
-                           "sparse_densities": {"relu": None}}
-    assert RewriteSummary().as_dict() == {}
 
 
 def test_compression_keeps_the_pool_window_on_its_encode_step():
@@ -109,4 +96,4 @@ def test_compression_keeps_the_pool_window_on_its_encode_step():
     t = ids(q)
     enc = next(st for st in q.steps if st.phase == "encode" and st.op.codec.codec == "poolidx")
     assert enc.op.codec.source == t["pool.argmax"] and enc.op.codec.window.size == 4
-    assert q.meta["encoded"] == {"relu": "sign", "pool.argmax": "poolidx"}
+    assert q.rewrites.compression.encoded == {"relu": "sign", "pool.argmax": "poolidx"}

@@ -87,7 +87,6 @@ def test_speed_recomputes_a_segment_once_and_backward_reads_the_clones():
     assert q.rewrites.recompute == RecomputeSummary(recomputed_flops=100 + 200,
                                                     recomputed_steps=2, dropped_layers=2,
                                                     checkpoints=2)
-    assert q.meta["recomputed_steps"] == 2  # the former plain-dict view still reads
 
 
 def test_memory_policy_recomputes_per_backward_step():
@@ -184,7 +183,6 @@ def test_binarize_encodes_relu_sign_and_packed_argmax_consumed_by_backward():
     assert q.steps[10].op.from_encoded == EncodedInput("sign", t["relu.sign"])
     assert q.steps[3].op.codec == CodecStep("sign", t["relu"])
     assert q.steps[4].op.codec == CodecStep("poolidx", t["pool.argmax"], MAX_POOL_2X2.pool)
-    assert q.steps[3].attrs == {"codec": "sign", "source": t["relu"]}  # the former view
     assert q.rewrites.compression.encoded == {"relu": "sign", "pool.argmax": "poolidx"}
     assert p.steps[9].op.from_encoded is None  # the input program is untouched
 

@@ -132,7 +132,7 @@ def test_the_trivial_schedule_is_the_program(make):
     c = chain_for(p)
     q = schedule_program(c, trivial(c))
     assert outline(q) == outline(p)
-    assert q.meta["recomputed_steps"] == 0 and q.meta["dropped_layers"] == 0
+    assert q.rewrites.recompute.recomputed_steps == 0 and q.rewrites.recompute.dropped_layers == 0
     assert plan_peak(base_plan(q, RI)) == plan_peak(base_plan(p, RI))
 
 
@@ -144,7 +144,7 @@ def test_a_rerun_stage_recomputes_with_clones_and_backward_reads_them():
     q = schedule_program(c, ops)
     rc = [s for s in q.steps if s.phase == "recompute"]
     assert [(s.cost.origin, s.layer) for s in rc] == [(0, "l0")]
-    assert q.meta["recomputed_steps"] == 1 and q.meta["dropped_layers"] == 1
+    assert q.rewrites.recompute.recomputed_steps == 1 and q.rewrites.recompute.dropped_layers == 1
     clone = rc[0].access.writes[0]
     assert q.tensors[clone].name == "l0@r0.2" and q.tensors[clone].of == p.steps[0].access.writes[0]
     b1 = next(s for s in q.steps if s.phase == "backward" and s.layer == "l1")
@@ -163,7 +163,7 @@ def test_a_memory_centric_backward_recomputes_per_step():
     assert [s.cost.origin for s in rc] == [0, 1]  # conv and relu again, for relu's backward
     relu_b = next(s for s in q.steps if s.phase == "backward" and s.layer == "relu")
     assert rc[1].access.writes[0] in relu_b.access.reads
-    assert q.meta["recomputed_steps"] == 2
+    assert q.rewrites.recompute.recomputed_steps == 2
 
 
 def _cases():

@@ -98,20 +98,6 @@ def test_greedy_on_a_network_ignores_the_clock(jumping_clock, monkeypatch):
     assert _key(loaded) == _key(calm)
 
 
-def test_time_limit_is_deprecated_and_ignored():
-    p = linear_chain(12, units=2)
-    costs, bw = step_costs(p, None), 1e7
-    budget = _between(p, costs, bw, 0.3)
-    plain = auto_choose(p, budget, costs, bandwidth=bw)
-    with pytest.warns(DeprecationWarning, match="time_limit_s is deprecated"):
-        timed = auto_choose(p, budget, costs, bandwidth=bw, time_limit_s=1e-9)
-    assert _key(timed) == _key(plain)
-    work = {"max_rounds": 2, "node_limit": 20}
-    with pytest.warns(DeprecationWarning, match="time_limit_s is deprecated"):
-        opt = optimal_choose(p, budget, costs, bw, 1e-9, greedy=plain, **work)
-    assert _key(opt) == _key(optimal_choose(p, budget, costs, bw, greedy=plain, **work))
-
-
 # ---------------------------------------------------------------- the MILP
 
 

@@ -162,7 +162,7 @@ def test_milp_treats_forced_choices_as_constraints(choice, second, cut):
     smallest = auto_choose(program, None).peak
     budget = smallest + (forced_peak - smallest) // cut  # between the forced and the least
     got = optimal_choose(program, budget, step_costs(program, None), bandwidth=1e6,
-                         greedy=start, time_limit_s=10)
+                         greedy=start)
     assert not [p for p in got.path if p[0] == "fallback"], got.path[-1]
     assert got.peak <= budget
     dropped = {program.steps[k].layer for k in got.dropped}

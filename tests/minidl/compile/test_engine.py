@@ -279,13 +279,11 @@ def test_lowering_takes_one_sharding_value_as_it_took_the_two_lists():
     assert {"grad_shard", "param_shard"} <= roles and "param_grad" not in roles
 
 
-def test_step_hooks_are_called_around_the_steps_and_former_names_still_work():
+def test_step_hooks_are_called_around_the_steps():
     """The executor calls a StepHooks' before_step before every step and after_backward_step
-    after every backward step (minidl/compile/hooks.py); an object with the former names
-    (grad_ready, gather_params) is read through them."""
+    after every backward step (minidl/compile/hooks.py)."""
     from types import SimpleNamespace
 
-    from minidl.compile.hooks import step_hooks
     from minidl.train.trainer import Trainer
     from minidl.zoo.models import get_model
 
@@ -303,6 +301,3 @@ def test_step_hooks_are_called_around_the_steps_and_former_names_still_work():
     afters = [i for k, i in calls if k == "after"]
     assert befores == list(range(len(steps)))
     assert afters == [i for i, st in enumerate(steps) if st.phase == "backward"]
-    former = step_hooks(SimpleNamespace(grad_ready=print, gather_params=None, batch_sync=None))
-    assert former.after_backward_step is print and former.before_step is None
-    assert step_hooks(None) is None
