@@ -314,7 +314,7 @@ def test_fused_stack_launches_per_step_and_layer(cell, spec, steps, monkeypatch)
             run(self, st, rt, *args)
             layer = self.layers[st.node]
             if hasattr(layer, "num_layers"):  # the fused stack: per time step and layer
-                units = rt.program.tensors[st.inputs[0]].shape[1] * layer.num_layers
+                units = rt.program.tensors[st.forward.inputs[0]].shape[1] * layer.num_layers
                 per_step[st.phase] = (dev.launches - before) / units
         return counted
 
