@@ -4,7 +4,8 @@ to OUT/<case>.npz), and imported by the test for the single-process reference (:
 with ``SingleProcess``).
 
 ``python dp_worker.py OUT --mismatch``: the ranks ask for different memory specs; each prints
-the error it gets and exits with status 3. ``--fail``: rank 1 raises at its third step; rank 0
+the error it gets and exits with status 3 (``--offload``: likewise for offload=optimizer, which
+trains on one process). ``--fail``: rank 1 raises at its third step; rank 0
 must give up waiting (a 10 s collective timeout) and abort the job.
 """
 
@@ -112,6 +113,13 @@ def main(argv: list[str]) -> int:
     if "--mismatch" in argv:
         try:
             train(comm, "none" if comm.rank == 0 else "reuse", 16, 1024)
+        except ValueError as e:
+            print(f"rank {comm.rank}: {e}", flush=True)
+            return 3
+        return 0
+    if "--offload" in argv:  # refused in one line on every rank (not trained wrong)
+        try:
+            train(comm, "reuse,inplace,offload=optimizer", 16, 1024)
         except ValueError as e:
             print(f"rank {comm.rank}: {e}", flush=True)
             return 3

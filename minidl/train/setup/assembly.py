@@ -56,6 +56,11 @@ def assemble(net: Network, optimizer: Any, config: MemoryConfig, loss: Any,
                     host_memory=None if dev.host_memory is None else parse_size(dev.host_memory),
                     target=setup.target, precision=options.step.precision)
     if engine.host_state is not None:  # offload=optimizer: the update on the host
+        if comm.size > 1:  # (auto may have chosen it: said after planning)
+            raise ValueError(f"offload=optimizer trains on one process for now, not "
+                             f"{comm.size} ranks (data parallelism does not reach the host's "
+                             "update yet); run without mpiexec, or give a memory spec without "
+                             "offload (auto: a larger budget)")
         optimizer = OffloadedOptimizer(optimizer, engine.host_state)
     # (zero=2 moves the gradients into the optimizer's shards through the buckets, even on
     # one rank)
