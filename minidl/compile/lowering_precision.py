@@ -58,9 +58,9 @@ class PrecisionLowering:
                 if p.trainable and is_float(np.dtype(p.dtype)) and np.dtype(p.dtype) != cdt}
 
     def _cast_stash(self, i: int, name: str) -> tuple[dict[str, int], int]:
-        """Under mixed precision, node i's cast copies: those its backward reads (the inputs
-        it retains, its half weights) as stash entries, the others' bytes (live for the
-        forward only) to add to its workspace."""
+        """Under mixed precision, node i's cast copies: its half weights and the inputs its
+        backward reads as stash entries (the weights in inference too), the other inputs'
+        bytes (live for the forward only) to add to its workspace."""
         cdt = self.compute_dt[i]
         if cdt is None:
             return {}, 0
@@ -77,11 +77,10 @@ class PrecisionLowering:
         for k, p in self._half_params(i).items():
             if p.name in self.half_on_device:
                 continue  # (the parameter is its half copy)
-            if backward:
-                stash[f"{k}@{cdt.name}"] = self.b.add(f"{p.name}@{cdt.name}", p.shape, cdt,
-                                                      "stash", "stash", name)
-            else:
-                transient += int(np.prod(p.shape)) * cdt.itemsize
+            # (in inference too: the op reads the rounded weights, as autocast's do; the copy
+            # then dies after the step)
+            stash[f"{k}@{cdt.name}"] = self.b.add(f"{p.name}@{cdt.name}", p.shape, cdt,
+                                                  "stash", "stash", name)
         self.cast_kept[i] = frozenset(kept)
         return stash, transient
 

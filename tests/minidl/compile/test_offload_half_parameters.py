@@ -164,3 +164,23 @@ def test_checkpoint_and_resume_keep_the_half_copies_in_step(tmp_path):
     tr2.load(tmp_path / "c.npz", resume=True)
     assert first + [tr2.step(x, y) for _ in range(2)] == straight
     tr2.close()
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("make,batch", [(_cnn, _cnn_batch), (_gpt, _gpt_batch)])
+def test_evaluation_reads_the_rounded_weights_on_the_device_and_offloaded(make, batch,
+                                                                           precision):
+    """Inference rounds a matrix op's weights to half as training does (autocast's cast; its
+    copy dies after the step), so after the same steps the on-device and the offloaded
+    evaluations agree bit for bit (the offloaded device holds only the half copies)."""
+    x, y = batch()
+    evaluations = []
+    for spec in (ON, OFF):
+        net = make()
+        tr = minidl.Trainer(net, AdamW(net.parameters()), memory=spec, device_memory="32MiB",
+                            precision=precision, debug=True)
+        for _ in range(2):
+            tr.step(x, y)
+        evaluations.append(tr.evaluate(x, y))
+        tr.close()
+    assert evaluations[0] == evaluations[1]
