@@ -248,13 +248,3 @@ def test_floor_violations_are_found():
                                                   if f != "compile")}
     assert any(v.endswith(": minidl.compile.deferred")
                for v in floor_violations("train", "minidl", no_compile, top_importable=True))
-
-
-#: Longest library source file, in lines (issue 37: a module read in one sitting).
-MAX_FILE_LINES = 500
-
-
-def test_no_library_source_file_is_over_the_limit():
-    long = {str(path.relative_to(ROOT)): n for path, _ in MODULES.values()
-            if (n := len(path.read_text().splitlines())) > MAX_FILE_LINES}
-    assert not long, f"over {MAX_FILE_LINES} lines (split by meaning): {long}"
