@@ -229,26 +229,19 @@ def _check_mixed_precision_cases(worker, tmp_path) -> None:
                 assert np.array_equal(plain[precision][k], got[k]), f"{name} {k}"
 
 
-def test_ranks_that_disagree_stop_with_the_mismatch_named(mpiexec, tmp_path):
+@pytest.mark.parametrize("flag,said", [
+    ("--mismatch", "data-parallel ranks disagree on the memory spec: rank 0 has 'none', "
+                   "rank 1 has 'reuse'"),
+    # offload=optimizer's host update does not see data parallelism yet (it trained nothing:
+    # the loss stayed where it started)
+    ("--offload", "offload=optimizer trains on one process for now, not 2 ranks")])
+def test_runs_the_ranks_cannot_do_stop_with_the_reason_on_every_rank(mpiexec, tmp_path,
+                                                                     flag, said):
     res = subprocess.run([*mpiexec, sys.executable, str(HERE / "dp_worker.py"), str(tmp_path),
-                          "--mismatch"], capture_output=True, text=True, timeout=120,
-                         env=_env())
+                          flag], capture_output=True, text=True, timeout=120, env=_env())
     assert res.returncode != 0
     for rank in (0, 1):
-        assert (f"rank {rank}: data-parallel ranks disagree on the memory spec: rank 0 has "
-                "'none', rank 1 has 'reuse'") in res.stdout
-
-
-def test_offload_on_two_ranks_is_refused_on_every_rank(mpiexec, tmp_path):
-    """offload=optimizer's host update does not see data parallelism yet: refused in one
-    line (it trained nothing: the loss stayed where it started)."""
-    res = subprocess.run([*mpiexec, sys.executable, str(HERE / "dp_worker.py"), str(tmp_path),
-                          "--offload"], capture_output=True, text=True, timeout=120,
-                         env=_env())
-    assert res.returncode != 0
-    for rank in (0, 1):
-        assert (f"rank {rank}: offload=optimizer trains on one process for now, not 2 ranks"
-                in res.stdout)
+        assert f"rank {rank}: {said}" in res.stdout
 
 
 def test_a_rank_that_raises_stops_the_job_within_the_timeout(mpiexec, tmp_path):
