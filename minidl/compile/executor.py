@@ -391,10 +391,12 @@ class Executor:
             g = st.backward.grad_inputs[0]
             if g is not None:
                 dx = arr(g.written)
-                run_from_encoded = (mixed_steps.backward_from_encoded if id(st) in self._mixed
-                                    else type(layer).backward_from_encoded)
-                run_from_encoded(layer, encoded.encoding, arr(encoded.tensor),
-                                 arr(st.backward.grad_outputs[0]), dx)
+                args = (encoded.encoding, arr(encoded.tensor),
+                        arr(st.backward.grad_outputs[0]), dx)
+                if id(st) in self._mixed:
+                    mixed_steps.backward_from_encoded(layer, *args)
+                else:
+                    layer.backward_from_encoded(*args)
                 if g.add_into >= 0:
                     add_arrays(arr(g.add_into), dx, arr(g.add_into))
             return

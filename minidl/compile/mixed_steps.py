@@ -22,11 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from ..memory.ir.precision import is_float
+from ..memory.ir.precision import Precision, is_float
 from ..memory.ir.program import Step
 
 #: Separates a tensor's stash key from the dtype of its cast copy (``weight@bfloat16``).
 CAST_MARK = "@"
+#: What a half op's matrix products run in: the mixed precisions' half dtypes.
+HALF_MATMULS = frozenset(p.half_dtype for p in Precision if p.half_dtype is not None)
 #: Layer kinds the host runs in mixed precision (tested against PyTorch's CPU autocast).
 #: Attention computes its products and softmax in float32 on half-rounded inputs and weights
 #: and keeps q|k|v, the heads' output and the probabilities in half (the row log-sum-exp in
@@ -47,7 +49,7 @@ def runs_mixed(step: Step, dtype_of: Sequence[np.dtype]) -> bool:
     keeps a cast copy: those go through :func:`forward` / :func:`backward`."""
     if step.node < 0:
         return False
-    if step.cost.matmul_dtype in ("bfloat16", "float16"):
+    if step.cost.matmul_dtype in HALF_MATMULS:
         return True
     fw = step.forward
     tids = [*fw.inputs, *fw.outputs, *fw.stash.values(), *step.backward.grad_outputs,
@@ -124,7 +126,7 @@ def _cast_input(x: Any, j: int, casts: dict[str, Any], matmul_dtype: str) -> Any
 def _storing(ctx: Any, st: Step) -> Any:
     """``ctx`` telling a half matrix op the dtype its tensors are kept in
     (``Context.storage_dtype``: a recurrence rounds its states to it step by step)."""
-    half = st.cost.matmul_dtype in ("bfloat16", "float16")
+    half = st.cost.matmul_dtype in HALF_MATMULS
     return replace(ctx, storage_dtype=np.dtype(st.cost.matmul_dtype)) if half else ctx
 
 
