@@ -117,8 +117,10 @@ class _Walk:
 class _Clock:
     """The compute stream's clock and the two copy engines' along a plan's walk."""
 
-    def __init__(self, program: Program, d2h_bytes_per_s: float, h2d_bytes_per_s: float):
+    def __init__(self, program: Program, d2h_bytes_per_s: float, h2d_bytes_per_s: float,
+                 host_homed: frozenset[int] = frozenset()):
         self.program = program
+        self.host_homed = host_homed
         self.d2h_bytes_per_s = d2h_bytes_per_s
         self.h2d_bytes_per_s = h2d_bytes_per_s
         self.now = 0.0  # the compute stream's clock
@@ -140,6 +142,9 @@ class _Clock:
         """Queue an ``Offload`` / ``Prefetch`` on its engine, or make compute wait for its
         copy (``Release`` / ``Await``); allocations and frees take no time."""
         if isinstance(action, Offload):
+            if action.tensor in self.host_homed:  # (its home holds its bytes: no copy)
+                self.d2h_end[action.tensor] = self.now
+                return
             nbytes = self._nbytes(action.tensor)
             start = max(self.now, self.d2h_free)
             self.d2h_free = self.d2h_end[action.tensor] = start + nbytes / self.d2h_bytes_per_s
@@ -175,7 +180,8 @@ def _walk(plan: Plan, costs: Sequence[float], d2h_bytes_per_s: float,
           h2d_bytes_per_s: float) -> _Walk:
     """Run ``plan``'s steps (``costs`` seconds each) and copies on the clock (module docstring),
     in :func:`~minidl.memory.ir.walk.walk`'s order."""
-    clock = _Clock(plan.program, d2h_bytes_per_s, h2d_bytes_per_s)
+    clock = _Clock(plan.program, d2h_bytes_per_s, h2d_bytes_per_s,
+                   frozenset(plan.swapping.host_homed))
     for visit in walk(plan):
         if visit.where is Where.COMPUTE:
             clock.compute(visit.step, costs[visit.step])

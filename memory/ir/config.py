@@ -48,6 +48,8 @@ class OffloadPolicy(Name):
     """What persistent state ``offload=`` keeps on the host (ZeRO-Offload)."""
 
     OPTIMIZER = "optimizer"  # optimizer state and master weights; gradients stream there
+    #: also the parameters: streamed in from the host before each step that reads them
+    PARAMETERS = "parameters"
 
 
 #: Reduced precisions ``dpr=`` may keep stashes at.
@@ -96,7 +98,14 @@ FLAGS: dict[str, tuple[tuple[str, ...] | None, str]] = {
     "offload": (_values(OffloadPolicy), "optimizer state (and master weights) on the host, "
                                         "the update run there; gradients copied to the host "
                                         "as backward writes them, parameters back after the "
-                                        "update (ZeRO-Offload)"),
+                                        "update (ZeRO-Offload); parameters: also the "
+                                        "parameters, streamed in from the host ahead of each "
+                                        "step that reads them (ZeRO-Infinity)"),
+    "prefetch": (("<int>",), "offload=parameters: fetch a parameter N parameter-reading steps "
+                             "ahead of its use (default 2)"),
+    "inflight": (("<size>",), "offload=parameters: at most SIZE of parameters fetched ahead "
+                              "and not yet used (default 1GiB; FSDP's limit on gathers in "
+                              "flight)"),
     "zero": (("1", "2", "3"), "data-parallel ranks shard the optimizer state (1), also the "
                               "gradients (2), also the parameters (3) (ZeRO, DeepSpeed)"),
 }
@@ -181,6 +190,10 @@ def _check_combinations(flags: dict[str, str]) -> None:
     if "offload" in flags and "zero" in flags:
         raise ValueError("offload cannot be combined with zero=K yet: one rank's state goes "
                          "to its host whole; drop one of them")
+    for flag in ("prefetch", "inflight"):
+        if flag in flags and flags.get("offload") != "parameters":
+            raise ValueError(f"memory flag {flag!r} paces streamed parameters: add "
+                             "offload=parameters to the spec")
     for flag, usage in (("budget", "budget=SIZE"), ("only", "only=recompute|swap"),
                         ("planner", "planner=greedy|optimal")):
         if flag in flags and "auto" not in flags:
@@ -274,6 +287,18 @@ class MemoryConfig:
     def zero(self) -> int:
         """ZeRO stage (0 without ``zero=K``)."""
         return int(self.flags.get("zero") or 0)
+
+    @property
+    def prefetch(self) -> int:
+        """``offload=parameters``: how many parameter-reading steps ahead a parameter is
+        fetched (``prefetch=N``, default 2)."""
+        return int(self.flags.get("prefetch") or 2)
+
+    @property
+    def inflight(self) -> int:
+        """``offload=parameters``: bytes of parameters fetched ahead and not yet used
+        (``inflight=SIZE``, default 1 GiB)."""
+        return int(self.flags.get("inflight") or 1 << 30)
 
     @property
     def budget(self) -> int | None:

@@ -215,15 +215,19 @@ class StaticLayout:
 
 @dataclass(frozen=True)
 class Swapping:
-    """The ``blocks`` a plan swaps to host, and whether released blocks stay cached on device
-    (``cache``: the tensor cache)."""
+    """The ``blocks`` a plan swaps to host, whether released blocks stay cached on device
+    (``cache``: the tensor cache), and the tensors whose home is the host (``host_homed``:
+    streamed parameters): each starts the iteration on the host, comes in by ``Prefetch`` /
+    ``Await``, and an ``Offload`` of it copies nothing (its home holds its bytes already)."""
 
     blocks: tuple[int, ...] = ()
     cache: bool = False
+    host_homed: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if type(self.blocks) is not tuple:
-            object.__setattr__(self, "blocks", tuple(self.blocks))
+        for name in ("blocks", "host_homed"):
+            if type(getattr(self, name)) is not tuple:
+                object.__setattr__(self, name, tuple(getattr(self, name)))
 
 
 @dataclass(frozen=True)
@@ -340,7 +344,8 @@ class _PlanCheck:
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
-        self.state: dict[int, Residency] = {}
+        self.state: dict[int, Residency] = dict.fromkeys(plan.swapping.host_homed,
+                                                         Residency.ON_HOST)
 
     def apply(self, a: Action, where: str) -> None:
         """Carry out ``a`` (run at ``where``) on the state, or raise AssertionError."""

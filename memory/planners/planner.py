@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from ..ir.config import MemoryConfig
+from ..ir.config import MemoryConfig, OffloadPolicy
 from ..ir.liveness import root_of
 from ..ir.plan import Plan
 from ..ir.program import Program
@@ -15,6 +15,7 @@ from ..passes.compress import ASSUMED_DENSITY, compress_program
 from ..passes.offload_state import offload_state_plan
 from ..passes.recompute import dropping_program, policy_program
 from ..passes.static_plan import static_plan
+from ..passes.stream_parameters import stream_parameters_plan
 from ..passes.swap import DEFAULT_BANDWIDTH, swap_plan
 from .auto import auto_plan, step_costs
 from .frontier import frontier_plan
@@ -140,16 +141,26 @@ def make_plan(program: Program, config: MemoryConfig,
     if blocks:
         plan = plan.with_notes(blocks.describe())
     if config.offload is not None and program.training:
-        plan = offload_state_plan(plan)
+        plan = _offloaded_state(plan, config)
     if config.static:
         plan = static_plan(plan, base=program.persistent_bytes())
     return replace(plan, spec=config.spec)
 
 
+def _offloaded_state(plan: Plan, config: MemoryConfig) -> Plan:
+    """``plan`` with the gradients' copies to the host and, under ``offload=parameters``,
+    the parameters streamed in from there."""
+    plan = offload_state_plan(plan)
+    if config.offload is OffloadPolicy.PARAMETERS:
+        plan = stream_parameters_plan(plan, config.prefetch, config.inflight)
+    return plan
+
+
 def _without_offload(config: MemoryConfig) -> MemoryConfig:
     """``config`` without its ``offload`` flag (what the auto planners plan the iteration
     with)."""
-    return MemoryConfig({k: v for k, v in config.flags.items() if k != "offload"})
+    return MemoryConfig({k: v for k, v in config.flags.items()
+                         if k not in ("offload", "prefetch", "inflight")})
 
 
 #: Times ``auto`` plans again, for a budget lowered by the excess, when the gradients' copies
@@ -195,7 +206,7 @@ def _offloaded(plan: Plan, config: MemoryConfig) -> Plan:
     """An auto plan with the gradients' copies to the host added
     (:func:`~..passes.offload_state.offload_state_plan`) and, when it was placed, placed
     again (the gradients now leave a step later than the planner's candidates freed them)."""
-    offloaded = offload_state_plan(plan)
+    offloaded = _offloaded_state(plan, config)
     if plan.static.arena >= 0:
         offloaded = static_plan(offloaded.with_notes(), base=plan.program.persistent_bytes())
         kept = tuple(n for n in offloaded.notes if not n.startswith("static:"))

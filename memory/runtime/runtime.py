@@ -87,6 +87,8 @@ class MemoryRuntime(SwapMoves):
         #: Host byte buffers that tensors are offloaded into instead of the host pool's (the
         #: gradients of offloaded persistent state land where the host update reads them).
         self.host_homes = host_homes or {}
+        #: Tensors whose home is the host (streamed parameters): they start there
+        self.host_homed = frozenset(plan.swapping.host_homed)
         self.poison_offloaded = poison_offloaded
         self.records: dict[int, TensorRecord] = {}
         self.cache = TensorCache(plan.swapping.cache)
@@ -100,6 +102,14 @@ class MemoryRuntime(SwapMoves):
         self.kept_for_backward: dict[str, int] = {}
         self._swap = SwapStats()
         self._stall_probes: list[Any] = []  # a GPU's measures of compute waiting for copies
+        for tid in plan.swapping.host_homed:
+            home = self.host_homes.get(tid)
+            if home is None:
+                raise ValueError(f"{program.tensors[tid].name} is streamed from the host but "
+                                 "has no host copy to stream from")
+            rec = self.records[tid] = TensorRecord(tid, program.tensors[tid].name,
+                                                   Residency.ON_HOST)
+            rec.swap.host, rec.swap.nbytes = home, program.block_size(program.tensors[tid].nbytes)
 
     def start_recording(self) -> RuntimeRecording:
         """Log every block event and applied action from now on (:attr:`recording`)."""

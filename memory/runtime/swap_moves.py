@@ -21,6 +21,7 @@ class SwapMoves:
     pool: Any
     host_pool: Any
     host_homes: dict[int, Any]
+    host_homed: frozenset[int]
     cache: Any
     peak: Any
     position: int
@@ -41,12 +42,15 @@ class SwapMoves:
         host = self.host_homes.get(root)
         if host is None:
             host = self.host_pool.acquire(nbytes, rec.name)
-        ev = self.pool.device.copy_engine.copy_async(host, blk.view((nbytes,), np.uint8))
+        if root in self.host_homed:  # (its home holds its bytes already: nothing to copy)
+            ev = None
+        else:
+            ev = self.pool.device.copy_engine.copy_async(host, blk.view((nbytes,), np.uint8))
+            self._swap.offloaded_bytes += nbytes
         for m in self._members(rec):
             m.swap.saved_shape = None if m.view is None else tuple(m.view.shape)
             m.view = None
         rec.offload(host, ev)
-        self._swap.offloaded_bytes += nbytes
         self._swap.host_peak_bytes = max(self._swap.host_peak_bytes,
                                          self.host_pool.in_use_bytes)
 
@@ -111,7 +115,7 @@ class SwapMoves:
         rec = self._record_of(root)
         rec.check("await_prefetch")
         self._order_compute(rec.swap.h2d)
-        if rec.swap.host is not None:
+        if rec.swap.host is not None and root not in self.host_homes:
             self.host_pool.release(rec.swap.host)
         blk = rec.block
         for m in self._members(rec):

@@ -21,7 +21,7 @@ from ..kernels.parallel import ensure_blas_policy
 from ..layers.base import Layer
 from ..memory.cost.targets import DeviceProfile
 from ..memory.devices.traits import device_traits
-from ..memory.ir.config import MemoryConfig
+from ..memory.ir.config import MemoryConfig, OffloadPolicy
 from ..memory.ir.plan import Plan
 from ..memory.ir.precision import Precision
 from ..memory.ir.program import aligned
@@ -111,7 +111,8 @@ class Engine:
         #: Parameters the device keeps only as their half copy (offload in mixed precision)
         self.half_parameters: frozenset[str] = frozenset()
         if self.config.offload is not None and optimizer is not None and loss is not None:
-            self.shards = ShardLayout.offloaded()
+            self.shards = ShardLayout.streamed() if self.streams \
+                else ShardLayout.offloaded()
             updated = getattr(optimizer, "inner", optimizer).params
             self.half_parameters = half_parameters(net, self.precision) & {
                 p.name for p in updated}
@@ -126,6 +127,11 @@ class Engine:
         self.workspace_time_share = workspace_options.TIME_SHARE
         self.bound = False
         self._allocate_persistent(bind, scratch_bytes)
+
+    @property
+    def streams(self) -> bool:
+        """``offload=parameters``: the trainable parameters are streamed in from the host."""
+        return self.config.offload is OffloadPolicy.PARAMETERS
 
     # ------------------------------------------------------------------ persistent state
     @staticmethod
@@ -169,7 +175,8 @@ class Engine:
             dtype = self.precision.half_dtype if p.name in half else p.dtype
             views[id(p)] = self._alloc(p.name, p.shape, dtype, "parameter") if whole else None
         #: The device's half copies (``data``: the host's master, bound by the host state)
-        self.half_views = {p.name: views[id(p)] for p in params if p.name in half}
+        self.half_views = {p.name: views[id(p)] for p in params
+                           if p.name in half and views[id(p)] is not None}
         grads = []
         if self.loss is not None and self.shards.gradient_specs is None:
             for p in params:
@@ -213,7 +220,11 @@ class Engine:
         opt = getattr(self.optimizer, "inner", self.optimizer)
         self.host_state = HostState(self.pool.device, list(opt.params), tuple(opt.slots),
                                     self.pool.alignment, allocate=self.bound,
-                                    half_copies=self.half_views)
+                                    half_copies=self.half_views,
+                                    streamed=self.half_parameters if self.streams else None,
+                                    half_dtype=self.precision.half_dtype)
+        if self.streams:  # (inference reads the host's half copies)
+            self.half_views = dict(self.host_state.half_copies)
         capacity = self.host_pool.capacity
         if capacity is not None:
             if self.host_state.nbytes > capacity:

@@ -60,7 +60,8 @@ class HostState:
 
     def __init__(self, device: Any, params: list[Parameter], slots: tuple[str, ...],
                  alignment: int, allocate: bool,
-                 half_copies: dict[str, Any] | None = None) -> None:
+                 half_copies: dict[str, Any] | None = None,
+                 streamed: frozenset[str] | None = None, half_dtype: Any = None) -> None:
         dtypes = {np.dtype(p.dtype) for p in params}
         if len(dtypes) > 1:
             raise ValueError("offload=optimizer updates one flat group: the trainable "
@@ -75,9 +76,21 @@ class HostState:
             self.offsets[p.name] = (end, size)
             end += size
         self.array_bytes = end
+        #: ``offload=parameters``: the device keeps no trainable parameter; each step's are
+        #: streamed from the master (or, for the names in ``streamed``, from a half copy the
+        #: host keeps beside it, rounded after each update)
+        self.streamed = streamed is not None
+        self.half_offsets: dict[str, tuple[int, int]] = {}
+        half_end = 0
+        for p in self.params if self.streamed else ():
+            if p.name in streamed:
+                size = aligned(math.prod(p.shape) * np.dtype(half_dtype).itemsize, alignment)
+                self.half_offsets[p.name] = (half_end, size)
+                half_end += size
+        self.half_bytes = half_end
         self.half_copies = dict(half_copies or {})
         #: Bytes the update copies back to the device: each parameter's block there
-        self.upload_bytes = sum(
+        self.upload_bytes = 0 if self.streamed else sum(
             aligned(math.prod(h.shape) * h.dtype.itemsize, alignment)
             if (h := self.half_copies.get(p.name)) is not None else self.offsets[p.name][1]
             for p in self.params)
@@ -88,16 +101,33 @@ class HostState:
             for key in ("master", "grad", *self.slots):
                 self._buffers[key] = device.host_empty((end,), np.uint8)
                 self._buffers[key][...] = 0
+            if self.half_offsets:
+                self._buffers["half"] = device.host_empty((half_end,), np.uint8)
+                self._buffers["half"][...] = 0
+        if self.half_offsets:
+            half = np.dtype(half_dtype)
+            self.half_copies = {
+                p.name: self._half_view(p.name, p.shape, half) if allocate
+                else MetaArray(p.shape, half) for p in self.params if p.name in streamed}
 
     @property
     def nbytes(self) -> int:
-        """Host bytes held: master weights, gradients and every state slot."""
-        return self.array_bytes * (2 + len(self.slots))
+        """Host bytes held: master weights, gradients, every state slot and the streamed
+        half copies."""
+        return self.array_bytes * (2 + len(self.slots)) + self.half_bytes
 
     def by_kind(self) -> dict[str, int]:
         """Host bytes by what they hold (the report's breakdown)."""
-        return {"master": self.array_bytes, "gradient": self.array_bytes,
-                "optimizer_state": self.array_bytes * len(self.slots)}
+        kinds = {"master": self.array_bytes, "gradient": self.array_bytes,
+                 "optimizer_state": self.array_bytes * len(self.slots)}
+        if self.half_bytes:
+            kinds["half_parameters"] = self.half_bytes
+        return kinds
+
+    def _half_view(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+        off, _ = self.half_offsets[name]
+        n = math.prod(shape) * dtype.itemsize
+        return self._buffers["half"][off:off + n].view(dtype).reshape(shape)
 
     def _view(self, key: str, name: str, shape: tuple[int, ...]) -> Any:
         off, _ = self.offsets[name]
@@ -120,7 +150,7 @@ class HostState:
         buffer, and the optimizer's one flat group over the host buffers."""
         for p in self.params:
             p.grad = self._view("grad", p.name, p.shape)
-            if p.name in self.half_copies:  # the master is the parameter
+            if p.name in self.half_copies or self.streamed:  # the master is the parameter
                 master = self._view("master", p.name, p.shape)
                 copy_into(master, p.data)
                 p.data = master
@@ -135,15 +165,27 @@ class HostState:
         meta arrays of their sizes when nothing is allocated (a dry run)."""
         out = {}
         for t in program.tensors:
-            if t.role == Role.PARAM_GRAD and not t.persistent:
-                off, size = self.offsets[t.name.removesuffix(".grad")]
-                out[t.id] = self._buffers["grad"][off:off + size] if self.allocated \
-                    else MetaArray((size,), np.uint8)
+            if t.persistent:
+                continue
+            if t.role == Role.PARAM_GRAD:
+                key, (off, size) = "grad", self.offsets[t.name.removesuffix(".grad")]
+            elif t.role == Role.PARAM and self.streamed:  # (``{name}@{phase}``)
+                name = t.name.rpartition("@")[0]
+                key, (off, size) = ("half", self.half_offsets[name]) \
+                    if name in self.half_offsets else ("master", self.offsets[name])
+            else:
+                continue
+            out[t.id] = self._buffers[key][off:off + size] if self.allocated \
+                else MetaArray((size,), np.uint8)
         return out
 
     def upload(self) -> None:
         """The updated master weights into the device's parameters (rounded into the half
         copies); over the emulated link where the device has one."""
+        if self.streamed:  # (the steps stream from the master and the host's half copies)
+            for name, half in self.half_copies.items():
+                copy_into(half, self._view("master", name, half.shape))
+            return
         engine = self._device.copy_engine if getattr(self._device, "link_bytes_per_s", None) \
             else None
         for p in self.params:

@@ -257,7 +257,9 @@ class _Lowering(PrecisionLowering):
         out = {}
         for k, p in self.node_params[i].items():
             if self.gather and p.trainable:
-                tid = self.b.add(f"{p.name}@{phase}", p.shape, p.dtype, "parameter", "param",
+                dtype = np.dtype(self.precision.half_dtype) \
+                    if p.name in self.half_on_device else p.dtype
+                tid = self.b.add(f"{p.name}@{phase}", p.shape, dtype, "parameter", "param",
                                  self.node_names[i])
                 self.gathered[tid] = p
                 out[k] = tid

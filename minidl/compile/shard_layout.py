@@ -41,6 +41,21 @@ class ShardLayout:
         layout.gradient_specs = []
         return layout
 
+    @classmethod
+    def streamed(cls) -> ShardLayout:
+        """No trainable parameter and no gradient on the device between iterations
+        (``offload=parameters``: every step's parameters are tensors of the iteration,
+        streamed in from the host)."""
+        return _Streamed()
+
+
+class _Streamed(ShardLayout):
+    gradient_specs: Specs | None = []
+    parameter_specs: Specs | None = []
+
+    def keeps_whole(self, param: Any) -> bool:
+        return not param.trainable
+
 
 class UnallocatedShards(ShardLayout):
     """Sharding stage ``stage`` (2: gradients, 3: also parameters when ``training``) with an

@@ -23,8 +23,9 @@ SPECS = ("reuse,inplace", "reuse,inplace,offload=optimizer")
 def test_the_flag_parses_typed_and_bad_values_name_the_valid_ones():
     assert MemoryConfig.parse("reuse,offload=optimizer").offload is OffloadPolicy.OPTIMIZER
     assert MemoryConfig.parse("reuse").offload is None
-    with pytest.raises(ValueError, match=r"^memory flag 'offload' needs a value in optimizer "
-                                         r"\(got 'params'\)$"):
+    assert MemoryConfig.parse("reuse,offload=parameters").offload is OffloadPolicy.PARAMETERS
+    with pytest.raises(ValueError, match=r"^memory flag 'offload' needs a value in "
+                                         r"optimizer\|parameters \(got 'params'\)$"):
         MemoryConfig.parse("reuse,offload=params")
     with pytest.raises(ValueError, match="split=2 cannot be combined with offload"):
         MemoryConfig.parse("reuse,split=2,offload=optimizer")
