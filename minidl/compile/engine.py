@@ -103,7 +103,8 @@ class Engine:
         self.offload_note = ""
         if optimizer is not None and loss is not None:
             self.config, self.offload_note = with_offload_if_needed(
-                self.config, *self._persistent_estimate(net, optimizer, pool.alignment))
+                self.config, *self._persistent_estimate(net, optimizer, pool.alignment,
+                                                        self.precision))
         self.shards: ShardLayout = shard_layout(self.config.zero, optimizer, loss is not None)
         #: ``offload=optimizer``: the state kept on the host (gradients then lowered as
         #: tensors of the iteration, copied there by the plan), else ``None``.
@@ -135,16 +136,22 @@ class Engine:
 
     # ------------------------------------------------------------------ persistent state
     @staticmethod
-    def _persistent_estimate(net: Network, optimizer: Any, alignment: int) -> tuple[int, int]:
-        """``(bytes, of them gradients and optimizer state)`` the persistent state would take on
-        the device, in blocks of ``alignment``, before anything is allocated."""
+    def _persistent_estimate(net: Network, optimizer: Any, alignment: int,
+                             precision: Precision) -> tuple[int, int, int]:
+        """``(bytes, of them gradients and optimizer state, the parameters' bytes the device
+        keeps under offload=optimizer)`` the persistent state would take on the device, in
+        blocks of ``alignment``, before anything is allocated."""
         def block(shape: tuple[int, ...], dtype: Any) -> int:
             return aligned(int(np.prod(shape)) * np.dtype(dtype).itemsize, alignment)
 
         params = [p for _, p in net.named_parameters(include_buffers=True)]
         grads = sum(block(p.shape, p.dtype) for p in params if p.trainable)
         state = sum(block(shape, dtype) for _, shape, dtype in optimizer.state_spec())
-        return sum(block(p.shape, p.dtype) for p in params) + grads + state, grads + state
+        half = half_parameters(net, precision)
+        kept = sum(block(p.shape, precision.half_dtype if p.name in half else p.dtype)
+                   for p in params)
+        return sum(block(p.shape, p.dtype) for p in params) + grads + state, grads + state, \
+            kept
 
     def _alloc(self, name: str, shape: tuple[int, ...], dtype: Any, category: str) -> Any:
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize

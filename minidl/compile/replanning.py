@@ -10,8 +10,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Protocol
 
+import numpy as np
+
 from ..memory.cost.targets import DeviceProfile
-from ..memory.devices.device import MetaDevice
+from ..memory.devices.device import MetaArray, MetaDevice
 from ..memory.devices.traits import device_traits
 from ..memory.ir.config import MemoryConfig, SwapPolicy
 from ..memory.ir.plan import Plan
@@ -108,7 +110,10 @@ def simulated_peaks(engine: ReplanningEngine, lowered: Lowered, plan: Plan) -> t
     pool = Pool(MetaDevice(), alignment=engine.pool.alignment)
     for blk in engine.persistent_blocks:
         pool.allocate(blk.size, tag=blk.tag, category="parameter")
-    Executor(lowered, plan, pool, compute=False,
-             host_pool=HostPool(pool.device, None)).run([None] * len(plan.program.inputs))
+    ex = Executor(lowered, plan, pool, compute=False, host_pool=HostPool(pool.device, None))
+    prog = plan.program  # (streamed parameters come from their host homes: sizes only here)
+    ex.host_homes = {t: MetaArray((prog.block_size(prog.tensors[t].nbytes),), np.uint8)
+                     for t in plan.swapping.host_homed}
+    ex.run([None] * len(prog.inputs))
     stats = pool.stats()
     return stats["reserved_bytes.peak"], stats["allocated_bytes.peak"]

@@ -59,8 +59,11 @@ def _on_a_large_arena(precision: str = "fp32"):
     return _train("reuse,inplace", "256MiB", precision)
 
 
-@pytest.mark.parametrize("spec", ["reuse,inplace,offload=optimizer", "auto,budget={b}"])
-def test_a_gpt_with_3x_its_device_memory_of_state_trains_as_on_a_large_arena(spec):
+#: auto streams the parameters here: a quarter of the state, they would take 3/4 of the budget
+#: (memory/planners/offload_choice.py: STREAM_SHARE)
+@pytest.mark.parametrize("spec,kept", [("reuse,inplace,offload=optimizer", 4),
+                                       ("auto,budget={b}", 0)])
+def test_a_gpt_with_3x_its_device_memory_of_state_trains_as_on_a_large_arena(spec, kept):
     b = _device_memory()
     spec = spec.format(b=b)
     on = minidl.dry_run(_gpt(), BATCH, "reuse,inplace", "adamw")
@@ -68,7 +71,8 @@ def test_a_gpt_with_3x_its_device_memory_of_state_trains_as_on_a_large_arena(spe
     # the 3x, from the reports: the whole float32 state against the arena it trains in
     assert on["persistent_bytes"] >= 3 * b >= 3 * dry["peak_reserved_bytes"]
     assert dry["host_state_bytes"] == on["persistent_bytes"]  # master, gradients, two slots
-    assert dry["persistent_bytes"] == on["persistent_bytes"] // 4  # the parameters alone
+    # the parameters alone, or none of them
+    assert dry["persistent_bytes"] == (on["persistent_bytes"] // kept if kept else 0)
     reference, run = _on_a_large_arena(), _train(spec, b)
     assert run[0] == reference[0]  # losses
     for a, c in ((reference[1], run[1]), (reference[2], run[2])):
@@ -98,3 +102,24 @@ def test_in_bf16_mixed_the_device_keeps_half_parameters_and_training_is_unchange
     assert run[3] == (dry["peak_allocated_bytes"], dry["peak_reserved_bytes"])
     assert run[4] == (dry["host_state_bytes"], dry["host_peak_bytes"])
     assert on["peak_reserved_bytes"] > b
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+def test_streamed_parameters_train_in_less_device_memory_than_the_parameters_alone(precision):
+    """``offload=parameters``: an arena a sixth of the float32 state, below the parameters
+    alone (a quarter of it), where ``offload=optimizer`` cannot plan."""
+    on = minidl.dry_run(_gpt(), BATCH, "reuse,inplace", "adamw")
+    b = on["persistent_bytes"] // 6
+    spec = "reuse,inplace,offload=parameters"
+    dry = minidl.dry_run(_gpt(), BATCH, spec, "adamw", precision=precision)
+    params = on["persistent_bytes"] // 4
+    assert dry["peak_reserved_bytes"] <= b < params
+    assert dry["persistent_bytes"] < params // 50  # no trainable parameter between steps
+    reference, run = _on_a_large_arena(precision), _train(spec, b, precision)
+    assert run[0] == reference[0]
+    for a, c in ((reference[1], run[1]), (reference[2], run[2])):
+        assert a.keys() == c.keys()
+        for k in a:
+            assert a[k].dtype == c[k].dtype and np.array_equal(a[k], c[k]), k
+    assert run[3] == (dry["peak_allocated_bytes"], dry["peak_reserved_bytes"])
+    assert run[4] == (dry["host_state_bytes"], dry["host_peak_bytes"])

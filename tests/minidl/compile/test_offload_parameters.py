@@ -168,3 +168,22 @@ def test_bad_pacing_flags_are_refused_in_one_line(spec, message):
         MemoryConfig.parse(spec)
     cfg = MemoryConfig.parse("reuse,offload=parameters,prefetch=3,inflight=64MiB")
     assert (cfg.prefetch, cfg.inflight) == (3, 64 << 20)
+
+
+@pytest.mark.parametrize("kept,policy", [(0, None), (40, "optimizer"), (50, "optimizer"),
+                                         (51, "parameters"), (150, "parameters")])
+def test_auto_streams_when_the_kept_parameters_take_over_half_the_budget(kept, policy):
+    from minidl.memory.ir.config import OffloadPolicy
+    from minidl.memory.planners.offload_choice import with_offload_if_needed
+    config = MemoryConfig.parse("auto,budget=100")
+    persistent = 100 if kept else 99  # (below the budget: nothing to offload)
+    out, note = with_offload_if_needed(config, persistent, 60, kept)
+    if policy is None:
+        assert out is config and note == ""
+        return
+    assert out.offload is OffloadPolicy.of(policy) and out.budget == 100
+    assert f"offload={policy}" in note and ("streamed" in note) == (policy == "parameters")
+    # a spec that names its own offload, or no budget, is left as it is
+    for spec in ("auto,budget=100,offload=optimizer", "reuse,inplace"):
+        given = MemoryConfig.parse(spec)
+        assert with_offload_if_needed(given, persistent, 60, kept) == (given, "")
