@@ -384,11 +384,13 @@ def check_agreement(comm: Communicator, mine: dict[str, str]) -> None:
 
 class DataParallel:
     """The trainer's side of data parallelism over ``comm``: shards, gradient sync, the
-    global loss and logits, parameters broadcast from rank 0, and rank-0-only checkpoints."""
+    global loss and logits, parameters broadcast from rank 0, and rank-0-only checkpoints.
+    ``sync``: the gradients' sync when not a :class:`GradientSync` over the network's
+    parameters (``offload=optimizer``: :class:`~.offload_sync.OffloadSync`)."""
 
     def __init__(self, comm: Communicator, net: Any, spec: str, optimizer: Any, seed: int,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, overlap: bool = True,
-                 sync_bn: bool = False) -> None:
+                 sync_bn: bool = False, sync: GradientSync | None = None) -> None:
         self.comm = comm
         for _, p in net.named_parameters(include_buffers=True):
             if not isinstance(p.data, np.ndarray):
@@ -402,7 +404,8 @@ class DataParallel:
             optimizer.params_changed()  # (zero=3: into the shards)
         shards = optimizer.shard.params if getattr(optimizer, "shards_gradients", False) \
             else None  # zero=2: reduce-scatter into this rank's gradient shards
-        self.sync = GradientSync(comm, net.parameters(), bucket_bytes, overlap, shards)
+        self.sync = sync if sync is not None else GradientSync(
+            comm, net.parameters(), bucket_bytes, overlap, shards)
         self.stats: list[SyncStats] = []
         self._idle = False
         #: ``Context.batch_sync`` for the layers (``sync_bn``), else ``None``.
