@@ -30,6 +30,8 @@ bucketing, Li et al. 2020).
   Under ``zero=3`` the executor also calls :attr:`DataParallel.before_step` before each
   step (the step's parameters all-gathered from the ranks' shards, on a duplicate
   communicator so that it never interleaves with the gradient thread's).
+* **offload=optimizer**: the gradients land in the host's buffers, where the host's update
+  reads them; :class:`~.offload_sync.OffloadSync` averages the same buckets there, in place.
 * **BatchNorm** normalises with each rank's own shard statistics (DDP's default); running
   statistics stay per rank and rank 0's are the ones checkpoints hold. With ``sync_bn`` it
   normalises with the global batch's (:class:`BatchStatsSync`, on a duplicate of the
