@@ -18,7 +18,9 @@ of the iteration, gathered whole just before the step and freed after their last
 no shards in it: full gradients, parameters, as tensors of the iteration) and gives one rank's
 persistent bytes by category and the collectives of one step with the bytes each moves;
 ``saved_bytes`` is what to take off that program's peak (run with its own persistent state)
-to get the rank's.
+to get the rank's. A program lowered for ``offload=optimizer`` (no ZeRO; the gradients tensors
+of the iteration, copied to the host) keeps its own persistent bytes on every rank: the
+gradients are all-reduced on the host.
 """
 
 from __future__ import annotations
@@ -121,6 +123,12 @@ def zero_bytes(program: Program, stage: int, ranks: int, rank: int = 0) -> ZeroB
     buffers = [t for t in persistent if t.role == Role.PARAM and t.name + ".grad" not in grads]
     unsharded = {"parameter": full(trainable) + full(buffers),
                  "gradient": full(grads.values()), "optimizer_state": full(state)}
+    if stage == 0 and trainable and not any(t.persistent for t in trainable):
+        # offload=optimizer: gradients, optimizer state and master weights on the host; the
+        # device holds the program's persistent tensors (parameters, in mixed precision some
+        # only as half copies) and the gradients as tensors of the iteration
+        unsharded = {"parameter": full(t for t in persistent if t.role != Role.OPT_STATE),
+                     "gradient": 0, "optimizer_state": full(state)}
     mine = dict(unsharded)
     if stage >= 1:
         mine["optimizer_state"] = slots * sharded(items)

@@ -137,6 +137,11 @@ class HostState:
     def _flat(self, key: str) -> Any:
         return self._buffers[key].view(self.dtype)
 
+    def flat_gradients(self) -> Any:
+        """The landing buffers of every gradient as one flat array (blocks back to back in
+        parameter order; data parallelism all-reduces ranges of it in place)."""
+        return self._flat("grad")
+
     def alloc_state(self, name: str, shape: tuple[int, ...], dtype: Any) -> Any:
         """The optimizer's ``alloc`` (``init_state``): state ``{param}.{slot}`` in its slot's
         buffer, zeroed; a meta array when nothing is allocated."""
@@ -225,6 +230,11 @@ class OffloadedOptimizer(OptimizerWrapper):
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         self.inner.load_state_dict(d)
+        self.host_state.download()
+
+    def params_changed(self) -> None:
+        """The parameters were set on the device (data parallelism's broadcast from rank 0):
+        the master weights from them."""
         self.host_state.download()
 
     def __repr__(self) -> str:

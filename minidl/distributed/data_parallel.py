@@ -30,6 +30,8 @@ bucketing, Li et al. 2020).
   Under ``zero=3`` the executor also calls :attr:`DataParallel.before_step` before each
   step (the step's parameters all-gathered from the ranks' shards, on a duplicate
   communicator so that it never interleaves with the gradient thread's).
+* **offload=optimizer**: the gradients land in the host's buffers, where the host's update
+  reads them; :class:`~.offload_sync.OffloadSync` averages the same buckets there, in place.
 * **BatchNorm** normalises with each rank's own shard statistics (DDP's default); running
   statistics stay per rank and rank 0's are the ones checkpoints hold. With ``sync_bn`` it
   normalises with the global batch's (:class:`BatchStatsSync`, on a duplicate of the
@@ -384,11 +386,13 @@ def check_agreement(comm: Communicator, mine: dict[str, str]) -> None:
 
 class DataParallel:
     """The trainer's side of data parallelism over ``comm``: shards, gradient sync, the
-    global loss and logits, parameters broadcast from rank 0, and rank-0-only checkpoints."""
+    global loss and logits, parameters broadcast from rank 0, and rank-0-only checkpoints.
+    ``sync``: the gradients' sync when not a :class:`GradientSync` over the network's
+    parameters (``offload=optimizer``: :class:`~.offload_sync.OffloadSync`)."""
 
     def __init__(self, comm: Communicator, net: Any, spec: str, optimizer: Any, seed: int,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, overlap: bool = True,
-                 sync_bn: bool = False) -> None:
+                 sync_bn: bool = False, sync: GradientSync | None = None) -> None:
         self.comm = comm
         for _, p in net.named_parameters(include_buffers=True):
             if not isinstance(p.data, np.ndarray):
@@ -402,7 +406,8 @@ class DataParallel:
             optimizer.params_changed()  # (zero=3: into the shards)
         shards = optimizer.shard.params if getattr(optimizer, "shards_gradients", False) \
             else None  # zero=2: reduce-scatter into this rank's gradient shards
-        self.sync = GradientSync(comm, net.parameters(), bucket_bytes, overlap, shards)
+        self.sync = sync if sync is not None else GradientSync(
+            comm, net.parameters(), bucket_bytes, overlap, shards)
         self.stats: list[SyncStats] = []
         self._idle = False
         #: ``Context.batch_sync`` for the layers (``sync_bn``), else ``None``.

@@ -4,8 +4,7 @@ to OUT/<case>.npz), and imported by the test for the single-process reference (:
 with ``SingleProcess``).
 
 ``python dp_worker.py OUT --mismatch``: the ranks ask for different memory specs; each prints
-the error it gets and exits with status 3 (``--offload``: likewise for offload=optimizer, which
-trains on one process). ``--fail``: rank 1 raises at its third step; rank 0
+the error it gets and exits with status 3. ``--fail``: rank 1 raises at its third step; rank 0
 must give up waiting (a 10 s collective timeout) and abort the job.
 """
 
@@ -20,7 +19,7 @@ from minidl.analysis.dryrun import dry_run
 from minidl.analysis.estimate import estimate_table
 from minidl.distributed.comm import MpiCommunicator
 from minidl.memory.ir.config import MemoryConfig
-from minidl.net.optim import SGD
+from minidl.net.optim import SGD, Adam
 from minidl.train.trainer import Trainer
 from minidl.zoo import models
 
@@ -59,11 +58,20 @@ MIXED_CASES = (("bf16_reuse_inplace", "reuse,inplace", "bf16-mixed", 16, 1024),
                ("bf16_zero3", "reuse,inplace,zero=3", "bf16-mixed", 16, 1024),
                ("fp16_reuse_inplace", "reuse,inplace", "fp16-mixed", 16, 1024),
                ("fp16_zero2", "reuse,inplace,zero=2", "fp16-mixed", 16, 1024))
+#: offload=optimizer on 2 ranks (the gradients averaged in the host's landing buffers) with
+#: Adam, beside plain data parallelism on the device in the same precision, whose bits it gives:
+#: (case name, memory spec, precision); global batch 15 (shards of 8 and 7 rows), 1 KiB buckets;
+#: fp16's loss scale starts at OFFLOAD_FP16_SCALE, so that the first steps overflow and are
+#: skipped (on every rank: the ranks test the all-reduced gradients).
+OFFLOAD_CASES = tuple((f"{name}_{p.split('-')[0]}", spec, p)
+                      for p in ("fp32", "bf16-mixed", "fp16-mixed")
+                      for name, spec in (("adam_device", "reuse,inplace"),
+                                         ("adam_offload", "reuse,inplace,offload=optimizer")))
+OFFLOAD_FP16_SCALE = 2.0 ** 24
 STEPS = 10
 #: Runs every rank must refuse in one line: the flag, and each rank's memory spec (ranks that
-#: disagree on the spec; offload=optimizer, which trains on one process).
-REFUSED_SPECS = {"--mismatch": ("none", "reuse"),
-                 "--offload": ("reuse,inplace,offload=optimizer",) * 2}
+#: disagree on the spec).
+REFUSED_SPECS = {"--mismatch": ("none", "reuse")}
 
 
 def _net(bn: bool):
@@ -72,19 +80,23 @@ def _net(bn: bool):
 
 
 def train(comm, spec: str, batch: int, bucket_bytes: int, fail_at: int | None = None,
-          bn: bool = False, sync_bn: bool = False,
-          precision: str = "fp32") -> dict[str, np.ndarray]:
-    """Ten SGD steps of a small smallcnn (``bn``: resnet8) on one seeded global batch: losses,
-    parameters, optimizer state, rank 0's real and planned peaks and the number of buckets
-    (``fp16-mixed``: also the steps its loss scaler skipped)."""
+          bn: bool = False, sync_bn: bool = False, precision: str = "fp32",
+          optimizer: str = "sgd", loss_scale: float | None = None) -> dict[str, np.ndarray]:
+    """Ten SGD (or ``adam``) steps of a small smallcnn (``bn``: resnet8) on one seeded global
+    batch: losses, parameters, optimizer state, rank 0's real and planned peaks and the number
+    of buckets (``fp16-mixed``: also the steps its loss scaler, starting at ``loss_scale`` when
+    given, skipped)."""
     net = _net(bn)
     shape = net.input_shapes[0]
     rng = np.random.default_rng(1)
     x = rng.standard_normal((batch, *shape)).astype(np.float32)
     y = rng.integers(0, 10, batch)
-    opt = SGD(net.parameters(), lr=0.1, momentum=0.9)
+    opt = SGD(net.parameters(), lr=0.1, momentum=0.9) if optimizer == "sgd" else \
+        Adam(net.parameters(), lr=0.01)
     trainer = Trainer(net, opt, memory=spec, device_memory="16MiB", comm=comm,
                       bucket_bytes=bucket_bytes, sync_bn=sync_bn, precision=precision)
+    if loss_scale is not None:
+        trainer.loss_scaler.scale = loss_scale
     losses = []
     for i in range(STEPS):
         if i == fail_at and comm.rank == 1:
@@ -95,14 +107,14 @@ def train(comm, spec: str, batch: int, bucket_bytes: int, fail_at: int | None = 
     out["losses"] = np.array(losses)
     out["peak_allocated"] = np.array(trainer.pool.stats()["allocated_bytes.peak"])
     # the plan of rank 0 (made here: convolution workspaces depend on the thread count)
-    out["planned_peak"] = np.array(dry_run(_net(bn), batch, spec, "sgd", input_shape=shape,
+    out["planned_peak"] = np.array(dry_run(_net(bn), batch, spec, optimizer, input_shape=shape,
                                            ranks=comm.size,
                                            precision=precision)["peak_allocated_bytes"])
     if trainer.loss_scaler is not None:
         out["skipped"] = np.array(trainer.loss_scaler.skipped)
     # the same rank's row of minidl plan --ranks N --table (estimate_table)
     stage = MemoryConfig.parse(spec).zero
-    rows = estimate_table(lambda: _net(bn), shape, batch, spec, [comm.size], "sgd",
+    rows = estimate_table(lambda: _net(bn), shape, batch, spec, [comm.size], optimizer,
                           stages=(stage,), precision=precision) if 1 < comm.size <= batch else []
     out["table_peak"] = np.array(rows[0].peak_allocated if rows else out["planned_peak"])
     out["buckets"] = np.array(0 if trainer.parallel is None else len(
@@ -131,6 +143,11 @@ def main(argv: list[str]) -> int:
             np.savez(out / f"{name}.npz", **res)
     for name, spec, precision, batch, bucket_bytes in MIXED_CASES:
         res = train(comm, spec, batch, bucket_bytes, precision=precision)
+        if comm.rank == 0:
+            np.savez(out / f"{name}.npz", **res)
+    for name, spec, precision in OFFLOAD_CASES:
+        res = train(comm, spec, 15, 1024, precision=precision, optimizer="adam",
+                    loss_scale=OFFLOAD_FP16_SCALE if precision == "fp16-mixed" else None)
         if comm.rank == 0:
             np.savez(out / f"{name}.npz", **res)
     for name, sync_bn, spec in BN_CASES:

@@ -10,6 +10,7 @@ from ...compile.engine import Engine
 from ...compile.host_state import OffloadedOptimizer
 from ...distributed.comm import SingleProcess
 from ...distributed.data_parallel import DataParallel
+from ...distributed.offload_sync import OffloadSync
 from ...distributed.zero import sharded_optimizer
 from ...memory.cost.link_emulation import LinkEmulation
 from ...memory.devices.traits import DeviceTraits, device_traits
@@ -55,17 +56,15 @@ def assemble(net: Network, optimizer: Any, config: MemoryConfig, loss: Any,
     engine = Engine(net, setup.pool, config, loss, optimizer,
                     host_memory=None if dev.host_memory is None else parse_size(dev.host_memory),
                     target=setup.target, precision=options.step.precision)
+    sync = None
     if engine.host_state is not None:  # offload=optimizer: the update on the host
-        if comm.size > 1:  # (auto may have chosen it: said after planning)
-            raise ValueError(f"offload=optimizer trains on one process for now, not "
-                             f"{comm.size} ranks (data parallelism does not reach the host's "
-                             "update yet); run without mpiexec, or give a memory spec without "
-                             "offload (auto: a larger budget)")
         optimizer = OffloadedOptimizer(optimizer, engine.host_state)
+        if comm.size > 1:  # the gradients averaged where they land, on the host
+            sync = OffloadSync(comm, net.parameters(), engine.host_state, par.bucket_bytes)
     # (zero=2 moves the gradients into the optimizer's shards through the buckets, even on
     # one rank)
     parallel = None if comm.size == 1 and config.zero < 2 else DataParallel(
         comm, net, config.spec, optimizer, options.step.seed, par.bucket_bytes,
-        sync_bn=par.sync_bn)
+        sync_bn=par.sync_bn, sync=sync)
     return Assembly(setup.device, setup.pool, device_traits(setup.device),
                     setup.link_emulation, optimizer, engine, parallel)
