@@ -58,15 +58,17 @@ MIXED_CASES = (("bf16_reuse_inplace", "reuse,inplace", "bf16-mixed", 16, 1024),
                ("bf16_zero3", "reuse,inplace,zero=3", "bf16-mixed", 16, 1024),
                ("fp16_reuse_inplace", "reuse,inplace", "fp16-mixed", 16, 1024),
                ("fp16_zero2", "reuse,inplace,zero=2", "fp16-mixed", 16, 1024))
-#: offload=optimizer on 2 ranks (the gradients averaged in the host's landing buffers) with
-#: Adam, beside plain data parallelism on the device in the same precision, whose bits it gives:
-#: (case name, memory spec, precision); global batch 15 (shards of 8 and 7 rows), 1 KiB buckets;
-#: fp16's loss scale starts at OFFLOAD_FP16_SCALE, so that the first steps overflow and are
-#: skipped (on every rank: the ranks test the all-reduced gradients).
+#: offload=optimizer and offload=parameters on 2 ranks (the gradients averaged in the host's
+#: landing buffers) with Adam, beside plain data parallelism on the device in the same
+#: precision, whose bits they give: (case name, memory spec, precision); global batch 15
+#: (shards of 8 and 7 rows), 1 KiB buckets; fp16's loss scale starts at OFFLOAD_FP16_SCALE, so
+#: that the first steps overflow and are skipped (on every rank: the ranks test the all-reduced
+#: gradients).
 OFFLOAD_CASES = tuple((f"{name}_{p.split('-')[0]}", spec, p)
                       for p in ("fp32", "bf16-mixed", "fp16-mixed")
                       for name, spec in (("adam_device", "reuse,inplace"),
-                                         ("adam_offload", "reuse,inplace,offload=optimizer")))
+                                         ("adam_offload", "reuse,inplace,offload=optimizer"),
+                                         ("adam_stream", "reuse,inplace,offload=parameters")))
 OFFLOAD_FP16_SCALE = 2.0 ** 24
 STEPS = 10
 #: Runs every rank must refuse in one line: the flag, and each rank's memory spec (ranks that

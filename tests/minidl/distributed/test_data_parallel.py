@@ -237,11 +237,12 @@ ADAM_BF16_ATOL = 1e-2
 
 
 def _check_offload_cases(worker, tmp_path) -> None:
-    """offload=optimizer on 2 ranks: the bits of plain data parallelism on the device in every
-    precision (losses, parameters, Adam's state, the fp16 loss scaler's skips, which the forced
-    first overflows make several) with a lower device peak, rank 0's peak the plan's; and one
-    process's results within float32 summation order (bf16: half rounding; fp16 skips one step
-    fewer on one process, at the scale where its one larger batch does not overflow)."""
+    """offload=optimizer and offload=parameters on 2 ranks: the bits of plain data parallelism
+    on the device in every precision (losses, parameters, Adam's state, the fp16 loss scaler's
+    skips, which the forced first overflows make several) with a lower device peak, rank 0's
+    peak the plan's; and one process's results within float32 summation order (bf16: half
+    rounding; fp16 skips one step fewer on one process, at the scale where its one larger batch
+    does not overflow)."""
     runs = {name: dict(np.load(tmp_path / f"{name}.npz")) for name, _, _ in
             worker.OFFLOAD_CASES}
     for name, spec, precision in worker.OFFLOAD_CASES:
@@ -250,7 +251,7 @@ def _check_offload_cases(worker, tmp_path) -> None:
         assert int(got["peak_allocated"]) == int(got["table_peak"]), name
         if "offload" not in spec:
             continue
-        device = runs[name.replace("offload", "device")]
+        device = runs["adam_device_" + name.rpartition("_")[2]]
         assert sorted(got) == sorted(device), name
         for k in got:
             if k.startswith(("param/", "optim/")) or k in ("losses", "skipped"):
