@@ -4,6 +4,8 @@ to ``none`` within each precision, fp16's dynamic loss scaling and its checkpoin
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -224,3 +226,39 @@ def test_reduced_precision_codes_only_narrower_than_the_half_maps(precision):
     assert encoded["reuse,dpr=fp8"][0] > 0
     assert encoded["reuse,dpr=fp8"][2] < encoded["reuse,dpr=fp16"][2]
     assert np.isfinite(encoded["reuse,dpr=fp8"][1]).all()
+
+
+TRAIN = ["train", "smallcnn", "--dataset", "synthetic", "--input", "1x8x8", "--width", "4",
+         "--max-steps", "2", "--no-progress"]
+
+
+@pytest.mark.parametrize("precision", ["fp32", *MIXED])
+def test_cli_train_reports_the_precision_in_text_and_json(capsys, precision):
+    from minidl.cli import main
+
+    assert main([*TRAIN, "--precision", precision]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("precision: ")]
+    want = {"fp32": "precision: fp32",
+            "bf16-mixed": "precision: bf16-mixed (bfloat16 compute, float32 master weights)",
+            "fp16-mixed": "precision: fp16-mixed (float16 compute, float32 master weights), "
+                          "final loss scale 65536, 0 steps skipped (inf/NaN gradients)"}
+    assert lines == [want[precision]]
+    assert main([*TRAIN, "--precision", precision, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["precision"] == precision
+    assert ("loss_scale" in out) == (precision == "fp16-mixed")
+    if precision == "fp16-mixed":
+        assert out["loss_scale"] == 2.0 ** 16 and out["skipped_steps"] == 0
+
+
+def test_precision_line_carries_the_scalers_skips_and_backed_off_scale(capsys):
+    from minidl.commands.train_report import precision_entries, print_precision
+
+    tr = _trainer(_mlp(), "fp16-mixed")
+    tr.loss_scaler.update(False)
+    entries = precision_entries(tr)
+    assert entries == {"precision": "fp16-mixed", "loss_scale": 2.0 ** 15, "skipped_steps": 1}
+    print_precision(entries)
+    assert capsys.readouterr().out == ("precision: fp16-mixed (float16 compute, float32 master "
+                                       "weights), final loss scale 32768, 1 step skipped "
+                                       "(inf/NaN gradients)\n")
