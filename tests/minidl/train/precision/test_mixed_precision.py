@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import minidl
+from minidl.memory.ir.precision import Precision
 from minidl.net.graph import Input, Network
 from minidl.net.optim import SGD
 from minidl.train.precision.loss_scaling import DynamicLossScaler
@@ -262,3 +263,31 @@ def test_precision_line_carries_the_scalers_skips_and_backed_off_scale(capsys):
     assert capsys.readouterr().out == ("precision: fp16-mixed (float16 compute, float32 master "
                                        "weights), final loss scale 32768, 1 step skipped "
                                        "(inf/NaN gradients)\n")
+
+
+@pytest.mark.parametrize("precision", MIXED)
+def test_inference_plan_in_mixed_precision_is_below_fp32_and_the_real_runs_peak(capsys,
+                                                                                precision):
+    from minidl.cli import main
+    from minidl.compile.engine import Engine
+    from minidl.memory.devices.device import CpuDevice
+    from minidl.memory.runtime.pool import Pool
+
+    plan = ["plan", "resnet20", "--input", "3x16x16", "--classes", "10", "--batch-size", "8"]
+    reps = {}
+    for p in ("fp32", precision):
+        assert main([*plan, "--eval", "--precision", p, "--json"]) == 0
+        reps[p] = json.loads(capsys.readouterr().out)
+    assert reps[precision]["peak_allocated_bytes"] < reps["fp32"]["peak_allocated_bytes"]
+    pool = Pool(CpuDevice("64MiB"))
+    engine = Engine(resnet(20, (3, 16, 16), 10), pool, "reuse,inplace",
+                    precision=precision)
+    x, _ = _data(8, (3, 16, 16))
+    c = engine.compiled([x.shape], None, training=False)
+    _, outs = c.executor.run([x, None], training=False, fetch_outputs=True)
+    assert str(outs[0].dtype) == Precision.of(precision).half_dtype  # (the head computed in half)
+    stats = pool.stats()
+    assert stats["allocated_bytes.peak"] == reps[precision]["peak_allocated_bytes"]
+    assert stats["reserved_bytes.peak"] == reps[precision]["peak_reserved_bytes"]
+    assert main([*plan, "--inference", "--precision", precision]) == 0
+    assert f"precision {precision}: at the peak " in capsys.readouterr().out
