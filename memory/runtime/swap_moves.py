@@ -41,6 +41,8 @@ class SwapMoves:
         host = self.host_homes.get(root)
         if host is None:
             host = self.host_pool.acquire(nbytes, rec.name)
+        else:  # a gradient into its landing buffer (offload=optimizer)
+            self._swap.offloaded_gradient_bytes += nbytes
         ev = self.pool.device.copy_engine.copy_async(host, blk.view((nbytes,), np.uint8))
         for m in self._members(rec):
             m.swap.saved_shape = None if m.view is None else tuple(m.view.shape)

@@ -22,6 +22,7 @@ as they read autocast's cast copy, so training is bit-identical to on-device tra
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import numpy as np
@@ -176,10 +177,15 @@ class OffloadedOptimizer(OptimizerWrapper):
     def __init__(self, inner: Optimizer, host_state: HostState) -> None:
         super().__init__(inner)
         self.host_state = host_state
+        #: The last step's seconds: the host update, then the parameters' copy back.
+        self.last_update_s = self.last_upload_s = 0.0
 
     def step(self) -> None:
+        t0 = time.perf_counter()
         self.inner.step()
+        t1 = time.perf_counter()
         self.host_state.upload()
+        self.last_update_s, self.last_upload_s = t1 - t0, time.perf_counter() - t1
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         self.inner.load_state_dict(d)
