@@ -83,6 +83,9 @@ class HostState:
             if (h := self.half_copies.get(p.name)) is not None else self.offsets[p.name][1]
             for p in self.params)
         self.allocated = allocate
+        #: The copy back's chunks (:class:`~.chunked_upload.ChunkedUpload`), or ``None``: one
+        #: transfer per parameter.
+        self.chunks: Any = None
         self._device = device
         self._buffers: dict[str, Any] = {}
         if allocate:
@@ -144,10 +147,12 @@ class HostState:
 
     def upload(self) -> None:
         """The updated master weights into the device's parameters (rounded into the half
-        copies); over the emulated link where the device has one."""
+        copies), in :attr:`chunks` where set; over the emulated link where the device has one."""
         engine = self._device.copy_engine if getattr(self._device, "link_bytes_per_s", None) \
             else None
-        for p in self.params:
+        params = self.params if self.chunks is None else \
+            self.chunks.upload(self._device, self._buffers["master"], engine)
+        for p in params:
             half = self.half_copies.get(p.name)
             dst, src = p.data if half is None else half, self._view("master", p.name, p.shape)
             if engine is None:
