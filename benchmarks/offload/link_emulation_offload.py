@@ -13,8 +13,8 @@ fits in it). After ``--warmup`` steps, ``--steps`` are timed (medians). The step
   step less the two parts below), against the cost model's iteration on ``P`` x slowdown
   (``pred``) and against the model with the step's measured step times and the emulated link
   in force (``cpu-t``: the copy/overlap model alone); ``stall`` — compute waiting for a
-  copy (the runtime's ``swap_stats.stall_s``; the Trainer's ``swap_stats`` is empty for a
-  plan that swaps nothing) against the model's;
+  copy (the runtime's ``swap_stats.stall_s``, also in the Trainer's ``swap_stats``) against
+  the model's;
 * ``update`` — the host update (the fused kernel over the host's float32 state, timed around
   the inner optimizer's ``step``), against memory/cost/host_update.py's price: the host is
   this CPU, so not scaled by the slowdown;

@@ -69,12 +69,15 @@ def candidates(step: Step) -> list[str]:
 
 def form_bytes(program: Program, step: Step, form: str | None) -> FormBytes:
     """The stash and workspace bytes of ``step``'s op under ``form`` (``None``: keep), in
-    the dtype of its input, as the layer declares them."""
+    the dtype the step computes in (its output's: half under mixed precision, whatever its
+    input's), as the layer declares them: the row log-sum-exp, a statistic, at least float32."""
     a = step.op.facts.attention
-    dt = np.dtype(program.tensors[step.forward.inputs[0]].dtype)
+    dt = np.dtype(program.tensors[step.forward.outputs[0]].dtype)
     block = ak.parse_form(form)
     geom = (a.batch, a.seq, a.dim, a.heads, block)
-    stash = sum(int(np.prod(s)) for s in ak.stash_shapes(*geom).values()) * dt.itemsize
+    stat = max(dt.itemsize, np.dtype(np.float32).itemsize)
+    stash = sum(int(np.prod(s)) * (stat if k == "lse" else dt.itemsize)
+                for k, s in ak.stash_shapes(*geom).items())
     drop = a.dropout
     fwd = ak.forward_layout(*geom, drop).nbytes(dt)
     bwd = ak.backward_layout(*geom, drop).nbytes(dt) if program.training else 0

@@ -46,6 +46,9 @@ class SwapStats:
     """What swapping did during one iteration."""
 
     offloaded_bytes: int = 0
+    #: Of ``offloaded_bytes``, parameter gradients copied into their host homes
+    #: (``offload=optimizer``).
+    offloaded_gradient_bytes: int = 0
     prefetched_bytes: int = 0
     stall_s: float = 0.0
     cache_hits: int = 0

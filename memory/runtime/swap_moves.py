@@ -45,6 +45,8 @@ class SwapMoves:
         if root in self.host_homed:  # (its home holds its bytes already: nothing to copy)
             ev = None
         else:
+            if root in self.host_homes:  # a gradient into its landing buffer (offload)
+                self._swap.offloaded_gradient_bytes += nbytes
             ev = self.pool.device.copy_engine.copy_async(host, blk.view((nbytes,), np.uint8))
             self._swap.offloaded_bytes += nbytes
         for m in self._members(rec):

@@ -18,7 +18,7 @@ from ..memory.device_factory import DEVICE_NAMES, make_device
 from ..memory.devices.cuda_device import CUDA_INSTALL_HINT
 from ..memory.ir.config import MemoryConfig, valid_flags_text
 from ..memory.ir.names import DeviceKind
-from ..memory.ir.units import format_size, parse_size, readable_figures
+from ..memory.ir.units import format_duration, format_size, parse_size, readable_figures
 from ..net.param_memory import ParameterMemoryError
 from ..zoo.models import (
     MODEL_NAMES,
@@ -419,6 +419,7 @@ def print_memory_report(rep: dict[str, Any], out=sys.stdout) -> None:
                                                   for k, v in kinds.items() if v)
                  + f"; swap buffers {format_size(rep.get('host_peak_bytes', 0))})"
                  if kinds else " (swap buffers)"), file=out)
+    _print_offloaded(rep.get("swap") or {}, out)
     for b in rep.get("bptt", []):
         print(f"  BPTT schedule of {b['layer']}: {b['policy']}, {b['states_kept']} hidden states "
               f"kept for {b['units']} units of {b['unit_steps']} steps, "
@@ -439,6 +440,20 @@ def print_memory_report(rep: dict[str, Any], out=sys.stdout) -> None:
               f"{format_size(outside['cupy_pool'])})", file=out)
     for note in rep.get("notes", []):
         print(f"  note: {readable_figures(note)}", file=out)
+
+
+def _print_offloaded(swap: dict[str, Any], out) -> None:
+    """A run's ``offload=optimizer`` line: the last step's gradients to the host, parameters
+    back, and the host update's and copy back's times."""
+    if "uploaded_parameter_bytes" not in swap:
+        return
+    times = ""
+    if swap.get("host_update_s") is not None:
+        times = (f"; host update {format_duration(swap['host_update_s'])}, copy back "
+                 f"{format_duration(swap['parameter_upload_s'])}")
+    print(f"  offloaded per step:    gradients {format_size(swap['offloaded_gradient_bytes'])} "
+          f"to the host, parameters {format_size(swap['uploaded_parameter_bytes'])} back"
+          f"{times}", file=out)
 
 
 def with_budget(spec_text: str, budget: str | None) -> str:

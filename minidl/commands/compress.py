@@ -24,6 +24,7 @@ from ..compression.pipeline import (
 )
 from ..datasets import data as D
 from ..interop.checkpoint import damage
+from ..memory.ir.precision import Precision
 from ..net.graph import Network
 from .common import (
     RuntimeFailure,
@@ -34,6 +35,7 @@ from .common import (
     print_memory_report,
     shape_and_classes,
 )
+from .precision_option import print_precision
 
 #: Datasets a compressed image model can be retrained and measured on.
 COMPRESS_DATASETS = ("digits", "mnist", "fashion-mnist", "idx")
@@ -161,14 +163,17 @@ def cmd_compress(args: argparse.Namespace) -> int:
 
 def cmd_plan_inference(args: argparse.Namespace) -> int:
     """``minidl plan --inference [--compressed FILE]``: the exact device peak of one inference
-    batch, of the model's dense weights or decoded layer by layer from a compressed file."""
+    batch, of the model's dense weights (in ``--precision``: mixed keeps float32 weights and
+    half copies of the matrix ops' weights for their step) or decoded layer by layer from a
+    compressed file."""
     if args.compressed is None:
         if args.model is None:
             raise UsageError("minidl plan --inference needs a MODEL or --compressed FILE")
         shape, classes = shape_and_classes(args)
         net = build_model(args.model, shape, classes, args.width)
         rep = dry_run(net, args.batch_size, "reuse,inplace", input_shape=shape or None,
-                      training=False, device_kind=args.device)
+                      training=False, device_kind=args.device,
+                      precision=getattr(args, "precision", Precision.FP32))
         rep["dense_weight_bytes"] = sum(p.nbytes for _, p in net.named_parameters(True))
     else:
         if not args.inference:
@@ -188,6 +193,8 @@ def cmd_plan_inference(args: argparse.Namespace) -> int:
     print(f"{rep['model']}{source}, inference on a batch of {rep['batch_size']}, input "
           f"{'x'.join(map(str, rep['input']))}: {rep['num_steps']} program steps")
     print_memory_report(rep, out=sys.stdout)
+    if rep.get("precision"):
+        print_precision(rep, out=sys.stdout)
     dense = rep["dense_weight_bytes"]
     print(f"  the dense float32 weights alone: {format_bytes(dense)}; the peak is "
           f"{rep['peak_allocated_bytes'] / dense:.2f}x that")

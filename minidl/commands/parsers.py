@@ -250,8 +250,9 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
                     help="with --memory auto: print the planner's curve, predicted step time "
                          "against the peak from its least to the unconstrained peak (--plot "
                          "FILE.png draws it)")
-    pl.add_argument("--inference", action="store_true",
-                    help="plan an inference pass (no backward) instead of a training step")
+    pl.add_argument("--inference", "--eval", action="store_true",
+                    help="plan an inference pass (eval mode, no backward, in --precision) "
+                         "instead of a training step")
     pl.add_argument("--compressed", default=None, metavar="FILE",
                     help="with --inference: the model of a minidl compress file, its weights "
                          "decoded layer by layer into device memory")

@@ -29,7 +29,7 @@ from .common import (
     with_budget,
 )
 from .compress import cmd_plan_inference
-from .precision_option import precision_of
+from .precision_option import precision_of, print_precision
 
 
 def _target(args: argparse.Namespace):
@@ -63,18 +63,6 @@ def print_prediction(pred: dict, out=sys.stdout, host: dict | None = None) -> No
           file=out)
     print(f"  host link per step:    {format_bytes(pred['offloaded_bytes'])} to host, "
           f"{format_bytes(pred['prefetched_bytes'])} back", file=out)
-
-
-def print_precision(rep: dict, out=sys.stdout) -> None:
-    """The lines of ``minidl plan --precision`` other than fp32: bytes at the peak by dtype
-    and, on a target, the rates the steps were priced at."""
-    by_dtype = ", ".join(f"{dt} {format_bytes(n)}" for dt, n in
-                         rep["peak_bytes_by_dtype"].items())
-    print(f"precision {rep['precision']}: at the peak {by_dtype}", file=out)
-    for name, r in rep.get("rates", {}).items():
-        print(f"  {name:<20} {r['rate_flops_per_s'] / 1e12:7.1f} TFLOP/s: {r['steps']} steps, "
-              f"{r['flops'] / 1e9:.1f} GFLOP, {format_duration(r['seconds'])} "
-              f"({r['bandwidth_bound']} bound by memory bandwidth)", file=out)
 
 
 def print_ranks(rep: dict, out=sys.stdout) -> None:
@@ -228,8 +216,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     args.precision = precision_of(args)
-    if args.precision is not Precision.FP32 and (args.inference or args.compressed is not None):
-        raise UsageError(f"--precision {args.precision}: inference plans are fp32 only for now")
+    if args.precision is not Precision.FP32 and args.compressed is not None:
+        raise UsageError(f"--precision {args.precision}: a compressed file's inference plan is "
+                         "fp32 only (its weights decode to float32); plan the dense MODEL "
+                         "with --inference")
     if args.inference or args.compressed is not None:
         if getattr(args, "frontier", False):
             _check_frontier(args, None)

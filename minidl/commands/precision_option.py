@@ -1,17 +1,20 @@
 """``--precision``: the option of ``minidl plan`` (every precision) and ``minidl train`` (what
 training runs in on the CPU: fp32, bf16-mixed, fp16-mixed), read as a
 :class:`~minidl.memory.ir.precision.Precision` with one-line usage errors naming the valid
-values."""
+values, and the lines a plan in that precision prints."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 
 from ..memory.ir.precision import Precision
-from .common import UsageError
+from ..memory.ir.units import format_duration
+from .common import UsageError, format_bytes
 
-__all__ = ["TRAINABLE", "add_precision_argument", "precision_checked", "precision_of"]
+__all__ = ["TRAINABLE", "add_precision_argument", "precision_checked", "precision_of",
+           "print_precision"]
 
 #: The precisions a real run computes in (mixed: on the CPU, :mod:`minidl.compile.mixed_steps`;
 #: tf32 is a GPU setting).
@@ -56,3 +59,14 @@ def precision_checked(command: Callable[[argparse.Namespace], int]
     run.__doc__, run.__name__ = command.__doc__, command.__name__
     return run
 
+
+def print_precision(rep: dict, out=sys.stdout) -> None:
+    """The lines of ``minidl plan --precision`` other than fp32: bytes at the peak by dtype
+    and, on a target, the rates the steps were priced at."""
+    by_dtype = ", ".join(f"{dt} {format_bytes(n)}" for dt, n in
+                         rep["peak_bytes_by_dtype"].items())
+    print(f"precision {rep['precision']}: at the peak {by_dtype}", file=out)
+    for name, r in rep.get("rates", {}).items():
+        print(f"  {name:<20} {r['rate_flops_per_s'] / 1e12:7.1f} TFLOP/s: {r['steps']} steps, "
+              f"{r['flops'] / 1e9:.1f} GFLOP, {format_duration(r['seconds'])} "
+              f"({r['bandwidth_bound']} bound by memory bandwidth)", file=out)

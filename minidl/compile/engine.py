@@ -32,6 +32,7 @@ from ..memory.runtime.transfer import copy_into, to_host
 from ..net.graph import Network
 from ..net.optim import FlatGroup, Optimizer
 from . import replanning, split_search
+from .chunked_upload import ChunkedUpload
 from .compiled import Compiled
 from .executor import Executor
 from .host_state import HostState, half_parameters
@@ -242,6 +243,8 @@ class Engine:
         opt.init_state(self.host_state.alloc_state)
         if self.bound:
             self.host_state.bind(opt)
+            self.host_state.chunks = ChunkedUpload(
+                self.host_state, {n: b.offset for n, b in self._blocks.items()})
 
     def _group_parameters(self) -> None:
         """Hand the optimizer its parameters as :class:`~minidl.net.optim.FlatGroup` s: runs of

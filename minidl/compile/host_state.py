@@ -22,6 +22,7 @@ as they read autocast's cast copy, so training is bit-identical to on-device tra
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import numpy as np
@@ -95,6 +96,9 @@ class HostState:
             if (h := self.half_copies.get(p.name)) is not None else self.offsets[p.name][1]
             for p in self.params)
         self.allocated = allocate
+        #: The copy back's chunks (:class:`~.chunked_upload.ChunkedUpload`), or ``None``: one
+        #: transfer per parameter.
+        self.chunks: Any = None
         self._device = device
         self._buffers: dict[str, Any] = {}
         if allocate:
@@ -186,14 +190,16 @@ class HostState:
 
     def upload(self) -> None:
         """The updated master weights into the device's parameters (rounded into the half
-        copies); over the emulated link where the device has one."""
+        copies), in :attr:`chunks` where set; over the emulated link where the device has one."""
         if self.streamed:  # (the steps stream from the master and the host's half copies)
             for name, half in self.half_copies.items():
                 copy_into(half, self._view("master", name, half.shape))
             return
         engine = self._device.copy_engine if getattr(self._device, "link_bytes_per_s", None) \
             else None
-        for p in self.params:
+        params = self.params if self.chunks is None else \
+            self.chunks.upload(self._device, self._buffers["master"], engine)
+        for p in params:
             half = self.half_copies.get(p.name)
             dst, src = p.data if half is None else half, self._view("master", p.name, p.shape)
             if engine is None:
@@ -223,10 +229,15 @@ class OffloadedOptimizer(OptimizerWrapper):
     def __init__(self, inner: Optimizer, host_state: HostState) -> None:
         super().__init__(inner)
         self.host_state = host_state
+        #: The last step's seconds: the host update, then the parameters' copy back.
+        self.last_update_s = self.last_upload_s = 0.0
 
     def step(self) -> None:
+        t0 = time.perf_counter()
         self.inner.step()
+        t1 = time.perf_counter()
         self.host_state.upload()
+        self.last_update_s, self.last_upload_s = t1 - t0, time.perf_counter() - t1
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         self.inner.load_state_dict(d)

@@ -177,8 +177,10 @@ class Trainer:
     def swap_stats(self) -> dict[str, Any]:
         """What swapping did in the last iteration that swapped (bytes each way, the stall
         compute waited for copies, the tensor cache's hits; reading it on a GPU waits for that
-        iteration's events); empty when nothing was swapped."""
-        return self.observed.swap_stats()
+        iteration's events); with ``offload=optimizer`` the gradients' bytes to the host, the
+        parameters' bytes back and the host update's and copy back's seconds of the last
+        step; empty when nothing was swapped or offloaded."""
+        return self.observed.swap_stats(self.optimizer)
 
     def _calibrate_link(self, c: Compiled) -> None:
         """With link emulation: the copy engine's throttle from this iteration's step times

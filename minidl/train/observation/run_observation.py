@@ -41,7 +41,7 @@ class RunObservation:
         rt = c.executor.last_runtime
         if self.peak is None or rt.peak.bytes > self.peak.bytes or self.recorder is not None:
             self.note_peak(c, iteration)
-        if c.plan.swapping.blocks:
+        if c.plan.swapping.blocks or self.engine.host_state is not None:
             self._swap_runtime = rt
 
     def note_peak(self, c: Compiled, iteration: int) -> None:
@@ -57,13 +57,21 @@ class RunObservation:
         if self.eval_peak is None or peak > self.eval_peak[0]:
             self.eval_peak = (peak, batch_size)
 
-    def swap_stats(self) -> dict[str, Any]:
-        """What swapping did in the last iteration that swapped; empty when nothing was."""
+    def swap_stats(self, optimizer: Any = None) -> dict[str, Any]:
+        """What swapping did in the last iteration that swapped or offloaded; empty when
+        nothing was. ``optimizer``: the trainer's; offloaded (``offload=optimizer``), the
+        bytes its update copies back to the device and the seconds of its last step's host
+        update and copy back."""
         rt = self._swap_runtime
         if rt is None:
             return {}
         stats = rt.swap_stats.as_dict()
         stats["host_peak_bytes"] = self.engine.host_pool.peak_bytes
+        host = self.engine.host_state
+        if host is not None:
+            stats["uploaded_parameter_bytes"] = host.upload_bytes
+            stats["host_update_s"] = getattr(optimizer, "last_update_s", None)
+            stats["parameter_upload_s"] = getattr(optimizer, "last_upload_s", None)
         return stats
 
     @contextmanager

@@ -12,6 +12,7 @@ from minidl.cli import main
 from minidl.memory.ir.config import MemoryConfig, OffloadPolicy
 from minidl.memory.ir.names import Role
 from minidl.memory.ir.plan import Offload, Release
+from minidl.memory.ir.program import aligned
 from minidl.net.optim import Adam, AdamW
 from minidl.zoo import models
 from minidl.zoo.transformers import TransformerConfig, gpt
@@ -189,6 +190,34 @@ def test_the_parameters_go_back_over_the_emulated_link(emulated):
     engine = tr.device.copy_engine
     before = engine.total_bytes
     tr.optimizer.step()
-    moved = sum(p.data.nbytes for p in net.parameters())
+    moved = tr.engine.host_state.upload_bytes  # (in chunks: the parameters' whole blocks)
+    assert moved >= sum(p.data.nbytes for p in net.parameters())
     assert engine.total_bytes - before == (moved if emulated else 0)
     tr.close()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+def test_swap_stats_count_the_gradients_out_and_the_parameters_back(capsys, precision):
+    net = _gpt()
+    tr = minidl.Trainer(net, AdamW(net.parameters(), lr=1e-2), device_memory="32MiB",
+                        memory="reuse,inplace,offload=optimizer", precision=precision)
+    x, y = _gpt_batch()
+    tr.step(x, y)
+    tr.step(x, y)
+    host, s = tr.engine.host_state, tr.swap_stats
+    prog = tr.last_compiled.lowered.program
+    grads = sum(aligned(t.nbytes, prog.alignment) for t in prog.tensors  # (device blocks)
+                if t.role == Role.PARAM_GRAD and not t.persistent)
+    assert s["offloaded_gradient_bytes"] == s["offloaded_bytes"] == grads > 0
+    assert s["uploaded_parameter_bytes"] == host.upload_bytes
+    half = precision != "fp32"  # (the matrix ops' weights come back as half copies)
+    assert (host.upload_bytes < host.array_bytes) == half
+    assert s["host_update_s"] > 0 and s["parameter_upload_s"] > 0
+    assert minidl.Trainer(_gpt(), device_memory="32MiB").swap_stats == {}
+    argv = ["train", "gpt-char", "--dataset", "synthetic", "--seq-len", "8", "--width", "12",
+            "--batch-size", "2", "--max-steps", "2", "--no-progress", "--optimizer", "adam",
+            "--memory", "reuse,offload=optimizer", "--precision", precision]
+    assert main(argv) == 0
+    line = [ln for ln in capsys.readouterr().out.splitlines() if "offloaded per step" in ln]
+    assert len(line) == 1 and " to the host, parameters " in line[0]
+    assert "; host update " in line[0] and ", copy back " in line[0]

@@ -73,6 +73,29 @@ def test_form_bytes_are_the_lowered_bytes(dtype):
         assert (fb.stash, fb.forward_workspace, fb.backward_workspace) == _attn_bytes(low), form
 
 
+@pytest.mark.parametrize("precision", ["bf16-mixed", "fp16-mixed"])
+def test_mixed_precision_forms_are_priced_in_the_half_dtype(precision):
+    """Under mixed precision attention computes in half on a float32 input (LayerNorm's): its
+    stash is half (the log-sum-exp float32), as the lowering declares it."""
+    net, (b, t) = tiny_gpt(t=40), (2, 40)
+    kw = dict(loss=L.SoftmaxCrossEntropy(), label_shape=(b, t))
+    fp32 = A.form_bytes(p := _lowered(t, None), A.attention_steps(p)[0], None)
+    first = lower(net, [(b, t)], precision=precision, **kw).program
+    for form in A.candidates(A.attention_steps(first)[0]):
+        low = lower(net, [(b, t)], precision=precision,
+                    options=A.options_for(first, form), **kw).program
+        (st,) = A.attention_steps(low)
+        fb = A.form_bytes(low, st, form)
+        own = {ts.name: ts for ts in low.tensors
+               if ts.category == "stash" and ts.layer == "h0.attn" and "@" not in ts.name}
+        assert fb.stash == sum(ts.nbytes for ts in own.values()), form
+        assert fb.forward_workspace == _attn_bytes(low)[1], form
+        if form == "keep":
+            assert 2 * fb.stash == fp32.stash
+        else:
+            assert str(own["h0.attn.lse"].dtype) == "float32"
+
+
 def test_blockwise_stash_is_linear_in_t_and_keep_quadratic():
     ts = (64, 128, 256, 512)
     keep = [_attn_bytes(_lowered(t, "keep"))[0] for t in ts]

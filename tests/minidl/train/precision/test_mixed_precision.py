@@ -4,10 +4,13 @@ to ``none`` within each precision, fp16's dynamic loss scaling and its checkpoin
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 import minidl
+from minidl.memory.ir.precision import Precision
 from minidl.net.graph import Input, Network
 from minidl.net.optim import SGD
 from minidl.train.precision.loss_scaling import DynamicLossScaler
@@ -224,3 +227,67 @@ def test_reduced_precision_codes_only_narrower_than_the_half_maps(precision):
     assert encoded["reuse,dpr=fp8"][0] > 0
     assert encoded["reuse,dpr=fp8"][2] < encoded["reuse,dpr=fp16"][2]
     assert np.isfinite(encoded["reuse,dpr=fp8"][1]).all()
+
+
+TRAIN = ["train", "smallcnn", "--dataset", "synthetic", "--input", "1x8x8", "--width", "4",
+         "--max-steps", "2", "--no-progress"]
+
+
+@pytest.mark.parametrize("precision", ["fp32", *MIXED])
+def test_cli_train_reports_the_precision_in_text_and_json(capsys, precision):
+    from minidl.cli import main
+
+    assert main([*TRAIN, "--precision", precision]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("precision: ")]
+    want = {"fp32": "precision: fp32",
+            "bf16-mixed": "precision: bf16-mixed (bfloat16 compute, float32 master weights)",
+            "fp16-mixed": "precision: fp16-mixed (float16 compute, float32 master weights), "
+                          "final loss scale 65536, 0 steps skipped (inf/NaN gradients)"}
+    assert lines == [want[precision]]
+    assert main([*TRAIN, "--precision", precision, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["precision"] == precision
+    assert ("loss_scale" in out) == (precision == "fp16-mixed")
+    if precision == "fp16-mixed":
+        assert out["loss_scale"] == 2.0 ** 16 and out["skipped_steps"] == 0
+
+
+def test_precision_line_carries_the_scalers_skips_and_backed_off_scale(capsys):
+    from minidl.commands.train_report import precision_entries, print_precision
+
+    tr = _trainer(_mlp(), "fp16-mixed")
+    tr.loss_scaler.update(False)
+    entries = precision_entries(tr)
+    assert entries == {"precision": "fp16-mixed", "loss_scale": 2.0 ** 15, "skipped_steps": 1}
+    print_precision(entries)
+    assert capsys.readouterr().out == ("precision: fp16-mixed (float16 compute, float32 master "
+                                       "weights), final loss scale 32768, 1 step skipped "
+                                       "(inf/NaN gradients)\n")
+
+
+@pytest.mark.parametrize("precision", MIXED)
+def test_inference_plan_in_mixed_precision_is_below_fp32_and_the_real_runs_peak(capsys,
+                                                                                precision):
+    from minidl.cli import main
+    from minidl.compile.engine import Engine
+    from minidl.memory.devices.device import CpuDevice
+    from minidl.memory.runtime.pool import Pool
+
+    plan = ["plan", "resnet20", "--input", "3x16x16", "--classes", "10", "--batch-size", "8"]
+    reps = {}
+    for p in ("fp32", precision):
+        assert main([*plan, "--eval", "--precision", p, "--json"]) == 0
+        reps[p] = json.loads(capsys.readouterr().out)
+    assert reps[precision]["peak_allocated_bytes"] < reps["fp32"]["peak_allocated_bytes"]
+    pool = Pool(CpuDevice("64MiB"))
+    engine = Engine(resnet(20, (3, 16, 16), 10), pool, "reuse,inplace",
+                    precision=precision)
+    x, _ = _data(8, (3, 16, 16))
+    c = engine.compiled([x.shape], None, training=False)
+    _, outs = c.executor.run([x, None], training=False, fetch_outputs=True)
+    assert str(outs[0].dtype) == Precision.of(precision).half_dtype  # (the head computed in half)
+    stats = pool.stats()
+    assert stats["allocated_bytes.peak"] == reps[precision]["peak_allocated_bytes"]
+    assert stats["reserved_bytes.peak"] == reps[precision]["peak_reserved_bytes"]
+    assert main([*plan, "--inference", "--precision", precision]) == 0
+    assert f"precision {precision}: at the peak " in capsys.readouterr().out

@@ -146,3 +146,7 @@ def test_cli_trains_the_text_models_in_fp16(capsys, model, extra):
     out = json.loads(capsys.readouterr().out)
     assert out["precision"] == "fp16-mixed" and np.isfinite(out["val_loss"])
     assert out["skipped_steps"] == 0 and out["loss_scale"] == 2.0 ** 16
+    assert main(["train", model, "--dataset", "synthetic", "--seq-len", "8", "--batch-size", "2",
+                 "--max-steps", "2", "--precision", "fp16-mixed", "--no-progress", *extra]) == 0
+    assert ("precision: fp16-mixed (float16 compute, float32 master weights), final loss scale "
+            "65536, 0 steps skipped (inf/NaN gradients)") in capsys.readouterr().out.splitlines()
