@@ -50,6 +50,9 @@ class SwapStats:
     #: (``offload=optimizer``).
     offloaded_gradient_bytes: int = 0
     prefetched_bytes: int = 0
+    #: Of ``prefetched_bytes``, parameters streamed in from their host homes
+    #: (``offload=parameters``).
+    streamed_parameter_bytes: int = 0
     stall_s: float = 0.0
     cache_hits: int = 0
     cache_misses: int = 0

@@ -111,6 +111,8 @@ class SwapMoves:
         rec.swap.h2d = self.pool.device.copy_engine.copy_async(blk.view((nbytes,), np.uint8),
                                                           rec.swap.host)
         self._swap.prefetched_bytes += nbytes
+        if root in self.host_homed:
+            self._swap.streamed_parameter_bytes += nbytes
 
     def _await(self, root: int) -> None:
         """Compute is about to read ``root``: wait for its prefetch, restore its views."""

@@ -451,9 +451,11 @@ def _print_offloaded(swap: dict[str, Any], out) -> None:
     if swap.get("host_update_s") is not None:
         times = (f"; host update {format_duration(swap['host_update_s'])}, copy back "
                  f"{format_duration(swap['parameter_upload_s'])}")
+    streamed = swap.get("streamed_parameter_bytes")
+    back = f"parameters {format_size(swap['uploaded_parameter_bytes'])} back" \
+        if not streamed else f"parameters {format_size(streamed)} streamed in"
     print(f"  offloaded per step:    gradients {format_size(swap['offloaded_gradient_bytes'])} "
-          f"to the host, parameters {format_size(swap['uploaded_parameter_bytes'])} back"
-          f"{times}", file=out)
+          f"to the host, {back}{times}", file=out)
 
 
 def with_budget(spec_text: str, budget: str | None) -> str:

@@ -136,9 +136,10 @@ def test_cache_statistics_reach_swap_stats():
     assert (s.cache_hits, s.cache_misses, s.evictions) == (1, 1, 1)
     assert (s.offloaded_bytes, s.prefetched_bytes) == (2048, 1024)
     assert set(s.as_dict()) == {"offloaded_bytes", "offloaded_gradient_bytes", "prefetched_bytes",
-                                "stall_s", "cache_hits", "cache_misses", "evictions",
-                                "host_peak_bytes"}
+                                "streamed_parameter_bytes", "stall_s", "cache_hits",
+                                "cache_misses", "evictions", "host_peak_bytes"}
     assert s.offloaded_gradient_bytes == 0  # (no gradient went to a host home)
+    assert s.streamed_parameter_bytes == 0  # (nor came from one)
 
 
 def test_without_the_flag_release_frees_at_once():

@@ -187,3 +187,27 @@ def test_auto_streams_when_the_kept_parameters_take_over_half_the_budget(kept, p
     for spec in ("auto,budget=100,offload=optimizer", "reuse,inplace"):
         given = MemoryConfig.parse(spec)
         assert with_offload_if_needed(given, persistent, 60, kept) == (given, "")
+
+
+def test_swap_stats_and_the_report_count_the_parameters_streamed_in(capsys):
+    from minidl.cli import main
+    net = _gpt()
+    tr = minidl.Trainer(net, AdamW(net.parameters(), lr=1e-2), device_memory="32MiB",
+                        memory=f"reuse,inplace,recompute=sqrt,{STREAM}")
+    x, y = _gpt_batch()
+    tr.step(x, y)
+    tr.step(x, y)
+    plan, s = tr.last_compiled.plan, tr.swap_stats
+    sizes = plan.program.block_sizes
+    fetched = sum(sizes[a.tensor] for sp in plan.steps for a in sp.before
+                  if isinstance(a, Prefetch))
+    assert s["streamed_parameter_bytes"] == s["prefetched_bytes"] == fetched > 0
+    assert s["uploaded_parameter_bytes"] == 0
+    tr.close()
+    argv = ["train", "gpt-char", "--dataset", "synthetic", "--seq-len", "8", "--width", "12",
+            "--batch-size", "2", "--max-steps", "2", "--no-progress", "--optimizer", "adam",
+            "--memory", f"reuse,{STREAM}"]
+    assert main(argv) == 0
+    line = [ln for ln in capsys.readouterr().out.splitlines() if "offloaded per step" in ln]
+    assert len(line) == 1 and " to the host, parameters " in line[0]
+    assert line[0].split("parameters ")[1].split(" streamed in;")[0] != "0 B"
