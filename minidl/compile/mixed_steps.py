@@ -10,8 +10,15 @@ float32). A matrix op's weights are first rounded into their half copies (the ``
 copies, which its backward reads. Parameter gradients are written straight into the float32
 ``.grad`` (accumulated in float32; the optimizer updates the float32 master weights).
 
-The float32 copies live on the host heap for the step, outside the arena: the plan prices a
-device whose kernels read half operands directly, and so does the dry run.
+On the CPU the float32 copies live on the host heap for the step, outside the arena: the plan
+prices a device whose kernels read half operands directly, and so does the dry run. On a CUDA
+device (and the strict test device) every array here is made like the half array it stands
+for, through the device's array module: the float32 copies, outputs and workspaces are device
+temporaries, which the executor routes into the arena's scratch block (reserved from the
+first step's measured peak, ``dry_run(..., scratch_bytes=)``), never host arrays nor CuPy's
+own pool. The layers then run their float32 device kernels on them, so the device computes
+what the CPU does (matrix products on half-rounded operands, float32 accumulation); its GEMMs
+read float32 copies, not the half operands themselves.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ..kernels.array_api import namespace
 from ..memory.ir.precision import Precision, is_float
 from ..memory.ir.program import Step
 
@@ -63,8 +71,9 @@ def _up(a: Any) -> Any:
 
 
 def _scratch(a: Any) -> Any:
-    """An uninitialised float32 array for a half output ``a`` (else ``a`` itself)."""
-    return np.empty(a.shape, np.float32) if is_half(a) else a
+    """An uninitialised float32 array for a half output ``a`` (else ``a`` itself), made like
+    ``a`` (a device array: a device temporary)."""
+    return namespace(a).empty(a.shape, np.float32) if is_half(a) else a
 
 
 def _round_into(dst: Any, src: Any) -> None:
@@ -98,9 +107,10 @@ def _half_params(params: dict[str, Any], casts: dict[str, Any], fill: bool) -> d
     return out
 
 
-def _workspace(layer: Any, st: Step, ws: Any, in_shapes: list, backward: bool) -> Any:
+def _workspace(layer: Any, st: Step, ws: Any, in_shapes: list, backward: bool,
+               like: Any) -> Any:
     """The layer's workspace for float32 compute: the arena's block when it is large enough,
-    else a host buffer of the float32 size."""
+    else a buffer of the float32 size made like ``like`` (a device array: a temporary)."""
     options = st.op.options.as_layer_options
     size = (layer.backward_workspace_bytes if backward else layer.forward_workspace_bytes)(
         in_shapes, np.dtype(np.float32), **({"options": options} if layer.option_names else {}))
@@ -108,7 +118,7 @@ def _workspace(layer: Any, st: Step, ws: Any, in_shapes: list, backward: bool) -
         return ws
     if ws is not None and ws.nbytes >= size:
         return ws
-    return np.empty(size, np.uint8)
+    return namespace(like).empty(size, np.uint8)
 
 
 def _cast_input(x: Any, j: int, casts: dict[str, Any], matmul_dtype: str) -> Any:
@@ -138,7 +148,8 @@ def forward(layer: Any, ctx: Any, st: Step, inputs: list, outputs: list,
     ins = [_cast_input(x, j, casts, st.cost.matmul_dtype) for j, x in enumerate(inputs)]
     outs = [_scratch(y) for y in outputs]
     own32 = {k: _up(v) for k, v in own.items()}
-    ws = _workspace(layer, st, workspace, [x.shape for x in inputs], backward=False)
+    ws = _workspace(layer, st, workspace, [x.shape for x in inputs], backward=False,
+                    like=inputs[0])
     layer.forward(ctx, ins, outs, _half_params(params, casts, fill=True), own32, ws)
     for dst, src in zip(outputs, outs):
         _round_into(dst, src)
@@ -160,7 +171,7 @@ def backward(layer: Any, ctx: Any, st: Step, grad_outputs: list, grad_inputs: li
         ins.append(copy.astype(np.float32) if copy is not None and j in layer.retain_inputs
                    else None if x is None else _up(x))
     g_in = [None if g is None else _scratch(g) for g in grad_inputs]
-    ws = _workspace(layer, st, workspace, in_shapes, backward=True)
+    ws = _workspace(layer, st, workspace, in_shapes, backward=True, like=grad_outputs[0])
     own32 = {k: _up(v) for k, v in own.items()}
     layer.backward(ctx, [_up(g) for g in grad_outputs], g_in, ins,
                    [None if y is None else _up(y) for y in outputs],
