@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("cupy")
 
 import minidl  # noqa: E402
+from minidl.kernels import blas  # noqa: E402
 from minidl.memory.runtime.transfer import to_host  # noqa: E402
 from minidl.memory.testing.strict_device import StrictCudaDevice  # noqa: E402
 from minidl.net.graph import Input, Network  # noqa: E402
@@ -68,10 +69,18 @@ def _no_escape(dev: StrictCudaDevice) -> None:
 
 @pytest.mark.parametrize("spec", ["reuse,inplace", "reuse,recompute=sqrt", "reuse,swap=all"])
 @pytest.mark.parametrize("precision", MIXED)
-def test_mlp_equals_cpu_bit_for_bit(precision, spec):
+def test_mlp_equals_cpu_bit_for_bit(precision, spec, monkeypatch):
+    """Linear reads its half operands there: every GEMM is a mixed-precision one (GemmEx's
+    stand-in, the float32 BLAS call the CPU makes on float32 copies)."""
     cpu = _train(_mlp, _images((1, 8, 8)), precision, "cpu", spec)
     dev = StrictCudaDevice("64MiB")
+    calls = []
+    real = blas.emulated_gemm_ex
+    monkeypatch.setattr(blas, "emulated_gemm_ex", lambda *a: calls.append(a[2].dtype) or real(*a))
     gpu = _train(_mlp, _images((1, 8, 8)), precision, dev, spec)
+    # 3 steps: 3 forward products, 2 input and 3 weight gradients (the first layer's input
+    # takes none), more where a policy recomputes
+    assert len(calls) >= 3 * 8 and set(calls) == {np.dtype(np.float32)}
     assert gpu[0] == cpu[0]
     for k in cpu[1]:
         assert np.array_equal(gpu[1][k], cpu[1][k]), k
