@@ -4,7 +4,8 @@ runs the same float32 kernels on float32 copies of its half arrays and rounds th
 small CNN, LeNet-5 and a tiny GPT within the last-bit differences their float32 device kernels
 already have in fp32 (tests/minidl/compile/test_strict_device.py); the float32 copies are
 device temporaries (none reaches CuPy's own pool or the host), the dry run's peak equals the
-real run's, and fp16's overflow skip works there."""
+real run's, and fp16's overflow skip works there. Gist's codecs read the half feature maps on
+the device (the ReLU sign mask from the half values' bits: bitpack's _k_pack_half_bits)."""
 
 from __future__ import annotations
 
@@ -87,7 +88,7 @@ def test_mlp_equals_cpu_bit_for_bit(precision, spec, monkeypatch):
     _no_escape(dev)
 
 
-@pytest.mark.parametrize("spec", ["reuse,inplace", "reuse,recompute=sqrt"])
+@pytest.mark.parametrize("spec", ["reuse,inplace", "reuse,recompute=sqrt", "gist"])
 @pytest.mark.parametrize("precision", MIXED)
 @pytest.mark.parametrize("model", sorted(CNNS))
 def test_cnn_equals_cpu(model, precision, spec):
