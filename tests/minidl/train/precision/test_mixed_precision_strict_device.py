@@ -68,7 +68,8 @@ def _no_escape(dev: StrictCudaDevice) -> None:
         "float32 copies escaped the arena"
 
 
-@pytest.mark.parametrize("spec", ["reuse,inplace", "reuse,recompute=sqrt", "reuse,swap=all"])
+@pytest.mark.parametrize("spec", ["reuse,inplace", "reuse,recompute=sqrt", "reuse,swap=all",
+                                  "reuse,inplace,offload=optimizer"])
 @pytest.mark.parametrize("precision", MIXED)
 def test_mlp_equals_cpu_bit_for_bit(precision, spec, monkeypatch):
     """Linear reads its half operands there: every GEMM is a mixed-precision one (GemmEx's
