@@ -20,8 +20,9 @@ def check_precision(precision: Precision, net: Network, device_kind: DeviceKind)
     device temporaries in the arena's scratch block: :mod:`~minidl.compile.mixed_steps`)."""
     if precision.half_dtype is None:
         if precision is Precision.TF32:
-            raise ValueError("precision='tf32' is a GPU setting (TF32 tensor cores); the CPU "
-                             "trains in fp32, bf16-mixed or fp16-mixed")
+            raise ValueError("precision='tf32' is a GPU setting (TF32 tensor cores) minidl "
+                             "plans but does not train in: training runs in fp32, bf16-mixed "
+                             "or fp16-mixed")
         return
     if device_kind not in (DeviceKind.CPU, DeviceKind.CUDA):
         raise ValueError(f"precision={precision.value!r} trains on the cpu and cuda devices, "
