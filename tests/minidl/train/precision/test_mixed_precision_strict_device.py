@@ -143,6 +143,11 @@ def test_dry_run_peak_equals_real_peak(precision):
     rep = minidl.dry_run(make(), 8, "reuse,inplace", input_shape=shape, device_kind="cuda",
                          precision=precision, scratch_bytes=scratch.size)
     assert rep["peak_allocated_bytes"] == real
+    assert not any("scratch block" in n for n in rep["notes"])
+    bare = minidl.dry_run(make(), 8, "reuse,inplace", input_shape=shape, device_kind="cuda",
+                          precision=precision)  # (a plan for a GPU says what it leaves out)
+    assert bare["peak_allocated_bytes"] < real
+    assert any(n.startswith(f"{precision} on a GPU") for n in bare["notes"])
 
 
 def test_fp16_overflow_skips_the_step_on_the_device():
