@@ -1,11 +1,12 @@
 """Mixed precision on the strict CUDA test device (CuPy's rules on the CPU): an MLP trains in
 bf16-mixed and fp16-mixed with the CPU device's losses and parameters bit for bit (the device
 runs the same float32 kernels on float32 copies of its half arrays and rounds the same way); a
-small CNN, LeNet-5 and a tiny GPT within the last-bit differences their float32 device kernels
-already have in fp32 (tests/minidl/compile/test_strict_device.py); the float32 copies are
-device temporaries (none reaches CuPy's own pool or the host), the dry run's peak equals the
-real run's, and fp16's overflow skip works there. Gist's codecs read the half feature maps on
-the device (the ReLU sign mask from the half values' bits: bitpack's _k_pack_half_bits)."""
+small CNN, LeNet-5, ResNet-8 and a tiny GPT within the last-bit differences their float32
+device kernels already have in fp32 (tests/minidl/compile/test_strict_device.py); the float32
+copies are device temporaries (none reaches CuPy's own pool or the host), the dry run's peak
+equals the real run's, and fp16's overflow skip works there. Gist's codecs read the half
+feature maps on the device (the ReLU sign mask from the half values' bits: bitpack's
+_k_pack_half_bits)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from minidl.memory.runtime.transfer import to_host  # noqa: E402
 from minidl.memory.testing.strict_device import StrictCudaDevice  # noqa: E402
 from minidl.net.graph import Input, Network  # noqa: E402
 from minidl.net.optim import SGD  # noqa: E402
-from minidl.zoo.models import lenet5, smallcnn  # noqa: E402
+from minidl.zoo.models import lenet5, resnet, smallcnn  # noqa: E402
 from minidl.zoo.transformers import TransformerConfig, gpt  # noqa: E402
 
 MIXED = ["bf16-mixed", "fp16-mixed"]
@@ -31,6 +32,7 @@ EPS = {"bf16-mixed": 2.0 ** -8, "fp16-mixed": 2.0 ** -11}
 CNNS = {
     "smallcnn": (lambda: smallcnn((1, 12, 12), 10, width=4), (1, 12, 12)),
     "lenet5": (lambda: lenet5((1, 8, 8), 10), (1, 8, 8)),
+    "resnet8": (lambda: resnet(8, (3, 8, 8), 10, width=4), (3, 8, 8)),  # (batch norm, adds)
 }
 
 
