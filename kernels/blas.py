@@ -26,7 +26,7 @@ from numba.extending import intrinsic
 
 from ._cuda import is_device_array
 from .device_gemm import gemm as device_gemm
-from .device_gemm import gemm_layout_ok
+from .device_gemm import gemm_ex, gemm_ex_ok, gemm_layout_ok
 from .parallel import chunks, ensure_blas_policy
 
 
@@ -186,9 +186,11 @@ def gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, trans_a: bool = False,
     with no temporary: ``beta = 1`` accumulates a product into ``c`` (a micro-batch's weight
     gradient into the gradient). BLAS through :func:`mm` for float32 / float64 operands with
     unit-stride rows; device arrays straight into ``c`` by cuBLAS when ``beta = 0`` and the
-    operands are C- or F-contiguous; other layouts through the arrays' own ``matmul`` (with a
-    temporary). ``parallel``: in bands on the kernels' thread pool
-    (see the module docstring; call it from the main thread only, never from worker threads).
+    operands are C- or F-contiguous, or (any ``beta``) C-contiguous half operands into a
+    float32 or half ``c`` (:func:`~.device_gemm.gemm_ex`, float32 compute); other layouts
+    through the arrays' own ``matmul`` (with a temporary). ``parallel``: in bands on the
+    kernels' thread pool (see the module docstring; call it from the main thread only, never
+    from worker threads).
     """
     m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
     n = b.shape[0] if trans_b else b.shape[1]
@@ -207,6 +209,10 @@ def gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, trans_a: bool = False,
         _mm_bands(a, b, c, trans_a, trans_b, beta, m, n, k, along_rows, bounds,
                   np.empty((bands, 8), np.int32))
         return
+    if is_device_array(c) and gemm_ex_ok(a, b, c):  # half operands: cuBLAS GemmEx
+        run = emulated_gemm_ex if hasattr(type(c), "__emulated_device_buffer__") else gemm_ex
+        run(a, b, c, trans_a, trans_b, beta)
+        return
     op_a, op_b = (a.T if trans_a else a), (b.T if trans_b else b)
     if beta == 0.0 and same and m and n and k and _device_gemm_ok(op_a, op_b, c):
         device_gemm(op_a, op_b, c)  # cuBLAS straight into c: no temporary, one launch
@@ -218,3 +224,22 @@ def gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, trans_a: bool = False,
         if beta != 1.0:
             c *= beta
         c += prod
+
+
+def emulated_gemm_ex(a: Any, b: Any, out: Any, trans_a: bool, trans_b: bool,
+                     beta: float) -> None:
+    """:func:`~.device_gemm.gemm_ex` on emulated device arrays (a strict test device): one
+    launch on their host buffers, the float32 BLAS call a CPU makes on float32 copies of the
+    half operands, rounded once into a half output."""
+    hook = getattr(out, "__emulated_launch__", None)
+    if hook is not None:  # (a device counting its launches)
+        hook("gemm_ex")
+    ha, hb, hc = (x.__emulated_device_buffer__() for x in (a, b, out))
+    c32 = hc if hc.dtype == np.float32 else np.empty(hc.shape, np.float32)
+    if c32 is not hc and beta != 0.0:
+        c32[...] = hc
+    gemm(ha.astype(np.float32), hb.astype(np.float32), c32, trans_a, trans_b, beta,
+         parallel=True)
+    if c32 is not hc:
+        with np.errstate(over="ignore", invalid="ignore"):  # (float16's overflow to inf)
+            np.copyto(hc, c32, casting="unsafe")

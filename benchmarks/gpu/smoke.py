@@ -180,7 +180,14 @@ def device_basics() -> dict:
         return {**link_figures(dev.copy_engine), "outside_arena": dev.outside_arena()}
 
 
-def training_equals_cpu(model: str) -> dict:
+#: Unit roundoff of the mixed precisions' half dtypes (their loss tolerance against the CPU).
+HALF_EPS = {"bf16-mixed": 2.0 ** -8, "fp16-mixed": 2.0 ** -11}
+
+
+def training_equals_cpu(model: str, precision: str = "fp32") -> dict:
+    """Three steps of ``model`` on the CPU and the device in ``precision``: equal losses (to
+    1e-4 in fp32; to one half unit roundoff, relative, in a mixed precision) and no temporary
+    outside the arena."""
     import minidl
     from minidl.net.optim import SGD
     from minidl.zoo.models import resnet, smallcnn
@@ -205,7 +212,8 @@ def training_equals_cpu(model: str) -> dict:
     for device in ("cpu", DEVICE):
         net = make()
         tr = minidl.Trainer(net, SGD(net.parameters(), lr=0.01, momentum=0.9),
-                            memory="reuse,inplace", device=device, device_memory="512MiB")
+                            memory="reuse,inplace", device=device, device_memory="512MiB",
+                            precision=precision)
         losses = [tr.step(x, y) for _ in range(2)]
         losses.append(float(tr.step(x, y, wait=False)))
         out[device] = losses
@@ -217,7 +225,9 @@ def training_equals_cpu(model: str) -> dict:
                 if DEVICE == "cuda" else tr.device.default_pool_peak
         tr.close()
     out["max_abs_loss_difference"] = float(np.max(np.abs(np.subtract(out["cpu"], out[DEVICE]))))
-    assert out["max_abs_loss_difference"] < 1e-4, out
+    bound = HALF_EPS[precision] * float(np.max(np.abs(out["cpu"]))) \
+        if precision in HALF_EPS else 1e-4
+    assert out["max_abs_loss_difference"] <= bound, out
     assert out["escaped_arena_bytes"] == 0, "temporaries went to CuPy's own pool"
     return out
 
@@ -241,6 +251,9 @@ def main() -> None:
     check("device", device_basics)
     for model in ("smallcnn", "resnet8", "char-lstm"):
         check(f"train:{model}", lambda model=model: training_equals_cpu(model))
+    for precision in HALF_EPS:  # the mixed-precision path on the device (mixed_steps)
+        check(f"train:smallcnn:{precision}",
+              lambda precision=precision: training_equals_cpu("smallcnn", precision))
     failed = [k for k, v in results["checks"].items() if not v["ok"]]
     print(f"{len(results['checks']) - len(failed)} of {len(results['checks'])} checks passed"
           + (f"; failed: {failed}" if failed else ""))

@@ -234,6 +234,21 @@ def _k_pack(x, out, n):
         out[j] = b
 
 
+def _k_pack_half_bits(bits, out, n, inf_bits):
+    """``_k_pack`` of a 2-byte float array read as its ``uint16`` bits (Numba CUDA has no
+    bfloat16): ``x > 0`` exactly when ``0 < bits <= inf_bits`` (the sign bit clear, not +0,
+    not a NaN: those lie above +inf's pattern ``inf_bits``)."""
+    for j in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        b = 0
+        for k in range(8):
+            i = 8 * j + k
+            if i < n:
+                v = bits[i]
+                if v > 0 and v <= inf_bits:
+                    b |= 1 << k
+        out[j] = b
+
+
 def _k_unpack(packed, out, n):
     for i in range(cuda.grid(1), n, cuda.gridsize(1)):
         out[i] = (packed[i >> 3] >> (i & 7)) & 1
@@ -246,14 +261,15 @@ def _k_relu_bwd(dy, packed, out, n, zero):
 
 @functools.cache
 def _kernels() -> SimpleNamespace:
-    return _cuda.bind(globals(), ["_k_pack", "_k_unpack", "_k_relu_bwd"])
+    return _cuda.bind(globals(), ["_k_pack", "_k_pack_half_bits", "_k_unpack", "_k_relu_bwd"])
 
 
 # ----------------------------------------------------------------------------- public API
 def pack_sign(x: Any, out: Any = None, *, impl: str = "auto", stream: Any = None) -> Any:
     """Pack ``x > 0`` (flattened, C order) into ``packed_nbytes(x.size)`` bytes.
 
-    Works for any real dtype (float32, float64, bool, ints). Returns the ``uint8`` bytes written
+    Works for any real dtype (float32, float64, bool, ints; float16 and bfloat16 too, read
+    as their bits on a device). Returns the ``uint8`` bytes written
     (a view of ``out`` when given, else a new array).
     """
     impl = _cuda.choose(impl, x, out)
@@ -261,7 +277,12 @@ def pack_sign(x: Any, out: Any = None, *, impl: str = "auto", stream: Any = None
     nb = packed_nbytes(n)
     if impl == "cuda":
         o = _cuda.empty(x, nb, np.uint8) if out is None else _cuda.byte_view(out, nb)
-        _cuda.launch(_kernels().k_pack, nb, _cuda.flat(x, "x"), o, n, stream=stream)
+        if _is_half(x.dtype):  # float16 / bfloat16: their bits
+            inf_bits = np.uint16(0x7C00 if x.dtype == np.float16 else 0x7F80)
+            _cuda.launch(_kernels().k_pack_half_bits, nb, _cuda.flat(x, "x").view(np.uint16),
+                         o, n, inf_bits, stream=stream)
+        else:
+            _cuda.launch(_kernels().k_pack, nb, _cuda.flat(x, "x"), o, n, stream=stream)
         return o
     o = np.empty(nb, np.uint8) if out is None else _cuda.byte_view(out, nb)
     xf = np.ravel(x)

@@ -1,5 +1,5 @@
 """``--precision``: the option of ``minidl plan`` (every precision) and ``minidl train`` (what
-training runs in on the CPU: fp32, bf16-mixed, fp16-mixed), read as a
+training runs in on the CPU and CUDA devices: fp32, bf16-mixed, fp16-mixed), read as a
 :class:`~minidl.memory.ir.precision.Precision` with one-line usage errors naming the valid
 values, and the lines a plan in that precision prints."""
 
@@ -16,7 +16,7 @@ from .common import UsageError, format_bytes
 __all__ = ["TRAINABLE", "add_precision_argument", "precision_checked", "precision_of",
            "print_precision"]
 
-#: The precisions a real run computes in (mixed: on the CPU, :mod:`minidl.compile.mixed_steps`;
+#: The precisions a real run computes in (mixed: :mod:`minidl.compile.mixed_steps`;
 #: tf32 is a GPU setting).
 TRAINABLE = (Precision.FP32, Precision.BF16_MIXED, Precision.FP16_MIXED)
 

@@ -10,8 +10,17 @@ float32). A matrix op's weights are first rounded into their half copies (the ``
 copies, which its backward reads. Parameter gradients are written straight into the float32
 ``.grad`` (accumulated in float32; the optimizer updates the float32 master weights).
 
-The float32 copies live on the host heap for the step, outside the arena: the plan prices a
-device whose kernels read half operands directly, and so does the dry run.
+On the CPU the float32 copies live on the host heap for the step, outside the arena: the plan
+prices a device whose kernels read half operands directly, and so does the dry run. On a CUDA
+device (and the strict test device) every array here is made like the half array it stands
+for, through the device's array module: the float32 copies, outputs and workspaces are device
+temporaries, which the executor routes into the arena's scratch block (reserved from the
+first step's measured peak, ``dry_run(..., scratch_bytes=)``), never host arrays nor CuPy's
+own pool. The layers then run their float32 device kernels on them, so the device computes
+what the CPU does (matrix products on half-rounded operands, float32 accumulation). The layers
+of :data:`DEVICE_HALF_OPERAND_KINDS` read their half operands themselves there (no float32
+copy of their inputs, weights or output gradients): their GEMMs go to cuBLAS GemmEx with
+float32 compute (:func:`~minidl.kernels.device_gemm.gemm_ex`).
 """
 
 from __future__ import annotations
@@ -22,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from ..kernels._cuda import is_device_array
+from ..kernels.array_api import namespace
 from ..memory.ir.precision import Precision, is_float
 from ..memory.ir.program import Step
 
@@ -37,6 +48,12 @@ HALF_MATMULS = frozenset(p.half_dtype for p in Precision if p.half_dtype is not 
 MIXED_PRECISION_KINDS = frozenset({"conv", "linear", "pool", "relu", "act", "bn", "flatten",
                                    "add", "loss", "dropout", "embedding", "norm", "attention",
                                    "rnn", "recurrent", "state", "stack"})
+
+#: Layer kinds whose device path reads half operands directly (Linear: its GEMMs through
+#: :func:`~minidl.kernels.device_gemm.gemm_ex`, the bias added to the float32 product, the
+#: bias gradient summed into float32): on a CUDA device they get their half inputs, weight
+#: copies and output gradients as they are, and float32 arrays only for what they write.
+DEVICE_HALF_OPERAND_KINDS = frozenset({"linear"})
 
 
 def is_half(a: Any) -> bool:
@@ -63,8 +80,9 @@ def _up(a: Any) -> Any:
 
 
 def _scratch(a: Any) -> Any:
-    """An uninitialised float32 array for a half output ``a`` (else ``a`` itself)."""
-    return np.empty(a.shape, np.float32) if is_half(a) else a
+    """An uninitialised float32 array for a half output ``a`` (else ``a`` itself), made like
+    ``a`` (a device array: a device temporary)."""
+    return namespace(a).empty(a.shape, np.float32) if is_half(a) else a
 
 
 def _round_into(dst: Any, src: Any) -> None:
@@ -82,25 +100,35 @@ def _split_stash(stash: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]
     return own, casts
 
 
-def _half_params(params: dict[str, Any], casts: dict[str, Any], fill: bool) -> dict[str, Any]:
+def _reads_half(layer: Any, arrays: list) -> bool:
+    """Whether ``layer`` takes its half operands as they are here: a
+    :data:`DEVICE_HALF_OPERAND_KINDS` layer on C-contiguous device arrays."""
+    return layer.kind in DEVICE_HALF_OPERAND_KINDS and all(
+        is_device_array(a) and a.flags.c_contiguous for a in arrays if a is not None)
+
+
+def _half_params(params: dict[str, Any], casts: dict[str, Any], fill: bool,
+                 keep_half: bool = False) -> dict[str, Any]:
     """The parameters as the layer computes with them: a half copy's values (rounded into it
     from the float32 master when ``fill``) as float32, a half parameter's (the device's only
-    copy under ``offload=optimizer``) as float32, else the master itself."""
+    copy under ``offload=optimizer``) as float32, else the master itself; ``keep_half``: the
+    half copies and half parameters themselves."""
     out = {}
     for k, p in params.items():
         copy = casts.get(k)
         if copy is None:
-            out[k] = _up(p)
+            out[k] = p if keep_half else _up(p)
             continue
         if fill:
             np.copyto(copy, p, casting="unsafe")
-        out[k] = copy.astype(np.float32)
+        out[k] = copy if keep_half else copy.astype(np.float32)
     return out
 
 
-def _workspace(layer: Any, st: Step, ws: Any, in_shapes: list, backward: bool) -> Any:
+def _workspace(layer: Any, st: Step, ws: Any, in_shapes: list, backward: bool,
+               like: Any) -> Any:
     """The layer's workspace for float32 compute: the arena's block when it is large enough,
-    else a host buffer of the float32 size."""
+    else a buffer of the float32 size made like ``like`` (a device array: a temporary)."""
     options = st.op.options.as_layer_options
     size = (layer.backward_workspace_bytes if backward else layer.forward_workspace_bytes)(
         in_shapes, np.dtype(np.float32), **({"options": options} if layer.option_names else {}))
@@ -108,19 +136,21 @@ def _workspace(layer: Any, st: Step, ws: Any, in_shapes: list, backward: bool) -
         return ws
     if ws is not None and ws.nbytes >= size:
         return ws
-    return np.empty(size, np.uint8)
+    return namespace(like).empty(size, np.uint8)
 
 
-def _cast_input(x: Any, j: int, casts: dict[str, Any], matmul_dtype: str) -> Any:
+def _cast_input(x: Any, j: int, casts: dict[str, Any], matmul_dtype: str,
+                keep_half: bool = False) -> Any:
     """Input ``j`` as a half op reads it: its kept cast copy (filled here), or rounded to the
-    op's dtype for the step, then as float32."""
+    op's dtype for the step, then as float32 (``keep_half``: left in the half dtype)."""
     copy = casts.get(f"input{j}")
     if copy is not None:
         np.copyto(copy, x, casting="unsafe")
-        return copy.astype(np.float32)
+        return copy if keep_half else copy.astype(np.float32)
     if matmul_dtype and is_float(x.dtype) and x.dtype.name != matmul_dtype:
-        return x.astype(matmul_dtype).astype(np.float32)
-    return _up(x)
+        x = x.astype(matmul_dtype)
+        return x if keep_half else x.astype(np.float32)
+    return x if keep_half else _up(x)
 
 
 def _storing(ctx: Any, st: Step) -> Any:
@@ -135,11 +165,13 @@ def forward(layer: Any, ctx: Any, st: Step, inputs: list, outputs: list,
     """Run a layer's forward (or recompute) step of a mixed-precision program."""
     own, casts = _split_stash(stash)
     ctx = _storing(ctx, st)
-    ins = [_cast_input(x, j, casts, st.cost.matmul_dtype) for j, x in enumerate(inputs)]
+    half = _reads_half(layer, inputs)
+    ins = [_cast_input(x, j, casts, st.cost.matmul_dtype, half) for j, x in enumerate(inputs)]
     outs = [_scratch(y) for y in outputs]
     own32 = {k: _up(v) for k, v in own.items()}
-    ws = _workspace(layer, st, workspace, [x.shape for x in inputs], backward=False)
-    layer.forward(ctx, ins, outs, _half_params(params, casts, fill=True), own32, ws)
+    ws = _workspace(layer, st, workspace, [x.shape for x in inputs], backward=False,
+                    like=inputs[0])
+    layer.forward(ctx, ins, outs, _half_params(params, casts, True, half), own32, ws)
     for dst, src in zip(outputs, outs):
         _round_into(dst, src)
     for k, v in own.items():
@@ -154,17 +186,19 @@ def backward(layer: Any, ctx: Any, st: Step, grad_outputs: list, grad_inputs: li
     the stash."""
     own, casts = _split_stash(stash)
     ctx = _storing(ctx, st)
+    half = _reads_half(layer, grad_outputs)
+    keep = (lambda a: a) if half else _up
     ins = []
     for j, x in enumerate(inputs):
         copy = casts.get(f"input{j}")
-        ins.append(copy.astype(np.float32) if copy is not None and j in layer.retain_inputs
-                   else None if x is None else _up(x))
+        ins.append(keep(copy) if copy is not None and j in layer.retain_inputs
+                   else None if x is None else keep(x))
     g_in = [None if g is None else _scratch(g) for g in grad_inputs]
-    ws = _workspace(layer, st, workspace, in_shapes, backward=True)
+    ws = _workspace(layer, st, workspace, in_shapes, backward=True, like=grad_outputs[0])
     own32 = {k: _up(v) for k, v in own.items()}
-    layer.backward(ctx, [_up(g) for g in grad_outputs], g_in, ins,
-                   [None if y is None else _up(y) for y in outputs],
-                   _half_params(params, casts, fill=False), grads, own32, ws)
+    layer.backward(ctx, [keep(g) for g in grad_outputs], g_in, ins,
+                   [None if y is None else keep(y) for y in outputs],
+                   _half_params(params, casts, False, half), grads, own32, ws)
     for dst, src in zip(grad_inputs, g_in):
         if dst is not None:
             _round_into(dst, src)

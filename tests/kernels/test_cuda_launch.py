@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 
+import ml_dtypes
 import numpy as np
 import pytest
 from emulated_arrays import D, EmuArray, H, same
@@ -60,6 +61,11 @@ def case_bitpack(rng: np.random.Generator) -> None:
             ddy = D(dy)
             bp.relu_backward_packed(ddy, pk, out=ddy)  # in place
             same(H(ddy), want)
+        for dt in (np.float16, ml_dtypes.bfloat16):  # (read as their bits: _k_pack_half_bits)
+            x = _specials(rng.standard_normal(n)).astype(dt)
+            if n > 8:
+                x[8] = -np.inf
+            same(H(bp.pack_sign(D(x))), bp.pack_sign(x, impl="numpy"))
 
 
 def case_poolidx(rng: np.random.Generator) -> None:

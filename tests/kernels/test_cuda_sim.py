@@ -62,6 +62,12 @@ SCRIPTS = {
             bp.relu_backward_packed(ddy, pk, out=ddy)
             same(H(ddy), want)
         same(H(bp.pack_sign(D(np.zeros(0, np.float32)))), np.zeros(0, np.uint8))
+        import ml_dtypes
+        for dt in (np.float16, ml_dtypes.bfloat16):  # read as their bits
+            x = rng.standard_normal(1029)
+            x[::7] = 0; x[3] = -0.0; x[5] = np.nan; x[6] = np.inf; x[8] = -np.inf
+            x = x.astype(dt)
+            same(H(bp.pack_sign(D(x))), np.packbits(x > 0, bitorder="little"))
     """,
     # every bit width; backward with overlapping windows and padding
     "poolidx": """

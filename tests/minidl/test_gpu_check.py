@@ -210,7 +210,8 @@ def test_every_stage_runs_on_the_strict_device(tmp_path):
     assert ran and all(rcs[k] == "0" for k in ran), rcs
     assert s["smoke"]["failed"] == {} and s["smoke"]["passed"] >= 5
     assert s["peak_all_equal"], s["peak"]
-    assert set(s["cli"]["train_over_plan_peak"]) == {"smallcnn_vdnn", "resnet20_sqrt", "charlstm"}
+    assert set(s["cli"]["train_over_plan_peak"]) == {"smallcnn_vdnn", "resnet20_sqrt", "charlstm",
+                                                     "smallcnn_bf16"}
     assert set(s["swap"]["specs"]) == {"reuse,inplace", "vdnn", "vdnn-all"}
     figures = {st["stage"]: st["figures"] for st in s["stages"]}
     assert figures["smoke"]["passed"] == s["smoke"]["passed"] and figures["peak"]["all_equal"]

@@ -14,17 +14,19 @@ __all__ = ["check_precision", "loss_scaler_for"]
 
 def check_precision(precision: Precision, net: Network, device_kind: DeviceKind) -> None:
     """Raise ``ValueError`` (one line) when ``net`` on a device of ``device_kind`` cannot
-    train in ``precision``: mixed precision runs on the CPU (or the meta
-    device; data parallel, ZeRO and the codecs too), over :data:`MIXED_PRECISION_KINDS`
-    layers."""
+    train in ``precision``: mixed precision runs on the CPU and CUDA devices (the strict test
+    device and the meta device too; data parallel, ZeRO and the codecs as well), over
+    :data:`MIXED_PRECISION_KINDS` layers (on a CUDA device their float32 compute copies are
+    device temporaries in the arena's scratch block: :mod:`~minidl.compile.mixed_steps`)."""
     if precision.half_dtype is None:
         if precision is Precision.TF32:
-            raise ValueError("precision='tf32' is a GPU setting (TF32 tensor cores); the CPU "
-                             "trains in fp32, bf16-mixed or fp16-mixed")
+            raise ValueError("precision='tf32' is a GPU setting (TF32 tensor cores) minidl "
+                             "plans but does not train in: training runs in fp32, bf16-mixed "
+                             "or fp16-mixed")
         return
-    if device_kind is not DeviceKind.CPU:
-        raise ValueError(f"precision={precision.value!r} trains on the cpu device for now "
-                         f"(not {device_kind}); minidl plan --precision plans it for a GPU")
+    if device_kind not in (DeviceKind.CPU, DeviceKind.CUDA):
+        raise ValueError(f"precision={precision.value!r} trains on the cpu and cuda devices, "
+                         f"not {device_kind}")
     other = sorted({type(node.layer).__name__ for node in net.nodes
                     if getattr(node.layer, "kind", None) not in MIXED_PRECISION_KINDS
                     and node.layer is not None and hasattr(node.layer, "kind")})
