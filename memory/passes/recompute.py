@@ -214,6 +214,10 @@ class _Rewrite:
             f = self.source.steps[k]
             for t in f.access.writes:
                 remap[t] = self._clone(t, f"r{g}")
+            for t in f.forward.params.values():  # a parameter of the iteration (ZeRO-3's
+                # gathered, a streamed one) is fetched again, not kept from forward to here
+                if t not in remap and not self.source.tensors[t].persistent:
+                    remap[t] = self._clone(t, f"r{g}")
             if f.access.workspace >= 0:
                 remap[f.access.workspace] = self._clone(f.access.workspace, f"r{g}")
             self._emit(f, "recompute", dict(remap))

@@ -105,7 +105,11 @@ class Executor:
         self.steps = plan.program.steps
         self.tensor_info = tensor_info(plan.program)
         self.layers = lowered.layers
-        self.parameters = lowered.parameters
+        #: Parameter tensors -> their Parameter (a recomputation's copy of a parameter of the
+        #: iteration is its original's)
+        self.parameters = {**lowered.parameters, **{
+            t.id: lowered.parameters[t.of] for t in plan.program.tensors
+            if t.of in lowered.parameters and t.role == Role.PARAM}}
         self.outputs = set(lowered.output_tensors)
         self.codec_state: dict[int, codecs.CodecState] = {}
         #: Largest fraction of non-zeros seen per sparse-encoded tensor (for re-planning).

@@ -178,8 +178,8 @@ class HostState:
                 continue
             if t.role == Role.PARAM_GRAD:
                 key, (off, size) = "grad", self.offsets[t.name.removesuffix(".grad")]
-            elif t.role == Role.PARAM and self.streamed:  # (``{name}@{phase}``)
-                name = t.name.rpartition("@")[0]
+            elif t.role == Role.PARAM and self.streamed:  # (``{name}@{phase}[@r{group}]``)
+                name = t.name.partition("@")[0]
                 key, (off, size) = ("half", self.half_offsets[name]) \
                     if name in self.half_offsets else ("master", self.offsets[name])
             else:

@@ -15,6 +15,7 @@ from minidl.memory.devices.device import MetaDevice
 from minidl.memory.ir.config import MemoryConfig
 from minidl.memory.ir.names import Role
 from minidl.memory.ir.plan import Await, Free, Offload, Prefetch
+from minidl.memory.ir.program import Program
 from minidl.memory.passes.stream_parameters import stream_parameters_plan
 from minidl.memory.planners.planner import make_plan
 from minidl.memory.runtime.pool import Pool
@@ -90,16 +91,24 @@ def _fetch_points(plan) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
 
 @pytest.mark.parametrize("distance,inflight", [(1, 1 << 30), (3, 1 << 30), (2, 4096), (2, 0)])
 def test_prefetches_keep_their_distance_and_the_cap_on_bytes_in_flight(distance, inflight):
-    # the program lowered for streaming, planned without it: the pass alone on its plan
+    # the program lowered for streaming, planned without it: the pass alone on its plan; its
+    # recomputations read their forward's parameter tensors (as a program whose recomputed
+    # steps do not fetch their own copies would), so those tensors have two visits each
     _, streamed_plan = _engine(f"reuse,inplace,recompute=sqrt,{STREAM}")
-    base = streamed_plan.program
+    prog = streamed_plan.program
+    back = {t.id: t.of for t in prog.tensors if t.role == Role.PARAM and t.of >= 0}
+    assert back  # (the recomputations read copies of their own)
+    base = Program(tensors=prog.tensors, steps=[st.remapped(back) for st in prog.steps],
+                   inputs=prog.inputs, loss=prog.loss, training=True, alignment=prog.alignment)
     unstreamed = make_plan(base, MemoryConfig.parse("reuse,inplace"))
     plan = stream_parameters_plan(unstreamed, distance, inflight)
     plan.validate()
     fetch, wait = _fetch_points(plan)
     sizes = base.block_sizes
     points = sorted({s for steps in wait.values() for s in steps})
-    assert set(fetch) == set(wait) == set(plan.swapping.host_homed)
+    assert set(fetch) == set(wait) == set(plan.swapping.host_homed) == \
+        {t.id for t in base.tensors if t.role == Role.PARAM and not t.persistent
+         and t.id not in back}
     ahead = [0] * len(plan.steps)
     for t in fetch:
         assert len(fetch[t]) == len(wait[t])
