@@ -17,6 +17,11 @@ In mixed precision the device keeps a matrix op's parameter only as its half cop
 (:func:`half_parameters`, ZeRO-Offload's fp16 parameters): its ``data`` is then the host's
 float32 master and the update rounds the master into the device's copy, which the ops read
 as they read autocast's cast copy, so training is bit-identical to on-device training.
+
+Under ``offload=parameters`` the device keeps no trainable parameter at all: every step's are
+streamed in from their host homes (:meth:`HostState.homes`: the float32 master, or the half
+copy the host keeps for a parameter only matrix ops read, rounded from the master after each
+update; :mod:`minidl.memory.passes.stream_parameters`), so nothing is copied back.
 """
 
 from __future__ import annotations
