@@ -8,6 +8,8 @@ read-add-write, ``popc``) and its device functions by njit versions."""
 from __future__ import annotations
 
 import collections
+import inspect
+import os
 import threading
 import types
 from collections.abc import Callable
@@ -84,10 +86,48 @@ def _single_thread_cuda() -> types.ModuleType:
 
 
 def _single_thread(fn: Callable, device: dict[str, str]) -> Callable:
-    """``numba.njit`` of kernel ``fn`` over the one-thread ``cuda`` and njit device functions."""
+    """``numba.njit`` of kernel ``fn`` over the one-thread ``cuda`` and njit device functions,
+    its machine code kept in Numba's disk cache (:func:`_disk_cached`)."""
     from numba import njit
 
     fake = {"cuda": _single_thread_cuda()}
     for name, src in device.items():
         fake[name] = njit(_rebind(fn.__globals__[src], fake))
-    return njit(_rebind(fn, fake))
+    sources = [fn, *(fn.__globals__[src] for src in device.values())]
+    return _disk_cached(njit(_rebind(fn, fake)), sources)
+
+
+def _disk_cached(dispatcher: Any, sources: list[Callable]) -> Any:
+    """``dispatcher`` (an emulated kernel) loading from and saving to Numba's disk cache, as the
+    ``@njit(cache=True)`` kernels do, so that each process (pytest workers, CLI runs) does not
+    compile every emulated kernel again.
+
+    Its entries are apart from the kernel's own (``<kernel>-emulated`` files) and are valid only
+    while none of the files its code comes from has changed: the kernel's module, the modules
+    of its device functions and this module (the one-thread ``cuda``). A kernel Numba cannot
+    cache stays compiled in memory only, silently.
+    """
+    from numba.core.caching import CompileResultCacheImpl, FunctionCache
+
+    files = sorted({inspect.getfile(f) for f in sources} | {__file__})
+
+    class Impl(CompileResultCacheImpl):
+        def get_filename_base(self, fullname: str, abiflags: str) -> str:
+            return super().get_filename_base(fullname + "-emulated", abiflags)
+
+        def check_cachable(self, cres: Any) -> bool:
+            return not cres.lifted and not cres.library.has_dynamic_globals
+
+    class Cache(FunctionCache):
+        _impl_class = Impl
+
+        def __init__(self, py_func: Callable) -> None:
+            super().__init__(py_func)
+            stamp = tuple((os.stat(f).st_mtime, os.stat(f).st_size) for f in files)
+            self._cache_file._source_stamp = stamp  # the index is valid for these files only
+
+    try:
+        dispatcher._cache = Cache(dispatcher.py_func)
+    except Exception:  # noqa: BLE001 -- no cache folder Numba can use: compile in memory
+        pass
+    return dispatcher
