@@ -13,6 +13,11 @@ weights into the device's parameters (on a CPU device with an emulated host link
 link's time as the gradients' copies do). On a meta device (a dry run) nothing is allocated:
 the bytes are counted.
 
+Under ZeRO (``zero=1`` / ``2``, ``owned``: this rank's ranges of the flattened parameters,
+:func:`~minidl.memory.passes.zero.owned_ranges`) the master weights and the optimizer state hold
+only the owned ranges (one block each, as the device's ZeRO lays its shards out); the
+gradients still land whole (the ranks sum them there before the update reads its range).
+
 In mixed precision the device keeps a matrix op's parameter only as its half copy
 (:func:`half_parameters`, ZeRO-Offload's fp16 parameters): its ``data`` is then the host's
 float32 master and the update rounds the master into the device's copy, which the ops read
@@ -30,6 +35,7 @@ from ..memory.devices.device import MetaArray
 from ..memory.ir.names import Role
 from ..memory.ir.precision import MATRIX_OPS, Precision, is_float
 from ..memory.ir.program import Program, aligned
+from ..memory.passes.zero import owned_ranges
 from ..memory.runtime.transfer import copy_into
 from ..net.graph import Network
 from ..net.optim import FlatGroup, Optimizer, OptimizerWrapper
@@ -56,12 +62,14 @@ class HostState:
     """Host buffers for ``params`` (the optimizer's trainable parameters, one dtype) and
     ``slots`` state arrays each, on ``device``'s host memory, blocks rounded to
     ``alignment``; ``half_copies``: the device's half arrays of the parameters it keeps only
-    as those (by name)."""
+    as those (by name); ``owned``: ``(parameter index, lo, hi)`` ranges, the only ones whose
+    master weights and state this host keeps (ZeRO; default: every parameter whole)."""
 
     def __init__(self, device: Any, params: list[Parameter], slots: tuple[str, ...],
                  alignment: int, allocate: bool,
                  half_copies: dict[str, Any] | None = None,
-                 streamed: frozenset[str] | None = None, half_dtype: Any = None) -> None:
+                 streamed: frozenset[str] | None = None, half_dtype: Any = None,
+                 owned: list[tuple[int, int, int]] | None = None) -> None:
         dtypes = {np.dtype(p.dtype) for p in params}
         if len(dtypes) > 1:
             raise ValueError("offload=optimizer updates one flat group: the trainable "
@@ -76,6 +84,25 @@ class HostState:
             self.offsets[p.name] = (end, size)
             end += size
         self.array_bytes = end
+        if owned is not None and streamed is not None:
+            raise ValueError("offload=parameters streams every master weight: it cannot keep "
+                             "only a rank's shard of them")
+        self.alignment = alignment
+        self.owned = owned
+        #: ``(parameter, lo, hi)`` whose master and state this host keeps, and their blocks
+        #: (by name: the parameter's, or ``name[lo:hi]`` for a range under ZeRO)
+        self.pieces = [(p, 0, math.prod(p.shape)) for p in self.params] if owned is None \
+            else [(self.params[i], lo, hi) for i, lo, hi in owned]
+        self.state_offsets: dict[str, tuple[int, int]] = dict(self.offsets)
+        state_end = end
+        if owned is not None:
+            self.state_offsets, state_end = {}, 0
+            for p, lo, hi in self.pieces:
+                size = aligned((hi - lo) * self.dtype.itemsize, alignment)
+                self.state_offsets[f"{p.name}[{lo}:{hi}]"] = (state_end, size)
+                state_end += size
+        #: Bytes of each master / state slot buffer (``array_bytes`` unless sharded)
+        self.state_bytes = state_end
         #: ``offload=parameters``: the device keeps no trainable parameter; each step's are
         #: streamed from the master (or, for the names in ``streamed``, from a half copy the
         #: host keeps beside it, rounded after each update)
@@ -99,7 +126,8 @@ class HostState:
         self._buffers: dict[str, Any] = {}
         if allocate:
             for key in ("master", "grad", *self.slots):
-                self._buffers[key] = device.host_empty((end,), np.uint8)
+                n = end if key == "grad" else state_end
+                self._buffers[key] = device.host_empty((n,), np.uint8)
                 self._buffers[key][...] = 0
             if self.half_offsets:
                 self._buffers["half"] = device.host_empty((half_end,), np.uint8)
@@ -114,12 +142,17 @@ class HostState:
     def nbytes(self) -> int:
         """Host bytes held: master weights, gradients, every state slot and the streamed
         half copies."""
-        return self.array_bytes * (2 + len(self.slots)) + self.half_bytes
+        return self.array_bytes + self.state_bytes * (1 + len(self.slots)) + self.half_bytes
+
+    @property
+    def values(self) -> int:
+        """Elements the host update updates (the owned ranges')."""
+        return sum(hi - lo for _, lo, hi in self.pieces)
 
     def by_kind(self) -> dict[str, int]:
         """Host bytes by what they hold (the report's breakdown)."""
-        kinds = {"master": self.array_bytes, "gradient": self.array_bytes,
-                 "optimizer_state": self.array_bytes * len(self.slots)}
+        kinds = {"master": self.state_bytes, "gradient": self.array_bytes,
+                 "optimizer_state": self.state_bytes * len(self.slots)}
         if self.half_bytes:
             kinds["half_parameters"] = self.half_bytes
         return kinds
@@ -129,8 +162,15 @@ class HostState:
         n = math.prod(shape) * dtype.itemsize
         return self._buffers["half"][off:off + n].view(dtype).reshape(shape)
 
+    def for_rank(self, ranks: int, rank: int = 0) -> HostState:
+        """What ``rank`` of ``ranks`` keeps under ZeRO (nothing allocated: a dry run's
+        figures)."""
+        sizes = [math.prod(p.shape) for p in self.params]
+        return HostState(self._device, self.params, self.slots, self.alignment, False,
+                         owned=owned_ranges(sizes, ranks, rank))
+
     def _view(self, key: str, name: str, shape: tuple[int, ...]) -> Any:
-        off, _ = self.offsets[name]
+        off, _ = (self.offsets if key == "grad" else self.state_offsets)[name]
         n = math.prod(shape) * self.dtype.itemsize
         return self._buffers[key][off:off + n].view(self.dtype).reshape(shape)
 
@@ -152,7 +192,12 @@ class HostState:
 
     def bind(self, optimizer: Optimizer) -> None:
         """Master weights from the parameters' values, each parameter's ``.grad`` its landing
-        buffer, and the optimizer's one flat group over the host buffers."""
+        buffer, and the optimizer's one flat group over the host buffers (under ZeRO
+        ``optimizer`` steps the owned ranges, :class:`~minidl.distributed.zero.ShardParameter`
+        s: their values the master's ranges, their gradients the landing buffers')."""
+        if self.owned is not None:
+            self._bind_ranges(optimizer)
+            return
         for p in self.params:
             p.grad = self._view("grad", p.name, p.shape)
             if p.name in self.half_copies or self.streamed:  # the master is the parameter
@@ -164,6 +209,21 @@ class HostState:
             tuple(self.params), self._flat("master"), self._flat("grad"),
             {s: self._flat(s) for s in self.slots},
             tuple((p.data, p.grad) for p in self.params))]
+
+    def _bind_ranges(self, optimizer: Optimizer) -> None:
+        """ZeRO's :meth:`bind`: per-range updates (the landing buffers are not laid out as
+        the ranges: no flat group)."""
+        names = [f"{p.name}[{lo}:{hi}]" for p, lo, hi in self.pieces]
+        if [s.name for s in optimizer.params] != names:
+            raise ValueError("offload under ZeRO: the optimizer's shards are not this host's "
+                             "owned ranges")
+        for p in self.params:
+            p.grad = self._view("grad", p.name, p.shape)
+        for shard, (p, lo, hi) in zip(optimizer.params, self.pieces):
+            shard.own_grad = p.grad.reshape(-1)[lo:hi]
+            shard.own_data = self._view("master", shard.name, (hi - lo,))
+        optimizer.flat_groups = []
+        self.download()
 
     def homes(self, program: Program) -> dict[int, Any]:
         """The landing buffer (bytes) of each of ``program``'s offloaded gradients, by tensor;
@@ -191,6 +251,12 @@ class HostState:
             for name, half in self.half_copies.items():
                 copy_into(half, self._view("master", name, half.shape))
             return
+        if self.owned is not None:  # (the all-gather wrote every parameter's values)
+            for p in self.params:
+                half = self.half_copies.get(p.name)
+                if half is not None:
+                    copy_into(half, p.data)
+            return
         engine = self._device.copy_engine if getattr(self._device, "link_bytes_per_s", None) \
             else None
         for p in self.params:
@@ -206,7 +272,14 @@ class HostState:
     def download(self) -> None:
         """The master weights from the device's parameters (after they were set there); a
         half copy's parameter is its master: the copy is rounded from it."""
-        if self.allocated:
+        if self.allocated and self.owned is not None:
+            for p, lo, hi in self.pieces:
+                copy_into(self._view("master", f"{p.name}[{lo}:{hi}]", (hi - lo,)),
+                          p.data.reshape(-1)[lo:hi])
+            for p in self.params:
+                if p.name in self.half_copies:
+                    copy_into(self.half_copies[p.name], p.data)
+        elif self.allocated:
             for p in self.params:
                 half = self.half_copies.get(p.name)
                 if half is None:
