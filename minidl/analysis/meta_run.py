@@ -95,7 +95,8 @@ def dry_run(net: Network, batch_size: int, memory: str | MemoryConfig = "none",
     swap = c.executor.last_runtime.swap_stats.as_dict()
     swap["host_peak_bytes"] = engine.host_pool.peak_bytes
     prog = c.lowered.program
-    zero = zero_bytes(prog, config.zero, ranks) if training and (ranks > 1 or config.zero) \
+    zero = zero_bytes(prog, config.zero, ranks, offload=config.offload is not None) \
+        if training and (ranks > 1 or config.zero) \
         else None
     peaks, rank_notes = _peak_figures(prog, pool.stats(), info, zero, ranks, outputs.top)
     return {
@@ -110,7 +111,7 @@ def dry_run(net: Network, batch_size: int, memory: str | MemoryConfig = "none",
         "largest_tensor_bytes": max((t.nbytes for t in prog.tensors if not t.persistent),
                                     default=0),
         "host_peak_bytes": engine.host_pool.peak_bytes,
-        **host_figures(engine, profile),
+        **host_figures(engine, profile, ranks),
         "split": split,
         "micro_batch_size": micro,
         "kept_for_backward_bytes": sum(c.executor.last_runtime.kept_for_backward.values()),

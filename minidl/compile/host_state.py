@@ -167,7 +167,7 @@ class HostState:
         figures)."""
         sizes = [math.prod(p.shape) for p in self.params]
         return HostState(self._device, self.params, self.slots, self.alignment, False,
-                         owned=owned_ranges(sizes, ranks, rank))
+                         half_copies=self.half_copies, owned=owned_ranges(sizes, ranks, rank))
 
     def _view(self, key: str, name: str, shape: tuple[int, ...]) -> Any:
         off, _ = (self.offsets if key == "grad" else self.state_offsets)[name]
