@@ -17,7 +17,7 @@ def host_figures(engine: Any, profile: DeviceProfile | None, ranks: int = 1) -> 
     under ``zero=K`` those of rank 0 of ``ranks`` (its owned ranges of the state)."""
     state = engine.host_state
     if state is not None and engine.config.zero:
-        state = state.for_rank(ranks, 0)
+        state = state.for_rank(ranks, 0, engine.config.zero >= 2)
     held = 0 if state is None else state.nbytes
     out: dict[str, Any] = {"host_state_bytes": held,
                            "host_bytes": held + engine.host_pool.peak_bytes}

@@ -233,7 +233,8 @@ class Engine:
                                     self.pool.alignment, allocate=self.bound,
                                     half_copies=self.half_views,
                                     streamed=self.half_parameters if self.streams else None,
-                                    half_dtype=self.precision.half_dtype, owned=owned)
+                                    half_dtype=self.precision.half_dtype, owned=owned,
+                                    shard_gradients=self.config.zero >= 2)
         if self.streams:  # (inference reads the host's half copies)
             self.half_views = dict(self.host_state.half_copies)
         capacity = self.host_pool.capacity

@@ -15,8 +15,11 @@ the bytes are counted.
 
 Under ZeRO (``zero=1`` / ``2``, ``owned``: this rank's ranges of the flattened parameters,
 :func:`~minidl.memory.passes.zero.owned_ranges`) the master weights and the optimizer state hold
-only the owned ranges (one block each, as the device's ZeRO lays its shards out); the
-gradients still land whole (the ranks sum them there before the update reads its range).
+only the owned ranges (one block each, as the device's ZeRO lays its shards out). Under
+``zero=1`` the gradients still land whole (the ranks all-reduce them there, and the update
+reads its ranges); under ``zero=2`` (``shard_gradients``) the host keeps only the owned ranges'
+gradients too, which data parallelism's reduce-scatter fills (no landing copies), so the update
+is again one flat pass.
 
 In mixed precision the device keeps a matrix op's parameter only as its half copy
 (:func:`half_parameters`, ZeRO-Offload's fp16 parameters): its ``data`` is then the host's
@@ -63,13 +66,15 @@ class HostState:
     ``slots`` state arrays each, on ``device``'s host memory, blocks rounded to
     ``alignment``; ``half_copies``: the device's half arrays of the parameters it keeps only
     as those (by name); ``owned``: ``(parameter index, lo, hi)`` ranges, the only ones whose
-    master weights and state this host keeps (ZeRO; default: every parameter whole)."""
+    master weights and state this host keeps (ZeRO; default: every parameter whole);
+    ``shard_gradients``: also only those ranges' gradients (ZeRO stage 2)."""
 
     def __init__(self, device: Any, params: list[Parameter], slots: tuple[str, ...],
                  alignment: int, allocate: bool,
                  half_copies: dict[str, Any] | None = None,
                  streamed: frozenset[str] | None = None, half_dtype: Any = None,
-                 owned: list[tuple[int, int, int]] | None = None) -> None:
+                 owned: list[tuple[int, int, int]] | None = None,
+                 shard_gradients: bool = False) -> None:
         dtypes = {np.dtype(p.dtype) for p in params}
         if len(dtypes) > 1:
             raise ValueError("offload=optimizer updates one flat group: the trainable "
@@ -89,6 +94,7 @@ class HostState:
                              "only a rank's shard of them")
         self.alignment = alignment
         self.owned = owned
+        self.shard_gradients = shard_gradients and owned is not None
         #: ``(parameter, lo, hi)`` whose master and state this host keeps, and their blocks
         #: (by name: the parameter's, or ``name[lo:hi]`` for a range under ZeRO)
         self.pieces = [(p, 0, math.prod(p.shape)) for p in self.params] if owned is None \
@@ -103,6 +109,8 @@ class HostState:
                 state_end += size
         #: Bytes of each master / state slot buffer (``array_bytes`` unless sharded)
         self.state_bytes = state_end
+        #: Bytes of the gradients' buffer: every landing buffer, or the owned ranges'
+        self.grad_bytes = state_end if self.shard_gradients else end
         #: ``offload=parameters``: the device keeps no trainable parameter; each step's are
         #: streamed from the master (or, for the names in ``streamed``, from a half copy the
         #: host keeps beside it, rounded after each update)
@@ -126,7 +134,7 @@ class HostState:
         self._buffers: dict[str, Any] = {}
         if allocate:
             for key in ("master", "grad", *self.slots):
-                n = end if key == "grad" else state_end
+                n = self.grad_bytes if key == "grad" else state_end
                 self._buffers[key] = device.host_empty((n,), np.uint8)
                 self._buffers[key][...] = 0
             if self.half_offsets:
@@ -142,7 +150,7 @@ class HostState:
     def nbytes(self) -> int:
         """Host bytes held: master weights, gradients, every state slot and the streamed
         half copies."""
-        return self.array_bytes + self.state_bytes * (1 + len(self.slots)) + self.half_bytes
+        return self.grad_bytes + self.state_bytes * (1 + len(self.slots)) + self.half_bytes
 
     @property
     def values(self) -> int:
@@ -151,7 +159,7 @@ class HostState:
 
     def by_kind(self) -> dict[str, int]:
         """Host bytes by what they hold (the report's breakdown)."""
-        kinds = {"master": self.state_bytes, "gradient": self.array_bytes,
+        kinds = {"master": self.state_bytes, "gradient": self.grad_bytes,
                  "optimizer_state": self.state_bytes * len(self.slots)}
         if self.half_bytes:
             kinds["half_parameters"] = self.half_bytes
@@ -162,15 +170,17 @@ class HostState:
         n = math.prod(shape) * dtype.itemsize
         return self._buffers["half"][off:off + n].view(dtype).reshape(shape)
 
-    def for_rank(self, ranks: int, rank: int = 0) -> HostState:
-        """What ``rank`` of ``ranks`` keeps under ZeRO (nothing allocated: a dry run's
-        figures)."""
+    def for_rank(self, ranks: int, rank: int = 0, shard_gradients: bool = False) -> HostState:
+        """What ``rank`` of ``ranks`` keeps under ZeRO (``shard_gradients``: stage 2; nothing
+        allocated: a dry run's figures)."""
         sizes = [math.prod(p.shape) for p in self.params]
         return HostState(self._device, self.params, self.slots, self.alignment, False,
-                         half_copies=self.half_copies, owned=owned_ranges(sizes, ranks, rank))
+                         half_copies=self.half_copies, owned=owned_ranges(sizes, ranks, rank),
+                         shard_gradients=shard_gradients)
 
     def _view(self, key: str, name: str, shape: tuple[int, ...]) -> Any:
-        off, _ = (self.offsets if key == "grad" else self.state_offsets)[name]
+        whole = key == "grad" and not self.shard_gradients
+        off, _ = (self.offsets if whole else self.state_offsets)[name]
         n = math.prod(shape) * self.dtype.itemsize
         return self._buffers[key][off:off + n].view(self.dtype).reshape(shape)
 
@@ -211,18 +221,23 @@ class HostState:
             tuple((p.data, p.grad) for p in self.params))]
 
     def _bind_ranges(self, optimizer: Optimizer) -> None:
-        """ZeRO's :meth:`bind`: per-range updates (the landing buffers are not laid out as
-        the ranges: no flat group)."""
+        """ZeRO's :meth:`bind`: the shards' values the master's ranges, their gradients the
+        landing buffers' ranges (stage 1: per-range updates, the landing buffers being laid
+        out otherwise) or the gradient shards (stage 2: one flat update)."""
         names = [f"{p.name}[{lo}:{hi}]" for p, lo, hi in self.pieces]
         if [s.name for s in optimizer.params] != names:
             raise ValueError("offload under ZeRO: the optimizer's shards are not this host's "
                              "owned ranges")
         for p in self.params:
-            p.grad = self._view("grad", p.name, p.shape)
+            p.grad = None if self.shard_gradients else self._view("grad", p.name, p.shape)
         for shard, (p, lo, hi) in zip(optimizer.params, self.pieces):
-            shard.own_grad = p.grad.reshape(-1)[lo:hi]
+            shard.own_grad = self._view("grad", shard.name, (hi - lo,)) if p.grad is None \
+                else p.grad.reshape(-1)[lo:hi]
             shard.own_data = self._view("master", shard.name, (hi - lo,))
-        optimizer.flat_groups = []
+        optimizer.flat_groups = [] if not self.shard_gradients else [FlatGroup(
+            tuple(optimizer.params), self._flat("master"), self._flat("grad"),
+            {s: self._flat(s) for s in self.slots},
+            tuple((s.data, s.grad) for s in optimizer.params))]
         self.download()
 
     def homes(self, program: Program) -> dict[int, Any]:
@@ -232,7 +247,7 @@ class HostState:
         for t in program.tensors:
             if t.persistent:
                 continue
-            if t.role == Role.PARAM_GRAD:
+            if t.role == Role.PARAM_GRAD and not self.shard_gradients:
                 key, (off, size) = "grad", self.offsets[t.name.removesuffix(".grad")]
             elif t.role == Role.PARAM and self.streamed:  # (``{name}@{phase}``)
                 name = t.name.rpartition("@")[0]

@@ -12,11 +12,6 @@ the communication thread while backward goes on. The parameters lie in network o
 landing buffers, so a bucket is one contiguous range of them: no bucket buffers, no copy back,
 no device memory. The arithmetic is plain data parallelism's (each gradient times the share,
 summed over the ranks), so training is bit-identical to it on 2 ranks.
-
-Under ``zero=2`` (``shards``: the :class:`~.zero.ShardParameter` s of this rank, their
-gradients ranges of the landing buffers) a bucket is reduce-scattered instead: packed without
-the alignment bytes into one buffer (the largest bucket's size), each rank receiving the sums
-of its owned part, which go into its ranges of the landing buffers (:mod:`.zero_offload`).
 """
 
 from __future__ import annotations
@@ -36,12 +31,10 @@ from .data_parallel import DEFAULT_BUCKET_BYTES, GradientSync
 
 class OffloadSync(GradientSync):
     """Bucketed gradient averaging of the trainable ``params`` (in network order) in
-    ``host_state``'s landing buffers (see the module docstring); ``shards``: reduce-scatter
-    into them (``zero=2``)."""
+    ``host_state``'s landing buffers (see the module docstring)."""
 
     def __init__(self, comm: Communicator, params: Sequence[Any], host_state: Any,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, overlap: bool = True,
-                 shards: Sequence[Any] | None = None) -> None:
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, overlap: bool = True) -> None:
         super().__init__(comm, params, bucket_bytes, overlap)
         offsets = host_state.offsets
         missing = [p.name for p in self.params if p.name not in offsets]
@@ -57,11 +50,6 @@ class OffloadSync(GradientSync):
         # each bucket's range of the landing buffers replaces its bucket buffer
         self._buffers = [self._flat[self._slots[min(m)][0]:self._slots[max(m)][2]]
                          for m in self.buckets]
-        self._packed: np.ndarray | None = None
-        if shards is not None:
-            self._plan_scatter([n for _, n, _ in self._slots], shards)
-            self._packed = np.empty(max((sum(self._slots[i][1] for i in m)
-                                         for m in self.buckets), default=0), self._flat.dtype)
 
     def _ready_after(self, executor: Any) -> dict[int, list[tuple[int, int]]]:
         """Backward step index -> parameters (our indices) whose gradient has landed on the
@@ -110,20 +98,7 @@ class OffloadSync(GradientSync):
             self._reduce(b)
 
     def _reduce(self, b: int) -> None:
-        """Sum bucket ``b``'s range of the landing buffers over the ranks, in place (``zero=2``:
-        this rank's ranges of it only)."""
+        """Sum bucket ``b``'s range of the landing buffers over the ranks, in place."""
         t0 = time.perf_counter()
-        if self._packed is None:
-            self.comm.allreduce(self._buffers[b])
-            self._comm_s += time.perf_counter() - t0
-            return
-        flat, packed = self._flat, self._packed
-        for i, off in zip(self.buckets[b], self._offsets[b]):
-            lo, n, _ = self._slots[i]
-            packed[off:off + n] = flat[lo:lo + n]
-        recv = self._recv[b]
-        self.comm.reduce_scatter_v(packed[:sum(self._counts[b])], recv, self._counts[b])
+        self.comm.allreduce(self._buffers[b])
         self._comm_s += time.perf_counter() - t0
-        for p, pos in self._pieces[b]:
-            g = p.own_grad
-            np.copyto(g, recv[pos:pos + g.size])

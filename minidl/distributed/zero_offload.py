@@ -2,14 +2,18 @@
 keeps the float32 master weights and the optimizer state of the rank's owned ranges only
 (:class:`~minidl.compile.host_state.HostState` with ``owned``), and runs the update over them.
 
-The gradients land whole on the host as backward writes them (the plan's copies, as on one
-rank); :class:`~.offload_sync.OffloadSync` then sums each bucket over the ranks where it landed:
-all-reduced under ``zero=1``, reduce-scattered under ``zero=2`` (each rank receives only its
-owned range's sums, half the bytes), into the landing buffer's owned ranges, which are the
-shards' gradients. :class:`ZeroOffloadOptimizer` steps the shards on the host
-(:class:`~.zero.ZeroOptimizer`), all-gathers every rank's updated range into the parameters
-(the device's copies; those the device keeps only as half copies: their host arrays) and
-rounds the half copies. The device keeps every parameter, as under ZeRO stages 1 and 2.
+* ``zero=1``: the gradients land whole on the host as backward writes them (the plan's copies,
+  as on one rank) and :class:`~.offload_sync.OffloadSync` all-reduces them there; the update
+  reads the owned ranges of them.
+* ``zero=2``: the host keeps only the owned ranges' gradients too. As ZeRO stage 2 does on the
+  device, :class:`~.data_parallel.GradientSync` takes each gradient into its bucket at its last
+  write and reduce-scatters the buckets (half an all-reduce's bytes), each rank receiving its
+  owned range's sums straight into its host's gradient shards; the plan copies nothing.
+
+:class:`ZeroOffloadOptimizer` steps the shards on the host (:class:`~.zero.ZeroOptimizer`),
+all-gathers every rank's updated range into the parameters (the device's copies; those the
+device keeps only as half copies: their host arrays) and rounds the half copies. The device
+keeps every parameter, as under ZeRO stages 1 and 2.
 """
 
 from __future__ import annotations

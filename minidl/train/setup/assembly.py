@@ -61,9 +61,9 @@ def assemble(net: Network, optimizer: Any, config: MemoryConfig, loss: Any,
     if engine.host_state is not None:  # offload=optimizer: the update on the host
         optimizer = ZeroOffloadOptimizer(optimizer, engine.host_state) if config.zero \
             else OffloadedOptimizer(optimizer, engine.host_state)  # (zero: the owned ranges)
-        if comm.size > 1 or config.zero >= 2:  # the gradients summed where they land
-            sync = OffloadSync(comm, net.parameters(), engine.host_state, par.bucket_bytes,
-                               shards=optimizer.shard.params if config.zero >= 2 else None)
+        if comm.size > 1 and config.zero < 2:  # the gradients summed where they land (zero=2:
+            # reduce-scattered from the buckets into the host's shards, as on the device)
+            sync = OffloadSync(comm, net.parameters(), engine.host_state, par.bucket_bytes)
     # (zero=2 moves the gradients into the optimizer's shards through the buckets, even on
     # one rank)
     parallel = None if comm.size == 1 and config.zero < 2 else DataParallel(
