@@ -84,6 +84,9 @@ class ZeroBytes:
     #: Whether the program read was lowered for stage 3 (every step's parameters gathered
     #: into blocks of its own): its iteration peak then holds the gathered blocks already.
     gathered_in_program: bool = False
+    #: Whether the program was lowered for offload=optimizer: the rank's shards (master
+    #: weights, optimizer state, stage 2's gradients) are on its host, not in these bytes.
+    offloaded: bool = False
 
     @property
     def saved_bytes(self) -> int:
@@ -159,4 +162,5 @@ def zero_bytes(program: Program, stage: int, ranks: int, rank: int = 0,
         layers[t.layer] = layers.get(t.layer, 0) + program.block_size(t.nbytes)
     gather = max(layers.values(), default=0) if stage == 3 else 0
     return ZeroBytes(stage, ranks, rank, mine, unsharded, tuple(colls), gather,
-                     sum(program.block_size(t.nbytes) for t in persistent), gathered)
+                     sum(program.block_size(t.nbytes) for t in persistent), gathered,
+                     bool(offloaded))
