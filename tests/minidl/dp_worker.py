@@ -139,6 +139,9 @@ def train(comm, spec: str, batch: int, bucket_bytes: int, fail_at: int | None = 
     out["host_by_kind"] = np.array(comm.allgather_object(
         [0] * len(kinds) if state is None else [state.by_kind().get(k, 0) for k in kinds]))
     out["alignment"] = np.array(trainer.pool.alignment)
+    sync = None if trainer.parallel is None else trainer.parallel.sync
+    out["bucket_host"] = np.array([0, 0] if sync is None else [  # (the ring's, the gradients')
+        sync.host_bytes, sum(p.data.size * p.data.itemsize for p in sync.params)])
     if trainer.loss_scaler is not None:
         out["skipped"] = np.array(trainer.loss_scaler.skipped)
     # the same rank's row of minidl plan --ranks N --table (estimate_table)

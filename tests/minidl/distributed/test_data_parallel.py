@@ -296,6 +296,8 @@ def _check_host_shards(got, whole, name) -> None:
     else:
         assert int(got["peak_allocated"]) <= int(whole["peak_allocated"]), name
         assert ranks.sum(axis=1).max() <= full.sum() / 2 + 4 * unit, (name, ranks, full)
+        ring, grads = got["bucket_host"]  # the buckets' buffers: 2 slots of 1 KiB buckets,
+        assert 0 < ring < grads, name  # less than every gradient's bytes
 
 
 def _check_resumed(worker, tmp_path) -> None:
@@ -432,6 +434,7 @@ def test_buckets_go_in_bucket_order_even_when_completed_out_of_order():
     launched = []  # the buckets handed to the communication thread, which is not started
     sync._start_thread = lambda: None
     sync._queue.put = launched.append
+    sync._ring.slots = 3  # (no thread sums a bucket and gives its buffer back)
     # backward writes p1's gradient (bucket 1) first, then p2's (bucket 0), then p0's
     steps = [Step(i, "backward", f"l{t}", "linear", t, forward=ForwardSlots(params={"w": t}),
                   backward=BackwardSlots(grad_params={"w": t}))
