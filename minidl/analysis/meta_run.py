@@ -181,8 +181,8 @@ def _rank_note(zero: ZeroBytes, ranks: int) -> str:
     if not zero.stage:
         return f"{head} (no ZeRO: every rank holds the whole training state)"
     if zero.offloaded:
-        return (f"{head}: its host holds its shard of the {zero_what(zero.stage)} (offload); "
-                "its device every parameter")
+        return (f"{head}: its host holds its shard of the master weights and "
+                f"{zero_what(zero.stage)} (offload); its device every parameter")
     return f"{head}: its peak, breakdown and tensors hold its shard of the {zero_what(zero.stage)}"
 
 
