@@ -187,9 +187,13 @@ def _check_combinations(flags: dict[str, str]) -> None:
         raise ValueError(f"split={flags['split']} cannot be combined with offload: gradients "
                          "leave the device as backward writes them, so micro-batches cannot "
                          "accumulate them there; drop split")
-    if "offload" in flags and "zero" in flags:
-        raise ValueError("offload cannot be combined with zero=K yet: one rank's state goes "
-                         "to its host whole; drop one of them")
+    if flags.get("offload") == "parameters" and "zero" in flags:
+        raise ValueError("offload=parameters cannot be combined with zero=K yet: the streamed "
+                         "parameters need every master weight on each host; use "
+                         "offload=optimizer")
+    if "offload" in flags and flags.get("zero") == "3":
+        raise ValueError("offload cannot be combined with zero=3 yet: use zero=1 or zero=2 "
+                         "(each rank's host keeps its shard of the state)")
     for flag in ("prefetch", "inflight"):
         if flag in flags and flags.get("offload") != "parameters":
             raise ValueError(f"memory flag {flag!r} paces streamed parameters: add "

@@ -12,6 +12,9 @@ closed it, so the copies run on the device-to-host engine while the next step co
 running). The host copy is the gradient the update reads: each gradient is ``Free``d at the
 end of the iteration, from the host. The cost model prices the copies on the target's link
 like any offload; :class:`~minidl.compile.host_state.HostState` says what the host holds.
+Under ZeRO stage 2 (``sharded``) no copy is planned: as ZeRO stage 2 does on the device, data
+parallelism's buckets take each gradient at its last write, the ranks reduce-scatter them and
+each host receives only its owned range's sums; the plan only says so.
 In mixed precision the program's half parameter tensors are the device's only copies of
 those parameters (ZeRO-Offload's fp16 parameters; the note counts them).
 """
@@ -37,13 +40,22 @@ def offloaded_gradients(program: Program) -> list[int]:
     return [t.id for t in program.tensors if t.role == Role.PARAM_GRAD and not t.persistent]
 
 
-def offload_state_plan(plan: Plan, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Plan:
+def offload_state_plan(plan: Plan, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                       sharded: bool = False) -> Plan:
     """``plan`` with every offloaded gradient (:func:`offloaded_gradients`) copied to the host
-    in buckets as backward writes it (see the module docstring); a new plan."""
+    in buckets as backward writes it (``sharded``: ZeRO stage 2, no copies; see the module
+    docstring); a new plan."""
     program = plan.program
     grads = set(offloaded_gradients(program))
     if not grads:
         return plan
+    if sharded:
+        sizes = program.block_sizes
+        note = (f"offload=optimizer,zero=2: each rank's shard of the optimizer state and "
+                f"master weights on its host, the update there; {len(grads)} gradients "
+                f"({_mib(sum(sizes[t] for t in grads))}) reduce-scattered from data "
+                "parallelism's buckets, each host receiving its owned range's sums")
+        return replace(plan, notes=(*plan.notes, note + _half_note(program)))
     aliased = grads & (set(plan.aliases) | set(plan.aliases.values()))
     if aliased:
         name = program.tensors[min(aliased)].name
@@ -91,13 +103,20 @@ def offload_state_plan(plan: Plan, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> 
             f"there; {len(order)} gradients ({_mib(sum(sizes[t] for t in order))}) copied to "
             f"the host in {len(buckets)} buckets of >= {_mib(bucket_bytes)} as backward writes "
             "them, each bucket's copies overlapping the next step")
+    return replace(plan, steps=steps, end=tuple(end),
+                   notes=(*plan.notes, note + _half_note(program)))
+
+
+def _half_note(program: Program) -> str:
+    """The note's part on the parameters the device keeps only as half copies."""
+    sizes = program.block_sizes
     half = [t for t in program.tensors if t.role == Role.PARAM and t.persistent
             and itemsize(str(t.dtype)) == 2]
-    if half:
-        note += (f"; {len(half)} parameters ({_mib(sum(sizes[t.id] for t in half))}) on the "
-                 f"device only as their {half[0].dtype} copies, rounded from the host's "
-                 "float32 master after each update")
-    return replace(plan, steps=steps, end=tuple(end), notes=(*plan.notes, note))
+    if not half:
+        return ""
+    return (f"; {len(half)} parameters ({_mib(sum(sizes[t.id] for t in half))}) on the "
+            f"device only as their {half[0].dtype} copies, rounded from the host's "
+            "float32 master after each update")
 
 
 def _mib(nbytes: int) -> str:

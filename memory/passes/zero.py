@@ -19,8 +19,9 @@ no shards in it: full gradients, parameters, as tensors of the iteration) and gi
 persistent bytes by category and the collectives of one step with the bytes each moves;
 ``saved_bytes`` is what to take off that program's peak (run with its own persistent state)
 to get the rank's. A program lowered for ``offload=optimizer`` (no ZeRO; the gradients tensors
-of the iteration, copied to the host) keeps its own persistent bytes on every rank: the
-gradients are all-reduced on the host.
+of the iteration, copied to the host) keeps its own persistent bytes on every rank, at every
+stage (``offload=True``): the gradients are summed on the host, and the sharded state (master
+weights, optimizer state) lives there too.
 """
 
 from __future__ import annotations
@@ -83,6 +84,9 @@ class ZeroBytes:
     #: Whether the program read was lowered for stage 3 (every step's parameters gathered
     #: into blocks of its own): its iteration peak then holds the gathered blocks already.
     gathered_in_program: bool = False
+    #: Whether the program was lowered for offload=optimizer: the rank's shards (master
+    #: weights, optimizer state, stage 2's gradients) are on its host, not in these bytes.
+    offloaded: bool = False
 
     @property
     def saved_bytes(self) -> int:
@@ -94,9 +98,11 @@ class ZeroBytes:
         return base - sum(self.persistent.values()) - gather
 
 
-def zero_bytes(program: Program, stage: int, ranks: int, rank: int = 0) -> ZeroBytes:
+def zero_bytes(program: Program, stage: int, ranks: int, rank: int = 0,
+               offload: bool = False) -> ZeroBytes:
     """One rank's persistent bytes under ZeRO ``stage`` (0-3) over ``ranks`` ranks, from
-    ``program`` lowered for training without sharding (see the module docstring)."""
+    ``program`` lowered for training without sharding (``offload``: for offload=optimizer,
+    whose sharded state is on the host; see the module docstring)."""
     if stage not in (0, *STAGES):
         raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {stage}")
     persistent = [t for t in program.tensors if t.persistent]
@@ -123,19 +129,22 @@ def zero_bytes(program: Program, stage: int, ranks: int, rank: int = 0) -> ZeroB
     buffers = [t for t in persistent if t.role == Role.PARAM and t.name + ".grad" not in grads]
     unsharded = {"parameter": full(trainable) + full(buffers),
                  "gradient": full(grads.values()), "optimizer_state": full(state)}
-    if stage == 0 and trainable and not any(t.persistent for t in trainable):
+    offloaded = (stage == 0 or offload) and trainable and \
+        not any(t.persistent for t in trainable)
+    if offloaded:
         # offload=optimizer: gradients, optimizer state and master weights on the host; the
         # device holds the program's persistent tensors (parameters, in mixed precision some
         # only as half copies) and the gradients as tensors of the iteration
         unsharded = {"parameter": full(t for t in persistent if t.role != Role.OPT_STATE),
                      "gradient": 0, "optimizer_state": full(state)}
     mine = dict(unsharded)
-    if stage >= 1:
-        mine["optimizer_state"] = slots * sharded(items)
-    if stage >= 2:
-        mine["gradient"] = sharded(items)
-    if stage >= 3:
-        mine["parameter"] = sharded(items) + full(buffers)
+    if not offloaded:  # (offloaded: the device's bytes; the shards are the host's)
+        if stage >= 1:
+            mine["optimizer_state"] = slots * sharded(items)
+        if stage >= 2:
+            mine["gradient"] = sharded(items)
+        if stage >= 3:
+            mine["parameter"] = sharded(items) + full(buffers)
     flat = -(-sum(sizes) // ranks) * ranks * (items[0] if items else 4)
     share = flat * (ranks - 1) // ranks
     if stage <= 1:
@@ -153,4 +162,5 @@ def zero_bytes(program: Program, stage: int, ranks: int, rank: int = 0) -> ZeroB
         layers[t.layer] = layers.get(t.layer, 0) + program.block_size(t.nbytes)
     gather = max(layers.values(), default=0) if stage == 3 else 0
     return ZeroBytes(stage, ranks, rank, mine, unsharded, tuple(colls), gather,
-                     sum(program.block_size(t.nbytes) for t in persistent), gathered)
+                     sum(program.block_size(t.nbytes) for t in persistent), gathered,
+                     bool(offloaded))

@@ -148,9 +148,11 @@ def make_plan(program: Program, config: MemoryConfig,
 
 
 def _offloaded_state(plan: Plan, config: MemoryConfig) -> Plan:
-    """``plan`` with the gradients' copies to the host and, under ``offload=parameters``,
-    the parameters streamed in from there."""
-    plan = offload_state_plan(plan)
+    """``plan`` with the gradients' copies to the host (not under ``zero=2``: data
+    parallelism's buckets take them) and, under ``offload=parameters``, the parameters
+    streamed in from there."""
+    plan = offload_state_plan(plan, sharded=True) if config.zero >= 2 \
+        else offload_state_plan(plan)
     if config.offload is OffloadPolicy.PARAMETERS:
         plan = stream_parameters_plan(plan, config.prefetch, config.inflight)
     return plan

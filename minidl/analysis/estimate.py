@@ -39,7 +39,8 @@ class EstimateRow:
     """One rank's memory under ZeRO ``stage`` over ``ranks`` ranks, at ``batch_per_rank``
     samples (the global batch's shard): the bytes it holds at the iteration's peak by column
     (``held``) and its peaks; ``max_batch_per_rank``: the largest shard whose peak reserved
-    fits the budget (``None`` without a budget)."""
+    fits the budget (``None`` without a budget); ``host``: the state it keeps on its host
+    (``offload``: its owned ranges' under ZeRO)."""
 
     stage: int
     ranks: int
@@ -48,20 +49,28 @@ class EstimateRow:
     peak_allocated: int
     peak_reserved: int
     max_batch_per_rank: int | None = None
+    host: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """The row as one flat record (the JSON of ``minidl plan --table --json``)."""
         return {"stage": self.stage, "ranks": self.ranks, "batch_per_rank": self.batch_per_rank,
                 **asdict(self.held), "peak_allocated": self.peak_allocated,
                 "peak_reserved": self.peak_reserved,
-                "max_batch_per_rank": self.max_batch_per_rank}
+                "max_batch_per_rank": self.max_batch_per_rank, "host": self.host}
 
 
-def _spec_with_stage(memory: str | MemoryConfig, stage: int) -> MemoryConfig:
+def _spec_with_stage(memory: str | MemoryConfig, stage: int) -> MemoryConfig | None:
+    """``memory`` at ZeRO ``stage``; ``None`` where the spec cannot be combined with it
+    (offload with zero=3)."""
     flags = {k: v for k, v in MemoryConfig.parse(memory).flags.items() if k != "zero"}
     if stage:
         flags["zero"] = str(stage)
-    return MemoryConfig(flags)
+    config = MemoryConfig(flags)
+    try:
+        MemoryConfig.parse(config.spec)
+    except ValueError:
+        return None
+    return config
 
 
 def _row(report: dict[str, Any], stage: int, ranks: int) -> EstimateRow:
@@ -72,7 +81,8 @@ def _row(report: dict[str, Any], stage: int, ranks: int) -> EstimateRow:
     held = HeldBytes(state["parameter"], state["gradient"], state["optimizer_state"],
                      activations, workspace)
     return EstimateRow(stage, ranks, report["batch_size"], held,
-                       report["peak_allocated_bytes"], report["peak_reserved_bytes"])
+                       report["peak_allocated_bytes"], report["peak_reserved_bytes"],
+                       host=report.get("host_state_bytes", 0))
 
 
 def _largest_fitting(fits: Callable[[int], bool], start: int) -> int:
@@ -115,17 +125,20 @@ def estimate_table(make_net: Callable[[], Network], input_shape: tuple[int, ...]
                    budget: int | None = None, progress: Callable[[str], None] | None = None,
                    **dry_kwargs: Any) -> list[EstimateRow]:
     """The table's rows: for each rank count in ``ranks`` and each ZeRO stage in ``stages``
-    (stage 0 only for one rank), a dry run of rank 0 (the largest shard) of the global
-    ``batch_size`` under ``memory`` with ``zero=`` that stage; with ``budget`` (bytes of one
-    rank's device) also the largest batch per rank whose peak reserved fits it (dry runs at
-    ``ranks x b`` samples, galloping then bisecting). ``dry_kwargs`` go to
-    :func:`~minidl.analysis.dryrun.dry_run` (``target``, ``device_kind``, ``label_shape``)."""
+    (stage 0 only for one rank; none where the spec refuses the stage), a dry run of rank 0
+    (the largest shard) of the global ``batch_size`` under ``memory`` with ``zero=`` that
+    stage; with ``budget`` (bytes of one rank's device) also the largest batch per rank whose
+    peak reserved fits it (dry runs at ``ranks x b`` samples, galloping then bisecting).
+    ``dry_kwargs`` go to :func:`~minidl.analysis.dryrun.dry_run` (``target``,
+    ``device_kind``, ``label_shape``)."""
     rows = []
     for n in ranks:
         if n < 1 or n > batch_size:
             raise ValueError(f"rank count {n}: needs 1 to the batch size ({batch_size})")
         for stage in (stages if n > 1 else (0,)):
             spec = _spec_with_stage(memory, stage)
+            if spec is None:
+                continue
 
             def report(global_batch: int, n: int = n, spec: MemoryConfig = spec) -> dict:
                 return dry_run(make_net(), global_batch, spec, optimizer,
@@ -151,6 +164,9 @@ def format_estimate_table(rows: Sequence[EstimateRow], budget: int | None = None
             "activations", "workspace", "peak/rank", "reserved/rank"]
     if budget is not None:
         cols.append("max batch/rank")
+    host = any(r.host for r in rows)
+    if host:
+        cols.append("host/rank")
     lines = []
     for r in rows:
         cells = [str(r.stage), str(r.ranks), str(r.batch_per_rank),
@@ -158,6 +174,8 @@ def format_estimate_table(rows: Sequence[EstimateRow], budget: int | None = None
                  format_size(r.peak_allocated), format_size(r.peak_reserved)]
         if budget is not None:
             cells.append(str(r.max_batch_per_rank))
+        if host:
+            cells.append(format_size(r.host))
         lines.append(cells)
     widths = [max(len(c), *(len(line[i]) for line in lines)) for i, c in enumerate(cols)]
     out = ["  ".join(c.rjust(w) for c, w in zip(cols, widths))]

@@ -5,25 +5,26 @@ buffers' peak, and on a target the price of the host's part of the iteration
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from ..memory.cost.host_update import host_update
 from ..memory.cost.targets import DeviceProfile
 
 
-def host_figures(engine: Any, profile: DeviceProfile | None) -> dict[str, Any]:
+def host_figures(engine: Any, profile: DeviceProfile | None, ranks: int = 1) -> dict[str, Any]:
     """``host_state_bytes`` (0 without offloaded state), ``host_bytes`` (that plus the swap
-    buffers' peak: what the host needs for the run), by kind, and the host update's price."""
+    buffers' peak: what the host needs for the run), by kind, and the host update's price;
+    under ``zero=K`` those of rank 0 of ``ranks`` (its owned ranges of the state)."""
     state = engine.host_state
+    if state is not None and engine.config.zero:
+        state = state.for_rank(ranks, 0, engine.config.zero >= 2)
     held = 0 if state is None else state.nbytes
     out: dict[str, Any] = {"host_state_bytes": held,
                            "host_bytes": held + engine.host_pool.peak_bytes}
     if state is not None:
         out["host_state"] = state.by_kind()
         if profile is not None:
-            values = sum(math.prod(p.shape) for p in state.params)
-            out["host_update"] = host_update(values, len(state.slots), state.upload_bytes,
+            out["host_update"] = host_update(state.values, len(state.slots), state.upload_bytes,
                                              profile).as_dict()
     return out
 

@@ -96,7 +96,8 @@ def dry_run(net: Network, batch_size: int, memory: str | MemoryConfig = "none",
     swap = c.executor.last_runtime.swap_stats.as_dict()
     swap["host_peak_bytes"] = engine.host_pool.peak_bytes
     prog = c.lowered.program
-    zero = zero_bytes(prog, config.zero, ranks) if training and (ranks > 1 or config.zero) \
+    zero = zero_bytes(prog, config.zero, ranks, offload=config.offload is not None) \
+        if training and (ranks > 1 or config.zero) \
         else None
     peaks, rank_notes = _peak_figures(prog, pool.stats(), info, zero, ranks, outputs.top)
     return {
@@ -111,7 +112,7 @@ def dry_run(net: Network, batch_size: int, memory: str | MemoryConfig = "none",
         "largest_tensor_bytes": max((t.nbytes for t in prog.tensors if not t.persistent),
                                     default=0),
         "host_peak_bytes": engine.host_pool.peak_bytes,
-        **host_figures(engine, profile),
+        **host_figures(engine, profile, ranks),
         "split": split,
         "micro_batch_size": micro,
         "kept_for_backward_bytes": sum(c.executor.last_runtime.kept_for_backward.values()),
@@ -187,6 +188,17 @@ def _write_records(c: Any, info: Any, net: Network, config: MemoryConfig, batch_
         report.save_trace(c, outputs.trace, measured=False)
 
 
+def _rank_note(zero: ZeroBytes, ranks: int) -> str:
+    """The note saying whose figures the report gives and what the rank's shard is."""
+    head = f"one rank's figures of {ranks}"
+    if not zero.stage:
+        return f"{head} (no ZeRO: every rank holds the whole training state)"
+    if zero.offloaded:
+        return (f"{head}: its host holds its shard of the master weights and "
+                f"{zero_what(zero.stage)} (offload); its device every parameter")
+    return f"{head}: its peak, breakdown and tensors hold its shard of the {zero_what(zero.stage)}"
+
+
 def _peak_figures(prog: Any, stats: dict[str, int], info: Any, zero: ZeroBytes | None,
                   ranks: int, top: int) -> tuple[dict[str, Any], list[str]]:
     """The report's entries from ``peak_allocated_bytes`` to ``live_at_peak``, one rank's
@@ -201,10 +213,7 @@ def _peak_figures(prog: Any, stats: dict[str, int], info: Any, zero: ZeroBytes |
         lower_bound -= zero.saved_bytes
         breakdown = rank_breakdown(prog, zero, breakdown)
         live = rank_live_tensors(prog, zero, live)
-        notes.append(f"one rank's figures of {ranks}: its peak, breakdown and tensors hold its "
-                     f"shard of the {zero_what(zero.stage)}" if zero.stage else
-                     f"one rank's figures of {ranks} (no ZeRO: every rank holds the whole "
-                     "training state)")
+        notes.append(_rank_note(zero, ranks))
     return {
         "peak_allocated_bytes": stats["allocated_bytes.peak"],
         "peak_reserved_bytes": stats["reserved_bytes.peak"],

@@ -226,11 +226,16 @@ class Engine:
         """``offload=optimizer``: the optimizer's state, the master weights and the gradients
         in host memory (:class:`~minidl.compile.host_state.HostState`)."""
         opt = getattr(self.optimizer, "inner", self.optimizer)
+        # (a sharding optimizer steps this rank's ranges, ``shard``, of ``owned``: the host
+        # keeps their master weights and state only)
+        owned = getattr(self.optimizer, "owned", None)
+        stepper = opt if owned is None else self.optimizer.shard
         self.host_state = HostState(self.pool.device, list(opt.params), tuple(opt.slots),
                                     self.pool.alignment, allocate=self.bound,
                                     half_copies=self.half_views,
                                     streamed=self.half_parameters if self.streams else None,
-                                    half_dtype=self.precision.half_dtype)
+                                    half_dtype=self.precision.half_dtype, owned=owned,
+                                    shard_gradients=self.config.zero >= 2)
         if self.streams:  # (inference reads the host's half copies)
             self.half_views = dict(self.host_state.half_copies)
         capacity = self.host_pool.capacity
@@ -240,9 +245,9 @@ class Engine:
                     f"offload=optimizer keeps {self.host_state.nbytes:,} B of state on the host "
                     f"but the host memory bound is {capacity:,} B; raise --host-memory")
             self.host_pool.capacity = capacity - self.host_state.nbytes
-        opt.init_state(self.host_state.alloc_state)
+        stepper.init_state(self.host_state.alloc_state)
         if self.bound:
-            self.host_state.bind(opt)
+            self.host_state.bind(stepper)
             self.host_state.chunks = ChunkedUpload(
                 self.host_state, {n: b.offset for n, b in self._blocks.items()})
 

@@ -13,6 +13,14 @@ weights into the device's parameters (on a CPU device with an emulated host link
 link's time as the gradients' copies do). On a meta device (a dry run) nothing is allocated:
 the bytes are counted.
 
+Under ZeRO (``zero=1`` / ``2``, ``owned``: this rank's ranges of the flattened parameters,
+:func:`~minidl.memory.passes.zero.owned_ranges`) the master weights and the optimizer state hold
+only the owned ranges (one block each, as the device's ZeRO lays its shards out). Under
+``zero=1`` the gradients still land whole (the ranks all-reduce them there, and the update
+reads its ranges); under ``zero=2`` (``shard_gradients``) the host keeps only the owned ranges'
+gradients too, which data parallelism's reduce-scatter fills (no landing copies), so the update
+is again one flat pass.
+
 In mixed precision the device keeps a matrix op's parameter only as its half copy
 (:func:`half_parameters`, ZeRO-Offload's fp16 parameters): its ``data`` is then the host's
 float32 master and the update rounds the master into the device's copy, which the ops read
@@ -36,6 +44,7 @@ from ..memory.devices.device import MetaArray
 from ..memory.ir.names import Role
 from ..memory.ir.precision import MATRIX_OPS, Precision, is_float
 from ..memory.ir.program import Program, aligned
+from ..memory.passes.zero import owned_ranges
 from ..memory.runtime.transfer import copy_into
 from ..net.graph import Network
 from ..net.optim import FlatGroup, Optimizer, OptimizerWrapper
@@ -62,12 +71,16 @@ class HostState:
     """Host buffers for ``params`` (the optimizer's trainable parameters, one dtype) and
     ``slots`` state arrays each, on ``device``'s host memory, blocks rounded to
     ``alignment``; ``half_copies``: the device's half arrays of the parameters it keeps only
-    as those (by name)."""
+    as those (by name); ``owned``: ``(parameter index, lo, hi)`` ranges, the only ones whose
+    master weights and state this host keeps (ZeRO; default: every parameter whole);
+    ``shard_gradients``: also only those ranges' gradients (ZeRO stage 2)."""
 
     def __init__(self, device: Any, params: list[Parameter], slots: tuple[str, ...],
                  alignment: int, allocate: bool,
                  half_copies: dict[str, Any] | None = None,
-                 streamed: frozenset[str] | None = None, half_dtype: Any = None) -> None:
+                 streamed: frozenset[str] | None = None, half_dtype: Any = None,
+                 owned: list[tuple[int, int, int]] | None = None,
+                 shard_gradients: bool = False) -> None:
         dtypes = {np.dtype(p.dtype) for p in params}
         if len(dtypes) > 1:
             raise ValueError("offload=optimizer updates one flat group: the trainable "
@@ -82,6 +95,28 @@ class HostState:
             self.offsets[p.name] = (end, size)
             end += size
         self.array_bytes = end
+        if owned is not None and streamed is not None:
+            raise ValueError("offload=parameters streams every master weight: it cannot keep "
+                             "only a rank's shard of them")
+        self.alignment = alignment
+        self.owned = owned
+        self.shard_gradients = shard_gradients and owned is not None
+        #: ``(parameter, lo, hi)`` whose master and state this host keeps, and their blocks
+        #: (by name: the parameter's, or ``name[lo:hi]`` for a range under ZeRO)
+        self.pieces = [(p, 0, math.prod(p.shape)) for p in self.params] if owned is None \
+            else [(self.params[i], lo, hi) for i, lo, hi in owned]
+        self.state_offsets: dict[str, tuple[int, int]] = dict(self.offsets)
+        state_end = end
+        if owned is not None:
+            self.state_offsets, state_end = {}, 0
+            for p, lo, hi in self.pieces:
+                size = aligned((hi - lo) * self.dtype.itemsize, alignment)
+                self.state_offsets[f"{p.name}[{lo}:{hi}]"] = (state_end, size)
+                state_end += size
+        #: Bytes of each master / state slot buffer (``array_bytes`` unless sharded)
+        self.state_bytes = state_end
+        #: Bytes of the gradients' buffer: every landing buffer, or the owned ranges'
+        self.grad_bytes = state_end if self.shard_gradients else end
         #: ``offload=parameters``: the device keeps no trainable parameter; each step's are
         #: streamed from the master (or, for the names in ``streamed``, from a half copy the
         #: host keeps beside it, rounded after each update)
@@ -108,7 +143,8 @@ class HostState:
         self._buffers: dict[str, Any] = {}
         if allocate:
             for key in ("master", "grad", *self.slots):
-                self._buffers[key] = device.host_empty((end,), np.uint8)
+                n = self.grad_bytes if key == "grad" else state_end
+                self._buffers[key] = device.host_empty((n,), np.uint8)
                 self._buffers[key][...] = 0
             if self.half_offsets:
                 self._buffers["half"] = device.host_empty((half_end,), np.uint8)
@@ -123,12 +159,17 @@ class HostState:
     def nbytes(self) -> int:
         """Host bytes held: master weights, gradients, every state slot and the streamed
         half copies."""
-        return self.array_bytes * (2 + len(self.slots)) + self.half_bytes
+        return self.grad_bytes + self.state_bytes * (1 + len(self.slots)) + self.half_bytes
+
+    @property
+    def values(self) -> int:
+        """Elements the host update updates (the owned ranges')."""
+        return sum(hi - lo for _, lo, hi in self.pieces)
 
     def by_kind(self) -> dict[str, int]:
         """Host bytes by what they hold (the report's breakdown)."""
-        kinds = {"master": self.array_bytes, "gradient": self.array_bytes,
-                 "optimizer_state": self.array_bytes * len(self.slots)}
+        kinds = {"master": self.state_bytes, "gradient": self.grad_bytes,
+                 "optimizer_state": self.state_bytes * len(self.slots)}
         if self.half_bytes:
             kinds["half_parameters"] = self.half_bytes
         return kinds
@@ -138,8 +179,17 @@ class HostState:
         n = math.prod(shape) * dtype.itemsize
         return self._buffers["half"][off:off + n].view(dtype).reshape(shape)
 
+    def for_rank(self, ranks: int, rank: int = 0, shard_gradients: bool = False) -> HostState:
+        """What ``rank`` of ``ranks`` keeps under ZeRO (``shard_gradients``: stage 2; nothing
+        allocated: a dry run's figures)."""
+        sizes = [math.prod(p.shape) for p in self.params]
+        return HostState(self._device, self.params, self.slots, self.alignment, False,
+                         half_copies=self.half_copies, owned=owned_ranges(sizes, ranks, rank),
+                         shard_gradients=shard_gradients)
+
     def _view(self, key: str, name: str, shape: tuple[int, ...]) -> Any:
-        off, _ = self.offsets[name]
+        whole = key == "grad" and not self.shard_gradients
+        off, _ = (self.offsets if whole else self.state_offsets)[name]
         n = math.prod(shape) * self.dtype.itemsize
         return self._buffers[key][off:off + n].view(self.dtype).reshape(shape)
 
@@ -161,7 +211,12 @@ class HostState:
 
     def bind(self, optimizer: Optimizer) -> None:
         """Master weights from the parameters' values, each parameter's ``.grad`` its landing
-        buffer, and the optimizer's one flat group over the host buffers."""
+        buffer, and the optimizer's one flat group over the host buffers (under ZeRO
+        ``optimizer`` steps the owned ranges, :class:`~minidl.distributed.zero.ShardParameter`
+        s: their values the master's ranges, their gradients the landing buffers')."""
+        if self.owned is not None:
+            self._bind_ranges(optimizer)
+            return
         for p in self.params:
             p.grad = self._view("grad", p.name, p.shape)
             if p.name in self.half_copies or self.streamed:  # the master is the parameter
@@ -174,6 +229,26 @@ class HostState:
             {s: self._flat(s) for s in self.slots},
             tuple((p.data, p.grad) for p in self.params))]
 
+    def _bind_ranges(self, optimizer: Optimizer) -> None:
+        """ZeRO's :meth:`bind`: the shards' values the master's ranges, their gradients the
+        landing buffers' ranges (stage 1: per-range updates, the landing buffers being laid
+        out otherwise) or the gradient shards (stage 2: one flat update)."""
+        names = [f"{p.name}[{lo}:{hi}]" for p, lo, hi in self.pieces]
+        if [s.name for s in optimizer.params] != names:
+            raise ValueError("offload under ZeRO: the optimizer's shards are not this host's "
+                             "owned ranges")
+        for p in self.params:
+            p.grad = None if self.shard_gradients else self._view("grad", p.name, p.shape)
+        for shard, (p, lo, hi) in zip(optimizer.params, self.pieces):
+            shard.own_grad = self._view("grad", shard.name, (hi - lo,)) if p.grad is None \
+                else p.grad.reshape(-1)[lo:hi]
+            shard.own_data = self._view("master", shard.name, (hi - lo,))
+        optimizer.flat_groups = [] if not self.shard_gradients else [FlatGroup(
+            tuple(optimizer.params), self._flat("master"), self._flat("grad"),
+            {s: self._flat(s) for s in self.slots},
+            tuple((s.data, s.grad) for s in optimizer.params))]
+        self.download()
+
     def homes(self, program: Program) -> dict[int, Any]:
         """The landing buffer (bytes) of each of ``program``'s offloaded gradients, by tensor;
         meta arrays of their sizes when nothing is allocated (a dry run)."""
@@ -181,7 +256,7 @@ class HostState:
         for t in program.tensors:
             if t.persistent:
                 continue
-            if t.role == Role.PARAM_GRAD:
+            if t.role == Role.PARAM_GRAD and not self.shard_gradients:
                 key, (off, size) = "grad", self.offsets[t.name.removesuffix(".grad")]
             elif t.role == Role.PARAM and self.streamed:  # (``{name}@{phase}[@r{group}]``)
                 name = t.name.partition("@")[0]
@@ -200,6 +275,12 @@ class HostState:
             for name, half in self.half_copies.items():
                 copy_into(half, self._view("master", name, half.shape))
             return
+        if self.owned is not None:  # (the all-gather wrote every parameter's values)
+            for p in self.params:
+                half = self.half_copies.get(p.name)
+                if half is not None:
+                    copy_into(half, p.data)
+            return
         engine = self._device.copy_engine if getattr(self._device, "link_bytes_per_s", None) \
             else None
         params = self.params if self.chunks is None else \
@@ -217,7 +298,14 @@ class HostState:
     def download(self) -> None:
         """The master weights from the device's parameters (after they were set there); a
         half copy's parameter is its master: the copy is rounded from it."""
-        if self.allocated:
+        if self.allocated and self.owned is not None:
+            for p, lo, hi in self.pieces:
+                copy_into(self._view("master", f"{p.name}[{lo}:{hi}]", (hi - lo,)),
+                          p.data.reshape(-1)[lo:hi])
+            for p in self.params:
+                if p.name in self.half_copies:
+                    copy_into(self.half_copies[p.name], p.data)
+        elif self.allocated:
             for p in self.params:
                 half = self.half_copies.get(p.name)
                 if half is None:

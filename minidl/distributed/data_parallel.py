@@ -18,7 +18,8 @@ bucketing, Li et al. 2020).
 
   The sum of share-weighted shard gradients is the global batch's mean gradient, up to
   summation order. The bucket buffers are host memory outside the device pool (as DDP's
-  bucket views are outside the caching allocator's plan).
+  bucket views are outside the caching allocator's plan), slots of a
+  :class:`~.bucket_ring.BucketRing` taken by the buckets in flight.
 * **ZeRO stage 2** (``zero=2``, :mod:`minidl.distributed.zero`): the buckets are reduce-scattered
   instead of all-reduced (``Communicator.reduce_scatter_v``): inside a bucket the parameters
   lie in network order, so a bucket is one flat range of the parameters, and each rank
@@ -53,6 +54,7 @@ import numpy as np
 
 from ..memory.ir.names import Phase
 from ..memory.passes.zero import owned_ranges
+from .bucket_ring import BucketRing
 from .comm import Communicator
 
 #: PyTorch DDP's default bucket size (``bucket_cap_mb=25``).
@@ -130,8 +132,8 @@ class GradientSync:
         self.overlap = overlap
         self.buckets = make_buckets([p.data.nbytes for p in self.params], bucket_bytes)
         self._bucket_of = {}
-        self._buffers: list[np.ndarray] = []
         self._offsets: list[list[int]] = []
+        counts, kinds = [], []
         sizes = [int(np.prod(p.shape)) for p in self.params]
         for b, members in enumerate(self.buckets):
             dtypes = {np.dtype(self.params[i].dtype) for i in members}
@@ -142,7 +144,11 @@ class GradientSync:
             self._offsets.append([sum(sizes[first:i]) for i in members])
             for i in members:
                 self._bucket_of[i] = b
-            self._buffers.append(np.empty(sum(sizes[i] for i in members), dtype=dtypes.pop()))
+            counts.append(sum(sizes[i] for i in members))
+            kinds.append(dtypes.pop())
+        #: The buckets' host buffers, taken as they fill and given back once summed
+        self._ring = BucketRing(counts, kinds)
+        self._bytes = sum(n * d.itemsize for n, d in zip(counts, self._ring.dtypes))
         self._index = {id(p): i for i, p in enumerate(self.params)}
         #: Stage 2: per bucket, the elements each rank receives, this rank's receive buffer
         #: and where its pieces go ((shard, its start in the receive buffer)).
@@ -180,7 +186,7 @@ class GradientSync:
             counts = [max(0, min(b, (r + 1) * shard_len) - max(a, r * shard_len))
                       for r in range(size)]
             self._counts.append(counts)
-            self._recv.append(np.empty(counts[rank], dtype=self._buffers[len(self._recv)].dtype))
+            self._recv.append(np.empty(counts[rank], dtype=self._ring.dtypes[len(self._recv)]))
             pieces, pos = [], 0
             for p, (i, lo, hi) in zip(shards, mine):
                 if i in members:
@@ -199,6 +205,12 @@ class GradientSync:
         self._filled = [False] * len(self.params)
         self._comm_s = 0.0
         self._error = None
+        self._ring.reset()
+
+    @property
+    def host_bytes(self) -> int:
+        """Host bytes of the buckets' buffers (the ring's slots made so far)."""
+        return self._ring.nbytes
 
     @property
     def unlaunched(self) -> int:
@@ -244,7 +256,7 @@ class GradientSync:
         """Parameter ``i``'s gradient, scaled by the rank's share, into its bucket's buffer."""
         b = self._bucket_of[i]
         off = self._offsets[b][self.buckets[b].index(i)]
-        np.multiply(grad.reshape(-1), self._share, out=self._buffers[b][off:off + grad.size])
+        np.multiply(grad.reshape(-1), self._share, out=self._ring.take(b)[off:off + grad.size])
         self._filled[i] = True
 
     def zero_local(self) -> None:
@@ -257,7 +269,8 @@ class GradientSync:
 
     def _launch(self, b: int) -> None:
         self._launched[b] = True
-        buf = self._buffers[b]
+        buf = self._ring.take(b)
+        self._ring.launch(b)
         for i, off in zip(self.buckets[b], self._offsets[b]):
             if self.scatter:  # a parameter no backward step wrote adds zeros
                 if not self._filled[i]:
@@ -275,7 +288,7 @@ class GradientSync:
         """All-reduce bucket ``b`` and copy the sums back into the gradients (stage 2:
         reduce-scatter it, the owned sums into the shards' gradients)."""
         t0 = time.perf_counter()
-        buf = self._buffers[b]
+        buf = self._ring.take(b)
         if self.scatter:
             recv = self._recv[b]
             self.comm.reduce_scatter_v(buf, recv, self._counts[b])
@@ -283,12 +296,13 @@ class GradientSync:
             for p, pos in self._pieces[b]:
                 g = p.own_grad
                 np.copyto(g.reshape(-1), recv[pos:pos + g.size])
-            return
-        self.comm.allreduce(buf)
-        self._comm_s += time.perf_counter() - t0
-        for i, off in zip(self.buckets[b], self._offsets[b]):
-            g = self.params[i].grad
-            np.copyto(g, buf[off:off + g.size].reshape(g.shape))
+        else:
+            self.comm.allreduce(buf)
+            self._comm_s += time.perf_counter() - t0
+            for i, off in zip(self.buckets[b], self._offsets[b]):
+                g = self.params[i].grad
+                np.copyto(g, buf[off:off + g.size].reshape(g.shape))
+        self._ring.give_back(b)
 
     def _start_thread(self) -> None:
         if self._thread is None or not self._thread.is_alive():
@@ -307,6 +321,8 @@ class GradientSync:
             except BaseException as e:  # re-raised on the main thread by finish()
                 self._error = e
             finally:
+                if b is not None:  # (a failed bucket's slot too: nobody waits for it)
+                    self._ring.give_back(b)
                 self._queue.task_done()
 
     def finish(self) -> SyncStats:
@@ -322,7 +338,7 @@ class GradientSync:
         if self._error is not None:
             err, self._error = self._error, None
             raise err
-        self.last = SyncStats(len(self.buckets), sum(b.nbytes for b in self._buffers),
+        self.last = SyncStats(len(self.buckets), self._bytes,
                               self._comm_s, exposed)
         return self.last
 

@@ -106,7 +106,8 @@ class ZeroOptimizer(OptimizerWrapper):
             raise ValueError(f"zero={stage} shards one flat range of the parameters: they must "
                              f"share a dtype, got {sorted(map(str, dtypes))}")
         self.sizes = [int(np.prod(p.shape)) for p in params]
-        owned = owned_ranges(self.sizes, comm.size, comm.rank)
+        #: ``(parameter index, lo, hi)``: the ranges of ``inner.params`` this rank owns
+        owned = self.owned = owned_ranges(self.sizes, comm.size, comm.rank)
         self.shard = copy.copy(inner)  # same class and hyperparameters, other parameters
         Optimizer.__init__(self.shard, [ShardParameter(params[i], lo, hi)
                                         for i, lo, hi in owned], inner.lr)

@@ -63,12 +63,22 @@ MIXED_CASES = (("bf16_reuse_inplace", "reuse,inplace", "bf16-mixed", 16, 1024),
 #: precision, whose bits they give: (case name, memory spec, precision); global batch 15
 #: (shards of 8 and 7 rows), 1 KiB buckets; fp16's loss scale starts at OFFLOAD_FP16_SCALE, so
 #: that the first steps overflow and are skipped (on every rank: the ranks test the all-reduced
-#: gradients).
+#: gradients; under zero=2 each its shards, the verdicts all-reduced). offload=optimizer with
+#: zero=1 and zero=2: each rank's host keeps its owned ranges of the state.
 OFFLOAD_CASES = tuple((f"{name}_{p.split('-')[0]}", spec, p)
                       for p in ("fp32", "bf16-mixed", "fp16-mixed")
                       for name, spec in (("adam_device", "reuse,inplace"),
                                          ("adam_offload", "reuse,inplace,offload=optimizer"),
-                                         ("adam_stream", "reuse,inplace,offload=parameters")))
+                                         ("adam_stream", "reuse,inplace,offload=parameters"),
+                                         ("adam_offload_zero1",
+                                          "reuse,inplace,offload=optimizer,zero=1"),
+                                         ("adam_offload_zero2",
+                                          "reuse,inplace,offload=optimizer,zero=2")))
+#: Saved after RESUME_AT steps and resumed by a new trainer (same case names and specs): the
+#: bits of the straight run.
+RESUME_CASES = (("adam_offload_zero2_bf16_resumed", "reuse,inplace,offload=optimizer,zero=2",
+                 "bf16-mixed"),)
+RESUME_AT = 4
 OFFLOAD_FP16_SCALE = 2.0 ** 24
 STEPS = 10
 #: Runs every rank must refuse in one line: the flag, and each rank's memory spec (ranks that
@@ -83,35 +93,55 @@ def _net(bn: bool):
 
 def train(comm, spec: str, batch: int, bucket_bytes: int, fail_at: int | None = None,
           bn: bool = False, sync_bn: bool = False, precision: str = "fp32",
-          optimizer: str = "sgd", loss_scale: float | None = None) -> dict[str, np.ndarray]:
+          optimizer: str = "sgd", loss_scale: float | None = None,
+          resume: Path | None = None) -> dict[str, np.ndarray]:
     """Ten SGD (or ``adam``) steps of a small smallcnn (``bn``: resnet8) on one seeded global
-    batch: losses, parameters, optimizer state, rank 0's real and planned peaks and the number
-    of buckets (``fp16-mixed``: also the steps its loss scaler, starting at ``loss_scale`` when
-    given, skipped)."""
-    net = _net(bn)
-    shape = net.input_shapes[0]
+    batch: losses, parameters, optimizer state, rank 0's real and planned peaks, each rank's
+    host state bytes by kind and the number of buckets (``fp16-mixed``: also the steps its loss
+    scaler, starting at ``loss_scale`` when given, skipped); ``resume``: saved there after
+    RESUME_AT steps and resumed by a new trainer."""
+    shape = _net(bn).input_shapes[0]
     rng = np.random.default_rng(1)
     x = rng.standard_normal((batch, *shape)).astype(np.float32)
     y = rng.integers(0, 10, batch)
-    opt = SGD(net.parameters(), lr=0.1, momentum=0.9) if optimizer == "sgd" else \
-        Adam(net.parameters(), lr=0.01)
-    trainer = Trainer(net, opt, memory=spec, device_memory="16MiB", comm=comm,
-                      bucket_bytes=bucket_bytes, sync_bn=sync_bn, precision=precision)
+
+    def make():
+        net = _net(bn)
+        opt = SGD(net.parameters(), lr=0.1, momentum=0.9) if optimizer == "sgd" else \
+            Adam(net.parameters(), lr=0.01)
+        return net, Trainer(net, opt, memory=spec, device_memory="16MiB", comm=comm,
+                            bucket_bytes=bucket_bytes, sync_bn=sync_bn, precision=precision)
+
+    net, trainer = make()
     if loss_scale is not None:
         trainer.loss_scaler.scale = loss_scale
     losses = []
     for i in range(STEPS):
         if i == fail_at and comm.rank == 1:
             raise RuntimeError(f"rank 1 fails at step {i}")
+        if resume is not None and i == RESUME_AT:
+            trainer.save(resume)
+            trainer.close()
+            net, trainer = make()
+            trainer.load(resume, resume=True)
         losses.append(trainer.step(x, y))
     out = {f"param/{k}": np.array(v) for k, v in net.state_dict().items()}
     out.update({f"optim/{k}": np.asarray(v) for k, v in trainer.optimizer.state_dict().items()})
     out["losses"] = np.array(losses)
     out["peak_allocated"] = np.array(trainer.pool.stats()["allocated_bytes.peak"])
     # the plan of rank 0 (made here: convolution workspaces depend on the thread count)
-    out["planned_peak"] = np.array(dry_run(_net(bn), batch, spec, optimizer, input_shape=shape,
-                                           ranks=comm.size,
-                                           precision=precision)["peak_allocated_bytes"])
+    plan = dry_run(_net(bn), batch, spec, optimizer, input_shape=shape, ranks=comm.size,
+                   precision=precision)
+    out["planned_peak"] = np.array(plan["peak_allocated_bytes"])
+    out["planned_host"] = np.array(plan["host_state_bytes"])
+    state = trainer.engine.host_state
+    kinds = ("master", "gradient", "optimizer_state", "half_parameters")  # (rows: the ranks)
+    out["host_by_kind"] = np.array(comm.allgather_object(
+        [0] * len(kinds) if state is None else [state.by_kind().get(k, 0) for k in kinds]))
+    out["alignment"] = np.array(trainer.pool.alignment)
+    sync = None if trainer.parallel is None else trainer.parallel.sync
+    out["bucket_host"] = np.array([0, 0] if sync is None else [  # (the ring's, the gradients')
+        sync.host_bytes, sum(p.data.size * p.data.itemsize for p in sync.params)])
     if trainer.loss_scaler is not None:
         out["skipped"] = np.array(trainer.loss_scaler.skipped)
     # the same rank's row of minidl plan --ranks N --table (estimate_table)
@@ -150,6 +180,11 @@ def main(argv: list[str]) -> int:
     for name, spec, precision in OFFLOAD_CASES:
         res = train(comm, spec, 15, 1024, precision=precision, optimizer="adam",
                     loss_scale=OFFLOAD_FP16_SCALE if precision == "fp16-mixed" else None)
+        if comm.rank == 0:
+            np.savez(out / f"{name}.npz", **res)
+    for name, spec, precision in RESUME_CASES:
+        res = train(comm, spec, 15, 1024, precision=precision, optimizer="adam",
+                    resume=out / f"{name}.ckpt.npz")
         if comm.rank == 0:
             np.savez(out / f"{name}.npz", **res)
     for name, sync_bn, spec in BN_CASES:

@@ -12,6 +12,7 @@ from ...distributed.comm import SingleProcess
 from ...distributed.data_parallel import DataParallel
 from ...distributed.offload_sync import OffloadSync
 from ...distributed.zero import sharded_optimizer
+from ...distributed.zero_offload import ZeroOffloadOptimizer
 from ...memory.cost.link_emulation import LinkEmulation
 from ...memory.devices.traits import DeviceTraits, device_traits
 from ...memory.ir.config import MemoryConfig
@@ -58,8 +59,10 @@ def assemble(net: Network, optimizer: Any, config: MemoryConfig, loss: Any,
                     target=setup.target, precision=options.step.precision)
     sync = None
     if engine.host_state is not None:  # offload=optimizer: the update on the host
-        optimizer = OffloadedOptimizer(optimizer, engine.host_state)
-        if comm.size > 1:  # the gradients averaged where they land, on the host
+        optimizer = ZeroOffloadOptimizer(optimizer, engine.host_state) if config.zero \
+            else OffloadedOptimizer(optimizer, engine.host_state)  # (zero: the owned ranges)
+        if comm.size > 1 and config.zero < 2:  # the gradients summed where they land (zero=2:
+            # reduce-scattered from the buckets into the host's shards, as on the device)
             sync = OffloadSync(comm, net.parameters(), engine.host_state, par.bucket_bytes)
     # (zero=2 moves the gradients into the optimizer's shards through the buckets, even on
     # one rank)

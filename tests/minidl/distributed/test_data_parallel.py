@@ -202,6 +202,7 @@ def test_two_ranks_match_one_process(mpiexec, tmp_path, dp_worker):
                             assert np.array_equal(a[k], b[k]), f"{name} {k}"
     _check_mixed_precision_cases(worker, tmp_path)
     _check_offload_cases(worker, tmp_path)
+    _check_resumed(worker, tmp_path)
 
 
 def _check_mixed_precision_cases(worker, tmp_path) -> None:
@@ -259,8 +260,13 @@ def _check_offload_cases(worker, tmp_path) -> None:
         assert int(got["peak_allocated"]) < int(device["peak_allocated"]), name
         assert int(got["buckets"]) >= 3, name  # several buckets, launched as they landed
         assert not np.allclose(got["losses"][0], got["losses"][-1])  # it trained
+        assert int(got["host_by_kind"][0].sum()) == int(got["planned_host"]), name
         if precision == "fp16-mixed":
             assert int(got["skipped"]) >= 2, name
+        if "zero" in spec:
+            _check_host_shards(got, runs["adam_offload_" + name.rpartition("_")[2]], name)
+            continue
+        if precision == "fp16-mixed":
             continue
         ref = worker.train(SingleProcess(), spec, 15, 1024, precision=precision,
                            optimizer="adam")
@@ -269,6 +275,40 @@ def _check_offload_cases(worker, tmp_path) -> None:
             if k.startswith("param/") or k == "losses":
                 np.testing.assert_allclose(got[k], ref[k], rtol=rtol, atol=atol,
                                            err_msg=f"{name} {k}")
+
+
+def _check_host_shards(got, whole, name) -> None:
+    """offload with zero=K on 2 ranks: each rank's host keeps about half the master weights and
+    Adam state of the unsharded run's (zero=2: also of its gradients; the two halves' blocks
+    rounded up to the pool's unit at most once more), the device the same parameters (zero=1:
+    the same peak; zero=2 frees each gradient at its last write, not after its copy)."""
+    unit = int(got["alignment"])
+    full = whole["host_by_kind"][0]  # master, gradient, optimizer_state of one rank
+    ranks = got["host_by_kind"]
+    sharded = [0, 1, 2] if "zero2" in name else [0, 2]  # (zero=1: every gradient lands)
+    for k in sharded:
+        slots = 2 if k == 2 else 1
+        assert all(0 < int(r[k]) < int(full[k]) for r in ranks), (name, k, ranks, full)
+        assert full[k] <= ranks[:, k].sum() <= full[k] + slots * unit, (name, k, ranks, full)
+    if "zero1" in name:
+        assert (ranks[:, 1] == full[1]).all(), name
+        assert int(got["peak_allocated"]) == int(whole["peak_allocated"]), name
+    else:
+        assert int(got["peak_allocated"]) <= int(whole["peak_allocated"]), name
+        assert ranks.sum(axis=1).max() <= full.sum() / 2 + 4 * unit, (name, ranks, full)
+        ring, grads = got["bucket_host"]  # the buckets' buffers: 2 slots of 1 KiB buckets,
+        assert 0 < ring < grads, name  # less than every gradient's bytes
+
+
+def _check_resumed(worker, tmp_path) -> None:
+    """Saved after a few steps (the state gathered from the ranks' shards) and resumed by a
+    new trainer: the straight run's bits."""
+    for name, _, _ in worker.RESUME_CASES:
+        got = np.load(tmp_path / f"{name}.npz")
+        straight = np.load(tmp_path / f"{name.removesuffix('_resumed')}.npz")
+        for k in straight.files:
+            if k.startswith(("param/", "optim/")) or k == "losses":
+                assert np.array_equal(got[k], straight[k]), f"{name} {k}"
 
 
 @pytest.mark.parametrize("flag,said", [
@@ -394,6 +434,7 @@ def test_buckets_go_in_bucket_order_even_when_completed_out_of_order():
     launched = []  # the buckets handed to the communication thread, which is not started
     sync._start_thread = lambda: None
     sync._queue.put = launched.append
+    sync._ring.slots = 3  # (no thread sums a bucket and gives its buffer back)
     # backward writes p1's gradient (bucket 1) first, then p2's (bucket 0), then p0's
     steps = [Step(i, "backward", f"l{t}", "linear", t, forward=ForwardSlots(params={"w": t}),
                   backward=BackwardSlots(grad_params={"w": t}))

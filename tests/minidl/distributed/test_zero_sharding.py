@@ -22,7 +22,7 @@ def test_zero_on_one_rank_is_bit_identical_and_checkpoints_unsharded(stage, prec
                         precision=precision)
     assert sorted(plain) == sorted(zero)
     for k in plain:
-        if k not in ("peak_allocated", "planned_peak", "table_peak", "buckets"):
+        if k not in ("peak_allocated", "planned_peak", "table_peak", "buckets", "bucket_host"):
             assert np.array_equal(plain[k], zero[k]), k  # (optim/: the unsharded state)
     if stage == 1:  # one rank holds every shard: the same bytes
         assert int(zero["peak_allocated"]) == int(plain["peak_allocated"])
