@@ -54,6 +54,18 @@ def _train(spec: str, device_memory: int | str, precision: str = "fp32"):
     return out
 
 
+def _assert_trains_as(reference, run, dry) -> None:
+    """``run`` gives ``reference``'s losses, parameters and optimizer state bit for bit, and
+    its device peaks and host bytes are the dry run's."""
+    assert run[0] == reference[0]
+    for a, c in ((reference[1], run[1]), (reference[2], run[2])):
+        assert a.keys() == c.keys()
+        for k in a:
+            assert a[k].dtype == c[k].dtype and np.array_equal(a[k], c[k]), k
+    assert run[3] == (dry["peak_allocated_bytes"], dry["peak_reserved_bytes"])
+    assert run[4] == (dry["host_state_bytes"], dry["host_peak_bytes"])
+
+
 @functools.cache
 def _on_a_large_arena(precision: str = "fp32"):
     return _train("reuse,inplace", "256MiB", precision)
@@ -74,13 +86,7 @@ def test_a_gpt_with_3x_its_device_memory_of_state_trains_as_on_a_large_arena(spe
     # the parameters alone, or none of them
     assert dry["persistent_bytes"] == (on["persistent_bytes"] // kept if kept else 0)
     reference, run = _on_a_large_arena(), _train(spec, b)
-    assert run[0] == reference[0]  # losses
-    for a, c in ((reference[1], run[1]), (reference[2], run[2])):
-        assert a.keys() == c.keys()
-        for k in a:  # parameters and AdamW's state
-            assert a[k].dtype == c[k].dtype and np.array_equal(a[k], c[k]), k
-    assert run[3] == (dry["peak_allocated_bytes"], dry["peak_reserved_bytes"])
-    assert run[4] == (dry["host_state_bytes"], dry["host_peak_bytes"])
+    _assert_trains_as(reference, run, dry)  # losses, parameters, AdamW's state; dry == real
     assert dry["host_bytes"] == sum(run[4])
     assert run[3][1] <= b < reference[3][0] // 3
 
@@ -94,13 +100,7 @@ def test_in_bf16_mixed_the_device_keeps_half_parameters_and_training_is_unchange
     assert dry["host_state_bytes"] >= 3 * b >= 3 * dry["peak_reserved_bytes"]
     assert dry["persistent_bytes"] < fp32["persistent_bytes"]  # half matrix parameters
     reference, run = _on_a_large_arena("bf16-mixed"), _train(spec, b, "bf16-mixed")
-    assert run[0] == reference[0]
-    for a, c in ((reference[1], run[1]), (reference[2], run[2])):
-        assert a.keys() == c.keys()
-        for k in a:
-            assert a[k].dtype == c[k].dtype and np.array_equal(a[k], c[k]), k
-    assert run[3] == (dry["peak_allocated_bytes"], dry["peak_reserved_bytes"])
-    assert run[4] == (dry["host_state_bytes"], dry["host_peak_bytes"])
+    _assert_trains_as(reference, run, dry)
     assert on["peak_reserved_bytes"] > b
 
 
@@ -116,10 +116,4 @@ def test_streamed_parameters_train_in_less_device_memory_than_the_parameters_alo
     assert dry["peak_reserved_bytes"] <= b < params
     assert dry["persistent_bytes"] < params // 50  # no trainable parameter between steps
     reference, run = _on_a_large_arena(precision), _train(spec, b, precision)
-    assert run[0] == reference[0]
-    for a, c in ((reference[1], run[1]), (reference[2], run[2])):
-        assert a.keys() == c.keys()
-        for k in a:
-            assert a[k].dtype == c[k].dtype and np.array_equal(a[k], c[k]), k
-    assert run[3] == (dry["peak_allocated_bytes"], dry["peak_reserved_bytes"])
-    assert run[4] == (dry["host_state_bytes"], dry["host_peak_bytes"])
+    _assert_trains_as(reference, run, dry)

@@ -147,11 +147,13 @@ def test_the_device_holds_half_parameters_and_no_cast_copy_of_them(precision):
     assert all(str(t.dtype) == "float32" for t in prog.tensors if t.role == Role.PARAM_GRAD)
 
 
-def test_checkpoint_and_resume_keep_the_half_copies_in_step(tmp_path):
+@pytest.mark.parametrize("spec", [OFF, "reuse,inplace,offload=parameters"])
+def test_checkpoint_and_resume_keep_the_half_copies_in_step(tmp_path, spec):
+    """(offload=parameters: the host's half copies, streamed in, follow the loaded masters.)"""
     x, y = _cnn_batch()
-    straight = _train(_cnn, (x, y), OFF, Adam, "bf16-mixed", steps=4)[0]
+    straight = _train(_cnn, (x, y), spec, Adam, "bf16-mixed", steps=4)[0]
     net = _cnn()
-    tr = minidl.Trainer(net, Adam(net.parameters(), lr=1e-2), memory=OFF,
+    tr = minidl.Trainer(net, Adam(net.parameters(), lr=1e-2), memory=spec,
                         device_memory="32MiB", precision="bf16-mixed")
     first = [tr.step(x, y) for _ in range(2)]
     tr.save(tmp_path / "c.npz")
@@ -159,7 +161,7 @@ def test_checkpoint_and_resume_keep_the_half_copies_in_step(tmp_path):
     net2 = _cnn()
     for p in net2.parameters():  # other weights: everything must come from the checkpoint
         p.data[...] += 1
-    tr2 = minidl.Trainer(net2, Adam(net2.parameters(), lr=1e-2), memory=OFF,
+    tr2 = minidl.Trainer(net2, Adam(net2.parameters(), lr=1e-2), memory=spec,
                          device_memory="32MiB", precision="bf16-mixed")
     tr2.load(tmp_path / "c.npz", resume=True)
     assert first + [tr2.step(x, y) for _ in range(2)] == straight
