@@ -195,7 +195,7 @@ def _check_combinations(flags: dict[str, str]) -> None:
         raise ValueError("offload cannot be combined with zero=3 yet: use zero=1 or zero=2 "
                          "(each rank's host keeps its shard of the state)")
     for flag in ("prefetch", "inflight"):
-        if flag in flags and flags.get("offload") != "parameters":
+        if flag in flags and flags.get("offload") != OffloadPolicy.PARAMETERS:
             raise ValueError(f"memory flag {flag!r} paces streamed parameters: add "
                              "offload=parameters to the spec")
     for flag, usage in (("budget", "budget=SIZE"), ("only", "only=recompute|swap"),

@@ -17,7 +17,7 @@ compute where the copy back after the update does not).
 
 from __future__ import annotations
 
-from ..ir.config import MemoryConfig
+from ..ir.config import MemoryConfig, OffloadPolicy
 from ..ir.units import format_size
 
 #: The share of the budget above which the parameters are streamed rather than kept.
@@ -37,7 +37,7 @@ def with_offload_if_needed(config: MemoryConfig, persistent_bytes: int,
             or persistent_bytes < budget or offloadable_bytes <= 0:
         return config, ""
     stream = kept_parameter_bytes > STREAM_SHARE * budget
-    policy = "parameters" if stream else "optimizer"
+    policy = OffloadPolicy.PARAMETERS if stream else OffloadPolicy.OPTIMIZER
     offloaded = MemoryConfig.parse(f"{config.spec},offload={policy}")
     note = (f"auto: the persistent state ({format_size(persistent_bytes)}: parameters, "
             f"gradients and optimizer state) fills the budget {format_size(budget)} before any "

@@ -50,6 +50,8 @@ from ..net.graph import Network
 from ..net.optim import FlatGroup, Optimizer, OptimizerWrapper
 from ..net.parameter import Parameter
 
+#: The host buffer of the gradients (beside ``master``, the optimizer's slots and ``half``)
+GRADIENTS = "grad"
 
 def half_parameters(net: Network, precision: Precision) -> frozenset[str]:
     """Under mixed precision, the trainable float parameters only matrix ops read (which
@@ -142,8 +144,8 @@ class HostState:
         self._device = device
         self._buffers: dict[str, Any] = {}
         if allocate:
-            for key in ("master", "grad", *self.slots):
-                n = self.grad_bytes if key == "grad" else state_end
+            for key in ("master", GRADIENTS, *self.slots):
+                n = self.grad_bytes if key == GRADIENTS else state_end
                 self._buffers[key] = device.host_empty((n,), np.uint8)
                 self._buffers[key][...] = 0
             if self.half_offsets:
@@ -188,7 +190,7 @@ class HostState:
                          shard_gradients=shard_gradients)
 
     def _view(self, key: str, name: str, shape: tuple[int, ...]) -> Any:
-        whole = key == "grad" and not self.shard_gradients
+        whole = key == GRADIENTS and not self.shard_gradients
         off, _ = (self.offsets if whole else self.state_offsets)[name]
         n = math.prod(shape) * self.dtype.itemsize
         return self._buffers[key][off:off + n].view(self.dtype).reshape(shape)
@@ -199,7 +201,7 @@ class HostState:
     def flat_gradients(self) -> Any:
         """The landing buffers of every gradient as one flat array (blocks back to back in
         parameter order; data parallelism all-reduces ranges of it in place)."""
-        return self._flat("grad")
+        return self._flat(GRADIENTS)
 
     def alloc_state(self, name: str, shape: tuple[int, ...], dtype: Any) -> Any:
         """The optimizer's ``alloc`` (``init_state``): state ``{param}.{slot}`` in its slot's
@@ -218,14 +220,14 @@ class HostState:
             self._bind_ranges(optimizer)
             return
         for p in self.params:
-            p.grad = self._view("grad", p.name, p.shape)
+            p.grad = self._view(GRADIENTS, p.name, p.shape)
             if p.name in self.half_copies or self.streamed:  # the master is the parameter
                 master = self._view("master", p.name, p.shape)
                 copy_into(master, p.data)
                 p.data = master
         self.download()
         optimizer.flat_groups = [FlatGroup(
-            tuple(self.params), self._flat("master"), self._flat("grad"),
+            tuple(self.params), self._flat("master"), self._flat(GRADIENTS),
             {s: self._flat(s) for s in self.slots},
             tuple((p.data, p.grad) for p in self.params))]
 
@@ -238,13 +240,13 @@ class HostState:
             raise ValueError("offload under ZeRO: the optimizer's shards are not this host's "
                              "owned ranges")
         for p in self.params:
-            p.grad = None if self.shard_gradients else self._view("grad", p.name, p.shape)
+            p.grad = None if self.shard_gradients else self._view(GRADIENTS, p.name, p.shape)
         for shard, (p, lo, hi) in zip(optimizer.params, self.pieces):
-            shard.own_grad = self._view("grad", shard.name, (hi - lo,)) if p.grad is None \
+            shard.own_grad = self._view(GRADIENTS, shard.name, (hi - lo,)) if p.grad is None \
                 else p.grad.reshape(-1)[lo:hi]
             shard.own_data = self._view("master", shard.name, (hi - lo,))
         optimizer.flat_groups = [] if not self.shard_gradients else [FlatGroup(
-            tuple(optimizer.params), self._flat("master"), self._flat("grad"),
+            tuple(optimizer.params), self._flat("master"), self._flat(GRADIENTS),
             {s: self._flat(s) for s in self.slots},
             tuple((s.data, s.grad) for s in optimizer.params))]
         self.download()
@@ -257,7 +259,7 @@ class HostState:
             if t.persistent:
                 continue
             if t.role == Role.PARAM_GRAD and not self.shard_gradients:
-                key, (off, size) = "grad", self.offsets[t.name.removesuffix(".grad")]
+                key, (off, size) = GRADIENTS, self.offsets[t.name.removesuffix(".grad")]
             elif t.role == Role.PARAM and self.streamed:  # (``{name}@{phase}[@r{group}]``)
                 name = t.name.partition("@")[0]
                 key, (off, size) = ("half", self.half_offsets[name]) \
