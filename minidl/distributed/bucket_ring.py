@@ -57,7 +57,8 @@ class BucketRing:
             return slot[:self.counts[b] * d.itemsize].view(d)
 
     def launch(self, b: int) -> None:
-        """Bucket ``b``'s collective is under way: its slot comes back."""
+        """Bucket ``b``'s collective is under way: its slot will come back when it ends (a
+        bucket waiting for a slot may wait for it)."""
         with self._cond:
             self._launched.add(b)
 
