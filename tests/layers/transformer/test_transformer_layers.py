@@ -45,7 +45,11 @@ def test_layernorm_gradients(lead, dim, seed):
     rng = np.random.default_rng(seed)
     layer = LayerNorm(dim)
     xs = make_inputs(layer, [(*lead, dim)], rng)
-    res = check_layer(layer, xs, rng=rng)
+    # float32 against float64 only where a row's spread is well above float32's resolution:
+    # two nearly equal entries (variance 4.7e-5 at seed 798, dim 2) lose x - mean's digits in
+    # float32, which the input gradient then divides by a standard deviation near eps's
+    conditioned = dim == 1 or float(np.var(xs[0], axis=-1).min()) > 1e-3
+    res = check_layer(layer, xs, rng=rng, float32=conditioned)
     x = xs[0]
     if dim > 1:
         y = res.outputs[0]
