@@ -45,6 +45,11 @@ from .conv_device import (
     conv2d_device_workspace_bytes,
     conv2d_forward_device,
 )
+from .conv_device_half import (
+    conv2d_backward_device_half,
+    conv2d_forward_device_half,
+    half_operands,
+)
 from .conv_geometry import (
     GEMM_MAX_COL_BYTES,
     GEMM_MIN_COLS,
@@ -125,6 +130,10 @@ def conv2d_forward(
     Device arrays run :func:`~.conv_device.conv2d_forward_device` (workspace:
     :func:`~.conv_device.conv2d_device_workspace_bytes`; ``threads`` and ``algo`` unused)."""
     if _on_device(x, w, b, y, workspace):
+        if half_operands(x, w, y):  # (mixed precision: half operands, float32 output)
+            conv2d_forward_device_half(x, w, b, y, stride, padding, dilation, groups,
+                                       workspace, max_workspace)
+            return
         conv2d_forward_device(x, w, b, y, stride, padding, dilation, groups, workspace,
                               max_workspace)
         return
@@ -166,6 +175,12 @@ def conv2d_backward(
     ``max_workspace``, as in :func:`conv2d_forward`). Device arrays run
     :func:`~.conv_device.conv2d_backward_device`."""
     if _on_device(x, w, dy, dx, dw, db, workspace):
+        if (half_operands(x, w, dw) and dy.dtype == x.dtype
+                and (dx is None or dx.dtype == dw.dtype)):
+            conv2d_backward_device_half(x, w, dy, dx, dw, db, stride, padding, dilation,
+                                        groups, workspace, accumulate, accumulate_bias,
+                                        max_workspace)
+            return
         conv2d_backward_device(x, w, dy, dx, dw, db, stride, padding, dilation, groups,
                                workspace, accumulate, accumulate_bias, max_workspace)
         return

@@ -49,11 +49,13 @@ MIXED_PRECISION_KINDS = frozenset({"conv", "linear", "pool", "relu", "act", "bn"
                                    "add", "loss", "dropout", "embedding", "norm", "attention",
                                    "rnn", "recurrent", "state", "stack"})
 
-#: Layer kinds whose device path reads half operands directly (Linear: its GEMMs through
-#: :func:`~minidl.kernels.device_gemm.gemm_ex`, the bias added to the float32 product, the
-#: bias gradient summed into float32): on a CUDA device they get their half inputs, weight
-#: copies and output gradients as they are, and float32 arrays only for what they write.
-DEVICE_HALF_OPERAND_KINDS = frozenset({"linear"})
+#: Layer kinds whose device path reads half operands directly (Linear and Conv2d: their GEMMs
+#: through :func:`~minidl.kernels.device_gemm.gemm_ex`, a convolution's columns im2col'ed in
+#: the half dtype (:mod:`~minidl.kernels.convolution.conv_device_half`), the bias added to the
+#: float32 product, the bias gradient summed into float32): on a CUDA device they get their
+#: half inputs, weight copies and output gradients as they are, and float32 arrays only for
+#: what they write.
+DEVICE_HALF_OPERAND_KINDS = frozenset({"linear", "conv"})
 
 
 def is_half(a: Any) -> bool:

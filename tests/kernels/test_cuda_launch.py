@@ -27,6 +27,7 @@ from minidl.kernels.codecs import precision as pr
 from minidl.kernels.codecs import sparse as sp
 from minidl.kernels.compression import weight_record as wr
 from minidl.kernels.convolution import conv_device as CD
+from minidl.kernels.convolution import conv_device_half as CDH
 from minidl.kernels.pooling import pool as P
 from minidl.kernels.pooling import pool_device as PD
 from minidl.kernels.pooling import poolidx as pi
@@ -196,16 +197,16 @@ CONV_COL_CAPS = (16 << 20, 2000, 600, 0)
 
 
 def case_conv_im2col_col2im(rng: np.random.Generator) -> None:
-    """conv_device's im2col / col2im kernels, tile by tile as the device convolution runs
-    them (multi-image tiles, bands of rows, one row per tile), against the slice code on
-    NumPy arrays; ``dx`` starts as NaN garbage (each image's first tile zeroes it) and
-    accumulates over the bands."""
+    """conv_device's im2col / col2im kernels (im2col on half bits too), tile by tile as the
+    device convolution runs them (multi-image tiles, bands of rows, one row per tile),
+    against the slice code on NumPy arrays; ``dx`` starts as NaN garbage (each image's first
+    tile zeroes it) and accumulates over the bands."""
     kinds = set()
     for x_shape, k, s, pad, dil, groups in CONV_GEOMETRIES:
         for cap in CONV_COL_CAPS:
-            for dt in (np.float32, np.float64):
+            for dt in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16):
                 x = _specials(rng.standard_normal(x_shape).reshape(-1)).reshape(x_shape)
-                x = x.astype(dt)
+                x, half = x.astype(dt), np.dtype(dt).itemsize == 2  # (half: the uint16 bits)
                 lay = CD._device_layout(x_shape, 2 * groups, k, s, pad, dil, groups,
                                         x.itemsize, True, cap)
                 kinds.add("images" if lay.images > 1 else "band" if 1 < lay.rows < lay.ho
@@ -217,8 +218,10 @@ def case_conv_im2col_col2im(rng: np.random.Generator) -> None:
                     size = x_shape[1] * k[0] * k[1] * (n1 - n0) * (r1 - r0) * lay.wo
                     col_ref, col = np.full(size, 7, dt), D(np.full(size, 7, dt))
                     CD._im2col(x, col_ref, taps, n0, n1, r0, r1)
-                    CD._im2col(xd, col, taps, n0, n1, r0, r1)
+                    (CDH._im2col_half if half else CD._im2col)(xd, col, taps, n0, n1, r0, r1)
                     same(H(col), col_ref)
+                    if half:
+                        continue
                     dcol = rng.standard_normal(size).astype(dt)
                     dcol[::11] = -0.0
                     CD._col2im(dcol, dx_ref, taps, n0, n1, r0, r1)

@@ -171,3 +171,45 @@ def test_fp16_overflow_skips_the_step_on_the_device():
     while scaler.skipped < 30 and scaler.scale > 2.0 ** 20:
         tr.step(x, y)
     assert scaler.scale <= 2.0 ** 20 and np.isfinite(tr.step(x, y))
+
+
+@pytest.mark.parametrize("precision", MIXED)
+@pytest.mark.parametrize("model", ["smallcnn", "lenet5"])
+def test_conv_reads_half_through_gemm_ex(model, precision, monkeypatch):
+    """Conv2d takes its half input, weight copy and output gradient as they are on the device
+    (conv_device_half: im2col on their bits, GemmEx into float32): every convolution product
+    is a gemm_ex (forward, dW, and dx but for the first layer's), the results within
+    test_cnn_equals_cpu's bounds, and none of the convolutions' float32 operand copies is in
+    the scratch block any longer (smaller than with Conv2d back on float32 copies)."""
+    from minidl.compile import mixed_steps
+    from minidl.kernels.convolution import conv_device_half as cdh
+
+    make, shape = CNNS[model]
+    cpu = _train(make, _images(shape), precision, "cpu")
+    inside, conv_calls, ex_calls = [False], [], []
+    real_ex, real_gemm = blas.emulated_gemm_ex, cdh.gemm
+
+    def conv_gemm(*a, **k):
+        inside[0] = True
+        conv_calls.append(a[2].dtype)
+        try:
+            real_gemm(*a, **k)
+        finally:
+            inside[0] = False
+
+    monkeypatch.setattr(blas, "emulated_gemm_ex",
+                        lambda *a: ex_calls.append(inside[0]) or real_ex(*a))
+    monkeypatch.setattr(cdh, "gemm", conv_gemm)
+    dev = StrictCudaDevice("64MiB")
+    gpu = _train(make, _images(shape), precision, dev)
+    # 3 steps of two convolutions: 2 forward products, 2 dW, 1 dx (conv1 takes none)
+    assert len(conv_calls) == 3 * 5 and set(conv_calls) == {np.dtype(np.float32)}
+    assert ex_calls.count(True) == len(conv_calls)
+    np.testing.assert_allclose(gpu[0], cpu[0], rtol=EPS[precision])
+    for k in cpu[1]:
+        np.testing.assert_allclose(gpu[1][k], cpu[1][k], rtol=0,
+                                   atol=1e-5 * np.abs(cpu[1][k]).max(), err_msg=k)
+    _no_escape(dev)
+    monkeypatch.setattr(mixed_steps, "DEVICE_HALF_OPERAND_KINDS", frozenset({"linear"}))
+    copies = _train(make, _images(shape), precision, StrictCudaDevice("64MiB"))
+    assert gpu[2].engine.scratch.size < copies[2].engine.scratch.size
