@@ -47,8 +47,10 @@ from .conv_device import (
 )
 from .conv_device_half import (
     conv2d_backward_device_half,
+    conv2d_device_half_workspace_bytes,
     conv2d_forward_device_half,
     half_operands,
+    is_half_dtype,
 )
 from .conv_geometry import (
     GEMM_MAX_COL_BYTES,
@@ -82,9 +84,9 @@ __all__ = [
     "SERIAL_MACS", "WINOGRAD_MAX_IMAGE_BYTES", "WINOGRAD_MAX_WEIGHTS", "WINOGRAD_MIN_CIN",
     "WINOGRAD_MIN_TILES", "ConvConfig", "Pair", "block_bounds", "choose_algo", "col2im",
     "conv2d_backward", "conv2d_backward_device", "conv2d_backward_ref",
-    "conv2d_device_workspace_bytes", "conv2d_forward", "conv2d_forward_device",
-    "conv2d_forward_ref", "conv2d_workspace_bytes", "conv_config", "conv_output_hw",
-    "grad_parts", "im2col", "im2col_ref",
+    "conv2d_device_half_workspace_bytes", "conv2d_device_workspace_bytes", "conv2d_forward",
+    "conv2d_forward_device", "conv2d_forward_ref", "conv2d_workspace_bytes", "conv_config",
+    "conv_output_hw", "grad_parts", "im2col", "im2col_ref", "is_half_dtype",
 ]
 
 
@@ -130,7 +132,7 @@ def conv2d_forward(
     Device arrays run :func:`~.conv_device.conv2d_forward_device` (workspace:
     :func:`~.conv_device.conv2d_device_workspace_bytes`; ``threads`` and ``algo`` unused)."""
     if _on_device(x, w, b, y, workspace):
-        if half_operands(x, w, y):  # (mixed precision: half operands, float32 output)
+        if half_operands(x, w):  # (mixed precision: half operands)
             conv2d_forward_device_half(x, w, b, y, stride, padding, dilation, groups,
                                        workspace, max_workspace)
             return
@@ -175,8 +177,7 @@ def conv2d_backward(
     ``max_workspace``, as in :func:`conv2d_forward`). Device arrays run
     :func:`~.conv_device.conv2d_backward_device`."""
     if _on_device(x, w, dy, dx, dw, db, workspace):
-        if (half_operands(x, w, dw) and dy.dtype == x.dtype
-                and (dx is None or dx.dtype == dw.dtype)):
+        if half_operands(x, w) and dy.dtype == x.dtype:
             conv2d_backward_device_half(x, w, dy, dx, dw, db, stride, padding, dilation,
                                         groups, workspace, accumulate, accumulate_bias,
                                         max_workspace)

@@ -6,10 +6,12 @@ import numpy as np
 
 from ...kernels.convolution.conv import (
     conv2d_backward,
+    conv2d_device_half_workspace_bytes,
     conv2d_device_workspace_bytes,
     conv2d_forward,
     conv2d_workspace_bytes,
     conv_output_hw,
+    is_half_dtype,
 )
 from ...kernels.vocabulary import DeviceKind, RecomputeCost
 from ..base import Layer, ParamSpec, Shape, device_kind
@@ -150,6 +152,9 @@ class Conv2d(Layer):
         geom = (tuple(in_shapes[0]), self.out_channels, self.kernel_size, self.stride,
                 self.padding, self.dilation, self.groups, dtype, backward)
         if kind == DeviceKind.CUDA:
+            if is_half_dtype(dtype):  # (mixed precision: half operands, half outputs)
+                return conv2d_device_half_workspace_bytes(*geom[:7], backward,
+                                                          max_workspace=cap)
             return conv2d_device_workspace_bytes(*geom, max_workspace=cap)
         return conv2d_workspace_bytes(*geom, max_workspace=cap)
 

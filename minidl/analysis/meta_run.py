@@ -13,7 +13,6 @@ from ..memory.devices.device import MetaDevice
 from ..memory.ir.config import MemoryConfig
 from ..memory.ir.names import DeviceKind
 from ..memory.ir.plan import AutoChoice, CurvePoint
-from ..memory.ir.precision import Precision
 from ..memory.passes.zero import ZeroBytes, zero_bytes
 from ..memory.runtime.pool import Pool
 from ..net.graph import Network
@@ -120,8 +119,7 @@ def dry_run(net: Network, batch_size: int, memory: str | MemoryConfig = "none",
         "swap": swap if c.plan.swapping.blocks else {},
         "notes": ([f"batch split into {split} micro-batches of {micro} (moDNN); the peak and "
                    f"the layer table are one micro-batch's"] if split > 1 else [])
-        + list(c.plan.notes) + rank_notes + _mixed_scratch_note(device_kind, engine.precision,
-                                                               device.scratch_bytes),
+        + list(c.plan.notes) + rank_notes,
         "layers": report.layer_table(c),
         "prediction": {} if profile is None else _prediction(c, profile, split),
         "auto": _auto_report(c.plan.provenance.auto, split, prog.lower_bound_bytes()),
@@ -130,17 +128,6 @@ def dry_run(net: Network, batch_size: int, memory: str | MemoryConfig = "none",
                                     "zero": zero_report(zero)}),
         **precision_report(c, info, engine.precision, profile),
     }
-
-
-def _mixed_scratch_note(device_kind: str, precision: Precision, scratch_bytes: int | None
-                        ) -> list[str]:
-    """The note of a mixed-precision plan for a GPU without a measured scratch block."""
-    if DeviceKind.of(device_kind) is not DeviceKind.CUDA or precision.half_dtype is None \
-            or scratch_bytes:
-        return []
-    return [f"{precision.value} on a GPU: the float32 copies its layers compute on (all but "
-            "Linear's operands) are device temporaries in a scratch block a real run measures "
-            "at its first step; this peak leaves it out (pass scratch_bytes= to add it)"]
 
 
 def _planned_for(memory: str | MemoryConfig, target: str | DeviceProfile | None,

@@ -398,7 +398,8 @@ class Executor:
                 args = (encoded.encoding, arr(encoded.tensor),
                         arr(st.backward.grad_outputs[0]), dx)
                 if id(st) in self._mixed:
-                    mixed_steps.backward_from_encoded(layer, *args)
+                    ws = arr(st.access.workspace) if st.access.workspace >= 0 else None
+                    mixed_steps.backward_from_encoded(layer, *args, ws)
                 else:
                     layer.backward_from_encoded(*args)
                 if g.add_into >= 0:

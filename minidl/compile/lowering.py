@@ -15,6 +15,7 @@ import numpy as np
 
 from ..layers.base import Layer
 from ..memory.ir.capabilities import OpCaps, op_caps
+from ..memory.ir.names import DeviceKind
 from ..memory.ir.payloads import OpFacts
 from ..memory.ir.precision import FLOAT32_STATISTICS_OPS, Precision, is_float
 from ..memory.ir.program import Program, Step, TensorSpec
@@ -130,6 +131,7 @@ def lower(
     if half_parameters and lo.precision.half_dtype is None:
         raise ValueError(f"half parameters need a mixed precision, not {lo.precision.value}")
     lo.half_on_device = frozenset(half_parameters)
+    lo.device_kind = DeviceKind(str(device_kind).lower())
     lo.gather = sharding is not None and sharding.parameter_shards is not None and training \
         and loss is not None
     lo.persistent(opt_state or [], sharding)
@@ -308,9 +310,12 @@ class _Lowering(PrecisionLowering):
             self.stash_t.append(st)
             ws_bytes = layer.forward_workspace_bytes(in_shapes, fdt, **self._opts(i)) \
                 + cast_bytes
+            params = self._step_params(i, "forward")
+            staged = self.forward_staging(i, st, params, layer.forward_workspace_bytes(
+                in_shapes, np.dtype(np.float32), **self._opts(i)))
+            ws_bytes = ws_bytes if staged is None else staged
             ws = b.add(f"{name}.fwd_ws", (ws_bytes,), "uint8", "workspace", "workspace",
                        name) if ws_bytes > 0 else -1
-            params = self._step_params(i, "forward")
             shares = ((val_t[node_out[0]], val_t[node_in[0]]),) if layer.inplace_forward \
                 else ()
             self._push(i, phase="forward", workspace=ws, shares=shares,
@@ -398,6 +403,13 @@ class _Lowering(PrecisionLowering):
         ws_bytes = layer.backward_workspace_bytes(in_shapes, fdt, **self._opts(i))
         if self.compute_dt:
             ws_bytes += self._backward_casts(i, wants_in, trainable)
+            retained = tuple(j for j in layer.retain_inputs
+                             if not self.cast_kept or j not in self.cast_kept[i])
+            staged = self.backward_staging(i, g_out, g_in, retained, params,
+                                           layer.backward_workspace_bytes(
+                                               in_shapes, np.dtype(np.float32),
+                                               **self._opts(i)))
+            ws_bytes = ws_bytes if staged is None else staged
         ws = b.add(f"{name}.bwd_ws", (ws_bytes,), "uint8", "workspace", "workspace", name) \
             if ws_bytes > 0 else -1
         # forward work a BPTT schedule runs again inside the backward

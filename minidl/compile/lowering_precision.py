@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..memory.ir.names import DeviceKind
 from ..memory.ir.precision import FLOAT32_OPS, MATRIX_OPS, Precision, is_float, op_dtype
+from .mixed_staging import backward_staging_bytes, forward_staging_bytes
+from .mixed_steps import DEVICE_HALF_OPERAND_KINDS, HALF_MATMULS, device_half_io
 
 __all__ = ["PrecisionLowering"]
 
@@ -22,6 +25,8 @@ class PrecisionLowering:
     cast_kept: list[frozenset[int]]
     #: Trainable parameters the device keeps only as their half copy (read without a cast)
     half_on_device: frozenset[str] = frozenset()
+    #: The kind of device the program runs on (``"cpu"`` / ``"cuda"``)
+    device_kind: DeviceKind = DeviceKind.CPU
 
     def apply_precision(self) -> None:
         """Under mixed precision, every float value retyped as its producer writes it (the
@@ -95,6 +100,71 @@ class PrecisionLowering:
             sum(int(np.prod(self.shapes[self.node_in[i][j]])) for j in self._casts(i)
                 if wants_in[j])
             + sum(int(np.prod(p.shape)) for k, p in trainable.items() if k in half))
+
+    def _decl(self, tid: int) -> tuple[tuple[int, ...], np.dtype]:
+        t = self.b.tensors[tid]
+        return t.shape, np.dtype(t.dtype)
+
+    def _stages(self, i: int) -> bool:
+        """Whether node i's mixed steps stage float32 arrays in their workspace
+        (:mod:`.mixed_staging`): on a CUDA device, a layer whose kernels do not take its half
+        arrays as they are."""
+        return (self.device_kind == DeviceKind.CUDA and self.compute_dt is not None
+                and self.compute_dt[i] is not None and not device_half_io(self.layers[i]))
+
+    def _staged_params(self, i: int, params: dict[str, int], stash: dict[str, int]) -> list:
+        cdt = self.compute_dt[i]
+        return [self._decl(stash.get(f"{k}@{cdt.name}", tid)) for k, tid in params.items()]
+
+    def _half_step(self, i: int, decls: list) -> bool:
+        return self._matmul_dtype(i) in HALF_MATMULS or any(
+            d is not None and d[1].itemsize == 2 and is_float(d[1]) for d in decls)
+
+    def forward_staging(self, i: int, stash: dict[str, int], params: dict[str, int],
+                        ws32: int) -> int | None:
+        """Node i's forward workspace when it stages its float32 arrays there (else
+        ``None``): :func:`~.mixed_staging.forward_staging_bytes` over its tensors; ``stash``:
+        its stash entries (its own and the cast copies), ``ws32``: the layer's float32
+        workspace bytes."""
+        if not self._stages(i):
+            return None
+        cdt = self.compute_dt[i]
+        ins = [((self.shapes[v], self.dtypes[v]),
+                None if f"input{j}@{cdt.name}" not in stash
+                else self._decl(stash[f"input{j}@{cdt.name}"]))
+               for j, v in enumerate(self.node_in[i])]
+        outs = [(self.shapes[v], self.dtypes[v]) for v in self.node_out[i]]
+        own = [self._decl(t) for k, t in stash.items() if "@" not in k]
+        pars = self._staged_params(i, params, stash)
+        if not self._half_step(i, [d for d, _ in ins] + outs + own + pars):
+            return None
+        return forward_staging_bytes(ins, outs, own, pars, self._matmul_dtype(i), ws32,
+                                     self.layers[i].kind in DEVICE_HALF_OPERAND_KINDS)
+
+    def backward_staging(self, i: int, g_out: list[int], g_in: list, retained: tuple,
+                         params: dict[str, int], ws32: int) -> int | None:
+        """Node i's backward workspace when it stages its float32 arrays there (else
+        ``None``): :func:`~.mixed_staging.backward_staging_bytes`; ``g_in``: its
+        :class:`GradInput` or ``None`` per input, ``retained``: the inputs it reads as they
+        are (the others it keeps read from their cast copies)."""
+        if not self._stages(i):
+            return None
+        layer, cdt, stash = self.layers[i], self.compute_dt[i], self.stash_t[i]
+        ins = []
+        for j, v in enumerate(self.node_in[i]):
+            cast = stash.get(f"input{j}@{cdt.name}")
+            ins.append(self._decl(cast) if cast is not None and j in layer.retain_inputs
+                       else (self.shapes[v], self.dtypes[v]) if j in retained else None)
+        outs = [(self.shapes[v], self.dtypes[v]) if j in layer.retain_outputs else None
+                for j, v in enumerate(self.node_out[i])]
+        gos = [self._decl(t) for t in g_out]
+        gis = [None if g is None else self._decl(g.written) for g in g_in]
+        own = [self._decl(t) for k, t in stash.items() if "@" not in k]
+        pars = self._staged_params(i, params, stash)
+        if not self._half_step(i, ins + outs + gos + gis + own + pars):
+            return None
+        return backward_staging_bytes(ins, outs, gos, gis, own, pars, ws32,
+                                      layer.kind in DEVICE_HALF_OPERAND_KINDS)
 
     def _matmul_dtype(self, i: int) -> str:
         """Node i's steps' ``cost.matmul_dtype``: its matrix products' dtype (``""``: float32

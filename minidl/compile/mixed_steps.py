@@ -32,9 +32,10 @@ from typing import Any
 import numpy as np
 
 from ..kernels._cuda import is_device_array
-from ..kernels.array_api import namespace
+from ..layers.pooling.pool import MaxPool2d
 from ..memory.ir.precision import Precision, is_float
 from ..memory.ir.program import Step
+from .mixed_staging import Staging
 
 #: Separates a tensor's stash key from the dtype of its cast copy (``weight@bfloat16``).
 CAST_MARK = "@"
@@ -56,6 +57,11 @@ MIXED_PRECISION_KINDS = frozenset({"conv", "linear", "pool", "relu", "act", "bn"
 #: half inputs, weight copies and output gradients as they are, and float32 arrays only for
 #: what they write.
 DEVICE_HALF_OPERAND_KINDS = frozenset({"linear", "conv"})
+#: Layer kinds whose device kernels take every array in its program dtype: half feature maps
+#: and gradients in and out (rounded once from float32 sums inside the kernel, or copied as
+#: bits), float32 parameter gradients, within the workspace the plan declares for the half
+#: dtype. No float32 copy and no temporary: such a step needs no scratch.
+DEVICE_HALF_IO_KINDS = frozenset({"conv", "flatten"})
 
 
 def is_half(a: Any) -> bool:
@@ -76,15 +82,14 @@ def runs_mixed(step: Step, dtype_of: Sequence[np.dtype]) -> bool:
     return any(np.dtype(dtype_of[t]).itemsize == 2 and is_float(dtype_of[t]) for t in tids)
 
 
-def _up(a: Any) -> Any:
-    """``a`` as float32 (a new host array) when it is half, else ``a`` itself."""
-    return a.astype(np.float32) if is_half(a) else a
+def _up(a: Any, stage: Staging) -> Any:
+    """``a`` as float32 (a staged copy) when it is half, else ``a`` itself."""
+    return stage.copy(a, np.float32) if is_half(a) else a
 
 
-def _scratch(a: Any) -> Any:
-    """An uninitialised float32 array for a half output ``a`` (else ``a`` itself), made like
-    ``a`` (a device array: a device temporary)."""
-    return namespace(a).empty(a.shape, np.float32) if is_half(a) else a
+def _scratch(a: Any, stage: Staging) -> Any:
+    """An uninitialised float32 array (staged) for a half output ``a``, else ``a`` itself."""
+    return stage.empty(a.shape, np.float32) if is_half(a) else a
 
 
 def _round_into(dst: Any, src: Any) -> None:
@@ -109,7 +114,25 @@ def _reads_half(layer: Any, arrays: list) -> bool:
         is_device_array(a) and a.flags.c_contiguous for a in arrays if a is not None)
 
 
-def _half_params(params: dict[str, Any], casts: dict[str, Any], fill: bool,
+def device_half_io(layer: Any) -> bool:
+    """Whether ``layer``'s device kernels take every array in its program dtype
+    (:data:`DEVICE_HALF_IO_KINDS`; a max pooling only when its windows do not overlap)."""
+    if layer.kind not in DEVICE_HALF_IO_KINDS:
+        return False
+    if layer.kind == "pool":
+        return isinstance(layer, MaxPool2d) and all(
+            s >= k for s, k in zip(layer.stride, layer.kernel_size))
+    return True
+
+
+def _half_io(layer: Any, arrays: list) -> bool:
+    """Whether ``layer`` runs on its arrays as they are (:func:`device_half_io`, on
+    C-contiguous device arrays)."""
+    return device_half_io(layer) and all(
+        is_device_array(a) and a.flags.c_contiguous for a in arrays if a is not None)
+
+
+def _half_params(params: dict[str, Any], casts: dict[str, Any], fill: bool, stage: Staging,
                  keep_half: bool = False) -> dict[str, Any]:
     """The parameters as the layer computes with them: a half copy's values (rounded into it
     from the float32 master when ``fill``) as float32, a half parameter's (the device's only
@@ -119,40 +142,41 @@ def _half_params(params: dict[str, Any], casts: dict[str, Any], fill: bool,
     for k, p in params.items():
         copy = casts.get(k)
         if copy is None:
-            out[k] = p if keep_half else _up(p)
+            out[k] = p if keep_half else _up(p, stage)
             continue
         if fill:
             np.copyto(copy, p, casting="unsafe")
-        out[k] = copy if keep_half else copy.astype(np.float32)
+        out[k] = copy if keep_half else stage.copy(copy, np.float32)
     return out
 
 
 def _workspace(layer: Any, st: Step, ws: Any, in_shapes: list, backward: bool,
-               like: Any) -> Any:
-    """The layer's workspace for float32 compute: the arena's block when it is large enough,
-    else a buffer of the float32 size made like ``like`` (a device array: a temporary)."""
+               stage: Staging) -> Any:
+    """The layer's workspace for float32 compute: staged on a device (the lowering sized the
+    step's workspace for it), on the host the arena's block when it is large enough, else a
+    new host buffer."""
     options = st.op.options.as_layer_options
     size = (layer.backward_workspace_bytes if backward else layer.forward_workspace_bytes)(
         in_shapes, np.dtype(np.float32), **({"options": options} if layer.option_names else {}))
     if size <= 0:
         return ws
-    if ws is not None and ws.nbytes >= size:
+    if stage.buf is None and ws is not None and ws.nbytes >= size:
         return ws
-    return namespace(like).empty(size, np.uint8)
+    return stage.empty((size,), np.uint8)
 
 
-def _cast_input(x: Any, j: int, casts: dict[str, Any], matmul_dtype: str,
+def _cast_input(x: Any, j: int, casts: dict[str, Any], matmul_dtype: str, stage: Staging,
                 keep_half: bool = False) -> Any:
     """Input ``j`` as a half op reads it: its kept cast copy (filled here), or rounded to the
     op's dtype for the step, then as float32 (``keep_half``: left in the half dtype)."""
     copy = casts.get(f"input{j}")
     if copy is not None:
         np.copyto(copy, x, casting="unsafe")
-        return copy if keep_half else copy.astype(np.float32)
+        return copy if keep_half else stage.copy(copy, np.float32)
     if matmul_dtype and is_float(x.dtype) and x.dtype.name != matmul_dtype:
-        x = x.astype(matmul_dtype)
-        return x if keep_half else x.astype(np.float32)
-    return x if keep_half else _up(x)
+        x = stage.copy(x, matmul_dtype)
+        return x if keep_half else stage.copy(x, np.float32)
+    return x if keep_half else _up(x, stage)
 
 
 def _storing(ctx: Any, st: Step) -> Any:
@@ -162,18 +186,36 @@ def _storing(ctx: Any, st: Step) -> Any:
     return replace(ctx, storage_dtype=np.dtype(st.cost.matmul_dtype)) if half else ctx
 
 
+def _io_start(layer: Any, st: Step, in_shapes: list, backward: bool) -> int:
+    """Bytes of a half-IO layer's own workspace (declared for the half dtype): its staged
+    input casts come after them."""
+    options = st.op.options.as_layer_options
+    half = np.dtype(st.cost.matmul_dtype or "float16")
+    return (layer.backward_workspace_bytes if backward else layer.forward_workspace_bytes)(
+        in_shapes, half, **({"options": options} if layer.option_names else {}))
+
+
 def forward(layer: Any, ctx: Any, st: Step, inputs: list, outputs: list,
             params: dict[str, Any], stash: dict[str, Any], workspace: Any) -> None:
     """Run a layer's forward (or recompute) step of a mixed-precision program."""
     own, casts = _split_stash(stash)
     ctx = _storing(ctx, st)
+    shapes = [x.shape for x in inputs]
+    if _half_io(layer, [*inputs, *outputs]):
+        stage = Staging(workspace, inputs[0], _io_start(layer, st, shapes, False))
+        ins = [_cast_input(x, j, casts, st.cost.matmul_dtype, stage, True)
+               for j, x in enumerate(inputs)]
+        layer.forward(ctx, ins, outputs, _half_params(params, casts, True, stage, True), own,
+                      workspace)
+        return
+    stage = Staging(workspace, inputs[0])
     half = _reads_half(layer, inputs)
-    ins = [_cast_input(x, j, casts, st.cost.matmul_dtype, half) for j, x in enumerate(inputs)]
-    outs = [_scratch(y) for y in outputs]
-    own32 = {k: _up(v) for k, v in own.items()}
-    ws = _workspace(layer, st, workspace, [x.shape for x in inputs], backward=False,
-                    like=inputs[0])
-    layer.forward(ctx, ins, outs, _half_params(params, casts, True, half), own32, ws)
+    ins = [_cast_input(x, j, casts, st.cost.matmul_dtype, stage, half)
+           for j, x in enumerate(inputs)]
+    outs = [_scratch(y, stage) for y in outputs]
+    own32 = {k: _up(v, stage) for k, v in own.items()}
+    ws = _workspace(layer, st, workspace, shapes, False, stage)
+    layer.forward(ctx, ins, outs, _half_params(params, casts, True, stage, half), own32, ws)
     for dst, src in zip(outputs, outs):
         _round_into(dst, src)
     for k, v in own.items():
@@ -188,19 +230,25 @@ def backward(layer: Any, ctx: Any, st: Step, grad_outputs: list, grad_inputs: li
     the stash."""
     own, casts = _split_stash(stash)
     ctx = _storing(ctx, st)
-    half = _reads_half(layer, grad_outputs)
-    keep = (lambda a: a) if half else _up
+    io = _half_io(layer, [*grad_outputs, *grad_inputs])
+    stage = Staging(workspace, grad_outputs[0])
+    half = io or _reads_half(layer, grad_outputs)
+    keep = (lambda a: a) if half else (lambda a: _up(a, stage))
     ins = []
     for j, x in enumerate(inputs):
         copy = casts.get(f"input{j}")
         ins.append(keep(copy) if copy is not None and j in layer.retain_inputs
                    else None if x is None else keep(x))
-    g_in = [None if g is None else _scratch(g) for g in grad_inputs]
-    ws = _workspace(layer, st, workspace, in_shapes, backward=True, like=grad_outputs[0])
-    own32 = {k: _up(v) for k, v in own.items()}
+    if io:
+        layer.backward(ctx, grad_outputs, grad_inputs, ins, outputs,
+                       _half_params(params, casts, False, stage, True), grads, own, workspace)
+        return
+    g_in = [None if g is None else _scratch(g, stage) for g in grad_inputs]
+    ws = _workspace(layer, st, workspace, in_shapes, True, stage)
+    own32 = {k: _up(v, stage) for k, v in own.items()}
     layer.backward(ctx, [keep(g) for g in grad_outputs], g_in, ins,
                    [None if y is None else keep(y) for y in outputs],
-                   _half_params(params, casts, False, half), grads, own32, ws)
+                   _half_params(params, casts, False, stage, half), grads, own32, ws)
     for dst, src in zip(grad_inputs, g_in):
         if dst is not None:
             _round_into(dst, src)
@@ -209,10 +257,15 @@ def backward(layer: Any, ctx: Any, st: Step, grad_outputs: list, grad_inputs: li
 
 
 def backward_from_encoded(layer: Any, encoding: Any, encoded: Any, grad_output: Any,
-                          grad_input: Any) -> None:
+                          grad_input: Any, workspace: Any = None) -> None:
     """A layer's backward from its encoded stash (Gist's sign mask, a max-pool's packed
-    argmax) in a mixed-precision program: on float32 copies of half gradients, rounded once
-    into the half input gradient, as :func:`backward` does (the kernels read no half dtype)."""
-    g_in = _scratch(grad_input)
-    layer.backward_from_encoded(encoding, encoded, _up(grad_output), g_in)
+    argmax) in a mixed-precision program: a half-IO layer's kernels on the half gradients
+    themselves; otherwise on float32 copies (staged in ``workspace``), rounded once into the
+    half input gradient, as :func:`backward` does."""
+    if _half_io(layer, [grad_output, grad_input]):
+        layer.backward_from_encoded(encoding, encoded, grad_output, grad_input)
+        return
+    stage = Staging(workspace, grad_output)
+    g_in = _scratch(grad_input, stage)
+    layer.backward_from_encoded(encoding, encoded, _up(grad_output, stage), g_in)
     _round_into(grad_input, g_in)
