@@ -72,6 +72,20 @@ def test_mixed_dry_run_peak_equals_cuda_peak(precision):
     assert rep["peak_allocated_bytes"] == real
 
 
+@pytest.mark.parametrize("precision", MIXED)
+@pytest.mark.parametrize("model", ["smallcnn", "lenet5"])
+def test_mixed_peak_is_below_fp32_on_cuda(model, precision):
+    """Half feature maps and gradients on a card take less than fp32's (the strict device's
+    test_mixed_peak_is_below_fp32_on_the_device), CuPy's own scratch included."""
+    peaks = {}
+    for p in ("fp32", precision):
+        _, _, tr = _train(model, p, "cuda", steps=1)
+        tr.pool.reset_peak_stats()
+        tr.step(*_data("images"))
+        peaks[p] = tr.pool.stats()["allocated_bytes.peak"]
+    assert peaks[precision] < peaks["fp32"], peaks
+
+
 def test_fp16_overflow_skips_the_step_on_cuda():
     _, _, tr = _train("smallcnn", "fp16-mixed", "cuda", steps=1)
     scaler, net = tr.loss_scaler, tr.net
