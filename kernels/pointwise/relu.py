@@ -1,6 +1,13 @@
 """ReLU forward / backward: NumPy references, multi-threaded Numba CPU kernels and, for device
 arrays, one ufunc (forward) or one Numba CUDA kernel (backward).
 
+Half device arrays (float16, or ``ml_dtypes.bfloat16``: one dtype, C-contiguous) run Numba
+CUDA kernels on their ``uint16`` bits (Numba CUDA has no bfloat16), both directions, with no
+float32 temporary: bit-identical to casting each operand to float32, running the float32 kernel
+and rounding back (forward: ``x`` where ``x > 0`` or NaN, else +0.0, so -0.0 gives +0.0;
+backward: ``dy`` where ``y > 0``, else +0.0, a NaN ``y`` giving +0.0). NaN bits are copied as
+they are (the float32 round trip keeps float16 payloads and bfloat16's quiet NaN).
+
 One pass over memory, no temporaries (NumPy's ``dy * (y > 0)`` builds a boolean array first),
 split over :func:`~minidl.kernels.parallel.num_threads` threads. Safe in place (``out`` may be
 ``x``, or ``dy``). Non-contiguous arrays fall back to the references.
@@ -16,6 +23,7 @@ import numpy as np
 from numba import njit, prange
 
 from .. import _cuda
+from ..codecs.bitpack import _is_half
 from ..parallel import ensure_blas_policy, run_pages
 
 cuda: Any = None  # numba.cuda, set by _cuda.bind on first CUDA use
@@ -75,6 +83,11 @@ _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 def relu_forward(x: np.ndarray, out: np.ndarray) -> None:
     """``out = max(x, 0)``; ``out`` may be ``x``."""
+    if _half_device(x, out):
+        flat = _cuda.flat(out).view(np.uint16)
+        _cuda.launch(_kernels().k_relu_fwd_half_bits, flat.size,
+                     _cuda.flat(x, "x").view(np.uint16), flat, _inf_bits(out.dtype))
+        return
     if not _fast(x, out) or x.dtype != out.dtype:
         return relu_forward_ref(x, out)
     ensure_blas_policy()
@@ -88,13 +101,47 @@ def _k_relu_bwd(dy, y, out):
         out[i] = dy[i] if y[i] > 0 else 0.0  # (+0.0, as the reference's np.where)
 
 
+def _k_relu_fwd_half_bits(x, out, inf_bits):
+    """Forward on a half array's ``uint16`` bits: kept when positive (sign bit clear, not +0)
+    or NaN (magnitude above +inf's pattern ``inf_bits``), else +0.0."""
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        b = x[i]
+        out[i] = b if (b != 0 and b < 0x8000) or (b & 0x7FFF) > inf_bits else 0
+
+
+def _k_relu_bwd_half_bits(dy, y, out, inf_bits):
+    """Backward on half arrays' ``uint16`` bits: ``dy`` where ``0 < y <= +inf`` (``y > 0``),
+    else +0.0."""
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        v = y[i]
+        out[i] = dy[i] if v > 0 and v <= inf_bits else 0
+
+
 @functools.cache
 def _kernels() -> SimpleNamespace:
-    return _cuda.bind(globals(), ["_k_relu_bwd"])
+    return _cuda.bind(globals(), ["_k_relu_bwd", "_k_relu_fwd_half_bits",
+                                  "_k_relu_bwd_half_bits"])
+
+
+def _half_device(*arrays: Any) -> bool:
+    """Device arrays of one half dtype (float16 / bfloat16), all C-contiguous."""
+    return (all(_cuda.is_device_array(a) for a in arrays) and _is_half(arrays[0].dtype)
+            and all(a.dtype == arrays[0].dtype and a.flags.c_contiguous for a in arrays))
+
+
+def _inf_bits(dtype: np.dtype) -> np.uint16:
+    """+inf's bit pattern: 0x7C00 for float16, 0x7F80 for bfloat16."""
+    return np.uint16(0x7C00 if dtype == np.float16 else 0x7F80)
 
 
 def relu_backward(dy: np.ndarray, y: np.ndarray, out: np.ndarray) -> None:
     """``out = dy * (y > 0)``; ``out`` may be ``dy``."""
+    if _half_device(dy, y, out):
+        flat = _cuda.flat(out).view(np.uint16)
+        _cuda.launch(_kernels().k_relu_bwd_half_bits, flat.size,
+                     _cuda.flat(dy, "dy").view(np.uint16), _cuda.flat(y, "y").view(np.uint16),
+                     flat, _inf_bits(out.dtype))
+        return
     if _cuda.is_device_array(out) and all(a.flags.c_contiguous for a in (dy, y, out)) \
             and dy.dtype == y.dtype == out.dtype:
         flat = _cuda.flat(out)

@@ -7,7 +7,10 @@ counts as ``-inf``, the first maximum wins, NaN propagates; average pooling divi
 ``kh * kw`` (``count_include_pad=True``). CPU kernels split the ``N * C`` planes over threads;
 max pooling also has Numba CUDA kernels (grid-stride loops, chosen for device arrays such as
 CuPy's; backward gathers per input element, so it needs no atomics and is deterministic);
-average pooling on device arrays is array operations (:mod:`.pool_device`).
+average pooling on device arrays is array operations (:mod:`.pool_device`). Max pooling on
+half device arrays (float16 / bfloat16) runs on their bits (:mod:`.pool_half`): forward always,
+backward when the windows do not overlap (:func:`maxpool_half_exact`; overlapping windows keep
+the generic kernel, which sums in the arrays' dtype: hand it float32 arrays).
 """
 
 from __future__ import annotations
@@ -23,6 +26,12 @@ from .. import _cuda
 from ..codecs.bitpack import SAME_WIDTH_INT
 from ..parallel import ensure_blas_policy, num_threads, split
 from .pool_device import avgpool2d_backward_device, avgpool2d_forward_device
+from .pool_half import (
+    half_device,
+    maxpool2d_backward_half,
+    maxpool2d_forward_half,
+    maxpool_half_exact,
+)
 
 cuda: Any = None  # numba.cuda, set by _cuda.bind on first CUDA use
 
@@ -369,8 +378,12 @@ def maxpool2d_forward(x: np.ndarray, y: np.ndarray, idx: np.ndarray, kernel: Pai
                       stride: Pair, padding: Pair = (0, 0), threads: int | None = None,
                       stream: Any = None) -> None:
     """Write the max pooling of ``x`` into ``y`` and the argmax window index into ``idx``
-    (NumPy arrays: Numba CPU kernels; device arrays: CUDA on ``stream``)."""
+    (NumPy arrays: Numba CPU kernels; device arrays: CUDA on ``stream``, half ones on their
+    bits, :mod:`.pool_half`)."""
     if _cuda.choose("auto", x, y, idx) == "cuda":
+        if half_device(x, y):
+            maxpool2d_forward_half(x, y, idx, kernel, stride, padding, stream=stream)
+            return
         low = np.array(-np.inf, dtype=y.dtype)[()]
         _cuda.launch(_kernels().k_maxpool_fwd, y.size, _flat(x, "x"), _flat(y, "y"),
                      _flat(idx, "idx"), *_geom(x.shape, y.shape, kernel, stride, padding), low,
@@ -384,8 +397,11 @@ def maxpool2d_backward(dy: np.ndarray, idx: np.ndarray, dx: np.ndarray, kernel: 
                        stride: Pair, padding: Pair = (0, 0), threads: int | None = None,
                        stream: Any = None) -> None:
     """Overwrite ``dx`` with ``dy`` scattered to the argmax of each window (device arrays:
-    CUDA on ``stream``)."""
+    CUDA on ``stream``; half ones on their bits when :func:`maxpool_half_exact`)."""
     if _cuda.choose("auto", dy, idx, dx) == "cuda":
+        if half_device(dy, dx) and maxpool_half_exact(kernel, stride):
+            maxpool2d_backward_half(dy, idx, dx, kernel, stride, padding, stream=stream)
+            return
         zero = np.zeros((), dtype=dx.dtype)[()]
         _cuda.launch(_kernels().k_maxpool_bwd, dx.size, _flat(dy, "dy"), _flat(idx, "idx"),
                      _flat(dx, "dx"), *_geom(dx.shape, dy.shape, kernel, stride, padding), zero,

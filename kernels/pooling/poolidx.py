@@ -30,6 +30,7 @@ from numba import njit, prange
 
 from .. import _cuda
 from ..codecs.bitpack import _check_size, _into, _run, _shape
+from .pool_half import half_device, maxpool_backward_packed_half, maxpool_half_exact
 
 cuda: Any = None  # numba.cuda, set by _cuda.bind on first CUDA use
 _CHUNK = 1 << 15  # packed bytes per parallel task
@@ -247,7 +248,9 @@ def maxpool_backward_packed(dy: Any, packed: Any, x_shape: tuple[int, int, int, 
     ``dy`` is ``(N, C, Ho, Wo)``; ``out`` (default: new) is ``dx`` of ``x_shape``
     ``(N, C, H, W)``, overwritten: zeroed, then each ``dy`` element added at its window's
     argmax (overlapping windows accumulate; targets outside the input are dropped).
-    ``stride`` defaults to ``kernel``. Returns ``dx``.
+    ``stride`` defaults to ``kernel``. Returns ``dx``. Half device arrays (float16 /
+    bfloat16) with non-overlapping windows (:func:`~.pool_half.maxpool_half_exact`) run on
+    their bits, exactly the float32 kernel's result rounded to half (:mod:`.pool_half`).
     """
     impl = _cuda.choose(impl, dy, packed, out)
     kh, kw = _pair(kernel)
@@ -261,6 +264,10 @@ def maxpool_backward_packed(dy: Any, packed: Any, x_shape: tuple[int, int, int, 
     pk = _cuda.byte_view(packed, packed_index_nbytes(dy.size, bits), "packed")
     if impl == "cuda":
         o = _cuda.empty(dy, n * c * h * w, dy.dtype) if out is None else _cuda.flat(out)
+        if half_device(dy, o) and maxpool_half_exact((kh, kw), (sh, sw)):
+            maxpool_backward_packed_half(dy, pk, o, (n, c, h, w), bits, (kh, kw), (sh, sw),
+                                         (ph, pw), stream=stream)
+            return o.reshape((n, c, h, w))
         _cuda.launch(_kernels().k_maxpool_bwd, o.size, _cuda.flat(dy, "dy"), pk, o, n * c, h, w,
                      ho, wo, bits, kh, kw, sh, sw, ph, pw, o.dtype.type(0), stream=stream)
         return o.reshape((n, c, h, w))

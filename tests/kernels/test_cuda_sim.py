@@ -138,6 +138,44 @@ SCRIPTS = {
             assert np.array_equal(np.signbit(got), np.signbit(want))
     """,
     # max pooling forward (ties, NaN, -inf, padding) and backward (overlapping windows)
+    # half (float16 / bfloat16) device arrays on their uint16 bits: ReLU (in place), max
+    # pooling (non-overlapping windows: the backward and the packed backward on bits too)
+    "half_bits": """
+        import ml_dtypes
+        from minidl.kernels.pointwise import relu as R
+        from minidl.kernels.pooling import pool as P
+        from minidl.kernels.pooling import poolidx as pi
+        f32 = np.float32
+        for dt in (np.float16, ml_dtypes.bfloat16):
+            x = np.round(rng.standard_normal(2053) * 2).astype(f32)
+            x[::7] = -0.0; x[::11] = 0; x[5] = np.nan; x[6] = np.inf; x[9] = -np.inf
+            x = x.astype(dt)
+            want = np.empty(x.shape, f32)
+            R.relu_forward(x.astype(f32), want)
+            out = D(x)
+            R.relu_forward(out, out)
+            same(H(out), want.astype(dt))
+            dy = rng.standard_normal(x.size).astype(dt)
+            R.relu_backward(dy.astype(f32), x.astype(f32), want)
+            out = D(dy)
+            R.relu_backward(out, D(x), out)
+            same(H(out), want.astype(dt))
+            xs = x[:2 * 3 * 17 * 19].reshape(2, 3, 17, 19)
+            for k, s, pad in (((2, 2), (2, 2), (0, 0)), ((3, 3), (3, 3), (1, 1))):
+                y_ref, i_ref = P.maxpool2d_forward_ref(xs.astype(f32), k, s, pad)
+                y, idx = D(np.zeros(y_ref.shape, dt)), D(np.zeros(y_ref.shape, i_ref.dtype))
+                P.maxpool2d_forward(D(xs), y, idx, k, s, pad)
+                same(H(y), y_ref.astype(dt))
+                same(H(idx), i_ref)
+                g = rng.standard_normal(y_ref.shape).astype(dt)
+                want = P.maxpool2d_backward_ref(g.astype(f32), i_ref, xs.shape, k, s,
+                                                pad).astype(dt)
+                dx = D(np.full(xs.shape, 7, dt))
+                P.maxpool2d_backward(D(g), idx, dx, k, s, pad)
+                same(H(dx), want)
+                pk = pi.pack_indices(i_ref, pi.index_bits(k[0] * k[1]))
+                same(H(pi.maxpool_backward_packed(D(g), D(pk), xs.shape, k, s, pad)), want)
+    """,
     "maxpool": """
         from minidl.kernels.pooling import pool as P
         for k, s, pad, shape in [((2, 2), (2, 2), (0, 0), (2, 3, 17, 19)),
