@@ -329,8 +329,11 @@ def relu_backward_packed(dy: Any, packed: Any, out: Any = None, *, impl: str = "
     pk = _cuda.byte_view(packed, packed_nbytes(n), "packed")
     if impl == "cuda":
         o = _cuda.empty(dy, n, dy.dtype) if out is None else _cuda.flat(out, "out")
-        _cuda.launch(_kernels().k_relu_bwd, n, _cuda.flat(dy, "dy"), pk, o, n,
-                     o.dtype.type(0), stream=stream)
+        g, dst = _cuda.flat(dy, "dy"), o
+        if _is_half(dy.dtype) and o.dtype == dy.dtype:  # a select of their bits (+0.0: 0)
+            g, dst = g.view(np.uint16), o.view(np.uint16)
+        _cuda.launch(_kernels().k_relu_bwd, n, g, pk, dst, n, dst.dtype.type(0),
+                     stream=stream)
         return o.reshape(dy.shape)
     o = np.empty(dy.shape, dy.dtype) if out is None else _check_size(out, n)
     if impl == "numpy":

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..kernels._cuda import is_device_array
+from ..kernels.pooling.pool import maxpool_half_exact
 from ..layers.pooling.pool import MaxPool2d
 from ..memory.ir.precision import Precision, is_float
 from ..memory.ir.program import Step
@@ -61,7 +62,7 @@ DEVICE_HALF_OPERAND_KINDS = frozenset({"linear", "conv"})
 #: and gradients in and out (rounded once from float32 sums inside the kernel, or copied as
 #: bits), float32 parameter gradients, within the workspace the plan declares for the half
 #: dtype. No float32 copy and no temporary: such a step needs no scratch.
-DEVICE_HALF_IO_KINDS = frozenset({"conv", "flatten"})
+DEVICE_HALF_IO_KINDS = frozenset({"conv", "flatten", "relu", "pool"})
 
 
 def is_half(a: Any) -> bool:
@@ -120,8 +121,8 @@ def device_half_io(layer: Any) -> bool:
     if layer.kind not in DEVICE_HALF_IO_KINDS:
         return False
     if layer.kind == "pool":
-        return isinstance(layer, MaxPool2d) and all(
-            s >= k for s, k in zip(layer.stride, layer.kernel_size))
+        return isinstance(layer, MaxPool2d) and maxpool_half_exact(layer.kernel_size,
+                                                                   layer.stride)
     return True
 
 
