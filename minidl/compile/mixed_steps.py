@@ -48,8 +48,8 @@ HALF_MATMULS = frozenset(p.half_dtype for p in Precision if p.half_dtype is not 
 #: float32); a fused recurrent layer rounds its gates and states to half step by step
 #: (``Context.storage_dtype``), so its BPTT schedules recompute units exactly.
 MIXED_PRECISION_KINDS = frozenset({"conv", "linear", "pool", "relu", "act", "bn", "flatten",
-                                   "add", "loss", "dropout", "embedding", "norm", "attention",
-                                   "rnn", "recurrent", "state", "stack"})
+                                   "add", "concat", "loss", "dropout", "embedding", "norm",
+                                   "attention", "rnn", "recurrent", "state", "stack"})
 
 #: Layer kinds whose device path reads half operands directly (Linear and Conv2d: their GEMMs
 #: through :func:`~minidl.kernels.device_gemm.gemm_ex`, a convolution's columns im2col'ed in

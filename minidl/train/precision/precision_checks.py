@@ -17,7 +17,7 @@ def check_precision(precision: Precision, net: Network, device_kind: DeviceKind)
     train in ``precision``: mixed precision runs on the CPU and CUDA devices (the strict test
     device and the meta device too; data parallel, ZeRO and the codecs as well), over
     :data:`MIXED_PRECISION_KINDS` layers (on a CUDA device their float32 compute copies are
-    device temporaries in the arena's scratch block: :mod:`~minidl.compile.mixed_steps`)."""
+    staged in their steps' workspaces: :mod:`~minidl.compile.mixed_staging`)."""
     if precision.half_dtype is None:
         if precision is Precision.TF32:
             raise ValueError("precision='tf32' is a GPU setting (TF32 tensor cores) minidl "
@@ -32,7 +32,7 @@ def check_precision(precision: Precision, net: Network, device_kind: DeviceKind)
                     and node.layer is not None and hasattr(node.layer, "kind")})
     if other:
         raise ValueError(f"precision={precision.value!r} supports Conv2d, Linear, pooling, "
-                         "activations, BatchNorm, LayerNorm, Flatten, Add, Dropout, "
+                         "activations, BatchNorm, LayerNorm, Flatten, Add, Concat, Dropout, "
                          "embeddings, attention, the recurrent layers and the losses; this "
                          f"network has {', '.join(other)}")
 

@@ -104,11 +104,21 @@ def _torch_reference(net, x, y, precision):
     return float(loss.detach()), grads
 
 
+def _branches():
+    """Two convolution branches joined by Concat (an Inception / DenseNet join)."""
+    x = Input((3, 8, 8))
+    a = minidl.layers.ReLU()(minidl.layers.Conv2d(3, 4, 3, padding=1)(x))
+    b = minidl.layers.ReLU()(minidl.layers.Conv2d(3, 2, 1)(x))
+    h = minidl.layers.MaxPool2d(2)(minidl.layers.Concat()(a, b))
+    return Network(x, minidl.layers.Linear(96, 10)(minidl.layers.Flatten()(h)), seed=5)
+
+
 @pytest.mark.parametrize("precision", MIXED)
-@pytest.mark.parametrize("model", ["mlp", "lenet5", "resnet8"])
+@pytest.mark.parametrize("model", ["mlp", "lenet5", "resnet8", "branches"])
 def test_loss_and_gradients_match_pytorch_cpu_autocast(precision, model):
     make, shape = {"mlp": (_mlp, (1, 8, 8)), "lenet5": (lambda: lenet5((1, 8, 8), 10), (1, 8, 8)),
-                   "resnet8": (lambda: resnet(8, (3, 8, 8), 10, width=4), (3, 8, 8))}[model]
+                   "resnet8": (lambda: resnet(8, (3, 8, 8), 10, width=4), (3, 8, 8)),
+                   "branches": (_branches, (3, 8, 8))}[model]
     x, y = _data(6, shape, seed=1)
     net = make()
     ref_loss, ref_grads = _torch_reference(make(), x, y, precision)
@@ -171,11 +181,18 @@ def test_scaler_grows_after_clean_steps():
     assert s.scale == 2.0 ** 16 and s.skipped == 1
 
 
+class _Square(minidl.layers.base.Layer):
+    """A user's own layer (kind "generic"): mixed precision has no op policy for it."""
+
+    def forward(self, ctx, inputs, outputs, params, stash, workspace) -> None:
+        np.multiply(inputs[0], inputs[0], out=outputs[0])
+
+
 def test_unsupported_layers_and_devices_are_refused_in_one_line():
     x = Input((1, 8, 8))
-    h = minidl.layers.Concat()(minidl.layers.ReLU()(x), x)
-    net = Network(x, minidl.layers.Linear(128, 10)(minidl.layers.Flatten()(h)))
-    with pytest.raises(ValueError, match="supports Conv2d, Linear.*Concat"):
+    h = _Square()(minidl.layers.ReLU()(x))
+    net = Network(x, minidl.layers.Linear(64, 10)(minidl.layers.Flatten()(h)))
+    with pytest.raises(ValueError, match="supports Conv2d, Linear.*_Square"):
         minidl.Trainer(net, device_memory="8MiB", precision="bf16-mixed")
     with pytest.raises(ValueError, match="GPU setting"):
         minidl.Trainer(_mlp(), device_memory="8MiB", precision="tf32")

@@ -33,7 +33,16 @@ CNNS = {
     "smallcnn": (lambda: smallcnn((1, 12, 12), 10, width=4), (1, 12, 12)),
     "lenet5": (lambda: lenet5((1, 8, 8), 10), (1, 8, 8)),
     "resnet8": (lambda: resnet(8, (3, 8, 8), 10, width=4), (3, 8, 8)),  # (batch norm, adds)
+    "branches": (lambda: _branches(), (3, 8, 8)),  # (a Concat of two convolutions)
 }
+
+
+def _branches():
+    x = Input((3, 8, 8))
+    a = minidl.layers.ReLU()(minidl.layers.Conv2d(3, 4, 3, padding=1)(x))
+    b = minidl.layers.ReLU()(minidl.layers.Conv2d(3, 2, 1)(x))
+    h = minidl.layers.MaxPool2d(2)(minidl.layers.Concat()(a, b))
+    return Network(x, minidl.layers.Linear(96, 10)(minidl.layers.Flatten()(h)), seed=5)
 
 
 def _images(shape, n=8):
@@ -142,13 +151,14 @@ def _second_step(make, shape, precision, batch=8):
     return tr.pool.stats()["allocated_bytes.peak"], tr.engine.scratch.size, tr
 
 
+@pytest.mark.parametrize("model", ["lenet5", "branches"])
 @pytest.mark.parametrize("precision", MIXED)
-def test_dry_run_peak_equals_real_peak(precision):
+def test_dry_run_peak_equals_real_peak(precision, model):
     """The float32 arrays the layers compute on are staged in their steps' workspaces, which
     the plan sizes for them: the scratch block holds CuPy's own temporaries only (fp32's, and
     under fp16 the overflow check's boolean map of a gradient), and the dry run for the cuda
     kind gives every other byte."""
-    make, shape = CNNS["lenet5"]
+    make, shape = CNNS[model]
     real, scratch, tr = _second_step(make, shape, precision)
     fp32_scratch = _second_step(make, shape, "fp32")[1]
     largest_grad = max(p.data.size for p in tr.net.parameters())
