@@ -99,34 +99,11 @@ def _k_maxpool_fwd_half_bits(x, y, idx, npl, h, w, ho, wo, kh, kw, sh, sw, ph, p
         idx[e] = k
 
 
-def _k_maxpool_bwd_half_bits(dy, idx, dx, npl, h, w, ho, wo, kh, kw, sh, sw, ph, pw, inf_bits,
-                             quiet):
+def _k_maxpool_bwd_half_bits(dy, idx, dx, npl, h, w, ho, wo, bits, kh, kw, sh, sw, ph, pw,
+                             inf_bits, quiet):
     """Non-overlapping windows: each ``dx`` element is its window's ``dy`` bits where it is
-    the argmax (-0.0 as +0.0, a NaN quieted: ``quiet`` is the quiet bit), else +0.0."""
-    for t in range(cuda.grid(1), npl * h * w, cuda.gridsize(1)):
-        p = t // (h * w)
-        r = t - p * h * w
-        hp = r // w + ph
-        wp = r - (r // w) * w + pw
-        oh = hp // sh
-        ow = wp // sw
-        di = hp - oh * sh
-        dj = wp - ow * sw
-        g = 0
-        if oh < ho and ow < wo and di < kh and dj < kw:
-            e = (p * ho + oh) * wo + ow
-            if idx[e] == di * kw + dj:
-                g = dy[e]
-                if g == 0x8000:
-                    g = 0
-                elif (g & 0x7FFF) > inf_bits:
-                    g |= quiet
-        dx[t] = g
-
-
-def _k_maxpool_bwd_packed_half_bits(dy, packed, dx, npl, h, w, ho, wo, bits, kh, kw, sh, sw,
-                                    ph, pw, inf_bits, quiet):
-    """:func:`_k_maxpool_bwd_half_bits` from indices packed ``bits`` bits each
+    the argmax (-0.0 as +0.0, a NaN quieted: ``quiet`` is the quiet bit), else +0.0. ``idx``:
+    one index per window (``bits == 0``), or the indices packed ``bits`` bits each
     (:mod:`.poolidx`)."""
     m = (1 << bits) - 1
     for t in range(cuda.grid(1), npl * h * w, cuda.gridsize(1)):
@@ -142,7 +119,8 @@ def _k_maxpool_bwd_packed_half_bits(dy, packed, dx, npl, h, w, ho, wo, bits, kh,
         if oh < ho and ow < wo and di < kh and dj < kw:
             e = (p * ho + oh) * wo + ow
             s = e * bits
-            if ((packed[s >> 3] >> (s & 7)) & m) == di * kw + dj:
+            slot = idx[e] if bits == 0 else (idx[s >> 3] >> (s & 7)) & m
+            if slot == di * kw + dj:
                 g = dy[e]
                 if g == 0x8000:
                     g = 0
@@ -153,8 +131,7 @@ def _k_maxpool_bwd_packed_half_bits(dy, packed, dx, npl, h, w, ho, wo, bits, kh,
 
 @functools.cache
 def _kernels() -> SimpleNamespace:
-    return _cuda.bind(globals(), ["_k_maxpool_fwd_half_bits", "_k_maxpool_bwd_half_bits",
-                                  "_k_maxpool_bwd_packed_half_bits"])
+    return _cuda.bind(globals(), ["_k_maxpool_fwd_half_bits", "_k_maxpool_bwd_half_bits"])
 
 
 def _bits(a: Any, what: str) -> Any:
@@ -188,7 +165,8 @@ def maxpool2d_backward_half(dy: Any, idx: Any, dx: Any, kernel: Pair, stride: Pa
     n, c, h, w = dx.shape
     _cuda.launch(_kernels().k_maxpool_bwd_half_bits, dx.size, _bits(dy, "dy"),
                  _cuda.flat(idx, "idx"), _bits(dx, "dx"), n * c, h, w, dy.shape[2],
-                 dy.shape[3], *kernel, *stride, *padding, *_nan_bits(dx.dtype), stream=stream)
+                 dy.shape[3], 0, *kernel, *stride, *padding, *_nan_bits(dx.dtype),
+                 stream=stream)
 
 
 def maxpool_backward_packed_half(dy: Any, packed: Any, dx: Any, x_shape: tuple[int, ...],
@@ -198,6 +176,6 @@ def maxpool_backward_packed_half(dy: Any, packed: Any, dx: Any, x_shape: tuple[i
     ``bits`` per index; ``dx``: a flat half device array of ``prod(x_shape)`` elements)."""
     _check_exact(kernel, stride)
     n, c, h, w = x_shape
-    _cuda.launch(_kernels().k_maxpool_bwd_packed_half_bits, dx.size, _bits(dy, "dy"), packed,
+    _cuda.launch(_kernels().k_maxpool_bwd_half_bits, dx.size, _bits(dy, "dy"), packed,
                  _bits(dx, "dx"), n * c, h, w, dy.shape[2], dy.shape[3], bits, *kernel,
                  *stride, *padding, *_nan_bits(dx.dtype), stream=stream)

@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+from mixed_nets import branches
 
 import minidl
 from minidl.memory.ir.precision import Precision
@@ -104,21 +105,12 @@ def _torch_reference(net, x, y, precision):
     return float(loss.detach()), grads
 
 
-def _branches():
-    """Two convolution branches joined by Concat (an Inception / DenseNet join)."""
-    x = Input((3, 8, 8))
-    a = minidl.layers.ReLU()(minidl.layers.Conv2d(3, 4, 3, padding=1)(x))
-    b = minidl.layers.ReLU()(minidl.layers.Conv2d(3, 2, 1)(x))
-    h = minidl.layers.MaxPool2d(2)(minidl.layers.Concat()(a, b))
-    return Network(x, minidl.layers.Linear(96, 10)(minidl.layers.Flatten()(h)), seed=5)
-
-
 @pytest.mark.parametrize("precision", MIXED)
 @pytest.mark.parametrize("model", ["mlp", "lenet5", "resnet8", "branches"])
 def test_loss_and_gradients_match_pytorch_cpu_autocast(precision, model):
     make, shape = {"mlp": (_mlp, (1, 8, 8)), "lenet5": (lambda: lenet5((1, 8, 8), 10), (1, 8, 8)),
                    "resnet8": (lambda: resnet(8, (3, 8, 8), 10, width=4), (3, 8, 8)),
-                   "branches": (_branches, (3, 8, 8))}[model]
+                   "branches": (branches, (3, 8, 8))}[model]
     x, y = _data(6, shape, seed=1)
     net = make()
     ref_loss, ref_grads = _torch_reference(make(), x, y, precision)

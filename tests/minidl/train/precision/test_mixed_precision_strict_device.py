@@ -15,6 +15,8 @@ import pytest
 
 pytest.importorskip("cupy")
 
+from mixed_nets import branches  # noqa: E402
+
 import minidl  # noqa: E402
 from minidl.kernels import blas  # noqa: E402
 from minidl.memory.runtime.transfer import to_host  # noqa: E402
@@ -33,16 +35,8 @@ CNNS = {
     "smallcnn": (lambda: smallcnn((1, 12, 12), 10, width=4), (1, 12, 12)),
     "lenet5": (lambda: lenet5((1, 8, 8), 10), (1, 8, 8)),
     "resnet8": (lambda: resnet(8, (3, 8, 8), 10, width=4), (3, 8, 8)),  # (batch norm, adds)
-    "branches": (lambda: _branches(), (3, 8, 8)),  # (a Concat of two convolutions)
+    "branches": (branches, (3, 8, 8)),  # (a Concat of two convolutions)
 }
-
-
-def _branches():
-    x = Input((3, 8, 8))
-    a = minidl.layers.ReLU()(minidl.layers.Conv2d(3, 4, 3, padding=1)(x))
-    b = minidl.layers.ReLU()(minidl.layers.Conv2d(3, 2, 1)(x))
-    h = minidl.layers.MaxPool2d(2)(minidl.layers.Concat()(a, b))
-    return Network(x, minidl.layers.Linear(96, 10)(minidl.layers.Flatten()(h)), seed=5)
 
 
 def _images(shape, n=8):
