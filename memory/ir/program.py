@@ -146,7 +146,7 @@ class Step:
                 tuple([m(t, t) for t in fw.inputs]), tuple([m(t, t) for t in fw.outputs]),
                 {k: m(t, t) for k, t in fw.stash.items()} if fw.stash else fw.stash,
                 {k: m(t, t) for k, t in fw.params.items()} if fw.params else fw.params,
-                fw.in_shapes)
+                fw.in_shapes, fw.param_casts)
             new["backward"] = BackwardSlots(
                 tuple([m(t, t) for t in bw.grad_outputs]) if bw.grad_outputs
                 else bw.grad_outputs,

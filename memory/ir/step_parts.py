@@ -41,13 +41,17 @@ class StepAccess:
 @dataclass(frozen=True)
 class ForwardSlots:
     """The layer's forward slots (tensor ids): inputs and outputs in the layer's order, the
-    stash by name, the parameters by the layer's local names; and the inputs' shapes."""
+    stash by name, the parameters by the layer's local names; the inputs' shapes; and under
+    mixed precision the parameters the step rounds to a half dtype before it computes
+    (``param_casts``: local name -> dtype; autocast's weight casts, made by every step that
+    reads the weight, in its workspace)."""
 
     inputs: tuple[int, ...] = ()
     outputs: tuple[int, ...] = ()
     stash: dict[str, int] = field(default_factory=dict)
     params: dict[str, int] = field(default_factory=dict)
     in_shapes: tuple[tuple[int, ...], ...] = ()
+    param_casts: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -280,7 +280,8 @@ class _Lowering(PrecisionLowering):
             kind=self.layers[i].kind, node=i,
             forward=ForwardSlots(inputs=tuple(self.val_t[v] for v in self.node_in[i]),
                                  outputs=tuple(self.val_t[v] for v in self.node_out[i]),
-                                 stash=stash, params=params, in_shapes=tuple(in_shapes)),
+                                 stash=stash, params=params, in_shapes=tuple(in_shapes),
+                                 param_casts=self.param_casts(i) if self.compute_dt else {}),
             backward=backward or BackwardSlots(),
             cost=StepCost(flops, recompute_flops, self._matmul_dtype(i), origin=len(self.steps)),
             op=OpTraits(facts=OpFacts.of(self.layers[i].memory_attrs(in_shapes)),
@@ -305,15 +306,14 @@ class _Lowering(PrecisionLowering):
                 for sname, (sshape, sdt) in layer.stash_specs(in_shapes, fdt,
                                                               **self._opts(i)).items()
             }
-            casts, cast_bytes = self._cast_stash(i, name)
+            casts, transient = self._cast_stash(i, name)
             st.update(casts)
             self.stash_t.append(st)
-            ws_bytes = layer.forward_workspace_bytes(in_shapes, fdt, **self._opts(i)) \
-                + cast_bytes
             params = self._step_params(i, "forward")
-            staged = self.forward_staging(i, st, params, layer.forward_workspace_bytes(
-                in_shapes, np.dtype(np.float32), **self._opts(i)))
-            ws_bytes = ws_bytes if staged is None else staged
+            ws_bytes = self.forward_workspace(
+                i, layer.forward_workspace_bytes(in_shapes, fdt, **self._opts(i)),
+                layer.forward_workspace_bytes(in_shapes, np.dtype(np.float32), **self._opts(i)),
+                st, params, transient)
             ws = b.add(f"{name}.fwd_ws", (ws_bytes,), "uint8", "workspace", "workspace",
                        name) if ws_bytes > 0 else -1
             shares = ((val_t[node_out[0]], val_t[node_in[0]]),) if layer.inplace_forward \
@@ -400,16 +400,12 @@ class _Lowering(PrecisionLowering):
                                      "grad_partial", name)
             params_written.add(p.name)
         params = self._step_params(i, "backward")
-        ws_bytes = layer.backward_workspace_bytes(in_shapes, fdt, **self._opts(i))
-        if self.compute_dt:
-            ws_bytes += self._backward_casts(i, wants_in, trainable)
-            retained = tuple(j for j in layer.retain_inputs
-                             if not self.cast_kept or j not in self.cast_kept[i])
-            staged = self.backward_staging(i, g_out, g_in, retained, params,
-                                           layer.backward_workspace_bytes(
-                                               in_shapes, np.dtype(np.float32),
-                                               **self._opts(i)))
-            ws_bytes = ws_bytes if staged is None else staged
+        retained = tuple(j for j in layer.retain_inputs
+                         if not self.cast_kept or j not in self.cast_kept[i])
+        ws_bytes = self.backward_workspace(
+            i, layer.backward_workspace_bytes(in_shapes, fdt, **self._opts(i)),
+            layer.backward_workspace_bytes(in_shapes, np.dtype(np.float32), **self._opts(i)),
+            g_out, g_in, retained, params, wants_in)
         ws = b.add(f"{name}.bwd_ws", (ws_bytes,), "uint8", "workspace", "workspace", name) \
             if ws_bytes > 0 else -1
         # forward work a BPTT schedule runs again inside the backward
@@ -420,9 +416,7 @@ class _Lowering(PrecisionLowering):
         slots = BackwardSlots(
             grad_outputs=tuple(g_out), grad_inputs=tuple(g_in), grad_params=gp,
             param_partials=gpart, accumulate=frozenset(adds),
-            retained_inputs=tuple(j for j in layer.retain_inputs
-                                  if not self.cast_kept or j not in self.cast_kept[i]),
-            retained_outputs=tuple(layer.retain_outputs))
+            retained_inputs=retained, retained_outputs=tuple(layer.retain_outputs))
         self._push(i, phase="backward", workspace=ws, shares=shares,
                    flops=2 * int(layer.flops(in_shapes)) + redo, stash=self.stash_t[i],
                    params=params, backward=slots, recompute_flops=redo)

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..memory.ir.names import DeviceKind
 from ..memory.ir.precision import FLOAT32_OPS, MATRIX_OPS, Precision, is_float, op_dtype
-from .mixed_staging import backward_staging_bytes, forward_staging_bytes
+from .mixed_staging import backward_staging_bytes, forward_staging_bytes, io_staging_bytes
 from .mixed_steps import DEVICE_HALF_OPERAND_KINDS, HALF_MATMULS, device_half_io
 
 __all__ = ["PrecisionLowering"]
@@ -62,15 +62,29 @@ class PrecisionLowering:
         return {k: p for k, p in self.node_params[i].items()
                 if p.trainable and is_float(np.dtype(p.dtype)) and np.dtype(p.dtype) != cdt}
 
-    def _cast_stash(self, i: int, name: str) -> tuple[dict[str, int], int]:
-        """Under mixed precision, node i's cast copies: its half weights and the inputs its
-        backward reads as stash entries (the weights in inference too), the other inputs'
-        bytes (live for the forward only) to add to its workspace."""
+    def param_casts(self, i: int) -> dict[str, str]:
+        """Node i's parameters its steps round to its half compute dtype before computing
+        (autocast's weight casts: the trainable float parameters of an op computing in half,
+        but those the device keeps only in half); each step makes its own copy in its
+        workspace (a cast is cheaper than keeping the copy from forward to backward)."""
+        cdt = self.compute_dt[i] if self.compute_dt else None
+        return {k: cdt.name for k, p in self._half_params(i).items()
+                if p.name not in self.half_on_device}
+
+    def _cast_copies(self, i: int) -> list[tuple[tuple[int, ...], np.dtype]]:
+        """``(shape, dtype)`` of node i's rounded parameter copies (:meth:`param_casts`)."""
+        casts = self.param_casts(i)
+        return [(tuple(self.node_params[i][k].shape), np.dtype(dt)) for k, dt in casts.items()]
+
+    def _cast_stash(self, i: int, name: str) -> tuple[dict[str, int], list]:
+        """Under mixed precision, node i's cast copies of the inputs its backward reads, as
+        stash entries; and ``(shape, dtype)`` of its other input casts (live for the forward
+        only: in its workspace)."""
         cdt = self.compute_dt[i]
         if cdt is None:
-            return {}, 0
+            return {}, []
         backward = self.training and self.loss is not None
-        stash, transient, kept = {}, 0, set()
+        stash, transient, kept = {}, [], set()
         for j in self._casts(i):
             shape = self.shapes[self.node_in[i][j]]
             if backward and j in self.layers[i].retain_inputs:
@@ -78,28 +92,51 @@ class PrecisionLowering:
                     f"{name}.input{j}@{cdt.name}", shape, cdt, "stash", "stash", name)
                 kept.add(j)
             else:
-                transient += int(np.prod(shape)) * cdt.itemsize
-        for k, p in self._half_params(i).items():
-            if p.name in self.half_on_device:
-                continue  # (the parameter is its half copy)
-            # (in inference too: the op reads the rounded weights, as autocast's do; the copy
-            # then dies after the step)
-            stash[f"{k}@{cdt.name}"] = self.b.add(f"{p.name}@{cdt.name}", p.shape, cdt,
-                                                  "stash", "stash", name)
+                transient.append((tuple(shape), cdt))
         self.cast_kept[i] = frozenset(kept)
         return stash, transient
 
-    def _backward_casts(self, i: int, wants_in: list[bool], trainable: dict) -> int:
-        """Bytes of node i's backward gradients in its compute dtype before their cast to
-        the dtype they are kept in (the inputs' and the half weights'): its workspace."""
+    def forward_workspace(self, i: int, layer_ws: int, layer_ws32: int, stash: dict[str, int],
+                          params: dict[str, int], transient: list) -> int:
+        """Node i's forward workspace bytes: its layer's (``layer_ws`` in its dtype,
+        ``layer_ws32`` in float32) and, under mixed precision, what the step stages there
+        (:mod:`.mixed_staging`) or, on the CPU, its ``transient`` input casts and rounded
+        parameter copies beside the layer's."""
+        staged = self.forward_staging(i, stash, params, layer_ws32)
+        if staged is not None:
+            return staged
+        copies = self._cast_copies(i) if self.compute_dt else []
+        if self._on_device_as_is(i):
+            return io_staging_bytes(layer_ws, [*transient, *copies])
+        return layer_ws + sum(int(np.prod(s)) * dt.itemsize for s, dt in [*transient, *copies])
+
+    def backward_workspace(self, i: int, layer_ws: int, layer_ws32: int, g_out: list[int],
+                           g_in: list, retained: tuple, params: dict[str, int],
+                           wants_in: list[bool]) -> int:
+        """Node i's backward workspace bytes, as :meth:`forward_workspace`: on the CPU its
+        layer's, its input gradients before their cast (:meth:`_backward_casts`) and its
+        rounded parameter copies."""
+        if not self.compute_dt:
+            return layer_ws
+        staged = self.backward_staging(i, g_out, g_in, retained, params, layer_ws32)
+        if staged is not None:
+            return staged
+        copies = self._cast_copies(i)
+        if self._on_device_as_is(i):
+            return io_staging_bytes(layer_ws, copies)
+        return layer_ws + self._backward_casts(i, wants_in) + sum(
+            int(np.prod(s)) * dt.itemsize for s, dt in copies)
+
+    def _backward_casts(self, i: int, wants_in: list[bool]) -> int:
+        """Bytes of node i's backward input gradients in its compute dtype before their cast
+        to the dtype the inputs are kept in (autocast rounds them to half first): its
+        workspace. Weight gradients need none: they are written in float32 straight into
+        ``.grad`` (GemmEx's float32 output on a device)."""
         cdt = self.compute_dt[i]
         if cdt is None:
             return 0
-        half = self._half_params(i)
-        return cdt.itemsize * (
-            sum(int(np.prod(self.shapes[self.node_in[i][j]])) for j in self._casts(i)
-                if wants_in[j])
-            + sum(int(np.prod(p.shape)) for k, p in trainable.items() if k in half))
+        return cdt.itemsize * sum(int(np.prod(self.shapes[self.node_in[i][j]]))
+                                  for j in self._casts(i) if wants_in[j])
 
     def _decl(self, tid: int) -> tuple[tuple[int, ...], np.dtype]:
         t = self.b.tensors[tid]
@@ -112,9 +149,16 @@ class PrecisionLowering:
         return (self.device_kind == DeviceKind.CUDA and self.compute_dt is not None
                 and self.compute_dt[i] is not None and not device_half_io(self.layers[i]))
 
-    def _staged_params(self, i: int, params: dict[str, int], stash: dict[str, int]) -> list:
-        cdt = self.compute_dt[i]
-        return [self._decl(stash.get(f"{k}@{cdt.name}", tid)) for k, tid in params.items()]
+    def _staged_params(self, i: int, params: dict[str, int]) -> list:
+        casts = self.param_casts(i)
+        return [(self._decl(tid), casts.get(k, "")) for k, tid in params.items()]
+
+    def _on_device_as_is(self, i: int) -> bool:
+        """Whether node i runs on a CUDA device on its arrays as they are
+        (:func:`~.mixed_steps.device_half_io`): its workspace is its layer's, then the inputs
+        and parameters it rounds for the step."""
+        return (self.device_kind == DeviceKind.CUDA and self.compute_dt is not None
+                and self.compute_dt[i] is not None and device_half_io(self.layers[i]))
 
     def _half_step(self, i: int, decls: list) -> bool:
         return self._matmul_dtype(i) in HALF_MATMULS or any(
@@ -135,8 +179,8 @@ class PrecisionLowering:
                for j, v in enumerate(self.node_in[i])]
         outs = [(self.shapes[v], self.dtypes[v]) for v in self.node_out[i]]
         own = [self._decl(t) for k, t in stash.items() if "@" not in k]
-        pars = self._staged_params(i, params, stash)
-        if not self._half_step(i, [d for d, _ in ins] + outs + own + pars):
+        pars = self._staged_params(i, params)
+        if not self._half_step(i, [d for d, _ in ins] + outs + own + [d for d, _ in pars]):
             return None
         return forward_staging_bytes(ins, outs, own, pars, self._matmul_dtype(i), ws32,
                                      self.layers[i].kind in DEVICE_HALF_OPERAND_KINDS)
@@ -160,8 +204,8 @@ class PrecisionLowering:
         gos = [self._decl(t) for t in g_out]
         gis = [None if g is None else self._decl(g.written) for g in g_in]
         own = [self._decl(t) for k, t in stash.items() if "@" not in k]
-        pars = self._staged_params(i, params, stash)
-        if not self._half_step(i, ins + outs + gos + gis + own + pars):
+        pars = self._staged_params(i, params)
+        if not self._half_step(i, ins + outs + gos + gis + own + [d for d, _ in pars]):
             return None
         return backward_staging_bytes(ins, outs, gos, gis, own, pars, ws32,
                                       layer.kind in DEVICE_HALF_OPERAND_KINDS)

@@ -26,7 +26,8 @@ from ..kernels._cuda import is_device_array
 from ..kernels.array_api import namespace
 from ..memory.ir.precision import is_float
 
-__all__ = ["STAGING_ALIGN", "Staging", "backward_staging_bytes", "forward_staging_bytes"]
+__all__ = ["STAGING_ALIGN", "Staging", "backward_staging_bytes", "forward_staging_bytes",
+           "io_staging_bytes"]
 
 #: Alignment of each array carved out of a workspace (cuBLAS and vector loads).
 STAGING_ALIGN = 256
@@ -86,16 +87,29 @@ def _up(decl: Decl | None, keep_half: bool) -> int:
     return _aligned(_nbytes(decl[0], F32))
 
 
+def _params(params: Sequence[tuple[Decl, str]], reads_half: bool) -> int:
+    """Per parameter ``(decl, the half dtype it is rounded to or "")``: its rounded copy (and
+    that copy's float32 copy unless ``reads_half``), else the float32 copy of a half one."""
+    total = 0
+    for (shape, dtype), cast in params:
+        if cast:
+            total += _aligned(_nbytes(shape, cast)) + _up((shape, cast), reads_half)
+        else:
+            total += _up((shape, dtype), reads_half)
+    return total
+
+
 def forward_staging_bytes(inputs: Sequence[tuple[Decl, Decl | None]], outputs: Sequence[Decl],
-                          own: Sequence[Decl], params: Sequence[Decl], matmul_dtype: str,
-                          workspace: int, reads_half: bool) -> int:
+                          own: Sequence[Decl], params: Sequence[tuple[Decl, str]],
+                          matmul_dtype: str, workspace: int, reads_half: bool) -> int:
     """Bytes of a forward step's staged arrays (:func:`.mixed_steps.forward`): per input
     ``(decl, its cast copy's decl or None)``, the float32 copy of its cast copy, else of the
     input rounded to ``matmul_dtype`` first when it is in another float dtype (that rounded
     copy staged too), else of a half input; a float32 array per half output and half own
-    stash entry; the layer's float32 ``workspace`` bytes; per parameter (its half copy's decl
-    when it has one), the float32 copy of a half one. ``reads_half``: the layer takes its half
-    inputs and weights as they are (no float32 copies of them)."""
+    stash entry; the layer's float32 ``workspace`` bytes; the parameters' copies
+    (:func:`_params`: ``(decl, the half dtype the step rounds it to, or "")``).
+    ``reads_half``: the layer takes its half inputs and weights as they are (no float32
+    copies of them)."""
     total = 0
     for (shape, dtype), cast in inputs:
         if cast is not None:
@@ -107,19 +121,26 @@ def forward_staging_bytes(inputs: Sequence[tuple[Decl, Decl | None]], outputs: S
             total += _up((shape, dtype), reads_half)
     total += sum(_up(d, False) for d in (*outputs, *own))
     total += _aligned(workspace) if workspace > 0 else 0
-    return total + sum(_up(d, reads_half) for d in params)
+    return total + _params(params, reads_half)
 
 
 def backward_staging_bytes(inputs: Sequence[Decl | None], outputs: Sequence[Decl | None],
                            grad_outputs: Sequence[Decl], grad_inputs: Sequence[Decl | None],
-                           own: Sequence[Decl], params: Sequence[Decl], workspace: int,
-                           reads_half: bool) -> int:
+                           own: Sequence[Decl], params: Sequence[tuple[Decl, str]],
+                           workspace: int, reads_half: bool) -> int:
     """Bytes of a backward step's staged arrays (:func:`.mixed_steps.backward`): float32
     copies of the half inputs it reads (``None``: not read; a cast copy's decl where it reads
     that), kept outputs and output gradients (unless ``reads_half``), a float32 array per
     half input gradient and half own stash entry, the layer's float32 ``workspace`` bytes,
-    and the parameters' as in :func:`forward_staging_bytes`."""
+    and the parameters' copies as in :func:`forward_staging_bytes`."""
     total = sum(_up(d, reads_half) for d in (*inputs, *outputs, *grad_outputs))
     total += sum(_up(d, False) for d in (*grad_inputs, *own))
     total += _aligned(workspace) if workspace > 0 else 0
-    return total + sum(_up(d, reads_half) for d in params)
+    return total + _params(params, reads_half)
+
+
+def io_staging_bytes(workspace: int, staged: Sequence[Decl]) -> int:
+    """Bytes of the workspace of a layer that takes its half arrays as they are: its own
+    ``workspace`` (declared for the half dtype), then ``staged`` arrays (the inputs it rounds
+    for the step, the weights it rounds), each at a :data:`STAGING_ALIGN` boundary."""
+    return _aligned(workspace) + sum(_aligned(_nbytes(*d)) for d in staged)

@@ -5,22 +5,22 @@ float16 as NumPy's), so the real peak is the dry run's. A layer computes in floa
 cast up from its half arrays and its half outputs are rounded back into their blocks: the
 numerics of PyTorch's CPU autocast (matrix products accumulate in float32 on half-rounded
 operands and round their result once; losses, softmax and normalisation statistics in
-float32). A matrix op's weights are first rounded into their half copies (the ``@bfloat16`` /
-``@float16`` stash entries the lowering declared) and its float32 inputs into their cast
-copies, which its backward reads. Parameter gradients are written straight into the float32
-``.grad`` (accumulated in float32; the optimizer updates the float32 master weights).
+float32). Each step of a matrix op rounds its weights to half itself
+(``ForwardSlots.param_casts``: a cast is cheaper than keeping the copy from forward to
+backward) and its float32 inputs into their cast copies, which its backward reads. Parameter
+gradients are written straight into the float32 ``.grad`` (accumulated in float32; the
+optimizer updates the float32 master weights).
 
-On the CPU the float32 copies live on the host heap for the step, outside the arena: the plan
-prices a device whose kernels read half operands directly, and so does the dry run. On a CUDA
-device (and the strict test device) every array here is made like the half array it stands
-for, through the device's array module: the float32 copies, outputs and workspaces are device
-temporaries, which the executor routes into the arena's scratch block (reserved from the
-first step's measured peak, ``dry_run(..., scratch_bytes=)``), never host arrays nor CuPy's
-own pool. The layers then run their float32 device kernels on them, so the device computes
-what the CPU does (matrix products on half-rounded operands, float32 accumulation). The layers
-of :data:`DEVICE_HALF_OPERAND_KINDS` read their half operands themselves there (no float32
-copy of their inputs, weights or output gradients): their GEMMs go to cuBLAS GemmEx with
-float32 compute (:func:`~minidl.kernels.device_gemm.gemm_ex`).
+On the CPU the float32 and rounded copies live on the host heap for the step, outside the
+arena: the plan prices a device whose kernels read half operands directly (the rounded copies
+in the step's workspace), and so does the dry run. On a CUDA device (and the strict test
+device) they are staged in the step's workspace, which the lowering sizes for them
+(:mod:`.mixed_staging`), never host arrays nor CuPy's own pool. The layers of
+:data:`DEVICE_HALF_IO_KINDS` take every array as it is (their kernels round once from float32
+or copy bits); those of :data:`DEVICE_HALF_OPERAND_KINDS` read their half operands
+themselves (cuBLAS GemmEx with float32 compute, :func:`~minidl.kernels.device_gemm.gemm_ex`);
+the others run their float32 device kernels on float32 copies, so the device computes what
+the CPU does.
 """
 
 from __future__ import annotations
@@ -133,21 +133,21 @@ def _half_io(layer: Any, arrays: list) -> bool:
         is_device_array(a) and a.flags.c_contiguous for a in arrays if a is not None)
 
 
-def _half_params(params: dict[str, Any], casts: dict[str, Any], fill: bool, stage: Staging,
+def _half_params(params: dict[str, Any], st: Step, stage: Staging,
                  keep_half: bool = False) -> dict[str, Any]:
-    """The parameters as the layer computes with them: a half copy's values (rounded into it
-    from the float32 master when ``fill``) as float32, a half parameter's (the device's only
-    copy under ``offload=optimizer``) as float32, else the master itself; ``keep_half``: the
-    half copies and half parameters themselves."""
+    """The parameters as the layer computes with them: those the step rounds
+    (``st.forward.param_casts``) rounded into a staged half copy, then as float32 (a staged
+    copy), a half parameter (the device's only copy under ``offload=optimizer``) as float32,
+    else the float32 parameter itself; ``keep_half``: the half copies and half parameters
+    themselves."""
+    casts = st.forward.param_casts
     out = {}
     for k, p in params.items():
-        copy = casts.get(k)
-        if copy is None:
+        if k in casts:
+            copy = stage.copy(p, casts[k])
+            out[k] = copy if keep_half else stage.copy(copy, np.float32)
+        else:
             out[k] = p if keep_half else _up(p, stage)
-            continue
-        if fill:
-            np.copyto(copy, p, casting="unsafe")
-        out[k] = copy if keep_half else stage.copy(copy, np.float32)
     return out
 
 
@@ -206,7 +206,7 @@ def forward(layer: Any, ctx: Any, st: Step, inputs: list, outputs: list,
         stage = Staging(workspace, inputs[0], _io_start(layer, st, shapes, False))
         ins = [_cast_input(x, j, casts, st.cost.matmul_dtype, stage, True)
                for j, x in enumerate(inputs)]
-        layer.forward(ctx, ins, outputs, _half_params(params, casts, True, stage, True), own,
+        layer.forward(ctx, ins, outputs, _half_params(params, st, stage, True), own,
                       workspace)
         return
     stage = Staging(workspace, inputs[0])
@@ -216,7 +216,7 @@ def forward(layer: Any, ctx: Any, st: Step, inputs: list, outputs: list,
     outs = [_scratch(y, stage) for y in outputs]
     own32 = {k: _up(v, stage) for k, v in own.items()}
     ws = _workspace(layer, st, workspace, shapes, False, stage)
-    layer.forward(ctx, ins, outs, _half_params(params, casts, True, stage, half), own32, ws)
+    layer.forward(ctx, ins, outs, _half_params(params, st, stage, half), own32, ws)
     for dst, src in zip(outputs, outs):
         _round_into(dst, src)
     for k, v in own.items():
@@ -232,7 +232,8 @@ def backward(layer: Any, ctx: Any, st: Step, grad_outputs: list, grad_inputs: li
     own, casts = _split_stash(stash)
     ctx = _storing(ctx, st)
     io = _half_io(layer, [*grad_outputs, *grad_inputs])
-    stage = Staging(workspace, grad_outputs[0])
+    stage = Staging(workspace, grad_outputs[0],
+                    _io_start(layer, st, in_shapes, True) if io else 0)
     half = io or _reads_half(layer, grad_outputs)
     keep = (lambda a: a) if half else (lambda a: _up(a, stage))
     ins = []
@@ -242,14 +243,14 @@ def backward(layer: Any, ctx: Any, st: Step, grad_outputs: list, grad_inputs: li
                    else None if x is None else keep(x))
     if io:
         layer.backward(ctx, grad_outputs, grad_inputs, ins, outputs,
-                       _half_params(params, casts, False, stage, True), grads, own, workspace)
+                       _half_params(params, st, stage, True), grads, own, workspace)
         return
     g_in = [None if g is None else _scratch(g, stage) for g in grad_inputs]
     ws = _workspace(layer, st, workspace, in_shapes, True, stage)
     own32 = {k: _up(v, stage) for k, v in own.items()}
     layer.backward(ctx, [keep(g) for g in grad_outputs], g_in, ins,
                    [None if y is None else keep(y) for y in outputs],
-                   _half_params(params, casts, False, stage, half), grads, own32, ws)
+                   _half_params(params, st, stage, half), grads, own32, ws)
     for dst, src in zip(grad_inputs, g_in):
         if dst is not None:
             _round_into(dst, src)
