@@ -230,16 +230,20 @@ def emulated_gemm_ex(a: Any, b: Any, out: Any, trans_a: bool, trans_b: bool,
                      beta: float) -> None:
     """:func:`~.device_gemm.gemm_ex` on emulated device arrays (a strict test device): one
     launch on their host buffers, the float32 BLAS call a CPU makes on float32 copies of the
-    half operands, rounded once into a half output."""
+    half operands, rounded once into a half output (there ``beta * out`` is added to the
+    finished product, as GemmEx's epilogue does)."""
     hook = getattr(out, "__emulated_launch__", None)
     if hook is not None:  # (a device counting its launches)
         hook("gemm_ex")
     ha, hb, hc = (x.__emulated_device_buffer__() for x in (a, b, out))
     c32 = hc if hc.dtype == np.float32 else np.empty(hc.shape, np.float32)
-    if c32 is not hc and beta != 0.0:
-        c32[...] = hc
-    gemm(ha.astype(np.float32), hb.astype(np.float32), c32, trans_a, trans_b, beta,
-         parallel=True)
+    if c32 is not hc and beta != 0.0:  # GemmEx's epilogue: the product, then + beta * c
+        gemm(ha.astype(np.float32), hb.astype(np.float32), c32, trans_a, trans_b, 0.0,
+             parallel=True)
+        c32 += np.float32(beta) * hc.astype(np.float32)
+    else:
+        gemm(ha.astype(np.float32), hb.astype(np.float32), c32, trans_a, trans_b, beta,
+             parallel=True)
     if c32 is not hc:
         with np.errstate(over="ignore", invalid="ignore"):  # (float16's overflow to inf)
             np.copyto(hc, c32, casting="unsafe")

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from ..kernels._cuda import is_device_array
 from ..kernels.blas import gemm
 from ..kernels.vocabulary import RecomputeCost
 from .base import Layer, ParamSpec
@@ -18,10 +19,22 @@ def _rows(a: np.ndarray, cols: int) -> np.ndarray | None:
 
 
 def linear_forward(x2: np.ndarray, w: np.ndarray, b: np.ndarray | None, y2: np.ndarray) -> None:
-    """``y2 = x2 @ w.T (+ b)`` on 2-D row views, the product in parallel bands."""
+    """``y2 = x2 @ w.T (+ b)`` on 2-D row views, the product in parallel bands. A half ``y2``
+    on a device (mixed precision: half ``x2``, ``w`` and ``b``) takes the bias first and the
+    product added to it in float32, rounded once (GemmEx's ``beta = 1``): the value of the
+    float32 product plus the bias, rounded."""
+    if b is not None and _half_device(y2) and b.dtype == y2.dtype:
+        y2[...] = b
+        gemm(x2, w, y2, trans_b=True, beta=1.0)
+        return
     gemm(x2, w, y2, trans_b=True, parallel=True)
     if b is not None:
         y2 += b
+
+
+def _half_device(a) -> bool:
+    """A float16 / bfloat16 device array."""
+    return is_device_array(a) and a.dtype.name in ("float16", "bfloat16")
 
 
 def linear_backward(dy2: np.ndarray, x2: np.ndarray, w: np.ndarray, dx2: np.ndarray | None,
@@ -38,8 +51,8 @@ def linear_backward(dy2: np.ndarray, x2: np.ndarray, w: np.ndarray, dx2: np.ndar
     if gb is not None:
         if prefix + "bias" in ctx.accumulate:
             np.add(gb, dy2.sum(axis=0, dtype=gb.dtype), out=gb)
-        else:
-            np.sum(dy2, axis=0, out=gb)
+        else:  # (in float32 from half gradients)
+            np.sum(dy2, axis=0, dtype=gb.dtype, out=gb)
 
 
 class Linear(Layer):

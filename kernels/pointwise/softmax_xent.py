@@ -152,23 +152,35 @@ def _kernels() -> SimpleNamespace:
                       device={"_d_block_sum": "_block_sum_py", "_d_row_argmax": "_row_argmax_py"})
 
 
+def nll_rows_device(x: Any, t: Any, label_smoothing: float, nll: Any) -> None:
+    """Each row's negative log-likelihood of the logits ``x`` (M, K) against the integer
+    targets ``t`` (M,) into ``nll``, a float64 vector of M: one kernel."""
+    eps = float(label_smoothing)
+    _cuda.launch_blocks(_kernels().k_xent_rows, x.shape[0], x.shape[1], x, t, eps != 0.0, eps,
+                        nll)
+
+
+def mean_device(nll: Any, out: Any) -> None:
+    """The mean of the float64 rows' losses ``nll`` into the 0-d (or one-element) ``out``."""
+    _cuda.run(_kernels().k_xent_mean, 1, _cuda.block_threads(nll.size), nll, out.reshape(-1))
+
+
 def forward_device(x: Any, t: Any, label_smoothing: float, nll: Any, out: Any) -> None:
     """The mean softmax cross-entropy of the logits ``x`` (M, K) against the integer targets
     ``t`` (M,) into the 0-d (or one-element) ``out``, through ``nll``, a float64 vector of M
     (each row's loss): two kernels, no host synchronisation."""
-    rows, k = x.shape
-    kern = _kernels()
-    eps = float(label_smoothing)
-    _cuda.launch_blocks(kern.k_xent_rows, rows, k, x, t, eps != 0.0, eps, nll)
-    _cuda.run(kern.k_xent_mean, 1, _cuda.block_threads(rows), nll, out.reshape(-1))
+    nll_rows_device(x, t, label_smoothing, nll)
+    mean_device(nll, out)
 
 
-def backward_device(x: Any, t: Any, grad: Any, label_smoothing: float, d: Any) -> None:
+def backward_device(x: Any, t: Any, grad: Any, label_smoothing: float, d: Any,
+                    rows: int | None = None) -> None:
     """``d`` (M, K) = d(loss)/d(logits) times the 0-d upstream gradient ``grad`` (read on the
-    device): one kernel; ``d`` may be ``x``."""
-    rows, k = x.shape
-    if rows == 0:
+    device): one kernel; ``d`` may be ``x``. ``rows``: the loss's rows when ``x`` is a block
+    of them (the mean's divisor; default M)."""
+    m = x.shape[0]
+    if m == 0:
         return
     eps = float(label_smoothing)
-    _cuda.launch_blocks(_kernels().k_xent_backward, rows, k, x, t, grad.reshape(-1), 1.0 / rows,
-                        eps != 0.0, eps, d)
+    _cuda.launch_blocks(_kernels().k_xent_backward, m, x.shape[1], x, t, grad.reshape(-1),
+                        1.0 / (rows or m), eps != 0.0, eps, d)

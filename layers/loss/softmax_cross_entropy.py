@@ -14,6 +14,19 @@ from ..base import Layer, device_kind
 
 #: Elements per chunk of the forward pass (bounds its workspace).
 _CHUNK = 1 << 16
+#: Elements of half logits (and their gradient) made float32 at a time on a device.
+HALF_BLOCK = 1 << 22
+_F32 = np.dtype(np.float32)
+
+
+def _is_half(dtype) -> bool:
+    return np.dtype(dtype).name in ("float16", "bfloat16")
+
+
+def _block_bytes(elems: int) -> int:
+    """Bytes of a float32 block of ``elems``, rounded up to 256 (the buffers after it stay
+    aligned)."""
+    return -(-elems * _F32.itemsize // 256) * 256
 
 
 class SoftmaxCrossEntropy(Layer):
@@ -35,6 +48,11 @@ class SoftmaxCrossEntropy(Layer):
     few per-row temporaries; the same operations, so their results equal the CPU's bit for
     bit), unless :attr:`device_kernels` says otherwise. The workspace of a ``"cuda"`` kind
     holds either.
+
+    Half logits on a device (mixed precision) are made float32 a block of rows at a time in
+    the workspace (:data:`HALF_BLOCK` elements; whole chunks of the forward's), and the
+    gradient of a block is computed in float32 there and rounded once into the half gradient:
+    row by row the same arithmetic as on a float32 copy of the whole logits.
     """
 
     kind = "loss"
@@ -78,17 +96,31 @@ class SoftmaxCrossEntropy(Layer):
         rows = math.prod(in_shapes[0][:-1])
         return max(1, min(rows, _CHUNK // k))
 
+    def _half_block_rows(self, in_shapes) -> int:
+        """Rows of half logits made float32 at a time: whole forward chunks, about
+        :data:`HALF_BLOCK` elements."""
+        k = in_shapes[0][-1]
+        rows = math.prod(in_shapes[0][:-1])
+        chunk = self._rows_per_chunk(in_shapes)
+        return max(1, min(rows, max(chunk, HALF_BLOCK // k // chunk * chunk)))
+
     def stash_specs(self, in_shapes, dtype, options=None):
         return {}
 
     def backward_workspace_bytes(self, in_shapes, dtype, options=None):
+        if _is_half(dtype) and device_kind(options) == DeviceKind.CUDA:
+            return 2 * _block_bytes(self._half_block_rows(in_shapes) * in_shapes[0][-1])
         return 0
 
     def forward_workspace_bytes(self, in_shapes, dtype, options=None):
-        chunks = self._rows_per_chunk(in_shapes) * in_shapes[0][-1] * np.dtype(dtype).itemsize
+        half = _is_half(dtype) and device_kind(options) == DeviceKind.CUDA
+        dt = _F32 if half else np.dtype(dtype)
+        chunks = self._rows_per_chunk(in_shapes) * in_shapes[0][-1] * dt.itemsize
         if self.device_kernels is not False and \
                 device_kind(options) == DeviceKind.CUDA:
-            return max(chunks, math.prod(in_shapes[0][:-1]) * 8)  # or float64 per row
+            chunks = max(chunks, math.prod(in_shapes[0][:-1]) * 8)  # or float64 per row
+        if half:  # (the block of logits made float32, then the chunks' buffer)
+            return _block_bytes(self._half_block_rows(in_shapes) * in_shapes[0][-1]) + chunks
         return chunks
 
     def _kernels(self, a) -> bool:
@@ -120,28 +152,56 @@ class SoftmaxCrossEntropy(Layer):
         self._check_targets(t, k)
         m = x.shape[0]
         eps = self.label_smoothing
+        blocks, ws = self._blocks(x, inputs[0].shape, workspace, 1)
         if self._kernels(x):
-            if workspace is None or workspace.nbytes < 8 * m:
-                workspace = _cuda.empty(x, 8 * m, np.uint8)
-            nll = _cuda.flat(workspace, "workspace")[:8 * m].view(np.float64)
-            softmax_xent.forward_device(x, t, eps, nll, outputs[0])
+            if ws is None or ws.nbytes < 8 * m:
+                ws = _cuda.empty(x, 8 * m, np.uint8)
+            nll = _cuda.flat(ws, "workspace")[:8 * m].view(np.float64)
+            for lo, xb, _ in blocks:
+                softmax_xent.nll_rows_device(xb, t[lo:lo + xb.shape[0]], eps,
+                                             nll[lo:lo + xb.shape[0]])
+            softmax_xent.mean_device(nll, outputs[0])
             return
         rows = self._rows_per_chunk([inputs[0].shape])
-        buf = workspace[: rows * k * x.dtype.itemsize].view(x.dtype).reshape(rows, k)
+        dt = _F32 if _is_half(x.dtype) else x.dtype
+        buf = ws[: rows * k * dt.itemsize].view(dt).reshape(rows, k)
         xp = namespace(x)
         total = 0.0  # a float64 sum, on x's device (no host synchronisation per chunk)
-        for lo in range(0, m, rows):
-            xc, tc = x[lo:lo + rows], t[lo:lo + rows]
-            b = buf[: xc.shape[0]]
-            mx = xc.max(axis=1)
-            np.subtract(xc, mx[:, None], out=b)
-            np.exp(b, out=b)
-            lse = np.log(b.sum(axis=1)) + mx
-            nll = lse - xc[xp.arange(xc.shape[0]), tc]
-            if eps:
-                nll = (1.0 - eps) * nll + eps * (lse - xc.mean(axis=1))
-            total = total + nll.sum(dtype=np.float64)
+        for b0, xb, _ in blocks:
+            for lo in range(0, xb.shape[0], rows):
+                xc, tc = xb[lo:lo + rows], t[b0 + lo:b0 + lo + rows]
+                b = buf[: xc.shape[0]]
+                mx = xc.max(axis=1)
+                np.subtract(xc, mx[:, None], out=b)
+                np.exp(b, out=b)
+                lse = np.log(b.sum(axis=1)) + mx
+                nll = lse - xc[xp.arange(xc.shape[0]), tc]
+                if eps:
+                    nll = (1.0 - eps) * nll + eps * (lse - xc.mean(axis=1))
+                total = total + nll.sum(dtype=np.float64)
         outputs[0][...] = total / m if m else np.nan
+
+    def _blocks(self, x, shape, workspace, buffers: int):
+        """``(blocks, rest of the workspace)``: blocks of ``(first row, logits rows, float32
+        gradient rows or None)``: the whole logits at once, or for half logits on a device
+        blocks made float32 in the workspace (``buffers`` float32 blocks: the logits', and
+        with 2 the gradient's), each block's logits filled as it is reached."""
+        if not (_is_half(x.dtype) and _cuda.is_device_array(x)):
+            return [(0, x, None)], workspace
+        m, k = x.shape
+        rows = self._half_block_rows([shape])
+        size = _block_bytes(rows * k)
+        flat = _cuda.flat(workspace, "workspace")
+        bufs = [flat[i * size: i * size + rows * k * 4].view(_F32).reshape(rows, k)
+                for i in range(buffers)]
+
+        def gen():
+            for lo in range(0, m, rows):
+                n = min(rows, m - lo)
+                xb = bufs[0][:n]
+                np.copyto(xb, x[lo:lo + n])
+                yield lo, xb, bufs[1][:n] if buffers > 1 else None
+        return gen(), flat[buffers * size:]
 
     def backward(self, ctx, grad_outputs, grad_inputs, inputs, outputs, params, grad_params,
                  stash, workspace) -> None:
@@ -155,18 +215,31 @@ class SoftmaxCrossEntropy(Layer):
         if not np.may_share_memory(d, dx):
             raise ValueError("SoftmaxCrossEntropy writes a C-contiguous gradient array only")
         m = x.shape[0]
+        blocks, _ = self._blocks(x, inputs[0].shape, workspace, 2)
+        for lo, xb, db in blocks:
+            rows = xb.shape[0]
+            out = d if db is None else db
+            self._gradient(xb, t[lo:lo + rows], grad_outputs[0], out, m)
+            if db is not None:  # (rounded once into the half gradient)
+                with np.errstate(over="ignore", invalid="ignore"):
+                    np.copyto(d[lo:lo + rows], db, casting="unsafe")
+
+    def _gradient(self, x, t, grad, d, m: int) -> None:
+        """``d`` = the gradient of the mean loss over ``m`` rows for the rows ``x`` (with
+        targets ``t``), times the 0-d upstream ``grad``; ``d`` may be ``x``."""
         eps = self.label_smoothing
         if self._kernels(d):
-            softmax_xent.backward_device(x, t, grad_outputs[0], eps, d)
+            softmax_xent.backward_device(x, t, grad, eps, d, m)
             return
-        scale = grad_outputs[0] * (1.0 / max(m, 1))  # 0-d, in the logits dtype
+        k = x.shape[1]
+        scale = grad * (1.0 / max(m, 1))  # 0-d, in the logits dtype
         # softmax rebuilt in place in d: exp(x - max) / sum, times the upstream scale
         np.subtract(x, x.max(axis=1)[:, None], out=d)
         np.exp(d, out=d)
         d *= (scale / d.sum(axis=1))[:, None]
         if eps:
             d -= scale * (eps / k)
-        d[namespace(d).arange(m), t] -= scale * (1.0 - eps)
+        d[namespace(d).arange(x.shape[0]), t] -= scale * (1.0 - eps)
 
     def describe(self) -> str:
         if self.label_smoothing:

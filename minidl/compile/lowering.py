@@ -123,8 +123,9 @@ def lower(
         sharding = Sharding(tuple(grad_shards or ()),
                             None if param_shards is None else tuple(param_shards))
     options = dict(options or {})
-    for i, node in enumerate(net.nodes):
-        if "device_kind" in getattr(node.layer, "option_names", ()):
+    layers = [node.layer for node in net.nodes] + ([loss] if loss is not None else [])
+    for i, layer in enumerate(layers):  # (the loss is the last node)
+        if "device_kind" in getattr(layer, "option_names", ()):
             options[i] = {**options.get(i, {}), "device_kind": device_kind}
     lo = _Lowering(net, batch_shapes, loss, label_shape, label_dtype, training, options)
     lo.precision = Precision.of(precision)
@@ -311,9 +312,8 @@ class _Lowering(PrecisionLowering):
             self.stash_t.append(st)
             params = self._step_params(i, "forward")
             ws_bytes = self.forward_workspace(
-                i, layer.forward_workspace_bytes(in_shapes, fdt, **self._opts(i)),
-                layer.forward_workspace_bytes(in_shapes, np.dtype(np.float32), **self._opts(i)),
-                st, params, transient)
+                i, lambda dt, i=i, s=in_shapes: self.layers[i].forward_workspace_bytes(
+                    s, dt, **self._opts(i)), st, params, transient)
             ws = b.add(f"{name}.fwd_ws", (ws_bytes,), "uint8", "workspace", "workspace",
                        name) if ws_bytes > 0 else -1
             shares = ((val_t[node_out[0]], val_t[node_in[0]]),) if layer.inplace_forward \
@@ -364,7 +364,6 @@ class _Lowering(PrecisionLowering):
         if not trainable and not any(wants_in):
             return
         in_shapes = [shapes[v] for v in node_in]
-        fdt = self._float_dtype(i)
         g_out = []
         for j, v in enumerate(node_out):
             if v not in grad_of:
@@ -403,8 +402,7 @@ class _Lowering(PrecisionLowering):
         retained = tuple(j for j in layer.retain_inputs
                          if not self.cast_kept or j not in self.cast_kept[i])
         ws_bytes = self.backward_workspace(
-            i, layer.backward_workspace_bytes(in_shapes, fdt, **self._opts(i)),
-            layer.backward_workspace_bytes(in_shapes, np.dtype(np.float32), **self._opts(i)),
+            i, lambda dt: layer.backward_workspace_bytes(in_shapes, dt, **self._opts(i)),
             g_out, g_in, retained, params, wants_in)
         ws = b.add(f"{name}.bwd_ws", (ws_bytes,), "uint8", "workspace", "workspace", name) \
             if ws_bytes > 0 else -1

@@ -4,6 +4,8 @@ dtype of matrix ops' products on their steps. A part of :class:`~.lowering._Lowe
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ..memory.ir.names import DeviceKind
@@ -96,35 +98,48 @@ class PrecisionLowering:
         self.cast_kept[i] = frozenset(kept)
         return stash, transient
 
-    def forward_workspace(self, i: int, layer_ws: int, layer_ws32: int, stash: dict[str, int],
-                          params: dict[str, int], transient: list) -> int:
-        """Node i's forward workspace bytes: its layer's (``layer_ws`` in its dtype,
-        ``layer_ws32`` in float32) and, under mixed precision, what the step stages there
-        (:mod:`.mixed_staging`) or, on the CPU, its ``transient`` input casts and rounded
-        parameter copies beside the layer's."""
-        staged = self.forward_staging(i, stash, params, layer_ws32)
+    def io_dtype(self, i: int) -> np.dtype:
+        """The dtype node i's kernels see when they take its arrays as they are: its half
+        compute dtype, or (a float32 op such as the loss) its first float input's."""
+        cdt = self.compute_dt[i]
+        if cdt.itemsize == 2:
+            return cdt
+        return next((self.dtypes[v] for v in self.node_in[i] if is_float(self.dtypes[v])), cdt)
+
+    def forward_workspace(self, i: int, ws_of: Callable[[np.dtype], int],
+                          stash: dict[str, int], params: dict[str, int],
+                          transient: list) -> int:
+        """Node i's forward workspace bytes (``ws_of(dtype)``: its layer's in that dtype):
+        under mixed precision, what the step stages there (:mod:`.mixed_staging`), or on a
+        device its layer's in the dtype its kernels see then the inputs and parameters it
+        rounds, or on the CPU its layer's in its dtype beside its ``transient`` input casts and
+        rounded parameter copies."""
+        fdt = self._float_dtype(i)
+        staged = self.forward_staging(i, stash, params, ws_of(np.dtype(np.float32)))
         if staged is not None:
             return staged
         copies = self._cast_copies(i) if self.compute_dt else []
         if self._on_device_as_is(i):
-            return io_staging_bytes(layer_ws, [*transient, *copies])
-        return layer_ws + sum(int(np.prod(s)) * dt.itemsize for s, dt in [*transient, *copies])
+            return io_staging_bytes(ws_of(self.io_dtype(i)), [*transient, *copies])
+        return ws_of(fdt) + sum(int(np.prod(s)) * dt.itemsize for s, dt in [*transient, *copies])
 
-    def backward_workspace(self, i: int, layer_ws: int, layer_ws32: int, g_out: list[int],
+    def backward_workspace(self, i: int, ws_of: Callable[[np.dtype], int], g_out: list[int],
                            g_in: list, retained: tuple, params: dict[str, int],
                            wants_in: list[bool]) -> int:
         """Node i's backward workspace bytes, as :meth:`forward_workspace`: on the CPU its
         layer's, its input gradients before their cast (:meth:`_backward_casts`) and its
         rounded parameter copies."""
+        fdt = self._float_dtype(i)
         if not self.compute_dt:
-            return layer_ws
-        staged = self.backward_staging(i, g_out, g_in, retained, params, layer_ws32)
+            return ws_of(fdt)
+        staged = self.backward_staging(i, g_out, g_in, retained, params,
+                                       ws_of(np.dtype(np.float32)))
         if staged is not None:
             return staged
         copies = self._cast_copies(i)
         if self._on_device_as_is(i):
-            return io_staging_bytes(layer_ws, copies)
-        return layer_ws + self._backward_casts(i, wants_in) + sum(
+            return io_staging_bytes(ws_of(self.io_dtype(i)), copies)
+        return ws_of(fdt) + self._backward_casts(i, wants_in) + sum(
             int(np.prod(s)) * dt.itemsize for s, dt in copies)
 
     def _backward_casts(self, i: int, wants_in: list[bool]) -> int:

@@ -33,6 +33,7 @@ import numpy as np
 
 from ..kernels._cuda import is_device_array
 from ..kernels.pooling.pool import maxpool_half_exact
+from ..layers.loss.softmax_cross_entropy import SoftmaxCrossEntropy
 from ..layers.pooling.pool import MaxPool2d
 from ..memory.ir.precision import Precision, is_float
 from ..memory.ir.program import Step
@@ -62,7 +63,7 @@ DEVICE_HALF_OPERAND_KINDS = frozenset({"linear", "conv"})
 #: and gradients in and out (rounded once from float32 sums inside the kernel, or copied as
 #: bits), float32 parameter gradients, within the workspace the plan declares for the half
 #: dtype. No float32 copy and no temporary: such a step needs no scratch.
-DEVICE_HALF_IO_KINDS = frozenset({"conv", "flatten", "relu", "pool"})
+DEVICE_HALF_IO_KINDS = frozenset({"conv", "linear", "flatten", "relu", "pool", "loss"})
 
 
 def is_half(a: Any) -> bool:
@@ -123,6 +124,8 @@ def device_half_io(layer: Any) -> bool:
     if layer.kind == "pool":
         return isinstance(layer, MaxPool2d) and maxpool_half_exact(layer.kernel_size,
                                                                    layer.stride)
+    if layer.kind == "loss":  # (its half logits made float32 a block of rows at a time)
+        return isinstance(layer, SoftmaxCrossEntropy)
     return True
 
 
@@ -187,11 +190,13 @@ def _storing(ctx: Any, st: Step) -> Any:
     return replace(ctx, storage_dtype=np.dtype(st.cost.matmul_dtype)) if half else ctx
 
 
-def _io_start(layer: Any, st: Step, in_shapes: list, backward: bool) -> int:
-    """Bytes of a half-IO layer's own workspace (declared for the half dtype): its staged
-    input casts come after them."""
+def _io_start(layer: Any, st: Step, in_shapes: list, backward: bool, arrays: list) -> int:
+    """Bytes of a half-IO layer's own workspace (declared in the half dtype its kernels see:
+    the step's product dtype, else its first half array's): its staged input casts and
+    rounded parameters come after them."""
     options = st.op.options.as_layer_options
-    half = np.dtype(st.cost.matmul_dtype or "float16")
+    half = np.dtype(st.cost.matmul_dtype) if st.cost.matmul_dtype else next(
+        (a.dtype for a in arrays if is_half(a)), np.dtype(np.float16))
     return (layer.backward_workspace_bytes if backward else layer.forward_workspace_bytes)(
         in_shapes, half, **({"options": options} if layer.option_names else {}))
 
@@ -203,7 +208,7 @@ def forward(layer: Any, ctx: Any, st: Step, inputs: list, outputs: list,
     ctx = _storing(ctx, st)
     shapes = [x.shape for x in inputs]
     if _half_io(layer, [*inputs, *outputs]):
-        stage = Staging(workspace, inputs[0], _io_start(layer, st, shapes, False))
+        stage = Staging(workspace, inputs[0], _io_start(layer, st, shapes, False, inputs))
         ins = [_cast_input(x, j, casts, st.cost.matmul_dtype, stage, True)
                for j, x in enumerate(inputs)]
         layer.forward(ctx, ins, outputs, _half_params(params, st, stage, True), own,
@@ -233,7 +238,8 @@ def backward(layer: Any, ctx: Any, st: Step, grad_outputs: list, grad_inputs: li
     ctx = _storing(ctx, st)
     io = _half_io(layer, [*grad_outputs, *grad_inputs])
     stage = Staging(workspace, grad_outputs[0],
-                    _io_start(layer, st, in_shapes, True) if io else 0)
+                    _io_start(layer, st, in_shapes, True, [*inputs, *grad_inputs])
+                    if io else 0)
     half = io or _reads_half(layer, grad_outputs)
     keep = (lambda a: a) if half else (lambda a: _up(a, stage))
     ins = []

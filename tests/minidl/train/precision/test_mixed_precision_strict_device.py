@@ -77,8 +77,9 @@ def _no_escape(dev: StrictCudaDevice) -> None:
                                   "reuse,inplace,offload=optimizer"])
 @pytest.mark.parametrize("precision", MIXED)
 def test_mlp_equals_cpu_bit_for_bit(precision, spec, monkeypatch):
-    """Linear reads its half operands there: every GEMM is a mixed-precision one (GemmEx's
-    stand-in, the float32 BLAS call the CPU makes on float32 copies)."""
+    """Linear takes its half arrays as they are there: every GEMM is a mixed-precision one
+    (GemmEx's stand-in, the float32 BLAS call the CPU makes on float32 copies), its half
+    output the product plus the bias in float32, rounded once (GemmEx's epilogue)."""
     cpu = _train(_mlp, _images((1, 8, 8)), precision, "cpu", spec)
     dev = StrictCudaDevice("64MiB")
     calls = []
@@ -86,8 +87,10 @@ def test_mlp_equals_cpu_bit_for_bit(precision, spec, monkeypatch):
     monkeypatch.setattr(blas, "emulated_gemm_ex", lambda *a: calls.append(a[2].dtype) or real(*a))
     gpu = _train(_mlp, _images((1, 8, 8)), precision, dev, spec)
     # 3 steps: 3 forward products, 2 input and 3 weight gradients (the first layer's input
-    # takes none), more where a policy recomputes
-    assert len(calls) >= 3 * 8 and set(calls) == {np.dtype(np.float32)}
+    # takes none), more where a policy recomputes; the forward products and the input
+    # gradients rounded once into their half arrays, the weight gradients float32
+    assert len(calls) >= 3 * 8
+    assert set(calls) == {np.dtype(np.float32), np.dtype(HALF[precision])}
     assert gpu[0] == cpu[0]
     for k in cpu[1]:
         assert np.array_equal(gpu[1][k], cpu[1][k]), k
