@@ -108,6 +108,10 @@ class Context:
     #: time step to the next rounds it to this dtype as it writes it (so that a recomputation
     #: from kept states reproduces the forward exactly).
     storage_dtype: Any = None
+    #: The index of the first sample this call sees when a step runs one batch chunk at a
+    #: time (a device's mixed-precision staging): dropout masks hash positions in the whole
+    #: batch, so a layer drawing them offsets its positions by it.
+    batch_offset: int = 0
 
 
 class Symbol:

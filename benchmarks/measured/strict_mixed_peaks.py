@@ -21,6 +21,8 @@ MODELS = {
     "lenet5": (lambda: lenet5((1, 28, 28), 10), "images", (1, 28, 28)),
     "resnet20": (lambda: resnet(20, (3, 32, 32), 10), "images", (3, 32, 32)),
     "gpt": (lambda: gpt(TransformerConfig(2, 4, 64, 64, 65, dropout=0.0)), "tokens", (64,)),
+    "gpt-dropout": (lambda: gpt(TransformerConfig(2, 4, 64, 64, 65, dropout=0.1)), "tokens",
+                    (64,)),
 }
 
 

@@ -167,13 +167,15 @@ def _tiles(seq: int, block: int, causal: bool):
 
 
 def attention_forward(qkv, attn, saved, heads: int, causal: bool, p_drop: float, seed: int,
-                      ws: Any, block: int | None) -> None:
+                      ws: Any, block: int | None, batch0: int = 0) -> None:
     """``attn`` (B, T, D) from ``qkv`` (B, T, 3D). ``saved``: the ``probs`` (B, H, T, T)
     (``block=None``, keep) or the ``lse`` (B, H, T) (blockwise) stash, written; ``ws``: the
     buffers of :func:`forward_layout` (``None`` if it has none). ``p_drop`` > 0 drops
-    probabilities with masks from ``seed`` (the caller passes 0 outside training)."""
+    probabilities with masks from ``seed`` (the caller passes 0 outside training); ``batch0``:
+    the index of ``qkv``'s first sample in the batch the masks are drawn for (a chunk of it)."""
+    drow = batch0 * heads * qkv.shape[1]  # (mask rows before the chunk's)
     if is_device_array(qkv):
-        return _forward_device(qkv, attn, saved, heads, causal, p_drop, seed, ws, block)
+        return _forward_device(qkv, attn, saved, heads, causal, p_drop, seed, ws, block, drow)
     ensure_blas_policy()
     q, k, v = _heads(qkv, heads, 3)
     o = _heads(attn, heads)[0]
@@ -188,7 +190,7 @@ def attention_forward(qkv, attn, saved, heads: int, causal: bool, p_drop: float,
         src = probs
         if p_drop > 0:
             src = ws.dropped
-            dropout_rows(_rows3(probs), _rows3(src), p_drop, seed, seq, 0, 0)
+            dropout_rows(_rows3(probs), _rows3(src), p_drop, seed, seq, drow, 0)
         for r0, r1 in spans:
             batched_gemm(src[:, :, r0:r1, :r1], v[:, :, :r1], o[:, :, r0:r1])
         return
@@ -203,7 +205,7 @@ def attention_forward(qkv, attn, saved, heads: int, causal: bool, p_drop: float,
         online_rows(_rows3(s), _rows3(m), _rows3(l), _rows3(alpha), scale, causal, r0, c0,
                     first)
         if p_drop > 0:
-            dropout_rows(_rows3(s), _rows3(s), p_drop, seed, seq, r0, c0)
+            dropout_rows(_rows3(s), _rows3(s), p_drop, seed, seq, drow + r0, c0)
         vj = v[:, :, c0:c0 + cols]
         if first:
             batched_gemm(s, vj, oi)
@@ -220,13 +222,15 @@ def attention_forward(qkv, attn, saved, heads: int, causal: bool, p_drop: float,
 
 
 def attention_backward(dattn, qkv, attn, saved, dqkv, heads: int, causal: bool,
-                       p_drop: float, seed: int, ws: Any, block: int | None) -> None:
+                       p_drop: float, seed: int, ws: Any, block: int | None,
+                       batch0: int = 0) -> None:
     """``dqkv`` (B, T, 3D) overwritten with the gradient of ``qkv`` from ``dattn`` (B, T, D),
     the forward's ``qkv``, ``attn`` and ``saved`` (``probs`` or ``lse``) stash and the same
-    ``p_drop`` / ``seed``; ``ws``: the buffers of :func:`backward_layout`."""
+    ``p_drop`` / ``seed`` (and ``batch0``); ``ws``: the buffers of :func:`backward_layout`."""
+    drow = batch0 * heads * qkv.shape[1]
     if is_device_array(qkv):
         return _backward_device(dattn, qkv, attn, saved, dqkv, heads, causal, p_drop, seed, ws,
-                                block)
+                                block, drow)
     ensure_blas_policy()
     q, k, v = _heads(qkv, heads, 3)
     dq, dk, dv = _heads(dqkv, heads, 3)
@@ -240,7 +244,7 @@ def attention_backward(dattn, qkv, attn, saved, dqkv, heads: int, causal: bool,
         pd = probs
         if p_drop > 0:
             pd = ws.dropped
-            dropout_rows(_rows3(probs), _rows3(pd), p_drop, seed, seq, 0, 0)
+            dropout_rows(_rows3(probs), _rows3(pd), p_drop, seed, seq, drow, 0)
         spans = _row_spans(seq, causal)
         dp = ws.dprobs
         for r0, r1 in spans:  # causal: dP right of r1 is not computed, and never read
@@ -262,7 +266,7 @@ def attention_backward(dattn, qkv, attn, saved, dqkv, heads: int, causal: bool,
         pd = p
         if p_drop > 0:
             pd = _prefix(ws.dropped, p.shape)
-            dropout_rows(_rows3(p), _rows3(pd), p_drop, seed, seq, r0, c0)
+            dropout_rows(_rows3(p), _rows3(pd), p_drop, seed, seq, drow + r0, c0)
         t_cols = _prefix(ws.tmp, (*bh, cols, hd))
         batched_gemm(pd, do[:, :, ri], t_cols, trans_a=True)
         dv[:, :, cj] += t_cols
@@ -277,7 +281,8 @@ def attention_backward(dattn, qkv, attn, saved, dqkv, heads: int, causal: bool,
 
 
 # ---------------------------------------------------------------- device arrays
-def _forward_device(qkv, attn, saved, heads, causal, p_drop, seed, ws, block) -> None:
+def _forward_device(qkv, attn, saved, heads, causal, p_drop, seed, ws, block,
+                    drow=0) -> None:
     """:func:`attention_forward` on device arrays (module docstring)."""
     q, k, v = _heads(qkv, heads, 3)
     o = _heads(attn, heads)[0]
@@ -290,7 +295,7 @@ def _forward_device(qkv, attn, saved, heads, causal, p_drop, seed, ws, block) ->
         src = probs
         if p_drop > 0:
             src = ws.dropped
-            dropout_rows(_rows3(probs), _rows3(src), p_drop, seed, seq, 0, 0)
+            dropout_rows(_rows3(probs), _rows3(src), p_drop, seed, seq, drow, 0)
         td.bgemm(src, v, o, mode=td.K_LE_ROW if causal else td.FULL)
         return
     lse = _rows3(saved)
@@ -304,7 +309,7 @@ def _forward_device(qkv, attn, saved, heads, causal, p_drop, seed, ws, block) ->
         online_rows(_rows3(s), _rows3(m), _rows3(l), _rows3(alpha), scale, causal, r0, c0,
                     first)
         if p_drop > 0:
-            dropout_rows(_rows3(s), _rows3(s), p_drop, seed, seq, r0, c0)
+            dropout_rows(_rows3(s), _rows3(s), p_drop, seed, seq, drow + r0, c0)
         td.bgemm(s, v[:, :, c0:c0 + cols], oi, accumulate=td.WRITE if first else td.RESCALE_ADD,
                  alpha=None if first else alpha)
         if c0 + cols >= (min(seq, r0 + rows) if causal else seq):  # the row block's last
@@ -312,7 +317,7 @@ def _forward_device(qkv, attn, saved, heads, causal, p_drop, seed, ws, block) ->
 
 
 def _backward_device(dattn, qkv, attn, saved, dqkv, heads, causal, p_drop, seed, ws,
-                     block) -> None:
+                     block, drow=0) -> None:
     """:func:`attention_backward` on device arrays (module docstring)."""
     q, k, v = _heads(qkv, heads, 3)
     dq, dk, dv = _heads(dqkv, heads, 3)
@@ -326,7 +331,7 @@ def _backward_device(dattn, qkv, attn, saved, dqkv, heads, causal, p_drop, seed,
         pd = probs
         if p_drop > 0:
             pd = ws.dropped
-            dropout_rows(_rows3(probs), _rows3(pd), p_drop, seed, seq, 0, 0)
+            dropout_rows(_rows3(probs), _rows3(pd), p_drop, seed, seq, drow, 0)
         lower, upper = (td.K_LE_ROW, td.K_GE_ROW) if causal else (td.FULL, td.FULL)
         dp = ws.dprobs
         td.bgemm(pd, do, dv, trans_a=True, mode=upper)
@@ -346,7 +351,7 @@ def _backward_device(dattn, qkv, attn, saved, dqkv, heads, causal, p_drop, seed,
         pd = p
         if p_drop > 0:
             pd = _prefix(ws.dropped, p.shape)
-            dropout_rows(_rows3(p), _rows3(pd), p_drop, seed, seq, r0, c0)
+            dropout_rows(_rows3(p), _rows3(pd), p_drop, seed, seq, drow + r0, c0)
         td.bgemm(pd, do[:, :, ri], dv[:, :, cj], trans_a=True, accumulate=td.ADD)
         ds = _prefix(ws.dscores, p.shape)
         td.bgemm(do[:, :, ri], v[:, :, cj], ds, trans_b=True)

@@ -114,7 +114,7 @@ class MultiHeadAttention(Layer):
         if not ctx.training or self.dropout == 0.0:
             return 0.0
         b, t, _ = shape
-        if b * self.heads * t * t > _MAX_DROPOUT_ELEMS:
+        if (ctx.batch_offset + b) * self.heads * t * t > _MAX_DROPOUT_ELEMS:
             raise ValueError(f"layer {self.name or 'MultiHeadAttention'}: attention dropout "
                              f"hashes 32-bit positions; {b}x{self.heads}x{t}x{t} is too many")
         return self.dropout
@@ -130,7 +130,8 @@ class MultiHeadAttention(Layer):
         ws = layout.carve(workspace, x.dtype) if layout.entries else None
         saved = stash["probs"] if block is None else stash["lse"]
         ak.attention_forward(qkv, attn, saved, self.heads, self.causal,
-                             self._p_drop(ctx, x.shape), ctx.seed, ws, block)
+                             self._p_drop(ctx, x.shape), ctx.seed, ws, block,
+                             ctx.batch_offset)
         linear_forward(attn.reshape(-1, d), params["proj.weight"], params.get("proj.bias"),
                        y.reshape(-1, d))
 
@@ -146,7 +147,8 @@ class MultiHeadAttention(Layer):
                         ws.dattn.reshape(-1, d), grad_params, ctx, "proj.")
         saved = stash["probs"] if block is None else stash["lse"]
         ak.attention_backward(ws.dattn, qkv, attn, saved, ws.dqkv, self.heads, self.causal,
-                              self._p_drop(ctx, x.shape), ctx.seed, ws, block)
+                              self._p_drop(ctx, x.shape), ctx.seed, ws, block,
+                              ctx.batch_offset)
         linear_backward(ws.dqkv.reshape(-1, 3 * d), x.reshape(-1, d), params["qkv.weight"],
                         None if dx is None else dx.reshape(-1, d), grad_params, ctx, "qkv.")
 

@@ -312,8 +312,9 @@ class _Lowering(PrecisionLowering):
             self.stash_t.append(st)
             params = self._step_params(i, "forward")
             ws_bytes = self.forward_workspace(
-                i, lambda dt, i=i, s=in_shapes: self.layers[i].forward_workspace_bytes(
-                    s, dt, **self._opts(i)), st, params, transient)
+                i, lambda dt, shapes=None, i=i, s=in_shapes: self.layers[i]
+                .forward_workspace_bytes(shapes or s, dt, **self._opts(i)),
+                st, params, transient)
             ws = b.add(f"{name}.fwd_ws", (ws_bytes,), "uint8", "workspace", "workspace",
                        name) if ws_bytes > 0 else -1
             shares = ((val_t[node_out[0]], val_t[node_in[0]]),) if layer.inplace_forward \
@@ -402,8 +403,9 @@ class _Lowering(PrecisionLowering):
         retained = tuple(j for j in layer.retain_inputs
                          if not self.cast_kept or j not in self.cast_kept[i])
         ws_bytes = self.backward_workspace(
-            i, lambda dt: layer.backward_workspace_bytes(in_shapes, dt, **self._opts(i)),
-            g_out, g_in, retained, params, wants_in)
+            i, lambda dt, shapes=None: layer.backward_workspace_bytes(
+                shapes or in_shapes, dt, **self._opts(i)),
+            g_out, g_in, retained, params, wants_in, list(gp.values()))
         ws = b.add(f"{name}.bwd_ws", (ws_bytes,), "uint8", "workspace", "workspace", name) \
             if ws_bytes > 0 else -1
         # forward work a BPTT schedule runs again inside the backward

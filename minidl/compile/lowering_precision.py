@@ -5,13 +5,14 @@ dtype of matrix ops' products on their steps. A part of :class:`~.lowering._Lowe
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from ..memory.ir.names import DeviceKind
 from ..memory.ir.precision import FLOAT32_OPS, MATRIX_OPS, Precision, is_float, op_dtype
 from .mixed_staging import backward_staging_bytes, forward_staging_bytes, io_staging_bytes
-from .mixed_steps import DEVICE_HALF_OPERAND_KINDS, HALF_MATMULS, device_half_io
+from .mixed_steps import DEVICE_HALF_OPERAND_KINDS, HALF_MATMULS, batch_chunk, device_half_io
 
 __all__ = ["PrecisionLowering"]
 
@@ -115,7 +116,7 @@ class PrecisionLowering:
         rounds, or on the CPU its layer's in its dtype beside its ``transient`` input casts and
         rounded parameter copies."""
         fdt = self._float_dtype(i)
-        staged = self.forward_staging(i, stash, params, ws_of(np.dtype(np.float32)))
+        staged = self.forward_staging(i, stash, params, ws_of)
         if staged is not None:
             return staged
         copies = self._cast_copies(i) if self.compute_dt else []
@@ -123,17 +124,16 @@ class PrecisionLowering:
             return io_staging_bytes(ws_of(self.io_dtype(i)), [*transient, *copies])
         return ws_of(fdt) + sum(int(np.prod(s)) * dt.itemsize for s, dt in [*transient, *copies])
 
-    def backward_workspace(self, i: int, ws_of: Callable[[np.dtype], int], g_out: list[int],
+    def backward_workspace(self, i: int, ws_of: Callable[..., int], g_out: list[int],
                            g_in: list, retained: tuple, params: dict[str, int],
-                           wants_in: list[bool]) -> int:
+                           wants_in: list[bool], grads: list[int] = ()) -> int:
         """Node i's backward workspace bytes, as :meth:`forward_workspace`: on the CPU its
         layer's, its input gradients before their cast (:meth:`_backward_casts`) and its
         rounded parameter copies."""
         fdt = self._float_dtype(i)
         if not self.compute_dt:
             return ws_of(fdt)
-        staged = self.backward_staging(i, g_out, g_in, retained, params,
-                                       ws_of(np.dtype(np.float32)))
+        staged = self.backward_staging(i, g_out, g_in, retained, params, ws_of, grads)
         if staged is not None:
             return staged
         copies = self._cast_copies(i)
@@ -179,36 +179,51 @@ class PrecisionLowering:
         return self._matmul_dtype(i) in HALF_MATMULS or any(
             d is not None and d[1].itemsize == 2 and is_float(d[1]) for d in decls)
 
+    def _chunk(self, i: int) -> tuple[Callable[[Any], Any], bool]:
+        """``(cut, chunked)``: node i's decls as one batch chunk of its staged step sees them
+        (:func:`~.mixed_steps.batch_chunk`: batch-first shapes cut to the chunk), and whether
+        the step runs in more than one chunk."""
+        batch = self.shapes[self.node_in[i][0]][0] if self.node_in[i] else 1
+        cb = batch_chunk(self.layers[i], batch)
+        if cb >= batch:
+            return (lambda d: d), False
+        return (lambda d: None if d is None else ((cb, *tuple(d[0])[1:]), d[1])), True
+
     def forward_staging(self, i: int, stash: dict[str, int], params: dict[str, int],
-                        ws32: int) -> int | None:
+                        ws_of: Callable[..., int]) -> int | None:
         """Node i's forward workspace when it stages its float32 arrays there (else
-        ``None``): :func:`~.mixed_staging.forward_staging_bytes` over its tensors; ``stash``:
-        its stash entries (its own and the cast copies), ``ws32``: the layer's float32
-        workspace bytes."""
+        ``None``): :func:`~.mixed_staging.forward_staging_bytes` over its tensors (a batch
+        chunk of them where the step runs in chunks); ``stash``: its stash entries (its own
+        and the cast copies), ``ws_of(dtype, in_shapes)``: the layer's workspace bytes."""
         if not self._stages(i):
             return None
-        cdt = self.compute_dt[i]
-        ins = [((self.shapes[v], self.dtypes[v]),
+        cdt, (cut, _) = self.compute_dt[i], self._chunk(i)
+        ins = [(cut((self.shapes[v], self.dtypes[v])),
                 None if f"input{j}@{cdt.name}" not in stash
-                else self._decl(stash[f"input{j}@{cdt.name}"]))
+                else cut(self._decl(stash[f"input{j}@{cdt.name}"])))
                for j, v in enumerate(self.node_in[i])]
-        outs = [(self.shapes[v], self.dtypes[v]) for v in self.node_out[i]]
-        own = [self._decl(t) for k, t in stash.items() if "@" not in k]
+        outs = [cut((self.shapes[v], self.dtypes[v])) for v in self.node_out[i]]
+        own = [cut(self._decl(t)) for k, t in stash.items() if "@" not in k]
         pars = self._staged_params(i, params)
         if not self._half_step(i, [d for d, _ in ins] + outs + own + [d for d, _ in pars]):
             return None
+        ws32 = ws_of(np.dtype(np.float32), [d[0] for d, _ in ins])
         return forward_staging_bytes(ins, outs, own, pars, self._matmul_dtype(i), ws32,
                                      self.layers[i].kind in DEVICE_HALF_OPERAND_KINDS)
 
     def backward_staging(self, i: int, g_out: list[int], g_in: list, retained: tuple,
-                         params: dict[str, int], ws32: int) -> int | None:
+                         params: dict[str, int], ws_of: Callable[..., int],
+                         grads: list[int] = ()) -> int | None:
         """Node i's backward workspace when it stages its float32 arrays there (else
-        ``None``): :func:`~.mixed_staging.backward_staging_bytes`; ``g_in``: its
-        :class:`GradInput` or ``None`` per input, ``retained``: the inputs it reads as they
-        are (the others it keeps read from their cast copies)."""
+        ``None``): :func:`~.mixed_staging.backward_staging_bytes` (a batch chunk's, as in
+        :meth:`forward_staging`); ``g_in``: its :class:`GradInput` or ``None`` per input,
+        ``retained``: the inputs it reads as they are (the others it keeps read from their
+        cast copies); ``grads``: its parameters' gradient tensors (a chunked step adds each
+        chunk's into them from a partial it stages)."""
         if not self._stages(i):
             return None
         layer, cdt, stash = self.layers[i], self.compute_dt[i], self.stash_t[i]
+        cut, chunked = self._chunk(i)
         ins = []
         for j, v in enumerate(self.node_in[i]):
             cast = stash.get(f"input{j}@{cdt.name}")
@@ -222,8 +237,12 @@ class PrecisionLowering:
         pars = self._staged_params(i, params)
         if not self._half_step(i, ins + outs + gos + gis + own + [d for d, _ in pars]):
             return None
+        ins, outs, gos, gis, own = ([cut(d) for d in ds] for ds in (ins, outs, gos, gis, own))
+        ws32 = ws_of(np.dtype(np.float32), [cut((self.shapes[v], None))[0]
+                                            for v in self.node_in[i]])
+        partials = [self._decl(t) for t in grads] if chunked else []
         return backward_staging_bytes(ins, outs, gos, gis, own, pars, ws32,
-                                      layer.kind in DEVICE_HALF_OPERAND_KINDS)
+                                      layer.kind in DEVICE_HALF_OPERAND_KINDS, partials)
 
     def _matmul_dtype(self, i: int) -> str:
         """Node i's steps' ``cost.matmul_dtype``: its matrix products' dtype (``""``: float32

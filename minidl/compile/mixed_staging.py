@@ -127,13 +127,16 @@ def forward_staging_bytes(inputs: Sequence[tuple[Decl, Decl | None]], outputs: S
 def backward_staging_bytes(inputs: Sequence[Decl | None], outputs: Sequence[Decl | None],
                            grad_outputs: Sequence[Decl], grad_inputs: Sequence[Decl | None],
                            own: Sequence[Decl], params: Sequence[tuple[Decl, str]],
-                           workspace: int, reads_half: bool) -> int:
+                           workspace: int, reads_half: bool,
+                           partials: Sequence[Decl] = ()) -> int:
     """Bytes of a backward step's staged arrays (:func:`.mixed_steps.backward`): float32
     copies of the half inputs it reads (``None``: not read; a cast copy's decl where it reads
     that), kept outputs and output gradients (unless ``reads_half``), a float32 array per
     half input gradient and half own stash entry, the layer's float32 ``workspace`` bytes,
-    and the parameters' copies as in :func:`forward_staging_bytes`."""
-    total = sum(_up(d, reads_half) for d in (*inputs, *outputs, *grad_outputs))
+    the parameters' copies as in :func:`forward_staging_bytes`, and the ``partials`` a step
+    run in batch chunks writes each chunk's parameter gradients into."""
+    total = sum(_aligned(_nbytes(*d)) for d in partials)
+    total += sum(_up(d, reads_half) for d in (*inputs, *outputs, *grad_outputs))
     total += sum(_up(d, False) for d in (*grad_inputs, *own))
     total += _aligned(workspace) if workspace > 0 else 0
     return total + _params(params, reads_half)

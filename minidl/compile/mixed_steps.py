@@ -64,6 +64,20 @@ DEVICE_HALF_OPERAND_KINDS = frozenset({"linear", "conv"})
 #: bits), float32 parameter gradients, within the workspace the plan declares for the half
 #: dtype. No float32 copy and no temporary: such a step needs no scratch.
 DEVICE_HALF_IO_KINDS = frozenset({"conv", "linear", "flatten", "relu", "pool", "loss"})
+#: Layer kinds whose staged float32 copies a device makes one batch chunk at a time (each
+#: sample's work is independent of the others': attention, the activations, adds), so that
+#: they take a chunk's bytes; attention's dropout masks hash positions in the whole batch
+#: (``Context.batch_offset``).
+DEVICE_BATCH_CHUNKED_KINDS = frozenset({"attention", "act", "add"})
+#: The most chunks such a step's batch is cut into.
+MAX_BATCH_CHUNKS = 8
+
+
+def batch_chunk(layer: Any, batch: int) -> int:
+    """Samples per chunk of ``layer``'s staged step (``batch``: all at once)."""
+    if layer.kind not in DEVICE_BATCH_CHUNKED_KINDS or batch <= 1:
+        return batch
+    return -(-batch // MAX_BATCH_CHUNKS)
 
 
 def is_half(a: Any) -> bool:
@@ -216,16 +230,43 @@ def forward(layer: Any, ctx: Any, st: Step, inputs: list, outputs: list,
         return
     stage = Staging(workspace, inputs[0])
     half = _reads_half(layer, inputs)
-    ins = [_cast_input(x, j, casts, st.cost.matmul_dtype, stage, half)
-           for j, x in enumerate(inputs)]
-    outs = [_scratch(y, stage) for y in outputs]
-    own32 = {k: _up(v, stage) for k, v in own.items()}
-    ws = _workspace(layer, st, workspace, shapes, False, stage)
-    layer.forward(ctx, ins, outs, _half_params(params, st, stage, half), own32, ws)
-    for dst, src in zip(outputs, outs):
-        _round_into(dst, src)
-    for k, v in own.items():
-        _round_into(v, own32[k])
+    pars = _half_params(params, st, stage, half)
+    for b0, cut in _chunks(layer, ctx, stage, _batch(inputs[0])):
+        cuts = {k: cut(v) for k, v in casts.items()}
+        ins = [_cast_input(cut(x), j, cuts, st.cost.matmul_dtype, stage, half)
+               for j, x in enumerate(inputs)]
+        outs = [_scratch(cut(y), stage) for y in outputs]
+        own32 = {k: _up(cut(v), stage) for k, v in own.items()}
+        ws = _workspace(layer, st, workspace, [x.shape for x in ins], False, stage)
+        layer.forward(replace(ctx, batch_offset=b0) if b0 else ctx, ins, outs, pars, own32, ws)
+        for dst, src in zip(outputs, outs):
+            _round_into(cut(dst), src)
+        for k, v in own.items():
+            _round_into(cut(v), own32[k])
+
+
+def _batch(a: Any) -> int:
+    """The batch size of a batch-first array (1 for a scalar)."""
+    return a.shape[0] if a.ndim else 1
+
+
+def _chunk_size(layer: Any, ctx: Any, stage: Staging, batch: int) -> int:
+    """Samples per chunk of a staged step: :func:`batch_chunk` on a device, else the batch."""
+    return batch_chunk(layer, batch) if stage.buf is not None else batch
+
+
+def _chunks(layer: Any, ctx: Any, stage: Staging, batch: int):
+    """``(index, cut)`` per batch chunk of a staged step (:func:`batch_chunk`; one chunk, the
+    arrays themselves, on the host or for other layers); each chunk's staged arrays reuse the
+    workspace after the parameters'."""
+    cb = _chunk_size(layer, ctx, stage, batch)
+    if cb >= batch:
+        yield 0, lambda a: a
+        return
+    mark = stage.offset
+    for b0 in range(0, batch, cb):
+        stage.offset = mark
+        yield b0, lambda a, s=slice(b0, b0 + cb): None if a is None else a[s]
 
 
 def backward(layer: Any, ctx: Any, st: Step, grad_outputs: list, grad_inputs: list,
@@ -242,26 +283,47 @@ def backward(layer: Any, ctx: Any, st: Step, grad_outputs: list, grad_inputs: li
                     if io else 0)
     half = io or _reads_half(layer, grad_outputs)
     keep = (lambda a: a) if half else (lambda a: _up(a, stage))
-    ins = []
+    read = []  # the inputs as the layer reads them: its cast copies, or the inputs
     for j, x in enumerate(inputs):
         copy = casts.get(f"input{j}")
-        ins.append(keep(copy) if copy is not None and j in layer.retain_inputs
-                   else None if x is None else keep(x))
+        read.append(copy if copy is not None and j in layer.retain_inputs else x)
     if io:
-        layer.backward(ctx, grad_outputs, grad_inputs, ins, outputs,
+        layer.backward(ctx, grad_outputs, grad_inputs, read, outputs,
                        _half_params(params, st, stage, True), grads, own, workspace)
         return
-    g_in = [None if g is None else _scratch(g, stage) for g in grad_inputs]
-    ws = _workspace(layer, st, workspace, in_shapes, True, stage)
-    own32 = {k: _up(v, stage) for k, v in own.items()}
-    layer.backward(ctx, [keep(g) for g in grad_outputs], g_in, ins,
-                   [None if y is None else keep(y) for y in outputs],
-                   _half_params(params, st, stage, half), grads, own32, ws)
-    for dst, src in zip(grad_inputs, g_in):
-        if dst is not None:
-            _round_into(dst, src)
-    for k, v in own.items():
-        _round_into(v, own32[k])
+    pars = _half_params(params, st, stage, half)
+    batch = _batch(grad_outputs[0])
+    chunked = _chunk_size(layer, ctx, stage, batch) < batch
+    # a chunked step writes each chunk's parameter gradients into staged partials and adds
+    # them (no GEMM into a gradient with beta = 1, which would need a temporary)
+    partials = {k: stage.empty(g.shape, g.dtype) for k, g in grads.items()} if chunked else {}
+    sub = replace(ctx, accumulate=ctx.accumulate - frozenset(grads)) if chunked else ctx
+    for b0, cut in _chunks(layer, ctx, stage, batch):
+        ins = [None if x is None else keep(cut(x)) for x in read]
+        g_in = [None if g is None else _scratch(cut(g), stage) for g in grad_inputs]
+        shapes = [tuple(s) if x is None else x.shape for x, s in
+                  zip(ins, _cut_shapes(in_shapes, cut))]
+        ws = _workspace(layer, st, workspace, shapes, True, stage)
+        own32 = {k: _up(cut(v), stage) for k, v in own.items()}
+        layer.backward(replace(sub, batch_offset=b0) if b0 else sub,
+                       [keep(cut(g)) for g in grad_outputs], g_in, ins,
+                       [None if y is None else keep(cut(y)) for y in outputs], pars,
+                       partials or grads, own32, ws)
+        for k, part in partials.items():
+            if b0 == 0 and k not in ctx.accumulate:
+                np.copyto(grads[k], part)
+            else:
+                np.add(grads[k], part, out=grads[k])
+        for dst, src in zip(grad_inputs, g_in):
+            if dst is not None:
+                _round_into(cut(dst), src)
+        for k, v in own.items():
+            _round_into(cut(v), own32[k])
+
+
+def _cut_shapes(in_shapes: list, cut: Any) -> list:
+    """The inputs' shapes as a chunk sees them (``cut`` of the batch axis)."""
+    return [(len(cut(range(s[0]))), *tuple(s)[1:]) if len(s) else tuple(s) for s in in_shapes]
 
 
 def backward_from_encoded(layer: Any, encoding: Any, encoded: Any, grad_output: Any,

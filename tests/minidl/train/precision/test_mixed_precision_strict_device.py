@@ -118,15 +118,16 @@ def test_cnn_equals_cpu(model, precision, spec):
     _no_escape(dev)
 
 
+@pytest.mark.parametrize("dropout", [0.1, 0.0])  # (attention runs in batch chunks)
 @pytest.mark.parametrize("precision", MIXED)
-def test_tiny_gpt_equals_cpu(precision):
+def test_tiny_gpt_equals_cpu(precision, dropout):
     """The float32 device kernels (attention, layer norm, the loss) may round a float32 sum
     differently in the last bit from the CPU's (as in fp32: test_strict_device.py), and a half
     rounding can carry such a bit into one half unit of an activation, which moves the
     gradients it feeds by about one half unit: losses within one unit roundoff of the half
     dtype, parameters (three steps of lr 0.05) within one unit roundoff of their largest
     entry (seen: 1.5e-5 of it in fp16, under 1e-5 in bf16)."""
-    make = lambda: gpt(TransformerConfig(2, 2, 16, 8, 13, dropout=0.1))  # noqa: E731
+    make = lambda: gpt(TransformerConfig(2, 2, 16, 8, 13, dropout=dropout))  # noqa: E731
     cpu = _train(make, _tokens(), precision, "cpu")
     dev = StrictCudaDevice("64MiB")
     gpu = _train(make, _tokens(), precision, dev)
@@ -136,6 +137,43 @@ def test_tiny_gpt_equals_cpu(precision):
                                    atol=EPS[precision] * np.abs(cpu[1][k]).max(),
                                    err_msg=k)
     _no_escape(dev)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+@pytest.mark.parametrize("spec", ["reuse,recompute=sqrt", "reuse,swap=all",
+                                  "reuse,inplace,static"])
+def test_attention_in_batch_chunks_is_lossless(spec, dropout, monkeypatch):
+    """A device stages attention's, GELU's and the adds' float32 copies one batch chunk at a
+    time (parameter gradients through staged partials; dropout masks at their positions in
+    the whole batch: test_tiny_gpt_equals_cpu): every lossless spec gives the bits of
+    ``none``, the dry run equals the run, and nothing spills out of the workspaces."""
+    from minidl.compile import mixed_staging, mixed_steps
+
+    chunks = []
+    real = mixed_steps.batch_chunk
+    monkeypatch.setattr(mixed_steps, "batch_chunk",
+                        lambda *a: chunks.append(real(*a)) or chunks[-1])
+    empty = mixed_staging.Staging.empty
+
+    def no_spill(self, shape, dtype):
+        a = empty(self, shape, dtype)
+        assert self.spilled == 0, (shape, dtype)
+        return a
+
+    monkeypatch.setattr(mixed_staging.Staging, "empty", no_spill)
+    make = lambda: gpt(TransformerConfig(2, 2, 16, 8, 13, dropout=dropout))  # noqa: E731
+    x, y = _tokens(n=4)
+    runs = {}
+    for s in ("none", spec):
+        runs[s] = _train(make, (x, y), "bf16-mixed", StrictCudaDevice("64MiB"), s)
+    assert 1 in chunks  # (4 sequences: chunks of one)
+    assert runs[spec][0] == runs["none"][0]
+    for k, v in runs["none"][1].items():
+        assert np.array_equal(runs[spec][1][k], v), k
+    tr = runs[spec][2]
+    rep = minidl.dry_run(make(), 4, spec, input_shape=(8,), device_kind="cuda",
+                         precision="bf16-mixed", scratch_bytes=tr.engine.scratch.size)
+    assert rep["peak_allocated_bytes"] == tr.memory_report()["peak_allocated_bytes"]
 
 
 def _second_step(make, shape, precision, batch=8):
