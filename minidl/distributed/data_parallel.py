@@ -278,6 +278,10 @@ class GradientSync:
                 continue
             g = self.params[i].grad
             np.multiply(g.reshape(-1), self._share, out=buf[off:off + g.size])
+        self._hand_off(b)
+
+    def _hand_off(self, b: int) -> None:
+        """Reduce bucket ``b`` now, or hand it to the communication thread (``overlap``)."""
         if self.overlap:
             self._start_thread()
             self._queue.put(b)

@@ -91,11 +91,7 @@ class OffloadSync(GradientSync):
             g = flat[lo:lo + n]
             np.multiply(g, self._share, out=g)
             flat[lo + n:end] = 0
-        if self.overlap:
-            self._start_thread()
-            self._queue.put(b)
-        else:
-            self._reduce(b)
+        self._hand_off(b)
 
     def _reduce(self, b: int) -> None:
         """Sum bucket ``b``'s range of the landing buffers over the ranks, in place."""
