@@ -8,7 +8,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["is_host", "namespace"]
+__all__ = ["HALF_DTYPES", "half_device", "half_inf_bits", "is_half_dtype", "is_host", "namespace",
+           "round_into"]
+
+#: The 2-byte float dtypes mixed precision keeps tensors in (bfloat16 as ``ml_dtypes``'s).
+HALF_DTYPES = frozenset({"float16", "bfloat16"})
 
 
 def is_host(a: Any) -> bool:
@@ -28,3 +32,29 @@ def namespace(a: Any) -> Any:
 
         return cupy
     return np
+
+
+def is_half_dtype(dtype: Any) -> bool:
+    """Whether ``dtype`` is float16 or bfloat16 (``ml_dtypes``', whose kind is ``V``)."""
+    return np.dtype(dtype).name in HALF_DTYPES
+
+
+def half_device(*arrays: Any) -> bool:
+    """Device arrays of one half dtype (float16 / bfloat16)."""
+    from ._cuda import is_device_array
+
+    return (all(is_device_array(a) for a in arrays) and is_half_dtype(arrays[0].dtype)
+            and all(a.dtype == arrays[0].dtype for a in arrays))
+
+
+def half_inf_bits(dtype: Any) -> int:
+    """+inf's bit pattern in a half dtype: 0x7C00 for float16, 0x7F80 for bfloat16 (a NaN's
+    magnitude bits lie above it)."""
+    return 0x7C00 if np.dtype(dtype) == np.float16 else 0x7F80
+
+
+def round_into(dst: Any, src: Any) -> None:
+    """``dst[...] = src`` converted to ``dst``'s dtype (rounded when narrower); float16's
+    overflow to inf is no error (loss scaling watches for it)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.copyto(dst, src, casting="unsafe")

@@ -25,6 +25,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._cuda import is_device_array
+from .array_api import round_into
 from .device_gemm import gemm as device_gemm
 from .device_gemm import gemm_ex, gemm_ex_ok, gemm_layout_ok
 from .parallel import chunks, ensure_blas_policy
@@ -245,5 +246,4 @@ def emulated_gemm_ex(a: Any, b: Any, out: Any, trans_a: bool, trans_b: bool,
         gemm(ha.astype(np.float32), hb.astype(np.float32), c32, trans_a, trans_b, beta,
              parallel=True)
     if c32 is not hc:
-        with np.errstate(over="ignore", invalid="ignore"):  # (float16's overflow to inf)
-            np.copyto(hc, c32, casting="unsafe")
+        round_into(hc, c32)

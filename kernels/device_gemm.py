@@ -10,10 +10,12 @@ from typing import Any
 
 import numpy as np
 
+from .array_api import HALF_DTYPES
+
 __all__ = ["gemm", "gemm_ex", "gemm_ex_ok", "gemm_layout_ok"]
 
 #: The operand dtypes of :func:`gemm_ex`.
-HALF_OPERANDS = frozenset({"float16", "bfloat16"})
+HALF_OPERANDS = HALF_DTYPES
 
 
 def gemm_layout_ok(a: Any, b: Any, out: Any) -> bool:

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from ..kernels._cuda import is_device_array
+from ..kernels.array_api import half_device
 from ..kernels.blas import gemm
 from ..kernels.vocabulary import RecomputeCost
 from .base import Layer, ParamSpec
@@ -23,18 +23,13 @@ def linear_forward(x2: np.ndarray, w: np.ndarray, b: np.ndarray | None, y2: np.n
     on a device (mixed precision: half ``x2``, ``w`` and ``b``) takes the bias first and the
     product added to it in float32, rounded once (GemmEx's ``beta = 1``): the value of the
     float32 product plus the bias, rounded."""
-    if b is not None and _half_device(y2) and b.dtype == y2.dtype:
+    if b is not None and half_device(y2) and b.dtype == y2.dtype:
         y2[...] = b
         gemm(x2, w, y2, trans_b=True, beta=1.0)
         return
     gemm(x2, w, y2, trans_b=True, parallel=True)
     if b is not None:
         y2 += b
-
-
-def _half_device(a) -> bool:
-    """A float16 / bfloat16 device array."""
-    return is_device_array(a) and a.dtype.name in ("float16", "bfloat16")
 
 
 def linear_backward(dy2: np.ndarray, x2: np.ndarray, w: np.ndarray, dx2: np.ndarray | None,

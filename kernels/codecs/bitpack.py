@@ -29,6 +29,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .. import _cuda
+from ..array_api import half_inf_bits, is_half_dtype
 
 cuda: Any = None  # numba.cuda, set by _cuda.bind on first CUDA use
 _CHUNK = 1 << 15  # mask bytes per parallel task (256 Ki elements)
@@ -42,11 +43,6 @@ def packed_nbytes(n: int) -> int:
 
 def _shape(shape: int | tuple[int, ...]) -> tuple[int, ...]:
     return (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
-
-
-def _is_half(dtype: np.dtype) -> bool:
-    """A 2-byte float (float16, or ``ml_dtypes.bfloat16``, whose kind is ``V``)."""
-    return dtype.itemsize == 2 and (dtype.kind == "f" or dtype.name == "bfloat16")
 
 
 def _check_size(out: Any, n: int) -> Any:
@@ -277,8 +273,8 @@ def pack_sign(x: Any, out: Any = None, *, impl: str = "auto", stream: Any = None
     nb = packed_nbytes(n)
     if impl == "cuda":
         o = _cuda.empty(x, nb, np.uint8) if out is None else _cuda.byte_view(out, nb)
-        if _is_half(x.dtype):  # float16 / bfloat16: their bits
-            inf_bits = np.uint16(0x7C00 if x.dtype == np.float16 else 0x7F80)
+        if is_half_dtype(x.dtype):  # float16 / bfloat16: their bits
+            inf_bits = np.uint16(half_inf_bits(x.dtype))
             _cuda.launch(_kernels().k_pack_half_bits, nb, _cuda.flat(x, "x").view(np.uint16),
                          o, n, inf_bits, stream=stream)
         else:
@@ -286,7 +282,7 @@ def pack_sign(x: Any, out: Any = None, *, impl: str = "auto", stream: Any = None
         return o
     o = np.empty(nb, np.uint8) if out is None else _cuda.byte_view(out, nb)
     xf = np.ravel(x)
-    if impl == "numpy" or _is_half(xf.dtype):  # (Numba has no bfloat16 and no float16 compare)
+    if impl == "numpy" or is_half_dtype(xf.dtype):  # (Numba has no bfloat16 and no float16 compare)
         o[:] = np.packbits(xf > 0, bitorder="little")
     else:
         _run(_pack_nb, _pack_body, n, xf, o)
@@ -330,7 +326,7 @@ def relu_backward_packed(dy: Any, packed: Any, out: Any = None, *, impl: str = "
     if impl == "cuda":
         o = _cuda.empty(dy, n, dy.dtype) if out is None else _cuda.flat(out, "out")
         g, dst = _cuda.flat(dy, "dy"), o
-        if _is_half(dy.dtype) and o.dtype == dy.dtype:  # a select of their bits (+0.0: 0)
+        if is_half_dtype(dy.dtype) and o.dtype == dy.dtype:  # a select of their bits (+0.0: 0)
             g, dst = g.view(np.uint16), o.view(np.uint16)
         _cuda.launch(_kernels().k_relu_bwd, n, g, pk, dst, n, dst.dtype.type(0),
                      stream=stream)

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from .. import _cuda
+from ..array_api import HALF_DTYPES, is_half_dtype, round_into
 from ..blas import gemm
 from .conv_device import (
     DEVICE_LEAN_COL_BYTES,
@@ -51,15 +52,8 @@ from .conv_device import (
 )
 from .conv_geometry import Pair, conv_output_hw
 
-#: The half dtypes whose bits the im2col copies.
-HALF_DTYPES = frozenset({"float16", "bfloat16"})
 F32 = np.dtype(np.float32)
 HALF_ITEM = 2
-
-
-def is_half_dtype(dtype: Any) -> bool:
-    """Whether ``dtype`` is float16 or bfloat16."""
-    return np.dtype(dtype).name in HALF_DTYPES
 
 
 def half_operands(x: Any, w: Any) -> bool:
@@ -180,13 +174,6 @@ def _im2col_half(x: Any, col: Any, taps: Any, n0: int, n1: int, r0: int, r1: int
                  r1 - r0, *_geometry(x.shape, taps), np.uint16(0))
 
 
-def _round_into(dst: Any, src: Any) -> None:
-    """``dst[...] = src`` rounded to ``dst``'s dtype (float16's overflow to inf is what loss
-    scaling watches for)."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        np.copyto(dst, src, casting="unsafe")
-
-
 def _dy_tile(dy: Any, ws: Any, lay: HalfLayout, t: Tiling, n0: int, n1: int, r0: int,
              r1: int, groups: int) -> Any:
     """``dy``'s tile as ``(groups, Cout / groups, cols)``: copied into the half block when
@@ -235,7 +222,7 @@ def conv2d_forward_device_half(
             continue
         if b is not None:
             add_into(out.reshape(cout, cols), b.reshape(cout, 1))
-        _round_into(y[n0:n1, :, r0:r1, :], out.reshape(cout, *shape).transpose(1, 0, 2, 3))
+        round_into(y[n0:n1, :, r0:r1, :], out.reshape(cout, *shape).transpose(1, 0, 2, 3))
     if direct and b is not None:
         add_into(y, b.reshape(1, cout, 1, 1))
 
@@ -295,7 +282,7 @@ def conv2d_backward_device_half(
         buf = _typed(ws, lay.dx, (n1 - n0) * c * h * wd, F32).reshape(n1 - n0, c, h, wd)
         _col2im(dcol, buf, taps, 0, n1 - n0, r0, r1)
         if r1 == lay.tiles.ho:  # the images' last band: their gradient is whole
-            _round_into(dx[n0:n1], buf)
+            round_into(dx[n0:n1], buf)
 
 
 __all__ = ["HALF_DTYPES", "HalfLayout", "Tiling", "conv2d_backward_device_half",

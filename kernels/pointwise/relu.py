@@ -23,7 +23,7 @@ import numpy as np
 from numba import njit, prange
 
 from .. import _cuda
-from ..codecs.bitpack import _is_half
+from ..array_api import half_device, half_inf_bits
 from ..parallel import ensure_blas_policy, run_pages
 
 cuda: Any = None  # numba.cuda, set by _cuda.bind on first CUDA use
@@ -125,13 +125,12 @@ def _kernels() -> SimpleNamespace:
 
 def _half_device(*arrays: Any) -> bool:
     """Device arrays of one half dtype (float16 / bfloat16), all C-contiguous."""
-    return (all(_cuda.is_device_array(a) for a in arrays) and _is_half(arrays[0].dtype)
-            and all(a.dtype == arrays[0].dtype and a.flags.c_contiguous for a in arrays))
+    return half_device(*arrays) and all(a.flags.c_contiguous for a in arrays)
 
 
 def _inf_bits(dtype: np.dtype) -> np.uint16:
-    """+inf's bit pattern: 0x7C00 for float16, 0x7F80 for bfloat16."""
-    return np.uint16(0x7C00 if dtype == np.float16 else 0x7F80)
+    """+inf's bit pattern in ``dtype`` (:func:`~..array_api.half_inf_bits`)."""
+    return np.uint16(half_inf_bits(dtype))
 
 
 def relu_backward(dy: np.ndarray, y: np.ndarray, out: np.ndarray) -> None:

@@ -23,17 +23,20 @@ import numpy as np
 from numba import njit, prange
 
 from .. import _cuda
+from ..array_api import half_device
 from ..codecs.bitpack import SAME_WIDTH_INT
 from ..parallel import ensure_blas_policy, num_threads, split
+from . import pool_half
 from .pool_device import avgpool2d_backward_device, avgpool2d_forward_device
 from .pool_half import (
-    half_device,
     maxpool2d_backward_half,
     maxpool2d_forward_half,
     maxpool_half_exact,
 )
 
 cuda: Any = None  # numba.cuda, set by _cuda.bind on first CUDA use
+_window_py = pool_half._window_py  # the window of an output, bound as a device function
+_d_window: Any = None  # its device version (bind's device=)
 
 Pair = tuple[int, int]
 
@@ -315,21 +318,12 @@ def _writable(out: np.ndarray) -> np.ndarray:
 def _k_maxpool_fwd(x, y, idx, npl, h, w, ho, wo, kh, kw, sh, sw, ph, pw, lowest):
     """One output element per grid-stride step (same NaN / tie rules as the CPU kernel)."""
     for e in range(cuda.grid(1), npl * ho * wo, cuda.gridsize(1)):
-        p = e // (ho * wo)
-        r = e - p * ho * wo
-        oh = r // wo
-        ow = r - oh * wo
-        h0 = oh * sh - ph
-        w0 = ow * sw - pw
-        i0 = -h0 if h0 < 0 else 0
-        i1 = h - h0 if h - h0 < kh else kh
-        j0 = -w0 if w0 < 0 else 0
-        j1 = w - w0 if w - w0 < kw else kw
+        base, i0, i1, j0, j1 = _d_window(e, h, w, ho, wo, kh, kw, sh, sw, ph, pw)
         m = lowest
         k = i0 * kw + j0
         for i in range(i0, i1):
             for j in range(j0, j1):
-                v = x[(p * h + h0 + i) * w + w0 + j]
+                v = x[base + i * w + j]
                 if v > m or v != v:
                     m = v
                     k = i * kw + j
@@ -359,7 +353,8 @@ def _k_maxpool_bwd(dy, idx, dx, npl, h, w, ho, wo, kh, kw, sh, sw, ph, pw, zero)
 
 @functools.cache
 def _kernels() -> SimpleNamespace:
-    return _cuda.bind(globals(), ["_k_maxpool_fwd", "_k_maxpool_bwd"])
+    return _cuda.bind(globals(), ["_k_maxpool_fwd", "_k_maxpool_bwd"],
+                      device={"_d_window": "_window_py"})
 
 
 def _flat(a: Any, what: str) -> Any:

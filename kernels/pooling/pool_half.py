@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from .. import _cuda
-from ..codecs.bitpack import _is_half
+from ..array_api import half_inf_bits
 
 cuda: Any = None  # numba.cuda, set by _cuda.bind on first CUDA use
 
@@ -48,15 +48,9 @@ def maxpool_half_exact(kernel: Pair, stride: Pair) -> bool:
     return int(stride[0]) >= int(kernel[0]) and int(stride[1]) >= int(kernel[1])
 
 
-def half_device(*arrays: Any) -> bool:
-    """Device arrays of one half dtype (float16 / bfloat16)."""
-    return (all(_cuda.is_device_array(a) for a in arrays) and _is_half(arrays[0].dtype)
-            and all(a.dtype == arrays[0].dtype for a in arrays))
-
-
 def _inf_bits(dtype: np.dtype) -> np.int32:
-    """+inf's bit pattern: 0x7C00 for float16, 0x7F80 for bfloat16."""
-    return np.int32(0x7C00 if dtype == np.float16 else 0x7F80)
+    """+inf's bit pattern in ``dtype`` (:func:`~..array_api.half_inf_bits`)."""
+    return np.int32(half_inf_bits(dtype))
 
 
 def _nan_bits(dtype: np.dtype) -> tuple[np.int32, np.int32]:
@@ -65,25 +59,37 @@ def _nan_bits(dtype: np.dtype) -> tuple[np.int32, np.int32]:
 
 
 # ----------------------------------------------------------------------------- CUDA
+def _window_py(e, h, w, ho, wo, kh, kw, sh, sw, ph, pw):
+    """Output element ``e``'s window (one plane of ``h`` x ``w`` per ``ho`` x ``wo`` outputs):
+    ``(base, i0, i1, j0, j1)``, its in-bounds taps ``i0:i1`` x ``j0:j1``, tap ``(i, j)`` at
+    flat input index ``base + i * w + j`` (padding's taps skipped). A device function of the
+    max-pool forward kernels here and in :mod:`.pool`."""
+    p = e // (ho * wo)
+    r = e - p * ho * wo
+    oh = r // wo
+    ow = r - oh * wo
+    h0 = oh * sh - ph
+    w0 = ow * sw - pw
+    i0 = -h0 if h0 < 0 else 0
+    i1 = h - h0 if h - h0 < kh else kh
+    j0 = -w0 if w0 < 0 else 0
+    j1 = w - w0 if w - w0 < kw else kw
+    return (p * h + h0) * w + w0, i0, i1, j0, j1
+
+
+_d_window: Any = None  # its device version (bind's device=)
+
+
 def _k_maxpool_fwd_half_bits(x, y, idx, npl, h, w, ho, wo, kh, kw, sh, sw, ph, pw, inf_bits):
     """``pool._k_maxpool_fwd`` on ``uint16`` bits (module docstring: the key, NaN, ties)."""
     for e in range(cuda.grid(1), npl * ho * wo, cuda.gridsize(1)):
-        p = e // (ho * wo)
-        r = e - p * ho * wo
-        oh = r // wo
-        ow = r - oh * wo
-        h0 = oh * sh - ph
-        w0 = ow * sw - pw
-        i0 = -h0 if h0 < 0 else 0
-        i1 = h - h0 if h - h0 < kh else kh
-        j0 = -w0 if w0 < 0 else 0
-        j1 = w - w0 if w - w0 < kw else kw
+        base, i0, i1, j0, j1 = _d_window(e, h, w, ho, wo, kh, kw, sh, sw, ph, pw)
         mb = 0x8000 | inf_bits  # -inf
         mk = 0x8000 - inf_bits  # its key
         k = i0 * kw + j0
         for i in range(i0, i1):
             for j in range(j0, j1):
-                b = x[(p * h + h0 + i) * w + w0 + j]
+                b = x[base + i * w + j]
                 mag = b & 0x7FFF
                 if mag > inf_bits:  # NaN: taken; above every key, so only a NaN replaces it
                     mb = b
@@ -131,7 +137,8 @@ def _k_maxpool_bwd_half_bits(dy, idx, dx, npl, h, w, ho, wo, bits, kh, kw, sh, s
 
 @functools.cache
 def _kernels() -> SimpleNamespace:
-    return _cuda.bind(globals(), ["_k_maxpool_fwd_half_bits", "_k_maxpool_bwd_half_bits"])
+    return _cuda.bind(globals(), ["_k_maxpool_fwd_half_bits", "_k_maxpool_bwd_half_bits"],
+                      device={"_d_window": "_window_py"})
 
 
 def _bits(a: Any, what: str) -> Any:

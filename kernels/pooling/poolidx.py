@@ -29,8 +29,9 @@ import numpy as np
 from numba import njit, prange
 
 from .. import _cuda
+from ..array_api import half_device
 from ..codecs.bitpack import _check_size, _into, _run, _shape
-from .pool_half import half_device, maxpool_backward_packed_half, maxpool_half_exact
+from .pool_half import maxpool_backward_packed_half, maxpool_half_exact
 
 cuda: Any = None  # numba.cuda, set by _cuda.bind on first CUDA use
 _CHUNK = 1 << 15  # packed bytes per parallel task

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from ...kernels import _cuda
-from ...kernels.array_api import namespace
+from ...kernels.array_api import is_half_dtype, namespace, round_into
 from ...kernels.pointwise import softmax_xent
 from ...kernels.vocabulary import DeviceKind
 from ..base import Layer, device_kind
@@ -17,10 +17,6 @@ _CHUNK = 1 << 16
 #: Elements of half logits (and their gradient) made float32 at a time on a device.
 HALF_BLOCK = 1 << 22
 _F32 = np.dtype(np.float32)
-
-
-def _is_half(dtype) -> bool:
-    return np.dtype(dtype).name in ("float16", "bfloat16")
 
 
 def _block_bytes(elems: int) -> int:
@@ -108,12 +104,12 @@ class SoftmaxCrossEntropy(Layer):
         return {}
 
     def backward_workspace_bytes(self, in_shapes, dtype, options=None):
-        if _is_half(dtype) and device_kind(options) == DeviceKind.CUDA:
+        if is_half_dtype(dtype) and device_kind(options) == DeviceKind.CUDA:
             return 2 * _block_bytes(self._half_block_rows(in_shapes) * in_shapes[0][-1])
         return 0
 
     def forward_workspace_bytes(self, in_shapes, dtype, options=None):
-        half = _is_half(dtype) and device_kind(options) == DeviceKind.CUDA
+        half = is_half_dtype(dtype) and device_kind(options) == DeviceKind.CUDA
         dt = _F32 if half else np.dtype(dtype)
         chunks = self._rows_per_chunk(in_shapes) * in_shapes[0][-1] * dt.itemsize
         if self.device_kernels is not False and \
@@ -163,7 +159,7 @@ class SoftmaxCrossEntropy(Layer):
             softmax_xent.mean_device(nll, outputs[0])
             return
         rows = self._rows_per_chunk([inputs[0].shape])
-        dt = _F32 if _is_half(x.dtype) else x.dtype
+        dt = _F32 if is_half_dtype(x.dtype) else x.dtype
         buf = ws[: rows * k * dt.itemsize].view(dt).reshape(rows, k)
         xp = namespace(x)
         total = 0.0  # a float64 sum, on x's device (no host synchronisation per chunk)
@@ -186,7 +182,7 @@ class SoftmaxCrossEntropy(Layer):
         gradient rows or None)``: the whole logits at once, or for half logits on a device
         blocks made float32 in the workspace (``buffers`` float32 blocks: the logits', and
         with 2 the gradient's), each block's logits filled as it is reached."""
-        if not (_is_half(x.dtype) and _cuda.is_device_array(x)):
+        if not (is_half_dtype(x.dtype) and _cuda.is_device_array(x)):
             return [(0, x, None)], workspace
         m, k = x.shape
         rows = self._half_block_rows([shape])
@@ -221,8 +217,7 @@ class SoftmaxCrossEntropy(Layer):
             out = d if db is None else db
             self._gradient(xb, t[lo:lo + rows], grad_outputs[0], out, m)
             if db is not None:  # (rounded once into the half gradient)
-                with np.errstate(over="ignore", invalid="ignore"):
-                    np.copyto(d[lo:lo + rows], db, casting="unsafe")
+                round_into(d[lo:lo + rows], db)
 
     def _gradient(self, x, t, grad, d, m: int) -> None:
         """``d`` = the gradient of the mean loss over ``m`` rows for the rows ``x`` (with

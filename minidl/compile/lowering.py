@@ -282,7 +282,7 @@ class _Lowering(PrecisionLowering):
             forward=ForwardSlots(inputs=tuple(self.val_t[v] for v in self.node_in[i]),
                                  outputs=tuple(self.val_t[v] for v in self.node_out[i]),
                                  stash=stash, params=params, in_shapes=tuple(in_shapes),
-                                 param_casts=self.param_casts(i) if self.compute_dt else {}),
+                                 param_casts=self.param_casts(i)),
             backward=backward or BackwardSlots(),
             cost=StepCost(flops, recompute_flops, self._matmul_dtype(i), origin=len(self.steps)),
             op=OpTraits(facts=OpFacts.of(self.layers[i].memory_attrs(in_shapes)),

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ..kernels.array_api import is_half_dtype
 from ..memory.ir.names import DeviceKind
 from ..memory.ir.precision import FLOAT32_OPS, MATRIX_OPS, Precision, is_float, op_dtype
 from .mixed_staging import backward_staging_bytes, forward_staging_bytes, io_staging_bytes
@@ -119,7 +120,7 @@ class PrecisionLowering:
         staged = self.forward_staging(i, stash, params, ws_of)
         if staged is not None:
             return staged
-        copies = self._cast_copies(i) if self.compute_dt else []
+        copies = self._cast_copies(i)
         if self._on_device_as_is(i):
             return io_staging_bytes(ws_of(self.io_dtype(i)), [*transient, *copies])
         return ws_of(fdt) + sum(int(np.prod(s)) * dt.itemsize for s, dt in [*transient, *copies])
@@ -131,8 +132,6 @@ class PrecisionLowering:
         layer's, its input gradients before their cast (:meth:`_backward_casts`) and its
         rounded parameter copies."""
         fdt = self._float_dtype(i)
-        if not self.compute_dt:
-            return ws_of(fdt)
         staged = self.backward_staging(i, g_out, g_in, retained, params, ws_of, grads)
         if staged is not None:
             return staged
@@ -157,12 +156,15 @@ class PrecisionLowering:
         t = self.b.tensors[tid]
         return t.shape, np.dtype(t.dtype)
 
+    def _mixed_on_device(self, i: int) -> bool:
+        """Whether node i computes under mixed precision on a CUDA device."""
+        return self.device_kind == DeviceKind.CUDA and self.compute_dt[i] is not None
+
     def _stages(self, i: int) -> bool:
         """Whether node i's mixed steps stage float32 arrays in their workspace
         (:mod:`.mixed_staging`): on a CUDA device, a layer whose kernels do not take its half
         arrays as they are."""
-        return (self.device_kind == DeviceKind.CUDA and self.compute_dt is not None
-                and self.compute_dt[i] is not None and not device_half_io(self.layers[i]))
+        return self._mixed_on_device(i) and not device_half_io(self.layers[i])
 
     def _staged_params(self, i: int, params: dict[str, int]) -> list:
         casts = self.param_casts(i)
@@ -172,12 +174,11 @@ class PrecisionLowering:
         """Whether node i runs on a CUDA device on its arrays as they are
         (:func:`~.mixed_steps.device_half_io`): its workspace is its layer's, then the inputs
         and parameters it rounds for the step."""
-        return (self.device_kind == DeviceKind.CUDA and self.compute_dt is not None
-                and self.compute_dt[i] is not None and device_half_io(self.layers[i]))
+        return self._mixed_on_device(i) and device_half_io(self.layers[i])
 
     def _half_step(self, i: int, decls: list) -> bool:
         return self._matmul_dtype(i) in HALF_MATMULS or any(
-            d is not None and d[1].itemsize == 2 and is_float(d[1]) for d in decls)
+            d is not None and is_half_dtype(d[1]) for d in decls)
 
     def _chunk(self, i: int) -> tuple[Callable[[Any], Any], bool]:
         """``(cut, chunked)``: node i's decls as one batch chunk of its staged step sees them

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..kernels._cuda import is_device_array
-from ..kernels.array_api import namespace
+from ..kernels.array_api import is_half_dtype, namespace, round_into
 from ..memory.ir.precision import is_float
 
 __all__ = ["STAGING_ALIGN", "Staging", "backward_staging_bytes", "forward_staging_bytes",
@@ -38,11 +38,6 @@ Decl = tuple[tuple[int, ...], Any]
 
 def _aligned(nbytes: int) -> int:
     return -(-int(nbytes) // STAGING_ALIGN) * STAGING_ALIGN
-
-
-def _half(dtype: Any) -> bool:
-    dt = np.dtype(dtype)
-    return dt.itemsize == 2 and is_float(dt)
 
 
 def _nbytes(shape: Sequence[int], dtype: Any) -> int:
@@ -75,14 +70,13 @@ class Staging:
     def copy(self, a: Any, dtype: Any) -> Any:
         """``a`` converted to ``dtype`` in a new array (rounded when narrower)."""
         out = self.empty(a.shape, dtype)
-        with np.errstate(over="ignore", invalid="ignore"):
-            np.copyto(out, a, casting="unsafe")
+        round_into(out, a)
         return out
 
 
 def _up(decl: Decl | None, keep_half: bool) -> int:
     """Bytes of the float32 copy of a half array (none when kept half, or not half)."""
-    if decl is None or keep_half or not _half(decl[1]):
+    if decl is None or keep_half or not is_half_dtype(decl[1]):
         return 0
     return _aligned(_nbytes(decl[0], F32))
 

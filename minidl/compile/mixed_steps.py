@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..kernels._cuda import is_device_array
+from ..kernels.array_api import is_half_dtype, round_into
 from ..kernels.pooling.pool import maxpool_half_exact
 from ..layers.loss.softmax_cross_entropy import SoftmaxCrossEntropy
 from ..layers.pooling.pool import MaxPool2d
@@ -82,7 +83,7 @@ def batch_chunk(layer: Any, batch: int) -> int:
 
 def is_half(a: Any) -> bool:
     """Whether ``a`` is stored in a 2-byte float dtype (bfloat16 or float16)."""
-    return a is not None and a.dtype.itemsize == 2 and is_float(a.dtype)
+    return a is not None and is_half_dtype(a.dtype)
 
 
 def runs_mixed(step: Step, dtype_of: Sequence[np.dtype]) -> bool:
@@ -95,7 +96,7 @@ def runs_mixed(step: Step, dtype_of: Sequence[np.dtype]) -> bool:
     fw = step.forward
     tids = [*fw.inputs, *fw.outputs, *fw.stash.values(), *step.backward.grad_outputs,
             *(g.written for g in step.backward.grad_inputs if g is not None)]
-    return any(np.dtype(dtype_of[t]).itemsize == 2 and is_float(dtype_of[t]) for t in tids)
+    return any(is_half_dtype(dtype_of[t]) for t in tids)
 
 
 def _up(a: Any, stage: Staging) -> Any:
@@ -109,11 +110,10 @@ def _scratch(a: Any, stage: Staging) -> Any:
 
 
 def _round_into(dst: Any, src: Any) -> None:
-    """``dst[...] = src`` rounded to ``dst``'s dtype (nothing when they are one array;
-    float16's overflow to inf is what loss scaling watches for, not an error)."""
+    """``dst[...] = src`` rounded to ``dst``'s dtype (:func:`~..kernels.array_api.round_into`;
+    nothing when they are one array)."""
     if dst is not src:
-        with np.errstate(over="ignore", invalid="ignore"):
-            np.copyto(dst, src, casting="unsafe")
+        round_into(dst, src)
 
 
 def _split_stash(stash: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -123,11 +123,15 @@ def _split_stash(stash: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]
     return own, casts
 
 
+def _on_device(arrays: list) -> bool:
+    """Whether the (non-``None``) arrays are C-contiguous device arrays."""
+    return all(is_device_array(a) and a.flags.c_contiguous for a in arrays if a is not None)
+
+
 def _reads_half(layer: Any, arrays: list) -> bool:
     """Whether ``layer`` takes its half operands as they are here: a
     :data:`DEVICE_HALF_OPERAND_KINDS` layer on C-contiguous device arrays."""
-    return layer.kind in DEVICE_HALF_OPERAND_KINDS and all(
-        is_device_array(a) and a.flags.c_contiguous for a in arrays if a is not None)
+    return layer.kind in DEVICE_HALF_OPERAND_KINDS and _on_device(arrays)
 
 
 def device_half_io(layer: Any) -> bool:
@@ -146,8 +150,7 @@ def device_half_io(layer: Any) -> bool:
 def _half_io(layer: Any, arrays: list) -> bool:
     """Whether ``layer`` runs on its arrays as they are (:func:`device_half_io`, on
     C-contiguous device arrays)."""
-    return device_half_io(layer) and all(
-        is_device_array(a) and a.flags.c_contiguous for a in arrays if a is not None)
+    return device_half_io(layer) and _on_device(arrays)
 
 
 def _half_params(params: dict[str, Any], st: Step, stage: Staging,
@@ -231,14 +234,14 @@ def forward(layer: Any, ctx: Any, st: Step, inputs: list, outputs: list,
     stage = Staging(workspace, inputs[0])
     half = _reads_half(layer, inputs)
     pars = _half_params(params, st, stage, half)
-    for b0, cut in _chunks(layer, ctx, stage, _batch(inputs[0])):
+    for b0, _, cut in _chunks(layer, stage, _batch(inputs[0])):
         cuts = {k: cut(v) for k, v in casts.items()}
         ins = [_cast_input(cut(x), j, cuts, st.cost.matmul_dtype, stage, half)
                for j, x in enumerate(inputs)]
         outs = [_scratch(cut(y), stage) for y in outputs]
         own32 = {k: _up(cut(v), stage) for k, v in own.items()}
         ws = _workspace(layer, st, workspace, [x.shape for x in ins], False, stage)
-        layer.forward(replace(ctx, batch_offset=b0) if b0 else ctx, ins, outs, pars, own32, ws)
+        layer.forward(_at(ctx, b0), ins, outs, pars, own32, ws)
         for dst, src in zip(outputs, outs):
             _round_into(cut(dst), src)
         for k, v in own.items():
@@ -250,23 +253,29 @@ def _batch(a: Any) -> int:
     return a.shape[0] if a.ndim else 1
 
 
-def _chunk_size(layer: Any, ctx: Any, stage: Staging, batch: int) -> int:
+def _chunk_size(layer: Any, stage: Staging, batch: int) -> int:
     """Samples per chunk of a staged step: :func:`batch_chunk` on a device, else the batch."""
     return batch_chunk(layer, batch) if stage.buf is not None else batch
 
 
-def _chunks(layer: Any, ctx: Any, stage: Staging, batch: int):
-    """``(index, cut)`` per batch chunk of a staged step (:func:`batch_chunk`; one chunk, the
-    arrays themselves, on the host or for other layers); each chunk's staged arrays reuse the
-    workspace after the parameters'."""
-    cb = _chunk_size(layer, ctx, stage, batch)
+def _chunks(layer: Any, stage: Staging, batch: int):
+    """``(first sample, samples, cut)`` per batch chunk of a staged step (:func:`batch_chunk`;
+    one chunk, the arrays themselves, on the host or for other layers); each chunk's staged
+    arrays reuse the workspace after the parameters'."""
+    cb = _chunk_size(layer, stage, batch)
     if cb >= batch:
-        yield 0, lambda a: a
+        yield 0, batch, lambda a: a
         return
     mark = stage.offset
     for b0 in range(0, batch, cb):
         stage.offset = mark
-        yield b0, lambda a, s=slice(b0, b0 + cb): None if a is None else a[s]
+        yield b0, min(cb, batch - b0), lambda a, s=slice(b0, b0 + cb): None if a is None \
+            else a[s]
+
+
+def _at(ctx: Any, b0: int) -> Any:
+    """``ctx`` for the batch chunk starting at sample ``b0`` (``Context.batch_offset``)."""
+    return replace(ctx, batch_offset=b0) if b0 else ctx
 
 
 def backward(layer: Any, ctx: Any, st: Step, grad_outputs: list, grad_inputs: list,
@@ -293,20 +302,18 @@ def backward(layer: Any, ctx: Any, st: Step, grad_outputs: list, grad_inputs: li
         return
     pars = _half_params(params, st, stage, half)
     batch = _batch(grad_outputs[0])
-    chunked = _chunk_size(layer, ctx, stage, batch) < batch
+    chunked = _chunk_size(layer, stage, batch) < batch
     # a chunked step writes each chunk's parameter gradients into staged partials and adds
     # them (no GEMM into a gradient with beta = 1, which would need a temporary)
     partials = {k: stage.empty(g.shape, g.dtype) for k, g in grads.items()} if chunked else {}
     sub = replace(ctx, accumulate=ctx.accumulate - frozenset(grads)) if chunked else ctx
-    for b0, cut in _chunks(layer, ctx, stage, batch):
+    for b0, n, cut in _chunks(layer, stage, batch):
         ins = [None if x is None else keep(cut(x)) for x in read]
         g_in = [None if g is None else _scratch(cut(g), stage) for g in grad_inputs]
-        shapes = [tuple(s) if x is None else x.shape for x, s in
-                  zip(ins, _cut_shapes(in_shapes, cut))]
+        shapes = in_shapes if n == batch else [(n, *tuple(s)[1:]) for s in in_shapes]
         ws = _workspace(layer, st, workspace, shapes, True, stage)
         own32 = {k: _up(cut(v), stage) for k, v in own.items()}
-        layer.backward(replace(sub, batch_offset=b0) if b0 else sub,
-                       [keep(cut(g)) for g in grad_outputs], g_in, ins,
+        layer.backward(_at(sub, b0), [keep(cut(g)) for g in grad_outputs], g_in, ins,
                        [None if y is None else keep(cut(y)) for y in outputs], pars,
                        partials or grads, own32, ws)
         for k, part in partials.items():
@@ -319,11 +326,6 @@ def backward(layer: Any, ctx: Any, st: Step, grad_outputs: list, grad_inputs: li
                 _round_into(cut(dst), src)
         for k, v in own.items():
             _round_into(cut(v), own32[k])
-
-
-def _cut_shapes(in_shapes: list, cut: Any) -> list:
-    """The inputs' shapes as a chunk sees them (``cut`` of the batch axis)."""
-    return [(len(cut(range(s[0]))), *tuple(s)[1:]) if len(s) else tuple(s) for s in in_shapes]
 
 
 def backward_from_encoded(layer: Any, encoding: Any, encoded: Any, grad_output: Any,
